@@ -1,0 +1,1 @@
+"""Kernel sources (Metal, CUDA) shipped inside the wheel; see README.md in this folder."""

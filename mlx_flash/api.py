@@ -1,0 +1,41 @@
+"""Public surface: load() returns an Engine with generate() / stream_generate()."""
+
+from __future__ import annotations
+
+from .backends import get_backend
+from .config import EngineConfig
+from .default_model import resolve_store
+from .engine import Engine
+from .store import open_store
+from .store.sources import model_module
+from .tokenizer import Tokenizer
+from .weights import ResidentFFN, StreamedFFN, resident_getter
+
+
+def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
+         threads: int | None = None, precision: str = "source", verify_checksums: bool = False,
+         cache_dir: str = "", prefill_chunk: int = 512, progress: bool = True) -> Engine:
+    """Load a model and return an Engine.
+
+    model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
+        mlx-community model directory (converted into the cache on first use).
+    backend: "mlx" or "torch". ffn: "resident" or "stream" (FFN read from the bundle file per layer).
+    """
+    cfg = EngineConfig(backend=backend, device=device, threads=threads, ffn=ffn, precision=precision,
+                       prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir)
+    store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
+    ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
+    module = model_module(store.config["model_type"], store.path)
+    args = module.ModelArgs.from_dict(store.config)
+    weights = module.build(ops, args, resident_getter(ops, store))
+    ffn_source = (ResidentFFN if cfg.ffn == "resident" else StreamedFFN)(ops, store)
+    eos = store.config.get("eos_token_id")
+    tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
+
+
+def _backend_kwargs(cfg: EngineConfig) -> dict:
+    kw = {"device": cfg.device}
+    if cfg.backend == "torch":
+        kw["threads"] = cfg.threads
+    return kw

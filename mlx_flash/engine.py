@@ -1,0 +1,193 @@
+"""Prefill + decode loop with explicit caches and per-token stats.
+
+The engine owns a backend, the resident weights, an FFN source (resident or streamed) and the
+tokenizer; KV caches are created per generation and passed to the graph explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ConfigError
+from .models.cache import make_caches
+from .sampling import check_sampling, sample
+
+
+@dataclass
+class TokenStats:
+    """Per-token timing. io/mem are the FFN bundle reads and their decoding into backend arrays
+    (zero with resident FFN weights); compute is the rest of the step."""
+
+    wall_ms: float = 0.0
+    compute_ms: float = 0.0
+    io_ms: float = 0.0
+    mem_ms: float = 0.0
+    bytes_read: int = 0
+    reads: int = 0
+
+
+@dataclass
+class GenerationStep:
+    text: str  # the new text this token completes (may be "" while a character is incomplete)
+    token: int
+    stats: TokenStats
+    finish_reason: str | None = None  # "stop" (EOS or stop string) / "length" on the last step
+
+
+@dataclass
+class GenerationSummary:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: list[TokenStats] = field(default_factory=list)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s else 0.0
+
+
+class Engine:
+    def __init__(self, ops, module, args, weights, ffn, tokenizer, config, store):
+        self.ops = ops
+        self.module = module
+        self.args = args
+        self.weights = weights
+        self.ffn = ffn
+        self.tokenizer = tokenizer
+        self.config = config
+        self.store = store
+        self.last = GenerationSummary()
+
+    # ---- model calls ----------------------------------------------------------------------------
+    def new_caches(self):
+        return make_caches(self.args.num_hidden_layers)
+
+    def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
+        """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
+        out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn, all_logits)
+        return self.ops.to_numpy(out)[0]
+
+    def prefill(self, ids, caches, all_logits: bool = False) -> np.ndarray:
+        """Run the prompt in chunks of config.prefill_chunk tokens; returns logits of the last token
+        (or of every token with all_logits)."""
+        chunk = self.config.prefill_chunk
+        outs = []
+        for s in range(0, len(ids), chunk):
+            logits = self.forward(ids[s:s + chunk], caches, all_logits)
+            outs.append(logits)
+        return np.concatenate(outs, 0) if all_logits else outs[-1][-1]
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits for every position of `ids` [T, vocab] (fresh caches)."""
+        return self.prefill(list(ids), self.new_caches(), all_logits=True)
+
+    # ---- generation -----------------------------------------------------------------------------
+    def encode_prompt(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
+            for m in prompt:
+                if "role" not in m or "content" not in m:
+                    raise ConfigError("each chat message needs 'role' and 'content'")
+            return self.tokenizer.apply_chat_template(list(prompt))
+        raise ConfigError("prompt must be a string or a list of {'role', 'content'} messages")
+
+    def stream_generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                        top_k: int = 0, seed: int | None = None, stop=None) -> Iterator[GenerationStep]:
+        """Yield one GenerationStep per generated token. A str prompt is a raw completion; a list of
+        messages goes through the model's chat template."""
+        check_sampling(temperature, top_p, top_k)
+        if max_tokens < 0:
+            raise ConfigError(f"max_tokens must be >= 0 (got {max_tokens})")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        ids = self.encode_prompt(prompt)
+        if not ids:
+            raise ConfigError("the prompt encodes to zero tokens")
+        limit = self.args.max_position_embeddings
+        if len(ids) >= limit:
+            raise ConfigError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
+        max_tokens = min(max_tokens, limit - len(ids))
+        rng = np.random.default_rng(seed)
+        summary = self.last = GenerationSummary(prompt_tokens=len(ids))
+        if max_tokens == 0:
+            return
+        caches = self.new_caches()
+        t0 = time.perf_counter()
+        logits = self.prefill(ids, caches)
+        summary.prefill_s = time.perf_counter() - t0
+        io0 = self._io_counters()
+        detok = self.tokenizer.detokenizer(ids)
+        text, emitted = "", 0
+        for n in range(max_tokens):
+            t_start = time.perf_counter()
+            token = sample(logits, temperature, top_p, top_k, rng)
+            finish = None
+            if token in self.tokenizer.eos_token_ids:
+                finish = "stop"
+            else:
+                text += detok.add_token(token)
+            if finish is None and n + 1 < max_tokens:
+                logits = self.forward([token], caches)
+            stats = self._step_stats(t_start, io0)
+            io0 = self._io_counters()
+            summary.steps.append(stats)
+            summary.generated_tokens += finish is None
+            # Stop strings: emit nothing that could still turn out to start one.
+            hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                text, finish = text[:hit], "stop"
+            if finish is None and n + 1 == max_tokens:
+                text += detok.finalize()
+                finish = "length"
+            safe = len(text) if finish else len(text) - _partial_stop(text, stops)
+            summary.decode_s += time.perf_counter() - t_start
+            yield GenerationStep(text[emitted:safe], token, stats, finish)
+            emitted = max(emitted, safe)
+            if finish:
+                return
+
+    def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, stop=None) -> str:
+        return "".join(s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop))
+
+    # ---- stats ----------------------------------------------------------------------------------
+    def _io_counters(self):
+        f = self.ffn
+        return (getattr(f, "io_seconds", 0.0), getattr(f, "mem_seconds", 0.0),
+                getattr(f, "bytes_read", 0), getattr(f, "reads", 0))
+
+    def _step_stats(self, t_start: float, io0) -> TokenStats:
+        wall = time.perf_counter() - t_start
+        io1 = self._io_counters()
+        io, mem = io1[0] - io0[0], io1[1] - io0[1]
+        return TokenStats(wall_ms=wall * 1e3, compute_ms=(wall - io - mem) * 1e3, io_ms=io * 1e3,
+                          mem_ms=mem * 1e3, bytes_read=io1[2] - io0[2], reads=io1[3] - io0[3])
+
+    def close(self) -> None:
+        self.ffn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _partial_stop(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

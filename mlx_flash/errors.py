@@ -1,0 +1,29 @@
+"""Typed errors. Each message is one line naming the thing (file, tensor, option) and what is wrong.
+
+The CLIs print `error: <message>` and exit non-zero for any FlashError; anything else is a bug and
+keeps its traceback.
+"""
+
+
+class FlashError(Exception):
+    """Base class for every user-facing error raised by mlx_flash."""
+
+
+class ModelNotFoundError(FlashError):
+    """A model path, store or the default model package does not exist."""
+
+
+class UnsupportedModelError(FlashError):
+    """The architecture (model_type) or a feature of it is not implemented."""
+
+
+class ModelFileError(FlashError):
+    """A source checkpoint (GGUF, safetensors, config.json) is unreadable, truncated or inconsistent."""
+
+
+class StoreError(FlashError):
+    """A converted store fails validation (manifest, sizes, offsets, checksums)."""
+
+
+class ConfigError(FlashError):
+    """An option has a bad value (backend name, sampling parameter, budget...)."""

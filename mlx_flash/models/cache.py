@@ -1,0 +1,40 @@
+"""Per-layer KV cache, passed explicitly to the graph (one object per layer).
+
+Keys/values live in a preallocated buffer grown in steps of `step` tokens, so decode appends
+without reallocating every token.
+"""
+
+from __future__ import annotations
+
+
+class KVCache:
+    step = 256
+
+    def __init__(self):
+        self.keys = None
+        self.values = None
+        self.offset = 0
+
+    def update(self, ops, k, v):
+        """Append k, v [B, Hkv, T, hd]; return all cached keys and values [B, Hkv, offset, hd]."""
+        B, H, T, D = k.shape
+        end = self.offset + T
+        if self.keys is None or end > self.keys.shape[2]:
+            cap = -(-end // self.step) * self.step
+            nk, nv = ops.zeros((B, H, cap, D), like=k), ops.zeros((B, H, cap, v.shape[3]), like=v)
+            if self.keys is not None:
+                nk[:, :, : self.offset, :] = self.keys[:, :, : self.offset, :]
+                nv[:, :, : self.offset, :] = self.values[:, :, : self.offset, :]
+            self.keys, self.values = nk, nv
+        self.keys[:, :, self.offset:end, :] = k
+        self.values[:, :, self.offset:end, :] = v
+        self.offset = end
+        return self.keys[:, :, :end, :], self.values[:, :, :end, :]
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after `length` tokens (used when a prompt shares a cached prefix)."""
+        self.offset = min(self.offset, length)
+
+
+def make_caches(n_layers: int) -> list[KVCache]:
+    return [KVCache() for _ in range(n_layers)]

@@ -1,0 +1,138 @@
+"""Llama-family graph: Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2.
+
+GQA, RoPE in both layouts (interleaved "traditional" as stored by GGUF llama, halves as in HF),
+tied or untied embeddings, optional q/k RMSNorm (Qwen3) and q/k/v(/o) biases (Qwen2, some Llamas).
+Shapes: B batch, T tokens, D d_model, F d_ff, H heads, hd head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from ..errors import UnsupportedModelError
+
+LAYER = "model.layers.{}."
+
+
+@dataclass
+class ModelArgs:
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_traditional: bool = False
+    rope_scale: float = 1.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | list | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelArgs":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def normalize_config(hf: dict, where: str) -> dict:
+    try:
+        n_heads = int(hf["num_attention_heads"])
+        d = int(hf["hidden_size"])
+        cfg = {
+            "model_type": hf["model_type"],
+            "hidden_size": d,
+            "intermediate_size": int(hf["intermediate_size"]),
+            "num_hidden_layers": int(hf["num_hidden_layers"]),
+            "num_attention_heads": n_heads,
+            "num_key_value_heads": int(hf.get("num_key_value_heads") or n_heads),
+            "head_dim": int(hf.get("head_dim") or d // n_heads),
+            "vocab_size": int(hf["vocab_size"]),
+            "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-5)),
+            "rope_theta": float(hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            "rope_traditional": bool(hf.get("rope_traditional", False)),
+            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            "max_position_embeddings": int(hf.get("max_position_embeddings", 4096)),
+            "bos_token_id": hf.get("bos_token_id"),
+            "eos_token_id": hf.get("eos_token_id"),
+        }
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedModelError(f"{where}: config lacks or mangles a required field ({e})") from None
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"{where}: hidden_act {act!r} is not supported for {hf['model_type']}")
+    scaling = hf.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        cfg["rope_scale"] = 1.0 / float(scaling["factor"])
+    elif kind not in (None, "default"):
+        raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported yet")
+    return cfg
+
+
+def canonical_tensors(tensors: dict, config: dict, where: str) -> dict:
+    """HF names are already canonical; drop buffers HF checkpoints sometimes carry."""
+    return {k: v for k, v in tensors.items() if "rotary_emb" not in k}
+
+
+def ffn_parts(config: dict, layer: int) -> dict:
+    p = LAYER.format(layer) + "mlp."
+    return {"gate": p + "gate_proj", "up": p + "up_proj", "down": p + "down_proj"}
+
+
+def build(ops, args: ModelArgs, get) -> dict:
+    """Resident weights as backend objects. `get(name)` returns a backend Weight for a linear or
+    embedding (name without .weight) and a backend array for a vector (full name); None if absent."""
+    layers = []
+    for i in range(args.num_hidden_layers):
+        p = LAYER.format(i)
+        layers.append({
+            "attn_norm": get(p + "input_layernorm.weight"),
+            "ffn_norm": get(p + "post_attention_layernorm.weight"),
+            "q": get(p + "self_attn.q_proj"), "k": get(p + "self_attn.k_proj"),
+            "v": get(p + "self_attn.v_proj"), "o": get(p + "self_attn.o_proj"),
+            "q_norm": get(p + "self_attn.q_norm.weight", optional=True),
+            "k_norm": get(p + "self_attn.k_norm.weight", optional=True),
+        })
+    embed = get("model.embed_tokens")
+    head = embed if args.tie_word_embeddings else get("lm_head")
+    return {"embed": embed, "norm": get("model.norm.weight"), "head": head, "layers": layers}
+
+
+def attention(ops, args: ModelArgs, lw: dict, x, cache):
+    B, T, _ = x.shape
+    hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
+    q = ops.transpose(ops.reshape(ops.linear(x, lw["q"]), (B, T, Hq, hd)), (0, 2, 1, 3))
+    k = ops.transpose(ops.reshape(ops.linear(x, lw["k"]), (B, T, Hk, hd)), (0, 2, 1, 3))
+    v = ops.transpose(ops.reshape(ops.linear(x, lw["v"]), (B, T, Hk, hd)), (0, 2, 1, 3))
+    if lw["q_norm"] is not None:  # Qwen3: per-head RMSNorm before RoPE
+        q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
+        k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
+    q = ops.rope(q, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
+    k = ops.rope(k, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
+    k, v = cache.update(ops, k, v)
+    o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
+    return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
+
+
+def mlp(ops, fw: dict, x):
+    """SwiGLU on bundle-form weights: gate/up rows [F, D], down stored transposed [F, D]."""
+    return ops.linear(ops.silu(ops.linear(x, fw["gate"])) * ops.linear(x, fw["up"]), fw["down"])
+
+
+def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
+    """tokens [B, T] -> logits [B, T or 1, vocab]. `ffn.layer(i)` supplies layer i's FFN weights,
+    resident or freshly read from the bundle file."""
+    eps = args.rms_norm_eps
+    h = ops.embedding(w["embed"], tokens)
+    for i, lw in enumerate(w["layers"]):
+        h = h + attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), caches[i])
+        h = h + mlp(ops, ffn.layer(i), ops.rms_norm(h, lw["ffn_norm"], eps))
+    if not all_logits:
+        h = ops.last_token(h)
+    return ops.linear(ops.rms_norm(h, w["norm"], eps), w["head"])

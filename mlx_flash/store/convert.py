@@ -1,0 +1,173 @@
+"""Convert a GGUF file / HF directory / mlx-community directory into a store directory.
+
+Output: manifest.json, resident.safetensors (everything but the FFN), ffn_bundles.bin (row-column
+bundles, layer regions 4 KiB-aligned) and the tokenizer files. Conversion is atomic: everything is
+written into a hidden sibling directory that is renamed into place only after the manifest (written
+last) is complete, so a crash or Ctrl-C never leaves a directory that opens as a store.
+
+FFN precision (`precision`):
+  source  keep the source's numbers; quantized down projections are re-quantized along d_model at the
+          source's bits/group so each down column is self-contained (the one lossy step; its
+          perplexity cost is reported in the README)
+  f16     dequantize gate/up/down to float16 (lossless for 4/8-bit sources up to fp16 rounding)
+  q4, q8  affine-quantize gate/up/down rows to 4/8 bits (group 32 unless group_size says otherwise)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from ..errors import ConfigError, ModelFileError
+from .bundles import pack_layer, plan_fields
+from .manifest import ALIGNMENT, MANIFEST_NAME, FFNLayout, Manifest, QuantSpec, sha256_file
+from .safetensors_io import write_safetensors
+from .sources import SourceModel, model_module, read_source
+
+PRECISIONS = ("source", "f16", "q4", "q8")
+RESIDENT_FILE = "resident.safetensors"
+FFN_FILE = "ffn_bundles.bin"
+
+
+def to_storage(a) -> tuple[np.ndarray, str]:
+    """mx.array -> (numpy array, storage dtype name); bfloat16 travels as raw uint16 words."""
+    import mlx.core as mx
+
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16)), "bfloat16"
+    n = np.array(a)
+    return n, str(n.dtype)
+
+
+def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
+            force: bool = False, progress: bool = True) -> str:
+    """Convert `source` into a store at `out_dir`; returns out_dir."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not force:
+        raise ConfigError(f"{out_dir}: already exists (pass --force to replace it)")
+    src = read_source(source)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        manifest = _write_store(src, tmp, precision, group_size, progress)
+        with open(os.path.join(tmp, MANIFEST_NAME + ".tmp"), "w") as fh:
+            fh.write(manifest.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(os.path.join(tmp, MANIFEST_NAME + ".tmp"), os.path.join(tmp, MANIFEST_NAME))
+        if os.path.exists(out_dir):
+            old = tmp + ".old"
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, progress: bool) -> Manifest:
+    from tqdm import tqdm
+
+    cfg = src.config
+    mod = model_module(cfg["model_type"], "config")
+    n_layers = cfg["num_hidden_layers"]
+    ffn_tensors = set()
+    for layer in range(n_layers):
+        for role, base in mod.ffn_parts(cfg, layer).items():
+            names = [base + s for s in (".weight", ".scales", ".biases")]
+            if base + ".weight" not in src.tensors:
+                raise ModelFileError(f"{src.description}: tensor {base}.weight is missing")
+            if role != "down":
+                names.append(base + ".bias")  # one bias value per neuron travels in its bundle
+            ffn_tensors.update(n for n in names if n in src.tensors)
+    resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
+    tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
+    quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
+
+    layer_offsets, fields, bundle_bytes, ffn_quant = [], None, 0, None
+    d_model = cfg["hidden_size"]
+    with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
+        for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
+            parts, lq = _layer_parts(src, mod.ffn_parts(cfg, layer), precision, group_size)
+            if fields is None:
+                fields, bundle_bytes = plan_fields(parts)
+                ffn_quant = lq
+            elif [(p[0], list(p[1].shape[1:]), p[2]) for p in parts] != [(f.name, f.shape, f.dtype) for f in fields]:
+                raise ModelFileError(f"{src.description}: FFN of layer {layer} differs in shape or type from layer 0")
+            packed = pack_layer(fields, bundle_bytes, {p[0]: p[1] for p in parts})
+            pad = -fh.tell() % ALIGNMENT
+            fh.write(b"\0" * pad)
+            layer_offsets.append(fh.tell())
+            fh.write(packed.tobytes())
+        fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+    n_neurons = cfg["intermediate_size"]
+    ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
+                    bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
+                    precision=precision)
+    src.save_tokenizer(tmp)
+    files = {}
+    for name in (RESIDENT_FILE, FFN_FILE):
+        p = os.path.join(tmp, name)
+        files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p)}
+    return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
+
+
+def _layer_parts(src: SourceModel, names: dict, precision: str, group_size: int):
+    """Per-neuron rows of one layer's FFN, in bundle order: [(field, array [F, ...], dtype)], quant."""
+    import mlx.core as mx
+
+    parts, quant = [], {}
+    for role in ("gate", "up", "down"):
+        if role not in names:
+            continue
+        base = names[role]
+        w = src.tensors[base + ".weight"]
+        spec = src.quant.get(base)
+        if spec is not None:
+            dense = mx.dequantize(w, src.tensors[base + ".scales"], src.tensors[base + ".biases"],
+                                  group_size=spec.group_size, bits=spec.bits)
+        else:
+            dense = w
+        if role == "down":
+            dense = dense.T  # [D, F] -> [F, D]: column i of down becomes row i
+        target = _target_quant(precision, spec, group_size)
+        if target is None:  # float rows
+            dt = mx.float16 if precision == "f16" else dense.dtype
+            arr, name = to_storage(mx.contiguous(dense.astype(dt)))
+            parts.append((f"{role}.weight", arr, name))
+        elif spec == target and role != "down":  # keep the source's packed rows untouched
+            for s in ("weight", "scales", "biases"):
+                arr, name = to_storage(src.tensors[f"{base}.{s}"])
+                parts.append((f"{role}.{s}", arr, name))
+        else:
+            sdt = src.tensors[base + ".scales"].dtype if spec is not None else mx.float16
+            if not mx.issubdtype(sdt, mx.floating):
+                sdt = mx.float16
+            qw, qs, qb = mx.quantize(mx.contiguous(dense.astype(sdt)), group_size=target.group_size, bits=target.bits)
+            for s, a in (("weight", qw), ("scales", qs), ("biases", qb)):
+                arr, name = to_storage(a)
+                parts.append((f"{role}.{s}", arr, name))
+        quant[role] = target
+        if base + ".bias" in src.tensors and role != "down":
+            arr, name = to_storage(src.tensors[base + ".bias"])
+            parts.append((f"{role}.bias", arr.reshape(-1, 1), name))
+    return parts, quant
+
+
+def _target_quant(precision: str, spec: QuantSpec | None, group_size: int) -> QuantSpec | None:
+    if precision == "f16":
+        return None
+    if precision == "source":
+        return spec
+    return QuantSpec(bits=4 if precision == "q4" else 8, group_size=group_size)
+

@@ -1,0 +1,219 @@
+"""The store manifest: what every byte of a converted model is, and its validation.
+
+A store directory holds `manifest.json`, one safetensors file of resident tensors, one file of FFN
+row-column bundles and the tokenizer files. The manifest lists every tensor with its file, absolute
+byte offset, size, shape, dtype and quantization, and every file with its size and sha256. Opening a
+store validates all of it before any compute (see `validate`), so a truncated or edited store fails
+with one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from ..errors import StoreError
+
+FORMAT_NAME = "mlx_flash.store"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+# Layer regions of the bundle file start on this boundary so direct I/O can read them.
+ALIGNMENT = 4096
+
+# Storage dtypes and their item sizes. bfloat16 is kept as raw 16-bit words on the I/O side.
+DTYPE_SIZES = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4, "int32": 4, "uint8": 1, "int8": 1,
+}
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+@dataclass
+class TensorEntry:
+    """One stored array: `nbytes` bytes at `offset` of `file`."""
+
+    file: str
+    offset: int
+    shape: list[int]
+    dtype: str
+    nbytes: int
+
+    def expected_nbytes(self) -> int:
+        return _prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+
+@dataclass
+class QuantSpec:
+    """Affine group quantization (MLX convention): w = q * scale + bias, groups along the last axis."""
+
+    bits: int
+    group_size: int
+
+
+@dataclass
+class BundleField:
+    """A slice of every bundle: bytes [offset, offset+nbytes) of bundle i hold this field of neuron i."""
+
+    name: str  # "gate.weight", "gate.scales", "up.bias", "down.weight", ...
+    offset: int
+    dtype: str
+    shape: list[int]  # per-neuron shape, e.g. [72] packed words or [576] fp16 values
+
+    @property
+    def nbytes(self) -> int:
+        return _prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+
+@dataclass
+class FFNLayout:
+    """Row-column bundles of every layer's FFN in one file.
+
+    For layer l and neuron i the bytes of gate row i | up row i | down column i are contiguous
+    (up row | up bias | down column for non-gated FFNs). Down columns are stored as rows of the
+    transposed matrix, quantized (if at all) along d_model so each column is self-contained.
+    """
+
+    file: str
+    gated: bool
+    n_neurons: int
+    d_model: int
+    bundle_bytes: int
+    fields: list[BundleField]
+    # Per matrix ("gate", "up", "down"): quantization of its stored rows, or None for float rows.
+    quant: dict[str, QuantSpec | None]
+    layer_offsets: list[int]
+    precision: str  # "source" (kept as converted from the source), "f16", "q4", "q8"
+
+    @property
+    def layer_nbytes(self) -> int:
+        return self.n_neurons * self.bundle_bytes
+
+
+@dataclass
+class Manifest:
+    config: dict
+    tensors: dict[str, TensorEntry]
+    quant: dict[str, QuantSpec]  # linear name (without ".weight") -> its quantization
+    ffn: FFNLayout
+    files: dict[str, dict]  # file name -> {"size": int, "sha256": str}
+    source: dict = field(default_factory=dict)
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    # ---- serialization -------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Manifest":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{where}: manifest is not valid JSON ({e.msg} at line {e.lineno})") from None
+        try:
+            if d.get("format") != FORMAT_NAME:
+                raise StoreError(f"{where}: not an mlx_flash store manifest (format={d.get('format')!r})")
+            if d.get("format_version") != FORMAT_VERSION:
+                raise StoreError(
+                    f"{where}: store format version {d.get('format_version')} is not supported "
+                    f"(this build reads version {FORMAT_VERSION}); convert the model again"
+                )
+            ffn = d["ffn"]
+            return cls(
+                config=d["config"],
+                tensors={k: TensorEntry(**v) for k, v in d["tensors"].items()},
+                quant={k: QuantSpec(**v) for k, v in d["quant"].items()},
+                ffn=FFNLayout(
+                    file=ffn["file"], gated=ffn["gated"], n_neurons=ffn["n_neurons"],
+                    d_model=ffn["d_model"], bundle_bytes=ffn["bundle_bytes"],
+                    fields=[BundleField(**f) for f in ffn["fields"]],
+                    quant={k: (QuantSpec(**v) if v else None) for k, v in ffn["quant"].items()},
+                    layer_offsets=ffn["layer_offsets"], precision=ffn["precision"],
+                ),
+                files=d["files"],
+                source=d.get("source", {}),
+            )
+        except StoreError:
+            raise
+        except (KeyError, TypeError, AttributeError) as e:
+            raise StoreError(f"{where}: manifest is missing or mangles a required entry ({e})") from None
+
+    # ---- validation ----------------------------------------------------------------------------
+    def validate(self, store_dir: str, verify_checksums: bool = False) -> None:
+        """Check every file exists with its recorded size and every byte range is in range and
+        disjoint from the others; optionally recompute sha256 of every file."""
+        for name, info in self.files.items():
+            path = os.path.join(store_dir, name)
+            if not os.path.isfile(path):
+                raise StoreError(f"{path}: file listed in the manifest is missing")
+            size = os.path.getsize(path)
+            if size != info["size"]:
+                raise StoreError(
+                    f"{path}: size is {size} bytes but the manifest records {info['size']} (truncated or replaced?)"
+                )
+        ranges: dict[str, list[tuple[int, int, str]]] = {n: [] for n in self.files}
+        for tname, t in self.tensors.items():
+            self._check_range(store_dir, ranges, t.file, t.offset, t.nbytes, f"tensor {tname}")
+            if t.dtype not in DTYPE_SIZES:
+                raise StoreError(f"{store_dir}: tensor {tname} has unknown dtype {t.dtype!r}")
+            if t.expected_nbytes() != t.nbytes:
+                raise StoreError(
+                    f"{store_dir}: tensor {tname} shape {t.shape} x {t.dtype} needs {t.expected_nbytes()} "
+                    f"bytes but the manifest records {t.nbytes}"
+                )
+        f = self.ffn
+        end = 0
+        for fl in f.fields:
+            if fl.dtype not in DTYPE_SIZES or fl.offset < end:
+                raise StoreError(f"{store_dir}: FFN bundle field {fl.name} overlaps or has a bad dtype")
+            end = fl.offset + fl.nbytes
+        if end > f.bundle_bytes:
+            raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {f.bundle_bytes}")
+        if len(f.layer_offsets) != self.config["num_hidden_layers"]:
+            raise StoreError(
+                f"{store_dir}: FFN layout lists {len(f.layer_offsets)} layers but the config has "
+                f"{self.config['num_hidden_layers']}"
+            )
+        for layer, off in enumerate(f.layer_offsets):
+            if off % ALIGNMENT:
+                raise StoreError(f"{store_dir}: FFN layer {layer} region offset {off} is not {ALIGNMENT}-aligned")
+            self._check_range(store_dir, ranges, f.file, off, f.layer_nbytes, f"FFN layer {layer} bundles")
+        for fname, rs in ranges.items():
+            rs.sort()
+            for (a0, a1, an), (b0, b1, bn) in zip(rs, rs[1:]):
+                if b0 < a1:
+                    raise StoreError(f"{os.path.join(store_dir, fname)}: {an} and {bn} overlap at byte {b0}")
+        if verify_checksums:
+            for name, info in self.files.items():
+                path = os.path.join(store_dir, name)
+                digest = sha256_file(path)
+                if digest != info["sha256"]:
+                    raise StoreError(f"{path}: sha256 mismatch (file is corrupt or was modified)")
+
+    def _check_range(self, store_dir, ranges, file, offset, nbytes, what):
+        if file not in self.files:
+            raise StoreError(f"{store_dir}: {what} lives in {file!r}, which the manifest does not list")
+        size = self.files[file]["size"]
+        if offset < 0 or nbytes < 0 or offset + nbytes > size:
+            raise StoreError(
+                f"{os.path.join(store_dir, file)}: {what} spans bytes {offset}..{offset + nbytes}, "
+                f"past the end of the file ({size} bytes)"
+            )
+        ranges[file].append((offset, offset + nbytes, what))
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)

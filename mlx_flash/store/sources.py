@@ -1,0 +1,220 @@
+"""Read a source checkpoint (GGUF file, HF directory, mlx-community quantized directory) into one
+canonical form: HF-style tensor names, a normalized config and per-linear quantization.
+
+This is conversion-time code: it uses `mx.load` (which reads GGUF and safetensors natively and keeps
+GGUF Q4_0/Q4_1/Q8_0 as MLX affine-quantized triples) and transformers' GGUF tokenizer conversion.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
+from .manifest import QuantSpec
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+
+
+@dataclass
+class SourceModel:
+    config: dict  # normalized by the architecture's module; always has "model_type"
+    tensors: dict  # canonical name -> mx.array
+    quant: dict[str, QuantSpec]  # linear base name -> quantization of its .weight/.scales/.biases
+    save_tokenizer: Callable[[str], None]
+    description: dict
+
+
+def model_module(model_type: str, where: str):
+    """The architecture module for an HF model_type (one file per family, found by importlib)."""
+    name = str(model_type).replace("-", "_")
+    if not name.isidentifier():
+        raise UnsupportedModelError(f"{where}: model_type {model_type!r} is not supported")
+    try:
+        return importlib.import_module(f"mlx_flash.models.{name}")
+    except ModuleNotFoundError:
+        from ..models import SUPPORTED_MODEL_TYPES
+
+        raise UnsupportedModelError(
+            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        ) from None
+
+
+def read_source(path: str) -> SourceModel:
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if not os.path.exists(os.path.join(path, "config.json")) and len(ggufs) == 1:
+            return read_gguf(ggufs[0])
+        return read_hf_dir(path)
+    return read_gguf(path)
+
+
+# ---- GGUF --------------------------------------------------------------------------------------
+
+# GGUF tensor names (llama.cpp convention) -> HF names; {i} is the layer.
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# llama.cpp permutes q/k rows of these architectures for the interleaved ("traditional") RoPE layout.
+_GGUF_INTERLEAVED_ROPE = {"llama", "mistral"}
+
+
+def _gguf_name(name: str) -> str | None:
+    base, _, suffix = name.rpartition(".")  # suffix: weight / bias / scales / biases
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        if part not in _GGUF_LAYER_NAMES:
+            return None
+        return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[part]}.{suffix}"
+    if base in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[base]}.{suffix}"
+    return None
+
+
+def _scalar(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def read_gguf(path: str) -> SourceModel:
+    import mlx.core as mx
+
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ModelFileError(f"{path}: not a GGUF file (bad magic bytes)")
+    try:
+        raw, meta = mx.load(path, return_metadata=True)
+    except (RuntimeError, ValueError) as e:
+        raise ModelFileError(f"{path}: unreadable GGUF ({str(e).replace('[load_gguf] ', '')})") from None
+    arch = str(meta.get("general.architecture", ""))
+    mod = model_module(arch, path)
+
+    def m(key, default=None):
+        v = meta.get(f"{arch}.{key}", default)
+        return _scalar(v) if v is not None else None
+
+    if m("block_count") is None or m("embedding_length") is None:
+        raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.block_count/embedding_length")
+    n_heads = int(m("attention.head_count"))
+    d_model = int(m("embedding_length"))
+    tensors, unknown = {}, []
+    for name, arr in raw.items():
+        hf = _gguf_name(name)
+        if hf is None:
+            unknown.append(name)
+        else:
+            tensors[hf] = arr
+    if unknown:
+        raise UnsupportedModelError(f"{path}: GGUF tensors with no known role: {', '.join(sorted(unknown)[:5])}")
+    vocab = m("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    hf_config = {
+        "model_type": arch,
+        "hidden_size": d_model,
+        "intermediate_size": int(m("feed_forward_length")),
+        "num_hidden_layers": int(m("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(m("attention.head_count_kv", n_heads)),
+        "head_dim": int(m("attention.key_length", d_model // n_heads)),
+        "rms_norm_eps": float(m("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(m("rope.freq_base", 10000.0)),
+        "rope_traditional": arch in _GGUF_INTERLEAVED_ROPE,
+        "max_position_embeddings": int(m("context_length", 4096)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
+        "bos_token_id": _scalar(meta.get("tokenizer.ggml.bos_token_id")),
+        "eos_token_id": _scalar(meta.get("tokenizer.ggml.eos_token_id")),
+    }
+    if m("rope.scaling.type") not in (None, "none"):
+        raise UnsupportedModelError(f"{path}: RoPE scaling {m('rope.scaling.type')!r} is not supported yet")
+    config = mod.normalize_config(hf_config, path)
+    quant = _infer_quant(tensors, group_size=32)
+
+    def save_tokenizer(out_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+        except Exception as e:  # transformers raises many types for odd GGUF vocabularies
+            raise ModelFileError(f"{path}: cannot build a tokenizer from the GGUF metadata ({e})") from None
+        tok.save_pretrained(out_dir)
+
+    return SourceModel(config, tensors, quant, save_tokenizer,
+                       {"kind": "gguf", "file": os.path.basename(path), "size": os.path.getsize(path)})
+
+
+def _infer_quant(tensors: dict, group_size: int) -> dict[str, QuantSpec]:
+    """Bits of each quantized linear from its packed width: packed uint32 words * 32 / in_features."""
+    quant = {}
+    for name in tensors:
+        if name.endswith(".scales"):
+            base = name[: -len(".scales")]
+            w, s = tensors[f"{base}.weight"], tensors[name]
+            in_features = s.shape[-1] * group_size
+            quant[base] = QuantSpec(bits=int(w.shape[-1] * 32 // in_features), group_size=group_size)
+    return quant
+
+
+# ---- HF / mlx-community directories ------------------------------------------------------------
+
+def read_hf_dir(path: str) -> SourceModel:
+    import mlx.core as mx
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise ModelFileError(f"{path}: no config.json (expected an HF model directory or a GGUF file)")
+    try:
+        with open(cfg_path) as fh:
+            hf_config = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{cfg_path}: not valid JSON ({e})") from None
+    if "model_type" not in hf_config:
+        raise ModelFileError(f"{cfg_path}: has no model_type")
+    mod = model_module(hf_config["model_type"], cfg_path)
+    config = mod.normalize_config(hf_config, cfg_path)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ModelFileError(f"{path}: no *.safetensors weight files")
+    tensors = {}
+    for f in files:
+        try:
+            tensors.update(mx.load(f))
+        except (RuntimeError, ValueError) as e:
+            raise ModelFileError(f"{f}: unreadable safetensors ({e})") from None
+    tensors = mod.canonical_tensors(tensors, config, path)
+    q = hf_config.get("quantization") or hf_config.get("quantization_config")
+    quant = {}
+    if q and "bits" in q and "group_size" in q:  # mlx-community affine quantization
+        spec = QuantSpec(bits=int(q["bits"]), group_size=int(q["group_size"]))
+        quant = {n[: -len(".scales")]: spec for n in tensors if n.endswith(".scales")}
+        for base, per in q.items():  # per-layer overrides ({"model.layers.0.mlp.gate_proj": {...}})
+            if isinstance(per, dict) and base in quant:
+                quant[base] = QuantSpec(bits=int(per["bits"]), group_size=int(per["group_size"]))
+    elif q:
+        raise UnsupportedModelError(f"{cfg_path}: quantization {q.get('quant_method', q)!r} is not supported")
+
+    def save_tokenizer(out_dir: str) -> None:
+        found = False
+        for name in TOKENIZER_FILES:
+            src = os.path.join(path, name)
+            if os.path.isfile(src):
+                shutil.copy2(src, os.path.join(out_dir, name))
+                found = found or name.startswith("tokenizer")
+        if not found:
+            raise ModelFileError(f"{path}: no tokenizer files (tokenizer.json or tokenizer.model)")
+
+    return SourceModel(config, tensors, quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
