@@ -13,15 +13,17 @@ from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
-         threads: int | None = None, precision: str = "source", verify_checksums: bool = False,
+         threads: int | None = None, torch_dtype: str = "float32", precision: str = "source", verify_checksums: bool = False,
          cache_dir: str = "", prefill_chunk: int = 512, progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
         mlx-community model directory (converted into the cache on first use).
     backend: "mlx" or "torch". ffn: "resident" or "stream" (FFN read from the bundle file per layer).
+    torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
+    precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     """
-    cfg = EngineConfig(backend=backend, device=device, threads=threads, ffn=ffn, precision=precision,
+    cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn, precision=precision,
                        prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
@@ -38,4 +40,5 @@ def _backend_kwargs(cfg: EngineConfig) -> dict:
     kw = {"device": cfg.device}
     if cfg.backend == "torch":
         kw["threads"] = cfg.threads
+        kw["dtype"] = cfg.torch_dtype
     return kw

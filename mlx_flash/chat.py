@@ -31,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default=None, help="answer this one prompt and exit")
     p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the torch backend")
+    p.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="torch linears: float32 (exact, default) or bfloat16 (fast int4 kernel, approximate)")
     p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
     try:
         from .api import load
 
-        engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads)
+        engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
+                      torch_dtype=args.torch_dtype)
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (

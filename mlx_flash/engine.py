@@ -73,8 +73,10 @@ class Engine:
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
-        out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn, all_logits)
-        return self.ops.to_numpy(out)[0]
+        with self.ops.inference():
+            out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
+                                      all_logits)
+            return self.ops.to_numpy(out)[0]
 
     def prefill(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """Run the prompt in chunks of config.prefill_chunk tokens; returns logits of the last token

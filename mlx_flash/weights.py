@@ -24,12 +24,11 @@ def resident_getter(ops, store: Store):
     arrays = store.read_resident()
     quant = store.manifest.quant
 
-    def get(name: str, optional: bool = False):
+    def get(name, optional: bool = False):
+        if isinstance(name, (list, tuple)):  # several linears fused along the output axis
+            return _fused([_parts(n) for n in name], [quant.get(n) for n in name], ", ".join(name))
         if name + ".weight" in arrays:
-            parts, dtypes = {}, {}
-            for part in ("weight", "scales", "biases", "bias"):
-                if f"{name}.{part}" in arrays:
-                    parts[part], dtypes[part] = arrays[f"{name}.{part}"]
+            parts, dtypes = _parts(name)
             return ops.weight(parts, quant.get(name), transposed=False, dtypes=dtypes)
         if name in arrays:
             a, dtype = arrays[name]
@@ -38,25 +37,50 @@ def resident_getter(ops, store: Store):
             return None
         raise StoreError(f"{store.path}: tensor {name} is missing from the store")
 
+    def _parts(name):
+        if name + ".weight" not in arrays:
+            raise StoreError(f"{store.path}: tensor {name}.weight is missing from the store")
+        parts, dtypes = {}, {}
+        for part in ("weight", "scales", "biases", "bias"):
+            if f"{name}.{part}" in arrays:
+                parts[part], dtypes[part] = arrays[f"{name}.{part}"]
+        return parts, dtypes
+
+    def _fused(members, quants, what):
+        if any(q != quants[0] for q in quants) or any(m[0].keys() != members[0][0].keys() for m in members):
+            raise StoreError(f"{store.path}: cannot fuse {what}: they differ in quantization or parts")
+        parts = {k: np.concatenate([m[0][k] for m in members]) for k in members[0][0]}
+        return ops.weight(parts, quants[0], transposed=False, dtypes=members[0][1])
+
     return get
 
 
 def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
-    """[n, bundle_bytes] bundle rows -> {"gate"?, "up", "down"} backend weights (down transposed)."""
+    """[n, bundle_bytes] bundle rows -> backend weights: {"gate_up", "down"} for gated FFNs (gate and
+    up rows fused into one [2n, D] matrix: one matmul instead of two), {"up", "down"} otherwise.
+    Down is stored transposed ([n, D] rows of down columns)."""
     fields = unpack_rows(layout.fields, rows)
     dtypes = {f.name: f.dtype for f in layout.fields}
-    out = {}
-    for role in ("gate", "up", "down"):
-        if f"{role}.weight" not in fields:
-            continue
-        parts, dt = {}, {}
+
+    def parts(role):
+        p, dt = {}, {}
         for part in ("weight", "scales", "biases", "bias"):
             key = f"{role}.{part}"
             if key in fields:
-                parts[part] = fields[key].reshape(-1) if part == "bias" else fields[key]
+                p[part] = fields[key].reshape(-1) if part == "bias" else fields[key]
                 dt[part] = dtypes[key]
-        out[role] = ops.weight(parts, layout.quant.get(role), transposed=role == "down", dtypes=dt)
-    return out
+        return p, dt
+
+    d, ddt = parts("down")
+    down = ops.weight(d, layout.quant.get("down"), transposed=True, dtypes=ddt)
+    if not layout.gated:
+        up, dt = parts("up")
+        return {"up": ops.weight(up, layout.quant.get("up"), dtypes=dt), "down": down}
+    (g, dt), (u, _) = parts("gate"), parts("up")
+    if layout.quant.get("gate") != layout.quant.get("up") or g.keys() != u.keys():
+        raise StoreError(f"FFN gate and up rows differ in quantization ({layout.quant})")
+    gate_up = ops.weight({k: np.concatenate([g[k], u[k]]) for k in g}, layout.quant.get("gate"), dtypes=dt)
+    return {"gate_up": gate_up, "down": down}
 
 
 class ResidentFFN:

@@ -6,6 +6,7 @@ kernels are slow in half precision) and float16 on the GPU.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -66,6 +67,9 @@ class MLXOps:
     def _opt(self, parts, key, dtypes):
         return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
 
+    def inference(self):
+        return contextlib.nullcontext()
+
     def to_numpy(self, x: mx.array) -> np.ndarray:
         return np.array(x.astype(mx.float32))
 
@@ -121,6 +125,14 @@ class MLXOps:
 
     def zeros(self, shape, like):
         return mx.zeros(shape, dtype=like.dtype)
+
+    def split(self, x, sizes):
+        """Split the last axis into consecutive pieces of the given sizes."""
+        idx, acc = [], 0
+        for n in sizes[:-1]:
+            acc += n
+            idx.append(acc)
+        return mx.split(x, idx, axis=-1)
 
     def concatenate(self, xs, axis: int):
         return mx.concatenate(xs, axis=axis)

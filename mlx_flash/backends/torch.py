@@ -1,9 +1,11 @@
 """torch backend: the same op names and semantics as backends/mlx.py, implemented with torch.
 
-CPU here, CUDA when present. Activations and the residual stream are float32. 4-bit linears run
-on torch's weight-only int4 kernel, which takes bfloat16 inputs and bfloat16 scales: that rounding
-is the only numerical difference from the MLX backend (measured: perplexity agrees to ~1e-3).
-Other quantized weights are dequantized once into bfloat16 (CPU) / float16 (CUDA).
+CPU here, CUDA when present. Activations and the residual stream are float32. Two linear modes:
+  dtype="float32" (default, exact): quantized weights are dequantized once into float32 and every
+      matmul runs in float32, so results match the MLX backend to float32 rounding.
+  dtype="bfloat16" (fast, approximate): 4-bit linears run on torch's weight-only int4 CPU kernel
+      (bfloat16 inputs, scales and outputs), 8-bit ones as two exact 4-bit halves on the same kernel,
+      other weights stay dense float32. Its perplexity cost is measured in the README.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ except ImportError:  # the backend module stays importable so the error can say 
 NAME = "torch"
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 @dataclass
 class Weight:
-    kind: str  # "int4" (packed for torch's int4 kernel) or "dense"
+    kind: str  # "dense", "int4" (packed for torch's int4 kernel), "int4x2" (8-bit as two 4-bit halves)
     w: "torch.Tensor"  # int4: packed; dense: [out, in] in the matmul dtype
     scale_zeros: "torch.Tensor | None"
     group_size: int
@@ -58,20 +63,26 @@ def dequantize(packed, scales, biases, quant: QuantSpec, dtype) -> "torch.Tensor
 class TorchOps:
     name = NAME
 
-    def __init__(self, device: str | None = None, threads: int | None = None):
+    def __init__(self, device: str | None = None, threads: int | None = None, dtype: str = "float32"):
         if torch is None:
             raise ConfigError("backend 'torch' needs PyTorch: pip install 'mlx-flash-engine[torch]' (torch==2.13.0)")
+        if dtype not in DTYPES:
+            raise ConfigError(f"torch dtype {dtype!r} is unknown (choose one of: {', '.join(DTYPES)})")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if threads:
             torch.set_num_threads(threads)
         self.act_dtype = torch.float32
-        # bfloat16 is what torch's CPU int4 kernel and fast CPU GEMMs want; CUDA prefers float16.
-        self.mm_dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
+        self.dtype = dtype
+        # Dense weights: float32 on CPU in both modes (torch's CPU bfloat16 GEMV is no faster here:
+        # measured 162 vs ~100 us for a 1536x576 product); float16 on CUDA in the fast mode.
+        self.mm_dtype = torch.float16 if (dtype == "bfloat16" and self.device.type == "cuda") else torch.float32
+        self.int4_kernel = dtype == "bfloat16" and self.device.type == "cpu"
+        self._rope_tables: dict = {}
 
     def describe(self) -> str:
-        return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads)"
+        return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads, {self.dtype})"
 
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True):
@@ -95,18 +106,35 @@ class TorchOps:
         scales = self.array(parts["scales"], dtypes.get("scales"))
         biases = self.array(parts["biases"], dtypes.get("biases"))
         q = (packed, scales, biases)
-        if quant.bits == 4 and not transposed and self.device.type == "cpu":
-            codes = unpack_bits(packed, 4)  # [out, in]
-            n, k = codes.shape
-            if n % 8 == 0 and k % quant.group_size == 0:
-                # torch's int4 kernel computes (code - 8) * scale + zero; MLX computes code * scale + bias.
-                zeros = biases + 8 * scales
-                sz = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous().to(torch.bfloat16)
-                w4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-                return Weight("int4", w4, sz, quant.group_size, n, bias, q, quant)
+        if self.int4_kernel and not transposed and quant.bits in (4, 8):
+            packed_w = self._int4pack(unpack_bits(packed, quant.bits), scales, biases, quant)
+            if packed_w is not None:
+                kind, w4, sz = packed_w
+                return Weight(kind, w4, sz, quant.group_size, scales.shape[0], bias, q, quant)
         w = dequantize(packed, scales, biases, quant, self.mm_dtype)
         w = (w.t() if transposed else w).contiguous()
         return Weight("dense", w, None, 0, w.shape[0], bias, q, quant)
+
+    @staticmethod
+    def _int4pack(codes, scales, biases, quant: QuantSpec):
+        """Exact re-expression of affine codes for torch's int4 kernel, which computes
+        (c - 8) * scale + zero per group. 4-bit: zero = bias + 8 * scale. 8-bit codes c = 16 h + l
+        become two 4-bit matrices, h with scale 16 s and l with scale s, whose outputs are summed."""
+        n, k = codes.shape
+        if n % 8 or k % quant.group_size or quant.group_size not in (32, 64, 128, 256):
+            return None
+
+        def pack(c, s, z):
+            sz = torch.stack([s.t(), z.t()], dim=-1).contiguous().to(torch.bfloat16)
+            return torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.contiguous(), 1), sz
+
+        if quant.bits == 4:
+            w4, sz = pack(codes, scales, biases + 8 * scales)
+            return "int4", w4, sz
+        hi, lo = codes >> 4, codes & 15
+        w4, sz = pack(torch.cat([hi, lo]), torch.cat([16 * scales, scales]),
+                      torch.cat([128 * scales, biases + 8 * scales]))
+        return "int4x2", w4, sz
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()
@@ -121,22 +149,26 @@ class TorchOps:
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(self.mm_dtype)
-        if w.kind == "int4":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, w.w, w.group_size, w.scale_zeros)
+        x2 = x.reshape(-1, shape[-1])
+        if w.kind == "dense":
+            y = x2.to(w.w.dtype) @ w.w.t()
         else:
-            y = x2 @ w.w.t()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), w.w, w.group_size, w.scale_zeros)
+            if w.kind == "int4x2":
+                y = y[:, : w.out_features] + y[:, w.out_features:]
         y = y.to(self.act_dtype).reshape(*shape[:-1], w.out_features)
         return y + w.bias if w.bias is not None else y
 
     def embedding(self, w: Weight, ids):
+        if w.kind == "dense" and w.w.dtype == self.act_dtype:  # exact float32 table
+            return F.embedding(ids, w.w)
         if w.q is None:
             return F.embedding(ids, w.w).to(self.act_dtype)
         packed, scales, biases = w.q
         return dequantize(packed[ids], scales[ids], biases[ids], w.quant, self.act_dtype)
 
     def rms_norm(self, x, weight, eps: float):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
@@ -144,19 +176,32 @@ class TorchOps:
     def rope(self, x, dims: int, traditional: bool, base: float, offset: int, scale: float = 1.0):
         """Same semantics as mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd]."""
         T = x.shape[-2]
-        inv = base ** (-torch.arange(0, dims, 2, dtype=torch.float32, device=x.device) / dims)
-        pos = (torch.arange(offset, offset + T, dtype=torch.float32, device=x.device) * scale)
-        ang = pos[:, None] * inv[None, :]  # [T, dims/2]
-        cos, sin = torch.cos(ang), torch.sin(ang)
-        xr, rest = x[..., :dims].float(), x[..., dims:]
-        if traditional:  # pairs (0,1), (2,3), ...
-            x1, x2 = xr[..., 0::2], xr[..., 1::2]
-            out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+        rot = self._rope_table(dims, base, scale, offset + T, x.device)[offset:offset + T]  # complex [T, dims/2]
+        xr, rest = x[..., :dims], x[..., dims:]
+        if traditional:  # pairs (0,1), (2,3), ... are (real, imag) of one complex number
+            z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], dims // 2, 2).contiguous())
+            out = torch.view_as_real(z * rot).flatten(-2)
         else:  # halves (0, dims/2), ...
+            cos, sin = rot.real, rot.imag
             x1, x2 = xr[..., : dims // 2], xr[..., dims // 2:]
             out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-        out = out.to(x.dtype)
         return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+    def _rope_table(self, dims, base, scale, length, device):
+        """exp(i * position * freq) [positions, dims/2], computed in float64 once, grown by doubling."""
+        key = (dims, base, scale, device)
+        tab = self._rope_tables.get(key)
+        if tab is None or tab.shape[0] < length:
+            n = max(length, 2 * tab.shape[0] if tab is not None else 1024)
+            inv = base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+            ang = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None, :]
+            tab = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(device)
+            self._rope_tables[key] = tab
+        return tab
+
+    def inference(self):
+        """Context for model calls: no autograd bookkeeping."""
+        return torch.inference_mode()
 
     def sdpa(self, q, k, v, scale: float, causal: bool):
         T, S = q.shape[-2], k.shape[-2]
@@ -184,6 +229,10 @@ class TorchOps:
 
     def zeros(self, shape, like):
         return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    def split(self, x, sizes):
+        """Split the last axis into consecutive pieces of the given sizes."""
+        return torch.split(x, list(sizes), dim=-1)
 
     def concatenate(self, xs, axis: int):
         return torch.cat(xs, dim=axis)

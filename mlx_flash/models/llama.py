@@ -94,8 +94,9 @@ def build(ops, args: ModelArgs, get) -> dict:
         layers.append({
             "attn_norm": get(p + "input_layernorm.weight"),
             "ffn_norm": get(p + "post_attention_layernorm.weight"),
-            "q": get(p + "self_attn.q_proj"), "k": get(p + "self_attn.k_proj"),
-            "v": get(p + "self_attn.v_proj"), "o": get(p + "self_attn.o_proj"),
+            # q, k, v fused along the output axis: one matmul instead of three.
+            "qkv": get([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
+            "o": get(p + "self_attn.o_proj"),
             "q_norm": get(p + "self_attn.q_norm.weight", optional=True),
             "k_norm": get(p + "self_attn.k_norm.weight", optional=True),
         })
@@ -107,9 +108,10 @@ def build(ops, args: ModelArgs, get) -> dict:
 def attention(ops, args: ModelArgs, lw: dict, x, cache):
     B, T, _ = x.shape
     hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
-    q = ops.transpose(ops.reshape(ops.linear(x, lw["q"]), (B, T, Hq, hd)), (0, 2, 1, 3))
-    k = ops.transpose(ops.reshape(ops.linear(x, lw["k"]), (B, T, Hk, hd)), (0, 2, 1, 3))
-    v = ops.transpose(ops.reshape(ops.linear(x, lw["v"]), (B, T, Hk, hd)), (0, 2, 1, 3))
+    q, k, v = ops.split(ops.linear(x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
+    q = ops.transpose(ops.reshape(q, (B, T, Hq, hd)), (0, 2, 1, 3))
+    k = ops.transpose(ops.reshape(k, (B, T, Hk, hd)), (0, 2, 1, 3))
+    v = ops.transpose(ops.reshape(v, (B, T, Hk, hd)), (0, 2, 1, 3))
     if lw["q_norm"] is not None:  # Qwen3: per-head RMSNorm before RoPE
         q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
         k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
@@ -121,8 +123,11 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
 
 
 def mlp(ops, fw: dict, x):
-    """SwiGLU on bundle-form weights: gate/up rows [F, D], down stored transposed [F, D]."""
-    return ops.linear(ops.silu(ops.linear(x, fw["gate"])) * ops.linear(x, fw["up"]), fw["down"])
+    """SwiGLU on bundle-form weights: gate|up rows fused [2F, D], down stored transposed [F, D]."""
+    gate_up = ops.linear(x, fw["gate_up"])
+    n = gate_up.shape[-1] // 2
+    gate, up = ops.split(gate_up, [n, n])
+    return ops.linear(ops.silu(gate) * up, fw["down"])
 
 
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):

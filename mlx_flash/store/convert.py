@@ -6,9 +6,9 @@ written into a hidden sibling directory that is renamed into place only after th
 last) is complete, so a crash or Ctrl-C never leaves a directory that opens as a store.
 
 FFN precision (`precision`):
-  source  keep the source's numbers; quantized down projections are re-quantized along d_model at the
-          source's bits/group so each down column is self-contained (the one lossy step; its
-          perplexity cost is reported in the README)
+  source  keep the source's numbers; quantized down projections are re-quantized along d_model
+          (at `down_bits`, default 8, the source's group size) so each down column is
+          self-contained: the one lossy step, its perplexity cost is in the README
   f16     dequantize gate/up/down to float16 (lossless for 4/8-bit sources up to fp16 rounding)
   q4, q8  affine-quantize gate/up/down rows to 4/8 bits (group 32 unless group_size says otherwise)
 """
@@ -27,6 +27,8 @@ from .safetensors_io import write_safetensors
 from .sources import SourceModel, model_module, read_source
 
 PRECISIONS = ("source", "f16", "q4", "q8")
+# Bumped whenever the converter's output for the same input and options changes (cache keys use it).
+CONVERTER_VERSION = 2
 RESIDENT_FILE = "resident.safetensors"
 FFN_FILE = "ffn_bundles.bin"
 
@@ -42,10 +44,12 @@ def to_storage(a) -> tuple[np.ndarray, str]:
 
 
 def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
-            force: bool = False, progress: bool = True) -> str:
+            down_bits: int = 8, force: bool = False, progress: bool = True) -> str:
     """Convert `source` into a store at `out_dir`; returns out_dir."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
+    if down_bits not in (2, 3, 4, 6, 8):
+        raise ConfigError(f"down_bits must be one of 2, 3, 4, 6, 8 (got {down_bits})")
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not force:
         raise ConfigError(f"{out_dir}: already exists (pass --force to replace it)")
@@ -56,7 +60,7 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        manifest = _write_store(src, tmp, precision, group_size, progress)
+        manifest = _write_store(src, tmp, precision, group_size, down_bits, progress)
         with open(os.path.join(tmp, MANIFEST_NAME + ".tmp"), "w") as fh:
             fh.write(manifest.to_json())
             fh.flush()
@@ -75,7 +79,8 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     return out_dir
 
 
-def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, progress: bool) -> Manifest:
+def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, down_bits: int,
+                 progress: bool) -> Manifest:
     from tqdm import tqdm
 
     cfg = src.config
@@ -98,7 +103,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, pr
     d_model = cfg["hidden_size"]
     with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
         for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
-            parts, lq = _layer_parts(src, mod.ffn_parts(cfg, layer), precision, group_size)
+            parts, lq = _layer_parts(src, mod.ffn_parts(cfg, layer), precision, group_size, down_bits)
             if fields is None:
                 fields, bundle_bytes = plan_fields(parts)
                 ffn_quant = lq
@@ -122,7 +127,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, pr
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
 
 
-def _layer_parts(src: SourceModel, names: dict, precision: str, group_size: int):
+def _layer_parts(src: SourceModel, names: dict, precision: str, group_size: int, down_bits: int):
     """Per-neuron rows of one layer's FFN, in bundle order: [(field, array [F, ...], dtype)], quant."""
     import mlx.core as mx
 
@@ -141,6 +146,8 @@ def _layer_parts(src: SourceModel, names: dict, precision: str, group_size: int)
         if role == "down":
             dense = dense.T  # [D, F] -> [F, D]: column i of down becomes row i
         target = _target_quant(precision, spec, group_size)
+        if role == "down" and precision == "source" and spec is not None:
+            target = QuantSpec(bits=down_bits, group_size=spec.group_size)
         if target is None:  # float rows
             dt = mx.float16 if precision == "f16" else dense.dtype
             arr, name = to_storage(mx.contiguous(dense.astype(dt)))

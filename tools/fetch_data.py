@@ -1,0 +1,34 @@
+"""Fetch the offline text corpora (Austen novels, Wikipedia articles) into the cache dir.
+
+    python tools/fetch_data.py [--cache-dir DIR] [--force]
+
+Austen comes from Debian's r-cran-janeaustenr (apt-get download, never installed), Wikipedia from the
+gensim wheel's test data (pip download --no-deps). Needs the `rdata` package (dev extra).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mlx_flash.corpora import fetch_all  # noqa: E402
+from mlx_flash.errors import FlashError  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache-dir", default=None, help="cache root (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)")
+    p.add_argument("--force", action="store_true", help="fetch again even if the files exist")
+    a = p.parse_args()
+    try:
+        for name, path in fetch_all(a.cache_dir, a.force).items():
+            print(f"{name}: {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
