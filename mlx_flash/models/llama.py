@@ -66,7 +66,7 @@ def normalize_config(hf: dict, where: str) -> dict:
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"{where}: hidden_act {act!r} is not supported for {hf['model_type']}")
-    scaling = hf.get("rope_scaling") or {}
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         cfg["rope_scale"] = 1.0 / float(scaling["factor"])

@@ -1,0 +1,39 @@
+"""Perplexity of a model on a text: non-overlapping windows of `context` tokens, each scored from an
+empty cache (every token but a window's first is predicted), over the first `max_tokens` tokens."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+def token_nlls(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of each target under float64 log-softmax of its logits row."""
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    logz = np.log(np.exp(z).sum(-1))
+    return logz - z[np.arange(len(targets)), targets]
+
+
+def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, progress: bool = False) -> dict:
+    if context < 2:
+        raise ConfigError(f"context must be >= 2 (got {context})")
+    ids = engine.tokenizer.encode(text)[:max_tokens]
+    if len(ids) < 2:
+        raise ConfigError("the text has fewer than 2 tokens")
+    from tqdm import tqdm
+
+    nll, count = 0.0, 0
+    starts = range(0, len(ids) - 1, context)
+    for s in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
+        window = ids[s:s + context]
+        if len(window) < 2:
+            break
+        logits = engine.logits(window)
+        nll += float(token_nlls(logits[:-1], np.asarray(window[1:])).sum())
+        count += len(window) - 1
+    return {"perplexity": math.exp(nll / count), "nll": nll / count, "tokens": len(ids), "scored": count,
+            "context": context}

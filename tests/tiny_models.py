@@ -1,0 +1,62 @@
+"""Tiny random-init HF checkpoints built in the tests from each family's real config shape (no hub):
+a directory with config.json, model.safetensors and a small word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+VOCAB = 96
+
+
+def write_tokenizer(out_dir: str, vocab: int = VOCAB) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+                   "eos_token": "</s>"}, fh)
+
+
+def hf_config(family: str, **over):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    if family == "opt":
+        cfg = tf.OPTConfig(**{**common, "ffn_dim": 128, "word_embed_proj_dim": 64, **over})
+    else:
+        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
+               "qwen3": tf.Qwen3Config}[family]
+        kw = dict(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False)
+        if family == "qwen3":
+            kw["head_dim"] = 16
+        cfg = cls(**{**common, **kw, **over})
+    return cfg
+
+
+def build(family: str, out_dir: str, seed: int = 0, dtype: str = "float32", **over):
+    """Save a random tiny model of `family` to out_dir; returns the HF model (eval mode, float32)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = hf_config(family, **over)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # default init is tiny; widen it so logits are not all near zero
+        for p in model.parameters():
+            if p.dim() >= 1:
+                p.add_(torch.randn_like(p) * 0.05)
+    os.makedirs(out_dir, exist_ok=True)
+    model.to(getattr(torch, dtype)).save_pretrained(out_dir, safe_serialization=True)
+    write_tokenizer(out_dir)
+    return model.float()
+
+
+def random_ids(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, VOCAB, size=n).tolist()

@@ -1,0 +1,47 @@
+"""Convert a GGUF file, an HF model directory or an mlx-community quantized directory into a store.
+
+    python tools/convert.py SOURCE OUT_DIR [--precision source|f16|q4|q8] [--down-bits 8] [--force]
+
+The store holds a manifest, resident tensors (safetensors), FFN row-column bundles and the tokenizer.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.store import PRECISIONS, convert, open_store  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("source", help="GGUF file, HF model dir or mlx-community dir")
+    p.add_argument("out", help="store directory to create")
+    p.add_argument("--precision", choices=PRECISIONS, default="source",
+                   help="FFN bundle precision (default: source = keep the source's quantization)")
+    p.add_argument("--down-bits", type=int, default=8,
+                   help="bits for re-quantizing a quantized down projection along d_model (default 8)")
+    p.add_argument("--group-size", type=int, default=32, help="group size for --precision q4/q8 (default 32)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    a = p.parse_args()
+    try:
+        out = convert(a.source, a.out, precision=a.precision, group_size=a.group_size, down_bits=a.down_bits,
+                      force=a.force)
+        m = open_store(out, verify_checksums=True).manifest
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
+    total = sum(f["size"] for f in m.files.values())
+    print(f"store {out}: {m.config['model_type']}, {m.config['num_hidden_layers']} layers, "
+          f"FFN bundles {m.ffn.bundle_bytes} B x {m.ffn.n_neurons} neurons/layer ({m.ffn.precision}), "
+          f"{total / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
