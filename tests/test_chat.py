@@ -1,0 +1,86 @@
+"""The chat CLI: one-shot answers on both backends, the REPL over piped stdin, and one-line errors
+with a non-zero exit for bad input (no traceback)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def chat(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mlx_flash.chat", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_one_shot_raw_paris(store_dir, backend):
+    r = chat("--model", store_dir, "--prompt", "The capital of France is", "--temp", "0", "--max-tokens", "8",
+             "--raw", "--backend", backend)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" Paris"), r.stdout
+
+
+def test_repl_over_piped_stdin(store_dir):
+    r = chat("--model", store_dir, "--backend", "torch", "--max-tokens", "30",
+             stdin="What is the capital of France?\n/stats\n/reset\n/bogus\n/quit\nnever read\n")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "tok/s" in r.stdout and "per token" in r.stdout
+    assert "(conversation cleared)" in r.stdout
+    assert "unknown command /bogus" in r.stdout
+
+
+def assert_one_line_error(r, *needles):
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_cli_missing_path(tmp_path):
+    assert_one_line_error(chat("--model", str(tmp_path / "nope")), "nope", "no such file")
+
+
+def test_cli_truncated_gguf(default_gguf, tmp_path):
+    bad = tmp_path / "cut.gguf"
+    with open(default_gguf, "rb") as fh:
+        bad.write_bytes(fh.read(20_000_000))
+    r = chat("--model", str(bad), "--prompt", "x", "--raw")
+    assert_one_line_error(r, "cut.gguf", "past the end of the file")
+
+
+def test_cli_unsupported_model_type(tiny_store, tmp_path):
+    tiny_store("llama")
+    src = tmp_path / "llama-hf"
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(chat("--model", str(src), "--prompt", "x", "--raw"), "config.json", "'gpt_neox'")
+
+
+def test_cli_truncated_store_and_edited_manifest(tiny_store):
+    store, _ = tiny_store("llama")
+    bundles = os.path.join(store, "ffn_bundles.bin")
+    size = os.path.getsize(bundles)
+    with open(bundles, "r+b") as fh:
+        fh.truncate(size - 100)
+    assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "ffn_bundles.bin", "truncated")
+    with open(bundles, "r+b") as fh:
+        fh.truncate(size)
+    mpath = os.path.join(store, "manifest.json")
+    m = json.loads(open(mpath).read())
+    m["tensors"]["model.embed_tokens.weight"]["offset"] += 10**9
+    open(mpath, "w").write(json.dumps(m))
+    assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "resident.safetensors",
+                          "model.embed_tokens.weight", "past the end")
+
+
+def test_cli_usage_error():
+    r = chat("--raw")
+    assert r.returncode == 2 and "--raw needs --prompt" in r.stderr
