@@ -143,15 +143,20 @@ def wikitext_to_plain(t: str) -> str:
     return t.strip()
 
 
-def fetch_all(cache_dir: str | None = None, force: bool = False) -> dict[str, str]:
+def fetch_all(cache_dir: str | None = None, force: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+    """Fetch every corpus that is missing; returns ({name: path}, {name: error}) so one failure
+    (say, no apt-get on macOS) does not stop the others."""
     out_dir = data_dir(cache_dir)
     os.makedirs(out_dir, exist_ok=True)
-    paths = {}
+    paths, errors = {}, {}
     for name, fn, fname in (("austen", fetch_austen, AUSTEN), ("wikipedia", fetch_wikipedia, WIKIPEDIA)):
         path = os.path.join(out_dir, fname)
-        if force or not os.path.isfile(path):
-            if shutil.which("apt-get") is None and name == "austen":
-                raise FlashError("fetching the Austen corpus needs Debian's apt-get and dpkg-deb")
-            fn(out_dir)
-        paths[name] = path
-    return paths
+        try:
+            if force or not os.path.isfile(path):
+                if name == "austen" and not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+                    raise FlashError("fetching the Austen corpus needs Debian's apt-get and dpkg-deb")
+                fn(out_dir)
+            paths[name] = path
+        except (FlashError, OSError, IndexError, StopIteration) as e:
+            errors[name] = str(e) or type(e).__name__
+    return paths, errors

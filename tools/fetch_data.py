@@ -13,7 +13,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mlx_flash.corpora import fetch_all  # noqa: E402
-from mlx_flash.errors import FlashError  # noqa: E402
 
 
 def main() -> int:
@@ -21,13 +20,12 @@ def main() -> int:
     p.add_argument("--cache-dir", default=None, help="cache root (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)")
     p.add_argument("--force", action="store_true", help="fetch again even if the files exist")
     a = p.parse_args()
-    try:
-        for name, path in fetch_all(a.cache_dir, a.force).items():
-            print(f"{name}: {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    paths, errors = fetch_all(a.cache_dir, a.force)
+    for name, path in paths.items():
+        print(f"{name}: {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    for name, err in errors.items():
+        print(f"error: {name}: {err}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

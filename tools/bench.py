@@ -1,0 +1,132 @@
+"""Decode and prefill speed of the default model (or --model) per backend, median of N runs.
+
+    python tools/bench.py [--model PATH] [--prompt-tokens 128] [--gen-tokens 128] [--runs 5]
+                          [--configs mlx,torch,torch-bf16,torch-stream] [--json bench_results/bench.json]
+
+Each run: prefill a prompt of --prompt-tokens real Wikipedia tokens (or a repeated sentence when the
+corpus is not fetched), then greedy-decode exactly --gen-tokens tokens (EOS ignored). llama.cpp is
+measured the same way through llama-cpp-python when that package is installed (same GGUF, same
+threads); otherwise its column says "not installed".
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import mlx_flash  # noqa: E402
+from mlx_flash.corpora import corpus_path  # noqa: E402
+from mlx_flash.default_model import default_model_path  # noqa: E402
+from mlx_flash.errors import FlashError  # noqa: E402
+
+CONFIGS = {
+    "mlx": dict(backend="mlx"),
+    "torch": dict(backend="torch", torch_dtype="float32"),
+    "torch-bf16": dict(backend="torch", torch_dtype="bfloat16"),
+    "torch-stream": dict(backend="torch", torch_dtype="float32", ffn="stream"),
+    "mlx-stream": dict(backend="mlx", ffn="stream"),
+}
+
+
+def prompt_text() -> str:
+    try:
+        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
+            return fh.read()[:20000]
+    except FlashError:
+        return "The quick brown fox jumps over the lazy dog. " * 200
+
+
+def run_engine(engine, ids, gen):
+    caches = engine.new_caches()
+    t0 = time.perf_counter()
+    logits = engine.prefill(ids, caches)
+    t1 = time.perf_counter()
+    for _ in range(gen):
+        logits = engine.forward([int(np.argmax(logits))], caches)[-1]
+    t2 = time.perf_counter()
+    return len(ids) / (t1 - t0), gen / (t2 - t1)
+
+
+def run_llama_cpp(llm, ids, gen):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    for _ in range(gen):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return len(ids) / (t1 - t0), gen / (t2 - t1)
+
+
+def measure(fn, runs):
+    fn()  # warm-up (first-touch of weights, allocator, kernel selection)
+    pre, dec = zip(*(fn() for _ in range(runs)))
+    return {"prefill_tps": statistics.median(pre), "decode_tps": statistics.median(dec),
+            "prefill_all": list(pre), "decode_all": list(dec)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--configs", default="mlx,torch,torch-bf16", help=f"comma list of: {', '.join(CONFIGS)}")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp column")
+    p.add_argument("--json", default="bench_results/bench.json")
+    a = p.parse_args()
+    results, ids = {}, None
+    try:
+        for name in a.configs.split(","):
+            if name not in CONFIGS:
+                raise FlashError(f"--configs: unknown config {name!r} (choose from {', '.join(CONFIGS)})")
+            kw = dict(CONFIGS[name])
+            if kw["backend"] == "torch":
+                kw["threads"] = a.threads
+            with mlx_flash.load(a.model, progress=True, **kw) as engine:
+                ids = engine.tokenizer.encode(prompt_text())[: a.prompt_tokens]
+                print(f"[{name}] {engine.ops.describe()}", file=sys.stderr)
+                results[name] = measure(lambda: run_engine(engine, ids, a.gen_tokens), a.runs)
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not a.no_llama_cpp and ids is not None:
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            results["llama.cpp"] = "not installed"
+        else:
+            gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
+            llm = Llama(gguf, n_ctx=1024, n_threads=a.threads, n_batch=512, verbose=False)
+            results["llama.cpp"] = measure(lambda: run_llama_cpp(llm, ids, a.gen_tokens), a.runs)
+    print(f"\nprompt {a.prompt_tokens} tokens, generate {a.gen_tokens}, median of {a.runs} runs, {a.threads} threads")
+    print(f"{'config':<14}{'prefill tok/s':>15}{'decode tok/s':>15}")
+    for name, r in results.items():
+        if isinstance(r, str):
+            print(f"{name:<14}{r:>30}")
+        else:
+            print(f"{name:<14}{r['prefill_tps']:>15.1f}{r['decode_tps']:>15.1f}")
+    if isinstance(results.get("llama.cpp"), dict):
+        ref = results["llama.cpp"]["decode_tps"]
+        for name, r in results.items():
+            if name != "llama.cpp" and isinstance(r, dict):
+                print(f"decode ratio {name} / llama.cpp = {r['decode_tps'] / ref:.2f}")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump({"prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens, "runs": a.runs,
+                       "threads": a.threads, "results": results}, fh, indent=1)
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
