@@ -110,7 +110,7 @@ class Engine:
         check_sampling(temperature, top_p, top_k)
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0 (got {max_tokens})")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
         ids = self.encode_prompt(prompt)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
@@ -135,6 +135,7 @@ class Engine:
             finish = None
             if token in self.tokenizer.eos_token_ids:
                 finish = "stop"
+                text += detok.finalize()
             else:
                 text += detok.add_token(token)
             if finish is None and n + 1 < max_tokens:

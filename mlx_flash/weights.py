@@ -26,7 +26,7 @@ def resident_getter(ops, store: Store):
 
     def get(name, optional: bool = False):
         if isinstance(name, (list, tuple)):  # several linears fused along the output axis
-            return _fused([_parts(n) for n in name], [quant.get(n) for n in name], ", ".join(name))
+            return _fused([_parts(n) for n in name], [quant.get(n) for n in name])
         if name + ".weight" in arrays:
             parts, dtypes = _parts(name)
             return ops.weight(parts, quant.get(name), transposed=False, dtypes=dtypes)
@@ -46,9 +46,12 @@ def resident_getter(ops, store: Store):
                 parts[part], dtypes[part] = arrays[f"{name}.{part}"]
         return parts, dtypes
 
-    def _fused(members, quants, what):
-        if any(q != quants[0] for q in quants) or any(m[0].keys() != members[0][0].keys() for m in members):
-            raise StoreError(f"{store.path}: cannot fuse {what}: they differ in quantization or parts")
+    def _fused(members, quants):
+        """One weight with the members' rows stacked; a tuple of weights when they differ in
+        quantization or parts (models.common.linear concatenates their outputs instead)."""
+        if any(q != quants[0] for q in quants) or any(m[0].keys() != members[0][0].keys() for m in members) \
+                or any(m[1] != members[0][1] for m in members):
+            return tuple(ops.weight(p, q, transposed=False, dtypes=dt) for (p, dt), q in zip(members, quants))
         parts = {k: np.concatenate([m[0][k] for m in members]) for k in members[0][0]}
         return ops.weight(parts, quants[0], transposed=False, dtypes=members[0][1])
 

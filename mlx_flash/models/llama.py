@@ -7,15 +7,16 @@ Shapes: B batch, T tokens, D d_model, F d_ff, H heads, hd head dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
+from .common import ArgsFromDict, linear
 
 LAYER = "model.layers.{}."
 
 
 @dataclass
-class ModelArgs:
+class ModelArgs(ArgsFromDict):
     model_type: str
     hidden_size: int
     intermediate_size: int
@@ -34,10 +35,6 @@ class ModelArgs:
     eos_token_id: int | list | None = None
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelArgs":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def normalize_config(hf: dict, where: str) -> dict:
@@ -108,7 +105,7 @@ def build(ops, args: ModelArgs, get) -> dict:
 def attention(ops, args: ModelArgs, lw: dict, x, cache):
     B, T, _ = x.shape
     hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
-    q, k, v = ops.split(ops.linear(x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
+    q, k, v = ops.split(linear(ops, x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
     q = ops.transpose(ops.reshape(q, (B, T, Hq, hd)), (0, 2, 1, 3))
     k = ops.transpose(ops.reshape(k, (B, T, Hk, hd)), (0, 2, 1, 3))
     v = ops.transpose(ops.reshape(v, (B, T, Hk, hd)), (0, 2, 1, 3))

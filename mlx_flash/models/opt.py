@@ -5,16 +5,17 @@ Shapes: B batch, T tokens, D d_model, F d_ff (ffn_dim), H heads, hd head dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
+from .common import ArgsFromDict
 
 LAYER = "model.decoder.layers.{}."
 POSITION_OFFSET = 2  # OPT's learned position table reserves its first two rows
 
 
 @dataclass
-class ModelArgs:
+class ModelArgs(ArgsFromDict):
     model_type: str
     hidden_size: int
     ffn_dim: int
@@ -33,10 +34,6 @@ class ModelArgs:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelArgs":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def normalize_config(hf: dict, where: str) -> dict:
