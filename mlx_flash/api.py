@@ -7,6 +7,8 @@ from .config import EngineConfig
 from .default_model import resolve_store
 from .engine import Engine
 from .store import open_store
+from .store.disk_profile import best_threads, coalesce_gap, default_profile
+from .store.reader_pool import ReaderPool
 from .store.sources import model_module
 from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
@@ -14,7 +16,8 @@ from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
          threads: int | None = None, torch_dtype: str = "float32", precision: str = "source", verify_checksums: bool = False,
-         cache_dir: str = "", prefill_chunk: int = 512, progress: bool = True) -> Engine:
+         cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct", io_threads: int | None = None,
+         progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -22,15 +25,23 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     backend: "mlx" or "torch". ffn: "resident" or "stream" (FFN read from the bundle file per layer).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
+    io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
+        count and coalescing gap default to the disk profile (tools/profile_disk.py, or a quick
+        probe run once and cached).
     """
     cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn, precision=precision,
-                       prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir)
+                       prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
+                       io_mode=io_mode, io_threads=io_threads)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)
     weights = module.build(ops, args, resident_getter(ops, store))
-    ffn_source = (ResidentFFN if cfg.ffn == "resident" else StreamedFFN)(ops, store)
+    if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
+        with ReaderPool(threads=2, mode="buffered") as pool:
+            ffn_source = ResidentFFN(ops, store, pool)
+    else:
+        ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
@@ -42,3 +53,10 @@ def _backend_kwargs(cfg: EngineConfig) -> dict:
         kw["threads"] = cfg.threads
         kw["dtype"] = cfg.torch_dtype
     return kw
+
+
+def stream_pool(cfg: EngineConfig, chunk: int) -> ReaderPool:
+    """A reader pool sized by the disk profile (threads for this chunk size, coalescing gap)."""
+    profile = default_profile(cfg.cache_dir)
+    threads = cfg.io_threads or best_threads(profile, min(chunk, 1 << 20))
+    return ReaderPool(threads=threads, mode=cfg.io_mode, coalesce_gap=coalesce_gap(profile))

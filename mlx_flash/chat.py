@@ -62,11 +62,12 @@ def format_stats(engine) -> str:
         return "no answer yet"
     n = len(s.steps)
     avg = lambda k: sum(getattr(t, k) for t in s.steps) / n  # noqa: E731
-    mb = sum(t.bytes_read for t in s.steps) / 1e6
+    nbytes, reads = sum(t.bytes_read for t in s.steps), sum(t.reads for t in s.steps)
+    chunk = f", mean chunk {nbytes / reads / 1024:.0f} KiB" if reads else ""
     return (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
             f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
-            f"per token: {avg('wall_ms'):.2f} ms = compute {avg('compute_ms'):.2f} + io {avg('io_ms'):.2f} "
-            f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {mb:.1f} MB in {sum(t.reads for t in s.steps)} reads")
+            f"per token: {avg('wall_ms'):.2f} ms = compute {avg('compute_ms'):.2f} + io wait {avg('io_ms'):.2f} "
+            f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
 
 
 def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:

@@ -23,6 +23,8 @@ class EngineConfig:
     torch_dtype: str = "float32"
     ffn: str = "resident"  # "resident": FFN weights in memory; "stream": read from the bundle file per layer
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
+    io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
+    io_threads: int | None = None  # reader threads (None: best count from the disk profile)
     prefill_chunk: int = 512  # prompt tokens per forward pass during prefill
     verify_checksums: bool = False  # recompute sha256 of every store file at open
     cache_dir: str = ""  # where converted stores live ("" -> $MLX_FLASH_CACHE or ~/.cache/mlx_flash)
@@ -30,6 +32,10 @@ class EngineConfig:
     def __post_init__(self):
         if self.ffn not in FFN_MODES:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
+        if self.io_mode not in ("direct", "buffered"):
+            raise ConfigError(f"io_mode {self.io_mode!r} is unknown (choose direct or buffered)")
+        if self.io_threads is not None and self.io_threads < 1:
+            raise ConfigError(f"io_threads must be >= 1 (got {self.io_threads})")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.threads is not None and self.threads < 1:

@@ -87,16 +87,12 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
 
 
 class ResidentFFN:
-    """All FFN bundles read once at load time and kept as backend weights."""
+    """All FFN bundles read once at load time (through `pool`) and kept as backend weights."""
 
-    def __init__(self, ops, store: Store):
+    def __init__(self, ops, store: Store, pool):
         layout = store.manifest.ffn
-        reader = FFNReader(store.file_path(layout.file), layout)
-        try:
-            self.layers = [bundle_weights(ops, layout, reader.read_layer(i)) for i in range(len(layout.layer_offsets))]
-        finally:
-            reader.close()
-        self.stats = None
+        reader = FFNReader(pool, store.file_path(layout.file), layout)
+        self.layers = [bundle_weights(ops, layout, reader.read_layer(i)) for i in range(len(layout.layer_offsets))]
 
     def layer(self, i: int) -> dict:
         return self.layers[i]
@@ -106,23 +102,27 @@ class ResidentFFN:
 
 
 class StreamedFFN:
-    """Each call reads layer i's bundle region from the file and decodes it (nothing kept)."""
+    """Each call reads layer i's bundle region through the pool and decodes it (nothing kept).
+    Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes into backend weights),
+    bytes_read, reads."""
 
-    def __init__(self, ops, store: Store):
+    def __init__(self, ops, store: Store, pool):
         self.ops = ops
+        self.pool = pool
         self.layout = store.manifest.ffn
-        self.reader = FFNReader(store.file_path(self.layout.file), self.layout)
-        self.io_seconds = 0.0
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)
         self.mem_seconds = 0.0
 
     def layer(self, i: int) -> dict:
-        t0 = time.perf_counter()
         rows = self.reader.read_layer(i)
-        t1 = time.perf_counter()
+        t = time.perf_counter()
         w = bundle_weights(self.ops, self.layout, rows)
-        self.io_seconds += t1 - t0
-        self.mem_seconds += time.perf_counter() - t1
+        self.mem_seconds += time.perf_counter() - t
         return w
+
+    @property
+    def io_seconds(self) -> float:
+        return self.reader.wait_seconds
 
     @property
     def bytes_read(self) -> int:
@@ -133,4 +133,4 @@ class StreamedFFN:
         return self.reader.reads
 
     def close(self) -> None:
-        self.reader.close()
+        self.pool.close()

@@ -57,9 +57,11 @@ def test_stream_mode_reads_every_layer(engines, store_dir):
     e = engines(store_dir, "torch", "stream")
     steps = list(e.stream_generate("Hello", max_tokens=3))
     layout = e.store.manifest.ffn
+    n_layers = len(layout.layer_offsets)
     for s in steps[:-1]:  # the last step samples without running the model again
-        assert s.stats.reads == len(layout.layer_offsets)
-        assert s.stats.bytes_read == layout.layer_nbytes * len(layout.layer_offsets)
+        assert s.stats.reads >= n_layers  # one range per layer, split into chunks for the workers
+        # layer regions are block-aligned, so direct I/O fetches exactly the bundle bytes
+        assert s.stats.bytes_read == layout.layer_nbytes * n_layers
         assert s.stats.io_ms > 0
 
 

@@ -1,40 +1,32 @@
-"""Simple synchronous FFN bundle reader: one pread of a layer's whole bundle region into a reused
-buffer. (The parallel direct-I/O reader pool replaces this for sparse reads.)"""
+"""FFN bundle reads through the reader pool: a layer's bundle region lands in a reused, page-aligned
+buffer (so direct I/O reads straight into it). I/O only: numpy views, no framework arrays."""
 
 from __future__ import annotations
 
-import os
-import time
+import mmap
 
 import numpy as np
 
-from ..errors import StoreError
 from .manifest import FFNLayout
+from .reader_pool import ReaderPool
 
 
 class FFNReader:
-    def __init__(self, path: str, layout: FFNLayout):
-        self.path = path
+    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout):
+        self.pool = pool
         self.layout = layout
-        self.fd = os.open(path, os.O_RDONLY)
-        self.buf = np.empty((layout.n_neurons, layout.bundle_bytes), dtype=np.uint8)
-        self.bytes_read = 0
-        self.reads = 0
-        self.io_seconds = 0.0
+        self.file = pool.open(path)
+        self._mem = mmap.mmap(-1, max(layout.layer_nbytes, 1))
+        self.buf = np.frombuffer(self._mem, dtype=np.uint8)[: layout.layer_nbytes]
+        self.bytes_read = 0  # bytes fetched from the device
+        self.reads = 0  # read requests issued (after coalescing and splitting)
+        self.wait_seconds = 0.0  # time the caller was blocked waiting for reads
 
     def read_layer(self, layer: int) -> np.ndarray:
         """All bundles of `layer` as a [F, bundle_bytes] uint8 view of the reused buffer."""
-        off, n = self.layout.layer_offsets[layer], self.layout.layer_nbytes
-        t = time.perf_counter()
-        got = os.preadv(self.fd, [memoryview(self.buf).cast("B")], off)
-        self.io_seconds += time.perf_counter() - t
-        if got != n:
-            raise StoreError(f"{self.path}: short read of FFN layer {layer} ({got} of {n} bytes at offset {off})")
-        self.bytes_read += n
-        self.reads += 1
-        return self.buf
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        off = self.layout.layer_offsets[layer]
+        batch = self.pool.read([(self.file, off, self.layout.layer_nbytes, self.buf)])
+        self.bytes_read += batch.bytes_read
+        self.reads += batch.reads
+        self.wait_seconds += batch.wait_seconds
+        return self.buf.reshape(self.layout.n_neurons, self.layout.bundle_bytes)

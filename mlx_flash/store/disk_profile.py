@@ -1,0 +1,170 @@
+"""Disk profile: random-read throughput by chunk size and thread count, and latency to first byte,
+measured through the reader pool with the page cache bypassed (LLM in a flash, Fig. 2b).
+
+The engine reads the profile to size coalescing gaps (and later the cost model). Without a saved
+profile, `default_profile()` runs a quick probe once and caches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from ..errors import FlashError
+from .reader_pool import BLOCK, ReaderPool
+
+KiB, MiB = 1024, 1024 * 1024
+CHUNKS = [4 * KiB, 8 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB]
+THREADS = [1, 2, 4, 8, 16, 32, 64]
+PROFILE_NAME = "disk_profile.json"
+
+
+def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
+    """Random bytes (incompressible), written once and reused if already the right size."""
+    if os.path.isfile(path) and os.path.getsize(path) == size:
+        return path
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(0)
+    block = 64 * MiB
+    with open(path + ".tmp", "wb") as fh, tqdm(total=size, unit="B", unit_scale=True, desc="scratch file",
+                                                disable=not progress) as bar:
+        left = size
+        while left:
+            n = min(block, left)
+            fh.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            left -= n
+            bar.update(n)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def random_offsets(rng, file_size: int, chunk: int, n: int) -> np.ndarray:
+    return rng.integers(0, (file_size - chunk) // BLOCK, n) * BLOCK
+
+
+def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: str = "direct", seed: int = 0) -> float:
+    """Bytes/s of random `chunk`-sized reads with `threads` workers, keeping two batches in flight
+    so workers never wait for the submitter."""
+    size = os.path.getsize(path)
+    rng = np.random.default_rng(seed)
+    per_batch = max(4 * threads, 8)
+    import mmap
+
+    with ReaderPool(threads=threads, mode=mode, coalesce_gap=0, max_chunk=max(chunk, BLOCK)) as pool:
+        f = pool.open(path)
+        bufs = [mmap.mmap(-1, chunk * per_batch) for _ in range(2)]  # page-aligned: reads land in place
+        views = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+
+        def submit(i):
+            offs = random_offsets(rng, size, chunk, per_batch)
+            return pool.submit([(f, int(o), chunk, views[i][k * chunk:(k + 1) * chunk]) for k, o in enumerate(offs)])
+
+        inflight = [submit(0), submit(1)]
+        done_bytes, k = 0, 0
+        t0 = time.perf_counter()
+        while True:
+            inflight[k % 2].wait()
+            done_bytes += chunk * per_batch
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                break
+            inflight[k % 2] = submit(k % 2)
+            k += 1
+        inflight[(k + 1) % 2].wait()
+        del views
+    return done_bytes / elapsed
+
+
+def first_byte_latency(path: str, samples: int = 200, mode: str = "direct") -> float:
+    """Median seconds for one 4 KiB random read issued alone."""
+    size = os.path.getsize(path)
+    rng = np.random.default_rng(1)
+    out = []
+    with ReaderPool(threads=1, mode=mode) as pool:
+        f = pool.open(path)
+        dest = np.empty(BLOCK, np.uint8)
+        for off in random_offsets(rng, size, BLOCK, samples):
+            t = time.perf_counter()
+            pool.read([(f, int(off), BLOCK, dest)])
+            out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def profile_disk(path: str, chunks=CHUNKS, threads=THREADS, seconds: float = 1.0, progress: bool = False) -> dict:
+    from tqdm import tqdm
+
+    grid = [(t, c) for t in threads for c in chunks]
+    table: dict[str, dict[str, float]] = {}
+    for t, c in tqdm(grid, desc="profiling", disable=not progress):
+        table.setdefault(str(t), {})[str(c)] = pool_throughput(path, c, t, seconds)
+    return {"version": 1, "file": os.path.abspath(path), "file_size": os.path.getsize(path), "seconds_per_cell": seconds,
+            "throughput": table, "latency_s": first_byte_latency(path), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def coalesce_gap(profile: dict) -> int:
+    """Largest gap worth reading through rather than issuing another request: the bytes the disk
+    delivers during one request's latency at its best large-chunk rate, rounded down to blocks."""
+    best = max(max(row.values()) for row in profile["throughput"].values())
+    return int(profile["latency_s"] * best) // BLOCK * BLOCK
+
+
+def best_threads(profile: dict, chunk: int) -> int:
+    """Thread count with the highest throughput for the nearest measured chunk size."""
+    sizes = sorted(int(c) for c in next(iter(profile["throughput"].values())))
+    near = str(min(sizes, key=lambda s: abs(s - chunk)))
+    return int(max(profile["throughput"], key=lambda t: profile["throughput"][t][near]))
+
+
+def save_profile(profile: dict, path: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        json.dump(profile, fh, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def plot_profile(profile: dict, png: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise FlashError("plotting the disk profile needs matplotlib (pip install matplotlib)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for t, row in sorted(profile["throughput"].items(), key=lambda kv: int(kv[0])):
+        xs = sorted(int(c) for c in row)
+        ax.plot([x / KiB for x in xs], [row[str(x)] / 1e9 for x in xs], marker="o", label=f"{t} threads")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunk size (KiB)")
+    ax.set_ylabel("random read throughput (GB/s)")
+    ax.set_title(f"random reads, page cache bypassed; latency {profile['latency_s'] * 1e6:.0f} us")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def default_profile(cache_dir: str, probe_dir: str | None = None) -> dict:
+    """The saved profile of this machine, or a quick probe (run once, then cached)."""
+    path = os.path.join(cache_dir, PROFILE_NAME)
+    if os.path.isfile(path):
+        with open(path) as fh:
+            return json.load(fh)
+    os.makedirs(cache_dir, exist_ok=True)
+    scratch = os.path.join(probe_dir or cache_dir, ".probe.bin")
+    make_scratch_file(scratch, 256 * MiB)
+    try:
+        prof = profile_disk(scratch, chunks=[4 * KiB, 64 * KiB, 1 * MiB], threads=[1, 4, 16], seconds=0.25)
+    finally:
+        os.remove(scratch)
+    prof["quick_probe"] = True
+    save_profile(prof, path)
+    return prof

@@ -1,0 +1,185 @@
+"""Reader pool: exact bytes in every mode (property test), and faults that surface promptly as named
+errors without leaking threads or descriptors."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_flash.store.reader_pool import PoolClosedError, ReaderPool, ReadError
+
+FILE_SIZE = 3 * 4096 + 1234  # not block-aligned: ranges can touch a ragged EOF
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pool") / "data.bin"
+    payload = np.random.default_rng(0).integers(0, 256, FILE_SIZE, dtype=np.uint8).tobytes()
+    path.write_bytes(payload)
+    return str(path), payload
+
+
+def ranges_strategy():
+    one = st.tuples(st.integers(0, FILE_SIZE), st.integers(0, 9000)).map(
+        lambda t: (t[0], min(t[1], FILE_SIZE - t[0])))
+    return st.lists(one, min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranges=ranges_strategy(), mode=st.sampled_from(["direct", "buffered"]), threads=st.sampled_from([1, 3]),
+       gap=st.sampled_from([0, 100, 8192]), max_chunk=st.sampled_from([4096, 1 << 20]))
+def test_bytes_equal_pread(data_file, ranges, mode, threads, gap, max_chunk):
+    path, payload = data_file
+    with ReaderPool(threads=threads, mode=mode, coalesce_gap=gap, max_chunk=max_chunk) as pool:
+        f = pool.open(path)
+        dests = [np.full(n, 0xAB, dtype=np.uint8) for _, n in ranges]
+        pool.read([(f, off, n, d) for (off, n), d in zip(ranges, dests)])
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for (off, n), d in zip(ranges, dests):
+                assert d.tobytes() == os.pread(fd, n, off)
+        finally:
+            os.close(fd)
+
+
+def test_aligned_range_lands_in_aligned_destination(data_file):
+    import mmap
+
+    path, payload = data_file
+    buf = mmap.mmap(-1, 8192)
+    dest = np.frombuffer(buf, dtype=np.uint8)
+    with ReaderPool(threads=2, mode="direct") as pool:
+        pool.read([(pool.open(path), 4096, 8192, dest)])
+    assert dest.tobytes() == payload[4096:12288]
+    del dest
+    buf.close()
+
+
+def threads_named(prefix):
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def fd_count():
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+
+def test_file_truncated_under_the_reader(tmp_path):
+    path = tmp_path / "shrinks.bin"
+    path.write_bytes(b"x" * 5 * 4096)
+    before = fd_count()
+    pool = ReaderPool(threads=2, mode="direct", name="trunc")
+    f = pool.open(str(path))
+    os.truncate(path, 4096)
+    t = time.perf_counter()
+    with pytest.raises(ReadError, match=r"shrinks\.bin: short read at offset 8192"):
+        pool.read([(f, 8192, 4096, np.empty(4096, np.uint8))])
+    assert time.perf_counter() - t < 1.0
+    pool.close()
+    assert not threads_named("trunc") and fd_count() == before
+
+
+def test_closed_pool(data_file):
+    path, _ = data_file
+    pool = ReaderPool(threads=2, name="closed")
+    f = pool.open(path)
+    pool.close()
+    t = time.perf_counter()
+    with pytest.raises(PoolClosedError, match="closed"):
+        pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
+    with pytest.raises(PoolClosedError):
+        pool.open(path)
+    assert time.perf_counter() - t < 1.0
+    assert not threads_named("closed")
+
+
+def test_destination_too_small(data_file):
+    path, _ = data_file
+    with ReaderPool(threads=1) as pool:
+        with pytest.raises(ReadError, match=r"destination of 10 bytes is too small for 100 bytes at offset 5"):
+            pool.submit([(pool.open(path), 5, 100, np.empty(10, np.uint8))])
+        with pytest.raises(ReadError, match="writable contiguous uint8"):
+            pool.submit([(pool.open(path), 5, 10, np.empty(10, np.float32))])
+
+
+def test_worker_that_raises(data_file, monkeypatch):
+    path, _ = data_file
+    pool = ReaderPool(threads=2, name="boom")
+
+    def broken(chunk, scratch):
+        raise RuntimeError("simulated EIO")
+
+    monkeypatch.setattr(pool, "_read_chunk", broken)
+    f = pool.open(path)
+    t = time.perf_counter()
+    with pytest.raises(ReadError, match=r"data\.bin: read of 100 bytes at offset 7 failed \(RuntimeError: simulated EIO\)"):
+        pool.read([(f, 7, 100, np.empty(100, np.uint8))])
+    assert time.perf_counter() - t < 1.0
+    monkeypatch.undo()
+    d = np.empty(100, np.uint8)
+    pool.read([(f, 7, 100, d)])  # the workers survived the failure
+    pool.close()
+    assert not threads_named("boom")
+
+
+def test_close_fails_queued_batches(data_file):
+    path, _ = data_file
+    pool = ReaderPool(threads=1, name="queued")
+    f = pool.open(path)
+    gate = threading.Event()
+    real = pool._read_chunk
+
+    def slow(chunk, scratch):
+        gate.wait(5)
+        return real(chunk, scratch)
+
+    pool._read_chunk = slow
+    first = pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
+    time.sleep(0.05)  # the only worker is now blocked inside `first`
+    second = pool.submit([(f, 100, 10, np.empty(10, np.uint8))])
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    with pytest.raises(PoolClosedError):
+        second.wait(timeout=1.0)
+    gate.set()
+    first.wait(timeout=1.0)
+    closer.join(2)
+    assert not closer.is_alive() and not threads_named("queued")
+
+
+def test_priority_serves_urgent_batch_first(data_file):
+    path, _ = data_file
+    with ReaderPool(threads=1, max_chunk=4096) as pool:
+        f = pool.open(path)
+        order = []
+        real = pool._read_chunk
+
+        def record(chunk, scratch):
+            order.append(chunk.start)
+            time.sleep(0.01)
+            return real(chunk, scratch)
+
+        pool._read_chunk = record
+        big = np.empty(3 * 4096, np.uint8)
+        low = pool.submit([(f, 0, 3 * 4096, big)], priority=5)
+        urgent = pool.submit([(f, 3 * 4096, 1000, np.empty(1000, np.uint8))], priority=0)
+        urgent.wait(2)
+        low.wait(2)
+        assert order.index(3 * 4096) < 3  # served before the low-priority batch finished
+
+
+def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
+    import mlx_flash.store.reader_pool as rp
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abc" * 5000)
+    monkeypatch.setattr(rp, "_open_direct", lambda p: None)
+    with ReaderPool(threads=1, mode="direct") as pool:
+        with pytest.warns(RuntimeWarning, match="direct I/O is not available"):
+            f = pool.open(str(path))
+        d = np.empty(6, np.uint8)
+        pool.read([(f, 3, 6, d)])
+        assert d.tobytes() == b"abcabc"
