@@ -54,7 +54,7 @@ def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: s
     so workers never wait for the submitter."""
     size = os.path.getsize(path)
     rng = np.random.default_rng(seed)
-    per_batch = max(4 * threads, 8)
+    per_batch = max(32 * threads, 64)
     import mmap
 
     with ReaderPool(threads=threads, mode=mode, coalesce_gap=0, max_chunk=max(chunk, BLOCK)) as pool:

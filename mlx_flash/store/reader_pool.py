@@ -7,10 +7,11 @@ How a batch is read:
    one read and the gap bytes are thrown away (reading a little more in one request is cheaper than
    another request; the gap comes from the disk profile). Chunks are split at `max_chunk` so big
    reads still spread across threads.
-2. For direct I/O each chunk is rounded out to the 4 KiB block; the worker reads it into its own
-   aligned scratch buffer and copies the wanted bytes to the destinations (a range that is already
-   aligned in file and memory is read straight into its destination).
-3. A batch completes when all its chunks are done; the first error (short read, EOF, EIO, closed
+2. Chunks are dealt into jobs (two per worker); a worker reads a job's chunks back to back. For
+   direct I/O each chunk is rounded out to the 4 KiB block and read into the worker's aligned
+   scratch buffer, then the wanted bytes are copied out; a chunk that is already aligned in file and
+   memory is read straight into its destination.
+3. A batch completes when all its jobs are done; the first error (short read, EOF, EIO, closed
    file) is raised in every waiter with the file, offset and length. Workers never die on an error.
 
 Several batches can be in flight; lower `priority` values are served first (the engine gives the
@@ -45,7 +46,7 @@ class PoolClosedError(ReadError):
     """The pool was closed before or while the batch was read."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Copy:
     dest: np.ndarray  # uint8, exactly `length` bytes
     at: int  # offset of these bytes inside the chunk
@@ -53,13 +54,17 @@ class _Copy:
     offset: int  # file offset (for messages)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     file: "PoolFile"
     start: int  # file offset of the first byte wanted
     end: int  # one past the last byte wanted
     copies: list[_Copy]
     batch: "Batch"
+    # Set when the chunk is block-aligned and has one page-aligned destination: the worker reads
+    # straight into it with this descriptor (the hot path: no copy, no per-read bookkeeping).
+    into: np.ndarray | None = None
+    fd: int = -1
 
 
 class PoolFile:
@@ -113,8 +118,8 @@ def _open_direct(path: str):
 class Batch:
     """Handle for a submitted batch: wait() blocks until every range is read or one failed."""
 
-    def __init__(self, n_chunks: int):
-        self._left = n_chunks
+    def __init__(self, n_jobs: int):
+        self._left = n_jobs
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -123,15 +128,15 @@ class Batch:
         self.reads = 0
         self.io_seconds = 0.0  # summed over workers
         self.wait_seconds = 0.0  # time the caller spent blocked in wait()
-        if n_chunks == 0:
+        if n_jobs == 0:
             self._done.set()
 
-    def _finish_chunk(self, error: BaseException | None, nbytes: int, seconds: float) -> None:
+    def _finish_job(self, error: BaseException | None, nbytes: int, reads: int, seconds: float) -> None:
         with self._lock:
             if error is not None and self._error is None:
                 self._error = error
             self.bytes_read += nbytes
-            self.reads += 1 if error is None else 0
+            self.reads += reads
             self.io_seconds += seconds
             self._left -= 1
             if self._left == 0:  # also after an error: no worker may still write into the buffers
@@ -154,11 +159,13 @@ class Batch:
         return self
 
 
-@dataclass(order=True)
+@dataclass(order=True, slots=True)
 class _Job:
     priority: int
     seq: int
-    chunk: _Chunk | None = field(compare=False)  # None: worker exit sentinel
+    # Chunks one worker reads back to back (a tight loop keeps per-read interpreter work, and so
+    # time holding the GIL, close to a bare pread loop). None: worker exit sentinel.
+    chunks: list | None = field(compare=False)
 
 
 class ReaderPool:
@@ -214,16 +221,18 @@ class ReaderPool:
             if length:
                 items.append((f, off, length, dest[:length]))
         chunks = self._plan(items)
-        batch = Batch(len(chunks))
+        # Two jobs per worker: enough to balance uneven chunks, few enough to keep overhead low.
+        n_jobs = min(len(chunks), 2 * len(self._workers))
+        batch = Batch(n_jobs)
         batch.bytes_wanted = sum(i[2] for i in items)
         for c in chunks:
             c.batch = batch
         with self._cv:
             if self._closed:
                 raise PoolClosedError("the reader pool is closed")
-            for c in chunks:
-                heapq.heappush(self._queue, _Job(priority, next(self._seq), c))
-            self._cv.notify_all()
+            for j in range(n_jobs):
+                heapq.heappush(self._queue, _Job(priority, next(self._seq), chunks[j::n_jobs]))
+            self._cv.notify(n_jobs)
         return batch
 
     def read(self, ranges, priority: int = 0) -> Batch:
@@ -250,6 +259,11 @@ class ReaderPool:
                 continue
             cur = _Chunk(f, off, end, [_Copy(dest, 0, length, off)], None)
             chunks.append(cur)
+        if self.mode == "direct":
+            for c in chunks:
+                if c.file.direct_fd is not None and len(c.copies) == 1 and c.start % BLOCK == 0 \
+                        and c.end % BLOCK == 0 and c.copies[0].dest.__array_interface__["data"][0] % BLOCK == 0:
+                    c.into, c.fd = c.copies[0].dest, c.file.direct_fd
         return chunks
 
     # ---- workers -----------------------------------------------------------------------------
@@ -261,21 +275,34 @@ class ReaderPool:
                 while not self._queue:
                     self._cv.wait()
                 job = heapq.heappop(self._queue)
-            if job.chunk is None:
+            if job.chunks is None:
                 return  # scratch is unmapped when its last view is collected
-            c = job.chunk
-            t = time.perf_counter()
-            try:
-                if c.batch.failed:  # an earlier chunk of this batch failed: skip the rest
-                    c.batch._finish_chunk(None, 0, 0.0)
-                    continue
-                nbytes = self._read_chunk(c, view)
-                c.batch._finish_chunk(None, nbytes, time.perf_counter() - t)
-            except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
-                if not isinstance(e, ReadError):
-                    e = ReadError(f"{c.file.path}: read of {c.end - c.start} bytes at offset {c.start} failed "
-                                  f"({type(e).__name__}: {e})")
-                c.batch._finish_chunk(e, 0, time.perf_counter() - t)
+            self._run(job.chunks, view)
+
+    def _run(self, chunks: list, view: np.ndarray) -> None:
+        batch = chunks[0].batch
+        t = time.perf_counter()
+        nbytes, reads, c = 0, 0, chunks[0]
+        try:
+            preadv = os.preadv
+            for c in chunks:
+                if batch._error is not None:  # another job of this batch failed: skip the rest
+                    break
+                if c.into is not None:
+                    got = preadv(c.fd, [c.into], c.start)
+                    if got < c.end - c.start:
+                        _check(c.file, c, got, c.end - c.start)
+                    nbytes += got
+                else:
+                    nbytes += self._read_chunk(c, view)
+                reads += 1
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
+            if not isinstance(e, ReadError):
+                e = ReadError(f"{c.file.path}: read of {c.end - c.start} bytes at offset {c.start} failed "
+                              f"({type(e).__name__}: {e})")
+            batch._finish_job(e, nbytes, reads, time.perf_counter() - t)
+            return
+        batch._finish_job(None, nbytes, reads, time.perf_counter() - t)
 
     def _read_chunk(self, c: _Chunk, scratch: np.ndarray) -> int:
         f = c.file
@@ -285,11 +312,6 @@ class ReaderPool:
         if f.direct_fd is not None and self.mode == "direct":
             a0 = c.start // BLOCK * BLOCK
             a1 = -(-c.end // BLOCK) * BLOCK
-            single = c.copies[0] if len(c.copies) == 1 else None
-            if single is not None and a0 == c.start and a1 == c.end and single.dest.ctypes.data % BLOCK == 0:
-                got = _pread_full(f.direct_fd, single.dest, a0, direct=True)  # aligned: no copy
-                _check(f, c, got, want)
-                return got
             got = _pread_full(f.direct_fd, scratch[: a1 - a0], a0, direct=True)
             _check(f, c, got - (c.start - a0), want)
             base = c.start - a0
@@ -308,14 +330,15 @@ class ReaderPool:
             if self._closed:
                 return
             self._closed = True
-            pending = [j.chunk for j in self._queue if j.chunk is not None]
+            pending = [j.chunks for j in self._queue if j.chunks is not None]
             self._queue.clear()
             for _ in self._workers:
                 heapq.heappush(self._queue, _Job(sys.maxsize, next(self._seq), None))
             self._cv.notify_all()
-        for c in pending:
-            c.batch._finish_chunk(PoolClosedError(f"{c.file.path}: the reader pool closed before offset {c.start} "
-                                                  f"(length {c.end - c.start}) was read"), 0, 0.0)
+        for chunks in pending:
+            c = chunks[0]
+            c.batch._finish_job(PoolClosedError(f"{c.file.path}: the reader pool closed before offset {c.start} "
+                                                f"(length {c.end - c.start}) was read"), 0, 0, 0.0)
         for w in self._workers:
             w.join()
         for f in self._files:
@@ -331,12 +354,13 @@ class ReaderPool:
 def _pread_full(fd: int, buf: np.ndarray, offset: int, direct: bool = False) -> int:
     """pread until buf is full or EOF; returns the bytes read. A short direct read means EOF (a
     retry would start at an unaligned offset, which direct I/O refuses)."""
-    total, n = 0, buf.nbytes
-    while total < n:
+    n = buf.nbytes
+    total = os.preadv(fd, [buf], offset)
+    while total < n and not direct:
         got = os.preadv(fd, [memoryview(buf[total:])], offset + total)
-        total += got
-        if got == 0 or direct:
+        if got == 0:
             break
+        total += got
     return total
 
 
