@@ -76,9 +76,6 @@ class MLXOps:
     def tokens(self, ids) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32).reshape(1, -1))
 
-    def eval(self, *xs) -> None:
-        mx.eval(*xs)
-
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
         if w.quant is not None:

@@ -142,10 +142,6 @@ class TorchOps:
     def tokens(self, ids):
         return torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(1, -1), device=self.device)
 
-    def eval(self, *xs) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
         shape = x.shape

@@ -31,10 +31,6 @@ class KVCache:
         self.offset = end
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
 
-    def truncate(self, length: int) -> None:
-        """Forget everything after `length` tokens (used when a prompt shares a cached prefix)."""
-        self.offset = min(self.offset, length)
-
 
 def make_caches(n_layers: int) -> list[KVCache]:
     return [KVCache() for _ in range(n_layers)]

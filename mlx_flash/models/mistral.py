@@ -1,3 +1,5 @@
 """mistral uses the Llama-family graph (see llama.py); this module exists so importlib finds it by model_type."""
 
-from .llama import ModelArgs, build, canonical_tensors, ffn_parts, forward, normalize_config  # noqa: F401
+from .llama import ModelArgs, build, canonical_tensors, ffn_parts, forward, normalize_config
+
+__all__ = ["ModelArgs", "build", "canonical_tensors", "ffn_parts", "forward", "normalize_config"]

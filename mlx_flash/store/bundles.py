@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import StoreError
 from .manifest import BundleField
 
 # numpy dtype used to hold each storage dtype (bfloat16 travels as raw 16-bit words).
@@ -17,15 +16,6 @@ NUMPY_DTYPES = {
     "int32": np.int32, "uint8": np.uint8, "int8": np.int8,
 }
 FIELD_ALIGN = 4
-
-
-def storage_dtype_name(a: np.ndarray, is_bf16: bool = False) -> str:
-    if is_bf16:
-        return "bfloat16"
-    for name, dt in NUMPY_DTYPES.items():
-        if name != "bfloat16" and a.dtype == dt:
-            return name
-    raise StoreError(f"cannot store arrays of dtype {a.dtype}")
 
 
 def plan_fields(parts: list[tuple[str, np.ndarray, str]]) -> tuple[list[BundleField], int]:

@@ -8,6 +8,7 @@ profile, `default_profile()` runs a quick probe once and caches it.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import statistics
 import time
@@ -54,9 +55,7 @@ def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: s
     so workers never wait for the submitter."""
     size = os.path.getsize(path)
     rng = np.random.default_rng(seed)
-    per_batch = max(32 * threads, 64)
-    import mmap
-
+    per_batch = max(32 * threads, 64)  # large batches: workers read back to back, like fio's loops
     with ReaderPool(threads=threads, mode=mode, coalesce_gap=0, max_chunk=max(chunk, BLOCK)) as pool:
         f = pool.open(path)
         bufs = [mmap.mmap(-1, chunk * per_batch) for _ in range(2)]  # page-aligned: reads land in place
@@ -78,7 +77,6 @@ def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: s
             inflight[k % 2] = submit(k % 2)
             k += 1
         inflight[(k + 1) % 2].wait()
-        del views
     return done_bytes / elapsed
 
 

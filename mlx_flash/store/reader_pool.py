@@ -124,7 +124,6 @@ class Batch:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.bytes_read = 0  # bytes fetched from the device, gaps and block padding included
-        self.bytes_wanted = 0
         self.reads = 0
         self.io_seconds = 0.0  # summed over workers
         self.wait_seconds = 0.0  # time the caller spent blocked in wait()
@@ -224,7 +223,6 @@ class ReaderPool:
         # Two jobs per worker: enough to balance uneven chunks, few enough to keep overhead low.
         n_jobs = min(len(chunks), 2 * len(self._workers))
         batch = Batch(n_jobs)
-        batch.bytes_wanted = sum(i[2] for i in items)
         for c in chunks:
             c.batch = batch
         with self._cv:
