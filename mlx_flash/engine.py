@@ -71,8 +71,18 @@ class Engine:
     def new_caches(self):
         return make_caches(self.args.num_hidden_layers)
 
+    @property
+    def context_limit(self) -> int:
+        """Most tokens one sequence may hold: the model's positions, or its sliding-window size
+        (sliding-window attention is not implemented, so longer contexts are refused)."""
+        window = getattr(self.args, "sliding_window", None)
+        return min(self.args.max_position_embeddings, window or self.args.max_position_embeddings)
+
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
+        if caches[0].offset + len(ids) > self.context_limit:
+            raise ConfigError(f"{caches[0].offset + len(ids)} tokens exceed the model's context of "
+                              f"{self.context_limit} tokens")
         with self.ops.inference():
             out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
                                       all_logits)
@@ -114,7 +124,7 @@ class Engine:
         ids = self.encode_prompt(prompt)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
-        limit = self.args.max_position_embeddings
+        limit = self.context_limit
         if len(ids) >= limit:
             raise ConfigError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
         max_tokens = min(max_tokens, limit - len(ids))

@@ -93,3 +93,16 @@ def test_sample_top_k_top_p():
     assert sample(logits, 0.0, 1.0, 0, rng) == 1
     assert {sample(logits, 1.0, 1.0, 2, rng) for _ in range(200)} == {1, 2}
     assert {sample(logits, 1.0, 0.3, 0, rng) for _ in range(50)} == {1}
+
+
+def test_context_limit_is_enforced(tiny_store):
+    """Tokens past the context (here a Mistral sliding window, which is not implemented) are
+    refused by name instead of silently computing something else."""
+    import tiny_models
+
+    store, _ = tiny_store("mistral", sliding_window=16)
+    with mlx_flash.load(store, backend="torch") as e:
+        assert e.context_limit == 16
+        e.logits(tiny_models.random_ids(16))
+        with pytest.raises(ConfigError, match="17 tokens exceed the model's context of 16"):
+            e.logits(tiny_models.random_ids(17))

@@ -31,6 +31,7 @@ class ModelArgs(ArgsFromDict):
     rope_scale: float = 1.0
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
+    sliding_window: int | None = None  # not implemented: the engine refuses contexts longer than it
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
     extra: dict = field(default_factory=dict)
@@ -55,6 +56,8 @@ def normalize_config(hf: dict, where: str) -> dict:
             "rope_traditional": bool(hf.get("rope_traditional", False)),
             "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
             "max_position_embeddings": int(hf.get("max_position_embeddings", 4096)),
+            "sliding_window": (int(hf["sliding_window"]) if hf.get("sliding_window")
+                               and hf.get("use_sliding_window", True) else None),
             "bos_token_id": hf.get("bos_token_id"),
             "eos_token_id": hf.get("eos_token_id"),
         }
