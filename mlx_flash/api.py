@@ -15,9 +15,9 @@ from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
-         threads: int | None = None, torch_dtype: str = "float32", precision: str = "source", verify_checksums: bool = False,
-         cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct", io_threads: int | None = None,
-         progress: bool = True) -> Engine:
+         threads: int | None = None, torch_dtype: str = "float32", precision: str = "source",
+         verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
+         io_threads: int | None = None, progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -29,21 +29,21 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
         count and coalescing gap default to the disk profile (tools/profile_disk.py, or a quick
         probe run once and cached).
     """
-    cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn, precision=precision,
-                       prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
+    cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn,
+                       precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
                        io_mode=io_mode, io_threads=io_threads)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)
     weights = module.build(ops, args, resident_getter(ops, store))
+    eos = store.config.get("eos_token_id")
+    tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             ffn_source = ResidentFFN(ops, store, pool)
     else:
         ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
-    eos = store.config.get("eos_token_id")
-    tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
 
 
