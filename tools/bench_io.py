@@ -1,15 +1,17 @@
 """Reader pool vs fio on random reads with the page cache bypassed, run alternately per cell.
 
-    python tools/bench_io.py [--file PATH] [--size-gib 2] [--seconds 3] [--json bench_results/io.json]
+    python tools/bench_io.py [--file PATH] [--size-gib 2] [--seconds 3] [--rounds 3] [--json bench_results/io.json]
 
-Per (block size, threads): fio --direct=1 --rw=randread --ioengine=psync --numjobs=N --bs=B, then the
-pool with N workers and the same block size; prints both throughputs and pool/fio.
+Per (block size, threads), repeated --rounds times: fio --direct=1 --rw=randread --ioengine=psync
+--numjobs=N --bs=B, then the pool with N workers and the same block size. Prints the median of each
+and the ratio of medians (a shared virtual disk varies by tens of percent between runs).
 """
 
 import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -34,6 +36,7 @@ def main() -> int:
     p.add_argument("--file", default=os.path.join(default_cache_dir(), "bench_io.bin"))
     p.add_argument("--size-gib", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=3, help="alternating fio/pool runs per cell (median)")
     p.add_argument("--threads", default="1,4,16")
     p.add_argument("--sizes", default="4K,32K,128K,1M")
     p.add_argument("--json", default="bench_results/io.json")
@@ -47,9 +50,13 @@ def main() -> int:
     print(f"{'bs':>5} {'threads':>7} {'fio MB/s':>10} {'pool MB/s':>10} {'pool/fio':>9}")
     for name in a.sizes.split(","):
         for t in map(int, a.threads.split(",")):
-            f = fio(a.file, name, t, a.seconds)
-            ours = dp.pool_throughput(a.file, SIZES[name], t, a.seconds)
-            rows.append({"bs": name, "threads": t, "fio_Bps": f, "pool_Bps": ours, "ratio": ours / f})
+            fs, ps = [], []
+            for _ in range(a.rounds):
+                fs.append(fio(a.file, name, t, a.seconds))
+                ps.append(dp.pool_throughput(a.file, SIZES[name], t, a.seconds))
+            f, ours = statistics.median(fs), statistics.median(ps)
+            rows.append({"bs": name, "threads": t, "fio_Bps": f, "pool_Bps": ours, "ratio": ours / f,
+                         "fio_runs": fs, "pool_runs": ps})
             print(f"{name:>5} {t:>7} {f / 1e6:>10.1f} {ours / 1e6:>10.1f} {ours / f:>9.2f}", flush=True)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
