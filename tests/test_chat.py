@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import tiny_models
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,9 +60,7 @@ def test_cli_truncated_gguf(default_gguf, tmp_path):
 def test_cli_unsupported_model_type(tiny_store, tmp_path):
     tiny_store("llama")
     src = tmp_path / "llama-hf"
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["model_type"] = "gpt_neox"
-    (src / "config.json").write_text(json.dumps(cfg))
+    tiny_models.edit_config(src, model_type="gpt_neox")
     assert_one_line_error(chat("--model", str(src), "--prompt", "x", "--raw"), "config.json", "'gpt_neox'")
 
 

@@ -58,5 +58,15 @@ def build(family: str, out_dir: str, seed: int = 0, dtype: str = "float32", **ov
     return model.float()
 
 
+def edit_config(hf_dir, **changes) -> None:
+    """Rewrite fields of a saved model's config.json (to build a deliberately broken checkpoint)."""
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    cfg.update(changes)
+    with open(path, "w") as fh:
+        json.dump(cfg, fh)
+
+
 def random_ids(n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(3, VOCAB, size=n).tolist()

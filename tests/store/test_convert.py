@@ -1,10 +1,11 @@
 """Converter: atomic output, progress-free API use, and one named error per bad source."""
 
-import json
 import os
 import shutil
 
 import pytest
+
+import tiny_models
 
 from mlx_flash.errors import ConfigError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from mlx_flash.store import convert, is_store, open_store
@@ -63,9 +64,7 @@ def test_not_a_gguf(tmp_path):
 def test_unsupported_model_type(tiny_store, tmp_path):
     tiny_store("llama")
     src = tmp_path / "llama-hf"
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["model_type"] = "bert"
-    (src / "config.json").write_text(json.dumps(cfg))
+    tiny_models.edit_config(src, model_type="bert")
     with pytest.raises(UnsupportedModelError, match="model_type 'bert' is not supported"):
         convert(str(src), str(tmp_path / "out"), progress=False)
 
@@ -93,9 +92,7 @@ def test_missing_ffn_tensor(tiny_store, tmp_path):
     """A checkpoint whose tensors disagree with its config is refused by name."""
     tiny_store("llama")
     src = tmp_path / "llama-hf"
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["num_hidden_layers"] = 3  # the weights have 2 layers
-    (src / "config.json").write_text(json.dumps(cfg))
+    tiny_models.edit_config(src, num_hidden_layers=3)  # the weights have 2 layers
     with pytest.raises(ModelFileError, match=r"model\.layers\.2\.mlp\.gate_proj\.weight is missing"):
         convert(str(src), str(tmp_path / "out"), progress=False)
 
