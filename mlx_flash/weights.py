@@ -18,18 +18,47 @@ from .store.manifest import FFNLayout
 from .store.store import Store
 
 
+PARTS = ("weight", "scales", "biases", "bias")
+
+
+def linear_parts(arrays: dict, name: str) -> tuple[dict, dict]:
+    """The stored pieces of linear `name` from {tensor name: (array, storage dtype)}: its parts
+    (weight, scales/biases when quantized, bias) and their storage dtypes."""
+    parts, dtypes = {}, {}
+    for part in PARTS:
+        if f"{name}.{part}" in arrays:
+            parts[part], dtypes[part] = arrays[f"{name}.{part}"]
+    return parts, dtypes
+
+
+def fused_weight(ops, members: list[tuple[dict, dict]], quants: list):
+    """One backend weight with the members' rows stacked (one matmul instead of several), or a tuple
+    of weights when they differ in quantization or parts (models.common.linear then concatenates
+    their outputs, which is what the fused matmul computes)."""
+    (parts0, dtypes0), q0 = members[0], quants[0]
+    if any(q != q0 or p.keys() != parts0.keys() or dt != dtypes0 for (p, dt), q in zip(members, quants)):
+        return tuple(ops.weight(p, q, dtypes=dt) for (p, dt), q in zip(members, quants))
+    return ops.weight({k: np.concatenate([p[k] for p, _ in members]) for k in parts0}, q0, dtypes=dtypes0)
+
+
 def resident_getter(ops, store: Store):
     """get(name) for model.build(): a backend Weight for linears/embeddings (given without
-    ".weight"), a backend array for vectors (given in full); None for absent optional tensors."""
+    ".weight"; a list of names gives them fused), a backend array for vectors (given in full);
+    None for absent optional tensors."""
     arrays = store.read_resident()
     quant = store.manifest.quant
 
+    def parts_of(name):
+        if name + ".weight" not in arrays:
+            raise StoreError(f"{store.path}: tensor {name}.weight is missing from the store")
+        return linear_parts(arrays, name)
+
     def get(name, optional: bool = False):
-        if isinstance(name, (list, tuple)):  # several linears fused along the output axis
-            return _fused([_parts(n) for n in name], [quant.get(n) for n in name])
+        if isinstance(name, (list, tuple)):
+            return fused_weight(ops, [parts_of(n) for n in name], [quant.get(n) for n in name])
         if name + ".weight" in arrays:
-            parts, dtypes = _parts(name)
-            return ops.weight(parts, quant.get(name), transposed=False, dtypes=dtypes)
+            parts, dtypes = parts_of(name)
+            return ops.weight(parts, quant.get(name), dtypes=dtypes)
         if name in arrays:
             a, dtype = arrays[name]
             return ops.array(a, dtype)
@@ -37,52 +66,22 @@ def resident_getter(ops, store: Store):
             return None
         raise StoreError(f"{store.path}: tensor {name} is missing from the store")
 
-    def _parts(name):
-        if name + ".weight" not in arrays:
-            raise StoreError(f"{store.path}: tensor {name}.weight is missing from the store")
-        parts, dtypes = {}, {}
-        for part in ("weight", "scales", "biases", "bias"):
-            if f"{name}.{part}" in arrays:
-                parts[part], dtypes[part] = arrays[f"{name}.{part}"]
-        return parts, dtypes
-
-    def _fused(members, quants):
-        """One weight with the members' rows stacked; a tuple of weights when they differ in
-        quantization or parts (models.common.linear concatenates their outputs instead)."""
-        if any(q != quants[0] for q in quants) or any(m[0].keys() != members[0][0].keys() for m in members) \
-                or any(m[1] != members[0][1] for m in members):
-            return tuple(ops.weight(p, q, transposed=False, dtypes=dt) for (p, dt), q in zip(members, quants))
-        parts = {k: np.concatenate([m[0][k] for m in members]) for k in members[0][0]}
-        return ops.weight(parts, quants[0], transposed=False, dtypes=members[0][1])
-
     return get
 
 
 def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
     """[n, bundle_bytes] bundle rows -> backend weights: {"gate_up", "down"} for gated FFNs (gate and
-    up rows fused into one [2n, D] matrix: one matmul instead of two), {"up", "down"} otherwise.
-    Down is stored transposed ([n, D] rows of down columns)."""
-    fields = unpack_rows(layout.fields, rows)
+    up rows fused), {"up", "down"} otherwise. Down is stored transposed ([n, D] rows of down columns)."""
     dtypes = {f.name: f.dtype for f in layout.fields}
-
-    def parts(role):
-        p, dt = {}, {}
-        for part in ("weight", "scales", "biases", "bias"):
-            key = f"{role}.{part}"
-            if key in fields:
-                p[part] = fields[key].reshape(-1) if part == "bias" else fields[key]
-                dt[part] = dtypes[key]
-        return p, dt
-
-    d, ddt = parts("down")
+    arrays = {k: (v.reshape(-1) if k.endswith(".bias") else v, dtypes[k])
+              for k, v in unpack_rows(layout.fields, rows).items()}
+    d, ddt = linear_parts(arrays, "down")
     down = ops.weight(d, layout.quant.get("down"), transposed=True, dtypes=ddt)
     if not layout.gated:
-        up, dt = parts("up")
+        up, dt = linear_parts(arrays, "up")
         return {"up": ops.weight(up, layout.quant.get("up"), dtypes=dt), "down": down}
-    (g, dt), (u, _) = parts("gate"), parts("up")
-    if layout.quant.get("gate") != layout.quant.get("up") or g.keys() != u.keys():
-        raise StoreError(f"FFN gate and up rows differ in quantization ({layout.quant})")
-    gate_up = ops.weight({k: np.concatenate([g[k], u[k]]) for k in g}, layout.quant.get("gate"), dtypes=dt)
+    gate_up = fused_weight(ops, [linear_parts(arrays, "gate"), linear_parts(arrays, "up")],
+                           [layout.quant.get("gate"), layout.quant.get("up")])
     return {"gate_up": gate_up, "down": down}
 
 

@@ -124,7 +124,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
 
 def mlp(ops, fw: dict, x):
     """SwiGLU on bundle-form weights: gate|up rows fused [2F, D], down stored transposed [F, D]."""
-    gate_up = ops.linear(x, fw["gate_up"])
+    gate_up = linear(ops, x, fw["gate_up"])
     n = gate_up.shape[-1] // 2
     gate, up = ops.split(gate_up, [n, n])
     return ops.linear(ops.silu(gate) * up, fw["down"])
