@@ -113,7 +113,10 @@ class TorchOps:
                 return Weight(kind, w4, sz, quant.group_size, scales.shape[0], bias, q, quant)
         w = dequantize(packed, scales, biases, quant, self.mm_dtype)
         w = (w.t() if transposed else w).contiguous()
-        return Weight("dense", w, None, 0, w.shape[0], bias, q, quant)
+        # Keep the packed triple only where the dense copy is rounded (half precision on CUDA), so
+        # embedding lookups stay exact; a float32 copy already is exact and the triple is dead weight.
+        keep = q if self.mm_dtype != self.act_dtype else None
+        return Weight("dense", w, None, 0, w.shape[0], bias, keep, quant)
 
     @staticmethod
     def _int4pack(codes, scales, biases, quant: QuantSpec):
