@@ -46,26 +46,35 @@ def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
     return path
 
 
-def random_offsets(rng, file_size: int, chunk: int, n: int) -> np.ndarray:
-    return rng.integers(0, (file_size - chunk) // BLOCK, n) * BLOCK
+def random_offsets(rng, file_size: int, chunk: int, n: int, align: int = BLOCK) -> np.ndarray:
+    return rng.integers(0, (file_size - chunk) // align, n) * align
 
 
-def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: str = "direct", seed: int = 0) -> float:
-    """Bytes/s of random `chunk`-sized reads with `threads` workers, keeping two batches in flight
-    so workers never wait for the submitter."""
+def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: str = "direct", seed: int = 0,
+                    align: int = BLOCK) -> float:
+    """Bytes/s of random `chunk`-sized reads at `align`-aligned offsets with `threads` workers,
+    keeping two batches in flight so workers never wait for the submitter.
+
+    The alignment matters on real drives: a read that straddles the device's internal unit costs
+    more (measured here: 1 MiB reads at 1 MiB-aligned offsets ran 1.5x faster than at 4 KiB-aligned
+    ones). The profile uses 4 KiB, what the engine's reads look like; comparisons with fio use the
+    chunk size, fio's default `blockalign`."""
     size = os.path.getsize(path)
     rng = np.random.default_rng(seed)
     per_batch = max(32 * threads, 64)  # large batches: workers read back to back, like fio's loops
     with ReaderPool(threads=threads, mode=mode, coalesce_gap=0, max_chunk=max(chunk, BLOCK)) as pool:
         f = pool.open(path)
-        bufs = [mmap.mmap(-1, chunk * per_batch) for _ in range(2)]  # page-aligned: reads land in place
-        views = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+        # One chunk-sized landing slot per worker, reused like fio's per-job buffer: on a virtual disk
+        # the host copies into guest memory, and a wider footprint alone costs 10-15% there.
+        buf = mmap.mmap(-1, chunk * threads)  # page-aligned: reads land in place
+        view = np.frombuffer(buf, dtype=np.uint8)
+        slots = (np.arange(per_batch) % threads) * chunk
 
-        def submit(i):
-            offs = random_offsets(rng, size, chunk, per_batch)
-            return pool.submit([(f, int(o), chunk, views[i][k * chunk:(k + 1) * chunk]) for k, o in enumerate(offs)])
+        def submit():
+            offs = random_offsets(rng, size, chunk, per_batch, align)
+            return pool.submit_rows(f, offs, chunk, view, slots)
 
-        inflight = [submit(0), submit(1)]
+        inflight = [submit(), submit()]
         done_bytes, k = 0, 0
         t0 = time.perf_counter()
         while True:
@@ -74,7 +83,7 @@ def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: s
             elapsed = time.perf_counter() - t0
             if elapsed >= seconds:
                 break
-            inflight[k % 2] = submit(k % 2)
+            inflight[k % 2] = submit()
             k += 1
         inflight[(k + 1) % 2].wait()
     return done_bytes / elapsed

@@ -1,16 +1,16 @@
-"""Parallel reader pool: worker threads read lists of (file, offset, length) ranges into
-caller-provided numpy destinations, bypassing the page cache (O_DIRECT on Linux, F_NOCACHE on
-macOS) or through it (buffered mode).
+"""Parallel reader pool: worker threads read byte ranges of files into caller-provided numpy
+destinations, bypassing the page cache (O_DIRECT on Linux, F_NOCACHE on macOS) or through it
+(buffered mode).
 
 How a batch is read:
-1. Ranges are sorted per file and coalesced: two ranges whose gap is below `coalesce_gap` bytes become
-   one read and the gap bytes are thrown away (reading a little more in one request is cheaper than
-   another request; the gap comes from the disk profile). Chunks are split at `max_chunk` so big
-   reads still spread across threads.
-2. Chunks are dealt into jobs (two per worker); a worker reads a job's chunks back to back. For
-   direct I/O each chunk is rounded out to the 4 KiB block and read into the worker's aligned
-   scratch buffer, then the wanted bytes are copied out; a chunk that is already aligned in file and
-   memory is read straight into its destination.
+1. The ranges are planned with numpy (`read_plan.py`): sorted per file, coalesced when the gap
+   between them is at most `coalesce_gap` bytes (read a little more in one request rather than issue
+   another; the gap comes from the disk profile), and cut at `max_chunk`.
+2. The reads are dealt into jobs (two per worker); a worker runs a job's reads back to back in a
+   tight loop, because on small blocks the interpreter time per read, serialised by the GIL, is what
+   separates a Python reader from fio. A read of one range that is block-aligned in the file and in
+   memory lands straight in its destination. Any other read goes through the worker's page-aligned
+   scratch buffer (rounded out to the 4 KiB block for direct I/O) and the wanted bytes are copied out.
 3. A batch completes when all its jobs are done; the first error (short read, EOF, EIO, closed
    file) is raised in every waiter with the file, offset and length. Workers never die on an error.
 
@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import FlashError
+from .read_plan import BLOCK, plan_reads
 
-BLOCK = 4096
 MODES = ("direct", "buffered")
+_preadv = os.preadv  # module-level so fault tests can put a failing read underneath the workers
 
 
 class ReadError(FlashError):
@@ -44,27 +45,6 @@ class ReadError(FlashError):
 
 class PoolClosedError(ReadError):
     """The pool was closed before or while the batch was read."""
-
-
-@dataclass(slots=True)
-class _Copy:
-    dest: np.ndarray  # uint8, exactly `length` bytes
-    at: int  # offset of these bytes inside the chunk
-    length: int
-    offset: int  # file offset (for messages)
-
-
-@dataclass(slots=True)
-class _Chunk:
-    file: "PoolFile"
-    start: int  # file offset of the first byte wanted
-    end: int  # one past the last byte wanted
-    copies: list[_Copy]
-    batch: "Batch"
-    # Set when the chunk is block-aligned and has one page-aligned destination: the worker reads
-    # straight into it with this descriptor (the hot path: no copy, no per-read bookkeeping).
-    into: np.ndarray | None = None
-    fd: int = -1
 
 
 class PoolFile:
@@ -127,6 +107,9 @@ class Batch:
         self.reads = 0
         self.io_seconds = 0.0  # summed over workers
         self.wait_seconds = 0.0  # time the caller spent blocked in wait()
+        # Set by the pool at submit: the batch's files, read plan and destination views.
+        self._files, self._plan, self._views = [], None, None
+        self._offset = self._length = self._dest = self._dest_offset = None
         if n_jobs == 0:
             self._done.set()
 
@@ -139,6 +122,8 @@ class Batch:
             self.io_seconds += seconds
             self._left -= 1
             if self._left == 0:  # also after an error: no worker may still write into the buffers
+                # Drop the views on the destinations before waking the caller, who may then unmap them.
+                self._views = None
                 self._done.set()
 
     @property
@@ -162,9 +147,10 @@ class Batch:
 class _Job:
     priority: int
     seq: int
-    # Chunks one worker reads back to back (a tight loop keeps per-read interpreter work, and so
-    # time holding the GIL, close to a bare pread loop). None: worker exit sentinel.
-    chunks: list | None = field(compare=False)
+    batch: "Batch | None" = field(compare=False)
+    # Reads one worker runs back to back: (straight, fd, start, length, dest index, dest offset,
+    # read index). None: worker exit sentinel.
+    reads: list | None = field(compare=False)
 
 
 class ReaderPool:
@@ -187,6 +173,10 @@ class ReaderPool:
         for w in self._workers:
             w.start()
 
+    @property
+    def threads(self) -> int:
+        return len(self._workers)
+
     # ---- files -------------------------------------------------------------------------------
     def open(self, path: str) -> PoolFile:
         if self._closed:
@@ -201,124 +191,167 @@ class ReaderPool:
 
     # ---- batches -----------------------------------------------------------------------------
     def submit(self, ranges, priority: int = 0) -> Batch:
-        """ranges: iterable of (PoolFile, offset, length, dest) with dest a writable uint8 array of
-        at least `length` bytes. Returns a Batch at once; reading happens on the workers."""
+        """ranges: iterable of (PoolFile, offset, length, dest) with dest a writable contiguous uint8
+        vector of at least `length` bytes. Returns a Batch at once; reading happens on the workers."""
         if self._closed:
             raise PoolClosedError("the reader pool is closed")
-        items = []
+        files, index = [], {}
+        fi, offs, lens, dests = [], [], [], []
         for f, off, length, dest in ranges:
             off, length = int(off), int(length)
-            if f.closed:
-                raise ReadError(f"{f.path}: file is closed (offset {off}, length {length})")
+            _check_file(f, off, length)
             if off < 0 or length < 0:
                 raise ReadError(f"{f.path}: bad range offset {off}, length {length}")
-            if dest.dtype != np.uint8 or dest.ndim != 1 or not dest.flags.c_contiguous or not dest.flags.writeable:
-                raise ReadError(f"{f.path}: destination for offset {off} must be a writable contiguous uint8 vector")
+            _check_dest(f, dest, off)
             if dest.nbytes < length:
                 raise ReadError(f"{f.path}: destination of {dest.nbytes} bytes is too small for {length} bytes "
                                 f"at offset {off}")
-            if length:
-                items.append((f, off, length, dest[:length]))
-        chunks = self._plan(items)
-        # Two jobs per worker: enough to balance uneven chunks, few enough to keep overhead low.
-        n_jobs = min(len(chunks), 2 * len(self._workers))
-        batch = Batch(n_jobs)
-        for c in chunks:
-            c.batch = batch
-        with self._cv:
-            if self._closed:
-                raise PoolClosedError("the reader pool is closed")
-            for j in range(n_jobs):
-                heapq.heappush(self._queue, _Job(priority, next(self._seq), chunks[j::n_jobs]))
-            self._cv.notify(n_jobs)
-        return batch
+            if id(f) not in index:
+                index[id(f)] = len(files)
+                files.append(f)
+            fi.append(index[id(f)])
+            offs.append(off)
+            lens.append(length)
+            dests.append(dest)
+        return self._submit(files, fi, offs, lens, dests, range(len(dests)), [0] * len(dests), priority)
+
+    def submit_rows(self, f: PoolFile, offsets, lengths, dest: np.ndarray, dest_offsets, priority: int = 0) -> Batch:
+        """Many ranges of one file into one destination buffer: range i is `lengths[i]` bytes at file
+        offset `offsets[i]`, landing at byte `dest_offsets[i]` of `dest`. All arguments are arrays
+        (or scalars for lengths), and nothing here loops per range."""
+        if self._closed:
+            raise PoolClosedError("the reader pool is closed")
+        offsets = np.asarray(offsets, dtype=np.int64).ravel()
+        lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), offsets.shape)
+        dest_offsets = np.broadcast_to(np.asarray(dest_offsets, dtype=np.int64), offsets.shape)
+        _check_file(f, int(offsets[0]) if offsets.size else 0, int(lengths[0]) if offsets.size else 0)
+        _check_dest(f, dest, int(offsets[0]) if offsets.size else 0)
+        bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (dest_offsets < 0) | (dest_offsets + lengths > dest.nbytes))
+        if bad.size:
+            i = int(bad[0])
+            raise ReadError(f"{f.path}: range {i} (offset {offsets[i]}, length {lengths[i]}) does not fit at byte "
+                            f"{dest_offsets[i]} of a {dest.nbytes}-byte destination")
+        return self._submit([f], np.zeros(offsets.size, np.int64), offsets, lengths, [dest],
+                            np.zeros(offsets.size, np.int64), dest_offsets, priority)
 
     def read(self, ranges, priority: int = 0) -> Batch:
         return self.submit(ranges, priority).wait()
 
-    def _plan(self, items) -> list[_Chunk]:
-        """Sort per file, merge ranges closer than coalesce_gap (overlaps always merge), split at
-        max_chunk."""
-        chunks: list[_Chunk] = []
-        items = sorted(items, key=lambda i: (id(i[0]), i[1]))
-        cur = None
-        for f, off, length, dest in items:
-            end = off + length
-            if cur is not None and cur.file is f and off - cur.end <= self.coalesce_gap \
-                    and max(end, cur.end) - cur.start <= self.max_chunk:
-                cur.copies.append(_Copy(dest, off - cur.start, length, off))
-                cur.end = max(cur.end, end)
-                continue
-            if length > self.max_chunk:  # one long range: split so several workers share it
-                for s in range(0, length, self.max_chunk):
-                    n = min(self.max_chunk, length - s)
-                    chunks.append(_Chunk(f, off + s, off + s + n, [_Copy(dest[s:s + n], 0, n, off + s)], None))
-                cur = None
-                continue
-            cur = _Chunk(f, off, end, [_Copy(dest, 0, length, off)], None)
-            chunks.append(cur)
-        if self.mode == "direct":
-            for c in chunks:
-                if c.file.direct_fd is not None and len(c.copies) == 1 and c.start % BLOCK == 0 \
-                        and c.end % BLOCK == 0 and c.copies[0].dest.__array_interface__["data"][0] % BLOCK == 0:
-                    c.into, c.fd = c.copies[0].dest, c.file.direct_fd
-        return chunks
+    def _submit(self, files, fi, offs, lens, dests, di, doffs, priority) -> Batch:
+        if self._closed:
+            raise PoolClosedError("the reader pool is closed")
+        plan = plan_reads(fi, offs, lens, di, doffs, self.coalesce_gap, self.max_chunk)
+        n = plan.n_chunks
+        n_jobs = min(n, 2 * len(self._workers))  # enough to balance uneven reads, few enough to stay cheap
+        batch = Batch(n_jobs)
+        if n_jobs == 0:
+            return batch
+        batch._files, batch._plan = files, plan
+        batch._views = [memoryview(d) for d in dests]
+        batch._offset, batch._length = plan.offset.tolist(), plan.length.tolist()
+        batch._dest, batch._dest_offset = plan.dest.tolist(), plan.dest_offset.tolist()
+        # Per read: descriptor, start, length, and whether it lands straight in its destination.
+        direct = np.array([self.mode == "direct" and f.direct_fd is not None for f in files])[plan.c_file]
+        fds = np.array([f.direct_fd if self.mode == "direct" and f.direct_fd is not None else f.fd for f in files],
+                       dtype=np.int64)[plan.c_file]
+        first = plan.c_first
+        addr = np.array([d.__array_interface__["data"][0] for d in dests], dtype=np.int64)[plan.dest[first]] \
+            + plan.dest_offset[first]
+        span = plan.c_end - plan.c_start
+        aligned = (plan.c_start % BLOCK == 0) & (span % BLOCK == 0) & (addr % BLOCK == 0)
+        straight = (plan.c_count == 1) & (aligned | ~direct)
+        cols = [straight.tolist(), fds.tolist(), plan.c_start.tolist(), span.tolist(), plan.dest[first].tolist(),
+                plan.dest_offset[first].tolist(), np.arange(n).tolist()]
+        with self._cv:
+            if self._closed:
+                raise PoolClosedError("the reader pool is closed")
+            for j in range(n_jobs):
+                heapq.heappush(self._queue, _Job(priority, next(self._seq), batch,
+                                                 list(zip(*(c[j::n_jobs] for c in cols)))))
+            self._cv.notify(n_jobs)
+        return batch
 
     # ---- workers -----------------------------------------------------------------------------
     def _work(self) -> None:
         scratch = mmap.mmap(-1, self.max_chunk + 2 * BLOCK)  # page-aligned, for direct I/O
-        view = np.frombuffer(scratch, dtype=np.uint8)
+        view = memoryview(scratch)
         while True:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
                 job = heapq.heappop(self._queue)
-            if job.chunks is None:
-                return  # scratch is unmapped when its last view is collected
-            self._run(job.chunks, view)
+            if job.reads is None:
+                view.release()
+                scratch.close()
+                return
+            self._run(job, view)
 
-    def _run(self, chunks: list, view: np.ndarray) -> None:
-        batch = chunks[0].batch
+    def _run(self, job: _Job, scratch: memoryview) -> None:
+        batch = job.batch
+        views = batch._views
+        preadv = _preadv
         t = time.perf_counter()
-        nbytes, reads, c = 0, 0, chunks[0]
+        nbytes = nreads = 0
+        c = job.reads[0][-1]
         try:
-            preadv = os.preadv
-            for c in chunks:
+            for straight, fd, start, n, d, doff, c in job.reads:
                 if batch._error is not None:  # another job of this batch failed: skip the rest
                     break
-                if c.into is not None:
-                    got = preadv(c.fd, [c.into], c.start)
-                    if got < c.end - c.start:
-                        _check(c.file, c, got, c.end - c.start)
-                    nbytes += got
+                if straight:  # the hot path: one range, read in place
+                    got = preadv(fd, [views[d][doff:doff + n]], start)
+                    if got < n:
+                        got = self._finish_short(batch, c, fd, views[d][doff:doff + n], start, got)
                 else:
-                    nbytes += self._read_chunk(c, view)
-                reads += 1
+                    got = self._read_via_scratch(batch, c, scratch)
+                nbytes += got
+                nreads += 1
+            views = None  # the destinations may be unmapped as soon as the batch completes
         except BaseException as e:  # noqa: BLE001 - every failure must reach the waiter
+            views = None
             if not isinstance(e, ReadError):
-                e = ReadError(f"{c.file.path}: read of {c.end - c.start} bytes at offset {c.start} failed "
-                              f"({type(e).__name__}: {e})")
-            batch._finish_job(e, nbytes, reads, time.perf_counter() - t)
+                p = batch._plan
+                e = ReadError(f"{batch._files[p.c_file[c]].path}: read of {p.c_end[c] - p.c_start[c]} bytes at offset "
+                              f"{p.c_start[c]} failed ({type(e).__name__}: {e})")
+            # The traceback's frames hold views on the destinations; the message says what failed.
+            e.__context__ = None
+            e = e.with_traceback(None)
+            batch._finish_job(e, nbytes, nreads, time.perf_counter() - t)
             return
-        batch._finish_job(None, nbytes, reads, time.perf_counter() - t)
+        batch._finish_job(None, nbytes, nreads, time.perf_counter() - t)
 
-    def _read_chunk(self, c: _Chunk, scratch: np.ndarray) -> int:
-        f = c.file
+    def _finish_short(self, batch: Batch, c: int, fd: int, dest: memoryview, start: int, got: int) -> int:
+        """A straight read came back short: buffered reads retry the rest; direct reads stop (a
+        retry would start unaligned), and a read still short is an error naming the range."""
+        f = batch._files[batch._plan.c_file[c]]
+        if fd != f.direct_fd:
+            got += _pread_full(fd, dest[got:], start + got)
+        if got < len(dest):
+            _short(f, start, len(dest), got)
+        return got
+
+    def _read_via_scratch(self, batch: Batch, c: int, scratch: memoryview) -> int:
+        p = batch._plan
+        f = batch._files[p.c_file[c]]
+        start, end = int(p.c_start[c]), int(p.c_end[c])
         if f.closed:
-            raise ReadError(f"{f.path}: file was closed before offset {c.start} (length {c.end - c.start}) was read")
-        want = c.end - c.start
-        if f.direct_fd is not None and self.mode == "direct":
-            a0 = c.start // BLOCK * BLOCK
-            a1 = -(-c.end // BLOCK) * BLOCK
-            got = _pread_full(f.direct_fd, scratch[: a1 - a0], a0, direct=True)
-            _check(f, c, got - (c.start - a0), want)
-            base = c.start - a0
+            raise ReadError(f"{f.path}: file was closed before offset {start} (length {end - start}) was read")
+        if self.mode == "direct" and f.direct_fd is not None:
+            a0, a1 = start // BLOCK * BLOCK, -(-end // BLOCK) * BLOCK
+            got = _preadv(f.direct_fd, [scratch[: a1 - a0]], a0)
+            if got - (start - a0) < end - start:
+                _short(f, start, end - start, got - (start - a0))
+            base = start - a0
         else:
-            got = _pread_full(f.fd, scratch[:want], c.start)
-            _check(f, c, got, want)
+            got = _pread_full(f.fd, scratch[: end - start], start)
+            if got < end - start:
+                _short(f, start, end - start, got)
             base = 0
-        for cp in c.copies:
-            cp.dest[:] = scratch[base + cp.at: base + cp.at + cp.length]
+        first, count = int(p.c_first[c]), int(p.c_count[c])
+        views, off, length = batch._views, batch._offset, batch._length
+        dest, doff = batch._dest, batch._dest_offset
+        for r in range(first, first + count):
+            at = base + off[r] - start
+            views[dest[r]][doff[r]:doff[r] + length[r]] = scratch[at:at + length[r]]
         return got
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -328,15 +361,16 @@ class ReaderPool:
             if self._closed:
                 return
             self._closed = True
-            pending = [j.chunks for j in self._queue if j.chunks is not None]
+            pending = [j for j in self._queue if j.reads is not None]
             self._queue.clear()
             for _ in self._workers:
-                heapq.heappush(self._queue, _Job(sys.maxsize, next(self._seq), None))
+                heapq.heappush(self._queue, _Job(sys.maxsize, next(self._seq), None, None))
             self._cv.notify_all()
-        for chunks in pending:
-            c = chunks[0]
-            c.batch._finish_job(PoolClosedError(f"{c.file.path}: the reader pool closed before offset {c.start} "
-                                                f"(length {c.end - c.start}) was read"), 0, 0, 0.0)
+        for job in pending:
+            _, _, start, n, _, _, c = job.reads[0]
+            path = job.batch._files[job.batch._plan.c_file[c]].path
+            job.batch._finish_job(PoolClosedError(f"{path}: the reader pool closed before offset {start} "
+                                                  f"(length {n}) was read"), 0, 0, 0.0)
         for w in self._workers:
             w.join()
         for f in self._files:
@@ -349,20 +383,27 @@ class ReaderPool:
         self.close()
 
 
-def _pread_full(fd: int, buf: np.ndarray, offset: int, direct: bool = False) -> int:
-    """pread until buf is full or EOF; returns the bytes read. A short direct read means EOF (a
-    retry would start at an unaligned offset, which direct I/O refuses)."""
-    n = buf.nbytes
-    total = os.preadv(fd, [buf], offset)
-    while total < n and not direct:
-        got = os.preadv(fd, [memoryview(buf[total:])], offset + total)
+def _check_file(f: PoolFile, off: int, length: int) -> None:
+    if f.closed:
+        raise ReadError(f"{f.path}: file is closed (offset {off}, length {length})")
+
+
+def _check_dest(f: PoolFile, dest: np.ndarray, off: int) -> None:
+    if dest.dtype != np.uint8 or dest.ndim != 1 or not dest.flags.c_contiguous or not dest.flags.writeable:
+        raise ReadError(f"{f.path}: destination for offset {off} must be a writable contiguous uint8 vector")
+
+
+def _pread_full(fd: int, buf: memoryview, offset: int) -> int:
+    """Buffered pread until buf is full or EOF; returns the bytes read."""
+    total, n = 0, len(buf)
+    while total < n:
+        got = _preadv(fd, [buf[total:]], offset + total)
         if got == 0:
             break
         total += got
     return total
 
 
-def _check(f: PoolFile, c: _Chunk, got: int, want: int) -> None:
-    if got < want:
-        raise ReadError(f"{f.path}: short read at offset {c.start}: wanted {want} bytes, got {max(got, 0)} "
-                        f"(file is {os.fstat(f.fd).st_size} bytes; truncated?)")
+def _short(f: PoolFile, start: int, want: int, got: int) -> None:
+    raise ReadError(f"{f.path}: short read at offset {start}: wanted {want} bytes, got {max(got, 0)} "
+                    f"(file is {os.fstat(f.fd).st_size} bytes; truncated?)")

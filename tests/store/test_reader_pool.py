@@ -106,13 +106,15 @@ def test_destination_too_small(data_file):
 
 
 def test_worker_that_raises(data_file, monkeypatch):
+    import mlx_flash.store.reader_pool as rp
+
     path, _ = data_file
     pool = ReaderPool(threads=2, name="boom")
 
-    def broken(chunk, scratch):
+    def broken(fd, bufs, offset):
         raise RuntimeError("simulated EIO")
 
-    monkeypatch.setattr(pool, "_read_chunk", broken)
+    monkeypatch.setattr(rp, "_preadv", broken)
     f = pool.open(path)
     t = time.perf_counter()
     with pytest.raises(ReadError, match=r"data\.bin: read of 100 bytes at offset 7 failed \(RuntimeError: simulated EIO\)"):
@@ -125,18 +127,19 @@ def test_worker_that_raises(data_file, monkeypatch):
     assert not threads_named("boom")
 
 
-def test_close_fails_queued_batches(data_file):
+def test_close_fails_queued_batches(data_file, monkeypatch):
+    import mlx_flash.store.reader_pool as rp
+
     path, _ = data_file
     pool = ReaderPool(threads=1, name="queued")
     f = pool.open(path)
     gate = threading.Event()
-    real = pool._read_chunk
 
-    def slow(chunk, scratch):
+    def slow(fd, bufs, offset):
         gate.wait(5)
-        return real(chunk, scratch)
+        return os.preadv(fd, bufs, offset)
 
-    pool._read_chunk = slow
+    monkeypatch.setattr(rp, "_preadv", slow)
     first = pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
     time.sleep(0.05)  # the only worker is now blocked inside `first`
     second = pool.submit([(f, 100, 10, np.empty(10, np.uint8))])
@@ -150,19 +153,20 @@ def test_close_fails_queued_batches(data_file):
     assert not closer.is_alive() and not threads_named("queued")
 
 
-def test_priority_serves_urgent_batch_first(data_file):
+def test_priority_serves_urgent_batch_first(data_file, monkeypatch):
+    import mlx_flash.store.reader_pool as rp
+
     path, _ = data_file
-    with ReaderPool(threads=1, max_chunk=4096) as pool:
+    with ReaderPool(threads=1, max_chunk=4096, mode="buffered") as pool:
         f = pool.open(path)
         order = []
-        real = pool._read_chunk
 
-        def record(chunk, scratch):
-            order.append(chunk.start)
+        def record(fd, bufs, offset):
+            order.append(offset)
             time.sleep(0.01)
-            return real(chunk, scratch)
+            return os.preadv(fd, bufs, offset)
 
-        pool._read_chunk = record
+        monkeypatch.setattr(rp, "_preadv", record)
         big = np.empty(3 * 4096, np.uint8)
         low = pool.submit([(f, 0, 3 * 4096, big)], priority=5)
         urgent = pool.submit([(f, 3 * 4096, 1000, np.empty(1000, np.uint8))], priority=0)
@@ -183,3 +187,27 @@ def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
         d = np.empty(6, np.uint8)
         pool.read([(f, 3, 6, d)])
         assert d.tobytes() == b"abcabc"
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, FILE_SIZE - 1), st.integers(1, 5000)), min_size=1, max_size=40),
+       mode=st.sampled_from(["direct", "buffered"]), gap=st.sampled_from([0, 300, 8192]),
+       max_chunk=st.sampled_from([4096, 1 << 20]))
+def test_rows_into_one_buffer_equal_pread(data_file, rows, mode, gap, max_chunk):
+    """submit_rows: many ranges of one file packed back to back into one destination."""
+    path, payload = data_file
+    offs = np.array([o for o, _ in rows])
+    lens = np.minimum([n for _, n in rows], FILE_SIZE - offs)
+    at = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    dest = np.full(int(lens.sum()), 0xAB, dtype=np.uint8)
+    with ReaderPool(threads=3, mode=mode, coalesce_gap=gap, max_chunk=max_chunk) as pool:
+        pool.submit_rows(pool.open(path), offs, lens, dest, at).wait()
+    assert dest.tobytes() == b"".join(payload[o:o + n] for o, n in zip(offs, lens))
+
+
+def test_rows_that_do_not_fit_are_refused(data_file):
+    path, _ = data_file
+    with ReaderPool(threads=1) as pool:
+        f = pool.open(path)
+        with pytest.raises(ReadError, match=r"range 1 \(offset 50, length 20\) does not fit at byte 90 of a 100-byte"):
+            pool.submit_rows(f, [0, 50], 20, np.empty(100, np.uint8), [0, 90])
