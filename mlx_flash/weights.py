@@ -93,7 +93,7 @@ class ResidentFFN:
         reader = FFNReader(pool, store.file_path(layout.file), layout)
         self.layers = [bundle_weights(ops, layout, reader.read_layer(i)) for i in range(len(layout.layer_offsets))]
 
-    def layer(self, i: int) -> dict:
+    def layer(self, i: int, x=None) -> dict:
         return self.layers[i]
 
     def close(self) -> None:
@@ -112,7 +112,7 @@ class StreamedFFN:
         self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)
         self.mem_seconds = 0.0
 
-    def layer(self, i: int) -> dict:
+    def layer(self, i: int, x=None) -> dict:
         rows = self.reader.read_layer(i)
         t = time.perf_counter()
         w = bundle_weights(self.ops, self.layout, rows)

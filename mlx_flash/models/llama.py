@@ -122,22 +122,31 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 
-def mlp(ops, fw: dict, x):
-    """SwiGLU on bundle-form weights: gate|up rows fused [2F, D], down stored transposed [F, D]."""
+def ffn_hidden(ops, args: ModelArgs, fw: dict, x):
+    """SwiGLU activations silu(gate) * up [.., F] from bundle-form weights (gate|up rows fused [2F, D])."""
     gate_up = linear(ops, x, fw["gate_up"])
     n = gate_up.shape[-1] // 2
     gate, up = ops.split(gate_up, [n, n])
-    return ops.linear(ops.silu(gate) * up, fw["down"])
+    return ops.silu(gate) * up
+
+
+def mlp(ops, args: ModelArgs, fw: dict, x):
+    """Down is stored transposed [F, D]. A sparse FFN source may zero neurons with fw["mask"]."""
+    hidden = ffn_hidden(ops, args, fw, x)
+    if fw.get("mask") is not None:
+        hidden = hidden * fw["mask"]
+    return ops.linear(hidden, fw["down"])
 
 
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
-    """tokens [B, T] -> logits [B, T or 1, vocab]. `ffn.layer(i)` supplies layer i's FFN weights,
-    resident or freshly read from the bundle file."""
+    """tokens [B, T] -> logits [B, T or 1, vocab]. `ffn.layer(i, x)` supplies layer i's FFN weights
+    for FFN input x: resident, freshly read from the bundle file, or only the rows x needs."""
     eps = args.rms_norm_eps
     h = ops.embedding(w["embed"], tokens)
     for i, lw in enumerate(w["layers"]):
         h = h + attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), caches[i])
-        h = h + mlp(ops, ffn.layer(i), ops.rms_norm(h, lw["ffn_norm"], eps))
+        x = ops.rms_norm(h, lw["ffn_norm"], eps)
+        h = h + mlp(ops, args, ffn.layer(i, x), x)
     if not all_logits:
         h = ops.last_token(h)
     return ops.linear(ops.rms_norm(h, w["norm"], eps), w["head"])

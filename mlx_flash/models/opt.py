@@ -109,10 +109,17 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 
 
-def mlp(ops, args: ModelArgs, fw: dict, x, fc2_bias):
-    """fc1 rows (with their per-neuron bias) [F, D] and fc2 columns stored transposed [F, D]."""
+def ffn_hidden(ops, args: ModelArgs, fw: dict, x):
+    """fc1 rows (with their per-neuron bias) [F, D], then the activation: [.., F]."""
     hidden = ops.linear(x, fw["up"])
-    hidden = ops.relu(hidden) if args.activation_function == "relu" else ops.gelu(hidden)
+    return ops.relu(hidden) if args.activation_function == "relu" else ops.gelu(hidden)
+
+
+def mlp(ops, args: ModelArgs, fw: dict, x, fc2_bias):
+    """fc2 columns stored transposed [F, D]. A sparse FFN source may zero neurons with fw["mask"]."""
+    hidden = ffn_hidden(ops, args, fw, x)
+    if fw.get("mask") is not None:
+        hidden = hidden * fw["mask"]
     return ops.linear(hidden, fw["down"]) + fc2_bias
 
 
@@ -130,7 +137,7 @@ def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool
         if not pre:
             h = ops.layer_norm(h, *lw["attn_ln"], eps)
         x = ops.layer_norm(h, *lw["ffn_ln"], eps) if pre else h
-        h = h + mlp(ops, args, ffn.layer(i), x, lw["fc2_bias"])
+        h = h + mlp(ops, args, ffn.layer(i, x), x, lw["fc2_bias"])
         if not pre:
             h = ops.layer_norm(h, *lw["ffn_ln"], eps)
     if not all_logits:
