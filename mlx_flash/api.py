@@ -17,12 +17,16 @@ from .weights import ResidentFFN, StreamedFFN, resident_getter
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
          threads: int | None = None, torch_dtype: str = "float32", precision: str = "source",
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
-         io_threads: int | None = None, progress: bool = True) -> Engine:
+         io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
+         window: int = 4, predictor: str = "lowrank", progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
         mlx-community model directory (converted into the cache on first use).
-    backend: "mlx" or "torch". ffn: "resident" or "stream" (FFN read from the bundle file per layer).
+    backend: "mlx" or "torch". ffn: "resident", "stream" (FFN read from the bundle file per layer) or
+        "sparse" (LLM in a flash: only the rows each token needs, under `memory_budget`; `sparse_mode`
+        naive / hybrid / predictor / window / all; `window` tokens of active rows cached;
+        `predictor` "lowrank" (tools/train_predictor.py) or "dense" (every neuron: exact)).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
@@ -31,7 +35,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     """
     cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn,
                        precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
-                       io_mode=io_mode, io_threads=io_threads)
+                       io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
+                       window=window, predictor=predictor)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
@@ -42,9 +47,32 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             ffn_source = ResidentFFN(ops, store, pool)
-    else:
+    elif cfg.ffn == "stream":
         ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
+    else:
+        ffn_source = sparse_source(ops, store, cfg, args, progress)
     return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
+
+
+def sparse_source(ops, store, cfg: EngineConfig, args, progress: bool):
+    from .sparse.planner import parse_budget, model_bytes, plan_budget
+    from .sparse.predictor import Predictors
+    from .sparse.sparse_ffn import NEEDS_PREDICTOR, AllActive, LowRankSelector, SparseFFN
+
+    lay = store.manifest.ffn
+    selector, pbytes = None, 0
+    if cfg.sparse_mode in NEEDS_PREDICTOR:
+        if cfg.predictor == "dense":
+            selector = AllActive(lay.n_neurons)
+        else:
+            preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
+            selector = LowRankSelector(preds)
+            pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
+    budget = parse_budget(cfg.memory_budget, model_bytes(store))
+    plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window)
+    src = SparseFFN(ops, store, stream_pool(cfg, 1 << 20), plan, selector, progress)
+    src.account = account
+    return src
 
 
 def _backend_kwargs(cfg: EngineConfig) -> dict:

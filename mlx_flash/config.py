@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-FFN_MODES = ("resident", "stream")
+FFN_MODES = ("resident", "stream", "sparse")
 
 
 def default_cache_dir() -> str:
@@ -21,7 +21,12 @@ class EngineConfig:
     threads: int | None = None  # torch CPU threads (None: torch's default)
     # torch linears: "float32" (exact) or "bfloat16" (fast int4 kernel; approximate, see README)
     torch_dtype: str = "float32"
-    ffn: str = "resident"  # "resident": FFN weights in memory; "stream": read from the bundle file per layer
+    ffn: str = "resident"  # "resident": FFN weights in memory; "stream": read from the bundle file per layer;
+    # "sparse": LLM in a flash under memory_budget (see sparse_mode)
+    sparse_mode: str = "all"  # naive / hybrid / predictor / window / all (mlx_flash.sparse.sparse_ffn)
+    memory_budget: str | int = "50%"  # sparse: share of the model's bytes ("50%") or bytes ("300MB")
+    window: int = 4  # sparse: tokens whose active neurons stay cached
+    predictor: str = "lowrank"  # sparse: "lowrank" (trained, in the store) or "dense" (all neurons: exact)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
     io_threads: int | None = None  # reader threads (None: best count from the disk profile)
@@ -32,6 +37,10 @@ class EngineConfig:
     def __post_init__(self):
         if self.ffn not in FFN_MODES:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1 (got {self.window})")
+        if self.predictor not in ("lowrank", "dense"):
+            raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank or dense)")
         if self.io_mode not in ("direct", "buffered"):
             raise ConfigError(f"io_mode {self.io_mode!r} is unknown (choose direct or buffered)")
         if self.io_threads is not None and self.io_threads < 1:

@@ -69,6 +69,9 @@ class Engine:
 
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self):
+        """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows)."""
+        if hasattr(self.ffn, "reset"):
+            self.ffn.reset()
         return make_caches(self.args.num_hidden_layers)
 
     @property

@@ -1,0 +1,153 @@
+"""Sparsity predictors (LLM in a flash §3.1, Appendix B): per layer a low-rank map from the FFN
+input x to one logit per neuron, `(x @ U) @ V + b`; a neuron is predicted active when its logit
+exceeds the layer's cut (a sigmoid threshold, stored as a logit). Inference is numpy (a few hundred
+thousand multiply-adds per layer per token); training (`train_layer`) uses torch on the CPU.
+
+Saved beside the store: `predictors.safetensors` (U, V, b per layer) and `predictors.json`
+(ranks, cuts, the magnitude thresholds that define 'active', and validation metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import StoreError
+
+WEIGHTS_NAME = "predictors.safetensors"
+META_NAME = "predictors.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LayerPredictor:
+    U: np.ndarray  # [D, r] float32
+    V: np.ndarray  # [r, F] float32
+    b: np.ndarray  # [F] float32
+    cut: float = 0.0  # logit above which a neuron is predicted active
+
+    @property
+    def rank(self) -> int:
+        return int(self.U.shape[1])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return (x.astype(np.float32, copy=False) @ self.U) @ self.V + self.b
+
+    def active(self, x: np.ndarray) -> np.ndarray:
+        """x [N, D] -> bool [N, F]."""
+        return self.logits(x) > self.cut
+
+
+@dataclass
+class Predictors:
+    layers: list[LayerPredictor]
+    sparsity: float  # target fraction of inactive neurons that defined the labels
+    magnitude_thresholds: list[float]  # per layer: |h| above this counts as active
+    metrics: list[dict] = field(default_factory=list)  # per layer: recall, precision, predicted fraction
+    trained_on: str = ""
+
+    def save(self, store_path: str) -> None:
+        from safetensors.numpy import save_file
+
+        tensors = {}
+        for i, p in enumerate(self.layers):
+            tensors.update({f"layers.{i}.U": p.U, f"layers.{i}.V": p.V, f"layers.{i}.b": p.b})
+        meta = {"format_version": FORMAT_VERSION, "sparsity": self.sparsity, "cuts": [p.cut for p in self.layers],
+                "ranks": [p.rank for p in self.layers], "magnitude_thresholds": list(map(float, self.magnitude_thresholds)),
+                "metrics": self.metrics, "trained_on": self.trained_on}
+        wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
+        save_file(tensors, wpath + ".tmp")
+        with open(mpath + ".tmp", "w") as fh:
+            json.dump(meta, fh, indent=1)
+        os.replace(wpath + ".tmp", wpath)  # weights first: a crash between leaves the old json, which
+        os.replace(mpath + ".tmp", mpath)  # then fails the shape check instead of loading silently
+
+    @classmethod
+    def exists(cls, store_path: str) -> bool:
+        return os.path.isfile(os.path.join(store_path, META_NAME))
+
+    @classmethod
+    def load(cls, store_path: str, n_layers: int, d_model: int, n_neurons: int) -> "Predictors":
+        mpath, wpath = os.path.join(store_path, META_NAME), os.path.join(store_path, WEIGHTS_NAME)
+        if not os.path.isfile(mpath) or not os.path.isfile(wpath):
+            raise StoreError(f"{store_path}: the store has no sparsity predictors (train them with "
+                             f"tools/train_predictor.py)")
+        try:
+            with open(mpath) as fh:
+                meta = json.load(fh)
+            from safetensors.numpy import load_file
+
+            t = load_file(wpath)
+        except Exception as e:  # noqa: BLE001 - any parse failure is one named error
+            raise StoreError(f"{store_path}: predictor files are unreadable ({type(e).__name__}: {e})") from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise StoreError(f"{mpath}: predictor format {meta.get('format_version')!r} is not {FORMAT_VERSION}")
+        layers = []
+        for i in range(n_layers):
+            names = [f"layers.{i}.{k}" for k in "UVb"]
+            missing = [n for n in names if n not in t]
+            if missing:
+                raise StoreError(f"{wpath}: predictor tensor {missing[0]} is missing ({n_layers} layers expected)")
+            U, V, b = (t[n].astype(np.float32) for n in names)
+            r = U.shape[1] if U.ndim == 2 else -1
+            if U.shape != (d_model, r) or V.shape != (r, n_neurons) or b.shape != (n_neurons,):
+                raise StoreError(f"{wpath}: predictor of layer {i} has shapes U{list(U.shape)} V{list(V.shape)} "
+                                 f"b{list(b.shape)}; the model needs U[{d_model}, r] V[r, {n_neurons}] b[{n_neurons}]")
+            layers.append(LayerPredictor(U, V, b, float(meta["cuts"][i])))
+        return cls(layers, float(meta["sparsity"]), list(meta["magnitude_thresholds"]), meta.get("metrics", []),
+                   meta.get("trained_on", ""))
+
+
+def labels(mags: np.ndarray, threshold: float) -> np.ndarray:
+    return mags.astype(np.float32) > threshold
+
+
+def train_layer(X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch: int = 512, lr: float = 3e-3,
+                seed: int = 0) -> LayerPredictor:
+    """Fit U, V, b with a balanced binary cross-entropy: positives weighted by negatives/positives
+    per neuron, so rare and common neurons both count (the paper's balanced loss)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    Xt, Yt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)), torch.from_numpy(Y.astype(np.float32))
+    D, F = X.shape[1], Y.shape[1]
+    pos = Yt.mean(0).clamp(1e-3, 1 - 1e-3)
+    pos_weight = (1 - pos) / pos
+    U = torch.nn.Parameter(torch.randn(D, rank, generator=g) / D ** 0.5)
+    V = torch.nn.Parameter(torch.randn(rank, F, generator=g) / rank ** 0.5)
+    b = torch.nn.Parameter(torch.log(pos / (1 - pos)).clone())
+    opt = torch.optim.Adam([U, V, b], lr=lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
+    steps = max(1, epochs * (len(Xt) // batch))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    for _ in range(epochs):
+        perm = torch.randperm(len(Xt), generator=g)
+        for s in range(0, len(Xt) - batch + 1 if len(Xt) >= batch else 1, batch):
+            idx = perm[s:s + batch]
+            loss = loss_fn((Xt[idx] @ U) @ V + b, Yt[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    return LayerPredictor(U.detach().numpy().copy(), V.detach().numpy().copy(), b.detach().numpy().copy())
+
+
+def calibrate_cut(p: LayerPredictor, X: np.ndarray, Y: np.ndarray, recall: float) -> float:
+    """The highest logit cut whose recall on (X, Y) is at least `recall`."""
+    z = p.logits(X)
+    pos = z[Y]
+    if pos.size == 0:
+        return float(z.max())
+    return float(np.quantile(pos, 1.0 - recall)) - 1e-6
+
+
+def evaluate(p: LayerPredictor, X: np.ndarray, Y: np.ndarray) -> dict:
+    pred = p.active(X)
+    tp = float((pred & Y).sum())
+    return {"recall": tp / max(1.0, float(Y.sum())), "precision": tp / max(1.0, float(pred.sum())),
+            "predicted_fraction": float(pred.mean()), "true_fraction": float(Y.mean())}
+
+

@@ -1,0 +1,239 @@
+"""The FFN source of LLM in a flash (§3): per layer and token, only the rows the token needs come
+from flash; attention, embeddings and predictors stay resident.
+
+Modes (the rows of the paper's Table 2):
+  naive      read the whole FFN layer every token
+  hybrid     `resident_neurons` rows of every layer kept in memory, the rest read every token (exact)
+  predictor  read the predicted-active rows every token (no reuse), unbundled layout
+  window     + keep the last k tokens' active rows cached and read only the difference, unbundled
+  all        + bundled reads (gate row | up row | down column in one read)
+
+Decode steps (one token) use the per-layer neuron caches. Prompt chunks read the whole layer into
+a transient buffer, compute with the predicted neurons only (a mask, so a prompt token sees exactly
+what a decode step would), and seed the caches from that buffer. Neurons predicted inactive are
+zeroed even when their rows are cached, so the predictor alone decides the output; the cache and
+window only decide what is read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..store.ffn_reader import FFNReader
+from ..weights import bundle_weights
+from .neuron_cache import NeuronCache
+from .unbundled import ensure_unbundled, field_offsets
+from .window import ActiveWindow
+
+MODES = ("naive", "hybrid", "predictor", "window", "all")
+NEEDS_PREDICTOR = ("predictor", "window", "all")
+
+
+@dataclass
+class SparsePlan:
+    mode: str
+    capacity: int = 0  # neuron-cache rows per layer (predictor modes)
+    window: int = 1  # tokens whose active sets stay cached (window, all)
+    resident_neurons: int = 0  # hybrid: rows per layer kept in memory
+
+
+class AllActive:
+    """A stand-in predictor that marks every neuron active (exactness checks)."""
+
+    def __init__(self, n_neurons: int):
+        self.n = n_neurons
+
+    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
+        return np.ones((x.shape[0], self.n), dtype=bool)
+
+
+class LowRankSelector:
+    def __init__(self, predictors):
+        self.p = predictors
+
+    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
+        return self.p.layers[layer].active(x)
+
+
+class SparseFFN:
+    def __init__(self, ops, store, pool, plan: SparsePlan, selector=None, progress: bool = False):
+        if plan.mode not in MODES:
+            raise ConfigError(f"sparse mode {plan.mode!r} is unknown (choose one of: {', '.join(MODES)})")
+        if plan.mode in NEEDS_PREDICTOR and selector is None:
+            raise ConfigError(f"sparse mode {plan.mode!r} needs a predictor")
+        self.ops, self.pool, self.plan, self.selector = ops, pool, plan, selector
+        self.layout = layout = store.manifest.ffn
+        F, bb, L = layout.n_neurons, layout.bundle_bytes, len(layout.layer_offsets)
+        self.reader = FFNReader(pool, store.file_path(layout.file), layout)  # whole-layer reads (transient buffer)
+        self.mem_seconds = 0.0
+        self.rows_loaded = 0  # neuron rows read by decode steps
+        self.rows_active = 0  # predicted-active (token, layer, neuron) triples of decode steps
+        self.decode_layer_steps = 0
+        self._io_extra = 0.0
+        self._bytes_extra = 0
+        self._reads_extra = 0
+        if plan.mode == "hybrid":
+            R = min(max(plan.resident_neurons, 0), F)
+            self.resident = [self.reader.read_layer(i)[:R].copy() for i in range(L)]
+            self._R = R
+        if plan.mode in NEEDS_PREDICTOR:
+            self.caches = [NeuronCache(max(1, min(plan.capacity, F)), bb, F) for _ in range(L)]
+            self.windows = [ActiveWindow(plan.window if plan.mode != "predictor" else 1, F) for _ in range(L)]
+            self.file = self.reader.file
+            if plan.mode != "all":
+                self.unbundled = pool.open(ensure_unbundled(store, progress))
+                self.field_offsets, _ = field_offsets(layout)
+
+    # ---- the FFN source interface ----------------------------------------------------------------
+    def layer(self, i: int, x) -> dict:
+        mode = self.plan.mode
+        if mode == "naive":
+            return self._decode(self.reader.read_layer(i))
+        if mode == "hybrid":
+            return self._hybrid(i)
+        xn = self.ops.to_numpy(x)
+        xn = xn.reshape(-1, xn.shape[-1])
+        active = self.selector.active(i, xn)
+        if xn.shape[0] > 1:
+            return self._prompt(i, active, x.shape)
+        return self._step(i, active[0])
+
+    # ---- modes -------------------------------------------------------------------------------------
+    def _hybrid(self, i: int) -> dict:
+        R, rows = self._R, self.reader.buf.reshape(self.layout.n_neurons, self.layout.bundle_bytes)
+        off = self.layout.layer_offsets[i] + R * self.layout.bundle_bytes
+        n = (self.layout.n_neurons - R) * self.layout.bundle_bytes
+        if n:
+            batch = self.pool.read([(self.reader.file, off, n, self.reader.buf[R * self.layout.bundle_bytes:])])
+            self._count(batch)
+        t = time.perf_counter()
+        rows[:R] = self.resident[i]  # one slab in neuron order: the same matmul as the dense model
+        self.mem_seconds += time.perf_counter() - t
+        return self._decode(rows)
+
+    def _prompt(self, i: int, active: np.ndarray, shape) -> dict:
+        rows = self.reader.read_layer(i)
+        fw = self._decode(rows)
+        fw["mask"] = self.ops.array(active.reshape(*shape[:-1], -1).astype(np.float32))
+        if self.plan.mode != "predictor":  # seed the window and cache from the rows in hand
+            t = time.perf_counter()
+            cache, win = self.caches[i], self.windows[i]
+            for a in active[-win.k:]:
+                win.push(np.flatnonzero(a), cache.capacity)
+            keep = win.members()
+            cache.delete(cache.live_ids()[~win.contains(cache.live_ids())])
+            new = keep[~cache.has(keep)][: cache.capacity - cache.num_used]
+            cache.rows[cache.append(new)] = rows[new]
+            self.mem_seconds += time.perf_counter() - t
+        return fw
+
+    def _step(self, i: int, active: np.ndarray) -> dict:
+        ids = np.flatnonzero(active)
+        cache, win = self.caches[i], self.windows[i]
+        t = time.perf_counter()
+        if self.plan.mode == "predictor":
+            cache.clear()
+            win.clear()
+        win.push(ids, cache.capacity)
+        live = cache.live_ids()
+        cache.delete(live[~win.contains(live)])
+        wanted = ids[~cache.has(ids)]  # this token's rows first, then the rest of the window
+        others = win.members()
+        others = others[~cache.has(others) & ~active[others]]
+        room = cache.capacity - cache.num_used
+        to_cache = np.concatenate([wanted[:room], others[: max(0, room - wanted.size)]])
+        slots = cache.append(to_cache)
+        overflow = wanted[room:]  # active rows the cache cannot hold this step
+        self.mem_seconds += time.perf_counter() - t
+        extra = np.zeros((overflow.size, self.layout.bundle_bytes), np.uint8)
+        self._read_rows(i, to_cache, cache.rows, slots, overflow, extra)
+        self.rows_loaded += to_cache.size + overflow.size
+        self.rows_active += ids.size
+        self.decode_layer_steps += 1
+        t = time.perf_counter()
+        rows, row_ids = cache.live_rows(), cache.live_ids()
+        if overflow.size:
+            rows, row_ids = np.concatenate([rows, extra]), np.concatenate([row_ids, overflow])
+        if rows.shape[0] == 0:  # nothing active: one zero row, masked out, keeps the graph's shapes
+            rows, row_ids = np.zeros((1, self.layout.bundle_bytes), np.uint8), np.zeros(1, np.int64)
+            keep = np.zeros(1, dtype=bool)
+        else:
+            keep = active[row_ids]
+        self.mem_seconds += time.perf_counter() - t
+        fw = self._decode(rows)
+        if not keep.all():
+            fw["mask"] = self.ops.array(keep.astype(np.float32))
+        return fw
+
+    # ---- reads ---------------------------------------------------------------------------------------
+    def _read_rows(self, i, ids, dest, slots, overflow_ids, overflow_dest) -> None:
+        """Rows of neurons `ids` into dest rows `slots` (and overflow rows into overflow_dest), as one
+        batch: one range per neuron from the bundle file, or one per field from the unbundled one."""
+        lay, bb = self.layout, self.layout.bundle_bytes
+        jobs = [(ids, dest, slots), (overflow_ids, overflow_dest, np.arange(overflow_ids.size))]
+        batches = []
+        for nid, d, s in jobs:
+            if nid.size == 0:
+                continue
+            flat = d.reshape(-1)
+            if self.plan.mode == "all":
+                batches.append(self.pool.submit_rows(self.file, lay.layer_offsets[i] + nid * bb, bb, flat, s * bb))
+            else:
+                offs, lens, douts = [], [], []
+                for f, base in zip(lay.fields, self.field_offsets[i]):
+                    offs.append(base + nid * f.nbytes)
+                    lens.append(np.full(nid.size, f.nbytes))
+                    douts.append(s * bb + f.offset)
+                batches.append(self.pool.submit_rows(self.unbundled, np.concatenate(offs), np.concatenate(lens),
+                                                     flat, np.concatenate(douts)))
+        for b in batches:
+            b.wait()
+            self._count(b)
+
+    def _count(self, batch) -> None:
+        self._io_extra += batch.wait_seconds
+        self._bytes_extra += batch.bytes_read
+        self._reads_extra += batch.reads
+
+    def _decode(self, rows: np.ndarray) -> dict:
+        t = time.perf_counter()
+        fw = bundle_weights(self.ops, self.layout, rows)
+        self.mem_seconds += time.perf_counter() - t
+        return fw
+
+    # ---- stats ------------------------------------------------------------------------------------------
+    @property
+    def io_seconds(self) -> float:
+        return self.reader.wait_seconds + self._io_extra
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read + self._bytes_extra
+
+    @property
+    def reads(self) -> int:
+        return self.reader.reads + self._reads_extra
+
+    def cached_rows(self) -> list[int]:
+        return [c.num_used for c in getattr(self, "caches", [])]
+
+    def resident_bytes(self) -> int:
+        """Weight bytes this source holds: caches, hybrid rows, the transient layer buffer."""
+        n = self.layout.layer_nbytes  # the transient whole-layer buffer
+        n += sum(c.nbytes for c in getattr(self, "caches", []))
+        n += sum(r.nbytes for r in getattr(self, "resident", []))
+        return n
+
+    def reset(self) -> None:
+        """Forget cached rows and windows (a new, unrelated sequence)."""
+        for c in getattr(self, "caches", []):
+            c.clear()
+        for w in getattr(self, "windows", []):
+            w.clear()
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,59 @@
+"""Train the sparsity predictors of a store (LLM in a flash §3.1) and save them into it.
+
+    python tools/train_predictor.py [--model PATH] [--precision f16] [--sparsity 0.5] [--rank 64]
+                                    [--recall 0.9] [--calib-tokens 16384] [--epochs 10]
+
+Activations come from the real model (torch backend, exact) over the Austen text; per-layer recall and
+precision are reported on the Wikipedia text (tools/fetch_data.py fetches both).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mlx_flash  # noqa: E402
+from mlx_flash.corpora import corpus_path  # noqa: E402
+from mlx_flash.errors import FlashError  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
+    p.add_argument("--precision", default="f16", help="FFN precision of the store to train for (default f16)")
+    p.add_argument("--sparsity", type=float, default=0.5, help="target fraction of inactive neurons (default 0.5)")
+    p.add_argument("--rank", type=int, default=64, help="starting predictor rank (default 64)")
+    p.add_argument("--max-rank", type=int, default=256)
+    p.add_argument("--recall", type=float, default=0.9, help="recall the cut is set for (default 0.9)")
+    p.add_argument("--calib-tokens", type=int, default=16384)
+    p.add_argument("--valid-tokens", type=int, default=2048)
+    p.add_argument("--epochs", type=int, default=10)
+    a = p.parse_args()
+    try:
+        from mlx_flash.sparse.training import summarize, train_predictors
+
+        texts = {}
+        for name in ("austen", "wikipedia"):
+            path = corpus_path(name)
+            if not os.path.isfile(path):
+                raise FlashError(f"{path}: corpus {name} is missing (run tools/fetch_data.py)")
+            with open(path, encoding="utf-8") as fh:
+                texts[name] = fh.read()
+        with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
+            calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
+            valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])
+            preds = train_predictors(eng, calib, valid, a.sparsity, a.rank, a.max_rank, a.recall, a.calib_tokens,
+                                     a.valid_tokens, a.epochs, progress=True)
+            preds.trained_on = f"austen[:{a.calib_tokens} tokens]"
+            preds.save(eng.store.path)
+            print(json.dumps({"store": eng.store.path, **summarize(preds.metrics)}, indent=1))
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
