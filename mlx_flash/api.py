@@ -18,7 +18,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
          threads: int | None = None, torch_dtype: str = "float32", precision: str = "source",
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
          io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
-         window: int = 4, predictor: str = "lowrank", progress: bool = True) -> Engine:
+         window: int = 4, predictor: str = "lowrank", predictor_recall: float | None = None,
+         progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -26,7 +27,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     backend: "mlx" or "torch". ffn: "resident", "stream" (FFN read from the bundle file per layer) or
         "sparse" (LLM in a flash: only the rows each token needs, under `memory_budget`; `sparse_mode`
         naive / hybrid / predictor / window / all; `window` tokens of active rows cached;
-        `predictor` "lowrank" (tools/train_predictor.py) or "dense" (every neuron: exact)).
+        `predictor` "lowrank" (tools/train_predictor.py) or "dense" (every neuron: exact);
+        `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
@@ -36,7 +38,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn,
                        precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
                        io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
-                       window=window, predictor=predictor)
+                       window=window, predictor=predictor, predictor_recall=predictor_recall)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
@@ -66,6 +68,8 @@ def sparse_source(ops, store, cfg: EngineConfig, args, progress: bool):
             selector = AllActive(lay.n_neurons)
         else:
             preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
+            if cfg.predictor_recall is not None:
+                preds.use_recall(cfg.predictor_recall)
             selector = LowRankSelector(preds)
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
     budget = parse_budget(cfg.memory_budget, model_bytes(store))

@@ -27,6 +27,7 @@ class EngineConfig:
     memory_budget: str | int = "50%"  # sparse: share of the model's bytes ("50%") or bytes ("300MB")
     window: int = 4  # sparse: tokens whose active neurons stay cached
     predictor: str = "lowrank"  # sparse: "lowrank" (trained, in the store) or "dense" (all neurons: exact)
+    predictor_recall: float | None = None  # sparse: pick the predictors' cuts for this recall (None: as trained)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
     io_threads: int | None = None  # reader threads (None: best count from the disk profile)

@@ -48,6 +48,19 @@ class Predictors:
     magnitude_thresholds: list[float]  # per layer: |h| above this counts as active
     metrics: list[dict] = field(default_factory=list)  # per layer: recall, precision, predicted fraction
     trained_on: str = ""
+    # Recall target -> per-layer cuts (set on held-out calibration data); `recall` is the one in use.
+    cuts_by_recall: dict[str, list[float]] = field(default_factory=dict)
+    recall: str = ""
+
+    def use_recall(self, recall: float | str) -> None:
+        """Switch every layer to the cuts calibrated for this recall (a quality/I-O knob)."""
+        key = f"{float(recall):g}"
+        if key not in self.cuts_by_recall:
+            raise StoreError(f"predictors have no cut for recall {key} (calibrated: "
+                             f"{', '.join(sorted(self.cuts_by_recall)) or 'none'}; retrain with tools/train_predictor.py)")
+        for p, c in zip(self.layers, self.cuts_by_recall[key]):
+            p.cut = float(c)
+        self.recall = key
 
     def save(self, store_path: str) -> None:
         from safetensors.numpy import save_file
@@ -57,7 +70,8 @@ class Predictors:
             tensors.update({f"layers.{i}.U": p.U, f"layers.{i}.V": p.V, f"layers.{i}.b": p.b})
         meta = {"format_version": FORMAT_VERSION, "sparsity": self.sparsity, "cuts": [p.cut for p in self.layers],
                 "ranks": [p.rank for p in self.layers], "magnitude_thresholds": list(map(float, self.magnitude_thresholds)),
-                "metrics": self.metrics, "trained_on": self.trained_on}
+                "metrics": self.metrics, "trained_on": self.trained_on, "cuts_by_recall": self.cuts_by_recall,
+                "recall": self.recall}
         wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
         save_file(tensors, wpath + ".tmp")
         with open(mpath + ".tmp", "w") as fh:
@@ -97,8 +111,12 @@ class Predictors:
                 raise StoreError(f"{wpath}: predictor of layer {i} has shapes U{list(U.shape)} V{list(V.shape)} "
                                  f"b{list(b.shape)}; the model needs U[{d_model}, r] V[r, {n_neurons}] b[{n_neurons}]")
             layers.append(LayerPredictor(U, V, b, float(meta["cuts"][i])))
+        cuts = {k: list(map(float, v)) for k, v in meta.get("cuts_by_recall", {}).items()}
+        bad = [k for k, v in cuts.items() if len(v) != n_layers]
+        if bad:
+            raise StoreError(f"{mpath}: cuts for recall {bad[0]} cover {len(cuts[bad[0]])} layers, not {n_layers}")
         return cls(layers, float(meta["sparsity"]), list(meta["magnitude_thresholds"]), meta.get("metrics", []),
-                   meta.get("trained_on", ""))
+                   meta.get("trained_on", ""), cuts, meta.get("recall", ""))
 
 
 def labels(mags: np.ndarray, threshold: float) -> np.ndarray:
@@ -141,7 +159,8 @@ def calibrate_cut(p: LayerPredictor, X: np.ndarray, Y: np.ndarray, recall: float
     pos = z[Y]
     if pos.size == 0:
         return float(z.max())
-    return float(np.quantile(pos, 1.0 - recall)) - 1e-6
+    at = np.float32(np.quantile(pos, 1.0 - recall, method="lower"))
+    return float(np.nextafter(at, np.float32(-np.inf)))  # just below, so `logit > cut` keeps it
 
 
 def evaluate(p: LayerPredictor, X: np.ndarray, Y: np.ndarray) -> dict:

@@ -91,10 +91,13 @@ class SparseFFN:
     # ---- the FFN source interface ----------------------------------------------------------------
     def layer(self, i: int, x) -> dict:
         mode = self.plan.mode
-        if mode == "naive":
-            return self._decode(self.reader.read_layer(i))
-        if mode == "hybrid":
-            return self._hybrid(i)
+        if mode in ("naive", "hybrid"):
+            if x.shape[-2] == 1:  # a decode step: count the rows read, like the predictor modes do
+                F = self.layout.n_neurons
+                self.rows_loaded += F - (self._R if mode == "hybrid" else 0)
+                self.rows_active += F
+                self.decode_layer_steps += 1
+            return self._decode(self.reader.read_layer(i)) if mode == "naive" else self._hybrid(i)
         xn = self.ops.to_numpy(x)
         xn = xn.reshape(-1, xn.shape[-1])
         active = self.selector.active(i, xn)

@@ -9,6 +9,9 @@ from . import predictor as P
 from .activations import collect, magnitude_thresholds
 
 
+RECALLS = (0.8, 0.9, 0.95, 0.99)  # cuts are stored for each; load(predictor_recall=...) picks one
+
+
 def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: int = 64, max_rank: int = 256,
                      recall: float = 0.9, calib_tokens: int = 16384, valid_tokens: int = 2048, epochs: int = 10,
                      progress: bool = False, log=print) -> P.Predictors:
@@ -23,6 +26,7 @@ def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: 
     valid = collect(engine, valid_ids, 512, valid_tokens, progress)
     thresholds = magnitude_thresholds([h for _, h in train], sparsity)
     layers, metrics = [], []
+    cuts = {f"{r:g}": [] for r in sorted(set(RECALLS) | {recall})}
     for i in tqdm(range(len(train)), desc="predictors", unit="layer", disable=not progress):
         X, H = train[i]
         Y = P.labels(H, thresholds[i])
@@ -35,14 +39,20 @@ def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: 
             if held["predicted_fraction"] <= (1 + held["true_fraction"]) / 2 or r * 2 > max_rank:
                 break
             r *= 2
-        m = P.evaluate(p, valid[i][0], P.labels(valid[i][1], thresholds[i]))
-        m["rank"] = r
+        Yv = P.labels(valid[i][1], thresholds[i])
+        by_recall = {}
+        for key in cuts:
+            p.cut = P.calibrate_cut(p, X[n:], Y[n:], float(key))
+            cuts[key].append(p.cut)
+            by_recall[key] = P.evaluate(p, valid[i][0], Yv)
+        p.cut = cuts[f"{recall:g}"][-1]
+        m = dict(by_recall[f"{recall:g}"], rank=r, by_recall=by_recall)
         metrics.append(m)
         layers.append(p)
         if log:
             log(f"layer {i:2d}: rank {r:3d}  recall {m['recall']:.3f}  precision {m['precision']:.3f}  "
                 f"predicted {m['predicted_fraction']:.3f}  true {m['true_fraction']:.3f}")
-    return P.Predictors(layers, sparsity, [float(t) for t in thresholds], metrics)
+    return P.Predictors(layers, sparsity, [float(t) for t in thresholds], metrics, "", cuts, f"{recall:g}")
 
 
 def summarize(metrics: list[dict]) -> dict:

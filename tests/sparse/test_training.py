@@ -1,0 +1,51 @@
+"""Predictor training end to end on a tiny model: labels from real activations of that model, cuts
+for several recalls saved with the predictors, and the engine picks the one asked for."""
+
+import numpy as np
+import pytest
+
+import mlx_flash
+from mlx_flash.errors import StoreError
+from mlx_flash.sparse import predictor as P
+from mlx_flash.sparse.activations import magnitude_thresholds
+from mlx_flash.sparse.training import train_predictors
+
+
+def test_calibrated_cut_meets_recall_on_its_data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 8)).astype(np.float32)
+    W = rng.standard_normal((8, 16)).astype(np.float32)
+    Y = X @ W > 0.5
+    p = P.train_layer(X, Y, rank=8, epochs=30, batch=64)
+    for r in (0.8, 0.95):
+        p.cut = P.calibrate_cut(p, X, Y, r)
+        assert P.evaluate(p, X, Y)["recall"] >= r - 1e-9
+    assert P.evaluate(p, X, Y)["precision"] > Y.mean()  # better than guessing
+
+
+def test_thresholds_hit_the_target_sparsity():
+    mags = [np.abs(np.random.default_rng(i).standard_normal((100, 50))).astype(np.float16) for i in range(2)]
+    t = magnitude_thresholds(mags, 0.7)
+    for m, ti in zip(mags, t):
+        assert abs((m.astype(np.float32) > ti).mean() - 0.3) < 0.01
+
+
+def test_train_save_load_and_pick_recall(tiny_store):
+    store, _ = tiny_store("llama")
+    ids = list(np.random.default_rng(0).integers(3, 90, 600))
+    with mlx_flash.load(store, backend="torch", progress=False) as eng:
+        preds = train_predictors(eng, ids[:512], ids[512:], sparsity=0.5, rank=4, max_rank=4, recall=0.9,
+                                 calib_tokens=512, valid_tokens=88, epochs=2, log=None)
+        preds.save(store)
+    assert set(preds.cuts_by_recall) == {"0.8", "0.9", "0.95", "0.99"}
+    assert all(0 <= m["recall"] <= 1 and 0 <= m["precision"] <= 1 for m in preds.metrics)
+    cuts = {}
+    for r in (0.8, 0.99):
+        with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="100%", predictor_recall=r,
+                            io_mode="buffered", progress=False) as e:
+            cuts[r] = [p.cut for p in e.ffn.selector.p.layers]
+            e.generate("w1 w2 w3", max_tokens=4)
+    assert all(a >= b for a, b in zip(cuts[0.8], cuts[0.99]))  # higher recall: lower cut, more neurons
+    with pytest.raises(StoreError, match="no cut for recall 0.5"):
+        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="100%", predictor_recall=0.5,
+                       progress=False)

@@ -1,0 +1,92 @@
+"""LLM in a flash on a dense model: per-token breakdown for each mode under one memory budget
+(the paper's Tables 2 and 3), measured with cold reads (direct I/O), next to the cost model.
+
+    python tools/bench_flash.py [--model PATH] [--precision f16] [--budget 50%]
+                                [--modes naive,hybrid,predictor,window,all] [--tokens 32]
+                                [--window 4] [--predictor lowrank|dense] [--recall R] [--json OUT]
+
+Columns are medians over the generated tokens: I/O ms (blocked on reads), mem ms (neuron-cache
+bookkeeping and turning rows into weights), compute ms (the rest), total ms, MB read, reads, mean
+read size, rows loaded per token (share of all FFN rows), and the cost model's I/O prediction
+from the same token's reads (bytes, count) through the disk profile.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mlx_flash  # noqa: E402
+from mlx_flash.corpora import corpus_path  # noqa: E402
+from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.sparse import cost_model  # noqa: E402
+from mlx_flash.store.disk_profile import default_profile  # noqa: E402
+
+
+def bench_mode(a, mode, prompt, profile):
+    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", sparse_mode=mode,
+                         memory_budget=a.budget, window=a.window, predictor=a.predictor,
+                         predictor_recall=a.recall, io_mode="direct", progress=False)
+    with eng:
+        src = eng.ffn
+        text = eng.generate(prompt, max_tokens=a.tokens + 1)
+        steps = eng.last.steps[1:]  # the first step also carries the prompt's cache seeding
+        lay = src.layout
+        L, F = len(lay.layer_offsets), lay.n_neurons
+        med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
+        pred = [cost_model.io_seconds(profile, s.bytes_read, s.reads, L, src.pool.threads) * 1e3 for s in steps]
+        row = {
+            "mode": mode, "io_ms": med([s.io_ms for s in steps]), "mem_ms": med([s.mem_ms for s in steps]),
+            "compute_ms": med([s.compute_ms for s in steps]), "total_ms": med([s.wall_ms for s in steps]),
+            "mb_read": med([s.bytes_read / 1e6 for s in steps]), "reads": med([s.reads for s in steps]),
+            "predicted_io_ms": med(pred),
+            "rows_loaded_share": src.rows_loaded / max(1, src.decode_layer_steps * F),
+            "rows_active_share": src.rows_active / max(1, src.decode_layer_steps * F),
+            "cached_rows_per_layer": src.cached_rows(), "plan": src.account, "text": text[:60],
+        }
+        row["mean_read_kb"] = row["mb_read"] * 1e3 / row["reads"] if row["reads"] else 0.0
+        row["tok_s"] = 1e3 / row["total_ms"] if row["total_ms"] else 0.0
+        return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--precision", default="f16")
+    p.add_argument("--budget", default="50%")
+    p.add_argument("--modes", default="naive,hybrid,predictor,window,all")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--window", type=int, default=4)
+    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "dense"))
+    p.add_argument("--recall", type=float, default=None, help="predictor cut calibrated for this recall")
+    p.add_argument("--json", default="bench_results/flash.json")
+    a = p.parse_args()
+    try:
+        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
+            prompt = fh.read()[:400]
+        profile = default_profile(mlx_flash.config.default_cache_dir())
+        rows = []
+        hdr = (f"{'mode':<10} {'I/O ms':>7} {'mem ms':>7} {'comp ms':>8} {'total ms':>9} {'MB read':>8} {'reads':>6} "
+               f"{'KB/read':>8} {'rows %':>7} {'tok/s':>6} {'model I/O':>9}")
+        print(hdr)
+        for mode in a.modes.split(","):
+            r = bench_mode(a, mode, prompt, profile)
+            rows.append(r)
+            print(f"{mode:<10} {r['io_ms']:>7.1f} {r['mem_ms']:>7.1f} {r['compute_ms']:>8.1f} {r['total_ms']:>9.1f} "
+                  f"{r['mb_read']:>8.2f} {r['reads']:>6.0f} {r['mean_read_kb']:>8.1f} "
+                  f"{100 * r['rows_loaded_share']:>6.1f}% {r['tok_s']:>6.1f} {r['predicted_io_ms']:>9.1f}", flush=True)
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
