@@ -1,6 +1,7 @@
 """Perplexity of a model or store on a text file.
 
     python tools/perplexity.py [--model PATH] [--backend mlx|torch] [--text FILE | --corpus wikipedia]
+                               [--ffn resident|stream|sparse] [--predictor-recall R]
                                [--context 512] [--tokens 4096] [--json OUT]
 """
 
@@ -22,7 +23,11 @@ def main() -> int:
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
     p.add_argument("--backend", default="mlx", choices=("mlx", "torch"))
     p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--ffn", default="resident", choices=("resident", "stream"))
+    p.add_argument("--ffn", default="resident", choices=("resident", "stream", "sparse"))
+    p.add_argument("--sparse-mode", default="all", help="with --ffn sparse (naive/hybrid/predictor/window/all)")
+    p.add_argument("--memory-budget", default="100%", help="with --ffn sparse (default 100%%: quality only)")
+    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "dense"))
+    p.add_argument("--predictor-recall", type=float, default=None, help="predictor cut calibrated for this recall")
     p.add_argument("--precision", default="source", help="FFN precision when converting (source, f16, q4, q8)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="a UTF-8 text file")
@@ -39,11 +44,14 @@ def main() -> int:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
         engine = mlx_flash.load(a.model, backend=a.backend, ffn=a.ffn, torch_dtype=a.torch_dtype,
-                                precision=a.precision)
+                                precision=a.precision, sparse_mode=a.sparse_mode, memory_budget=a.memory_budget,
+                                predictor=a.predictor, predictor_recall=a.predictor_recall)
         r = perplexity(engine, text, a.context, a.tokens, progress=True)
     except (FlashError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if a.ffn == "sparse":
+        r.update(sparse_mode=a.sparse_mode, predictor=a.predictor, predictor_recall=a.predictor_recall)
     r.update(backend=a.backend, torch_dtype=a.torch_dtype, ffn=a.ffn, text=os.path.basename(path),
              store=engine.store.path, precision=engine.store.manifest.ffn.precision)
     print(f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.context}, {a.backend})")

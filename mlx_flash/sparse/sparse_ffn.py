@@ -184,7 +184,8 @@ class SparseFFN:
                 continue
             flat = d.reshape(-1)
             if self.plan.mode == "all":
-                batches.append(self.pool.submit_rows(self.file, lay.layer_offsets[i] + nid * bb, bb, flat, s * bb))
+                batches.append(self.pool.submit_rows(self.file, lay.layer_offsets[i] + nid * bb, bb, flat, s * bb,
+                                                     row_bytes=bb))
             else:
                 offs, lens, douts = [], [], []
                 for f, base in zip(lay.fields, self.field_offsets[i]):
@@ -192,7 +193,7 @@ class SparseFFN:
                     lens.append(np.full(nid.size, f.nbytes))
                     douts.append(s * bb + f.offset)
                 batches.append(self.pool.submit_rows(self.unbundled, np.concatenate(offs), np.concatenate(lens),
-                                                     flat, np.concatenate(douts)))
+                                                     flat, np.concatenate(douts), row_bytes=bb))
         for b in batches:
             b.wait()
             self._count(b)

@@ -81,14 +81,17 @@ def plan_reads(file, offset, length, dest, dest_offset, gap: int, max_chunk: int
 
 
 def _resplit(first, too_long, pos, end, n, max_chunk):
+    """Cut each over-long run greedily: a piece grows while its span stays within max_chunk. One
+    numpy search per piece (a run of a few MiB has a handful), not a Python step per range."""
     bounds = np.append(first, n)
     extra = []
     for c in too_long.tolist():
-        start, reach = pos[bounds[c]], end[bounds[c]]
-        for i in range(bounds[c] + 1, bounds[c + 1]):
-            if max(reach, end[i]) - start > max_chunk:
-                extra.append(i)
-                start, reach = pos[i], end[i]
-            else:
-                reach = max(reach, end[i])
+        s, e = int(bounds[c]), int(bounds[c + 1])
+        while True:
+            reach = np.maximum.accumulate(end[s:e])  # furthest byte of the piece if it ran to each range
+            k = int(np.searchsorted(reach, pos[s] + max_chunk, side="right"))  # ranges that fit
+            s += max(k, 1)
+            if s >= e:
+                break
+            extra.append(s)
     return np.sort(np.concatenate([first, np.asarray(extra, dtype=np.int64)]))

@@ -108,7 +108,7 @@ class Batch:
         self.io_seconds = 0.0  # summed over workers
         self.wait_seconds = 0.0  # time the caller spent blocked in wait()
         # Set by the pool at submit: the batch's files, read plan and destination views.
-        self._files, self._plan, self._views = [], None, None
+        self._files, self._plan, self._views, self._rows = [], None, None, None
         self._offset = self._length = self._dest = self._dest_offset = None
         if n_jobs == 0:
             self._done.set()
@@ -123,7 +123,7 @@ class Batch:
             self._left -= 1
             if self._left == 0:  # also after an error: no worker may still write into the buffers
                 # Drop the views on the destinations before waking the caller, who may then unmap them.
-                self._views = None
+                self._views = self._rows = None
                 self._done.set()
 
     @property
@@ -215,10 +215,15 @@ class ReaderPool:
             dests.append(dest)
         return self._submit(files, fi, offs, lens, dests, range(len(dests)), [0] * len(dests), priority)
 
-    def submit_rows(self, f: PoolFile, offsets, lengths, dest: np.ndarray, dest_offsets, priority: int = 0) -> Batch:
+    def submit_rows(self, f: PoolFile, offsets, lengths, dest: np.ndarray, dest_offsets, priority: int = 0,
+                    row_bytes: int = 0) -> Batch:
         """Many ranges of one file into one destination buffer: range i is `lengths[i]` bytes at file
         offset `offsets[i]`, landing at byte `dest_offsets[i]` of `dest`. All arguments are arrays
-        (or scalars for lengths), and nothing here loops per range."""
+        (or scalars for lengths), and nothing here loops per range.
+
+        row_bytes: when dest is a matrix of rows this wide and no range crosses a row boundary, the
+        workers copy a coalesced read's ranges out with a few numpy gathers instead of one copy per
+        range (a token's FFN rows: thousands of ranges)."""
         if self._closed:
             raise PoolClosedError("the reader pool is closed")
         offsets = np.asarray(offsets, dtype=np.int64).ravel()
@@ -231,13 +236,16 @@ class ReaderPool:
             i = int(bad[0])
             raise ReadError(f"{f.path}: range {i} (offset {offsets[i]}, length {lengths[i]}) does not fit at byte "
                             f"{dest_offsets[i]} of a {dest.nbytes}-byte destination")
+        rb = int(row_bytes)
+        if rb and (dest.nbytes % rb or ((dest_offsets % rb) + lengths > rb).any()):
+            rb = 0  # ranges straddle rows: copy them one by one
         return self._submit([f], np.zeros(offsets.size, np.int64), offsets, lengths, [dest],
-                            np.zeros(offsets.size, np.int64), dest_offsets, priority)
+                            np.zeros(offsets.size, np.int64), dest_offsets, priority, rb)
 
     def read(self, ranges, priority: int = 0) -> Batch:
         return self.submit(ranges, priority).wait()
 
-    def _submit(self, files, fi, offs, lens, dests, di, doffs, priority) -> Batch:
+    def _submit(self, files, fi, offs, lens, dests, di, doffs, priority, row_bytes: int = 0) -> Batch:
         if self._closed:
             raise PoolClosedError("the reader pool is closed")
         plan = plan_reads(fi, offs, lens, di, doffs, self.coalesce_gap, self.max_chunk)
@@ -248,6 +256,7 @@ class ReaderPool:
             return batch
         batch._files, batch._plan = files, plan
         batch._views = [memoryview(d) for d in dests]
+        batch._rows = dests[0].reshape(-1, row_bytes) if row_bytes else None
         batch._offset, batch._length = plan.offset.tolist(), plan.length.tolist()
         batch._dest, batch._dest_offset = plan.dest.tolist(), plan.dest_offset.tolist()
         # Per read: descriptor, start, length, and whether it lands straight in its destination.
@@ -347,6 +356,9 @@ class ReaderPool:
                 _short(f, start, end - start, got)
             base = 0
         first, count = int(p.c_first[c]), int(p.c_count[c])
+        if batch._rows is not None and count > 8:
+            _scatter_rows(batch._rows, p, first, count, np.frombuffer(scratch, dtype=np.uint8), base - start)
+            return got
         views, off, length = batch._views, batch._offset, batch._length
         dest, doff = batch._dest, batch._dest_offset
         for r in range(first, first + count):
@@ -381,6 +393,23 @@ class ReaderPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _scatter_rows(rows: np.ndarray, p, first: int, count: int, scratch: np.ndarray, shift: int) -> None:
+    """Copy a read's ranges from scratch into a row matrix, one numpy gather per (column, length)
+    group: range r's bytes start at scratch[offset[r] + shift] and land in row dest_offset // width
+    at column dest_offset % width."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    r = slice(first, first + count)
+    src = p.offset[r] + shift
+    length = p.length[r]
+    row, col = np.divmod(p.dest_offset[r], rows.shape[1])
+    key = col * (rows.shape[1] + 1) + length
+    for k in np.unique(key).tolist():
+        sel = key == k
+        c, n = divmod(k, rows.shape[1] + 1)
+        rows[row[sel], c:c + n] = sliding_window_view(scratch, n)[src[sel]]
 
 
 def _check_file(f: PoolFile, off: int, length: int) -> None:

@@ -211,3 +211,19 @@ def test_rows_that_do_not_fit_are_refused(data_file):
         f = pool.open(path)
         with pytest.raises(ReadError, match=r"range 1 \(offset 50, length 20\) does not fit at byte 90 of a 100-byte"):
             pool.submit_rows(f, [0, 50], 20, np.empty(100, np.uint8), [0, 90])
+
+
+@settings(max_examples=40, deadline=None)
+@given(picks=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2)), min_size=1, max_size=60, unique_by=lambda t: t),
+       mode=st.sampled_from(["direct", "buffered"]), gap=st.sampled_from([0, 4096]))
+def test_rows_with_fields_into_a_row_matrix_equal_pread(data_file, picks, mode, gap):
+    """The row-matrix fast copy: field k (width 40) of record i -> row slot, column 40 * k."""
+    path, payload = data_file
+    width = 120
+    rows = np.full((len(picks), width), 0xAB, dtype=np.uint8)
+    offs = np.array([i * 200 + k * 40 for i, k in picks])
+    dest = np.array([slot * width + k * 40 for slot, (_, k) in enumerate(picks)])
+    with ReaderPool(threads=2, mode=mode, coalesce_gap=gap) as pool:
+        pool.submit_rows(pool.open(path), offs, 40, rows.reshape(-1), dest, row_bytes=width).wait()
+    for slot, (i, k) in enumerate(picks):
+        assert rows[slot, k * 40:(k + 1) * 40].tobytes() == payload[i * 200 + k * 40:i * 200 + (k + 1) * 40]
