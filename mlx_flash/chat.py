@@ -28,6 +28,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-budget", default="50%",
                    help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
     p.add_argument("--window", type=int, default=4, help="with --ffn sparse: tokens of active rows kept cached")
+    p.add_argument("--speculative", type=int, default=0,
+                   help="greedy only: draft this many tokens by prompt lookup and verify them in one pass")
     p.add_argument("--predictor", choices=("lowrank", "dense"), default="lowrank",
                    help="with --ffn sparse: trained low-rank predictors, or every neuron (exact)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
@@ -53,7 +55,8 @@ def stream_answer(engine, prompt, args, out=sys.stdout) -> str:
     pieces = []
     try:
         for step in engine.stream_generate(prompt, max_tokens=args.max_tokens, temperature=args.temp,
-                                           top_p=args.top_p, top_k=args.top_k, seed=args.seed):
+                                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                           speculative=args.speculative):
             out.write(step.text)
             out.flush()
             pieces.append(step.text)

@@ -15,6 +15,7 @@ import numpy as np
 from .errors import ConfigError
 from .models.cache import make_caches
 from .sampling import check_sampling, sample
+from .speculative import accepted_prefix, ngram_draft
 
 
 @dataclass
@@ -44,6 +45,8 @@ class GenerationSummary:
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    draft_proposed: int = 0  # speculative decoding: draft tokens verified, and how many were kept
+    draft_accepted: int = 0
     steps: list[TokenStats] = field(default_factory=list)
 
     @property
@@ -117,10 +120,14 @@ class Engine:
         raise ConfigError("prompt must be a string or a list of {'role', 'content'} messages")
 
     def stream_generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                        top_k: int = 0, seed: int | None = None, stop=None) -> Iterator[GenerationStep]:
+                        top_k: int = 0, seed: int | None = None, stop=None,
+                        speculative: int = 0) -> Iterator[GenerationStep]:
         """Yield one GenerationStep per generated token. A str prompt is a raw completion; a list of
-        messages goes through the model's chat template."""
+        messages goes through the model's chat template. speculative=λ > 0 (greedy only) drafts λ
+        tokens by prompt lookup and verifies them in one pass; the output is the greedy output."""
         check_sampling(temperature, top_p, top_k)
+        if speculative < 0 or (speculative and temperature != 0):
+            raise ConfigError("speculative decoding needs speculative >= 1 draft tokens and temperature 0")
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0 (got {max_tokens})")
         stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
@@ -142,17 +149,17 @@ class Engine:
         io0 = self._io_counters()
         detok = self.tokenizer.detokenizer(ids)
         text, emitted = "", 0
+        tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary) if speculative else
+                  self._sampled_tokens(logits, caches, temperature, top_p, top_k, rng))
         for n in range(max_tokens):
             t_start = time.perf_counter()
-            token = sample(logits, temperature, top_p, top_k, rng)
+            token = next(tokens)
             finish = None
             if token in self.tokenizer.eos_token_ids:
                 finish = "stop"
                 text += detok.finalize()
             else:
                 text += detok.add_token(token)
-            if finish is None and n + 1 < max_tokens:
-                logits = self.forward([token], caches)[-1]
             stats = self._step_stats(t_start, io0)
             io0 = self._io_counters()
             summary.steps.append(stats)
@@ -171,9 +178,40 @@ class Engine:
             if finish:
                 return
 
+    def _sampled_tokens(self, logits, caches, temperature, top_p, top_k, rng) -> Iterator[int]:
+        """One token per forward pass. Lazy: the pass for token n runs when token n+1 is asked for,
+        so the last token costs none."""
+        while True:
+            token = sample(logits, temperature, top_p, top_k, rng)
+            yield token
+            logits = self.forward([token], caches)[-1]
+
+    def _speculative_tokens(self, ids, logits, caches, lam: int, summary) -> Iterator[int]:
+        """Greedy tokens, several per forward pass when the prompt-lookup draft is right: the pass
+        over [last token, draft...] yields the verifier's greedy pick after each prefix; the agreed
+        prefix is kept, the cache forgets the rest, and the first disagreement is the next token."""
+        context = list(ids)
+        token = int(np.argmax(logits))
+        while True:
+            yield token
+            context.append(token)
+            room = self.context_limit - caches[0].offset - 1
+            draft = ngram_draft(context, min(lam, max(room, 0)))
+            greedy = self.forward([token] + draft, caches, all_logits=True).argmax(-1).tolist()
+            a = accepted_prefix(draft, greedy)
+            for c in caches:
+                c.trim(len(draft) - a)
+            summary.draft_proposed += len(draft)
+            summary.draft_accepted += a
+            for t in draft[:a]:
+                yield t
+                context.append(t)
+            token = greedy[a]
+
     def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, stop=None) -> str:
-        return "".join(s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop))
+                 top_k: int = 0, seed: int | None = None, stop=None, speculative: int = 0) -> str:
+        return "".join(s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
+                                                            speculative))
 
     # ---- stats ----------------------------------------------------------------------------------
     def _io_counters(self):

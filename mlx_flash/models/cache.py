@@ -31,6 +31,12 @@ class KVCache:
         self.offset = end
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
 
+    def trim(self, n: int) -> None:
+        """Forget the last n tokens (rejected speculative tokens); their slots are overwritten later."""
+        if not 0 <= n <= self.offset:
+            raise ValueError(f"cannot trim {n} tokens from a cache of {self.offset}")
+        self.offset -= n
+
 
 def make_caches(n_layers: int) -> list[KVCache]:
     return [KVCache() for _ in range(n_layers)]

@@ -30,6 +30,9 @@ from .unbundled import ensure_unbundled, field_offsets
 from .window import ActiveWindow
 
 MODES = ("naive", "hybrid", "predictor", "window", "all")
+# Up to this many tokens at once (a decode step, or a speculative draft being verified) go through
+# the neuron caches with the union of their active rows; longer prompt chunks read whole layers.
+SMALL_BATCH = 16
 NEEDS_PREDICTOR = ("predictor", "window", "all")
 
 
@@ -101,9 +104,9 @@ class SparseFFN:
         xn = self.ops.to_numpy(x)
         xn = xn.reshape(-1, xn.shape[-1])
         active = self.selector.active(i, xn)
-        if xn.shape[0] > 1:
+        if xn.shape[0] > SMALL_BATCH:
             return self._prompt(i, active, x.shape)
-        return self._step(i, active[0])
+        return self._step(i, active, x.shape)
 
     # ---- modes -------------------------------------------------------------------------------------
     def _hybrid(self, i: int) -> dict:
@@ -134,19 +137,23 @@ class SparseFFN:
             self.mem_seconds += time.perf_counter() - t
         return fw
 
-    def _step(self, i: int, active: np.ndarray) -> dict:
-        ids = np.flatnonzero(active)
+    def _step(self, i: int, active: np.ndarray, shape) -> dict:
+        """active [T, F] for T <= SMALL_BATCH tokens: read the rows of their union the cache lacks,
+        compute on the cached slab, and mask each token to its own active neurons."""
+        need = active.any(0)
+        ids = np.flatnonzero(need)
         cache, win = self.caches[i], self.windows[i]
         t = time.perf_counter()
         if self.plan.mode == "predictor":
             cache.clear()
             win.clear()
-        win.push(ids, cache.capacity)
+        for a in active:
+            win.push(np.flatnonzero(a), cache.capacity)
         live = cache.live_ids()
-        cache.delete(live[~win.contains(live)])
-        wanted = ids[~cache.has(ids)]  # this token's rows first, then the rest of the window
+        cache.delete(live[~win.contains(live) & ~need[live]])
+        wanted = ids[~cache.has(ids)]  # these tokens' rows first, then the rest of the window
         others = win.members()
-        others = others[~cache.has(others) & ~active[others]]
+        others = others[~cache.has(others) & ~need[others]]
         room = cache.capacity - cache.num_used
         to_cache = np.concatenate([wanted[:room], others[: max(0, room - wanted.size)]])
         slots = cache.append(to_cache)
@@ -155,21 +162,21 @@ class SparseFFN:
         extra = np.zeros((overflow.size, self.layout.bundle_bytes), np.uint8)
         self._read_rows(i, to_cache, cache.rows, slots, overflow, extra)
         self.rows_loaded += to_cache.size + overflow.size
-        self.rows_active += ids.size
-        self.decode_layer_steps += 1
+        self.rows_active += int(active.sum())
+        self.decode_layer_steps += active.shape[0]
         t = time.perf_counter()
         rows, row_ids = cache.live_rows(), cache.live_ids()
         if overflow.size:
             rows, row_ids = np.concatenate([rows, extra]), np.concatenate([row_ids, overflow])
         if rows.shape[0] == 0:  # nothing active: one zero row, masked out, keeps the graph's shapes
             rows, row_ids = np.zeros((1, self.layout.bundle_bytes), np.uint8), np.zeros(1, np.int64)
-            keep = np.zeros(1, dtype=bool)
+            keep = np.zeros((active.shape[0], 1), dtype=bool)
         else:
-            keep = active[row_ids]
+            keep = active[:, row_ids]
         self.mem_seconds += time.perf_counter() - t
         fw = self._decode(rows)
         if not keep.all():
-            fw["mask"] = self.ops.array(keep.astype(np.float32))
+            fw["mask"] = self.ops.array(keep.reshape(*shape[:-1], -1).astype(np.float32))
         return fw
 
     # ---- reads ---------------------------------------------------------------------------------------
