@@ -110,6 +110,10 @@ class SparseFFN:
 
     # ---- modes -------------------------------------------------------------------------------------
     def _hybrid(self, i: int) -> dict:
+        return self._decode(self.hybrid_rows(i))
+
+    def hybrid_rows(self, i: int) -> np.ndarray:
+        """Layer i's full slab: resident prefix copied in, the rest read."""
         R, rows = self._R, self.reader.buf.reshape(self.layout.n_neurons, self.layout.bundle_bytes)
         off = self.layout.layer_offsets[i] + R * self.layout.bundle_bytes
         n = (self.layout.n_neurons - R) * self.layout.bundle_bytes
@@ -119,7 +123,7 @@ class SparseFFN:
         t = time.perf_counter()
         rows[:R] = self.resident[i]  # one slab in neuron order: the same matmul as the dense model
         self.mem_seconds += time.perf_counter() - t
-        return self._decode(rows)
+        return rows
 
     def _prompt(self, i: int, active: np.ndarray, shape) -> dict:
         rows = self.reader.read_layer(i)
@@ -140,6 +144,15 @@ class SparseFFN:
     def _step(self, i: int, active: np.ndarray, shape) -> dict:
         """active [T, F] for T <= SMALL_BATCH tokens: read the rows of their union the cache lacks,
         compute on the cached slab, and mask each token to its own active neurons."""
+        rows, keep = self.fetch(i, active)
+        fw = self._decode(rows)
+        if not keep.all():
+            fw["mask"] = self.ops.array(keep.reshape(*shape[:-1], -1).astype(np.float32))
+        return fw
+
+    def fetch(self, i: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The I/O half of a step: update window and cache for active [T, F], read what is missing,
+        and return (bundle rows to compute on, keep mask [T, rows])."""
         need = active.any(0)
         ids = np.flatnonzero(need)
         cache, win = self.caches[i], self.windows[i]
@@ -174,10 +187,7 @@ class SparseFFN:
         else:
             keep = active[:, row_ids]
         self.mem_seconds += time.perf_counter() - t
-        fw = self._decode(rows)
-        if not keep.all():
-            fw["mask"] = self.ops.array(keep.reshape(*shape[:-1], -1).astype(np.float32))
-        return fw
+        return rows, keep
 
     # ---- reads ---------------------------------------------------------------------------------------
     def _read_rows(self, i, ids, dest, slots, overflow_ids, overflow_dest) -> None:

@@ -1,0 +1,46 @@
+"""Write a synthetic store of a real large shape with random float16 weights (results from it are
+synthetic: real bytes and read patterns, random weights, modelled activity).
+
+    python tools/make_synthetic.py [--shape llama-2-7b] [--out DIR] [--layers N] [--seed 0]
+
+Default output: <cache>/stores/synthetic-<shape>. Llama-2-7B is about 13.5 GB (8.7 GB of FFN bundles).
+"""
+
+import argparse
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mlx_flash.config import default_cache_dir  # noqa: E402
+from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.sparse.synthetic import SHAPES, make_synthetic_store  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
+    p.add_argument("--out", default=None)
+    p.add_argument("--layers", type=int, default=None, help="only the first N layers (a smaller store)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    out = a.out or os.path.join(default_cache_dir(), "stores", f"synthetic-{a.shape}")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    try:
+        cfg = SHAPES[a.shape]
+        L = a.layers or cfg["num_hidden_layers"]
+        need = 2 * L * (3 * cfg["hidden_size"] * cfg["intermediate_size"] + 4 * cfg["hidden_size"] ** 2) \
+            + 4 * cfg["vocab_size"] * cfg["hidden_size"]
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(out))).free
+        if free < need * 1.05:
+            raise FlashError(f"{out}: needs about {need / 1e9:.1f} GB, only {free / 1e9:.1f} GB free")
+        print(make_synthetic_store(out, a.shape, a.layers, a.seed, progress=True))
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
