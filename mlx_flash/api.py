@@ -74,7 +74,9 @@ def sparse_source(ops, store, cfg: EngineConfig, args, progress: bool):
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
     budget = parse_budget(cfg.memory_budget, model_bytes(store))
     plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window)
-    src = SparseFFN(ops, store, stream_pool(cfg, 1 << 20), plan, selector, progress)
+    # Threads suit the reads this mode makes: whole layers, or single bundle rows.
+    chunk = lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else lay.bundle_bytes
+    src = SparseFFN(ops, store, stream_pool(cfg, chunk), plan, selector, progress)
     src.account = account
     return src
 

@@ -4,7 +4,7 @@
     python tools/bench_flash.py [--model PATH] [--precision f16] [--budget 50%]
                                 [--modes naive,hybrid,predictor,window,all] [--tokens 32]
                                 [--window 4] [--predictor lowrank|dense] [--recall R] [--speculative N]
-                                [--json OUT]
+                                [--synthetic STORE --active 0.03] [--cgroup-limit BYTES] [--json OUT]
 
 Columns are medians over the generated tokens: I/O ms (blocked on reads), mem ms (neuron-cache
 bookkeeping and turning rows into weights), compute ms (the rest), total ms, MB read, reads, mean
@@ -78,7 +78,8 @@ def bench_synthetic(a, mode, profile):
     lay = store.manifest.ffn
     plan, account = plan_budget(mode, parse_budget(a.budget, model_bytes(store)), store, 0, a.window)
     activity = StatisticalActivity(len(lay.layer_offsets), lay.n_neurons, a.active, seed=0)
-    src = SparseFFN(None, store, stream_pool(EngineConfig(), 1 << 20), plan, activity)
+    chunk = lay.layer_nbytes if mode in ("naive", "hybrid") else lay.bundle_bytes
+    src = SparseFFN(None, store, stream_pool(EngineConfig(), chunk), plan, activity)
     try:
         tokens = a.naive_tokens if mode in ("naive", "hybrid") else a.tokens
         steps = replay(src, activity, tokens + 1, profile, progress=True)[1:]  # the first fills the caches
@@ -92,6 +93,35 @@ def bench_synthetic(a, mode, profile):
                 "mean_read_kb": med("bytes") / 1e3 / max(1, med("reads")), "synthetic": True, "steps": steps}
     finally:
         src.close()
+
+
+CGROUP_ROOT = "/sys/fs/cgroup/memory"
+
+
+def enter_cgroup(limit) -> str:
+    """Move this process into a fresh cgroup-v1 memory cgroup capped at `limit` bytes."""
+    from mlx_flash.sparse.planner import parse_budget
+
+    path = os.path.join(CGROUP_ROOT, f"mlx_flash_bench_{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as fh:
+            fh.write(str(parse_budget(limit, 0)))
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError as e:
+        raise FlashError(f"{path}: cannot create a memory cgroup ({e.strerror}); needs root and cgroup v1") from None
+    return path
+
+
+def cgroup_usage(path: str) -> dict:
+    def read(name):
+        with open(os.path.join(path, name)) as fh:
+            return fh.read()
+
+    stat = dict(line.split() for line in read("memory.stat").splitlines())
+    return {"limit": int(read("memory.limit_in_bytes")), "max_usage": int(read("memory.max_usage_in_bytes")),
+            "cache": int(stat["cache"]), "rss": int(stat["rss"]), "failcnt": int(read("memory.failcnt"))}
 
 
 def main() -> int:
@@ -110,9 +140,13 @@ def main() -> int:
                         "statistical model; no compute")
     p.add_argument("--active", type=float, default=0.03, help="with --synthetic: active share per token")
     p.add_argument("--naive-tokens", type=int, default=3, help="with --synthetic: tokens for naive/hybrid")
+    p.add_argument("--cgroup-limit", default=None, metavar="BYTES",
+                   help="run inside a new cgroup-v1 memory cgroup with this limit (root; e.g. 2.5GB) and report "
+                        "its peak usage and page-cache share")
     p.add_argument("--json", default="bench_results/flash.json")
     a = p.parse_args()
     try:
+        cgroup = enter_cgroup(a.cgroup_limit) if a.cgroup_limit else None
         with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
             prompt = fh.read()[:400]
         profile = default_profile(mlx_flash.config.default_cache_dir())
@@ -138,6 +172,12 @@ def main() -> int:
                 print(f"{'':<10} speculative x{sp['draft']}: {sp['decode_tok_s']:.1f} tok/s (plain {r['decode_tok_s']:.1f}), "
                       f"{sp['accepted']}/{sp['proposed']} drafts kept, {sp['mb_read_per_token']:.1f} MB and "
                       f"{sp['io_ms_per_token']:.1f} ms I/O per token, same text: {sp['same_text']}", flush=True)
+        if cgroup:
+            usage = cgroup_usage(cgroup)
+            rows.append({"cgroup": usage})
+            print(f"cgroup limit {usage['limit'] / 1e9:.2f} GB: peak usage {usage['max_usage'] / 1e9:.2f} GB, "
+                  f"page cache now {usage['cache'] / 1e6:.0f} MB, anonymous {usage['rss'] / 1e6:.0f} MB, "
+                  f"limit hit {usage['failcnt']} times")
         if a.json:
             os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
             with open(a.json, "w") as fh:

@@ -38,13 +38,15 @@ def ensure_unbundled(store, progress: bool = False) -> str:
         return path
     from tqdm import tqdm
 
-    src = np.memmap(store.file_path(layout.file), dtype=np.uint8, mode="r")
     tmp = path + ".partial"
-    with open(tmp, "wb") as fh:
+    buf = np.empty(layout.layer_nbytes, dtype=np.uint8)  # one layer at a time: no mapping of the whole file
+    with open(store.file_path(layout.file), "rb") as src, open(tmp, "wb") as fh:
         fh.truncate(size)
         for layer, base in enumerate(tqdm(layout.layer_offsets, desc="unbundled layout", unit="layer",
                                           disable=not progress)):
-            rows = np.asarray(src[base:base + layout.layer_nbytes]).reshape(layout.n_neurons, layout.bundle_bytes)
+            src.seek(base)
+            src.readinto(memoryview(buf))
+            rows = buf.reshape(layout.n_neurons, layout.bundle_bytes)
             for f, off in zip(layout.fields, offsets[layer]):
                 fh.seek(off)
                 fh.write(np.ascontiguousarray(rows[:, f.offset:f.offset + f.nbytes]).tobytes())
