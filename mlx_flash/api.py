@@ -27,7 +27,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     backend: "mlx" or "torch". ffn: "resident", "stream" (FFN read from the bundle file per layer) or
         "sparse" (LLM in a flash: only the rows each token needs, under `memory_budget`; `sparse_mode`
         naive / hybrid / predictor / window / all; `window` tokens of active rows cached;
-        `predictor` "lowrank" (tools/train_predictor.py) or "dense" (every neuron: exact);
+        `predictor` "lowrank" (tools/train_predictor.py), "gate" (resident 4-bit gate/up; thresholds
+        from tools/train_predictor.py) or "dense" (every neuron: exact);
         `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
@@ -52,11 +53,11 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     elif cfg.ffn == "stream":
         ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
     else:
-        ffn_source = sparse_source(ops, store, cfg, args, progress)
+        ffn_source = sparse_source(ops, store, cfg, module, args, progress)
     return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
 
 
-def sparse_source(ops, store, cfg: EngineConfig, args, progress: bool):
+def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
     from .sparse.planner import parse_budget, model_bytes, plan_budget
     from .sparse.predictor import Predictors
     from .sparse.sparse_ffn import NEEDS_PREDICTOR, AllActive, LowRankSelector, SparseFFN
@@ -66,6 +67,18 @@ def sparse_source(ops, store, cfg: EngineConfig, args, progress: bool):
     if cfg.sparse_mode in NEEDS_PREDICTOR:
         if cfg.predictor == "dense":
             selector = AllActive(lay.n_neurons)
+        elif cfg.predictor == "gate":
+            from .sparse.gateup import GateUpSelector
+            from .store.ffn_reader import FFNReader
+
+            thresholds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model,
+                                         lay.n_neurons).magnitude_thresholds
+            # 4-bit weights run on torch's int4 kernel in its bfloat16 mode; MLX has them natively.
+            sel_ops = get_backend("torch", device=cfg.device, dtype="bfloat16") if cfg.backend == "torch" else ops
+            with ReaderPool(threads=2, mode="buffered") as pool:
+                selector = GateUpSelector(sel_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay),
+                                          thresholds, progress)
+            pbytes = selector.nbytes
         else:
             preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
             if cfg.predictor_recall is not None:

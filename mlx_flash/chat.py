@@ -30,8 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=4, help="with --ffn sparse: tokens of active rows kept cached")
     p.add_argument("--speculative", type=int, default=0,
                    help="greedy only: draft this many tokens by prompt lookup and verify them in one pass")
-    p.add_argument("--predictor", choices=("lowrank", "dense"), default="lowrank",
-                   help="with --ffn sparse: trained low-rank predictors, or every neuron (exact)")
+    p.add_argument("--predictor", choices=("lowrank", "gate", "dense"), default="lowrank",
+                   help="with --ffn sparse: trained low-rank predictors, the resident 4-bit gate/up projection, "
+                        "or every neuron (exact)")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")

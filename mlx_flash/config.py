@@ -26,7 +26,9 @@ class EngineConfig:
     sparse_mode: str = "all"  # naive / hybrid / predictor / window / all (mlx_flash.sparse.sparse_ffn)
     memory_budget: str | int = "50%"  # sparse: share of the model's bytes ("50%") or bytes ("300MB")
     window: int = 4  # sparse: tokens whose active neurons stay cached
-    predictor: str = "lowrank"  # sparse: "lowrank" (trained, in the store) or "dense" (all neurons: exact)
+    # sparse: "lowrank" (trained, in the store), "gate" (resident 4-bit gate/up: the selection the
+    # low-rank predictors approximate) or "dense" (all neurons: exact)
+    predictor: str = "lowrank"
     predictor_recall: float | None = None  # sparse: pick the predictors' cuts for this recall (None: as trained)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
@@ -40,8 +42,8 @@ class EngineConfig:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
         if self.window < 1:
             raise ConfigError(f"window must be >= 1 (got {self.window})")
-        if self.predictor not in ("lowrank", "dense"):
-            raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank or dense)")
+        if self.predictor not in ("lowrank", "gate", "dense"):
+            raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank, gate or dense)")
         if self.io_mode not in ("direct", "buffered"):
             raise ConfigError(f"io_mode {self.io_mode!r} is unknown (choose direct or buffered)")
         if self.io_threads is not None and self.io_threads < 1:

@@ -132,7 +132,7 @@ def main() -> int:
     p.add_argument("--modes", default="naive,hybrid,predictor,window,all")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--window", type=int, default=4)
-    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "dense"))
+    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
     p.add_argument("--recall", type=float, default=None, help="predictor cut calibrated for this recall")
     p.add_argument("--speculative", type=int, default=0, help="also decode with prompt-lookup drafts of N tokens")
     p.add_argument("--synthetic", default=None, metavar="STORE",

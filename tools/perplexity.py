@@ -26,7 +26,7 @@ def main() -> int:
     p.add_argument("--ffn", default="resident", choices=("resident", "stream", "sparse"))
     p.add_argument("--sparse-mode", default="all", help="with --ffn sparse (naive/hybrid/predictor/window/all)")
     p.add_argument("--memory-budget", default="100%", help="with --ffn sparse (default 100%%: quality only)")
-    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "dense"))
+    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
     p.add_argument("--predictor-recall", type=float, default=None, help="predictor cut calibrated for this recall")
     p.add_argument("--precision", default="source", help="FFN precision when converting (source, f16, q4, q8)")
     src = p.add_mutually_exclusive_group()

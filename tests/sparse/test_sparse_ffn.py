@@ -112,3 +112,28 @@ def test_budget_strings():
     assert parse_budget("300MB", 0) == 300 * 10**6
     with pytest.raises(ConfigError, match="not understood"):
         parse_budget("lots", 10)
+
+
+def test_gate_predictor_selects_by_the_ffn_own_activations(tiny_store):
+    """Threshold 0: every neuron with a nonzero activation is selected, so the output is the dense
+    one bit for bit; a huge threshold selects nothing and reads nothing."""
+    store, _ = tiny_store("llama")
+    ids = list(range(3, 30))
+    with mlx_flash.load(store, backend="torch", progress=False) as dense:
+        want = run(dense, ids, 16)
+    for threshold, exact in ((0.0, True), (1e9, False)):
+        save_predictors(store)
+        meta_path = f"{store}/predictors.json"
+        import json
+
+        meta = json.load(open(meta_path))
+        meta["magnitude_thresholds"] = [threshold] * len(meta["magnitude_thresholds"])
+        json.dump(meta, open(meta_path, "w"))
+        with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", predictor="gate",
+                            memory_budget="100%", io_mode="buffered", progress=False) as e:
+            got = run(e, ids, 16)
+            assert e.ffn.account["predictors"] > 0
+            if not exact:
+                assert e.ffn.rows_loaded == 0
+        same = np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert same == exact

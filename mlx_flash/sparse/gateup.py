@@ -1,0 +1,64 @@
+"""The paper's alternative predictor, for SwiGLU: the FFN's own gate (and up) projection, kept
+resident in 4 bits. A neuron is active when |silu(x·gate)·(x·up)| exceeds its layer's calibrated
+threshold, the same definition the low-rank predictors are trained on, so this is the selection
+they approximate. When the store's gate/up rows are 4-bit already (the default GGUF store) the
+resident copy is the model's own weights and the selection is exact; for float rows it is the
+4-bit rounding of them. Selected neurons are then computed from their streamed rows as stored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..store.bundles import unpack_rows
+from ..store.manifest import QuantSpec
+from ..weights import fused_weight, linear_parts
+
+GROUP = 32
+
+
+def _four_bit(parts: dict, dtypes: dict, quant: QuantSpec | None):
+    """(parts, dtypes, spec) of a 4-bit copy of one stored linear; 4-bit rows pass through as stored."""
+    if quant is not None and quant.bits == 4:
+        return parts, dtypes, quant
+    import mlx.core as mx
+
+    from ..store.converter import to_storage
+
+    if quant is None:
+        w = parts["weight"]
+        dense = mx.array(w.view(np.uint16)).view(mx.bfloat16) if dtypes["weight"] == "bfloat16" else mx.array(w)
+    else:
+        dense = mx.dequantize(mx.array(parts["weight"]), mx.array(parts["scales"]), mx.array(parts["biases"]),
+                              group_size=quant.group_size, bits=quant.bits)
+    qw, qs, qb = mx.quantize(dense.astype(mx.float16), group_size=GROUP, bits=4)
+    out, dts = {}, {}
+    for k, a in (("weight", qw), ("scales", qs), ("biases", qb)):
+        out[k], dts[k] = to_storage(a)
+    return out, dts, QuantSpec(bits=4, group_size=GROUP)
+
+
+class GateUpSelector:
+    def __init__(self, ops, module, args, layout, reader, thresholds, progress: bool = False):
+        from tqdm import tqdm
+
+        if not layout.gated:
+            raise ValueError("the gate predictor needs a gated (SwiGLU) FFN")
+        self.ops, self.module, self.args = ops, module, args
+        self.thresholds = np.asarray(thresholds, dtype=np.float32)
+        dtypes = {f.name: f.dtype for f in layout.fields}
+        self.weights, self.nbytes = [], 0
+        for i in tqdm(range(len(layout.layer_offsets)), desc="gate/up predictor", unit="layer", disable=not progress):
+            arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(layout.fields, reader.read_layer(i)).items()}
+            members, quants = [], []
+            for role in ("gate", "up"):
+                parts, dts = linear_parts(arrays, role)
+                parts, dts, q = _four_bit(parts, dts, layout.quant.get(role))
+                self.nbytes += sum(a.nbytes for a in parts.values())
+                members.append((parts, dts))
+                quants.append(q)
+            self.weights.append(fused_weight(ops, members, quants))
+
+    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
+        h = self.module.ffn_hidden(self.ops, self.args, {"gate_up": self.weights[layer]}, self.ops.array(x))
+        return np.abs(self.ops.to_numpy(h)) > self.thresholds[layer]
