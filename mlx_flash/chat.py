@@ -76,10 +76,21 @@ def format_stats(engine) -> str:
     avg = lambda k: sum(getattr(t, k) for t in s.steps) / n  # noqa: E731
     nbytes, reads = sum(t.bytes_read for t in s.steps), sum(t.reads for t in s.steps)
     chunk = f", mean chunk {nbytes / reads / 1024:.0f} KiB" if reads else ""
-    return (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
+    text = (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
             f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
             f"per token: {avg('wall_ms'):.2f} ms = compute {avg('compute_ms'):.2f} + io wait {avg('io_ms'):.2f} "
             f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
+    if s.draft_proposed:
+        text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
+    ffn = engine.ffn
+    if hasattr(ffn, "cached_rows") and getattr(ffn, "decode_layer_steps", 0):
+        steps, F = ffn.decode_layer_steps, ffn.layout.n_neurons
+        rows = ffn.cached_rows()
+        text += (f"\nsparse FFN ({ffn.plan.mode}): {ffn.rows_active / steps / F:.1%} of neurons active, "
+                 f"{ffn.rows_loaded / steps / F:.1%} of rows read per token and layer")
+        if rows:
+            text += f"; cached rows per layer {min(rows)}-{max(rows)} of {ffn.plan.capacity}"
+    return text
 
 
 def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
