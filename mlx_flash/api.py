@@ -19,7 +19,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
          io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
          window: int = 4, predictor: str = "lowrank", predictor_recall: float | None = None,
-         progress: bool = True) -> Engine:
+         down_only: bool = False, progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -29,7 +29,9 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
         naive / hybrid / predictor / window / all; `window` tokens of active rows cached;
         `predictor` "lowrank" (tools/train_predictor.py), "gate" (resident 4-bit gate/up; thresholds
         from tools/train_predictor.py) or "dense" (every neuron: exact);
-        `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more).
+        `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more;
+        `down_only` with the gate predictor reads only down columns, computing gate/up from its
+        resident 4-bit copy).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
@@ -39,7 +41,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn,
                        precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
                        io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
-                       window=window, predictor=predictor, predictor_recall=predictor_recall)
+                       window=window, predictor=predictor, predictor_recall=predictor_recall, down_only=down_only)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
@@ -86,10 +88,17 @@ def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
             selector = LowRankSelector(preds)
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
     budget = parse_budget(cfg.memory_budget, model_bytes(store))
-    plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window)
+    row_bytes = None
+    if cfg.down_only:
+        from .sparse.sparse_ffn import down_fields
+
+        row_bytes = down_fields(lay)[2]
+    plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window, row_bytes)
     # Threads suit the reads this mode makes: whole layers, or single bundle rows.
     chunk = lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else lay.bundle_bytes
-    src = SparseFFN(ops, store, stream_pool(cfg, chunk), plan, selector, progress)
+    if cfg.down_only:
+        chunk = row_bytes
+    src = SparseFFN(ops, store, stream_pool(cfg, chunk), plan, selector, progress, down_only=cfg.down_only)
     src.account = account
     return src
 

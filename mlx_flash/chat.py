@@ -33,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--predictor", choices=("lowrank", "gate", "dense"), default="lowrank",
                    help="with --ffn sparse: trained low-rank predictors, the resident 4-bit gate/up projection, "
                         "or every neuron (exact)")
+    p.add_argument("--down-only", action="store_true",
+                   help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
@@ -137,7 +139,7 @@ def main(argv=None) -> int:
 
         engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
                       torch_dtype=args.torch_dtype, sparse_mode=args.sparse_mode, memory_budget=args.memory_budget,
-                      window=args.window, predictor=args.predictor)
+                      window=args.window, predictor=args.predictor, down_only=args.down_only)
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (

@@ -29,6 +29,9 @@ class EngineConfig:
     # sparse: "lowrank" (trained, in the store), "gate" (resident 4-bit gate/up: the selection the
     # low-rank predictors approximate) or "dense" (all neurons: exact)
     predictor: str = "lowrank"
+    # sparse + predictor "gate": compute gate/up from its resident 4-bit copy and read only the down
+    # columns of active neurons (a third of the bytes; approximate unless gate/up are stored 4-bit)
+    down_only: bool = False
     predictor_recall: float | None = None  # sparse: pick the predictors' cuts for this recall (None: as trained)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"

@@ -30,7 +30,8 @@ from mlx_flash.store.disk_profile import default_profile  # noqa: E402
 def bench_mode(a, mode, prompt, profile):
     eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", sparse_mode=mode,
                          memory_budget=a.budget, window=a.window, predictor=a.predictor,
-                         predictor_recall=a.recall, io_mode="direct", progress=False)
+                         predictor_recall=a.recall, io_mode="direct", progress=False,
+                         down_only=a.down_only and mode in ("predictor", "window", "all"))
     with eng:
         src = eng.ffn
         text = eng.generate(prompt, max_tokens=a.tokens + 1)
@@ -133,6 +134,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
+    p.add_argument("--down-only", action="store_true",
+                   help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
     p.add_argument("--recall", type=float, default=None, help="predictor cut calibrated for this recall")
     p.add_argument("--speculative", type=int, default=0, help="also decode with prompt-lookup drafts of N tokens")
     p.add_argument("--synthetic", default=None, metavar="STORE",

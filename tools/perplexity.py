@@ -27,6 +27,8 @@ def main() -> int:
     p.add_argument("--sparse-mode", default="all", help="with --ffn sparse (naive/hybrid/predictor/window/all)")
     p.add_argument("--memory-budget", default="100%", help="with --ffn sparse (default 100%%: quality only)")
     p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
+    p.add_argument("--down-only", action="store_true",
+                   help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
     p.add_argument("--predictor-recall", type=float, default=None, help="predictor cut calibrated for this recall")
     p.add_argument("--precision", default="source", help="FFN precision when converting (source, f16, q4, q8)")
     src = p.add_mutually_exclusive_group()
@@ -45,13 +47,15 @@ def main() -> int:
             text = fh.read()
         engine = mlx_flash.load(a.model, backend=a.backend, ffn=a.ffn, torch_dtype=a.torch_dtype,
                                 precision=a.precision, sparse_mode=a.sparse_mode, memory_budget=a.memory_budget,
-                                predictor=a.predictor, predictor_recall=a.predictor_recall)
+                                predictor=a.predictor, predictor_recall=a.predictor_recall,
+                                down_only=a.down_only)
         r = perplexity(engine, text, a.context, a.tokens, progress=True)
     except (FlashError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if a.ffn == "sparse":
-        r.update(sparse_mode=a.sparse_mode, predictor=a.predictor, predictor_recall=a.predictor_recall)
+        r.update(sparse_mode=a.sparse_mode, predictor=a.predictor, predictor_recall=a.predictor_recall,
+                                down_only=a.down_only)
     r.update(backend=a.backend, torch_dtype=a.torch_dtype, ffn=a.ffn, text=os.path.basename(path),
              store=engine.store.path, precision=engine.store.manifest.ffn.precision)
     print(f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.context}, {a.backend})")

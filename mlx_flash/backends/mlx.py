@@ -134,5 +134,9 @@ class MLXOps:
     def concatenate(self, xs, axis: int):
         return mx.concatenate(xs, axis=axis)
 
+    def take(self, x, idx):
+        """Entries idx (an int array) of the last axis."""
+        return mx.take(x, idx, axis=-1)
+
     def last_token(self, x):
         return x[:, -1:, :]

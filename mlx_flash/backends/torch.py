@@ -236,6 +236,10 @@ class TorchOps:
     def concatenate(self, xs, axis: int):
         return torch.cat(xs, dim=axis)
 
+    def take(self, x, idx):
+        """Entries idx (an int array) of the last axis."""
+        return torch.index_select(x, -1, idx)
+
     def last_token(self, x):
         return x[:, -1:, :]
 

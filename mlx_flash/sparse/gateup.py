@@ -17,25 +17,37 @@ from ..weights import fused_weight, linear_parts
 GROUP = 32
 
 
+def quantize4(w: np.ndarray, group: int = GROUP) -> dict:
+    """Affine 4-bit codes of w [N, K] per group of `group` values (scale = range / 15, bias = min), in
+    the packed layout the backends read (8 codes per uint32, first code in the low bits). Weights that
+    already sit on such a grid (a dequantized Q4_1 tensor) come back exactly, which mx.quantize does not
+    promise (it may move the grid)."""
+    n, k = w.shape
+    g = w.astype(np.float32).reshape(n, k // group, group)
+    lo, hi = g.min(-1, keepdims=True), g.max(-1, keepdims=True)
+    scale = (hi - lo) / 15.0
+    q = np.where(scale > 0, np.rint((g - lo) / np.where(scale > 0, scale, 1.0)), 0).clip(0, 15).astype(np.uint32)
+    q = q.reshape(n, k // 8, 8)
+    packed = np.zeros((n, k // 8), dtype=np.uint32)
+    for j in range(8):
+        packed |= q[:, :, j] << np.uint32(4 * j)
+    return {"weight": packed, "scales": scale[..., 0].astype(np.float16), "biases": lo[..., 0].astype(np.float16)}
+
+
 def _four_bit(parts: dict, dtypes: dict, quant: QuantSpec | None):
     """(parts, dtypes, spec) of a 4-bit copy of one stored linear; 4-bit rows pass through as stored."""
     if quant is not None and quant.bits == 4:
         return parts, dtypes, quant
-    import mlx.core as mx
+    w = parts["weight"]
+    if quant is not None:  # other bit widths: back to floats first
+        import mlx.core as mx
 
-    from ..store.converter import to_storage
-
-    if quant is None:
-        w = parts["weight"]
-        dense = mx.array(w.view(np.uint16)).view(mx.bfloat16) if dtypes["weight"] == "bfloat16" else mx.array(w)
-    else:
-        dense = mx.dequantize(mx.array(parts["weight"]), mx.array(parts["scales"]), mx.array(parts["biases"]),
-                              group_size=quant.group_size, bits=quant.bits)
-    qw, qs, qb = mx.quantize(dense.astype(mx.float16), group_size=GROUP, bits=4)
-    out, dts = {}, {}
-    for k, a in (("weight", qw), ("scales", qs), ("biases", qb)):
-        out[k], dts[k] = to_storage(a)
-    return out, dts, QuantSpec(bits=4, group_size=GROUP)
+        w = np.array(mx.dequantize(mx.array(w), mx.array(parts["scales"]), mx.array(parts["biases"]),
+                                   group_size=quant.group_size, bits=quant.bits).astype(mx.float32))
+    elif dtypes["weight"] == "bfloat16":
+        w = (w.astype(np.uint32) << 16).view(np.float32)
+    out = quantize4(np.asarray(w, dtype=np.float32))
+    return out, {"weight": "uint32", "scales": "float16", "biases": "float16"}, QuantSpec(bits=4, group_size=GROUP)
 
 
 class GateUpSelector:

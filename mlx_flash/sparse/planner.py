@@ -41,9 +41,11 @@ def fmt(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def plan_budget(mode: str, budget: int, store, predictor_bytes: int, window: int) -> tuple[SparsePlan, dict]:
+def plan_budget(mode: str, budget: int, store, predictor_bytes: int, window: int,
+                row_bytes: int | None = None) -> tuple[SparsePlan, dict]:
+    """row_bytes: bytes of one cached row (default a whole bundle; less when only down columns are read)."""
     lay = store.manifest.ffn
-    L, F, bb = len(lay.layer_offsets), lay.n_neurons, lay.bundle_bytes
+    L, F, bb = len(lay.layer_offsets), lay.n_neurons, row_bytes or lay.bundle_bytes
     resident = sum(t.nbytes for t in store.manifest.tensors.values())
     preds = predictor_bytes if mode in NEEDS_PREDICTOR else 0
     fixed = resident + preds + lay.layer_nbytes

@@ -24,7 +24,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..store.ffn_reader import FFNReader
-from ..weights import bundle_weights
+from ..store.bundles import FIELD_ALIGN, unpack_rows
+from ..store.manifest import BundleField
+from ..weights import bundle_weights, linear_parts
 from .neuron_cache import NeuronCache
 from .unbundled import ensure_unbundled, field_offsets
 from .window import ActiveWindow
@@ -62,8 +64,26 @@ class LowRankSelector:
         return self.p.layers[layer].active(x)
 
 
+def down_fields(layout) -> tuple[list[BundleField], list[int], int]:
+    """The down-projection fields of a bundle packed into a row of their own: (fields with their
+    offsets in that row, their indices in layout.fields, row bytes)."""
+    fields, index, off = [], [], 0
+    for k, f in enumerate(layout.fields):
+        if f.name.startswith("down."):
+            off = -(-off // FIELD_ALIGN) * FIELD_ALIGN
+            fields.append(BundleField(name=f.name, offset=off, dtype=f.dtype, shape=list(f.shape)))
+            index.append(k)
+            off += f.nbytes
+    return fields, index, -(-off // FIELD_ALIGN) * FIELD_ALIGN
+
+
 class SparseFFN:
-    def __init__(self, ops, store, pool, plan: SparsePlan, selector=None, progress: bool = False):
+    """down_only: gate|up come from the selector's resident 4-bit copy (`gate_up[i]`, all neurons)
+    and only the down columns of active neurons are read and cached (a third of the bytes). Exact
+    when the store's gate/up rows are 4-bit already; otherwise a named approximation."""
+
+    def __init__(self, ops, store, pool, plan: SparsePlan, selector=None, progress: bool = False,
+                 down_only: bool = False):
         if plan.mode not in MODES:
             raise ConfigError(f"sparse mode {plan.mode!r} is unknown (choose one of: {', '.join(MODES)})")
         if plan.mode in NEEDS_PREDICTOR and selector is None:
@@ -71,6 +91,15 @@ class SparseFFN:
         self.ops, self.pool, self.plan, self.selector = ops, pool, plan, selector
         self.layout = layout = store.manifest.ffn
         F, bb, L = layout.n_neurons, layout.bundle_bytes, len(layout.layer_offsets)
+        self.down_only = down_only
+        if down_only:
+            if plan.mode not in NEEDS_PREDICTOR or not hasattr(selector, "weights"):
+                raise ConfigError("down-only reads need a predictor mode and the gate predictor (its resident "
+                                  "gate/up copy computes the activations)")
+            self.row_fields, self._down_index, bb = down_fields(layout)
+        else:
+            self.row_fields = layout.fields
+        self.row_bytes = bb
         self.reader = FFNReader(pool, store.file_path(layout.file), layout)  # whole-layer reads (transient buffer)
         self.mem_seconds = 0.0
         self.rows_loaded = 0  # neuron rows read by decode steps
@@ -84,10 +113,10 @@ class SparseFFN:
             self.resident = [self.reader.read_layer(i)[:R].copy() for i in range(L)]
             self._R = R
         if plan.mode in NEEDS_PREDICTOR:
-            self.caches = [NeuronCache(max(1, min(plan.capacity, F)), bb, F) for _ in range(L)]
+            self.caches = [NeuronCache(max(1, min(plan.capacity, F)), self.row_bytes, F) for _ in range(L)]
             self.windows = [ActiveWindow(plan.window if plan.mode != "predictor" else 1, F) for _ in range(L)]
             self.file = self.reader.file
-            if plan.mode != "all":
+            if plan.mode != "all" or down_only:  # down-only reads the unbundled down matrix in every mode
                 self.unbundled = pool.open(ensure_unbundled(store, progress))
                 self.field_offsets, _ = field_offsets(layout)
 
@@ -127,7 +156,13 @@ class SparseFFN:
 
     def _prompt(self, i: int, active: np.ndarray, shape) -> dict:
         rows = self.reader.read_layer(i)
-        fw = self._decode(rows)
+        if self.down_only:  # keep the down fields only, as the caches do
+            t = time.perf_counter()
+            rows = np.concatenate([rows[:, self.layout.fields[k].offset:self.layout.fields[k].offset +
+                                        self.layout.fields[k].nbytes] for k in self._down_index], axis=1)
+            rows = np.pad(rows, ((0, 0), (0, self.row_bytes - rows.shape[1])))
+            self.mem_seconds += time.perf_counter() - t
+        fw = self._decode(rows, i)
         fw["mask"] = self.ops.array(active.reshape(*shape[:-1], -1).astype(np.float32))
         if self.plan.mode != "predictor":  # seed the window and cache from the rows in hand
             t = time.perf_counter()
@@ -144,15 +179,15 @@ class SparseFFN:
     def _step(self, i: int, active: np.ndarray, shape) -> dict:
         """active [T, F] for T <= SMALL_BATCH tokens: read the rows of their union the cache lacks,
         compute on the cached slab, and mask each token to its own active neurons."""
-        rows, keep = self.fetch(i, active)
-        fw = self._decode(rows)
+        rows, keep, row_ids = self.fetch(i, active)
+        fw = self._decode(rows, i, row_ids)
         if not keep.all():
             fw["mask"] = self.ops.array(keep.reshape(*shape[:-1], -1).astype(np.float32))
         return fw
 
     def fetch(self, i: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The I/O half of a step: update window and cache for active [T, F], read what is missing,
-        and return (bundle rows to compute on, keep mask [T, rows])."""
+        and return (rows to compute on, keep mask [T, rows], their neuron ids)."""
         need = active.any(0)
         ids = np.flatnonzero(need)
         cache, win = self.caches[i], self.windows[i]
@@ -172,7 +207,7 @@ class SparseFFN:
         slots = cache.append(to_cache)
         overflow = wanted[room:]  # active rows the cache cannot hold this step
         self.mem_seconds += time.perf_counter() - t
-        extra = np.zeros((overflow.size, self.layout.bundle_bytes), np.uint8)
+        extra = np.zeros((overflow.size, self.row_bytes), np.uint8)
         self._read_rows(i, to_cache, cache.rows, slots, overflow, extra)
         self.rows_loaded += to_cache.size + overflow.size
         self.rows_active += int(active.sum())
@@ -182,31 +217,33 @@ class SparseFFN:
         if overflow.size:
             rows, row_ids = np.concatenate([rows, extra]), np.concatenate([row_ids, overflow])
         if rows.shape[0] == 0:  # nothing active: one zero row, masked out, keeps the graph's shapes
-            rows, row_ids = np.zeros((1, self.layout.bundle_bytes), np.uint8), np.zeros(1, np.int64)
+            rows, row_ids = np.zeros((1, self.row_bytes), np.uint8), np.zeros(1, np.int64)
             keep = np.zeros((active.shape[0], 1), dtype=bool)
         else:
             keep = active[:, row_ids]
         self.mem_seconds += time.perf_counter() - t
-        return rows, keep
+        return rows, keep, row_ids
 
     # ---- reads ---------------------------------------------------------------------------------------
     def _read_rows(self, i, ids, dest, slots, overflow_ids, overflow_dest) -> None:
         """Rows of neurons `ids` into dest rows `slots` (and overflow rows into overflow_dest), as one
         batch: one range per neuron from the bundle file, or one per field from the unbundled one."""
-        lay, bb = self.layout, self.layout.bundle_bytes
+        lay, bb = self.layout, self.row_bytes
         jobs = [(ids, dest, slots), (overflow_ids, overflow_dest, np.arange(overflow_ids.size))]
         batches = []
         for nid, d, s in jobs:
             if nid.size == 0:
                 continue
             flat = d.reshape(-1)
-            if self.plan.mode == "all":
+            if self.plan.mode == "all" and not self.down_only:
                 batches.append(self.pool.submit_rows(self.file, lay.layer_offsets[i] + nid * bb, bb, flat, s * bb,
                                                      row_bytes=bb))
             else:
                 offs, lens, douts = [], [], []
-                for f, base in zip(lay.fields, self.field_offsets[i]):
-                    offs.append(base + nid * f.nbytes)
+                # One range per field (or per down field), from that field's own matrix.
+                index = self._down_index if self.down_only else range(len(lay.fields))
+                for f, k in zip(self.row_fields, index):
+                    offs.append(self.field_offsets[i][k] + nid * f.nbytes)
                     lens.append(np.full(nid.size, f.nbytes))
                     douts.append(s * bb + f.offset)
                 batches.append(self.pool.submit_rows(self.unbundled, np.concatenate(offs), np.concatenate(lens),
@@ -220,9 +257,18 @@ class SparseFFN:
         self._bytes_extra += batch.bytes_read
         self._reads_extra += batch.reads
 
-    def _decode(self, rows: np.ndarray) -> dict:
+    def _decode(self, rows: np.ndarray, layer: int = -1, row_ids=None) -> dict:
         t = time.perf_counter()
-        fw = bundle_weights(self.ops, self.layout, rows)
+        if self.down_only:
+            dtypes = {f.name: f.dtype for f in self.row_fields}
+            arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(self.row_fields, rows).items()}
+            d, ddt = linear_parts(arrays, "down")
+            fw = {"gate_up": self.selector.weights[layer],
+                  "down": self.ops.weight(d, self.layout.quant.get("down"), transposed=True, dtypes=ddt)}
+            if row_ids is not None:
+                fw["rows"] = self.ops.array(np.asarray(row_ids, dtype=np.int64))
+        else:
+            fw = bundle_weights(self.ops, self.layout, rows)
         self.mem_seconds += time.perf_counter() - t
         return fw
 
@@ -245,7 +291,7 @@ class SparseFFN:
     def resident_bytes(self) -> int:
         """Weight bytes this source holds: caches, hybrid rows, the transient layer buffer."""
         n = self.layout.layer_nbytes  # the transient whole-layer buffer
-        n += sum(c.nbytes for c in getattr(self, "caches", []))
+        n += sum(c.nbytes for c in getattr(self, "caches", []))  # rows of row_bytes each
         n += sum(r.nbytes for r in getattr(self, "resident", []))
         return n
 

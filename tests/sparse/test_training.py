@@ -49,3 +49,27 @@ def test_train_save_load_and_pick_recall(tiny_store):
     with pytest.raises(StoreError, match="no cut for recall 0.5"):
         mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="100%", predictor_recall=0.5,
                        progress=False)
+
+
+def test_quantize4_is_exact_on_a_four_bit_grid():
+    """A dequantized Q4_1-style tensor (per group: scale * q + min, with q spanning 0..15) comes back
+    exactly, so the gate predictor of a float16 store made from a 4-bit GGUF selects by the model's
+    own weights."""
+    import mlx.core as mx
+
+    from mlx_flash.sparse.gateup import quantize4
+
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, (16, 64))
+    q[:, ::32] = 0
+    q[:, 1::32] = 15
+    scale = rng.uniform(0.01, 0.1, (16, 2)).astype(np.float16).astype(np.float32)
+    lo = rng.uniform(-1, 0, (16, 2)).astype(np.float16).astype(np.float32)
+    # as a float16 store holds it: each value rounded to float16
+    w = (q.reshape(16, 2, 32) * scale[..., None] + lo[..., None]).reshape(16, 64).astype(np.float16)
+    p = quantize4(w.astype(np.float32))
+    back = np.array(mx.dequantize(mx.array(p["weight"]), mx.array(p["scales"]), mx.array(p["biases"]),
+                                  group_size=32, bits=4))
+    assert back.dtype == np.float16
+    worst = np.abs(back.astype(np.float32) - w.astype(np.float32)).max()
+    assert worst <= np.abs(w.astype(np.float32)).max() * 2 ** -10  # at most one float16 rounding step
