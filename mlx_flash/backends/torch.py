@@ -100,7 +100,9 @@ class TorchOps:
         bias = self.array(parts["bias"], dtypes.get("bias")) if parts.get("bias") is not None else None
         if quant is None:
             w = self.array(parts["weight"], dtypes.get("weight"), cast=False)
-            w = (w.t() if transposed else w).contiguous().to(self.mm_dtype)
+            # A transposed weight stays a view: linear() multiplies by its transpose, i.e. by the
+            # stored rows themselves, so copying it into the other layout would only cost time.
+            w = (w.t() if transposed else w).to(self.mm_dtype)
             return Weight("dense", w, None, 0, w.shape[0], bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
         scales = self.array(parts["scales"], dtypes.get("scales"))
@@ -112,7 +114,7 @@ class TorchOps:
                 kind, w4, sz = packed_w
                 return Weight(kind, w4, sz, quant.group_size, scales.shape[0], bias, q, quant)
         w = dequantize(packed, scales, biases, quant, self.mm_dtype)
-        w = (w.t() if transposed else w).contiguous()
+        w = w.t() if transposed else w
         # Keep the packed triple only where the dense copy is rounded (half precision on CUDA), so
         # embedding lookups stay exact; a float32 copy already is exact and the triple is dead weight.
         keep = q if self.mm_dtype != self.act_dtype else None
