@@ -185,7 +185,7 @@ class SparseFFN:
             fw["mask"] = self.ops.array(keep.reshape(*shape[:-1], -1).astype(np.float32))
         return fw
 
-    def fetch(self, i: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def fetch(self, i: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The I/O half of a step: update window and cache for active [T, F], read what is missing,
         and return (rows to compute on, keep mask [T, rows], their neuron ids)."""
         need = active.any(0)
