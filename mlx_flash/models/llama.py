@@ -133,8 +133,8 @@ def ffn_hidden(ops, args: ModelArgs, fw: dict, x):
 def mlp(ops, args: ModelArgs, fw: dict, x):
     """Down is stored transposed [F, D]. A sparse FFN source may zero neurons with fw["mask"], and may
     give down rows for some neurons only (fw["rows"]: their ids, in down's row order) while gate|up
-    cover all of them."""
-    hidden = ffn_hidden(ops, args, fw, x)
+    cover all of them, and may hand over activations it already computed from x (fw["hidden"])."""
+    hidden = fw["hidden"] if fw.get("hidden") is not None else ffn_hidden(ops, args, fw, x)
     if fw.get("rows") is not None:
         hidden = ops.take(hidden, fw["rows"])
     if fw.get("mask") is not None:

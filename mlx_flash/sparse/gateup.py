@@ -60,6 +60,7 @@ class GateUpSelector:
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
         dtypes = {f.name: f.dtype for f in layout.fields}
         self.weights, self.nbytes = [], 0
+        self.hidden = (-1, None)
         for i in tqdm(range(len(layout.layer_offsets)), desc="gate/up predictor", unit="layer", disable=not progress):
             arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(layout.fields, reader.read_layer(i)).items()}
             members, quants = [], []
@@ -73,4 +74,5 @@ class GateUpSelector:
 
     def active(self, layer: int, x: np.ndarray) -> np.ndarray:
         h = self.module.ffn_hidden(self.ops, self.args, {"gate_up": self.weights[layer]}, self.ops.array(x))
+        self.hidden = (layer, h)  # the FFN source may hand these activations on instead of recomputing them
         return np.abs(self.ops.to_numpy(h)) > self.thresholds[layer]

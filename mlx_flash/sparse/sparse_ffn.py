@@ -132,6 +132,7 @@ class SparseFFN:
             return self._decode(self.reader.read_layer(i)) if mode == "naive" else self._hybrid(i)
         xn = self.ops.to_numpy(x)
         xn = xn.reshape(-1, xn.shape[-1])
+        self._x_shape = tuple(x.shape)
         active = self.selector.active(i, xn)
         if xn.shape[0] > SMALL_BATCH:
             return self._prompt(i, active, x.shape)
@@ -265,6 +266,9 @@ class SparseFFN:
             d, ddt = linear_parts(arrays, "down")
             fw = {"gate_up": self.selector.weights[layer],
                   "down": self.ops.weight(d, self.layout.quant.get("down"), transposed=True, dtypes=ddt)}
+            at, hidden = self.selector.hidden
+            if at == layer:  # the selector just computed this layer's activations from the same x
+                fw["hidden"] = self.ops.reshape(hidden, (*self._x_shape[:-1], hidden.shape[-1]))
             if row_ids is not None:
                 fw["rows"] = self.ops.array(np.asarray(row_ids, dtype=np.int64))
         else:
