@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..store.bundles import unpack_rows
 from ..store.manifest import QuantSpec
 from ..weights import fused_weight, linear_parts
@@ -55,7 +56,8 @@ class GateUpSelector:
         from tqdm import tqdm
 
         if not layout.gated:
-            raise ValueError("the gate predictor needs a gated (SwiGLU) FFN")
+            raise ConfigError("predictor 'gate' needs a gated (SwiGLU) FFN; this model's FFN has no gate "
+                              "projection (use 'lowrank' or 'dense')")
         self.ops, self.module, self.args = ops, module, args
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
         dtypes = {f.name: f.dtype for f in layout.fields}
