@@ -4,6 +4,8 @@ The CLIs print `error: <message>` and exit non-zero for any FlashError; anything
 keeps its traceback.
 """
 
+import sys
+
 
 class FlashError(Exception):
     """Base class for every user-facing error raised by mlx_flash."""
@@ -27,3 +29,14 @@ class StoreError(FlashError):
 
 class ConfigError(FlashError):
     """An option has a bad value (backend name, sampling parameter, budget...)."""
+
+
+def exit_status(body) -> int:
+    """Run a command-line tool's body: 0 when it returns, 1 with one `error: ...` line on stderr
+    (and no traceback) when it raises a FlashError."""
+    try:
+        body()
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

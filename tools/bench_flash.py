@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mlx_flash  # noqa: E402
 from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.errors import FlashError, exit_status  # noqa: E402
 from mlx_flash.sparse import cost_model  # noqa: E402
 from mlx_flash.store.disk_profile import default_profile  # noqa: E402
 
@@ -147,48 +147,46 @@ def main() -> int:
                    help="run inside a new cgroup-v1 memory cgroup with this limit (root; e.g. 2.5GB) and report "
                         "its peak usage and page-cache share")
     p.add_argument("--json", default="bench_results/flash.json")
-    a = p.parse_args()
-    try:
-        cgroup = enter_cgroup(a.cgroup_limit) if a.cgroup_limit else None
-        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
-            prompt = fh.read()[:400]
-        profile = default_profile(mlx_flash.config.default_cache_dir())
-        rows = []
-        hdr = (f"{'mode':<10} {'I/O ms':>7} {'mem ms':>7} {'comp ms':>8} {'total ms':>9} {'MB read':>8} {'reads':>6} "
-               f"{'KB/read':>8} {'rows %':>7} {'tok/s':>6} {'model I/O':>9}")
+    return exit_status(lambda: run(p.parse_args()))
+
+
+def run(a) -> None:
+    cgroup = enter_cgroup(a.cgroup_limit) if a.cgroup_limit else None
+    with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
+        prompt = fh.read()[:400]
+    profile = default_profile(mlx_flash.config.default_cache_dir())
+    rows = []
+    hdr = (f"{'mode':<10} {'I/O ms':>7} {'mem ms':>7} {'comp ms':>8} {'total ms':>9} {'MB read':>8} {'reads':>6} "
+           f"{'KB/read':>8} {'rows %':>7} {'tok/s':>6} {'model I/O':>9}")
+    if a.synthetic:
+        print(f"SYNTHETIC: {a.synthetic}, random weights, statistical activity {a.active:.1%} per token, "
+              f"I/O only (compute ms not measured)")
+    print(hdr)
+    for mode in a.modes.split(","):
+        r = bench_synthetic(a, mode, profile) if a.synthetic else bench_mode(a, mode, prompt, profile)
+        rows.append(r)
+        print(f"{mode:<10} {r['io_ms']:>7.1f} {r['mem_ms']:>7.1f} {r['compute_ms']:>8.1f} {r['total_ms']:>9.1f} "
+              f"{r['mb_read']:>8.2f} {r['reads']:>6.0f} {r['mean_read_kb']:>8.1f} "
+              f"{100 * r['rows_loaded_share']:>6.1f}% {r['tok_s']:>6.1f} {r['predicted_io_ms']:>9.1f}", flush=True)
         if a.synthetic:
-            print(f"SYNTHETIC: {a.synthetic}, random weights, statistical activity {a.active:.1%} per token, "
-                  f"I/O only (compute ms not measured)")
-        print(hdr)
-        for mode in a.modes.split(","):
-            r = bench_synthetic(a, mode, profile) if a.synthetic else bench_mode(a, mode, prompt, profile)
-            rows.append(r)
-            print(f"{mode:<10} {r['io_ms']:>7.1f} {r['mem_ms']:>7.1f} {r['compute_ms']:>8.1f} {r['total_ms']:>9.1f} "
-                  f"{r['mb_read']:>8.2f} {r['reads']:>6.0f} {r['mean_read_kb']:>8.1f} "
-                  f"{100 * r['rows_loaded_share']:>6.1f}% {r['tok_s']:>6.1f} {r['predicted_io_ms']:>9.1f}", flush=True)
-            if a.synthetic:
-                print(f"{'':<10} accounted FFN-side memory {r['ffn_side_bytes'] / 1e6:.0f} MB, peak RSS "
-                      f"{r['peak_rss_mb']:.0f} MB, planned total {r['plan']['planned_total'] / 1e9:.2f} GB "
-                      f"of budget {r['plan']['budget'] / 1e9:.2f} GB", flush=True)
-            if "speculative" in r:
-                sp = r["speculative"]
-                print(f"{'':<10} speculative x{sp['draft']}: {sp['decode_tok_s']:.1f} tok/s (plain {r['decode_tok_s']:.1f}), "
-                      f"{sp['accepted']}/{sp['proposed']} drafts kept, {sp['mb_read_per_token']:.1f} MB and "
-                      f"{sp['io_ms_per_token']:.1f} ms I/O per token, same text: {sp['same_text']}", flush=True)
-        if cgroup:
-            usage = cgroup_usage(cgroup)
-            rows.append({"cgroup": usage})
-            print(f"cgroup limit {usage['limit'] / 1e9:.2f} GB: peak usage {usage['max_usage'] / 1e9:.2f} GB, "
-                  f"page cache now {usage['cache'] / 1e6:.0f} MB, anonymous {usage['rss'] / 1e6:.0f} MB, "
-                  f"limit hit {usage['failcnt']} times")
-        if a.json:
-            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json, "w") as fh:
-                json.dump(rows, fh, indent=1)
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+            print(f"{'':<10} accounted FFN-side memory {r['ffn_side_bytes'] / 1e6:.0f} MB, peak RSS "
+                  f"{r['peak_rss_mb']:.0f} MB, planned total {r['plan']['planned_total'] / 1e9:.2f} GB "
+                  f"of budget {r['plan']['budget'] / 1e9:.2f} GB", flush=True)
+        if "speculative" in r:
+            sp = r["speculative"]
+            print(f"{'':<10} speculative x{sp['draft']}: {sp['decode_tok_s']:.1f} tok/s (plain {r['decode_tok_s']:.1f}), "
+                  f"{sp['accepted']}/{sp['proposed']} drafts kept, {sp['mb_read_per_token']:.1f} MB and "
+                  f"{sp['io_ms_per_token']:.1f} ms I/O per token, same text: {sp['same_text']}", flush=True)
+    if cgroup:
+        usage = cgroup_usage(cgroup)
+        rows.append({"cgroup": usage})
+        print(f"cgroup limit {usage['limit'] / 1e9:.2f} GB: peak usage {usage['max_usage'] / 1e9:.2f} GB, "
+              f"page cache now {usage['cache'] / 1e6:.0f} MB, anonymous {usage['rss'] / 1e6:.0f} MB, "
+              f"limit hit {usage['failcnt']} times")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mlx_flash.config import default_cache_dir  # noqa: E402
-from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.errors import FlashError, exit_status  # noqa: E402
 from mlx_flash.sparse.synthetic import SHAPES, make_synthetic_store  # noqa: E402
 
 
@@ -24,22 +24,20 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (a smaller store)")
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
+    return exit_status(lambda: run(p.parse_args()))
+
+
+def run(a) -> None:
     out = a.out or os.path.join(default_cache_dir(), "stores", f"synthetic-{a.shape}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    try:
-        cfg = SHAPES[a.shape]
-        L = a.layers or cfg["num_hidden_layers"]
-        need = 2 * L * (3 * cfg["hidden_size"] * cfg["intermediate_size"] + 4 * cfg["hidden_size"] ** 2) \
-            + 4 * cfg["vocab_size"] * cfg["hidden_size"]
-        free = shutil.disk_usage(os.path.dirname(os.path.abspath(out))).free
-        if free < need * 1.05:
-            raise FlashError(f"{out}: needs about {need / 1e9:.1f} GB, only {free / 1e9:.1f} GB free")
-        print(make_synthetic_store(out, a.shape, a.layers, a.seed, progress=True))
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    cfg = SHAPES[a.shape]
+    L = a.layers or cfg["num_hidden_layers"]
+    need = 2 * L * (3 * cfg["hidden_size"] * cfg["intermediate_size"] + 4 * cfg["hidden_size"] ** 2) \
+        + 4 * cfg["vocab_size"] * cfg["hidden_size"]
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(out))).free
+    if free < need * 1.05:
+        raise FlashError(f"{out}: needs about {need / 1e9:.1f} GB, only {free / 1e9:.1f} GB free")
+    print(make_synthetic_store(out, a.shape, a.layers, a.seed, progress=True))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mlx_flash  # noqa: E402
 from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.errors import FlashError  # noqa: E402
+from mlx_flash.errors import FlashError, exit_status  # noqa: E402
 
 
 def main() -> int:
@@ -30,29 +30,27 @@ def main() -> int:
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--valid-tokens", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=10)
-    a = p.parse_args()
-    try:
-        from mlx_flash.sparse.training import summarize, train_predictors
+    return exit_status(lambda: run(p.parse_args()))
 
-        texts = {}
-        for name in ("austen", "wikipedia"):
-            path = corpus_path(name)
-            if not os.path.isfile(path):
-                raise FlashError(f"{path}: corpus {name} is missing (run tools/fetch_data.py)")
-            with open(path, encoding="utf-8") as fh:
-                texts[name] = fh.read()
-        with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
-            calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
-            valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])
-            preds = train_predictors(eng, calib, valid, a.sparsity, a.rank, a.max_rank, a.recall, a.calib_tokens,
-                                     a.valid_tokens, a.epochs, progress=True)
-            preds.trained_on = f"austen[:{a.calib_tokens} tokens]"
-            preds.save(eng.store.path)
-            print(json.dumps({"store": eng.store.path, **summarize(preds.metrics)}, indent=1))
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+
+def run(a) -> None:
+    from mlx_flash.sparse.training import summarize, train_predictors
+
+    texts = {}
+    for name in ("austen", "wikipedia"):
+        path = corpus_path(name)
+        if not os.path.isfile(path):
+            raise FlashError(f"{path}: corpus {name} is missing (run tools/fetch_data.py)")
+        with open(path, encoding="utf-8") as fh:
+            texts[name] = fh.read()
+    with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
+        calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
+        valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])
+        preds = train_predictors(eng, calib, valid, a.sparsity, a.rank, a.max_rank, a.recall, a.calib_tokens,
+                                 a.valid_tokens, a.epochs, progress=True)
+        preds.trained_on = f"austen[:{a.calib_tokens} tokens]"
+        preds.save(eng.store.path)
+        print(json.dumps({"store": eng.store.path, **summarize(preds.metrics)}, indent=1))
 
 
 if __name__ == "__main__":
