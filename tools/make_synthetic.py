@@ -29,7 +29,10 @@ def main() -> int:
 
 def run(a) -> None:
     out = a.out or os.path.join(default_cache_dir(), "stores", f"synthetic-{a.shape}")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    except OSError as e:
+        raise FlashError(f"{out}: cannot create its directory ({e.strerror})") from None
     cfg = SHAPES[a.shape]
     L = a.layers or cfg["num_hidden_layers"]
     need = 2 * L * (3 * cfg["hidden_size"] * cfg["intermediate_size"] + 4 * cfg["hidden_size"] ** 2) \
