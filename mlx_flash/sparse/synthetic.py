@@ -16,7 +16,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..store.bundles import plan_fields
-from ..store.manifest import ALIGNMENT, FFNLayout, Manifest, TensorEntry
+from ..store.manifest import ALIGNMENT, FFNLayout, Manifest
+from ..store.safetensors_io import safetensors_layout
 
 SHAPES = {
     # Llama-2-7B: 32 layers, d_model 4096, d_ff 11008, 32 heads (no GQA), vocab 32000.
@@ -35,12 +36,15 @@ def _random_f16_bytes(rng, n: int) -> bytes:
     return w.tobytes()
 
 
+def _put(fh, b: bytes, digest) -> None:
+    fh.write(b)
+    digest.update(b)
+
+
 def _write_random(fh, rng, n: int, digest, bar) -> None:
     while n:
         k = min(_CHUNK, n)
-        b = _random_f16_bytes(rng, k)
-        fh.write(b)
-        digest.update(b)
+        _put(fh, _random_f16_bytes(rng, k), digest)
         n -= k
         bar.update(k)
 
@@ -72,51 +76,29 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
     os.makedirs(tmp)
     rng = np.random.default_rng(seed)
     total = sum(int(np.prod(s)) * 2 for s in resident.values()) + L * F * bundle_bytes
-    files, tensors = {}, {}
+    files = {}
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape}", disable=not progress) as bar:
-            import json
-            import struct
-
-            names = sorted(resident)
-            header, pos = {}, 0
-            for n in names:
-                nb = int(np.prod(resident[n])) * 2
-                header[n] = {"dtype": "F16", "shape": resident[n], "data_offsets": [pos, pos + nb]}
-                pos += nb
-            hb = json.dumps(header, separators=(",", ":")).encode()
-            hb += b" " * (-len(hb) % 8)
+            head, tensors = safetensors_layout({n: (shp, "float16") for n, shp in resident.items()}, RESIDENT_FILE)
             digest = hashlib.sha256()
             with open(os.path.join(tmp, RESIDENT_FILE), "wb") as fh:
-                for b in (struct.pack("<Q", len(hb)), hb):
-                    fh.write(b)
-                    digest.update(b)
-                base = 8 + len(hb)
-                for n in names:
-                    nb = int(np.prod(resident[n])) * 2
+                _put(fh, head, digest)
+                for n in sorted(resident):
                     if n.endswith("norm.weight"):  # norms of ones keep activations in range
-                        b = np.ones(resident[n], np.float16).tobytes()
-                        fh.write(b)
-                        digest.update(b)
-                        bar.update(nb)
+                        _put(fh, np.ones(resident[n], np.float16).tobytes(), digest)
+                        bar.update(tensors[n].nbytes)
                     else:
-                        _write_random(fh, rng, nb, digest, bar)
-                    tensors[n] = TensorEntry(file=RESIDENT_FILE, offset=base + header[n]["data_offsets"][0],
-                                             shape=resident[n], dtype="float16", nbytes=nb)
+                        _write_random(fh, rng, tensors[n].nbytes, digest, bar)
             files[RESIDENT_FILE] = {"size": os.path.getsize(os.path.join(tmp, RESIDENT_FILE)),
                                     "sha256": digest.hexdigest()}
             digest = hashlib.sha256()
             offsets = []
             with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
                 for _ in range(L):
-                    pad = b"\0" * (-fh.tell() % ALIGNMENT)
-                    fh.write(pad)
-                    digest.update(pad)
+                    _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
                     offsets.append(fh.tell())
                     _write_random(fh, rng, F * bundle_bytes, digest, bar)
-                pad = b"\0" * (-fh.tell() % ALIGNMENT)
-                fh.write(pad)
-                digest.update(pad)
+                _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
             files[FFN_FILE] = {"size": os.path.getsize(os.path.join(tmp, FFN_FILE)), "sha256": digest.hexdigest()}
         ffn = FFNLayout(file=FFN_FILE, gated=True, n_neurons=F, d_model=D, bundle_bytes=bundle_bytes, fields=fields,
                         quant={"gate": None, "up": None, "down": None}, layer_offsets=offsets, precision="f16")

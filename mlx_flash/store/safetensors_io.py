@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from .manifest import TensorEntry
+from .manifest import DTYPE_SIZES, TensorEntry
 
 _ST_DTYPES = {
     "float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint32": "U32", "int32": "I32",
@@ -16,24 +16,31 @@ _ST_DTYPES = {
 }
 
 
-def write_safetensors(path: str, arrays: dict[str, tuple[np.ndarray, str]], file_name: str) -> dict[str, TensorEntry]:
-    """arrays: name -> (numpy array, storage dtype name). Returns the manifest entries."""
-    header, layout, pos = {}, [], 0
-    for name in sorted(arrays):
-        a, dtype = arrays[name]
-        n = a.nbytes
-        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(a.shape), "data_offsets": [pos, pos + n]}
-        layout.append((name, a, dtype, pos))
+def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str) -> tuple[bytes, dict[str, TensorEntry]]:
+    """specs: name -> (shape, storage dtype name), in file order sorted by name. Returns the bytes that
+    open the file (length + JSON header, padded so the data starts 8-byte aligned) and each tensor's
+    manifest entry; the caller then writes the data of each tensor in sorted-name order."""
+    header, entries, pos = {}, {}, 0
+    for name in sorted(specs):
+        shape, dtype = specs[name]
+        n = int(np.prod(shape, dtype=np.int64)) * DTYPE_SIZES[dtype]
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [pos, pos + n]}
+        entries[name] = TensorEntry(file=file_name, offset=pos, shape=list(shape), dtype=dtype, nbytes=n)
         pos += n
     header["__metadata__"] = {"format": "mlx_flash"}
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # keep the data region 8-byte aligned
     base = 8 + len(hb)
-    entries = {}
+    for e in entries.values():
+        e.offset += base
+    return struct.pack("<Q", len(hb)) + hb, entries
+
+
+def write_safetensors(path: str, arrays: dict[str, tuple[np.ndarray, str]], file_name: str) -> dict[str, TensorEntry]:
+    """arrays: name -> (numpy array, storage dtype name). Returns the manifest entries."""
+    head, entries = safetensors_layout({k: (list(a.shape), dt) for k, (a, dt) in arrays.items()}, file_name)
     with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(hb)))
-        fh.write(hb)
-        for name, a, dtype, off in layout:
-            fh.write(np.ascontiguousarray(a).tobytes())
-            entries[name] = TensorEntry(file=file_name, offset=base + off, shape=list(a.shape), dtype=dtype, nbytes=a.nbytes)
+        fh.write(head)
+        for name in sorted(arrays):
+            fh.write(np.ascontiguousarray(arrays[name][0]).tobytes())
     return entries
