@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..store.ffn_reader import FFNReader
-from ..store.bundles import FIELD_ALIGN, unpack_rows
+from ..store.bundles import pack_layer, plan_fields, unpack_rows
 from ..store.manifest import BundleField
 from ..weights import bundle_weights, linear_parts
 from .neuron_cache import NeuronCache
@@ -65,16 +65,12 @@ class LowRankSelector:
 
 
 def down_fields(layout) -> tuple[list[BundleField], list[int], int]:
-    """The down-projection fields of a bundle packed into a row of their own: (fields with their
-    offsets in that row, their indices in layout.fields, row bytes)."""
-    fields, index, off = [], [], 0
-    for k, f in enumerate(layout.fields):
-        if f.name.startswith("down."):
-            off = -(-off // FIELD_ALIGN) * FIELD_ALIGN
-            fields.append(BundleField(name=f.name, offset=off, dtype=f.dtype, shape=list(f.shape)))
-            index.append(k)
-            off += f.nbytes
-    return fields, index, -(-off // FIELD_ALIGN) * FIELD_ALIGN
+    """The down-projection fields of a bundle packed into a row of their own, laid out like any
+    bundle: (fields with their offsets in that row, their indices in layout.fields, row bytes)."""
+    index = [k for k, f in enumerate(layout.fields) if f.name.startswith("down.")]
+    fields, row_bytes = plan_fields([(layout.fields[k].name, np.empty((0, *layout.fields[k].shape)),
+                                      layout.fields[k].dtype) for k in index])
+    return fields, index, row_bytes
 
 
 class SparseFFN:
@@ -157,11 +153,10 @@ class SparseFFN:
 
     def _prompt(self, i: int, active: np.ndarray, shape) -> dict:
         rows = self.reader.read_layer(i)
-        if self.down_only:  # keep the down fields only, as the caches do
+        if self.down_only:  # keep the down fields only, in the caches' row layout
             t = time.perf_counter()
-            rows = np.concatenate([rows[:, self.layout.fields[k].offset:self.layout.fields[k].offset +
-                                        self.layout.fields[k].nbytes] for k in self._down_index], axis=1)
-            rows = np.pad(rows, ((0, 0), (0, self.row_bytes - rows.shape[1])))
+            down = unpack_rows([self.layout.fields[k] for k in self._down_index], rows)
+            rows = pack_layer(self.row_fields, self.row_bytes, down)
             self.mem_seconds += time.perf_counter() - t
         fw = self._decode(rows, i)
         fw["mask"] = self.ops.array(active.reshape(*shape[:-1], -1).astype(np.float32))
