@@ -85,7 +85,7 @@ def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
             preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
             if cfg.predictor_recall is not None:
                 preds.use_recall(cfg.predictor_recall)
-            selector = LowRankSelector(preds)
+            selector = LowRankSelector(preds, ops)
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
     budget = parse_budget(cfg.memory_budget, model_bytes(store))
     row_bytes = None

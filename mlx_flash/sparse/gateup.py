@@ -74,7 +74,9 @@ class GateUpSelector:
                 quants.append(q)
             self.weights.append(fused_weight(ops, members, quants))
 
-    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
-        h = self.module.ffn_hidden(self.ops, self.args, {"gate_up": self.weights[layer]}, self.ops.array(x))
+    def active(self, layer: int, x) -> np.ndarray:
+        """x: the FFN input as the backend holds it; its activations stay there for the graph."""
+        h = self.module.ffn_hidden(self.ops, self.args, {"gate_up": self.weights[layer]}, x)
         self.hidden = (layer, h)  # the FFN source may hand these activations on instead of recomputing them
-        return np.abs(self.ops.to_numpy(h)) > self.thresholds[layer]
+        hn = self.ops.to_numpy(h)
+        return np.abs(hn.reshape(-1, hn.shape[-1])) > self.thresholds[layer]

@@ -46,22 +46,27 @@ class SparsePlan:
     resident_neurons: int = 0  # hybrid: rows per layer kept in memory
 
 
+# A selector's active(layer, x) takes the FFN input as the backend holds it ([..., D]) and returns
+# which neurons each of its tokens needs, bool [tokens, F] on the host (the reads are planned there).
+
+
 class AllActive:
     """A stand-in predictor that marks every neuron active (exactness checks)."""
 
     def __init__(self, n_neurons: int):
         self.n = n_neurons
 
-    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
-        return np.ones((x.shape[0], self.n), dtype=bool)
+    def active(self, layer: int, x) -> np.ndarray:
+        return np.ones((int(np.prod(x.shape[:-1])), self.n), dtype=bool)
 
 
 class LowRankSelector:
-    def __init__(self, predictors):
-        self.p = predictors
+    def __init__(self, predictors, ops):
+        self.p, self.ops = predictors, ops
 
-    def active(self, layer: int, x: np.ndarray) -> np.ndarray:
-        return self.p.layers[layer].active(x)
+    def active(self, layer: int, x) -> np.ndarray:
+        xn = self.ops.to_numpy(x)
+        return self.p.layers[layer].active(xn.reshape(-1, xn.shape[-1]))
 
 
 def down_fields(layout) -> tuple[list[BundleField], list[int], int]:
@@ -126,11 +131,8 @@ class SparseFFN:
                 self.rows_active += F
                 self.decode_layer_steps += 1
             return self._decode(self.reader.read_layer(i)) if mode == "naive" else self._hybrid(i)
-        xn = self.ops.to_numpy(x)
-        xn = xn.reshape(-1, xn.shape[-1])
-        self._x_shape = tuple(x.shape)
-        active = self.selector.active(i, xn)
-        if xn.shape[0] > SMALL_BATCH:
+        active = self.selector.active(i, x)
+        if active.shape[0] > SMALL_BATCH:
             return self._prompt(i, active, x.shape)
         return self._step(i, active, x.shape)
 
@@ -263,7 +265,7 @@ class SparseFFN:
                   "down": self.ops.weight(d, self.layout.quant.get("down"), transposed=True, dtypes=ddt)}
             at, hidden = self.selector.hidden
             if at == layer:  # the selector just computed this layer's activations from the same x
-                fw["hidden"] = self.ops.reshape(hidden, (*self._x_shape[:-1], hidden.shape[-1]))
+                fw["hidden"] = hidden
             if row_ids is not None:
                 fw["rows"] = self.ops.array(np.asarray(row_ids, dtype=np.int64))
         else:
