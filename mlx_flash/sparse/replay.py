@@ -20,12 +20,8 @@ def replay(src, activity, tokens: int, profile: dict, progress: bool = False) ->
         io0, mem0, b0, r0, rows0 = src.io_seconds, src.mem_seconds, src.bytes_read, src.reads, src.rows_loaded
         t = time.perf_counter()
         for i in range(L):
-            if src.plan.mode == "naive":
-                src.reader.read_layer(i)
-                src.rows_loaded += lay.n_neurons
-            elif src.plan.mode == "hybrid":
-                src.hybrid_rows(i)
-                src.rows_loaded += lay.n_neurons - src._R
+            if src.plan.mode in ("naive", "hybrid"):
+                src.dense_rows(i, decode=True)
             else:
                 src.fetch(i, activity.active(i))
         wall = time.perf_counter() - t

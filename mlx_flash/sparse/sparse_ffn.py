@@ -123,24 +123,25 @@ class SparseFFN:
 
     # ---- the FFN source interface ----------------------------------------------------------------
     def layer(self, i: int, x) -> dict:
-        mode = self.plan.mode
-        if mode in ("naive", "hybrid"):
-            if x.shape[-2] == 1:  # a decode step: count the rows read, like the predictor modes do
-                F = self.layout.n_neurons
-                self.rows_loaded += F - (self._R if mode == "hybrid" else 0)
-                self.rows_active += F
-                self.decode_layer_steps += 1
-            return self._decode(self.reader.read_layer(i)) if mode == "naive" else self._hybrid(i)
+        if self.plan.mode in ("naive", "hybrid"):
+            return self._decode(self.dense_rows(i, decode=x.shape[-2] == 1))
         active = self.selector.active(i, x)
         if active.shape[0] > SMALL_BATCH:
             return self._prompt(i, active, x.shape)
         return self._step(i, active, x.shape)
 
     # ---- modes -------------------------------------------------------------------------------------
-    def _hybrid(self, i: int) -> dict:
-        return self._decode(self.hybrid_rows(i))
+    def dense_rows(self, i: int, decode: bool) -> np.ndarray:
+        """naive / hybrid: layer i's full slab of bundle rows. A decode step's rows read are counted
+        like the predictor modes count theirs."""
+        F = self.layout.n_neurons
+        if decode:
+            self.rows_loaded += F - (self._R if self.plan.mode == "hybrid" else 0)
+            self.rows_active += F
+            self.decode_layer_steps += 1
+        return self.reader.read_layer(i) if self.plan.mode == "naive" else self._hybrid_rows(i)
 
-    def hybrid_rows(self, i: int) -> np.ndarray:
+    def _hybrid_rows(self, i: int) -> np.ndarray:
         """Layer i's full slab: resident prefix copied in, the rest read."""
         R, rows = self._R, self.reader.buf.reshape(self.layout.n_neurons, self.layout.bundle_bytes)
         off = self.layout.layer_offsets[i] + R * self.layout.bundle_bytes
