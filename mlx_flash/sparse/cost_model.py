@@ -41,19 +41,3 @@ def ranges_to_reads(offsets, lengths, gap: int) -> tuple[int, int]:
     first = np.flatnonzero(new)
     spans = np.maximum.reduceat(end, first) - start[first]
     return int(first.size), int(spans.sum())
-
-
-def rows_to_reads(rows, row_bytes: int, gap: int) -> tuple[int, int]:
-    """(reads, bytes) for reading these neuron rows of one layer's bundle region."""
-    rows = np.asarray(rows, dtype=np.int64)
-    return ranges_to_reads(rows * row_bytes, np.full(rows.size, row_bytes), gap)
-
-
-def predict_token_ms(profile: dict, threads: int, per_layer_reads: list[tuple[int, int]], mem_ms: float = 0.0,
-                     compute_ms: float = 0.0) -> dict:
-    reads = sum(r for r, _ in per_layer_reads)
-    nbytes = sum(b for _, b in per_layer_reads)
-    batches = sum(1 for r, _ in per_layer_reads if r)
-    io = io_seconds(profile, nbytes, reads, batches, threads) * 1e3
-    return {"io_ms": io, "mem_ms": mem_ms, "compute_ms": compute_ms, "total_ms": io + mem_ms + compute_ms,
-            "bytes": nbytes, "reads": reads}

@@ -80,10 +80,6 @@ class Predictors:
         os.replace(mpath + ".tmp", mpath)  # then fails the shape check instead of loading silently
 
     @classmethod
-    def exists(cls, store_path: str) -> bool:
-        return os.path.isfile(os.path.join(store_path, META_NAME))
-
-    @classmethod
     def load(cls, store_path: str, n_layers: int, d_model: int, n_neurons: int) -> "Predictors":
         mpath, wpath = os.path.join(store_path, META_NAME), os.path.join(store_path, WEIGHTS_NAME)
         if not os.path.isfile(mpath) or not os.path.isfile(wpath):

@@ -38,8 +38,8 @@ def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
             b0, r0 = src.bytes_read, src.reads
             src._read_rows(1, rows, dest, np.arange(rows.size), np.zeros(0, np.int64), dest[:0])
             if nf == 1:
-                assert (src.reads - r0, src.bytes_read - b0) == cost_model.rows_to_reads(
-                    rows, lay.bundle_bytes, src.pool.coalesce_gap)
+                assert (src.reads - r0, src.bytes_read - b0) == cost_model.ranges_to_reads(
+                    rows * lay.bundle_bytes, np.full(rows.size, lay.bundle_bytes), src.pool.coalesce_gap)
             else:  # unbundled: one range per field, in each field's own matrix
                 offs = np.concatenate([base + rows * f.nbytes for f, base in zip(lay.fields, src.field_offsets[1])])
                 lens = np.concatenate([np.full(rows.size, f.nbytes) for f in lay.fields])
