@@ -62,7 +62,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
 def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
     from .sparse.planner import parse_budget, model_bytes, plan_budget
     from .sparse.predictor import Predictors
-    from .sparse.sparse_ffn import NEEDS_PREDICTOR, AllActive, LowRankSelector, SparseFFN
+    from .sparse.sparse_ffn import NEEDS_PREDICTOR, AllActive, LowRankSelector, SparseFFN, down_fields
 
     lay = store.manifest.ffn
     selector, pbytes = None, 0
@@ -88,16 +88,10 @@ def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
             selector = LowRankSelector(preds, ops)
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
     budget = parse_budget(cfg.memory_budget, model_bytes(store))
-    row_bytes = None
-    if cfg.down_only:
-        from .sparse.sparse_ffn import down_fields
-
-        row_bytes = down_fields(lay)[2]
+    row_bytes = down_fields(lay)[2] if cfg.down_only else lay.bundle_bytes  # one cached row
     plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window, row_bytes)
-    # Threads suit the reads this mode makes: whole layers, or single bundle rows.
-    chunk = lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else lay.bundle_bytes
-    if cfg.down_only:
-        chunk = row_bytes
+    # Threads suit the reads this mode makes: whole layers, or single rows.
+    chunk = lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else row_bytes
     src = SparseFFN(ops, store, stream_pool(cfg, chunk), plan, selector, progress, down_only=cfg.down_only)
     src.account = account
     return src
