@@ -11,14 +11,15 @@ from .store.disk_profile import best_threads, coalesce_gap, default_profile
 from .store.reader_pool import ReaderPool
 from .store.sources import model_module
 from .tokenizer import Tokenizer
-from .weights import ResidentFFN, StreamedFFN, resident_getter
+from .store.ffn_reader import FFNReader
+from .weights import ResidentFFN, StreamedFFN, bundle_weights, resident_getter
 
 
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, device: str | None = None,
          threads: int | None = None, torch_dtype: str = "float32", precision: str = "source",
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
          io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
-         window: int = 4, predictor: str = "lowrank", predictor_recall: float | None = None,
+         window: int = 0, predictor: str = "lowrank", predictor_recall: float | None = None,
          down_only: bool = False, progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
@@ -26,7 +27,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
         mlx-community model directory (converted into the cache on first use).
     backend: "mlx" or "torch". ffn: "resident", "stream" (FFN read from the bundle file per layer) or
         "sparse" (LLM in a flash: only the rows each token needs, under `memory_budget`; `sparse_mode`
-        naive / hybrid / predictor / window / all; `window` tokens of active rows cached;
+        naive / hybrid / predictor / window / all; `window` tokens of active rows cached (0: the
+        planner picks it from the measured activity and the disk profile);
         `predictor` "lowrank" (tools/train_predictor.py), "gate" (resident 4-bit gate/up; thresholds
         from tools/train_predictor.py) or "dense" (every neuron: exact);
         `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more;
@@ -55,44 +57,64 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     elif cfg.ffn == "stream":
         ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
     else:
-        ffn_source = sparse_source(ops, store, cfg, module, args, progress)
-    return Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
+        ffn_source = sparse_source(ops, store, cfg, module, args, progress, ops.held_bytes(weights))
+    engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
+    _return_free_memory()
+    return engine
 
 
-def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool):
+def _return_free_memory() -> None:
+    """Converting weights at load frees large temporaries that glibc keeps in its arenas; hand them
+    back to the OS so the process's RSS shows what the engine holds (a no-op without glibc)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool, resident_held: int):
+    """The LLM-in-a-flash FFN source, planned under cfg.memory_budget in bytes as held (`resident_held`:
+    what the backend holds for the resident tensors)."""
     from .sparse.planner import parse_budget, model_bytes, plan_budget
     from .sparse.predictor import Predictors
     from .sparse.sparse_ffn import NEEDS_PREDICTOR, AllActive, LowRankSelector, SparseFFN, down_fields
 
     lay = store.manifest.ffn
-    selector, pbytes = None, 0
+    selector, pbytes, activity = None, 0, None
     if cfg.sparse_mode in NEEDS_PREDICTOR:
         if cfg.predictor == "dense":
             selector = AllActive(lay.n_neurons)
         elif cfg.predictor == "gate":
             from .sparse.gateup import GateUpSelector
-            from .store.ffn_reader import FFNReader
 
-            thresholds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model,
-                                         lay.n_neurons).magnitude_thresholds
+            preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
+            thresholds, activity = preds.magnitude_thresholds, preds.activity
             # 4-bit weights run on torch's int4 kernel in its bfloat16 mode; MLX has them natively.
             sel_ops = get_backend("torch", device=cfg.device, dtype="bfloat16") if cfg.backend == "torch" else ops
             with ReaderPool(threads=2, mode="buffered") as pool:
                 selector = GateUpSelector(sel_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay),
                                           thresholds, progress)
-            pbytes = selector.nbytes
+            pbytes = sel_ops.held_bytes(selector.weights)
         else:
             preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
             if cfg.predictor_recall is not None:
                 preds.use_recall(cfg.predictor_recall)
             selector = LowRankSelector(preds, ops)
+            activity = preds.activity
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
-    budget = parse_budget(cfg.memory_budget, model_bytes(store))
+    with ReaderPool(threads=2, mode="buffered") as pool:  # one layer converted, as compute holds it
+        layer_held = ops.held_bytes(bundle_weights(ops, lay, FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)))
+    total = model_bytes(store, resident_held, layer_held)
+    budget = parse_budget(cfg.memory_budget, total)
     row_bytes = down_fields(lay)[2] if cfg.down_only else lay.bundle_bytes  # one cached row
-    plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window, row_bytes)
     # Threads suit the reads this mode makes: whole layers, or single rows.
-    chunk = lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else row_bytes
-    src = SparseFFN(ops, store, stream_pool(cfg, chunk), plan, selector, progress, down_only=cfg.down_only)
+    pool = stream_pool(cfg, lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else row_bytes)
+    plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window, row_bytes, activity,
+                                default_profile(cfg.cache_dir), pool.threads, resident_held, layer_held)
+    account["model_bytes"] = total
+    src = SparseFFN(ops, store, pool, plan, selector, progress, down_only=cfg.down_only)
     src.account = account
     return src
 

@@ -27,7 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --ffn sparse: what is read per token (default: all)")
     p.add_argument("--memory-budget", default="50%",
                    help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
-    p.add_argument("--window", type=int, default=4, help="with --ffn sparse: tokens of active rows kept cached")
+    p.add_argument("--window", type=int, default=0,
+                   help="with --ffn sparse: tokens of active rows kept cached (default 0: the planner picks)")
     p.add_argument("--speculative", type=int, default=0,
                    help="greedy only: draft this many tokens by prompt lookup and verify them in one pass")
     p.add_argument("--predictor", choices=("lowrank", "gate", "dense"), default="lowrank",

@@ -25,7 +25,7 @@ class EngineConfig:
     # "sparse": LLM in a flash under memory_budget (see sparse_mode)
     sparse_mode: str = "all"  # naive / hybrid / predictor / window / all (mlx_flash.sparse.sparse_ffn)
     memory_budget: str | int = "50%"  # sparse: share of the model's bytes ("50%") or bytes ("300MB")
-    window: int = 4  # sparse: tokens whose active neurons stay cached
+    window: int = 0  # sparse: tokens whose active neurons stay cached (0: the planner picks, sparse.planner)
     # sparse: "lowrank" (trained, in the store), "gate" (resident 4-bit gate/up: the selection the
     # low-rank predictors approximate) or "dense" (all neurons: exact)
     predictor: str = "lowrank"
@@ -43,8 +43,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.ffn not in FFN_MODES:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
-        if self.window < 1:
-            raise ConfigError(f"window must be >= 1 (got {self.window})")
+        if self.window < 0:
+            raise ConfigError(f"window must be >= 1, or 0 for the planner's choice (got {self.window})")
         if self.predictor not in ("lowrank", "gate", "dense"):
             raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank, gate or dense)")
         if self.io_mode not in ("direct", "buffered"):

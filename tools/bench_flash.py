@@ -3,7 +3,7 @@
 
     python tools/bench_flash.py [--model PATH] [--precision f16] [--budget 50%]
                                 [--modes naive,hybrid,predictor,window,all] [--tokens 32]
-                                [--window 4] [--predictor lowrank|dense] [--recall R] [--speculative N]
+                                [--window 0] [--predictor lowrank|dense] [--recall R] [--speculative N]
                                 [--synthetic STORE --active 0.03] [--cgroup-limit BYTES] [--json OUT]
 
 Columns are medians over the generated tokens: I/O ms (blocked on reads), mem ms (neuron-cache
@@ -15,6 +15,7 @@ from the same token's reads (bytes, count) through the disk profile.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 
@@ -48,6 +49,8 @@ def bench_mode(a, mode, prompt, profile):
             "rows_loaded_share": src.rows_loaded / max(1, src.decode_layer_steps * F),
             "rows_active_share": src.rows_active / max(1, src.decode_layer_steps * F),
             "cached_rows_per_layer": src.cached_rows(), "plan": src.account, "text": text[:60],
+            "window": src.plan.window, "ffn_side_bytes": src.resident_bytes(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         row["mean_read_kb"] = row["mb_read"] * 1e3 / row["reads"] if row["reads"] else 0.0
         row["tok_s"] = 1e3 / row["total_ms"] if row["total_ms"] else 0.0
@@ -65,7 +68,6 @@ def bench_mode(a, mode, prompt, profile):
 
 def bench_synthetic(a, mode, profile):
     """I/O-only replay on a synthetic store (random weights, statistical activity: synthetic)."""
-    import resource
 
     from mlx_flash.api import stream_pool
     from mlx_flash.config import EngineConfig
@@ -77,7 +79,7 @@ def bench_synthetic(a, mode, profile):
 
     store = open_store(a.synthetic)
     lay = store.manifest.ffn
-    plan, account = plan_budget(mode, parse_budget(a.budget, model_bytes(store)), store, 0, a.window)
+    plan, account = plan_budget(mode, parse_budget(a.budget, model_bytes(store)), store, 0, a.window or 4)
     activity = StatisticalActivity(len(lay.layer_offsets), lay.n_neurons, a.active, seed=0)
     chunk = lay.layer_nbytes if mode in ("naive", "hybrid") else lay.bundle_bytes
     src = SparseFFN(None, store, stream_pool(EngineConfig(), chunk), plan, activity)
@@ -132,7 +134,7 @@ def main() -> int:
     p.add_argument("--budget", default="50%")
     p.add_argument("--modes", default="naive,hybrid,predictor,window,all")
     p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--window", type=int, default=4)
+    p.add_argument("--window", type=int, default=0, help="0 (default): the planner picks (with --synthetic: 4)")
     p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
     p.add_argument("--down-only", action="store_true",
                    help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
@@ -168,7 +170,10 @@ def run(a) -> None:
         print(f"{mode:<10} {r['io_ms']:>7.1f} {r['mem_ms']:>7.1f} {r['compute_ms']:>8.1f} {r['total_ms']:>9.1f} "
               f"{r['mb_read']:>8.2f} {r['reads']:>6.0f} {r['mean_read_kb']:>8.1f} "
               f"{100 * r['rows_loaded_share']:>6.1f}% {r['tok_s']:>6.1f} {r['predicted_io_ms']:>9.1f}", flush=True)
-        if a.synthetic:
+        if not a.synthetic and mode in ("window", "all"):
+            print(f"{'':<10} window {r['window']} (" + ("planner" if not a.window else "--window") + "), "
+                  f"{r['plan']['ffn_rows_per_layer']} cached rows per layer", flush=True)
+        if a.synthetic or mode == a.modes.split(",")[-1]:
             print(f"{'':<10} accounted FFN-side memory {r['ffn_side_bytes'] / 1e6:.0f} MB, peak RSS "
                   f"{r['peak_rss_mb']:.0f} MB, planned total {r['plan']['planned_total'] / 1e9:.2f} GB "
                   f"of budget {r['plan']['budget'] / 1e9:.2f} GB", flush=True)

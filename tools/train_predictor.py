@@ -1,7 +1,7 @@
 """Train the sparsity predictors of a store (LLM in a flash §3.1) and save them into it.
 
     python tools/train_predictor.py [--model PATH] [--precision f16] [--sparsity 0.5] [--rank 64]
-                                    [--recall 0.9] [--calib-tokens 16384] [--epochs 10]
+                                    [--recall 0.9] [--calib-tokens 16384] [--epochs 10] [--activity-only]
 
 Activations come from the real model (torch backend, exact) over the Austen text; per-layer recall and
 precision are reported on the Wikipedia text (tools/fetch_data.py fetches both).
@@ -30,11 +30,14 @@ def main() -> int:
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--valid-tokens", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--activity-only", action="store_true",
+                   help="keep the store's trained predictors; only (re)measure the window activity the planner uses")
     return exit_status(lambda: run(p.parse_args()))
 
 
 def run(a) -> None:
-    from mlx_flash.sparse.training import summarize, train_predictors
+    from mlx_flash.sparse.predictor import Predictors
+    from mlx_flash.sparse.training import measure_activity, summarize, train_predictors
 
     texts = {}
     for name in ("austen", "wikipedia"):
@@ -46,6 +49,13 @@ def run(a) -> None:
     with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
         calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
         valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])
+        if a.activity_only:
+            lay = eng.store.manifest.ffn
+            preds = Predictors.load(eng.store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
+            preds.activity = measure_activity(eng, preds, valid, a.valid_tokens, progress=True)
+            preds.save(eng.store.path)
+            print(json.dumps({"store": eng.store.path, "window_activity": preds.activity}, indent=1))
+            return
         preds = train_predictors(eng, calib, valid, a.sparsity, a.rank, a.max_rank, a.recall, a.calib_tokens,
                                  a.valid_tokens, a.epochs, progress=True)
         preds.trained_on = f"austen[:{a.calib_tokens} tokens]"

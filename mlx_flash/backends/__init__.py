@@ -19,3 +19,20 @@ def get_backend(name: str = "mlx", **kwargs):
     mod = importlib.import_module(f"mlx_flash.backends.{name}")
     cls = mod.MLXOps if name == "mlx" else mod.TorchOps
     return cls(**kwargs)
+
+
+def leaves(tree):
+    """Every array-like leaf of a weights tree (dicts, lists, tuples and dataclasses such as Weight)."""
+    import dataclasses
+
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from leaves(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from leaves(v)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for f in dataclasses.fields(tree):
+            yield from leaves(getattr(tree, f.name))
+    elif tree is not None and hasattr(tree, "shape"):
+        yield tree

@@ -41,6 +41,12 @@ class MLXOps:
     def describe(self) -> str:
         return f"mlx {mx.__version__} ({'gpu' if self.on_gpu else 'cpu'})"
 
+    def held_bytes(self, tree) -> int:
+        """Bytes of memory the arrays of a weights tree hold (each array counted once)."""
+        from . import leaves
+
+        return sum({id(a): a.nbytes for a in leaves(tree) if isinstance(a, mx.array)}.values())
+
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True) -> mx.array:
         """numpy -> mx (copies). bfloat16 arrives as uint16 words. Floats become the activation dtype

@@ -84,6 +84,18 @@ class TorchOps:
     def describe(self) -> str:
         return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads, {self.dtype})"
 
+    def held_bytes(self, tree) -> int:
+        """Bytes of memory the tensors of a weights tree hold as this backend keeps them (a float32
+        copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
+        from . import leaves
+
+        seen = {}
+        for t in leaves(tree):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+        return sum(seen.values())
+
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True):
         if dtype == "bfloat16":

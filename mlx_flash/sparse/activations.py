@@ -49,3 +49,26 @@ def magnitude_thresholds(mags: list[np.ndarray], sparsity: float) -> np.ndarray:
         raise ValueError(f"sparsity must be in [0, 1) (got {sparsity})")
     return np.array([float(np.quantile(m.astype(np.float32), sparsity)) if sparsity > 0 else 0.0 for m in mags],
                     dtype=np.float32)
+
+
+def window_activity(mags: list[np.ndarray], thresholds, context: int, kmax: int = 8) -> dict:
+    """How a window of k tokens behaves on this text, for k = 1..kmax, averaged over layers and
+    positions: 'union' = share of neurons active in the last k tokens (the rows a window of k keeps
+    cached), 'new' = share active now and in none of the k tokens before (the rows it reads per
+    token). Positions restart every `context` tokens, as collected. The planner turns these into a
+    window size through the cost model."""
+    union, new, n = np.zeros(kmax), np.zeros(kmax), 0
+    for m, t in zip(mags, thresholds):
+        for s in range(0, len(m), context):
+            A = m[s:s + context].astype(np.float32) > t  # [T, F]
+            T = A.shape[0]
+            if T <= kmax:
+                continue
+            now, prev = A[kmax:], np.zeros_like(A[kmax:])  # prev: union of the k tokens before
+            for k in range(1, kmax + 1):
+                union[k - 1] += (now | prev).mean()
+                prev |= A[kmax - k:T - k]
+                new[k - 1] += (now & ~prev).mean()
+            n += 1
+    n = max(n, 1)
+    return {"union": (union / n).tolist(), "new": (new / n).tolist()}

@@ -8,6 +8,8 @@ resident copy is the model's own weights and the selection is exact; for float r
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -72,7 +74,10 @@ class GateUpSelector:
                 self.nbytes += sum(a.nbytes for a in parts.values())
                 members.append((parts, dts))
                 quants.append(q)
-            self.weights.append(fused_weight(ops, members, quants))
+            w = fused_weight(ops, members, quants)
+            if getattr(w, "q", None) is not None:  # the stored triple serves embedding lookups only
+                w = dataclasses.replace(w, q=None)
+            self.weights.append(w)
 
     def active(self, layer: int, x) -> np.ndarray:
         """x: the FFN input as the backend holds it; its activations stay there for the graph."""

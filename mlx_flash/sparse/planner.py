@@ -1,10 +1,18 @@
 """The memory budget planner: one user number (`--memory-budget 50%` of the model's bytes, or bytes
 such as `300MB`) decides what stays resident and how many FFN rows each layer may cache.
 
-Accounting (store bytes, i.e. the weights as stored): the resident tensors (embeddings, attention,
-norms), the predictors, one whole-layer transient buffer (prompt chunks and the naive/hybrid reads),
-then the FFN rows: hybrid keeps a prefix of every layer resident, the predictor modes cache rows.
+Accounting is in bytes as held in memory: the resident tensors (embeddings, attention, norms) and
+the predictors as the compute backend keeps them (a float32 backend holds a 4-bit tensor at 8x its
+stored size), one whole-layer read buffer and one layer's weights converted for compute (prompt
+chunks and the naive/hybrid slabs), then the FFN rows as stored: hybrid keeps a prefix of every
+layer, the predictor modes cache rows. "50%" is of the bytes the fully resident model holds on the
+same backend (resident tensors plus every FFN layer converted for compute).
 A budget that cannot hold the fixed part plus one row per layer is refused, naming the minimum.
+
+Window size (window and all modes, `window=0`): the cost model predicts each window's per-token
+I/O from the activity measured on validation text (rows a window of k reads per token), among the
+windows whose cached union fits the rows the budget leaves; the cheapest wins (§3.2: the paper
+shrinks the window to fit memory).
 """
 
 from __future__ import annotations
@@ -12,14 +20,24 @@ from __future__ import annotations
 import re
 
 from ..errors import ConfigError
+from . import cost_model
 from .sparse_ffn import NEEDS_PREDICTOR, SparsePlan
+
+DEFAULT_WINDOW = 4  # when no activity was measured (predictors trained before it was recorded, or none)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def model_bytes(store) -> int:
-    return sum(t.nbytes for t in store.manifest.tensors.values()) + store.manifest.ffn.layer_nbytes * len(
-        store.manifest.ffn.layer_offsets)
+def stored_resident_bytes(store) -> int:
+    return sum(t.nbytes for t in store.manifest.tensors.values())
+
+
+def model_bytes(store, resident: int | None = None, ffn_layer: int | None = None) -> int:
+    """Bytes of the fully resident model: its resident tensors and every FFN layer, as a backend
+    holds them when given (`resident`, `ffn_layer` = one converted layer), else as stored."""
+    lay = store.manifest.ffn
+    res = stored_resident_bytes(store) if resident is None else resident
+    return res + (lay.layer_nbytes if ffn_layer is None else ffn_layer) * len(lay.layer_offsets)
 
 
 def parse_budget(value, total: int) -> int:
@@ -41,22 +59,50 @@ def fmt(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def choose_window(activity: dict, capacity: int, n_neurons: int, n_layers: int, row_bytes: int, profile: dict,
+                  threads: int) -> tuple[int, list[dict]]:
+    """(window, one row per window size tried: the rows it caches and reads per layer and its predicted
+    I/O ms per token). Windows whose union overflows `capacity` rows are not eligible; window 1
+    always is (its overflow is read every token whatever the window)."""
+    table, best = [], (float("inf"), 1)
+    for k, (u, new) in enumerate(zip(activity["union"], activity["new"]), start=1):
+        cached, reads = u * n_neurons, new * n_neurons
+        if k > 1 and cached > capacity:
+            break
+        if k == 1:  # a cache smaller than one token's set re-reads the part it cannot hold
+            reads = max(reads, u * n_neurons - capacity)
+        ms = cost_model.io_seconds(profile, reads * row_bytes * n_layers, reads * n_layers, n_layers, threads) * 1e3
+        table.append({"window": k, "cached_rows": round(cached), "rows_read": round(reads), "predicted_io_ms": ms})
+        best = min(best, (ms, k))
+    return best[1], table
+
+
 def plan_budget(mode: str, budget: int, store, predictor_bytes: int, window: int,
-                row_bytes: int | None = None) -> tuple[SparsePlan, dict]:
-    """row_bytes: bytes of one cached row (default a whole bundle; less when only down columns are read)."""
+                row_bytes: int | None = None, activity: dict | None = None, profile: dict | None = None,
+                threads: int = 1, resident: int | None = None, converted_layer: int = 0) -> tuple[SparsePlan, dict]:
+    """row_bytes: bytes of one cached row (default a whole bundle; less when only down columns are read).
+    resident: bytes the backend holds for the resident tensors (default: as stored); converted_layer:
+    bytes of one FFN layer converted for compute (0 when compute reads the rows as they are).
+    window 0: chosen by `choose_window` from `activity` and the disk `profile` (DEFAULT_WINDOW without them)."""
     lay = store.manifest.ffn
     L, F, bb = len(lay.layer_offsets), lay.n_neurons, row_bytes or lay.bundle_bytes
-    resident = sum(t.nbytes for t in store.manifest.tensors.values())
+    resident = stored_resident_bytes(store) if resident is None else resident
     preds = predictor_bytes if mode in NEEDS_PREDICTOR else 0
-    fixed = resident + preds + lay.layer_nbytes
+    fixed = resident + preds + lay.layer_nbytes + converted_layer
     minimum = fixed + (L * bb if mode != "naive" else 0)
     if budget < minimum:
         raise ConfigError(f"memory budget {fmt(budget)} is below the minimum {fmt(minimum)} for mode {mode!r} "
                           f"(resident weights {fmt(resident)}, predictors {fmt(preds)}, one-layer buffer "
-                          f"{fmt(lay.layer_nbytes)}" + (", one FFN row per layer)" if mode != "naive" else ")"))
+                          f"{fmt(lay.layer_nbytes)}, one converted layer {fmt(converted_layer)}"
+                          + (", one FFN row per layer)" if mode != "naive" else ")"))
     rows = min(F, (budget - fixed) // (L * bb)) if mode != "naive" else 0
+    table = []
+    if window == 0:
+        window = DEFAULT_WINDOW
+        if mode in ("window", "all") and activity and profile:
+            window, table = choose_window(activity, rows, F, L, bb, profile, threads)
     plan = SparsePlan(mode=mode, capacity=rows, window=window, resident_neurons=rows if mode == "hybrid" else 0)
-    account = {"budget": budget, "model_bytes": model_bytes(store), "resident_weights": resident,
-               "predictors": preds, "layer_buffer": lay.layer_nbytes, "ffn_rows_per_layer": rows,
-               "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}
+    account = {"window": window, "window_costs": table, "budget": budget, "resident_weights": resident,
+               "predictors": preds, "layer_buffer": lay.layer_nbytes, "converted_layer": converted_layer,
+               "ffn_rows_per_layer": rows, "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}
     return plan, account

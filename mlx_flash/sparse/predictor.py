@@ -51,6 +51,9 @@ class Predictors:
     # Recall target -> per-layer cuts (set on held-out calibration data); `recall` is the one in use.
     cuts_by_recall: dict[str, list[float]] = field(default_factory=dict)
     recall: str = ""
+    # Window behaviour of the true activity on the validation text (activations.window_activity):
+    # {"union": [...], "new": [...]} for windows of 1..k tokens; the planner sizes the window from it.
+    activity: dict = field(default_factory=dict)
 
     def use_recall(self, recall: float | str) -> None:
         """Switch every layer to the cuts calibrated for this recall (a quality/I-O knob)."""
@@ -71,7 +74,7 @@ class Predictors:
         meta = {"format_version": FORMAT_VERSION, "sparsity": self.sparsity, "cuts": [p.cut for p in self.layers],
                 "ranks": [p.rank for p in self.layers], "magnitude_thresholds": list(map(float, self.magnitude_thresholds)),
                 "metrics": self.metrics, "trained_on": self.trained_on, "cuts_by_recall": self.cuts_by_recall,
-                "recall": self.recall}
+                "recall": self.recall, "window_activity": self.activity}
         wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
         save_file(tensors, wpath + ".tmp")
         with open(mpath + ".tmp", "w") as fh:
@@ -112,7 +115,8 @@ class Predictors:
         if bad:
             raise StoreError(f"{mpath}: cuts for recall {bad[0]} cover {len(cuts[bad[0]])} layers, not {n_layers}")
         return cls(layers, float(meta["sparsity"]), list(meta["magnitude_thresholds"]), meta.get("metrics", []),
-                   meta.get("trained_on", ""), cuts, meta.get("recall", ""))
+                   meta.get("trained_on", ""), cuts, meta.get("recall", ""),
+                   meta.get("window_activity", {}))
 
 
 def labels(mags: np.ndarray, threshold: float) -> np.ndarray:

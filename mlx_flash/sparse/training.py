@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import predictor as P
-from .activations import collect, magnitude_thresholds
+from .activations import collect, magnitude_thresholds, window_activity
 
 
 RECALLS = (0.8, 0.9, 0.95, 0.99)  # cuts are stored for each; load(predictor_recall=...) picks one
+VALID_CONTEXT = 512  # tokens per window of validation text, as the perplexity evaluation uses
 
 
 def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: int = 64, max_rank: int = 256,
@@ -23,7 +24,7 @@ def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: 
     from tqdm import tqdm
 
     train = collect(engine, calib_ids, 256, calib_tokens, progress)
-    valid = collect(engine, valid_ids, 512, valid_tokens, progress)
+    valid = collect(engine, valid_ids, VALID_CONTEXT, valid_tokens, progress)
     thresholds = magnitude_thresholds([h for _, h in train], sparsity)
     layers, metrics = [], []
     cuts = {f"{r:g}": [] for r in sorted(set(RECALLS) | {recall})}
@@ -52,9 +53,17 @@ def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: 
         if log:
             log(f"layer {i:2d}: rank {r:3d}  recall {m['recall']:.3f}  precision {m['precision']:.3f}  "
                 f"predicted {m['predicted_fraction']:.3f}  true {m['true_fraction']:.3f}")
-    return P.Predictors(layers, sparsity, [float(t) for t in thresholds], metrics, "", cuts, f"{recall:g}")
+    activity = window_activity([h for _, h in valid], thresholds, VALID_CONTEXT)
+    return P.Predictors(layers, sparsity, [float(t) for t in thresholds], metrics, "", cuts, f"{recall:g}", activity)
 
 
 def summarize(metrics: list[dict]) -> dict:
     keys = ("recall", "precision", "predicted_fraction", "true_fraction")
     return {k: float(np.mean([m[k] for m in metrics])) for k in keys}
+
+
+def measure_activity(engine, preds: P.Predictors, valid_ids, valid_tokens: int = 2048, progress: bool = False) -> dict:
+    """Window statistics of the labelled activity on validation text, for predictors trained before
+    they were recorded (no retraining: the thresholds define the activity)."""
+    valid = collect(engine, valid_ids, VALID_CONTEXT, valid_tokens, progress)
+    return window_activity([h for _, h in valid], preds.magnitude_thresholds, VALID_CONTEXT)

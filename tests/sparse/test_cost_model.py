@@ -26,7 +26,7 @@ def test_io_seconds_adds_latency_per_batch():
 @pytest.mark.parametrize("mode,fields", [("all", 1), ("window", None)])
 def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
     store, _ = tiny_store("llama")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode=mode, memory_budget="100%",
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode=mode, memory_budget="160%",
                         predictor="dense", io_mode="buffered", progress=False) as e:
         src = e.ffn
         lay = src.layout
@@ -45,3 +45,59 @@ def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
                 lens = np.concatenate([np.full(rows.size, f.nbytes) for f in lay.fields])
                 assert (src.reads - r0, src.bytes_read - b0) == cost_model.ranges_to_reads(
                     offs, lens, src.pool.coalesce_gap)
+
+
+def test_window_activity_matches_a_brute_force_count():
+    from mlx_flash.sparse.activations import window_activity
+
+    rng = np.random.default_rng(1)
+    mags = [rng.random((40, 12)).astype(np.float16) for _ in range(2)]
+    th = [0.6, 0.3]
+    got = window_activity(mags, th, context=20, kmax=3)
+    for k in (1, 2, 3):
+        union, new = [], []
+        for m, t in zip(mags, th):
+            for s in (0, 20):
+                A = m[s:s + 20].astype(np.float32) > t
+                for p in range(3, 20):  # positions with kmax tokens before them
+                    before = A[p - k:p].any(0)
+                    union.append((A[p] | A[p - k + 1:p].any(0)).mean() if k > 1 else A[p].mean())
+                    new.append((A[p] & ~before).mean())
+        assert got["union"][k - 1] == pytest.approx(np.mean(union))
+        assert got["new"][k - 1] == pytest.approx(np.mean(new))
+
+
+def test_planner_picks_the_cheapest_window_that_fits():
+    from mlx_flash.sparse.planner import choose_window
+
+    activity = {"union": [0.2, 0.3, 0.4, 0.5], "new": [0.1, 0.05, 0.03, 0.02]}
+    k, table = choose_window(activity, capacity=35, n_neurons=100, n_layers=4, row_bytes=4096, profile=PROFILE,
+                             threads=4)
+    assert k == 2 and [r["window"] for r in table] == [1, 2]  # a window of 3 would cache 40 > 35 rows
+    assert table[1]["predicted_io_ms"] < table[0]["predicted_io_ms"]
+    k, table = choose_window(activity, capacity=10, n_neurons=100, n_layers=4, row_bytes=4096, profile=PROFILE,
+                             threads=4)
+    assert k == 1 and table[0]["rows_read"] == 10  # half of one token's 20 rows overflow every token
+
+
+def test_planner_sizes_the_window_of_a_real_load(tiny_store):
+    from mlx_flash.sparse.planner import DEFAULT_WINDOW
+
+    store, _ = tiny_store("llama")
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
+                        predictor="dense", io_mode="buffered", progress=False) as e:
+        assert e.ffn.plan.window == DEFAULT_WINDOW and e.ffn.account["window"] == DEFAULT_WINDOW  # no activity
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
+                        predictor="dense", window=2, io_mode="buffered", progress=False) as e:
+        assert e.ffn.plan.window == 2
+
+
+def test_budget_counts_weights_as_the_backend_holds_them(tiny_store):
+    store, _ = tiny_store("llama", precision="q4")
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="naive", memory_budget="160%",
+                        io_mode="buffered", progress=False) as e:
+        a, lay = e.ffn.account, e.ffn.layout
+        assert a["resident_weights"] == e.ops.held_bytes(e.weights)
+        assert a["converted_layer"] > lay.layer_nbytes  # 4-bit rows held as float32 for compute
+        assert a["model_bytes"] == a["resident_weights"] + len(lay.layer_offsets) * a["converted_layer"]
+        assert a["planned_total"] <= a["budget"]

@@ -45,7 +45,7 @@ def test_relu_family_all_active_equals_dense(tiny_store):
     ids = list(range(3, 40))
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 20)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="90%",
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="120%",
                         predictor="dense", io_mode="buffered", progress=False) as e:
         got = run(e, ids, 20)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
@@ -69,12 +69,12 @@ def test_predictor_round_trip_and_masking(tiny_store):
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 16)
     save_predictors(store, bias=10.0)  # every logit 10 > cut 0: all active, so exact
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="100%",
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
                         io_mode="buffered", progress=False) as e:
         got = run(e, ids, 16)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     save_predictors(store, bias=-10.0)  # nothing active: the FFN adds nothing, and nothing is read
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="100%",
+    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
                         io_mode="buffered", progress=False) as e:
         got = run(e, ids, 16)
         assert e.ffn.rows_loaded == 0
@@ -92,7 +92,7 @@ def test_missing_predictors_are_named(tiny_store):
     with pytest.raises(StoreError, match="no sparsity predictors .*train_predictor"):
         mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="window", progress=False)
     # modes without a predictor do not need one
-    mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="hybrid", memory_budget="100%",
+    mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="hybrid", memory_budget="160%",
                    progress=False).close()
 
 
@@ -130,7 +130,7 @@ def test_gate_predictor_selects_by_the_ffn_own_activations(tiny_store):
         meta["magnitude_thresholds"] = [threshold] * len(meta["magnitude_thresholds"])
         json.dump(meta, open(meta_path, "w"))
         with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", predictor="gate",
-                            memory_budget="100%", io_mode="buffered", progress=False) as e:
+                            memory_budget="160%", io_mode="buffered", progress=False) as e:
             got = run(e, ids, 16)
             assert e.ffn.account["predictors"] > 0
             if not exact:
@@ -154,7 +154,7 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
     meta["magnitude_thresholds"] = [0.0] * len(meta["magnitude_thresholds"])
     json.dump(meta, open(f"{store}/predictors.json", "w"))
     with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", predictor="gate", down_only=True,
-                        memory_budget="100%", io_mode="buffered", progress=False) as e:
+                        memory_budget="160%", io_mode="buffered", progress=False) as e:
         full, steps = run(e, ids, 16)
         lay = e.ffn.layout
         down_bytes = sum(f.nbytes for f in lay.fields if f.name.startswith("down."))
@@ -167,4 +167,4 @@ def test_down_only_needs_the_gate_predictor(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match="down-only reads need .* gate predictor"):
         mlx_flash.load(store, backend="torch", ffn="sparse", predictor="dense", down_only=True,
-                       memory_budget="100%", progress=False)
+                       memory_budget="160%", progress=False)
