@@ -20,7 +20,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
          io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
          window: int = 0, predictor: str = "lowrank", predictor_recall: float | None = None,
-         down_only: bool = False, progress: bool = True) -> Engine:
+         down_only: bool = False, expert_policy: str = "edgemoe", progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -34,6 +34,9 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
         `predictor_recall` picks the low-rank cuts calibrated for that recall: higher reads more;
         `down_only` with the gate predictor reads only down columns, computing gate/up from its
         resident 4-bit copy).
+    MoE models (Mixtral, Qwen2/3-MoE, OLMoE): ffn="resident" keeps every expert in memory;
+        "stream" or "sparse" reads experts when routed into a cache that `memory_budget` sizes,
+        evicting by `expert_policy` (edgemoe, lru, lfu, fifo).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
@@ -43,7 +46,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     cfg = EngineConfig(backend=backend, device=device, threads=threads, torch_dtype=torch_dtype, ffn=ffn,
                        precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
                        io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
-                       window=window, predictor=predictor, predictor_recall=predictor_recall, down_only=down_only)
+                       window=window, predictor=predictor, predictor_recall=predictor_recall, down_only=down_only,
+                       expert_policy=expert_policy)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
@@ -51,7 +55,9 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     weights = module.build(ops, args, resident_getter(ops, store))
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
-    if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
+    if store.manifest.ffn.n_experts:
+        ffn_source = expert_source(ops, store, cfg, ops.held_bytes(weights))
+    elif cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             ffn_source = ResidentFFN(ops, store, pool)
     elif cfg.ffn == "stream":
@@ -72,6 +78,26 @@ def _return_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
+    """MoE experts: all resident (ffn="resident"), or read from flash when routed into an expert
+    cache sized by cfg.memory_budget (ffn="stream" or "sparse"; "50%" is of the fully resident model)."""
+    from .moe.experts import ResidentExperts, StreamedExperts, expert_weights
+    from .moe.planner import plan_experts
+    from .sparse.planner import parse_budget
+
+    lay = store.manifest.ffn
+    if cfg.ffn == "resident":
+        return ResidentExperts(ops, store, ReaderPool(threads=2, mode="buffered"))
+    with ReaderPool(threads=2, mode="buffered") as pool:  # one expert converted, as compute holds it
+        rows = FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)[: lay.expert_neurons]
+        converted = ops.held_bytes(expert_weights(ops, lay, rows))
+    total = resident_held + converted * lay.n_experts * len(lay.layer_offsets)
+    slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
+    src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy)
+    src.account = dict(account, model_bytes=total)
+    return src
 
 
 def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool, resident_held: int):

@@ -32,6 +32,7 @@ class EngineConfig:
     # sparse + predictor "gate": compute gate/up from its resident 4-bit copy and read only the down
     # columns of active neurons (a third of the bytes; approximate unless gate/up are stored 4-bit)
     down_only: bool = False
+    expert_policy: str = "edgemoe"  # MoE: expert-cache eviction (edgemoe / lru / lfu / fifo; mlx_flash.moe.policies)
     predictor_recall: float | None = None  # sparse: pick the predictors' cuts for this recall (None: as trained)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
@@ -45,6 +46,8 @@ class EngineConfig:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
         if self.window < 0:
             raise ConfigError(f"window must be >= 1, or 0 for the planner's choice (got {self.window})")
+        if self.expert_policy not in ("edgemoe", "lru", "lfu", "fifo"):
+            raise ConfigError(f"expert_policy {self.expert_policy!r} is unknown (choose edgemoe, lru, lfu or fifo)")
         if self.predictor not in ("lowrank", "gate", "dense"):
             raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank, gate or dense)")
         if self.io_mode not in ("direct", "buffered"):

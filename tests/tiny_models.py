@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 VOCAB = 96
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def write_tokenizer(out_dir: str, vocab: int = VOCAB) -> None:
@@ -30,6 +31,19 @@ def hf_config(family: str, **over):
                   max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
     if family == "opt":
         cfg = tf.OPTConfig(**{**common, "ffn_dim": 128, "word_embed_proj_dim": 64, **over})
+    elif family in MOE_FAMILIES:
+        kw = dict(intermediate_size=32, num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                  num_experts_per_tok=2)
+        if family == "mixtral":
+            cfg = tf.MixtralConfig(**{**common, **kw, "num_local_experts": 4, **over})
+        else:
+            kw.update(num_experts=4, moe_intermediate_size=32)
+            if family == "qwen2_moe":
+                kw.update(shared_expert_intermediate_size=48, intermediate_size=96)
+            if family == "qwen3_moe":
+                kw.update(head_dim=16, norm_topk_prob=True)
+            cls = {"qwen2_moe": tf.Qwen2MoeConfig, "qwen3_moe": tf.Qwen3MoeConfig, "olmoe": tf.OlmoeConfig}[family]
+            cfg = cls(**{**common, **kw, **over})
     else:
         cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
                "qwen3": tf.Qwen3Config}[family]

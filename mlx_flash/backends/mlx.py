@@ -144,5 +144,15 @@ class MLXOps:
         """Entries idx (an int array) of the last axis."""
         return mx.take(x, idx, axis=-1)
 
+    def take_rows(self, x, idx):
+        """Rows idx of x [N, ...]."""
+        return mx.take(x, idx, axis=0)
+
+    def add_rows(self, x, idx, y):
+        """x with y added to its rows idx (distinct), as a new array."""
+        return x.at[idx].add(y)
+
+    sigmoid = staticmethod(lambda x: mx.sigmoid(x))
+
     def last_token(self, x):
         return x[:, -1:, :]

@@ -254,6 +254,16 @@ class TorchOps:
         """Entries idx (an int array) of the last axis."""
         return torch.index_select(x, -1, idx)
 
+    def take_rows(self, x, idx):
+        """Rows idx of x [N, ...]."""
+        return torch.index_select(x, 0, idx)
+
+    def add_rows(self, x, idx, y):
+        """x with y added to its rows idx (distinct), as a new array."""
+        return x.index_add(0, idx, y)
+
+    sigmoid = staticmethod(lambda x: torch.sigmoid(x))
+
     def last_token(self, x):
         return x[:, -1:, :]
 

@@ -1,13 +1,15 @@
 """Model graphs, one file per architecture family, written once against the backend op set.
 
 A model module is found by its HF `model_type` with importlib (mistral.py, qwen2.py and qwen3.py
-reuse llama.py's graph). Each module provides:
+reuse llama.py's graph; mixtral.py, qwen2_moe.py, qwen3_moe.py and olmoe.py reuse moe.py's). Each
+module provides:
   normalize_config(hf_config, where) -> dict     the store's config for this architecture
   canonical_tensors(tensors, config, where)     HF checkpoint names -> canonical names
   ffn_parts(config, layer) -> dict               role ("gate", "up", "down") -> linear name
+  expert_parts(config, layer) -> [dict]         MoE only: ffn_parts of each expert, in expert order
   ModelArgs.from_dict(config)
   build(ops, args, get) -> weights               resident (non-FFN) weights as backend objects
   forward(ops, args, weights, tokens, caches, ffn, all_logits) -> logits
 """
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")

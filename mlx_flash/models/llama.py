@@ -109,10 +109,14 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     B, T, _ = x.shape
     hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
     q, k, v = ops.split(linear(ops, x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
+    full_qk_norm = getattr(args, "qk_norm_full", False)
+    if full_qk_norm:  # OLMoE: RMSNorm over the whole q and k projections, before the heads split
+        q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
+        k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
     q = ops.transpose(ops.reshape(q, (B, T, Hq, hd)), (0, 2, 1, 3))
     k = ops.transpose(ops.reshape(k, (B, T, Hk, hd)), (0, 2, 1, 3))
     v = ops.transpose(ops.reshape(v, (B, T, Hk, hd)), (0, 2, 1, 3))
-    if lw["q_norm"] is not None:  # Qwen3: per-head RMSNorm before RoPE
+    if lw["q_norm"] is not None and not full_qk_norm:  # Qwen3: per-head RMSNorm before RoPE
         q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
         k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
     q = ops.rope(q, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)

@@ -88,13 +88,14 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     n_layers = cfg["num_hidden_layers"]
     ffn_tensors = set()
     for layer in range(n_layers):
-        for role, base in mod.ffn_parts(cfg, layer).items():
-            names = [base + s for s in (".weight", ".scales", ".biases")]
-            if base + ".weight" not in src.tensors:
-                raise ModelFileError(f"{src.description}: tensor {base}.weight is missing")
-            if role != "down":
-                names.append(base + ".bias")  # one bias value per neuron travels in its bundle
-            ffn_tensors.update(n for n in names if n in src.tensors)
+        for group in _ffn_groups(mod, cfg, layer):
+            for role, base in group.items():
+                names = [base + s for s in (".weight", ".scales", ".biases")]
+                if base + ".weight" not in src.tensors:
+                    raise ModelFileError(f"{src.description}: tensor {base}.weight is missing")
+                if role != "down":
+                    names.append(base + ".bias")  # one bias value per neuron travels in its bundle
+                ffn_tensors.update(n for n in names if n in src.tensors)
     resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
     tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
@@ -103,7 +104,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     d_model = cfg["hidden_size"]
     with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
         for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
-            parts, lq = _layer_parts(src, mod.ffn_parts(cfg, layer), precision, group_size, down_bits)
+            parts, lq = _layer_parts(src, _ffn_groups(mod, cfg, layer), precision, group_size, down_bits)
             if fields is None:
                 fields, bundle_bytes = plan_fields(parts)
                 ffn_quant = lq
@@ -118,7 +119,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     n_neurons = cfg["intermediate_size"]
     ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
                     bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
-                    precision=precision)
+                    precision=precision, n_experts=int(cfg.get("num_experts", 0)))
     src.save_tokenizer(tmp)
     files = {}
     for name in (RESIDENT_FILE, FFN_FILE):
@@ -127,8 +128,24 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
 
 
-def _layer_parts(src: SourceModel, names: dict, precision: str, group_size: int, down_bits: int):
-    """Per-neuron rows of one layer's FFN, in bundle order: [(field, array [F, ...], dtype)], quant."""
+def _ffn_groups(mod, cfg: dict, layer: int) -> list[dict]:
+    """The linears of one layer's FFN: one group for a dense FFN, one per expert (in expert order) for
+    MoE, whose neurons follow each other so expert e is one contiguous run of bundle rows."""
+    return mod.expert_parts(cfg, layer) if hasattr(mod, "expert_parts") else [mod.ffn_parts(cfg, layer)]
+
+
+def _layer_parts(src: SourceModel, groups: list[dict], precision: str, group_size: int, down_bits: int):
+    """Per-neuron rows of one layer's FFN (its groups' neurons one after another), in bundle order:
+    [(field, array [F, ...], dtype)], quant."""
+    per_group = [_group_parts(src, names, precision, group_size, down_bits) for names in groups]
+    if len(per_group) == 1:
+        return per_group[0]
+    parts = [(name, np.concatenate([g[0][k][1] for g in per_group]), dt)
+             for k, (name, _, dt) in enumerate(per_group[0][0])]
+    return parts, per_group[0][1]
+
+
+def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int, down_bits: int):
     import mlx.core as mx
 
     parts, quant = [], {}

@@ -90,10 +90,28 @@ class FFNLayout:
     quant: dict[str, QuantSpec | None]
     layer_offsets: list[int]
     precision: str  # "source" (kept as converted from the source), "f16", "q4", "q8"
+    # MoE: the layer's n_neurons are n_experts runs of expert_neurons rows, expert e first at row
+    # e * expert_neurons, so one expert (gate | up | down of all its neurons) is one contiguous read.
+    n_experts: int = 0
+
+    def __post_init__(self):
+        if self.n_experts < 0 or (self.n_experts and self.n_neurons % self.n_experts):
+            raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into {self.n_experts} experts")
 
     @property
     def layer_nbytes(self) -> int:
         return self.n_neurons * self.bundle_bytes
+
+    @property
+    def expert_neurons(self) -> int:
+        return self.n_neurons // self.n_experts if self.n_experts else self.n_neurons
+
+    @property
+    def expert_nbytes(self) -> int:
+        return self.expert_neurons * self.bundle_bytes
+
+    def expert_offset(self, layer: int, expert: int) -> int:
+        return self.layer_offsets[layer] + expert * self.expert_nbytes
 
 
 @dataclass
@@ -136,13 +154,14 @@ class Manifest:
                     fields=[BundleField(**f) for f in ffn["fields"]],
                     quant={k: (QuantSpec(**v) if v else None) for k, v in ffn["quant"].items()},
                     layer_offsets=ffn["layer_offsets"], precision=ffn["precision"],
+                    n_experts=int(ffn.get("n_experts", 0)),
                 ),
                 files=d["files"],
                 source=d.get("source", {}),
             )
         except StoreError:
             raise
-        except (KeyError, TypeError, AttributeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StoreError(f"{where}: manifest is missing or mangles a required entry ({e})") from None
 
     # ---- validation ----------------------------------------------------------------------------

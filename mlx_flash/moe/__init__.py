@@ -1,0 +1,1 @@
+"""EdgeMoE: experts on flash, non-expert weights resident, an expert cache under a memory budget."""

@@ -1,0 +1,62 @@
+"""The expert cache: a fixed number of preallocated slots, each holding one expert's bundle rows
+(gate | up | down of all its neurons, as stored), shared by every MoE layer. Which expert a slot
+holds is bookkeeping here; which to evict is the policy's call (moe.policies). I/O only: numpy
+buffers, no framework arrays; the reads land straight in the slots."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from .policies import make_policy
+
+
+class ExpertCache:
+    def __init__(self, slots: int, expert_nbytes: int, n_layers: int, policy: str = "edgemoe"):
+        self.slots = slots
+        self._mem = mmap.mmap(-1, max(1, slots * expert_nbytes))  # page-aligned: direct I/O lands in place
+        self.buf = np.frombuffer(self._mem, dtype=np.uint8)[: slots * expert_nbytes].reshape(slots, expert_nbytes)
+        self.policy = make_policy(policy, n_layers)
+        self.slot_of: dict[tuple[int, int], int] = {}
+        self.free = list(range(slots - 1, -1, -1))
+        self.hits = [0] * n_layers
+        self.misses = [0] * n_layers
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def has(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self.slot_of
+
+    def can_hold(self, n: int) -> bool:
+        return n <= self.slots
+
+    def place(self, layer: int, experts: list[int], pinned: set) -> list[tuple[int, int]]:
+        """Make room for the missing `experts` of `layer` (evicting none of `pinned`, the keys this
+        step still needs) and return [(expert, slot)] the caller must fill; counts hits and misses."""
+        todo = []
+        for e in experts:
+            key = (layer, e)
+            if key in self.slot_of:
+                self.hits[layer] += 1
+                self.policy.touch(key, inserted=False)
+                continue
+            self.misses[layer] += 1
+            if not self.free:
+                victim = self.policy.victim([k for k in self.slot_of if k not in pinned], layer)
+                self.policy.forget(victim)
+                self.free.append(self.slot_of.pop(victim))
+            slot = self.free.pop()
+            self.slot_of[key] = slot
+            self.policy.touch(key, inserted=True)
+            todo.append((e, slot))
+        return todo
+
+    def rows(self, layer: int, expert: int) -> np.ndarray:
+        return self.buf[self.slot_of[(layer, expert)]]
+
+    def clear(self) -> None:
+        self.slot_of.clear()
+        self.free = list(range(self.slots - 1, -1, -1))

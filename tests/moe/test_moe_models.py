@@ -1,0 +1,100 @@
+"""MoE graphs (Mixtral, Qwen2-MoE with its shared expert, Qwen3-MoE with norm_topk_prob, OLMoE with
+full-width q/k norms) against transformers on tiny random models, both backends; streamed experts
+under a budget give the resident model's greedy tokens and logits bit for bit; bad checkpoints and
+budgets get one named error."""
+
+import numpy as np
+import pytest
+
+import mlx_flash
+import tiny_models
+from mlx_flash.errors import ConfigError, ModelFileError
+
+FAMILIES = tiny_models.MOE_FAMILIES
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers(tiny_store, family, backend):
+    import torch
+
+    store, hf = tiny_store(family)
+    ids = tiny_models.random_ids(12)
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    with mlx_flash.load(store, backend=backend, progress=False) as e:
+        got = np.asarray(e.forward(ids, e.new_caches(), all_logits=True)).reshape(want.shape)
+    assert np.abs(got - want).max() < 1e-4
+
+
+def greedy(e, prompt, n):
+    """Greedy tokens and every step's logits, EOS ignored (the test wants n steps)."""
+    caches = e.new_caches()
+    logits = np.asarray(e.forward(prompt, caches)).reshape(-1)
+    toks, seen = [], [logits]
+    for _ in range(n):
+        toks.append(int(np.argmax(logits)))
+        logits = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
+        seen.append(logits)
+    return toks, np.stack(seen)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streamed_experts_equal_resident_at_every_budget(tiny_store, family):
+    store, _ = tiny_store(family)
+    prompt = tiny_models.random_ids(10, seed=3)
+    with mlx_flash.load(store, backend="torch", progress=False) as e:
+        want = greedy(e, prompt, 64)
+    with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="1GB", io_mode="buffered",
+                        progress=False) as e:
+        a = e.ffn.account
+    fixed = a["resident_weights"] + a["converted_expert"]
+    for share in (0.1, 0.5, 1.0):
+        budget = fixed + max(a["expert_bytes"], int(share * a["all_experts_bytes"]))
+        with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget=budget, io_mode="buffered",
+                            progress=False) as e:
+            got = greedy(e, prompt, 64)
+            hits, misses = map(sum, zip(*e.ffn.hit_stats()))
+            slots = e.ffn.cache.slots
+        assert got[0] == want[0], f"{family} at {share:.0%} of expert bytes"
+        assert np.array_equal(got[1], want[1])
+        assert slots <= max(1, int(share * a["all_experts_bytes"]) // a["expert_bytes"])
+        if share == 1.0:  # everything fits: each expert is read once
+            assert misses <= a["all_experts_bytes"] // a["expert_bytes"]
+        else:
+            assert misses > 0 and hits + misses > 0
+
+
+def test_streamed_mlx_equals_resident_mlx(tiny_store):
+    store, _ = tiny_store("qwen2_moe")
+    prompt = tiny_models.random_ids(10, seed=4)
+    with mlx_flash.load(store, backend="mlx", progress=False) as e:
+        want = greedy(e, prompt, 16)
+    with mlx_flash.load(store, backend="mlx", ffn="stream", memory_budget="90%", io_mode="buffered",
+                        progress=False) as e:
+        got = greedy(e, prompt, 16)
+        assert e.ffn.cache.slots < 8  # fewer slots than the model's 2 x 4 experts: some are re-read
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+
+
+def test_expert_count_disagreeing_with_config_is_named(tmp_path):
+    from mlx_flash.store import convert
+
+    tiny_models.build("mixtral", str(tmp_path / "hf"))
+    tiny_models.edit_config(tmp_path / "hf", num_local_experts=8)
+    with pytest.raises(ModelFileError, match="layer 0 has 4 experts and a router over 4, but the config says "
+                                             "num_experts=8"):
+        convert(str(tmp_path / "hf"), str(tmp_path / "st"), progress=False)
+    assert not (tmp_path / "st").exists()
+
+
+def test_budget_below_the_non_expert_weights_is_refused(tiny_store):
+    store, _ = tiny_store("olmoe")
+    with pytest.raises(ConfigError, match=r"below the minimum .* for this MoE model \(non-expert weights"):
+        mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="10KB", progress=False)
+
+
+def test_unknown_policy_is_named(tiny_store):
+    store, _ = tiny_store("olmoe")
+    with pytest.raises(ConfigError, match="expert_policy 'mru' is unknown"):
+        mlx_flash.load(store, backend="torch", ffn="stream", expert_policy="mru", progress=False)
