@@ -27,6 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --ffn sparse: what is read per token (default: all)")
     p.add_argument("--memory-budget", default="50%",
                    help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
+    p.add_argument("--expert-policy", choices=("edgemoe", "lru", "lfu", "fifo"), default="edgemoe",
+                   help="MoE models with --ffn stream/sparse: expert-cache eviction policy")
     p.add_argument("--window", type=int, default=0,
                    help="with --ffn sparse: tokens of active rows kept cached (default 0: the planner picks)")
     p.add_argument("--speculative", type=int, default=0,
@@ -93,6 +95,10 @@ def format_stats(engine) -> str:
                  f"{ffn.rows_loaded / steps / F:.1%} of rows read per token and layer")
         if rows:
             text += f"; cached rows per layer {min(rows)}-{max(rows)} of {ffn.plan.capacity}"
+    if hasattr(ffn, "hit_stats"):
+        hits, misses = map(sum, zip(*ffn.hit_stats()))
+        text += (f"\nexpert cache ({ffn.cache.policy.__class__.__name__}, {ffn.cache.slots} slots): "
+                 f"{hits / max(1, hits + misses):.1%} hits over {hits + misses} routed experts")
     return text
 
 
@@ -140,7 +146,8 @@ def main(argv=None) -> int:
 
         engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
                       torch_dtype=args.torch_dtype, sparse_mode=args.sparse_mode, memory_budget=args.memory_budget,
-                      window=args.window, predictor=args.predictor, down_only=args.down_only)
+                      window=args.window, predictor=args.predictor, down_only=args.down_only,
+                      expert_policy=args.expert_policy)
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (

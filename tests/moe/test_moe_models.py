@@ -98,3 +98,14 @@ def test_unknown_policy_is_named(tiny_store):
     store, _ = tiny_store("olmoe")
     with pytest.raises(ConfigError, match="expert_policy 'mru' is unknown"):
         mlx_flash.load(store, backend="torch", ffn="stream", expert_policy="mru", progress=False)
+
+
+def test_chat_stats_report_the_expert_cache(tiny_store):
+    from mlx_flash.chat import format_stats
+
+    store, _ = tiny_store("mixtral")
+    with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="90%", expert_policy="lru",
+                        io_mode="buffered", progress=False) as e:
+        e.generate("w1 w2 w3", max_tokens=4)
+        text = format_stats(e)
+    assert "expert cache (LRU" in text and "routed experts" in text
