@@ -80,6 +80,13 @@ def _return_free_memory() -> None:
         pass
 
 
+def _first_layer_rows(store):
+    """Layer 0's bundle rows, to measure what one converted layer (or expert) holds in memory."""
+    lay = store.manifest.ffn
+    with ReaderPool(threads=2, mode="buffered") as pool:
+        return FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)
+
+
 def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     """MoE experts: all resident (ffn="resident"), or read from flash when routed into an expert
     cache sized by cfg.memory_budget (ffn="stream" or "sparse"; "50%" is of the fully resident model)."""
@@ -88,11 +95,10 @@ def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     from .sparse.planner import parse_budget
 
     lay = store.manifest.ffn
-    if cfg.ffn == "resident":
-        return ResidentExperts(ops, store, ReaderPool(threads=2, mode="buffered"))
-    with ReaderPool(threads=2, mode="buffered") as pool:  # one expert converted, as compute holds it
-        rows = FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)[: lay.expert_neurons]
-        converted = ops.held_bytes(expert_weights(ops, lay, rows))
+    if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
+        with ReaderPool(threads=2, mode="buffered") as pool:
+            return ResidentExperts(ops, store, pool)
+    converted = ops.held_bytes(expert_weights(ops, lay, _first_layer_rows(store)[: lay.expert_neurons]))
     total = resident_held + converted * lay.n_experts * len(lay.layer_offsets)
     slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
     src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy)
@@ -130,8 +136,7 @@ def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool, r
             selector = LowRankSelector(preds, ops)
             activity = preds.activity
             pbytes = sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers)
-    with ReaderPool(threads=2, mode="buffered") as pool:  # one layer converted, as compute holds it
-        layer_held = ops.held_bytes(bundle_weights(ops, lay, FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)))
+    layer_held = ops.held_bytes(bundle_weights(ops, lay, _first_layer_rows(store)))
     total = model_bytes(store, resident_held, layer_held)
     budget = parse_budget(cfg.memory_budget, total)
     row_bytes = down_fields(lay)[2] if cfg.down_only else lay.bundle_bytes  # one cached row

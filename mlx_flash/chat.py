@@ -11,6 +11,7 @@ import sys
 
 from .backends import BACKENDS
 from .errors import FlashError
+from .moe.policies import ONLINE_POLICIES
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -27,7 +28,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --ffn sparse: what is read per token (default: all)")
     p.add_argument("--memory-budget", default="50%",
                    help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
-    p.add_argument("--expert-policy", choices=("edgemoe", "lru", "lfu", "fifo"), default="edgemoe",
+    p.add_argument("--expert-policy", choices=ONLINE_POLICIES, default="edgemoe",
                    help="MoE models with --ffn stream/sparse: expert-cache eviction policy")
     p.add_argument("--window", type=int, default=0,
                    help="with --ffn sparse: tokens of active rows kept cached (default 0: the planner picks)")

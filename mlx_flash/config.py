@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .moe.policies import ONLINE_POLICIES
 
 FFN_MODES = ("resident", "stream", "sparse")
 
@@ -46,8 +47,9 @@ class EngineConfig:
             raise ConfigError(f"ffn mode {self.ffn!r} is unknown (choose one of: {', '.join(FFN_MODES)})")
         if self.window < 0:
             raise ConfigError(f"window must be >= 1, or 0 for the planner's choice (got {self.window})")
-        if self.expert_policy not in ("edgemoe", "lru", "lfu", "fifo"):
-            raise ConfigError(f"expert_policy {self.expert_policy!r} is unknown (choose edgemoe, lru, lfu or fifo)")
+        if self.expert_policy not in ONLINE_POLICIES:
+            raise ConfigError(f"expert_policy {self.expert_policy!r} is unknown (choose one of: "
+                              f"{', '.join(ONLINE_POLICIES)})")
         if self.predictor not in ("lowrank", "gate", "dense"):
             raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank, gate or dense)")
         if self.io_mode not in ("direct", "buffered"):

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
 from . import llama
-from .common import linear
 
 LAYER = llama.LAYER
 # Mixtral names its block differently; the store uses the Qwen/OLMoE names for every family.
@@ -156,14 +155,6 @@ def expert_groups(ids: np.ndarray, wts: np.ndarray) -> list[tuple[int, np.ndarra
     return groups
 
 
-def swiglu(ops, fw: dict, x):
-    """One expert (or the shared expert): down(silu(gate x) * up x); gate|up rows fused."""
-    gate_up = linear(ops, x, fw["gate_up"])
-    n = gate_up.shape[-1] // 2
-    gate, up = ops.split(gate_up, [n, n])
-    return ops.linear(ops.silu(gate) * up, fw["down"])
-
-
 def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn):
     """x [B, T, D] -> [B, T, D]: the routed experts' weighted sum (plus the shared expert)."""
     B, T, D = x.shape
@@ -173,20 +164,20 @@ def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn):
     out = ops.zeros((B * T, D), xf)
     # The source yields experts in the order asked, loading them as it goes (waves when they do not
     # all fit its cache); each runs once over all its tokens (expert-major).
-    for (e, rows, w), (got, fw) in zip(groups, ffn.experts(i, [g[0] for g in groups], ids)):
+    for (e, rows, w), (got, fw) in zip(groups, ffn.experts(i, [g[0] for g in groups])):
         if got != e:
             raise RuntimeError(f"expert source yielded expert {got} where {e} was asked")
         r = ops.array(rows.astype(np.int64))
-        y = swiglu(ops, fw, ops.take_rows(xf, r))
+        y = llama.mlp(ops, args, fw, ops.take_rows(xf, r))  # one expert: a SwiGLU FFN
         out = ops.add_rows(out, r, y * ops.reshape(ops.array(w), (-1, 1)))
     if args.shared_expert_intermediate_size:
         g = ops.sigmoid(ops.linear(xf, lw["shared_gate"]))
-        out = out + g * swiglu(ops, lw["shared"], xf)
+        out = out + g * llama.mlp(ops, args, lw["shared"], xf)
     return ops.reshape(out, (B, T, D))
 
 
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
-    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.experts(i, ids, routing)` supplies layer i's experts."""
+    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.experts(i, ids)` supplies layer i's experts."""
     eps = args.rms_norm_eps
     h = ops.embedding(w["embed"], tokens)
     for i, lw in enumerate(w["layers"]):

@@ -23,15 +23,8 @@ class ExpertCache:
         self.hits = [0] * n_layers
         self.misses = [0] * n_layers
 
-    @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
-
     def has(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self.slot_of
-
-    def can_hold(self, n: int) -> bool:
-        return n <= self.slots
 
     def place(self, layer: int, experts: list[int], pinned: set) -> list[tuple[int, int]]:
         """Make room for the missing `experts` of `layer` (evicting none of `pinned`, the keys this
@@ -56,7 +49,3 @@ class ExpertCache:
 
     def rows(self, layer: int, expert: int) -> np.ndarray:
         return self.buf[self.slot_of[(layer, expert)]]
-
-    def clear(self) -> None:
-        self.slot_of.clear()
-        self.free = list(range(self.slots - 1, -1, -1))

@@ -1,4 +1,4 @@
-"""Expert sources for the MoE graph: `experts(layer, ids, routing)` yields (expert, weights) for the
+"""Expert sources for the MoE graph: `experts(layer, ids)` yields (expert, weights) for the
 routed experts of one layer, in the order asked (the graph sums in that order, so every source
 gives the same result bit for bit).
 
@@ -33,9 +33,8 @@ class ResidentExperts:
         for i in range(len(lay.layer_offsets)):
             rows = reader.read_layer(i)
             self.layers.append([expert_weights(ops, lay, rows[e * Fe:(e + 1) * Fe]) for e in range(lay.n_experts)])
-        pool.close()
 
-    def experts(self, layer: int, ids: list[int], routing=None):
+    def experts(self, layer: int, ids: list[int]):
         for e in ids:
             yield e, self.layers[layer][e]
 
@@ -56,7 +55,7 @@ class StreamedExperts:
         self.bytes_read = 0
         self.reads = 0
 
-    def experts(self, layer: int, ids: list[int], routing=None):
+    def experts(self, layer: int, ids: list[int]):
         lay, cache = self.layout, self.cache
         for s in range(0, len(ids), cache.slots):
             wave = list(ids[s:s + cache.slots])
@@ -78,9 +77,6 @@ class StreamedExperts:
     def hit_stats(self) -> list[tuple[int, int]]:
         """Per layer (hits, misses) since load."""
         return list(zip(self.cache.hits, self.cache.misses))
-
-    def reset(self) -> None:
-        """Keep cached experts across sequences (they are weights, not state); nothing to forget."""
 
     def close(self) -> None:
         self.pool.close()

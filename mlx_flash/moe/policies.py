@@ -75,10 +75,10 @@ class EdgeMoE(Policy):
 def make_policy(name: str, n_layers: int) -> Policy:
     from ..errors import ConfigError
 
-    classes = {"lru": LRU, "lfu": LFU, "fifo": FIFO, "edgemoe": EdgeMoE}
+    classes = {"edgemoe": EdgeMoE, "lru": LRU, "lfu": LFU, "fifo": FIFO}  # ONLINE_POLICIES
     if name not in classes:
         extra = " (belady needs the future: it exists only in moe.policies.simulate)" if name == "belady" else ""
-        raise ConfigError(f"expert cache policy {name!r} is unknown{extra} (choose one of: {', '.join(classes)})")
+        raise ConfigError(f"expert cache policy {name!r} is unknown{extra} (choose one of: {', '.join(ONLINE_POLICIES)})")
     return classes[name](n_layers)
 
 

@@ -63,7 +63,7 @@ class GateUpSelector:
         self.ops, self.module, self.args = ops, module, args
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
         dtypes = {f.name: f.dtype for f in layout.fields}
-        self.weights, self.nbytes = [], 0
+        self.weights = []
         self.hidden = (-1, None)
         for i in tqdm(range(len(layout.layer_offsets)), desc="gate/up predictor", unit="layer", disable=not progress):
             arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(layout.fields, reader.read_layer(i)).items()}
@@ -71,7 +71,6 @@ class GateUpSelector:
             for role in ("gate", "up"):
                 parts, dts = linear_parts(arrays, role)
                 parts, dts, q = _four_bit(parts, dts, layout.quant.get(role))
-                self.nbytes += sum(a.nbytes for a in parts.values())
                 members.append((parts, dts))
                 quants.append(q)
             w = fused_weight(ops, members, quants)

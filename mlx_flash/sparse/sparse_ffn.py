@@ -206,7 +206,7 @@ class SparseFFN:
         slots = cache.append(to_cache)
         overflow = wanted[room:]  # active rows the cache cannot hold this step
         self.mem_seconds += time.perf_counter() - t
-        extra = np.zeros((overflow.size, self.row_bytes), np.uint8)
+        extra = np.empty((overflow.size, self.row_bytes), np.uint8)  # the reads fill every field of every row
         self._read_rows(i, to_cache, cache.rows, slots, overflow, extra)
         self.rows_loaded += to_cache.size + overflow.size
         self.rows_active += int(active.sum())
