@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from .backends import get_backend
 from .config import EngineConfig
 from .default_model import resolve_store
@@ -20,7 +22,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
          verify_checksums: bool = False, cache_dir: str = "", prefill_chunk: int = 512, io_mode: str = "direct",
          io_threads: int | None = None, sparse_mode: str = "all", memory_budget: str | int = "50%",
          window: int = 0, predictor: str = "lowrank", predictor_recall: float | None = None,
-         down_only: bool = False, expert_policy: str = "edgemoe", progress: bool = True) -> Engine:
+         down_only: bool = False, expert_policy: str = "edgemoe", expert_preload: int = -1, progress: bool = True) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -36,7 +38,9 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
         resident 4-bit copy).
     MoE models (Mixtral, Qwen2/3-MoE, OLMoE): ffn="resident" keeps every expert in memory;
         "stream" or "sparse" reads experts when routed into a cache that `memory_budget` sizes,
-        evicting by `expert_policy` (edgemoe, lru, lfu, fifo).
+        evicting by `expert_policy` (edgemoe, lru, lfu, fifo); each decode step preloads
+        `expert_preload` likely experts of the next layer from the store's routing predictor
+        (tools/trace_experts.py; -1: as many as a token routes to when there is one, 0: off).
     torch_dtype: "float32" (exact) or "bfloat16" (torch's fast int4 kernel; approximate).
     precision: FFN precision used when converting a GGUF/HF source (source, f16, q4, q8).
     io_mode / io_threads: how stream mode reads bundles ("direct" bypasses the page cache); thread
@@ -47,7 +51,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
                        precision=precision, prefill_chunk=prefill_chunk, verify_checksums=verify_checksums, cache_dir=cache_dir,
                        io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
                        window=window, predictor=predictor, predictor_recall=predictor_recall, down_only=down_only,
-                       expert_policy=expert_policy)
+                       expert_policy=expert_policy, expert_preload=expert_preload)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
@@ -101,9 +105,21 @@ def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     converted = ops.held_bytes(expert_weights(ops, lay, _first_layer_rows(store)[: lay.expert_neurons]))
     total = resident_held + converted * lay.n_experts * len(lay.layer_offsets)
     slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
-    src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy)
+    predictor, preload = routing_predictor(store, cfg.expert_preload)
+    src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy, predictor, preload)
     src.account = dict(account, model_bytes=total)
     return src
+
+
+def routing_predictor(store, preload: int):
+    """(predictor or None, experts to preload per layer) for cfg.expert_preload."""
+    from .moe.routing import PREDICTOR_FILE, RoutingPredictor, model_id
+
+    path = os.path.join(store.path, PREDICTOR_FILE)
+    if preload == 0 or (preload < 0 and not os.path.isfile(path)):
+        return None, 0
+    pred = RoutingPredictor.load(path, model_id(store))
+    return pred, (pred.k if preload < 0 else preload)
 
 
 def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool, resident_held: int):

@@ -34,6 +34,9 @@ class EngineConfig:
     # columns of active neurons (a third of the bytes; approximate unless gate/up are stored 4-bit)
     down_only: bool = False
     expert_policy: str = "edgemoe"  # MoE: expert-cache eviction (edgemoe / lru / lfu / fifo; mlx_flash.moe.policies)
+    # MoE: experts of the next layer read ahead per decode step from the store's routing predictor
+    # (tools/trace_experts.py); -1: as many as a token routes to when the store has one, else none
+    expert_preload: int = -1
     predictor_recall: float | None = None  # sparse: pick the predictors' cuts for this recall (None: as trained)
     precision: str = "source"  # FFN precision when converting: source / f16 / q4 / q8
     io_mode: str = "direct"  # FFN reads in stream mode: "direct" (bypass the page cache) or "buffered"
@@ -50,6 +53,8 @@ class EngineConfig:
         if self.expert_policy not in ONLINE_POLICIES:
             raise ConfigError(f"expert_policy {self.expert_policy!r} is unknown (choose one of: "
                               f"{', '.join(ONLINE_POLICIES)})")
+        if self.expert_preload < -1:
+            raise ConfigError(f"expert_preload must be >= 0, or -1 for the default (got {self.expert_preload})")
         if self.predictor not in ("lowrank", "gate", "dense"):
             raise ConfigError(f"predictor {self.predictor!r} is unknown (choose lowrank, gate or dense)")
         if self.io_mode not in ("direct", "buffered"):

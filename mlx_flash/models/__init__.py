@@ -12,4 +12,4 @@ module provides:
   forward(ops, args, weights, tokens, caches, ffn, all_logits) -> logits
 """
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "moefied_llama")

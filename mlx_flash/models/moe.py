@@ -5,9 +5,11 @@ a SwiGLU FFN of `moe_intermediate_size` neurons; the top-k experts of each token
 summed with their router weights. Qwen2-MoE adds a shared expert (resident) scaled by a sigmoid gate.
 
 Routing runs on the host (numpy): the engine must know which experts a token needs before it can
-read them, so the router's logits come back once per layer either way. The experts themselves come
-from `ffn.experts(layer, ids)` (resident, or read from flash through an expert cache) and run
-expert-major: each routed expert is computed once over all the tokens routed to it.
+read them, so the router's logits come back once per layer either way. The source hears every
+token's choice first (`ffn.routed(layer, ids)`, where a streaming source starts preloading the next
+layer's likely experts), then `ffn.experts(layer, ids)` supplies the experts (resident, or read from
+flash through an expert cache). They run expert-major: each routed expert is computed once over all
+the tokens routed to it.
 Shapes: B batch, T tokens, D d_model, E experts, K experts per token, N = B*T.
 """
 
@@ -34,6 +36,7 @@ class ModelArgs(llama.ModelArgs):
     norm_topk_prob: bool = False  # renormalize the top-k router weights to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert with a sigmoid gate
     qk_norm_full: bool = False  # OLMoE: q/k RMSNorm over the whole projection, not per head
+    unit_router_weights: bool = False  # MoE-fied dense models: the chosen experts add up unscaled
 
 
 def normalize_config(hf: dict, where: str) -> dict:
@@ -132,15 +135,18 @@ def build(ops, args: ModelArgs, get) -> dict:
     return w
 
 
-def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: np.ndarray, k: int, renormalize: bool, unit: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [N, E] -> (experts [N, K] int64, weights [N, K] float32): softmax over all
-    experts, the k largest (ties to the lower id), optionally renormalized over those k."""
+    experts, the k largest (ties to the lower id), optionally renormalized over those k, or all 1
+    (`unit`)."""
     z = logits.astype(np.float32)
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]
     wts = np.take_along_axis(p, ids, -1)
-    if renormalize:
+    if unit:
+        wts = np.ones_like(wts)
+    elif renormalize:
         wts = wts / wts.sum(-1, keepdims=True)
     return ids, wts.astype(np.float32)
 
@@ -159,7 +165,9 @@ def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn):
     """x [B, T, D] -> [B, T, D]: the routed experts' weighted sum (plus the shared expert)."""
     B, T, D = x.shape
     xf = ops.reshape(x, (B * T, D))
-    ids, wts = route(ops.to_numpy(ops.linear(xf, lw["router"])), args.num_experts_per_tok, args.norm_topk_prob)
+    ids, wts = route(ops.to_numpy(ops.linear(xf, lw["router"])), args.num_experts_per_tok, args.norm_topk_prob,
+                     args.unit_router_weights)
+    ffn.routed(i, ids)  # a streaming source may start reading what it expects the next layer to need
     groups = expert_groups(ids, wts)
     out = ops.zeros((B * T, D), xf)
     # The source yields experts in the order asked, loading them as it goes (waves when they do not

@@ -37,15 +37,40 @@ class ExpertCache:
                 self.policy.touch(key, inserted=False)
                 continue
             self.misses[layer] += 1
-            if not self.free:
-                victim = self.policy.victim([k for k in self.slot_of if k not in pinned], layer)
-                self.policy.forget(victim)
-                self.free.append(self.slot_of.pop(victim))
-            slot = self.free.pop()
+            slot = self._free_slot(layer, pinned)
+            if slot is None:
+                raise RuntimeError(f"expert cache: all {self.slots} slots are pinned by this step")
             self.slot_of[key] = slot
             self.policy.touch(key, inserted=True)
             todo.append((e, slot))
         return todo
+
+    def prefetch(self, layer: int, experts: list[int], pinned: set) -> list[tuple[int, int]]:
+        """Like `place` for experts not yet routed (a preload): no hit/miss is counted and the policy
+        sees an arrival, not a use. Returns [(expert, slot)] to fill."""
+        todo, keep = [], set(pinned)
+        for e in experts:
+            key = (layer, e)
+            keep.add(key)
+            if key in self.slot_of:
+                continue
+            slot = self._free_slot(layer, keep)
+            if slot is None:
+                break
+            self.slot_of[key] = slot
+            self.policy.admit(key)
+            todo.append((e, slot))
+        return todo
+
+    def _free_slot(self, layer: int, pinned: set) -> int | None:
+        if not self.free:
+            candidates = [k for k in self.slot_of if k not in pinned]
+            if not candidates:
+                return None
+            victim = self.policy.victim(candidates, layer)
+            self.policy.forget(victim)
+            self.free.append(self.slot_of.pop(victim))
+        return self.free.pop()
 
     def rows(self, layer: int, expert: int) -> np.ndarray:
         return self.buf[self.slot_of[(layer, expert)]]

@@ -1,11 +1,15 @@
-"""Expert sources for the MoE graph: `experts(layer, ids)` yields (expert, weights) for the
-routed experts of one layer, in the order asked (the graph sums in that order, so every source
-gives the same result bit for bit).
+"""Expert sources for the MoE graph. The graph first tells a source every token's routing at a
+layer (`routed(layer, ids [N, K])`), then asks `experts(layer, wanted)`, which yields (expert,
+weights) in the order asked (the graph sums in that order, so every source gives the same result bit
+for bit).
 
 ResidentExperts  every expert read once at load and kept as backend weights (the reference)
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
                  slots as the memory budget allows; a step that routes to more experts than there
-                 are slots is served in waves of at most `slots` experts
+                 are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
+                 a decode step preloads the next layer's most probable experts while this layer
+                 computes; the router's real choice still decides what runs, so a wrong guess costs
+                 only the bandwidth and the slot it took.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import numpy as np
 from ..weights import bundle_weights
 from ..store.ffn_reader import FFNReader
 from .expert_cache import ExpertCache
+
+PRELOAD_PRIORITY = 1  # the pool serves demand reads (priority 0) first
 
 
 def expert_weights(ops, layout, rows: np.ndarray) -> dict:
@@ -34,6 +40,9 @@ class ResidentExperts:
             rows = reader.read_layer(i)
             self.layers.append([expert_weights(ops, lay, rows[e * Fe:(e + 1) * Fe]) for e in range(lay.n_experts)])
 
+    def routed(self, layer: int, ids: np.ndarray) -> None:
+        pass
+
     def experts(self, layer: int, ids: list[int]):
         for e in ids:
             yield e, self.layers[layer][e]
@@ -43,40 +52,87 @@ class ResidentExperts:
 
 
 class StreamedExperts:
-    """Counters as the dense FFN sources keep them: io_seconds, mem_seconds, bytes_read, reads."""
+    """Counters as the dense FFN sources keep them (io_seconds: time blocked on reads, mem_seconds,
+    bytes_read, reads), plus the preloader's: predicted / useful (preloaded experts the router then
+    chose) / routed (experts decode steps asked for), preload_bytes, and preload_wait_seconds (the
+    part of io_seconds spent waiting for preloads still in flight)."""
 
-    def __init__(self, ops, store, pool, slots: int, policy: str = "edgemoe"):
+    def __init__(self, ops, store, pool, slots: int, policy: str = "edgemoe", predictor=None, preload: int = 0):
         self.ops, self.pool = ops, pool
         self.layout = lay = store.manifest.ffn
+        self.n_layers = len(lay.layer_offsets)
         self.file = pool.open(store.file_path(lay.file))
-        self.cache = ExpertCache(slots, lay.expert_nbytes, len(lay.layer_offsets), policy)
-        self.io_seconds = 0.0
-        self.mem_seconds = 0.0
-        self.bytes_read = 0
-        self.reads = 0
+        self.cache = ExpertCache(slots, lay.expert_nbytes, self.n_layers, policy)
+        self.predictor, self.preload = predictor, preload if predictor is not None else 0
+        self.io_seconds = self.mem_seconds = self.preload_wait_seconds = 0.0
+        self.bytes_read = self.reads = self.preload_bytes = 0
+        self.predicted = self.useful = self.routed_experts = 0
+        self._path: list = [(), ()]  # the current token's choices at the last two layers
+        self._inflight: list = []  # preload batches not yet waited for
+        self._preloaded: set = set()  # keys in the cache because of a preload, not yet used
+
+    def routed(self, layer: int, ids: np.ndarray) -> None:
+        if len(ids) != 1:  # prefill: every expert is about to be read anyway; no single path to follow
+            self._path = [(), ()]
+            return
+        self._path = [tuple(int(e) for e in ids[0]), self._path[0] if layer else ()]
 
     def experts(self, layer: int, ids: list[int]):
         lay, cache = self.layout, self.cache
+        self._settle()
+        single = len(ids) <= cache.slots
+        if self._path[0]:
+            self.routed_experts += len(ids)
+            self.useful += sum((layer, e) in self._preloaded for e in ids)
+        self._preloaded = {k for k in self._preloaded if k[0] != layer}  # used now, or a wrong guess
         for s in range(0, len(ids), cache.slots):
             wave = list(ids[s:s + cache.slots])
+            pinned = {(layer, e) for e in wave}
             t = time.perf_counter()
-            todo = cache.place(layer, wave, pinned={(layer, e) for e in wave})
+            todo = cache.place(layer, wave, pinned=pinned)
             self.mem_seconds += time.perf_counter() - t
             if todo:
-                batch = self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_nbytes, cache.buf[slot])
-                                        for e, slot in todo])
-                self.io_seconds += batch.wait_seconds
-                self.bytes_read += batch.bytes_read
-                self.reads += batch.reads
+                self._account(self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_nbytes,
+                                               cache.buf[slot]) for e, slot in todo]))
+            if single and self._path[0] and layer + 1 < self.n_layers and self.preload:
+                self._start_preload(layer + 1, pinned)
             for e in wave:
                 t = time.perf_counter()
                 w = expert_weights(self.ops, lay, cache.rows(layer, e))
                 self.mem_seconds += time.perf_counter() - t
                 yield e, w
 
+    def _start_preload(self, layer: int, pinned: set) -> None:
+        """Read the predicted experts of `layer` into slots that this layer's experts do not hold."""
+        guess = self.predictor.predict(layer, self._path[0], self._path[1], min(self.preload, self.cache.slots - len(pinned)))
+        self.predicted += len(guess)
+        todo = self.cache.prefetch(layer, guess, pinned)
+        if todo:
+            lay = self.layout
+            self._inflight.append(self.pool.submit([(self.file, lay.expert_offset(layer, e), lay.expert_nbytes,
+                                                     self.cache.buf[slot]) for e, slot in todo], PRELOAD_PRIORITY))
+            self._preloaded |= {(layer, e) for e, _ in todo}
+
+    def _settle(self) -> None:
+        """Wait for preloads in flight: their slots may be evicted or read from next."""
+        for batch in self._inflight:
+            batch.wait()
+            self.preload_wait_seconds += batch.wait_seconds
+            self.io_seconds += batch.wait_seconds
+            self.preload_bytes += batch.bytes_read
+            self.bytes_read += batch.bytes_read
+            self.reads += batch.reads
+        self._inflight = []
+
+    def _account(self, batch) -> None:
+        self.io_seconds += batch.wait_seconds
+        self.bytes_read += batch.bytes_read
+        self.reads += batch.reads
+
     def hit_stats(self) -> list[tuple[int, int]]:
         """Per layer (hits, misses) since load."""
         return list(zip(self.cache.hits, self.cache.misses))
 
     def close(self) -> None:
+        self._settle()
         self.pool.close()

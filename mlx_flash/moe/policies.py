@@ -39,6 +39,11 @@ class Policy:
         if inserted:
             self.inserted[key] = self.clock
 
+    def admit(self, key) -> None:
+        """A key cached before anyone asked for it (a preload): it arrives now but is not yet used."""
+        self.last_use[key] = self.clock
+        self.inserted[key] = self.clock
+
     def forget(self, key) -> None:
         self.inserted.pop(key, None)
 
