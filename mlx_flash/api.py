@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from .backends import get_backend
 from .config import EngineConfig
 from .default_model import resolve_store
@@ -91,10 +93,30 @@ def _first_layer_rows(store):
         return FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)
 
 
+def _experts_held(ops, store) -> tuple[int, int]:
+    """(the most one converted expert holds, what all of them hold) in backend memory, measured on
+    one expert of each storage format."""
+    from .moe.experts import expert_weights, read_expert
+
+    lay = store.manifest.ffn
+    held, total = {}, 0
+    buf = np.empty(lay.expert_nbytes, np.uint8)
+    with ReaderPool(threads=1, mode="buffered") as pool:
+        f = pool.open(store.file_path(lay.file))
+        for i in range(len(lay.layer_offsets)):
+            for e in range(lay.n_experts):
+                kind = lay.expert_layout(i, e).precision
+                if kind not in held:
+                    read_expert(pool, f, lay, i, e, buf)
+                    held[kind] = ops.held_bytes(expert_weights(ops, lay, i, e, buf))
+                total += held[kind]
+    return max(held.values()), total
+
+
 def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     """MoE experts: all resident (ffn="resident"), or read from flash when routed into an expert
     cache sized by cfg.memory_budget (ffn="stream" or "sparse"; "50%" is of the fully resident model)."""
-    from .moe.experts import ResidentExperts, StreamedExperts, expert_weights
+    from .moe.experts import ResidentExperts, StreamedExperts
     from .moe.planner import plan_experts
     from .sparse.planner import parse_budget
 
@@ -102,8 +124,8 @@ def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     if cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             return ResidentExperts(ops, store, pool)
-    converted = ops.held_bytes(expert_weights(ops, lay, _first_layer_rows(store)[: lay.expert_neurons]))
-    total = resident_held + converted * lay.n_experts * len(lay.layer_offsets)
+    converted, experts_held = _experts_held(ops, store)
+    total = resident_held + experts_held
     slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
     predictor, preload = routing_predictor(store, cfg.expert_preload)
     src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy, predictor, preload)

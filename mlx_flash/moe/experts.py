@@ -19,26 +19,35 @@ import time
 import numpy as np
 
 from ..weights import bundle_weights
-from ..store.ffn_reader import FFNReader
 from .expert_cache import ExpertCache
 
 PRELOAD_PRIORITY = 1  # the pool serves demand reads (priority 0) first
 
 
-def expert_weights(ops, layout, rows: np.ndarray) -> dict:
-    """One expert's bundle rows [expert_neurons * bundle_bytes] (or [n, bundle_bytes]) -> weights."""
-    return bundle_weights(ops, layout, rows.reshape(layout.expert_neurons, layout.bundle_bytes))
+def expert_weights(ops, layout, layer: int, expert: int, buf: np.ndarray) -> dict:
+    """One expert's bundle rows (at the start of `buf`, in its own format) -> backend weights."""
+    sub = layout.expert_layout(layer, expert)
+    n = layout.expert_neurons * sub.bundle_bytes
+    return bundle_weights(ops, sub, buf[:n].reshape(layout.expert_neurons, sub.bundle_bytes))
+
+
+def read_expert(pool, file, layout, layer: int, expert: int, buf: np.ndarray):
+    """Read one expert's bytes into `buf` (at least layout.expert_nbytes); returns the batch."""
+    return pool.read([(file, layout.expert_offset(layer, expert), layout.expert_size(layer, expert), buf)])
 
 
 class ResidentExperts:
     def __init__(self, ops, store, pool):
         lay = store.manifest.ffn
-        reader = FFNReader(pool, store.file_path(lay.file), lay)
-        Fe = lay.expert_neurons
+        f = pool.open(store.file_path(lay.file))
+        buf = np.empty(lay.expert_nbytes, np.uint8)
         self.layers = []
         for i in range(len(lay.layer_offsets)):
-            rows = reader.read_layer(i)
-            self.layers.append([expert_weights(ops, lay, rows[e * Fe:(e + 1) * Fe]) for e in range(lay.n_experts)])
+            row = []
+            for e in range(lay.n_experts):
+                read_expert(pool, f, lay, i, e, buf)
+                row.append(expert_weights(ops, lay, i, e, buf))
+            self.layers.append(row)
 
     def routed(self, layer: int, ids: np.ndarray) -> None:
         pass
@@ -92,13 +101,13 @@ class StreamedExperts:
             todo = cache.place(layer, wave, pinned=pinned)
             self.mem_seconds += time.perf_counter() - t
             if todo:
-                self._account(self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_nbytes,
+                self._account(self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),
                                                cache.buf[slot]) for e, slot in todo]))
             if single and self._path[0] and layer + 1 < self.n_layers and self.preload:
                 self._start_preload(layer + 1, pinned)
             for e in wave:
                 t = time.perf_counter()
-                w = expert_weights(self.ops, lay, cache.rows(layer, e))
+                w = expert_weights(self.ops, lay, layer, e, cache.rows(layer, e))
                 self.mem_seconds += time.perf_counter() - t
                 yield e, w
 
@@ -109,7 +118,7 @@ class StreamedExperts:
         todo = self.cache.prefetch(layer, guess, pinned)
         if todo:
             lay = self.layout
-            self._inflight.append(self.pool.submit([(self.file, lay.expert_offset(layer, e), lay.expert_nbytes,
+            self._inflight.append(self.pool.submit([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),
                                                      self.cache.buf[slot]) for e, slot in todo], PRELOAD_PRIORITY))
             self._preloaded |= {(layer, e) for e, _ in todo}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import StoreError
 
@@ -72,6 +72,16 @@ class BundleField:
 
 
 @dataclass
+class ExpertFormat:
+    """One storage format of experts in a mixed-precision MoE store (moe/mixed_store.py)."""
+
+    precision: str  # "f16", "q2", "q4", "q8"
+    bundle_bytes: int
+    fields: list[BundleField]
+    quant: dict[str, QuantSpec | None]
+
+
+@dataclass
 class FFNLayout:
     """Row-column bundles of every layer's FFN in one file.
 
@@ -93,6 +103,10 @@ class FFNLayout:
     # MoE: the layer's n_neurons are n_experts runs of expert_neurons rows, expert e first at row
     # e * expert_neurons, so one expert (gate | up | down of all its neurons) is one contiguous read.
     n_experts: int = 0
+    # Mixed-precision MoE stores: experts in several formats (`fields`/`bundle_bytes`/`quant` above
+    # then describe the widest), expert_table[layer][expert] = [format index, byte offset in file].
+    expert_formats: list[ExpertFormat] = field(default_factory=list)
+    expert_table: list[list[list[int]]] = field(default_factory=list)
 
     def __post_init__(self):
         if self.n_experts < 0 or (self.n_experts and self.n_neurons % self.n_experts):
@@ -108,10 +122,25 @@ class FFNLayout:
 
     @property
     def expert_nbytes(self) -> int:
+        """Bytes of one expert (of the widest format in a mixed store: what a cache slot holds)."""
         return self.expert_neurons * self.bundle_bytes
 
     def expert_offset(self, layer: int, expert: int) -> int:
+        if self.expert_table:
+            return self.expert_table[layer][expert][1]
         return self.layer_offsets[layer] + expert * self.expert_nbytes
+
+    def expert_size(self, layer: int, expert: int) -> int:
+        """Bytes of this expert as stored."""
+        return self.expert_neurons * self.expert_layout(layer, expert).bundle_bytes
+
+    def expert_layout(self, layer: int, expert: int) -> "FFNLayout":
+        """The layout to decode this expert's bundle rows with (this one unless the store is mixed)."""
+        if not self.expert_table:
+            return self
+        f = self.expert_formats[self.expert_table[layer][expert][0]]
+        return replace(self, bundle_bytes=f.bundle_bytes, fields=f.fields, quant=f.quant, precision=f.precision,
+                       expert_formats=[], expert_table=[])
 
 
 @dataclass
@@ -155,6 +184,11 @@ class Manifest:
                     quant={k: (QuantSpec(**v) if v else None) for k, v in ffn["quant"].items()},
                     layer_offsets=ffn["layer_offsets"], precision=ffn["precision"],
                     n_experts=int(ffn.get("n_experts", 0)),
+                    expert_formats=[ExpertFormat(precision=x["precision"], bundle_bytes=x["bundle_bytes"],
+                                                 fields=[BundleField(**f) for f in x["fields"]],
+                                                 quant={k: (QuantSpec(**v) if v else None) for k, v in x["quant"].items()})
+                                    for x in ffn.get("expert_formats", [])],
+                    expert_table=ffn.get("expert_table", []),
                 ),
                 files=d["files"],
                 source=d.get("source", {}),
@@ -188,13 +222,14 @@ class Manifest:
                     f"bytes but the manifest records {t.nbytes}"
                 )
         f = self.ffn
-        end = 0
-        for fl in f.fields:
-            if fl.dtype not in DTYPE_SIZES or fl.offset < end:
-                raise StoreError(f"{store_dir}: FFN bundle field {fl.name} overlaps or has a bad dtype")
-            end = fl.offset + fl.nbytes
-        if end > f.bundle_bytes:
-            raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {f.bundle_bytes}")
+        for fields, bundle_bytes in [(f.fields, f.bundle_bytes)] + [(x.fields, x.bundle_bytes) for x in f.expert_formats]:
+            end = 0
+            for fl in fields:
+                if fl.dtype not in DTYPE_SIZES or fl.offset < end:
+                    raise StoreError(f"{store_dir}: FFN bundle field {fl.name} overlaps or has a bad dtype")
+                end = fl.offset + fl.nbytes
+            if end > bundle_bytes:
+                raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {bundle_bytes}")
         if len(f.layer_offsets) != self.config["num_hidden_layers"]:
             raise StoreError(
                 f"{store_dir}: FFN layout lists {len(f.layer_offsets)} layers but the config has "
@@ -203,7 +238,10 @@ class Manifest:
         for layer, off in enumerate(f.layer_offsets):
             if off % ALIGNMENT:
                 raise StoreError(f"{store_dir}: FFN layer {layer} region offset {off} is not {ALIGNMENT}-aligned")
-            self._check_range(store_dir, ranges, f.file, off, f.layer_nbytes, f"FFN layer {layer} bundles")
+            if not f.expert_table:
+                self._check_range(store_dir, ranges, f.file, off, f.layer_nbytes, f"FFN layer {layer} bundles")
+        if f.expert_table:
+            self._check_expert_table(store_dir, ranges)
         for fname, rs in ranges.items():
             rs.sort()
             for (a0, a1, an), (b0, b1, bn) in zip(rs, rs[1:]):
@@ -215,6 +253,18 @@ class Manifest:
                 digest = sha256_file(path)
                 if digest != info["sha256"]:
                     raise StoreError(f"{path}: sha256 mismatch (file is corrupt or was modified)")
+
+    def _check_expert_table(self, store_dir, ranges) -> None:
+        f = self.ffn
+        if len(f.expert_table) != len(f.layer_offsets) or any(len(r) != f.n_experts for r in f.expert_table):
+            raise StoreError(f"{store_dir}: the expert table does not list {f.n_experts} experts for each of "
+                             f"{len(f.layer_offsets)} layers")
+        for layer, row in enumerate(f.expert_table):
+            for e, entry in enumerate(row):
+                if len(entry) != 2 or not 0 <= entry[0] < len(f.expert_formats):
+                    raise StoreError(f"{store_dir}: expert {e} of layer {layer} names no known format ({entry})")
+                self._check_range(store_dir, ranges, f.file, entry[1], f.expert_size(layer, e),
+                                  f"expert {e} of layer {layer}")
 
     def _check_range(self, store_dir, ranges, file, offset, nbytes, what):
         if file not in self.files:

@@ -1,0 +1,138 @@
+"""Expert-wise bit-widths (EdgeMoE §6): rewrite a MoE store's experts each at its own width.
+
+From a store whose experts are float rows (f16 or f32), `write_expert_store` writes a new store with
+the same resident weights and expert e of layer l at bits[l][e] in {2, 4, 8} (affine per-group
+quantization of every row, `mx.quantize`; down columns quantized along d_model, as the converter
+does) or 16 (float16 rows). Each expert is one contiguous, 4 KiB-aligned run of bundle rows; the
+manifest's expert table says where it lies and in which format. Quantization is the approximation
+here: its cost is measured by tools/expert_bits.py.
+
+`fake_quantized` gives an expert's weights as they come back from a width (quantized, then
+dequantized to float), to measure importance without writing stores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..store.bundles import pack_layer, plan_fields, unpack_rows
+from ..store.converter import RESIDENT_FILE
+from ..store.manifest import ALIGNMENT, MANIFEST_NAME, ExpertFormat, QuantSpec, sha256_file
+
+WIDTHS = (2, 4, 8, 16)
+EXPERT_FILE = "ffn_experts.bin"
+ROLES = ("gate", "up", "down")
+
+
+def expert_rows(store, layer: int, expert: int) -> dict[str, np.ndarray]:
+    """A float store's expert as float32 rows [Fe, D] per role (down as its stored transposed rows)."""
+    lay = store.manifest.ffn
+    if lay.expert_table or any(lay.quant.get(r) for r in ROLES):
+        raise ConfigError(f"{store.path}: expert bit-widths start from a store with float experts "
+                          f"(this one is {lay.precision}); convert with precision f16")
+    with open(store.file_path(lay.file), "rb") as fh:
+        fh.seek(lay.expert_offset(layer, expert))
+        raw = np.frombuffer(fh.read(lay.expert_nbytes), np.uint8).reshape(lay.expert_neurons, lay.bundle_bytes)
+    arrays = unpack_rows(lay.fields, raw)
+    if any(k.endswith(".bias") for k in arrays):
+        raise ConfigError(f"{store.path}: experts with biases are not supported by expert bit-widths")
+    return {r: arrays[f"{r}.weight"].astype(np.float32) for r in ROLES if f"{r}.weight" in arrays}
+
+
+def quantized_parts(rows: dict[str, np.ndarray], bits: int, group_size: int) -> list[tuple[str, np.ndarray, str]]:
+    """Bundle parts of one expert at `bits` (16: float16 rows)."""
+    import mlx.core as mx
+
+    from ..store.converter import to_storage
+
+    parts = []
+    for role, w in rows.items():
+        if bits == 16:
+            parts.append((f"{role}.weight", w.astype(np.float16), "float16"))
+            continue
+        qw, qs, qb = mx.quantize(mx.array(w.astype(np.float16)), group_size=group_size, bits=bits)
+        for s, a in (("weight", qw), ("scales", qs), ("biases", qb)):
+            arr, name = to_storage(a)
+            parts.append((f"{role}.{s}", arr, name))
+    return parts
+
+
+def fake_quantized(rows: dict[str, np.ndarray], bits: int, group_size: int = 32) -> dict[str, np.ndarray]:
+    """The rows as a `bits`-wide expert computes with them (float32)."""
+    import mlx.core as mx
+
+    if bits == 16:
+        return {r: w.astype(np.float16).astype(np.float32) for r, w in rows.items()}
+    out = {}
+    for role, w in rows.items():
+        qw, qs, qb = mx.quantize(mx.array(w.astype(np.float16)), group_size=group_size, bits=bits)
+        # float32 scales, as the backends dequantize: scale * code + bias in float32
+        out[role] = np.array(mx.dequantize(qw, qs.astype(mx.float32), qb.astype(mx.float32), group_size=group_size,
+                                           bits=bits))
+    return out
+
+
+def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: int = 32, progress: bool = True) -> str:
+    """A copy of `store` with expert (l, e) at bits[l][e]; returns out_dir. Atomic like convert()."""
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    lay = store.manifest.ffn
+    L, E = len(lay.layer_offsets), lay.n_experts
+    if not E:
+        raise ConfigError(f"{store.path}: not a mixture-of-experts store")
+    if len(bits) != L or any(len(r) != E for r in bits) or any(b not in WIDTHS for r in bits for b in r):
+        raise ConfigError(f"bit-widths must be {L} layers x {E} experts, each one of {WIDTHS}")
+    tmp = out_dir.rstrip("/") + f".partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        formats: dict[int, ExpertFormat] = {}
+        table = []
+        with open(os.path.join(tmp, EXPERT_FILE), "wb") as fh:
+            for layer in tqdm(range(L), desc="writing experts", unit="layer", disable=not progress):
+                row = []
+                for e in range(E):
+                    b = bits[layer][e]
+                    parts = quantized_parts(expert_rows(store, layer, e), b, group_size)
+                    if b not in formats:
+                        fields, bundle_bytes = plan_fields(parts)
+                        q = None if b == 16 else QuantSpec(bits=b, group_size=group_size)
+                        formats[b] = ExpertFormat(precision="f16" if b == 16 else f"q{b}", bundle_bytes=bundle_bytes,
+                                                  fields=fields, quant={r: q for r in ROLES if f"{r}.weight" in
+                                                                         {p[0] for p in parts}})
+                    f = formats[b]
+                    fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+                    row.append([b, fh.tell()])
+                    fh.write(pack_layer(f.fields, f.bundle_bytes, {p[0]: p[1] for p in parts}).tobytes())
+                table.append(row)
+            fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+        order = sorted(formats)
+        index = {b: i for i, b in enumerate(order)}
+        table = [[[index[b], off] for b, off in row] for row in table]
+        widest = formats[max(formats, key=lambda b: formats[b].bundle_bytes)]
+        starts = [row[0][1] for row in table]
+        ffn = replace(lay, file=EXPERT_FILE, bundle_bytes=widest.bundle_bytes, fields=widest.fields,
+                      quant=widest.quant, precision="mixed" if len(formats) > 1 else widest.precision,
+                      layer_offsets=starts, expert_formats=[formats[b] for b in order], expert_table=table)
+        for name in os.listdir(store.path):
+            if name not in (MANIFEST_NAME, lay.file) and os.path.isfile(os.path.join(store.path, name)):
+                shutil.copy2(os.path.join(store.path, name), os.path.join(tmp, name))
+        files = {RESIDENT_FILE: dict(store.manifest.files[RESIDENT_FILE]),
+                 EXPERT_FILE: {"size": os.path.getsize(os.path.join(tmp, EXPERT_FILE)),
+                               "sha256": sha256_file(os.path.join(tmp, EXPERT_FILE))}}
+        source = dict(store.manifest.source, expert_bits_from=os.path.basename(store.path))
+        manifest = replace(store.manifest, ffn=ffn, files=files, source=source)
+        with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
+            fh.write(manifest.to_json())
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
