@@ -30,6 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
     p.add_argument("--expert-policy", choices=ONLINE_POLICIES, default="edgemoe",
                    help="MoE models with --ffn stream/sparse: expert-cache eviction policy")
+    p.add_argument("--expert-preload", type=int, default=-1,
+                   help="MoE with --ffn stream: next-layer experts preloaded per token from the store's routing "
+                        "predictor (tools/trace_experts.py); -1: the router's top-k when there is one, 0: off")
     p.add_argument("--window", type=int, default=0,
                    help="with --ffn sparse: tokens of active rows kept cached (default 0: the planner picks)")
     p.add_argument("--speculative", type=int, default=0,
@@ -100,6 +103,9 @@ def format_stats(engine) -> str:
         hits, misses = map(sum, zip(*ffn.hit_stats()))
         text += (f"\nexpert cache ({ffn.cache.policy.__class__.__name__}, {ffn.cache.slots} slots): "
                  f"{hits / max(1, hits + misses):.1%} hits over {hits + misses} routed experts")
+        if ffn.preload:
+            text += (f"\nexpert preloading ({ffn.preload} per layer): {ffn.useful / max(1, ffn.routed_experts):.1%} "
+                     f"of the experts decode steps routed to were already preloaded")
     return text
 
 
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
         engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
                       torch_dtype=args.torch_dtype, sparse_mode=args.sparse_mode, memory_budget=args.memory_budget,
                       window=args.window, predictor=args.predictor, down_only=args.down_only,
-                      expert_policy=args.expert_policy)
+                      expert_policy=args.expert_policy, expert_preload=args.expert_preload)
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (

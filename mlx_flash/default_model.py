@@ -38,7 +38,9 @@ def resolve_store(model: str | None, cache_dir: str, precision: str = "source", 
         return source
     st = os.stat(source)
     key = hashlib.sha256(f"{source}|{st.st_size}|{int(st.st_mtime)}|{precision}|{CONVERTER_VERSION}".encode()).hexdigest()[:12]
-    name = os.path.splitext(os.path.basename(source.rstrip("/")))[0]
+    name = os.path.basename(source.rstrip("/"))
+    if os.path.isfile(source):  # a directory's name has no extension, even with dots in it
+        name = os.path.splitext(name)[0]
     out = os.path.join(cache_dir, "stores", f"{name}-{precision}-{key}")
     if not is_store(out):
         if progress:

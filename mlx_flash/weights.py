@@ -71,12 +71,15 @@ def resident_getter(ops, store: Store):
 
 def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
     """[n, bundle_bytes] bundle rows -> backend weights: {"gate_up", "down"} for gated FFNs (gate and
-    up rows fused), {"up", "down"} otherwise. Down is stored transposed ([n, D] rows of down columns)."""
+    up rows fused), {"up", "down"} otherwise. Down is stored transposed ([n, D] rows of down columns),
+    except in whole-expert formats with `down_rows` (see FFNLayout)."""
     dtypes = {f.name: f.dtype for f in layout.fields}
     arrays = {k: (v.reshape(-1) if k.endswith(".bias") else v, dtypes[k])
               for k, v in unpack_rows(layout.fields, rows).items()}
     d, ddt = linear_parts(arrays, "down")
-    down = ops.weight(d, layout.quant.get("down"), transposed=True, dtypes=ddt)
+    if layout.down_rows:  # a whole expert's down matrix [D, Fe], cut into its Fe bundles
+        d = {k: v.reshape(layout.d_model, -1) for k, v in d.items()}
+    down = ops.weight(d, layout.quant.get("down"), transposed=not layout.down_rows, dtypes=ddt)
     if not layout.gated:
         up, dt = linear_parts(arrays, "up")
         return {"up": ops.weight(up, layout.quant.get("up"), dtypes=dt), "down": down}

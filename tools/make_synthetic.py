@@ -3,7 +3,9 @@ synthetic: real bytes and read patterns, random weights, modelled activity).
 
     python tools/make_synthetic.py [--shape llama-2-7b] [--out DIR] [--layers N] [--seed 0]
 
-Default output: <cache>/stores/synthetic-<shape>. Llama-2-7B is about 13.5 GB (8.7 GB of FFN bundles).
+Default output: <cache>/stores/synthetic-<shape>. Llama-2-7B is about 13.5 GB (8.7 GB of FFN bundles);
+mixtral-8x7b is 2.9 GB of experts per layer (use --layers: tools/bench_experts.py --synthetic replays
+routing over however many layers there are).
 """
 
 import argparse

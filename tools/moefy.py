@@ -29,6 +29,8 @@ def main() -> int:
     p.add_argument("--top-k", type=int, default=4, help="experts each token runs (default 4)")
     p.add_argument("--out", default=None)
     p.add_argument("--calib-tokens", type=int, default=16384)
+    p.add_argument("--block", type=int, default=None,
+                   help="neurons move between experts in blocks this big (default: the source's quantization group)")
     p.add_argument("--epochs", type=int, default=30, help="router training epochs (default 30)")
     p.add_argument("--ppl-tokens", type=int, default=4096, help="Wikipedia tokens scored (default 4096)")
     return exit_status(lambda: run(p.parse_args()))
@@ -49,7 +51,7 @@ def run(a) -> None:
     source = a.model or default_model_path()
     name = os.path.splitext(os.path.basename(os.path.abspath(source)))[0]
     out = a.out or os.path.join(default_cache_dir(), "models", f"{name}-moefied-E{a.experts}K{a.top_k}")
-    report = moefy(source, out, read_corpus("austen"), a.experts, a.top_k, a.calib_tokens, epochs=a.epochs)
+    report = moefy(source, out, read_corpus("austen"), a.experts, a.top_k, a.calib_tokens, a.block, epochs=a.epochs)
     wiki = read_corpus("wikipedia")
     ppl = {}
     for label, model, precision in (("dense", source, "f16"), ("moefied", out, "source")):

@@ -48,7 +48,7 @@ def run(a) -> None:
         np.save(os.path.join(eng.store.path, "routes-wikipedia.npy"), valid)
         K, E = valid.shape[2], lay.n_experts
         print(f"routing of {calib.shape[1]} calibration and {valid.shape[1]} validation tokens, {E} experts, top-{K}")
-        for n in sorted({K, 2 * K}):
+        for n in sorted({max(1, K // 2), K}):
             acc = pred.accuracy(valid, n)
             print(f"predicting {n} experts per layer: {acc['accuracy']:.1%} of the routed experts named "
                   f"(chance {n / E:.1%}); per layer " + " ".join(f"{x:.2f}" for x in acc["per_layer"][1:]))

@@ -38,9 +38,15 @@ def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]
 
 
 def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 4, calib_tokens: int = 16384,
+          block: int | None = None,
           valid_fraction: float = 0.1, epochs: int = 30, seed: int = 0, cache_dir: str = "", progress: bool = True,
           log=print) -> dict:
-    """Derive the MoE model of `source` into `out_dir`; returns the report saved in its config."""
+    """Derive the MoE model of `source` into `out_dir`; returns the report saved in its config.
+
+    Neurons move between experts in blocks of `block` (default: the group size the source quantized
+    its down projection with, else 1). A quantized source's down groups run along the neurons, so
+    experts made of whole groups keep the source's 4-bit numbers exactly representable: re-quantizing
+    an expert to 4 bits (moe/mixed_store.py) then loses nothing."""
     import mlx.core as mx
     from tqdm import tqdm
 
@@ -56,8 +62,10 @@ def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k
         raise UnsupportedModelError(f"{source}: MoEfication needs a dense SwiGLU Llama-family model, "
                                     f"not {cfg['model_type']!r}")
     F, L = cfg["intermediate_size"], cfg["num_hidden_layers"]
-    if F % n_experts:
-        raise ConfigError(f"{F} FFN neurons do not split evenly into {n_experts} experts")
+    down_q = src.quant.get("model.layers.0.mlp.down_proj")
+    block = block or (down_q.group_size if down_q else 1)
+    if F % n_experts or (F // n_experts) % block:
+        raise ConfigError(f"{F} FFN neurons do not split evenly into {n_experts} experts of whole {block}-neuron blocks")
     with mlx_flash.load(source, backend="torch", precision="f16", cache_dir=cache_dir, progress=progress) as eng:
         ids = eng.tokenizer.encode(calib_text[: calib_tokens * 8])[:calib_tokens]
         acts = collect(eng, ids, 256, calib_tokens, progress)
@@ -68,7 +76,8 @@ def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k
     for i in tqdm(range(L), desc="moefying layers", unit="layer", disable=not progress):
         x, h = acts[i]
         gate, up, down, dtype = dense_ffn(src, i)
-        assign = M.balanced_clusters(h[:n_fit].T, n_experts, seed=seed + i)
+        blocks = h[:n_fit].astype(np.float32).reshape(len(h[:n_fit]), F // block, block).sum(2)  # [N, F/block]
+        assign = np.repeat(M.balanced_clusters(blocks.T, n_experts, seed=seed + i), block)
         order = M.expert_order(assign, n_experts)
         scores = M.expert_contributions(x, gate, up, down, order, n_experts)
         router = M.train_router(x[:n_fit], scores[:n_fit], epochs=epochs, seed=seed + i)
@@ -84,7 +93,7 @@ def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k
             for name, w in (("gate_proj", gate[rows]), ("up_proj", up[rows]), ("down_proj", down[:, rows])):
                 tensors[f"{p}experts.{e}.{name}.weight"] = mx.array(np.ascontiguousarray(w).astype(dtype))
     report = {"derived_from": os.path.basename(os.path.abspath(source)), "method": "MoEfication: balanced k-means "
-              "on co-activation, linear router trained on expert output norms", "calibration_tokens": len(ids),
+              "on co-activation, linear router trained on expert output norms", "calibration_tokens": len(ids), "block": block,
               "n_experts": n_experts, "top_k": top_k, "router": layers}
     hf = {k: v for k, v in cfg.items() if k not in ("rope_scale", "extra")}
     hf.update(model_type="moefied_llama", hidden_act="silu", num_experts=n_experts, num_experts_per_tok=top_k,

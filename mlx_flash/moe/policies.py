@@ -10,8 +10,10 @@ never read or write expert bytes.
   fifo     first in, first out
   edgemoe  EdgeMoE's score: evict the expert that is rarely routed (frequency f_ij of expert j at
            layer i, counted over everything seen) and far from being needed, the distance being how
-           many layers ahead of the current layer I it sits in cyclic order, (S + i - I) mod S for S
-           MoE layers; the lowest f_ij / (1 + distance) goes first
+           many layers from now layer i runs again in cyclic order over S MoE layers:
+           (i - I - 1) mod S + 1 while layer I is being served, so the next layer is 1 away and the
+           current layer's other experts, needed only on the next token, a whole cycle (S) away;
+           the lowest f_ij / distance goes first
   belady   the offline optimum: evict the key whose next use lies farthest in the future (needs the
            whole access trace, so it exists only in `simulate`)
 """
@@ -71,8 +73,8 @@ class EdgeMoE(Policy):
         S = self.n_layers
 
         def score(k):
-            distance = (S + k[0] - layer) % S  # layers until this expert's layer comes round again
-            return (self.freq[k] / (1.0 + distance), self.last_use[k])
+            distance = (k[0] - layer - 1) % S + 1  # layers until this expert's layer runs again
+            return (self.freq[k] / distance, self.last_use[k])
 
         return min(candidates, key=score)
 

@@ -26,6 +26,13 @@ SHAPES = {
                    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_traditional": False,
                    "tie_word_embeddings": False, "max_position_embeddings": 4096, "sliding_window": None,
                    "bos_token_id": 1, "eos_token_id": 2},
+    # Mixtral-8x7B: 32 layers, d_model 4096, 8 experts of 14336 neurons, top-2, GQA 32/8 heads.
+    "mixtral-8x7b": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 8 * 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "vocab_size": 32000, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+                     "rope_traditional": False, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+                     "sliding_window": None, "bos_token_id": 1, "eos_token_id": 2, "num_experts": 8,
+                     "num_experts_per_tok": 2, "moe_intermediate_size": 14336, "norm_topk_prob": True},
 }
 RESIDENT_FILE, FFN_FILE = "resident.safetensors", "ffn_bundles.bin"
 _CHUNK = 64 << 20
@@ -68,6 +75,8 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
         resident.update({p + "input_layernorm.weight": [D], p + "post_attention_layernorm.weight": [D],
                          p + "self_attn.q_proj.weight": [H * hd, D], p + "self_attn.k_proj.weight": [Hk * hd, D],
                          p + "self_attn.v_proj.weight": [Hk * hd, D], p + "self_attn.o_proj.weight": [D, H * hd]})
+        if cfg.get("num_experts"):
+            resident[p + "mlp.gate.weight"] = [cfg["num_experts"], D]
     fields, bundle_bytes = plan_fields([(f"{r}.weight", np.empty((0, D), np.float16), "float16")
                                         for r in ("gate", "up", "down")])
     out_dir = os.path.abspath(out_dir)
@@ -101,7 +110,8 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
                 _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
             files[FFN_FILE] = {"size": os.path.getsize(os.path.join(tmp, FFN_FILE)), "sha256": digest.hexdigest()}
         ffn = FFNLayout(file=FFN_FILE, gated=True, n_neurons=F, d_model=D, bundle_bytes=bundle_bytes, fields=fields,
-                        quant={"gate": None, "up": None, "down": None}, layer_offsets=offsets, precision="f16")
+                        quant={"gate": None, "up": None, "down": None}, layer_offsets=offsets, precision="f16",
+                        n_experts=cfg.get("num_experts", 0))
         m = Manifest(config=cfg, tensors=tensors, quant={}, ffn=ffn, files=files,
                      source={"synthetic": shape, "seed": seed, "note": "random weights; results are synthetic"})
         with open(os.path.join(tmp, "manifest.json"), "w") as fh:

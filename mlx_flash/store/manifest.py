@@ -79,6 +79,7 @@ class ExpertFormat:
     bundle_bytes: int
     fields: list[BundleField]
     quant: dict[str, QuantSpec | None]
+    down_rows: bool = False  # down kept as the [D, Fe] matrix, its arrays cut into Fe pieces (see below)
 
 
 @dataclass
@@ -107,6 +108,9 @@ class FFNLayout:
     # then describe the widest), expert_table[layer][expert] = [format index, byte offset in file].
     expert_formats: list[ExpertFormat] = field(default_factory=list)
     expert_table: list[list[list[int]]] = field(default_factory=list)
+    # Whole-expert formats only: the down fields of an expert's Fe bundles, joined, are its down
+    # matrix [D, Fe] in the linear's own orientation (quantized along Fe), not Fe down columns.
+    down_rows: bool = False
 
     def __post_init__(self):
         if self.n_experts < 0 or (self.n_experts and self.n_neurons % self.n_experts):
@@ -140,7 +144,7 @@ class FFNLayout:
             return self
         f = self.expert_formats[self.expert_table[layer][expert][0]]
         return replace(self, bundle_bytes=f.bundle_bytes, fields=f.fields, quant=f.quant, precision=f.precision,
-                       expert_formats=[], expert_table=[])
+                       expert_formats=[], expert_table=[], down_rows=f.down_rows)
 
 
 @dataclass
@@ -186,9 +190,11 @@ class Manifest:
                     n_experts=int(ffn.get("n_experts", 0)),
                     expert_formats=[ExpertFormat(precision=x["precision"], bundle_bytes=x["bundle_bytes"],
                                                  fields=[BundleField(**f) for f in x["fields"]],
-                                                 quant={k: (QuantSpec(**v) if v else None) for k, v in x["quant"].items()})
+                                                 quant={k: (QuantSpec(**v) if v else None) for k, v in x["quant"].items()},
+                                                 down_rows=bool(x.get("down_rows", False)))
                                     for x in ffn.get("expert_formats", [])],
                     expert_table=ffn.get("expert_table", []),
+                    down_rows=bool(ffn.get("down_rows", False)),
                 ),
                 files=d["files"],
                 source=d.get("source", {}),

@@ -1,0 +1,243 @@
+"""EdgeMoE benchmarks: the expert-cache policy table, and decode speed with cold reads (direct I/O).
+
+    python tools/bench_experts.py --policies --model MOE            hit rates, prefetch off
+    python tools/bench_experts.py --model MOE [--tokens 32]          speed on a real MoE model
+    python tools/bench_experts.py --synthetic STORE [--tokens 16]    speed on a synthetic store, routing replayed
+
+--policies replays the Wikipedia routing trace tools/trace_experts.py saved in the store
+(routes-wikipedia.npy) through a cache of 1, 2, 4 and 8 experts per layer (shared by all layers),
+token by token, for every policy and Belady's offline optimum.
+
+Speed rows (medians over the decoded tokens; I/O = time blocked on reads):
+  IO-EXP   float16 experts read when routed, no cache (slots for one layer's experts)
+  IO-QEXP  all experts INT4 (<store>-int4), no cache
+  Q        the expert-wise widths (<store>-mixP005, tools/expert_bits.py), no cache
+  Q+P      Q, plus the next layer's predicted experts preloaded (slots for two layers)
+  Q+P+C    Q+P with an expert cache of 25 / 50 / 100% of all experts (EdgeMoE: ours)
+With --synthetic, the experts run on their own (no attention) over routing replayed from a MoE-fied
+model's trace (pairs of its experts merged), and Q is all-INT4 (random weights have no importance).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import mlx_flash  # noqa: E402
+from mlx_flash.errors import FlashError, exit_status  # noqa: E402
+from moefy import read_corpus  # noqa: E402
+
+SHARES = (0.25, 0.5, 1.0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="a MoE store (or HF dir) with a routing trace and predictor")
+    p.add_argument("--policies", action="store_true", help="print the cache-policy table and stop")
+    p.add_argument("--sizes", default="1,2,4,8", help="cache sizes, experts per layer (default 1,2,4,8)")
+    p.add_argument("--int4", default=None, help="the all-INT4 store (default <store>-int4)")
+    p.add_argument("--mixed", default=None, help="the expert-wise widths store (default <store>-mixP005)")
+    p.add_argument("--synthetic", default=None, help="a synthetic MoE store (tools/make_synthetic.py --shape mixtral-8x7b)")
+    p.add_argument("--routes", default=None, help="with --synthetic: a routes-wikipedia.npy to replay")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    return exit_status(lambda: run(p.parse_args()))
+
+
+def run(a) -> None:
+    if a.synthetic:
+        return bench_synthetic(a)
+    if not a.model:
+        raise FlashError("--model is required (a MoE model, e.g. tools/moefy.py's output)")
+    from mlx_flash.default_model import resolve_store
+    from mlx_flash.config import default_cache_dir
+
+    store = resolve_store(a.model, default_cache_dir())
+    if a.policies:
+        return policy_table(store, [int(s) for s in a.sizes.split(",")])
+    bench_model(a, store)
+
+
+def load_routes(store: str) -> np.ndarray:
+    path = os.path.join(store, "routes-wikipedia.npy")
+    if not os.path.isfile(path):
+        raise FlashError(f"{path}: no routing trace (run tools/trace_experts.py --model {store})")
+    return np.load(path)
+
+
+def policy_table(store: str, sizes: list[int]) -> None:
+    from mlx_flash.moe.policies import POLICIES, simulate
+    from mlx_flash.moe.routing import decode_trace
+
+    routes = load_routes(store)
+    L, N, K = routes.shape
+    trace = decode_trace(routes)
+    print(f"expert-cache hit rate, prefetch off: {N} Wikipedia tokens decoded one by one, {L} layers, top-{K}\n")
+    print("| experts cached per layer | " + " | ".join(POLICIES) + " |\n|---" * (len(POLICIES) + 1) + "|")
+    for s in sizes:
+        rates = {p: simulate(trace, s * L, p, L)["hit_rate"] for p in POLICIES}
+        print(f"| {s} ({s * L} slots) | " + " | ".join(f"{rates[p]:.1%}" for p in POLICIES) + " |")
+
+
+# ---- speed on a real model ---------------------------------------------------------------------
+
+def account_of(path: str) -> dict:
+    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget="100%", expert_preload=0,
+                        progress=False) as e:
+        return dict(e.ffn.account, n_layers=e.ffn.n_layers, n_experts=e.ffn.layout.n_experts,
+                    k=e.args.num_experts_per_tok)
+
+
+def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
+    budget = acct["resident_weights"] + acct["converted_expert"] + slots * acct["expert_bytes"]
+    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, expert_preload=preload,
+                        io_mode="direct", progress=False) as e:
+        f = e.ffn
+        e.generate(prompt, max_tokens=tokens + 1)
+        pre, steps = e.last.steps[0], e.last.steps[1:]
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        h, m = map(sum, zip(*f.hit_stats()))
+        return {"label": label, "slots": f.cache.slots, "total_ms": med([s.wall_ms for s in steps]),
+                "io_ms": med([s.io_ms for s in steps]), "mem_ms": med([s.mem_ms for s in steps]),
+                "compute_ms": med([s.compute_ms for s in steps]), "mb": med([s.bytes_read / 1e6 for s in steps]),
+                "hit": h / max(1, h + m), "useful": f.useful / max(1, f.routed_experts),
+                "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
+                "prefill_mb": pre.bytes_read / 1e6}
+
+
+def print_rows(rows: list[dict], base: dict) -> None:
+    print("| config | slots | ms/token | tok/s | vs IO-EXP | I/O ms | mem ms | compute ms | MB read | hit rate | "
+          "preloaded |\n" + "|---" * 11 + "|")
+    for r in rows:
+        print(f"| {r['label']} | {r['slots']} | {r['total_ms']:.1f} | {1e3 / r['total_ms']:.2f} | "
+              f"{base['total_ms'] / r['total_ms']:.2f}x | {r['io_ms']:.1f} | {r['mem_ms']:.1f} | {r['compute_ms']:.1f} | "
+              f"{r['mb']:.1f} | {r['hit']:.1%} | {r['useful']:.1%} |")
+
+
+def bench_model(a, store: str) -> None:
+    int4 = a.int4 or store.rstrip("/") + "-int4"
+    mixed = a.mixed or store.rstrip("/") + "-mixP005"
+    for p in (int4, mixed):
+        if not os.path.isdir(p):
+            raise FlashError(f"{p}: no such store (run tools/expert_bits.py --model {store})")
+    with mlx_flash.load(store, backend="torch", progress=False) as e:
+        prompt = e.tokenizer.encode(read_corpus("wikipedia")[20000:20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
+    acct = {p: account_of(p) for p in (store, int4, mixed)}
+    L, E, K = acct[store]["n_layers"], acct[store]["n_experts"], acct[store]["k"]
+    rows = [decode_row("IO-EXP (float16, no cache)", store, K, 0, prompt, a.tokens, acct[store]),
+            decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, prompt, a.tokens, acct[int4]),
+            decode_row("Q", mixed, K, 0, prompt, a.tokens, acct[mixed]),
+            decode_row("Q+P", mixed, 2 * K, K, prompt, a.tokens, acct[mixed])]
+    for share in SHARES:
+        rows.append(decode_row(f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, max(2 * K, int(share * L * E)),
+                               K, prompt, a.tokens, acct[mixed]))
+    print(f"\ndecode of {a.tokens} tokens after a {len(prompt)}-token prompt, cold reads (direct I/O), torch "
+          f"float32, {L} layers x {E} experts, top-{K}\n")
+    print_rows(rows, rows[0])
+    q, qp = rows[2], rows[3]
+    print(f"\npreloading hid {1 - qp['io_ms'] / q['io_ms']:.0%} of Q's blocked read time "
+          f"({q['io_ms']:.1f} -> {qp['io_ms']:.1f} ms/token); {qp['useful']:.1%} of routed experts were preloaded")
+    eb = acct[store]["expert_bytes"]
+    print(f"expert-major prefill of {len(prompt)} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
+          f"token by token it would read {len(prompt) * L * K * eb / 1e6:.1f} MB "
+          f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)")
+
+
+# ---- speed on a synthetic store (replayed routing) ---------------------------------------------
+
+def replayed_routes(path: str, n_layers: int, n_experts: int, k: int, tokens: int) -> np.ndarray:
+    """[n_layers, tokens, k]: a MoE-fied model's routing, its experts merged in groups to n_experts,
+    its layers reused cyclically, each token's first k distinct merged experts in its router's order."""
+    src = np.load(path)
+    L0, N0, K0 = src.shape
+    E0 = int(src.max()) + 1
+    group = max(1, E0 // n_experts)
+    out = np.zeros((n_layers, min(tokens, N0), k), np.int16)
+    for layer in range(n_layers):
+        for t in range(out.shape[1]):
+            seen = []
+            for e in src[layer % L0, t]:
+                m = min(int(e) // group, n_experts - 1)
+                if m not in seen:
+                    seen.append(m)
+            for m in range(n_experts):  # too few distinct: fill in id order
+                if len(seen) >= k:
+                    break
+                if m not in seen:
+                    seen.append(m)
+            out[layer, t] = seen[:k]
+    return out
+
+
+def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> dict:
+    from mlx_flash.models import llama
+    from mlx_flash.moe.experts import StreamedExperts
+    from mlx_flash.store.reader_pool import ReaderPool
+
+    lay = store.manifest.ffn
+    L, N, K = routes.shape
+    x = ops.array(np.random.default_rng(0).standard_normal((1, lay.d_model)).astype(np.float32) * 0.01)
+    src = StreamedExperts(ops, store, ReaderPool(threads=4, mode="direct"), slots, "edgemoe",
+                          predictor if preload else None, preload)
+    times, ios = [], []
+    try:
+        for t in range(N):
+            t0, io0 = time.perf_counter(), src.io_seconds
+            for layer in range(L):
+                ids = routes[layer, t:t + 1].astype(np.int64)
+                src.routed(layer, ids)
+                for e, w in src.experts(layer, sorted(int(i) for i in ids[0])):
+                    ops.to_numpy(llama.mlp(ops, args, w, x))
+            times.append((time.perf_counter() - t0) * 1e3)
+            ios.append((src.io_seconds - io0) * 1e3)
+        h, m = map(sum, zip(*src.hit_stats()))
+        warm = times[1:] or times
+        return {"label": label, "slots": slots, "total_ms": statistics.median(warm),
+                "io_ms": statistics.median(ios[1:] or ios), "mem_ms": 0.0, "compute_ms": 0.0,
+                "mb": src.bytes_read / 1e6 / N, "hit": h / max(1, h + m), "useful": src.useful / max(1, src.routed_experts)}
+    finally:
+        src.close()
+
+
+def bench_synthetic(a) -> None:
+    from mlx_flash.backends import get_backend
+    from mlx_flash.moe.routing import RoutingPredictor, model_id
+    from mlx_flash.store import open_store
+    from mlx_flash.models.moe import ModelArgs
+    from mlx_flash.moe.mixed_store import write_expert_store
+
+    store = open_store(a.synthetic)
+    lay, cfg = store.manifest.ffn, store.config
+    if not lay.n_experts:
+        raise FlashError(f"{a.synthetic}: not a synthetic MoE store (make it with --shape mixtral-8x7b)")
+    if not a.routes or not os.path.isfile(a.routes):
+        raise FlashError("--routes: give a routes-wikipedia.npy from tools/trace_experts.py to replay")
+    L, E, K = len(lay.layer_offsets), lay.n_experts, cfg["num_experts_per_tok"]
+    routes = replayed_routes(a.routes, L, E, K, 2 * a.tokens)
+    fit, run_routes = routes[:, : a.tokens], routes[:, a.tokens:]
+    int4_path = a.int4 or a.synthetic.rstrip("/") + "-int4"
+    if not os.path.isdir(int4_path):
+        print(f"writing {int4_path} (all experts INT4)")
+        write_expert_store(store, int4_path, [[4] * E for _ in range(L)])
+    int4 = open_store(int4_path)
+    pred = RoutingPredictor.fit(fit, model_id(int4), E)
+    ops = get_backend("torch")
+    args = ModelArgs.from_dict(cfg)
+    rows = [replay_row("IO-EXP (float16, no cache)", store, K, 0, run_routes, None, ops, args),
+            replay_row("IO-QEXP = Q (INT4, no cache)", int4, K, 0, run_routes, None, ops, args),
+            replay_row("Q+P", int4, 2 * K, K, run_routes, pred, ops, args)]
+    for share in SHARES:
+        rows.append(replay_row(f"Q+P+C, {share:.0%} of experts cached (ours)", int4, max(2 * K, int(share * L * E)),
+                               K, run_routes, pred, ops, args))
+    print(f"\nsynthetic {cfg['model_type']} store, {L} layers x {E} experts of {lay.expert_neurons} neurons, top-{K}; "
+          f"random weights, routing replayed; experts only (no attention); ms per token over {L} layers\n")
+    print_rows(rows, rows[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
