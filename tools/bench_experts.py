@@ -78,7 +78,7 @@ def policy_table(store: str, sizes: list[int]) -> None:
     L, N, K = routes.shape
     trace = decode_trace(routes)
     print(f"expert-cache hit rate, prefetch off: {N} Wikipedia tokens decoded one by one, {L} layers, top-{K}\n")
-    print("| experts cached per layer | " + " | ".join(POLICIES) + " |\n|---" * (len(POLICIES) + 1) + "|")
+    print("| experts cached per layer | " + " | ".join(POLICIES) + " |\n" + "|---" * (len(POLICIES) + 1) + "|")
     for s in sizes:
         rates = {p: simulate(trace, s * L, p, L)["hit_rate"] for p in POLICIES}
         print(f"| {s} ({s * L} slots) | " + " | ".join(f"{rates[p]:.1%}" for p in POLICIES) + " |")
@@ -98,8 +98,11 @@ def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int
     with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, expert_preload=preload,
                         io_mode="direct", progress=False) as e:
         f = e.ffn
+        b0 = f.bytes_read
+        e.forward(e.encode_prompt(prompt), e.new_caches())  # the prompt alone: what an expert-major prefill reads
+        prefill_mb = (f.bytes_read - b0) / 1e6
         e.generate(prompt, max_tokens=tokens + 1)
-        pre, steps = e.last.steps[0], e.last.steps[1:]
+        steps = e.last.steps[1:]
         med = lambda xs: statistics.median(xs)  # noqa: E731
         h, m = map(sum, zip(*f.hit_stats()))
         return {"label": label, "slots": f.cache.slots, "total_ms": med([s.wall_ms for s in steps]),
@@ -107,7 +110,7 @@ def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int
                 "compute_ms": med([s.compute_ms for s in steps]), "mb": med([s.bytes_read / 1e6 for s in steps]),
                 "hit": h / max(1, h + m), "useful": f.useful / max(1, f.routed_experts),
                 "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
-                "prefill_mb": pre.bytes_read / 1e6}
+                "prefill_mb": prefill_mb, "prompt_tokens": e.last.prompt_tokens}
 
 
 def print_rows(rows: list[dict], base: dict) -> None:
@@ -126,7 +129,8 @@ def bench_model(a, store: str) -> None:
         if not os.path.isdir(p):
             raise FlashError(f"{p}: no such store (run tools/expert_bits.py --model {store})")
     with mlx_flash.load(store, backend="torch", progress=False) as e:
-        prompt = e.tokenizer.encode(read_corpus("wikipedia")[20000:20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
+        ids = e.tokenizer.encode(read_corpus("wikipedia")[20000:20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
+        prompt = e.tokenizer.decode(ids)
     acct = {p: account_of(p) for p in (store, int4, mixed)}
     L, E, K = acct[store]["n_layers"], acct[store]["n_experts"], acct[store]["k"]
     rows = [decode_row("IO-EXP (float16, no cache)", store, K, 0, prompt, a.tokens, acct[store]),
@@ -136,15 +140,16 @@ def bench_model(a, store: str) -> None:
     for share in SHARES:
         rows.append(decode_row(f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, max(2 * K, int(share * L * E)),
                                K, prompt, a.tokens, acct[mixed]))
-    print(f"\ndecode of {a.tokens} tokens after a {len(prompt)}-token prompt, cold reads (direct I/O), torch "
+    n_prompt = rows[0]["prompt_tokens"]
+    print(f"\ndecode of {a.tokens} tokens after a {n_prompt}-token prompt, cold reads (direct I/O), torch "
           f"float32, {L} layers x {E} experts, top-{K}\n")
     print_rows(rows, rows[0])
     q, qp = rows[2], rows[3]
     print(f"\npreloading hid {1 - qp['io_ms'] / q['io_ms']:.0%} of Q's blocked read time "
           f"({q['io_ms']:.1f} -> {qp['io_ms']:.1f} ms/token); {qp['useful']:.1%} of routed experts were preloaded")
     eb = acct[store]["expert_bytes"]
-    print(f"expert-major prefill of {len(prompt)} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
-          f"token by token it would read {len(prompt) * L * K * eb / 1e6:.1f} MB "
+    print(f"expert-major prefill of {n_prompt} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
+          f"token by token it would read {n_prompt * L * K * eb / 1e6:.1f} MB "
           f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)")
 
 
@@ -218,8 +223,8 @@ def bench_synthetic(a) -> None:
     if not a.routes or not os.path.isfile(a.routes):
         raise FlashError("--routes: give a routes-wikipedia.npy from tools/trace_experts.py to replay")
     L, E, K = len(lay.layer_offsets), lay.n_experts, cfg["num_experts_per_tok"]
-    routes = replayed_routes(a.routes, L, E, K, 2 * a.tokens)
-    fit, run_routes = routes[:, : a.tokens], routes[:, a.tokens:]
+    routes = replayed_routes(a.routes, L, E, K, 1024 + a.tokens)  # the predictor learns from the first 1024
+    fit, run_routes = routes[:, :1024], routes[:, 1024:]
     int4_path = a.int4 or a.synthetic.rstrip("/") + "-int4"
     if not os.path.isdir(int4_path):
         print(f"writing {int4_path} (all experts INT4)")

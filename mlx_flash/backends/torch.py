@@ -43,7 +43,14 @@ class Weight:
 
 
 def unpack_bits(packed: "torch.Tensor", bits: int) -> "torch.Tensor":
-    """uint32 words -> integer codes, lowest bits first (MLX's packing), as int32 [..., n*32/bits]."""
+    """uint32 words -> integer codes, lowest bits first (MLX's packing), [..., n*32/bits] (uint8 for
+    2/4/8 bits, int32 otherwise)."""
+    if 8 % bits == 0:  # 2/4/8 bits: work on the words' bytes (little-endian), 8x less data than int64
+        per = 8 // bits
+        b = packed.contiguous().view(torch.uint8)
+        shifts = torch.arange(per, dtype=torch.uint8, device=packed.device) * bits
+        codes = (b.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+        return codes.reshape(*packed.shape[:-1], packed.shape[-1] * 32 // bits)
     per = 32 // bits
     shifts = torch.arange(per, dtype=torch.int64, device=packed.device) * bits
     words = packed.to(torch.int64) & 0xFFFFFFFF
@@ -121,7 +128,7 @@ class TorchOps:
         biases = self.array(parts["biases"], dtypes.get("biases"))
         q = (packed, scales, biases)
         if self.int4_kernel and not transposed and quant.bits in (4, 8):
-            packed_w = self._int4pack(unpack_bits(packed, quant.bits), scales, biases, quant)
+            packed_w = self._int4pack(unpack_bits(packed, quant.bits).to(torch.int32), scales, biases, quant)
             if packed_w is not None:
                 kind, w4, sz = packed_w
                 return Weight(kind, w4, sz, quant.group_size, scales.shape[0], bias, q, quant)

@@ -41,6 +41,9 @@ def test_victims_follow_each_definition():
     # At layer 3: (0, 1) is 1 layer ahead (needed next), (1, 2) 2 ahead, (2, 3) 3 ahead; both of the
     # latter were used once, so the farthest one goes.
     assert edge.victim(keys, layer=3) == (2, 3)
+    # While layer 2 is served, its other experts run again only on the next token, a whole cycle
+    # (4 layers) away, farther than layer 1 (3 away).
+    assert edge.victim([(1, 2), (2, 3)], layer=2) == (2, 3)
 
 
 def test_slot_cache_never_evicts_what_the_step_needs():
