@@ -63,7 +63,8 @@ def dequantize(packed, scales, biases, quant: QuantSpec, dtype) -> "torch.Tensor
     g = quant.group_size
     shape = codes.shape
     c = codes.reshape(*shape[:-1], shape[-1] // g, g).to(torch.float32)
-    w = c * scales.to(torch.float32).unsqueeze(-1) + biases.to(torch.float32).unsqueeze(-1)
+    # bias + code * scale in one pass (the same float32 products and sums as written out)
+    w = torch.addcmul(biases.to(torch.float32).unsqueeze(-1), c, scales.to(torch.float32).unsqueeze(-1))
     return w.reshape(shape).to(dtype)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from greedy import greedy
 from mlx_flash.errors import ConfigError
 from mlx_flash.moe.bit_widths import ExpertSwapper, assign_widths, importance, perplexity_at, uniform_widths
 from mlx_flash.moe.mixed_store import expert_rows, write_expert_store
@@ -50,20 +51,15 @@ def test_mixed_store_streams_exactly(f16_moe, tmp_path):
     out = write_expert_store(open_store(f16_moe), str(tmp_path / "mix"), MIX, progress=False)
     prompt = tiny_models.random_ids(6, seed=2)
 
-    def greedy(**kw):
+    def run(**kw):
         with mlx_flash.load(out, backend="torch", progress=False, **kw) as e:
-            caches, toks = e.new_caches(), []
-            lg = np.asarray(e.forward(prompt, caches)).reshape(-1)
-            for _ in range(32):
-                toks.append(int(np.argmax(lg)))
-                lg = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
-            return toks, lg
+            return greedy(e, prompt, 32)
 
-    want = greedy()
+    want = run()
     with mlx_flash.load(out, backend="torch", ffn="stream", memory_budget="1GB", progress=False) as e:
         a = e.ffn.account
     budget = a["resident_weights"] + a["converted_expert"] + 3 * a["expert_bytes"]
-    got = greedy(ffn="stream", memory_budget=budget, io_mode="buffered")
+    got = run(ffn="stream", memory_budget=budget, io_mode="buffered")
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 
 

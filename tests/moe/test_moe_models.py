@@ -8,6 +8,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from greedy import greedy
 from mlx_flash.errors import ConfigError, ModelFileError
 
 FAMILIES = tiny_models.MOE_FAMILIES
@@ -25,18 +26,6 @@ def test_logits_match_transformers(tiny_store, family, backend):
     with mlx_flash.load(store, backend=backend, progress=False) as e:
         got = np.asarray(e.forward(ids, e.new_caches(), all_logits=True)).reshape(want.shape)
     assert np.abs(got - want).max() < 1e-4
-
-
-def greedy(e, prompt, n):
-    """Greedy tokens and every step's logits, EOS ignored (the test wants n steps)."""
-    caches = e.new_caches()
-    logits = np.asarray(e.forward(prompt, caches)).reshape(-1)
-    toks, seen = [], [logits]
-    for _ in range(n):
-        toks.append(int(np.argmax(logits)))
-        logits = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
-        seen.append(logits)
-    return toks, np.stack(seen)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -9,6 +9,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from greedy import greedy
 from mlx_flash.errors import ConfigError
 from mlx_flash.moe import moefication as M
 from mlx_flash.moe.moefy import moefy
@@ -78,21 +79,13 @@ def test_moefied_model_with_fewer_experts_streams_exactly(dense_dir, tmp_path):
     kw = dict(backend="torch", cache_dir=str(tmp_path / "cache"), progress=False)
     prompt = tiny_models.random_ids(8, seed=4)
 
-    def greedy(e, n=24):
-        caches, toks = e.new_caches(), []
-        logits = np.asarray(e.forward(prompt, caches)).reshape(-1)
-        for _ in range(n):
-            toks.append(int(np.argmax(logits)))
-            logits = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
-        return toks, logits
-
     with mlx_flash.load(out, **kw) as e:
-        want = greedy(e)
+        want = greedy(e, prompt, 24)
     with mlx_flash.load(out, ffn="stream", memory_budget="1GB", io_mode="buffered", **kw) as e:
         a = e.ffn.account
     budget = a["resident_weights"] + a["converted_expert"] + 3 * a["expert_bytes"]
     with mlx_flash.load(out, ffn="stream", memory_budget=budget, io_mode="buffered", **kw) as e:
-        got = greedy(e)
+        got = greedy(e, prompt, 24)
         assert e.ffn.cache.slots == 3  # fewer slots than the 2 layers x 4 experts
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 

@@ -9,6 +9,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from greedy import greedy
 from mlx_flash.errors import ConfigError, ModelFileError
 from mlx_flash.moe.routing import PREDICTOR_FILE, RoutingPredictor, decode_trace, model_id, record_routes
 
@@ -62,17 +63,6 @@ def test_predictor_file_of_another_model_is_refused(tmp_path):
         fh.write(b"not a predictor")
     with pytest.raises(ModelFileError, match="not a routing predictor file"):
         RoutingPredictor.load(path, "a" * 64)
-
-
-def greedy(e, prompt, n):
-    caches, toks = e.new_caches(), []
-    logits = np.asarray(e.forward(prompt, caches)).reshape(-1)
-    seen = [logits]
-    for _ in range(n):
-        toks.append(int(np.argmax(logits)))
-        logits = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
-        seen.append(logits)
-    return toks, np.stack(seen)
 
 
 def test_preloading_streams_exactly_and_counts_its_guesses(tiny_store):
