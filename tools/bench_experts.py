@@ -94,7 +94,7 @@ def account_of(path: str) -> dict:
 
 
 def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
-    budget = acct["resident_weights"] + acct["converted_expert"] + slots * acct["expert_bytes"]
+    budget = acct["resident_weights"] + slots * acct["slot_bytes"]
     with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, expert_preload=preload,
                         io_mode="direct", progress=False) as e:
         f = e.ffn

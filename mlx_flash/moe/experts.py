@@ -5,7 +5,8 @@ for bit).
 
 ResidentExperts  every expert read once at load and kept as backend weights (the reference)
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
-                 slots as the memory budget allows; a step that routes to more experts than there
+                 slots as the memory budget allows, each with the expert's weights as converted for
+                 compute (a hit converts nothing; moe.planner counts both); a step that routes to more experts than there
                  are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
                  a decode step preloads the next layer's most probable experts while this layer
                  computes; the router's real choice still decides what runs, so a wrong guess costs
@@ -79,6 +80,7 @@ class StreamedExperts:
         self._path: list = [(), ()]  # the current token's choices at the last two layers
         self._inflight: list = []  # preload batches not yet waited for
         self._preloaded: set = set()  # keys in the cache because of a preload, not yet used
+        self._weights: dict = {}  # slot -> (key, converted weights) of the expert its bytes hold
 
     def routed(self, layer: int, ids: np.ndarray) -> None:
         if len(ids) != 1:  # prefill: every expert is about to be read anyway; no single path to follow
@@ -101,21 +103,32 @@ class StreamedExperts:
             todo = cache.place(layer, wave, pinned=pinned)
             self.mem_seconds += time.perf_counter() - t
             if todo:
+                for _, slot in todo:
+                    self._weights.pop(slot, None)  # new bytes land there: drop the old expert's weights
                 self._account(self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),
                                                cache.buf[slot]) for e, slot in todo]))
             if single and self._path[0] and layer + 1 < self.n_layers and self.preload:
                 self._start_preload(layer + 1, pinned)
             for e in wave:
-                t = time.perf_counter()
-                w = expert_weights(self.ops, lay, layer, e, cache.rows(layer, e))
-                self.mem_seconds += time.perf_counter() - t
-                yield e, w
+                yield e, self._converted(layer, e)
+
+    def _converted(self, layer: int, expert: int) -> dict:
+        slot = self.cache.slot_of[(layer, expert)]
+        held = self._weights.get(slot)
+        if held is None or held[0] != (layer, expert):
+            t = time.perf_counter()
+            held = ((layer, expert), expert_weights(self.ops, self.layout, layer, expert, self.cache.buf[slot]))
+            self._weights[slot] = held
+            self.mem_seconds += time.perf_counter() - t
+        return held[1]
 
     def _start_preload(self, layer: int, pinned: set) -> None:
         """Read the predicted experts of `layer` into slots that this layer's experts do not hold."""
         guess = self.predictor.predict(layer, self._path[0], self._path[1], min(self.preload, self.cache.slots - len(pinned)))
         self.predicted += len(guess)
         todo = self.cache.prefetch(layer, guess, pinned)
+        for _, slot in todo:
+            self._weights.pop(slot, None)
         if todo:
             lay = self.layout
             self._inflight.append(self.pool.submit([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),

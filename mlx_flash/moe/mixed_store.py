@@ -113,6 +113,8 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         raise ConfigError(f"{store.path}: not a mixture-of-experts store")
     if len(bits) != L or any(len(r) != E for r in bits) or any(b not in WIDTHS for r in bits for b in r):
         raise ConfigError(f"bit-widths must be {L} layers x {E} experts, each one of {WIDTHS}")
+    if os.path.abspath(out_dir) == os.path.abspath(store.path):
+        raise ConfigError(f"{out_dir}: the new store cannot replace the store it is made from")
     tmp = out_dir.rstrip("/") + f".partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -37,9 +37,9 @@ def test_streamed_experts_equal_resident_at_every_budget(tiny_store, family):
     with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="1GB", io_mode="buffered",
                         progress=False) as e:
         a = e.ffn.account
-    fixed = a["resident_weights"] + a["converted_expert"]
+    fixed = a["resident_weights"]
     for share in (0.1, 0.5, 1.0):
-        budget = fixed + max(a["expert_bytes"], int(share * a["all_experts_bytes"]))
+        budget = fixed + max(a["slot_bytes"], int(share * a["all_experts_bytes"]))
         with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget=budget, io_mode="buffered",
                             progress=False) as e:
             got = greedy(e, prompt, 64)
@@ -47,9 +47,9 @@ def test_streamed_experts_equal_resident_at_every_budget(tiny_store, family):
             slots = e.ffn.cache.slots
         assert got[0] == want[0], f"{family} at {share:.0%} of expert bytes"
         assert np.array_equal(got[1], want[1])
-        assert slots <= max(1, int(share * a["all_experts_bytes"]) // a["expert_bytes"])
+        assert slots <= max(1, int(share * a["all_experts_bytes"]) // a["slot_bytes"])
         if share == 1.0:  # everything fits: each expert is read once
-            assert misses <= a["all_experts_bytes"] // a["expert_bytes"]
+            assert misses <= a["all_experts_bytes"] // a["slot_bytes"]
         else:
             assert misses > 0 and hits + misses > 0
 

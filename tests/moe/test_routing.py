@@ -75,7 +75,7 @@ def test_preloading_streams_exactly_and_counts_its_guesses(tiny_store):
     with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="1GB", io_mode="buffered",
                         progress=False) as e:
         a = e.ffn.account
-    budget = a["resident_weights"] + a["converted_expert"] + 6 * a["expert_bytes"]  # 6 of 16 experts
+    budget = a["resident_weights"] + 6 * a["slot_bytes"]  # 6 of 16 experts
     for preload in (-1, 0):
         with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget=budget, io_mode="buffered",
                             expert_preload=preload, progress=False) as e:
