@@ -2,7 +2,7 @@
 experts by co-activation on the Austen text, train a top-k router, write an HF-style directory, and
 report its perplexity on Wikipedia next to the dense model's. The result is a derived model.
 
-    python tools/moefy.py [--model PATH] [--experts 16] [--top-k 4] [--out DIR] [--calib-tokens 16384]
+    python tools/moefy.py [--model PATH] [--experts 16] [--top-k 8] [--out DIR] [--calib-tokens 16384]
 
 Default output: <cache>/models/<model>-moefied-E<experts>K<top-k>; load it like any model
 (`mlx_flash.load(DIR, ...)`, `--model DIR`).
@@ -26,7 +26,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="dense GGUF or HF dir (default: the default model)")
     p.add_argument("--experts", type=int, default=16, help="experts per layer (default 16)")
-    p.add_argument("--top-k", type=int, default=4, help="experts each token runs (default 4)")
+    p.add_argument("--top-k", type=int, default=8, help="experts each token runs (default 8)")
     p.add_argument("--out", default=None)
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--block", type=int, default=None,

@@ -37,7 +37,7 @@ def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]
     return out[0], out[1], out[2], dtype
 
 
-def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 4, calib_tokens: int = 16384,
+def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 8, calib_tokens: int = 16384,
           block: int | None = None,
           valid_fraction: float = 0.1, epochs: int = 30, seed: int = 0, cache_dir: str = "", progress: bool = True,
           log=print) -> dict:
