@@ -25,6 +25,7 @@ import shutil
 import numpy as np
 
 from ..errors import ConfigError
+from ..store.atomic_dir import atomic_dir
 from ..store.bundles import pack_layer, plan_fields, unpack_rows
 from ..store.converter import RESIDENT_FILE
 from ..store.manifest import ALIGNMENT, MANIFEST_NAME, ExpertFormat, QuantSpec, sha256_file
@@ -115,10 +116,7 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         raise ConfigError(f"bit-widths must be {L} layers x {E} experts, each one of {WIDTHS}")
     if os.path.abspath(out_dir) == os.path.abspath(store.path):
         raise ConfigError(f"{out_dir}: the new store cannot replace the store it is made from")
-    tmp = out_dir.rstrip("/") + f".partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(out_dir) as tmp:
         formats: dict[int, ExpertFormat] = {}
         table = []
         with open(os.path.join(tmp, EXPERT_FILE), "wb") as fh:
@@ -158,9 +156,4 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         manifest = replace(store.manifest, ffn=ffn, files=files, source=source)
         with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
             fh.write(manifest.to_json())
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 
 from ..errors import ConfigError, UnsupportedModelError
+from ..store.atomic_dir import atomic_dir
 from . import moefication as M
 
 
@@ -99,19 +99,11 @@ def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k
     hf.update(model_type="moefied_llama", hidden_act="silu", num_experts=n_experts, num_experts_per_tok=top_k,
               moe_intermediate_size=Fe, norm_topk_prob=False, moefication=report)
     hf.update(quantization=_quantization_config(src))
-    tmp = out_dir.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
+    with atomic_dir(out_dir) as tmp:
         mx.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
         src.save_tokenizer(tmp)
         with open(os.path.join(tmp, "config.json"), "w") as fh:
             json.dump(hf, fh, indent=1)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return report
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..store.atomic_dir import atomic_dir
 from ..store.bundles import plan_fields
 from ..store.manifest import ALIGNMENT, FFNLayout, Manifest
 from ..store.safetensors_io import safetensors_layout
@@ -80,13 +80,10 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
     fields, bundle_bytes = plan_fields([(f"{r}.weight", np.empty((0, D), np.float16), "float16")
                                         for r in ("gate", "up", "down")])
     out_dir = os.path.abspath(out_dir)
-    tmp = os.path.join(os.path.dirname(out_dir), "." + os.path.basename(out_dir) + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     rng = np.random.default_rng(seed)
     total = sum(int(np.prod(s)) * 2 for s in resident.values()) + L * F * bundle_bytes
     files = {}
-    try:
+    with atomic_dir(out_dir) as tmp:
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape}", disable=not progress) as bar:
             head, tensors = safetensors_layout({n: (shp, "float16") for n, shp in resident.items()}, RESIDENT_FILE)
             digest = hashlib.sha256()
@@ -116,11 +113,6 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
                      source={"synthetic": shape, "seed": seed, "note": "random weights; results are synthetic"})
         with open(os.path.join(tmp, "manifest.json"), "w") as fh:
             fh.write(m.to_json())
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
