@@ -2,7 +2,8 @@
 canonical form: HF-style tensor names, a normalized config and per-linear quantization.
 
 This is conversion-time code: it uses `mx.load` (which reads GGUF and safetensors natively and keeps
-GGUF Q4_0/Q4_1/Q8_0 as MLX affine-quantized triples) and transformers' GGUF tokenizer conversion.
+GGUF Q4_0/Q4_1/Q8_0 as MLX affine-quantized triples); a GGUF's tokenizer is rebuilt from its
+metadata by `gguf_tokenizer`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
+from .gguf_tokenizer import INSTALL_HF, save_gguf_tokenizer
 from .manifest import QuantSpec
 
 TOKENIZER_FILES = (
@@ -145,13 +147,7 @@ def read_gguf(path: str) -> SourceModel:
     quant = _infer_quant(tensors, group_size=32)
 
     def save_tokenizer(out_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
-        except Exception as e:  # transformers raises many types for odd GGUF vocabularies
-            raise ModelFileError(f"{path}: cannot build a tokenizer from the GGUF metadata ({e})") from None
-        tok.save_pretrained(out_dir)
+        save_gguf_tokenizer(path, out_dir)
 
     return SourceModel(config, tensors, quant, save_tokenizer,
                        {"kind": "gguf", "file": os.path.basename(path), "size": os.path.getsize(path)})
@@ -216,5 +212,21 @@ def read_hf_dir(path: str) -> SourceModel:
                 found = found or name.startswith("tokenizer")
         if not found:
             raise ModelFileError(f"{path}: no tokenizer files (tokenizer.json or tokenizer.model)")
+        if not os.path.isfile(os.path.join(out_dir, "tokenizer.json")):
+            _tokenizer_json_from_slow(path, out_dir)
 
     return SourceModel(config, tensors, quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
+
+
+def _tokenizer_json_from_slow(path: str, out_dir: str) -> None:
+    """A directory with only a sentencepiece `tokenizer.model`: transformers converts it to the
+    tokenizer.json the run-time tokenizer reads (once, here; generation never imports transformers)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelFileError(f"{path}: has tokenizer.model but no tokenizer.json; converting it needs transformers "
+                             f"({INSTALL_HF})") from None
+    try:
+        AutoTokenizer.from_pretrained(path).save_pretrained(out_dir)
+    except Exception as e:  # transformers raises many types for odd vocabularies
+        raise ModelFileError(f"{path}: cannot convert tokenizer.model to tokenizer.json ({e})") from None

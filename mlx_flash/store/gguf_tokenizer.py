@@ -1,0 +1,165 @@
+"""Build a store's tokenizer files from a GGUF file's metadata, once, at conversion.
+
+A GGUF carries no `tokenizer.json`: it stores the vocabulary, merges, token types, special token ids
+and chat template under llama.cpp's `tokenizer.ggml.*` keys. We read them with the `gguf` reader and
+assemble the tokenizer with the `tokenizers` library (no hand-written BPE), writing
+`tokenizer.json` + `tokenizer_config.json` (special tokens, BOS/EOS flags, chat template). At run
+time `mlx_flash.tokenizer` loads those with `tokenizers` and `jinja2` alone, so neither conversion
+nor generation needs transformers or torch.
+
+Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`: SmolLM, Llama 3, Qwen, GPT-style
+models) are built here, the same tokenizer transformers' GGUF loader builds (tested against it).
+Other vocabulary types (sentencepiece "llama", unigram "t5") are built through transformers when it
+is installed; without it they are refused with the install line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import ModelFileError
+
+# Token types in `tokenizer.ggml.token_type` (llama.cpp's llama_token_type).
+CONTROL, USER_DEFINED = 3, 4
+
+# Split rules of pre-tokenizer names (`tokenizer.ggml.pre`) whose text splitting differs from GPT-2's.
+# Names not listed split like GPT-2 (the ByteLevel pre-tokenizer's own rule), as transformers does.
+_LLAMA3_RULE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RULE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLIT_RULES = {
+    "llama3": _LLAMA3_RULE, "llama-v3": _LLAMA3_RULE, "llama-bpe": _LLAMA3_RULE, "falcon3": _LLAMA3_RULE,
+    "smaug-bpe": _LLAMA3_RULE, "dbrx": _LLAMA3_RULE,
+    "qwen2": _QWEN2_RULE, "deepseek-r1-qwen": _QWEN2_RULE,
+}
+
+INSTALL_HF = "pip install transformers sentencepiece torch==2.13.0"
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 byte values (the alphabet byte-level vocabularies use)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    spelled, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    return spelled
+
+
+def read_tokenizer_metadata(path: str) -> dict:
+    """The `tokenizer.*` and `general.architecture` fields of a GGUF as plain Python values."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelFileError(f"{path}: unreadable GGUF metadata ({e})") from None
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") or key == "general.architecture":
+            meta[key] = field.contents()
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ModelFileError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens (no vocabulary to build a tokenizer from)")
+    return meta
+
+
+def _special(meta: dict, key: str) -> str | None:
+    idx = meta.get(f"tokenizer.ggml.{key}")
+    tokens = meta["tokenizer.ggml.tokens"]
+    return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
+
+
+def tokenizer_config(meta: dict) -> dict:
+    """tokenizer_config.json: special tokens, whether BOS/EOS are added, the chat template."""
+    cfg = {
+        "bos_token": _special(meta, "bos_token_id"),
+        "eos_token": _special(meta, "eos_token_id"),
+        "unk_token": _special(meta, "unknown_token_id"),
+        "pad_token": _special(meta, "padding_token_id"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+    }
+    if meta.get("tokenizer.chat_template"):
+        cfg["chat_template"] = str(meta["tokenizer.chat_template"])
+    return cfg
+
+
+def byte_level_bpe(meta: dict, path: str):
+    """A `tokenizers.Tokenizer` for a byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    merges = meta.get("tokenizer.ggml.merges")
+    if not merges:
+        raise ModelFileError(f"{path}: byte-level BPE vocabulary without tokenizer.ggml.merges")
+    spelled = byte_alphabet()
+    alphabet = set(spelled.values())
+    # Regular tokens are written in the byte alphabet; a token spelled otherwise (a control token
+    # like <|im_end|> is fine either way) is respelled so its bytes map into the alphabet.
+    vocab = {}
+    for i, t in enumerate(tokens):
+        key = t if set(t) <= alphabet else "".join(spelled[b] for b in t.encode("utf-8"))
+        vocab[key] = i  # a repeated spelling keeps its last id, as llama.cpp does
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise ModelFileError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
+        pairs.append((a, b))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    rule = SPLIT_RULES.get(str(meta.get("tokenizer.ggml.pre", "")))
+    if rule is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(rule), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or []
+    control = [t for t, ty in zip(tokens, types) if ty == CONTROL and set(t) <= alphabet]
+    if control:
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED and t in vocab]
+    if user:
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+    cfg = tokenizer_config(meta)
+    single, specials = "$A", []
+    if cfg["add_bos_token"] and cfg["bos_token"] is not None:
+        single = f"{cfg['bos_token']} {single}"
+        specials.append((cfg["bos_token"], vocab.get(cfg["bos_token"], int(meta["tokenizer.ggml.bos_token_id"]))))
+    if cfg["add_eos_token"] and cfg["eos_token"] is not None:
+        single = f"{single} {cfg['eos_token']}"
+        specials.append((cfg["eos_token"], vocab.get(cfg["eos_token"], int(meta["tokenizer.ggml.eos_token_id"]))))
+    tok.post_processor = processors.TemplateProcessing(single=single, pair=f"{single} $B:1", special_tokens=specials)
+    return tok
+
+
+def _through_transformers(path: str, out_dir: str, kind: str) -> None:
+    """Vocabulary types not built here: transformers' GGUF loader, if installed (it needs torch)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelFileError(f"{path}: tokenizer type {kind!r} is built through transformers, which is not "
+                             f"installed ({INSTALL_HF}); byte-level BPE (gpt2) vocabularies need nothing extra") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+    except Exception as e:  # transformers raises many types for odd GGUF vocabularies
+        raise ModelFileError(f"{path}: cannot build a tokenizer from the GGUF metadata ({e})") from None
+    tok.save_pretrained(out_dir)
+
+
+def save_gguf_tokenizer(path: str, out_dir: str) -> None:
+    """Write tokenizer.json + tokenizer_config.json for the GGUF at `path` into `out_dir`."""
+    meta = read_tokenizer_metadata(path)
+    kind = str(meta.get("tokenizer.ggml.model", ""))
+    if kind != "gpt2":
+        _through_transformers(path, out_dir, kind)
+        return
+    byte_level_bpe(meta, path).save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
+        json.dump(tokenizer_config(meta), fh, indent=2, ensure_ascii=False)
