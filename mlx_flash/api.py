@@ -54,7 +54,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
                        io_mode=io_mode, io_threads=io_threads, sparse_mode=sparse_mode, memory_budget=memory_budget,
                        window=window, predictor=predictor, predictor_recall=predictor_recall, down_only=down_only,
                        expert_policy=expert_policy, expert_preload=expert_preload)
-    store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums)
+    store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums, progress)
     ops = get_backend(cfg.backend, **_backend_kwargs(cfg))
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)
@@ -62,12 +62,12 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     if store.manifest.ffn.n_experts:
-        ffn_source = expert_source(ops, store, cfg, ops.held_bytes(weights))
+        ffn_source = expert_source(ops, store, cfg, ops.held_bytes(weights), progress)
     elif cfg.ffn == "resident":  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             ffn_source = ResidentFFN(ops, store, pool)
     elif cfg.ffn == "stream":
-        ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes))
+        ffn_source = StreamedFFN(ops, store, stream_pool(cfg, store.manifest.ffn.layer_nbytes, progress))
     else:
         ffn_source = sparse_source(ops, store, cfg, module, args, progress, ops.held_bytes(weights))
     engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store)
@@ -113,7 +113,7 @@ def _experts_held(ops, store) -> tuple[int, int]:
     return max(held.values()), total
 
 
-def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
+def expert_source(ops, store, cfg: EngineConfig, resident_held: int, progress: bool = False):
     """MoE experts: all resident (ffn="resident"), or read from flash when routed into an expert
     cache sized by cfg.memory_budget (ffn="stream" or "sparse"; "50%" is of the fully resident model)."""
     from .moe.experts import ResidentExperts, StreamedExperts
@@ -128,7 +128,7 @@ def expert_source(ops, store, cfg: EngineConfig, resident_held: int):
     total = resident_held + experts_held
     slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
     predictor, preload = routing_predictor(store, cfg.expert_preload)
-    src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes), slots, cfg.expert_policy, predictor, preload)
+    src = StreamedExperts(ops, store, stream_pool(cfg, lay.expert_nbytes, progress), slots, cfg.expert_policy, predictor, preload)
     src.account = dict(account, model_bytes=total)
     return src
 
@@ -179,7 +179,7 @@ def sparse_source(ops, store, cfg: EngineConfig, module, args, progress: bool, r
     budget = parse_budget(cfg.memory_budget, total)
     row_bytes = down_fields(lay)[2] if cfg.down_only else lay.bundle_bytes  # one cached row
     # Threads suit the reads this mode makes: whole layers, or single rows.
-    pool = stream_pool(cfg, lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else row_bytes)
+    pool = stream_pool(cfg, lay.layer_nbytes if cfg.sparse_mode in ("naive", "hybrid") else row_bytes, progress)
     plan, account = plan_budget(cfg.sparse_mode, budget, store, pbytes, cfg.window, row_bytes, activity,
                                 default_profile(cfg.cache_dir), pool.threads, resident_held, layer_held)
     account["model_bytes"] = total
@@ -196,8 +196,9 @@ def _backend_kwargs(cfg: EngineConfig) -> dict:
     return kw
 
 
-def stream_pool(cfg: EngineConfig, chunk: int) -> ReaderPool:
-    """A reader pool sized by the disk profile (threads for this chunk size, coalescing gap)."""
-    profile = default_profile(cfg.cache_dir)
+def stream_pool(cfg: EngineConfig, chunk: int, progress: bool = False) -> ReaderPool:
+    """A reader pool sized by the disk profile (threads for this chunk size, coalescing gap); the
+    first use on a machine measures the disk (a few seconds, said on stderr when `progress`)."""
+    profile = default_profile(cfg.cache_dir, progress=progress)
     threads = cfg.io_threads or best_threads(profile, min(chunk, 1 << 20))
     return ReaderPool(threads=threads, mode=cfg.io_mode, coalesce_gap=coalesce_gap(profile))

@@ -29,7 +29,7 @@ def main() -> int:
     try:
         out = convert(a.source, a.out, precision=a.precision, group_size=a.group_size, down_bits=a.down_bits,
                       force=a.force)
-        m = open_store(out, verify_checksums=True).manifest
+        m = open_store(out, verify_checksums=True, progress=True).manifest
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError, ModelFileError
 from .bundles import pack_layer, plan_fields
+from ..progress import byte_bar, step
 from .manifest import ALIGNMENT, MANIFEST_NAME, FFNLayout, Manifest, QuantSpec, sha256_file
 from .safetensors_io import write_safetensors
 from .sources import SourceModel, model_module, read_source
@@ -53,7 +54,8 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not force:
         raise ConfigError(f"{out_dir}: already exists (pass --force to replace it)")
-    src = read_source(source)
+    with step(f"reading {os.path.basename(source.rstrip('/'))}", progress):
+        src = read_source(source)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
@@ -96,8 +98,9 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                 if role != "down":
                     names.append(base + ".bias")  # one bias value per neuron travels in its bundle
                 ffn_tensors.update(n for n in names if n in src.tensors)
-    resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
-    tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
+    with step("writing the resident tensors (attention, norms, embeddings)", progress):
+        resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
+        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
     layer_offsets, fields, bundle_bytes, ffn_quant = [], None, 0, None
@@ -120,11 +123,13 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
                     bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
                     precision=precision, n_experts=int(cfg.get("num_experts", 0)))
-    src.save_tokenizer(tmp)
+    with step("building the tokenizer", progress):
+        src.save_tokenizer(tmp)
     files = {}
-    for name in (RESIDENT_FILE, FFN_FILE):
-        p = os.path.join(tmp, name)
-        files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p)}
+    paths = [os.path.join(tmp, name) for name in (RESIDENT_FILE, FFN_FILE)]
+    with byte_bar(sum(map(os.path.getsize, paths)), "checksums", progress) as bar:
+        for name, p in zip((RESIDENT_FILE, FFN_FILE), paths):
+            files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p, bar)}
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
 
 

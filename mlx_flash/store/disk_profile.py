@@ -159,19 +159,25 @@ def plot_profile(profile: dict, png: str) -> None:
     plt.close(fig)
 
 
-def default_profile(cache_dir: str, probe_dir: str | None = None) -> dict:
+def default_profile(cache_dir: str, probe_dir: str | None = None, progress: bool = False) -> dict:
     """The saved profile of this machine, or a quick probe (run once, then cached)."""
+    from ..progress import step
+
     path = os.path.join(cache_dir, PROFILE_NAME)
     if os.path.isfile(path):
         with open(path) as fh:
             return json.load(fh)
     os.makedirs(cache_dir, exist_ok=True)
     scratch = os.path.join(probe_dir or cache_dir, ".probe.bin")
-    make_scratch_file(scratch, 256 * MiB)
-    try:
-        prof = profile_disk(scratch, chunks=[4 * KiB, 64 * KiB, 1 * MiB], threads=[1, 4, 16], seconds=0.25)
-    finally:
-        os.remove(scratch)
+    chunks, threads, seconds = [4 * KiB, 64 * KiB, 1 * MiB], [1, 4, 16], 0.25
+    detail = (f"first use: a 256 MiB scratch file, {len(chunks) * len(threads)} points of {seconds} s; saved to "
+              f"{path}; tools/profile_disk.py makes a full profile")
+    with step("measuring this disk's random reads", progress, detail):
+        make_scratch_file(scratch, 256 * MiB)
+        try:
+            prof = profile_disk(scratch, chunks=chunks, threads=threads, seconds=seconds)
+        finally:
+            os.remove(scratch)
     prof["quick_probe"] = True
     save_profile(prof, path)
     return prof

@@ -205,7 +205,7 @@ class Manifest:
             raise StoreError(f"{where}: manifest is missing or mangles a required entry ({e})") from None
 
     # ---- validation ----------------------------------------------------------------------------
-    def validate(self, store_dir: str, verify_checksums: bool = False) -> None:
+    def validate(self, store_dir: str, verify_checksums: bool = False, progress: bool = False) -> None:
         """Check every file exists with its recorded size and every byte range is in range and
         disjoint from the others; optionally recompute sha256 of every file."""
         for name, info in self.files.items():
@@ -254,11 +254,13 @@ class Manifest:
                 if b0 < a1:
                     raise StoreError(f"{os.path.join(store_dir, fname)}: {an} and {bn} overlap at byte {b0}")
         if verify_checksums:
-            for name, info in self.files.items():
-                path = os.path.join(store_dir, name)
-                digest = sha256_file(path)
-                if digest != info["sha256"]:
-                    raise StoreError(f"{path}: sha256 mismatch (file is corrupt or was modified)")
+            from ..progress import byte_bar
+
+            with byte_bar(sum(i["size"] for i in self.files.values()), "verifying checksums", progress) as bar:
+                for name, info in self.files.items():
+                    path = os.path.join(store_dir, name)
+                    if sha256_file(path, bar) != info["sha256"]:
+                        raise StoreError(f"{path}: sha256 mismatch (file is corrupt or was modified)")
 
     def _check_expert_table(self, store_dir, ranges) -> None:
         f = self.ffn
@@ -284,7 +286,8 @@ class Manifest:
         ranges[file].append((offset, offset + nbytes, what))
 
 
-def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+def sha256_file(path: str, bar=None, chunk: int = 1 << 22) -> str:
+    """The file's sha256; `bar` (a tqdm bar), if given, advances by the bytes hashed."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while True:
@@ -292,3 +295,5 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
             if not b:
                 return h.hexdigest()
             h.update(b)
+            if bar is not None:
+                bar.update(len(b))

@@ -40,8 +40,9 @@ def is_store(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
-def open_store(path: str, verify_checksums: bool = False) -> Store:
-    """Validate the whole manifest (files, sizes, offsets in range, no overlaps; sha256 on request)."""
+def open_store(path: str, verify_checksums: bool = False, progress: bool = False) -> Store:
+    """Validate the whole manifest (files, sizes, offsets in range, no overlaps; sha256 on request,
+    with a progress bar when `progress`)."""
     if not os.path.exists(path):
         raise ModelNotFoundError(f"{path}: no such store directory")
     mpath = os.path.join(path, MANIFEST_NAME)
@@ -49,5 +50,5 @@ def open_store(path: str, verify_checksums: bool = False) -> Store:
         raise StoreError(f"{path}: not a store (no {MANIFEST_NAME}; convert the model with tools/convert.py)")
     with open(mpath, encoding="utf-8", errors="replace") as fh:
         manifest = Manifest.from_json(fh.read(), mpath)
-    manifest.validate(path, verify_checksums=verify_checksums)
+    manifest.validate(path, verify_checksums=verify_checksums, progress=progress)
     return Store(os.path.abspath(path), manifest)
