@@ -37,11 +37,19 @@ def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]
     return out[0], out[1], out[2], dtype
 
 
-def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 8, calib_tokens: int = 16384,
+def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 8, calib_tokens: int = 16384,
           block: int | None = None,
           valid_fraction: float = 0.1, epochs: int = 30, seed: int = 0, cache_dir: str = "", progress: bool = True,
           log=print) -> dict:
-    """Derive the MoE model of `source` into `out_dir`; returns the report saved in its config.
+    """Derive the MoE model of `source` (a dense Llama-family GGUF / HF / mlx-community model; None:
+    the default model) into `out_dir`, an HF-style directory that load() and convert() take; returns
+    the report saved in its config (per layer: how well the router finds the best experts).
+
+    Each layer's FFN neurons are split into `n_experts` experts of neurons that fire together on
+    `calib_text` (its first `calib_tokens` tokens), and a linear router trained for `epochs` picks
+    `top_k` of them per token (see moefication.py). The weights are the dense model's, so routing
+    statistics are real; with top_k < n_experts the model is an approximation of the dense one.
+    Needs torch (activations and router training run on the torch backend).
 
     Neurons move between experts in blocks of `block` (default: the group size the source quantized
     its down projection with, else 1). A quantized source's down groups run along the neurons, so
@@ -56,6 +64,10 @@ def moefy(source: str, out_dir: str, calib_text: str, n_experts: int = 16, top_k
 
     if not 0 < top_k <= n_experts:
         raise ConfigError(f"top_k {top_k} is not in 1..n_experts ({n_experts})")
+    if source is None:
+        from ..default_model import default_model_path
+
+        source = default_model_path()
     src = read_source(source)
     cfg = src.config
     if cfg["model_type"] not in ("llama", "mistral", "qwen2", "qwen3"):

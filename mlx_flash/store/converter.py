@@ -46,7 +46,10 @@ def to_storage(a) -> tuple[np.ndarray, str]:
 
 def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
             down_bits: int = 8, force: bool = False, progress: bool = True) -> str:
-    """Convert `source` into a store at `out_dir`; returns out_dir."""
+    """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
+    `out_dir` (must not exist unless `force`); returns out_dir, which load() takes as its model.
+    `precision` of the FFN bundles: "source" (quantized stays quantized; down re-quantized along
+    d_model at `down_bits`), "f16", "q4" or "q8". The store is written atomically (tools/convert.py)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
     if down_bits not in (2, 3, 4, 6, 8):

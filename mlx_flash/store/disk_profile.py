@@ -105,6 +105,13 @@ def first_byte_latency(path: str, samples: int = 200, mode: str = "direct") -> f
 
 
 def profile_disk(path: str, chunks=CHUNKS, threads=THREADS, seconds: float = 1.0, progress: bool = False) -> dict:
+    """Measure random-read throughput of the drive holding `path` (an existing file; larger than the
+    biggest chunk, ideally hundreds of MB) for every chunk size (bytes) x thread count, `seconds`
+    each, through the reader pool with the page cache bypassed, and the latency of one 4 KiB read.
+
+    Returns {"throughput": {threads: {chunk: bytes/s}} (keys are strings), "latency_s",
+    "seconds_per_cell", "file", "file_size", "version", "created"}: the profile `best_threads` and
+    `coalesce_gap` read, and what tools/profile_disk.py saves for the engine."""
     from tqdm import tqdm
 
     grid = [(t, c) for t in threads for c in chunks]
@@ -159,10 +166,14 @@ def plot_profile(profile: dict, png: str) -> None:
     plt.close(fig)
 
 
-def default_profile(cache_dir: str, probe_dir: str | None = None, progress: bool = False) -> dict:
-    """The saved profile of this machine, or a quick probe (run once, then cached)."""
+def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, progress: bool = False) -> dict:
+    """The disk profile load() sizes its reader pools with: the one saved in `cache_dir` (default:
+    $MLX_FLASH_CACHE or ~/.cache/mlx_flash) by tools/profile_disk.py or an earlier probe, or else a
+    quick probe (9 points of 0.25 s on a 256 MiB scratch file), run once and saved there."""
+    from ..config import default_cache_dir
     from ..progress import step
 
+    cache_dir = cache_dir or default_cache_dir()
     path = os.path.join(cache_dir, PROFILE_NAME)
     if os.path.isfile(path):
         with open(path) as fh:
