@@ -91,20 +91,20 @@ def format_stats(engine) -> str:
             f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
     if s.draft_proposed:
         text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
-    ffn = engine.ffn
-    if hasattr(ffn, "cached_rows") and getattr(ffn, "decode_layer_steps", 0):
-        steps, F = ffn.decode_layer_steps, ffn.layout.n_neurons
-        rows = ffn.cached_rows()
-        text += (f"\nsparse FFN ({ffn.plan.mode}): {ffn.rows_active / steps / F:.1%} of neurons active, "
-                 f"{ffn.rows_loaded / steps / F:.1%} of rows read per token and layer")
+    st = engine.ffn.stats()
+    if st.sparse_mode and st.decode_layer_steps:
+        steps, F = st.decode_layer_steps, st.neurons
+        rows = st.cached_rows
+        text += (f"\nsparse FFN ({st.sparse_mode}): {st.rows_active / steps / F:.1%} of neurons active, "
+                 f"{st.rows_loaded / steps / F:.1%} of rows read per token and layer")
         if rows:
-            text += f"; cached rows per layer {min(rows)}-{max(rows)} of {ffn.plan.capacity}"
-    if hasattr(ffn, "hit_stats"):
-        hits, misses = map(sum, zip(*ffn.hit_stats()))
-        text += (f"\nexpert cache ({ffn.cache.policy.__class__.__name__}, {ffn.cache.slots} slots): "
+            text += f"; cached rows per layer {min(rows)}-{max(rows)} of {st.cache_capacity}"
+    if st.expert_policy:
+        hits, misses = map(sum, zip(*st.expert_hits))
+        text += (f"\nexpert cache ({st.expert_policy}, {st.expert_slots} slots): "
                  f"{hits / max(1, hits + misses):.1%} hits over {hits + misses} routed experts")
-        if ffn.preload:
-            text += (f"\nexpert preloading ({ffn.preload} per layer): {ffn.useful / max(1, ffn.routed_experts):.1%} "
+        if st.preload:
+            text += (f"\nexpert preloading ({st.preload} per layer): {st.preloaded_used / max(1, st.routed_experts):.1%} "
                      f"of the experts decode steps routed to were already preloaded")
     return text
 

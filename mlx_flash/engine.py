@@ -73,8 +73,7 @@ class Engine:
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self):
         """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows)."""
-        if hasattr(self.ffn, "reset"):
-            self.ffn.reset()
+        self.ffn.reset()
         return make_caches(self.args.num_hidden_layers)
 
     @property
@@ -215,9 +214,8 @@ class Engine:
 
     # ---- stats ----------------------------------------------------------------------------------
     def _io_counters(self):
-        f = self.ffn
-        return (getattr(f, "io_seconds", 0.0), getattr(f, "mem_seconds", 0.0),
-                getattr(f, "bytes_read", 0), getattr(f, "reads", 0))
+        s = self.ffn.stats()
+        return s.io_seconds, s.mem_seconds, s.bytes_read, s.reads
 
     def _step_stats(self, t_start: float, io0) -> TokenStats:
         wall = time.perf_counter() - t_start

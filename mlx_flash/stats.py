@@ -25,11 +25,11 @@ def expert_cache_stats(engine) -> dict:
     and subtract to measure a stretch of decoding on its own."""
     from .errors import ConfigError
 
-    ffn = engine.ffn
-    if not hasattr(ffn, "hit_stats"):
+    st = engine.ffn.stats()
+    if not st.expert_policy:
         raise ConfigError("expert_cache_stats needs a MoE model loaded with ffn='stream' or 'sparse' "
                           "(resident experts have no cache)")
-    per_layer = ffn.hit_stats()
+    per_layer = list(st.expert_hits)
     hits, misses = sum(h for h, _ in per_layer), sum(m for _, m in per_layer)
-    return {"policy": engine.config.expert_policy, "slots": ffn.cache.slots, "hits": hits, "misses": misses,
+    return {"policy": engine.config.expert_policy, "slots": st.expert_slots, "hits": hits, "misses": misses,
             "hit_rate": hits / max(1, hits + misses), "per_layer": per_layer}

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from .errors import StoreError
+from .ffn_source import FFNSource, FFNStats
 from .store.bundles import unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
@@ -88,7 +89,7 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
     return {"gate_up": gate_up, "down": down}
 
 
-class ResidentFFN:
+class ResidentFFN(FFNSource):
     """All FFN bundles read once at load time (through `pool`) and kept as backend weights."""
 
     def __init__(self, ops, store: Store, pool):
@@ -103,7 +104,7 @@ class ResidentFFN:
         self.layers = []
 
 
-class StreamedFFN:
+class StreamedFFN(FFNSource):
     """Each call reads layer i's bundle region through the pool and decodes it (nothing kept).
     Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes into backend weights),
     bytes_read, reads."""
@@ -122,17 +123,9 @@ class StreamedFFN:
         self.mem_seconds += time.perf_counter() - t
         return w
 
-    @property
-    def io_seconds(self) -> float:
-        return self.reader.wait_seconds
-
-    @property
-    def bytes_read(self) -> int:
-        return self.reader.bytes_read
-
-    @property
-    def reads(self) -> int:
-        return self.reader.reads
+    def stats(self) -> FFNStats:
+        r = self.reader
+        return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads)
 
     def close(self) -> None:
         self.pool.close()

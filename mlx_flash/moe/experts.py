@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from ..ffn_source import FFNSource, FFNStats
 from ..weights import bundle_weights
 from .expert_cache import ExpertCache
 
@@ -37,7 +38,7 @@ def read_expert(pool, file, layout, layer: int, expert: int, buf: np.ndarray):
     return pool.read([(file, layout.expert_offset(layer, expert), layout.expert_size(layer, expert), buf)])
 
 
-class ResidentExperts:
+class ResidentExperts(FFNSource):
     def __init__(self, ops, store, pool):
         lay = store.manifest.ffn
         f = pool.open(store.file_path(lay.file))
@@ -61,7 +62,7 @@ class ResidentExperts:
         self.layers = []
 
 
-class StreamedExperts:
+class StreamedExperts(FFNSource):
     """Counters as the dense FFN sources keep them (io_seconds: time blocked on reads, mem_seconds,
     bytes_read, reads), plus the preloader's: predicted / useful (preloaded experts the router then
     chose) / routed (experts decode steps asked for), preload_bytes, and preload_wait_seconds (the
@@ -150,6 +151,12 @@ class StreamedExperts:
         self.io_seconds += batch.wait_seconds
         self.bytes_read += batch.bytes_read
         self.reads += batch.reads
+
+    def stats(self) -> FFNStats:
+        return FFNStats(io_seconds=self.io_seconds, mem_seconds=self.mem_seconds, bytes_read=self.bytes_read,
+                        reads=self.reads, expert_policy=self.cache.policy.__class__.__name__,
+                        expert_slots=self.cache.slots, expert_hits=tuple(self.hit_stats()), preload=self.preload,
+                        preloaded_used=self.useful, routed_experts=self.routed_experts)
 
     def hit_stats(self) -> list[tuple[int, int]]:
         """Per layer (hits, misses) since load."""

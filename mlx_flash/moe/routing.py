@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from ..errors import ConfigError, ModelFileError
+from ..ffn_source import FFNSource
 
 PREDICTOR_FILE = "routing_predictor.npz"  # in the store directory
 
@@ -28,7 +29,7 @@ def model_id(store) -> str:
     return store.manifest.files[RESIDENT_FILE]["sha256"]
 
 
-class RecordingExperts:
+class RecordingExperts(FFNSource):
     """Wraps an expert source and keeps every token's routing, per layer."""
 
     def __init__(self, inner, n_layers: int):
@@ -41,6 +42,15 @@ class RecordingExperts:
 
     def experts(self, layer: int, ids: list[int]):
         return self.inner.experts(layer, ids)
+
+    def stats(self):
+        return self.inner.stats()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def trace(self) -> np.ndarray:
         return np.stack([np.concatenate(r) for r in self.routes])  # [L, N, K]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ffn_source import FFNSource
 
-class RecordingFFN:
+
+class RecordingFFN(FFNSource):
     """Wraps an FFN source and keeps (x, |h|) of every position it is called with."""
 
     def __init__(self, inner, ops, module, args):
@@ -22,6 +24,15 @@ class RecordingFFN:
         self.x[i].append(self.ops.to_numpy(x).reshape(-1, d).astype(np.float32))
         self.h[i].append(np.abs(self.ops.to_numpy(h).reshape(-1, h.shape[-1])).astype(np.float16))
         return fw
+
+    def stats(self):
+        return self.inner.stats()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def collect(engine, ids: list[int], context: int = 256, max_tokens: int = 8192, progress: bool = False):

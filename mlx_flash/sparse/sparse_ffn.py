@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from ..ffn_source import FFNSource, FFNStats
 from ..store.ffn_reader import FFNReader
 from ..store.bundles import pack_layer, plan_fields, unpack_rows
 from ..store.manifest import BundleField
@@ -78,7 +79,7 @@ def down_fields(layout) -> tuple[list[BundleField], list[int], int]:
     return fields, index, row_bytes
 
 
-class SparseFFN:
+class SparseFFN(FFNSource):
     """down_only: gate|up come from the selector's resident 4-bit copy (`gate_up[i]`, all neurons)
     and only the down columns of active neurons are read and cached (a third of the bytes). Exact
     when the store's gate/up rows are 4-bit already; otherwise a named approximation."""
@@ -286,6 +287,13 @@ class SparseFFN:
     @property
     def reads(self) -> int:
         return self.reader.reads + self._reads_extra
+
+    def stats(self) -> FFNStats:
+        return FFNStats(io_seconds=self.io_seconds, mem_seconds=self.mem_seconds, bytes_read=self.bytes_read,
+                        reads=self.reads,
+                        sparse_mode=self.plan.mode, neurons=self.layout.n_neurons, rows_active=self.rows_active,
+                        rows_loaded=self.rows_loaded, decode_layer_steps=self.decode_layer_steps,
+                        cached_rows=tuple(self.cached_rows()), cache_capacity=self.plan.capacity)
 
     def cached_rows(self) -> list[int]:
         return [c.num_used for c in getattr(self, "caches", [])]
