@@ -21,8 +21,8 @@ import shutil
 import numpy as np
 
 from ..errors import ConfigError, ModelFileError
-from .bundles import pack_layer, plan_fields
 from ..progress import byte_bar, step
+from .bundles import pack_layer, plan_fields
 from .manifest import ALIGNMENT, MANIFEST_NAME, FFNLayout, Manifest, QuantSpec, sha256_file
 from .safetensors_io import write_safetensors
 from .sources import SourceModel, model_module, read_source
