@@ -48,3 +48,20 @@ class FFNSource:
 
     def close(self) -> None:
         """Release files and threads; the source is unusable afterwards."""
+
+
+class WrappedSource(FFNSource):
+    """A source wrapped to observe it (calibration recorders): counters, reset and close are the
+    wrapped source's own."""
+
+    def __init__(self, inner: FFNSource):
+        self.inner = inner
+
+    def stats(self) -> FFNStats:
+        return self.inner.stats()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()

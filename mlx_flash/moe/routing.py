@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from ..errors import ConfigError, ModelFileError
-from ..ffn_source import FFNSource
+from ..ffn_source import WrappedSource
 
 PREDICTOR_FILE = "routing_predictor.npz"  # in the store directory
 
@@ -29,11 +29,11 @@ def model_id(store) -> str:
     return store.manifest.files[RESIDENT_FILE]["sha256"]
 
 
-class RecordingExperts(FFNSource):
+class RecordingExperts(WrappedSource):
     """Wraps an expert source and keeps every token's routing, per layer."""
 
     def __init__(self, inner, n_layers: int):
-        self.inner = inner
+        super().__init__(inner)
         self.routes: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
 
     def routed(self, layer: int, ids: np.ndarray) -> None:
@@ -42,15 +42,6 @@ class RecordingExperts(FFNSource):
 
     def experts(self, layer: int, ids: list[int]):
         return self.inner.experts(layer, ids)
-
-    def stats(self):
-        return self.inner.stats()
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def trace(self) -> np.ndarray:
         return np.stack([np.concatenate(r) for r in self.routes])  # [L, N, K]

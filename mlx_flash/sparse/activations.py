@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ffn_source import FFNSource
+from ..ffn_source import WrappedSource
 
 
-class RecordingFFN(FFNSource):
+class RecordingFFN(WrappedSource):
     """Wraps an FFN source and keeps (x, |h|) of every position it is called with."""
 
     def __init__(self, inner, ops, module, args):
-        self.inner, self.ops, self.module, self.args = inner, ops, module, args
+        super().__init__(inner)
+        self.ops, self.module, self.args = ops, module, args
         self.x: list[list[np.ndarray]] = [[] for _ in range(args.num_hidden_layers)]
         self.h: list[list[np.ndarray]] = [[] for _ in range(args.num_hidden_layers)]
 
@@ -24,15 +25,6 @@ class RecordingFFN(FFNSource):
         self.x[i].append(self.ops.to_numpy(x).reshape(-1, d).astype(np.float32))
         self.h[i].append(np.abs(self.ops.to_numpy(h).reshape(-1, h.shape[-1])).astype(np.float16))
         return fw
-
-    def stats(self):
-        return self.inner.stats()
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def collect(engine, ids: list[int], context: int = 256, max_tokens: int = 8192, progress: bool = False):
