@@ -139,17 +139,18 @@ def byte_level_bpe(meta: dict, path: str):
     return tok
 
 
-def _through_transformers(path: str, out_dir: str, kind: str) -> None:
-    """Vocabulary types not built here: transformers' GGUF loader, if installed (it needs torch)."""
+def save_through_transformers(path: str, out_dir: str, why: str, directory: str, **load_kwargs) -> None:
+    """Tokenizers this package does not build itself (sentencepiece or unigram vocabularies): loaded
+    with transformers from `directory` (+ `load_kwargs`), if installed, and saved as tokenizer.json
+    once, at conversion. Errors name `path` and say `why` transformers was needed."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ModelFileError(f"{path}: tokenizer type {kind!r} is built through transformers, which is not "
-                             f"installed ({INSTALL_HF}); byte-level BPE (gpt2) vocabularies need nothing extra") from None
+        raise ModelFileError(f"{path}: {why} needs transformers, which is not installed ({INSTALL_HF})") from None
     try:
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
-    except Exception as e:  # transformers raises many types for odd GGUF vocabularies
-        raise ModelFileError(f"{path}: cannot build a tokenizer from the GGUF metadata ({e})") from None
+        tok = AutoTokenizer.from_pretrained(directory, **load_kwargs)
+    except Exception as e:  # transformers raises many types for odd vocabularies
+        raise ModelFileError(f"{path}: cannot build its tokenizer through transformers ({e})") from None
     tok.save_pretrained(out_dir)
 
 
@@ -158,7 +159,8 @@ def save_gguf_tokenizer(path: str, out_dir: str) -> None:
     meta = read_tokenizer_metadata(path)
     kind = str(meta.get("tokenizer.ggml.model", ""))
     if kind != "gpt2":
-        _through_transformers(path, out_dir, kind)
+        save_through_transformers(path, out_dir, f"a {kind!r} vocabulary (only byte-level BPE is built without it)",
+                                  os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
         return
     byte_level_bpe(meta, path).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:

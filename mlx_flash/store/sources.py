@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
-from .gguf_tokenizer import INSTALL_HF, save_gguf_tokenizer
+from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
 from .manifest import QuantSpec
 
 TOKENIZER_FILES = (
@@ -213,20 +213,7 @@ def read_hf_dir(path: str) -> SourceModel:
         if not found:
             raise ModelFileError(f"{path}: no tokenizer files (tokenizer.json or tokenizer.model)")
         if not os.path.isfile(os.path.join(out_dir, "tokenizer.json")):
-            _tokenizer_json_from_slow(path, out_dir)
+            save_through_transformers(path, out_dir, "a tokenizer.model without tokenizer.json", path)
 
     return SourceModel(config, tensors, quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
 
-
-def _tokenizer_json_from_slow(path: str, out_dir: str) -> None:
-    """A directory with only a sentencepiece `tokenizer.model`: transformers converts it to the
-    tokenizer.json the run-time tokenizer reads (once, here; generation never imports transformers)."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise ModelFileError(f"{path}: has tokenizer.model but no tokenizer.json; converting it needs transformers "
-                             f"({INSTALL_HF})") from None
-    try:
-        AutoTokenizer.from_pretrained(path).save_pretrained(out_dir)
-    except Exception as e:  # transformers raises many types for odd vocabularies
-        raise ModelFileError(f"{path}: cannot convert tokenizer.model to tokenizer.json ({e})") from None
