@@ -1,14 +1,47 @@
-"""What every FFN source (resident, streamed, sparse, resident or streamed experts) offers the
-engine, the chat and the public stats: a snapshot of its counters, a reset between unrelated
-sequences, and close. Callers use these and never probe a source for attributes.
+"""The FFN-source protocol: where a model graph gets its FFN weights from.
 
-The model graphs ask a dense source for `layer(i, x)` (layer i's FFN weights for input x) and an
-expert source for `routed(i, ids)` then `experts(i, ids)`; see models/llama.py and models/moe.py.
+Attention, embeddings and norms are resident (built once by `models.X.build`); only the FFN can
+come from elsewhere. A source is one of two kinds, chosen at load from the store's manifest:
+
+  LayerSource   dense FFNs: `layer(i, x)` returns the weights to apply to FFN input x at layer i
+  ExpertSource  mixture-of-experts: `experts(i, routing)` yields each expert the routing names,
+                with its weights, in ascending expert order
+
+and every source, of either kind, answers `stats()` (an `FFNStats`, every field always present),
+`reset()` between unrelated sequences, and `close()`. The engine, the chat and the public stats call
+only these; nothing probes a source for attributes.
+
+Adding a source: subclass `LayerSource` (or `ExpertSource`), implement `layer` (or `experts`), and
+override `stats`/`reset`/`close` when it counts, remembers or holds something. `weights.ResidentFFN`
+is the shortest example; `weights.StreamedFFN` adds reads and counters.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+
+@dataclass
+class FFNWeights:
+    """One FFN's weights as the backend holds them (a layer's, or one expert's), plus what a sparse
+    source adds. Gated FFNs (SwiGLU) have `gate_up` (gate and up rows fused, [2F, D]); ungated ones
+    (OPT's ReLU) have `up` [F, D]. `down` is stored transposed [F, D] except in whole-expert formats.
+
+    mask    [.., F] 0/1 per token and neuron: neurons a token does not use are zeroed (None: all used)
+    rows    neuron ids of down's rows when gate_up covers every neuron but down only some (None: same)
+    hidden  the activations silu(gate)·up already computed from this x by the selector (None: compute)
+    """
+
+    down: Any
+    gate_up: Any = None
+    up: Any = None
+    mask: Any = None
+    rows: Any = None
+    hidden: Any = None
 
 
 @dataclass(frozen=True)
@@ -37,8 +70,23 @@ class FFNStats:
     routed_experts: int = 0  # experts decode steps routed to
 
 
-class FFNSource:
-    """Base of the FFN sources: a source with nothing to count or forget inherits these."""
+class ReadCounters:
+    """The counters every reading source keeps, fed by the reader pool's batches."""
+
+    def __init__(self):
+        self.io_seconds = self.mem_seconds = 0.0
+        self.bytes_read = self.reads = 0
+
+    def add(self, batch) -> None:
+        """Count a batch of the reader pool the caller has waited for."""
+        self.io_seconds += batch.wait_seconds
+        self.bytes_read += batch.bytes_read
+        self.reads += batch.reads
+
+
+class FFNSource(ABC):
+    """What both kinds share: counters, forgetting, closing. A source with nothing to count or
+    forget inherits these."""
 
     def stats(self) -> FFNStats:
         return FFNStats()
@@ -50,12 +98,55 @@ class FFNSource:
         """Release files and threads; the source is unusable afterwards."""
 
 
-class WrappedSource(FFNSource):
-    """A source wrapped to observe it (calibration recorders): counters, reset and close are the
-    wrapped source's own."""
+class LayerSource(FFNSource):
+    @abstractmethod
+    def layer(self, i: int, x) -> FFNWeights:
+        """Layer i's FFN weights for FFN input x ([B, T, D] as the backend holds it): all of them,
+        or only the rows x needs (with a mask saying which neuron each token uses)."""
 
-    def __init__(self, inner: FFNSource):
+
+class ExpertSource(FFNSource):
+    @abstractmethod
+    def experts(self, i: int, routing: np.ndarray) -> Iterator[tuple[int, FFNWeights]]:
+        """Layer i's experts for `routing` (int [N, K]: the K experts each of N tokens routes to):
+        (expert, weights) once for each expert routing names, in ascending expert order (the graph
+        sums in that order, so every source gives the same result bit for bit). A source may load
+        lazily, as the caller advances the iterator."""
+
+
+def routed_experts(routing: np.ndarray) -> list[int]:
+    """The experts `routing` names, ascending: the order `ExpertSource.experts` yields them in."""
+    return [int(e) for e in np.unique(routing)]
+
+
+class WrappedLayerSource(LayerSource):
+    """A dense source wrapped to observe it (calibration recorders): counters, reset and close are
+    the wrapped source's own."""
+
+    def __init__(self, inner: LayerSource):
         self.inner = inner
+
+    def layer(self, i: int, x) -> FFNWeights:
+        return self.inner.layer(i, x)
+
+    def stats(self) -> FFNStats:
+        return self.inner.stats()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class WrappedExpertSource(ExpertSource):
+    """An expert source wrapped to observe it (routing recorders)."""
+
+    def __init__(self, inner: ExpertSource):
+        self.inner = inner
+
+    def experts(self, i: int, routing: np.ndarray):
+        return self.inner.experts(i, routing)
 
     def stats(self) -> FFNStats:
         return self.inner.stats()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
+from ..ffn_source import FFNWeights, LayerSource
 from .common import ArgsFromDict, linear
 
 LAYER = "model.layers.{}."
@@ -32,6 +33,7 @@ class ModelArgs(ArgsFromDict):
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     sliding_window: int | None = None  # not implemented: the engine refuses contexts longer than it
+    qk_norm_full: bool = False  # OLMoE: q/k RMSNorm over the whole projection, not per head
     bos_token_id: int | None = None
     eos_token_id: int | list | None = None
     extra: dict = field(default_factory=dict)
@@ -109,7 +111,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     B, T, _ = x.shape
     hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
     q, k, v = ops.split(linear(ops, x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
-    full_qk_norm = getattr(args, "qk_norm_full", False)
+    full_qk_norm = args.qk_norm_full
     if full_qk_norm:  # OLMoE: RMSNorm over the whole q and k projections, before the heads split
         q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
         k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
@@ -126,27 +128,27 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 
-def ffn_hidden(ops, args: ModelArgs, fw: dict, x):
+def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
     """SwiGLU activations silu(gate) * up [.., F] from bundle-form weights (gate|up rows fused [2F, D])."""
-    gate_up = linear(ops, x, fw["gate_up"])
+    gate_up = linear(ops, x, fw.gate_up)
     n = gate_up.shape[-1] // 2
     gate, up = ops.split(gate_up, [n, n])
     return ops.silu(gate) * up
 
 
-def mlp(ops, args: ModelArgs, fw: dict, x):
-    """Down is stored transposed [F, D]. A sparse FFN source may zero neurons with fw["mask"], and may
-    give down rows for some neurons only (fw["rows"]: their ids, in down's row order) while gate|up
-    cover all of them, and may hand over activations it already computed from x (fw["hidden"])."""
-    hidden = fw["hidden"] if fw.get("hidden") is not None else ffn_hidden(ops, args, fw, x)
-    if fw.get("rows") is not None:
-        hidden = ops.take(hidden, fw["rows"])
-    if fw.get("mask") is not None:
-        hidden = hidden * fw["mask"]
-    return ops.linear(hidden, fw["down"])
+def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
+    """Down is stored transposed [F, D]. A sparse FFN source may zero neurons with fw.mask, may give
+    down rows for some neurons only (fw.rows: their ids, in down's row order) while gate|up cover all
+    of them, and may hand over activations it already computed from x (fw.hidden)."""
+    hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
+    if fw.rows is not None:
+        hidden = ops.take(hidden, fw.rows)
+    if fw.mask is not None:
+        hidden = hidden * fw.mask
+    return ops.linear(hidden, fw.down)
 
 
-def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
+def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: LayerSource, all_logits: bool = False):
     """tokens [B, T] -> logits [B, T or 1, vocab]. `ffn.layer(i, x)` supplies layer i's FFN weights
     for FFN input x: resident, freshly read from the bundle file, or only the rows x needs."""
     eps = args.rms_norm_eps

@@ -5,11 +5,11 @@ a SwiGLU FFN of `moe_intermediate_size` neurons; the top-k experts of each token
 summed with their router weights. Qwen2-MoE adds a shared expert (resident) scaled by a sigmoid gate.
 
 Routing runs on the host (numpy): the engine must know which experts a token needs before it can
-read them, so the router's logits come back once per layer either way. The source hears every
-token's choice first (`ffn.routed(layer, ids)`, where a streaming source starts preloading the next
-layer's likely experts), then `ffn.experts(layer, ids)` supplies the experts (resident, or read from
-flash through an expert cache). They run expert-major: each routed expert is computed once over all
-the tokens routed to it.
+read them, so the router's logits come back once per layer either way. `ffn.experts(layer, ids)`
+(an ExpertSource) then supplies every expert the routing names, in ascending order (resident, or
+read from flash through an expert cache, where a streaming source also follows each token's path
+to preload the next layer's likely experts). They run expert-major: each routed expert is computed
+once over all the tokens routed to it.
 Shapes: B batch, T tokens, D d_model, E experts, K experts per token, N = B*T.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
+from ..ffn_source import ExpertSource, FFNWeights
 from . import llama
 
 LAYER = llama.LAYER
@@ -35,7 +36,6 @@ class ModelArgs(llama.ModelArgs):
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the top-k router weights to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert with a sigmoid gate
-    qk_norm_full: bool = False  # OLMoE: q/k RMSNorm over the whole projection, not per head
     unit_router_weights: bool = False  # MoE-fied dense models: the chosen experts add up unscaled
 
 
@@ -129,8 +129,8 @@ def build(ops, args: ModelArgs, get) -> dict:
         p = LAYER.format(i) + "mlp."
         lw["router"] = get(p + "gate")
         if args.shared_expert_intermediate_size:
-            lw["shared"] = {"gate_up": get([p + "shared_expert.gate_proj", p + "shared_expert.up_proj"]),
-                            "down": get(p + "shared_expert.down_proj")}
+            lw["shared"] = FFNWeights(gate_up=get([p + "shared_expert.gate_proj", p + "shared_expert.up_proj"]),
+                                      down=get(p + "shared_expert.down_proj"))
             lw["shared_gate"] = get(p + "shared_expert_gate")
     return w
 
@@ -161,18 +161,17 @@ def expert_groups(ids: np.ndarray, wts: np.ndarray) -> list[tuple[int, np.ndarra
     return groups
 
 
-def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn):
+def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn: ExpertSource):
     """x [B, T, D] -> [B, T, D]: the routed experts' weighted sum (plus the shared expert)."""
     B, T, D = x.shape
     xf = ops.reshape(x, (B * T, D))
     ids, wts = route(ops.to_numpy(ops.linear(xf, lw["router"])), args.num_experts_per_tok, args.norm_topk_prob,
                      args.unit_router_weights)
-    ffn.routed(i, ids)  # a streaming source may start reading what it expects the next layer to need
     groups = expert_groups(ids, wts)
     out = ops.zeros((B * T, D), xf)
-    # The source yields experts in the order asked, loading them as it goes (waves when they do not
-    # all fit its cache); each runs once over all its tokens (expert-major).
-    for (e, rows, w), (got, fw) in zip(groups, ffn.experts(i, [g[0] for g in groups])):
+    # The source yields the routed experts by ascending id, as expert_groups lists them, loading them
+    # as it goes (waves when they do not all fit its cache); each runs once over all its tokens.
+    for (e, rows, w), (got, fw) in zip(groups, ffn.experts(i, ids)):
         if got != e:
             raise RuntimeError(f"expert source yielded expert {got} where {e} was asked")
         r = ops.array(rows.astype(np.int64))
@@ -184,7 +183,7 @@ def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn):
     return ops.reshape(out, (B, T, D))
 
 
-def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
+def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: ExpertSource, all_logits: bool = False):
     """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.experts(i, ids)` supplies layer i's experts."""
     eps = args.rms_norm_eps
     h = ops.embedding(w["embed"], tokens)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
+from ..ffn_source import FFNWeights, LayerSource
 from .common import ArgsFromDict
 
 LAYER = "model.decoder.layers.{}."
@@ -29,6 +30,7 @@ class ModelArgs(ArgsFromDict):
     layer_norm_eps: float = 1e-5
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    sliding_window: int | None = None  # OPT attends over its whole context
 
     @property
     def head_dim(self) -> int:
@@ -109,21 +111,22 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 
 
-def ffn_hidden(ops, args: ModelArgs, fw: dict, x):
+def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
     """fc1 rows (with their per-neuron bias) [F, D], then the activation: [.., F]."""
-    hidden = ops.linear(x, fw["up"])
+    hidden = ops.linear(x, fw.up)
     return ops.relu(hidden) if args.activation_function == "relu" else ops.gelu(hidden)
 
 
-def mlp(ops, args: ModelArgs, fw: dict, x, fc2_bias):
-    """fc2 columns stored transposed [F, D]. A sparse FFN source may zero neurons with fw["mask"]."""
+def mlp(ops, args: ModelArgs, fw: FFNWeights, x, fc2_bias):
+    """fc2 columns stored transposed [F, D]. A sparse FFN source may zero neurons with fw.mask."""
     hidden = ffn_hidden(ops, args, fw, x)
-    if fw.get("mask") is not None:
-        hidden = hidden * fw["mask"]
-    return ops.linear(hidden, fw["down"]) + fc2_bias
+    if fw.mask is not None:
+        hidden = hidden * fw.mask
+    return ops.linear(hidden, fw.down) + fc2_bias
 
 
-def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn, all_logits: bool = False):
+def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: LayerSource, all_logits: bool = False):
+    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.layer(i, x)` supplies layer i's FFN weights."""
     eps, pre = args.layer_norm_eps, args.do_layer_norm_before
     offset = caches[0].offset
     T = tokens.shape[1]
