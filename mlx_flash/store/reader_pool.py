@@ -32,67 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import FlashError
+from .pool_file import PoolClosedError, PoolFile, ReadError, _check_dest, _check_file, _short  # noqa: F401
 from .read_plan import BLOCK, plan_reads
 
 MODES = ("direct", "buffered")
 _preadv = os.preadv  # module-level so fault tests can put a failing read underneath the workers
-
-
-class ReadError(FlashError):
-    """A read failed: short read, EOF, I/O error, closed file or pool."""
-
-
-class PoolClosedError(ReadError):
-    """The pool was closed before or while the batch was read."""
-
-
-class PoolFile:
-    """A file opened for the pool: a direct-I/O descriptor when possible, plus a buffered one."""
-
-    def __init__(self, path: str, direct: bool):
-        self.path = path
-        self.size = os.path.getsize(path)
-        self.fd = os.open(path, os.O_RDONLY)
-        self.direct_fd = None
-        if direct:
-            self.direct_fd = _open_direct(path)
-        self.closed = False
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            for fd in (self.fd, self.direct_fd):
-                if fd is not None:
-                    os.close(fd)
-
-
-def _open_direct(path: str):
-    """A descriptor that bypasses the page cache, or None if the filesystem refuses."""
-    if hasattr(os, "O_DIRECT"):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        except OSError:
-            return None
-        try:  # some filesystems accept the flag at open and fail at the first read
-            buf = mmap.mmap(-1, BLOCK)
-            os.preadv(fd, [buf], 0)
-            buf.close()
-        except OSError:
-            os.close(fd)
-            return None
-        return fd
-    if sys.platform == "darwin":
-        import fcntl
-
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.fcntl(fd, getattr(fcntl, "F_NOCACHE", 48), 1)
-        except OSError:
-            os.close(fd)
-            return None
-        return fd
-    return None
 
 
 class Batch:
@@ -412,16 +356,6 @@ def _scatter_rows(rows: np.ndarray, p, first: int, count: int, scratch: np.ndarr
         rows[row[sel], c:c + n] = sliding_window_view(scratch, n)[src[sel]]
 
 
-def _check_file(f: PoolFile, off: int, length: int) -> None:
-    if f.closed:
-        raise ReadError(f"{f.path}: file is closed (offset {off}, length {length})")
-
-
-def _check_dest(f: PoolFile, dest: np.ndarray, off: int) -> None:
-    if dest.dtype != np.uint8 or dest.ndim != 1 or not dest.flags.c_contiguous or not dest.flags.writeable:
-        raise ReadError(f"{f.path}: destination for offset {off} must be a writable contiguous uint8 vector")
-
-
 def _pread_full(fd: int, buf: memoryview, offset: int) -> int:
     """Buffered pread until buf is full or EOF; returns the bytes read."""
     total, n = 0, len(buf)
@@ -431,8 +365,3 @@ def _pread_full(fd: int, buf: memoryview, offset: int) -> int:
             break
         total += got
     return total
-
-
-def _short(f: PoolFile, start: int, want: int, got: int) -> None:
-    raise ReadError(f"{f.path}: short read at offset {start}: wanted {want} bytes, got {max(got, 0)} "
-                    f"(file is {os.fstat(f.fd).st_size} bytes; truncated?)")

@@ -176,11 +176,11 @@ def test_priority_serves_urgent_batch_first(data_file, monkeypatch):
 
 
 def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
-    import mlx_flash.store.reader_pool as rp
+    import mlx_flash.store.pool_file as pool_file
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc" * 5000)
-    monkeypatch.setattr(rp, "_open_direct", lambda p: None)
+    monkeypatch.setattr(pool_file, "_open_direct", lambda p: None)
     with ReaderPool(threads=1, mode="direct") as pool:
         with pytest.warns(RuntimeWarning, match="direct I/O is not available"):
             f = pool.open(str(path))
