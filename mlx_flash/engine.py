@@ -1,7 +1,7 @@
 """Prefill + decode loop with explicit caches and per-token stats.
 
-The engine owns a backend, the resident weights, an FFN source (resident or streamed) and the
-tokenizer; KV caches are created per generation and passed to the graph explicitly.
+The engine owns a backend, the resident weights, an FFN source (ffn_source: resident, streamed,
+sparse or experts; it calls only the protocol) and the tokenizer; KV caches are created per generation and passed to the graph explicitly.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ConfigError
+from .ffn_source import FFNSource
 from .models.cache import make_caches
 from .sampling import check_sampling, sample
 from .speculative import accepted_prefix, ngram_draft
@@ -59,7 +60,8 @@ class GenerationSummary:
 
 
 class Engine:
-    def __init__(self, ops, module, args, weights, ffn, tokenizer, config, store):
+    def __init__(self, ops, module, args, weights, ffn: FFNSource, tokenizer, config, store,
+                 memory_plan: dict | None = None):
         self.ops = ops
         self.module = module
         self.args = args
@@ -68,6 +70,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config
         self.store = store
+        self.memory_plan = dict(memory_plan or {})  # how the planner split memory_budget (mlx_flash.memory_plan)
         self.last = GenerationSummary()
 
     # ---- model calls ----------------------------------------------------------------------------
@@ -80,7 +83,7 @@ class Engine:
     def context_limit(self) -> int:
         """Most tokens one sequence may hold: the model's positions, or its sliding-window size
         (sliding-window attention is not implemented, so longer contexts are refused)."""
-        window = getattr(self.args, "sliding_window", None)
+        window = self.args.sliding_window
         return min(self.args.max_position_embeddings, window or self.args.max_position_embeddings)
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:

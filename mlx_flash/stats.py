@@ -15,7 +15,7 @@ def memory_plan(engine) -> dict:
     MoE with streamed experts: budget, model_bytes, resident_weights (non-expert weights),
     expert_slots, slot_bytes (one expert as stored plus converted for compute), expert_bytes,
     converted_expert, all_experts_bytes (every expert in a slot), planned_total."""
-    return dict(getattr(engine.ffn, "account", {}))
+    return dict(engine.memory_plan)
 
 
 def expert_cache_stats(engine) -> dict:
@@ -31,5 +31,5 @@ def expert_cache_stats(engine) -> dict:
                           "(resident experts have no cache)")
     per_layer = list(st.expert_hits)
     hits, misses = sum(h for h, _ in per_layer), sum(m for _, m in per_layer)
-    return {"policy": engine.config.expert_policy, "slots": st.expert_slots, "hits": hits, "misses": misses,
+    return {"policy": engine.config.experts.policy.value, "slots": st.expert_slots, "hits": hits, "misses": misses,
             "hit_rate": hits / max(1, hits + misses), "per_layer": per_layer}

@@ -81,7 +81,7 @@ def test_zero_tokens_and_bad_arguments(engines, store_dir):
 def test_load_errors_are_typed(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no such file"):
         mlx_flash.load(str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="ffn mode"):
+    with pytest.raises(ConfigError, match="ffn 'sometimes' is unknown"):
         mlx_flash.load(ffn="sometimes")
 
 

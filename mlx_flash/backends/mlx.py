@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..store.manifest import QuantSpec
+from ..quant_spec import QuantSpec
 
 NAME = "mlx"
 
@@ -58,6 +58,11 @@ class MLXOps:
         if cast and mx.issubdtype(out.dtype, mx.floating):
             out = out.astype(self.act_dtype)
         return out
+
+    @staticmethod
+    def matmul_only(w: Weight) -> Weight:
+        """A weight only multiplied: MLX keeps nothing extra for embedding lookups."""
+        return w
 
     def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None) -> Weight:
         dtypes = dtypes or {}

@@ -10,12 +10,14 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..store.manifest import QuantSpec
+from ..quant_spec import QuantSpec
 
 try:
     import torch
@@ -139,6 +141,11 @@ class TorchOps:
         # embedding lookups stay exact; a float32 copy already is exact and the triple is dead weight.
         keep = q if self.mm_dtype != self.act_dtype else None
         return Weight("dense", w, None, 0, w.shape[0], bias, keep, quant)
+
+    @staticmethod
+    def matmul_only(w: Weight) -> Weight:
+        """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""
+        return dataclasses.replace(w, q=None)
 
     @staticmethod
     def _int4pack(codes, scales, biases, quant: QuantSpec):

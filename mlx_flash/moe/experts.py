@@ -1,7 +1,6 @@
-"""Expert sources for the MoE graph. The graph first tells a source every token's routing at a
-layer (`routed(layer, ids [N, K])`), then asks `experts(layer, wanted)`, which yields (expert,
-weights) in the order asked (the graph sums in that order, so every source gives the same result bit
-for bit).
+"""Expert sources for the MoE graph (ffn_source.ExpertSource): `experts(layer, routing [N, K])`
+yields (expert, weights) for every expert the routing names, by ascending id (the graph sums in that
+order, so every source gives the same result bit for bit).
 
 ResidentExperts  every expert read once at load and kept as backend weights (the reference)
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
@@ -19,14 +18,14 @@ import time
 
 import numpy as np
 
-from ..ffn_source import FFNSource, FFNStats
+from ..ffn_source import ExpertSource, FFNStats, FFNWeights, routed_experts
 from ..weights import bundle_weights
 from .expert_cache import ExpertCache
 
 PRELOAD_PRIORITY = 1  # the pool serves demand reads (priority 0) first
 
 
-def expert_weights(ops, layout, layer: int, expert: int, buf: np.ndarray) -> dict:
+def expert_weights(ops, layout, layer: int, expert: int, buf: np.ndarray) -> FFNWeights:
     """One expert's bundle rows (at the start of `buf`, in its own format) -> backend weights."""
     sub = layout.expert_layout(layer, expert)
     n = layout.expert_neurons * sub.bundle_bytes
@@ -38,7 +37,7 @@ def read_expert(pool, file, layout, layer: int, expert: int, buf: np.ndarray):
     return pool.read([(file, layout.expert_offset(layer, expert), layout.expert_size(layer, expert), buf)])
 
 
-class ResidentExperts(FFNSource):
+class ResidentExperts(ExpertSource):
     def __init__(self, ops, store, pool):
         lay = store.manifest.ffn
         f = pool.open(store.file_path(lay.file))
@@ -51,18 +50,15 @@ class ResidentExperts(FFNSource):
                 row.append(expert_weights(ops, lay, i, e, buf))
             self.layers.append(row)
 
-    def routed(self, layer: int, ids: np.ndarray) -> None:
-        pass
-
-    def experts(self, layer: int, ids: list[int]):
-        for e in ids:
+    def experts(self, layer: int, routing: np.ndarray):
+        for e in routed_experts(routing):
             yield e, self.layers[layer][e]
 
     def close(self) -> None:
         self.layers = []
 
 
-class StreamedExperts(FFNSource):
+class StreamedExperts(ExpertSource):
     """Counters as the dense FFN sources keep them (io_seconds: time blocked on reads, mem_seconds,
     bytes_read, reads), plus the preloader's: predicted / useful (preloaded experts the router then
     chose) / routed (experts decode steps asked for), preload_bytes, and preload_wait_seconds (the
@@ -77,24 +73,31 @@ class StreamedExperts(FFNSource):
         self.predictor, self.preload = predictor, preload if predictor is not None else 0
         self.io_seconds = self.mem_seconds = self.preload_wait_seconds = 0.0
         self.bytes_read = self.reads = self.preload_bytes = 0
-        self.predicted = self.useful = self.routed_experts = 0
+        self.predicted = self.useful = self.routed_count = 0
         self._path: list = [(), ()]  # the current token's choices at the last two layers
         self._inflight: list = []  # preload batches not yet waited for
         self._preloaded: set = set()  # keys in the cache because of a preload, not yet used
         self._weights: dict = {}  # slot -> (key, converted weights) of the expert its bytes hold
 
-    def routed(self, layer: int, ids: np.ndarray) -> None:
-        if len(ids) != 1:  # prefill: every expert is about to be read anyway; no single path to follow
+    def _follow(self, layer: int, routing: np.ndarray) -> None:
+        """Remember a single token's choices at this layer and the one before (the routing
+        predictor's condition); a prompt has no single path to follow."""
+        if len(routing) != 1:
             self._path = [(), ()]
-            return
-        self._path = [tuple(int(e) for e in ids[0]), self._path[0] if layer else ()]
+        else:
+            self._path = [tuple(int(e) for e in routing[0]), self._path[0] if layer else ()]
 
-    def experts(self, layer: int, ids: list[int]):
+    def experts(self, layer: int, routing: np.ndarray):
+        # Not a generator itself: the path is followed when the graph asks, before any expert loads.
+        self._follow(layer, routing)
+        return self._load(layer, routed_experts(routing))
+
+    def _load(self, layer: int, ids: list[int]):
         lay, cache = self.layout, self.cache
         self._settle()
         single = len(ids) <= cache.slots
         if self._path[0]:
-            self.routed_experts += len(ids)
+            self.routed_count += len(ids)
             self.useful += sum((layer, e) in self._preloaded for e in ids)
         self._preloaded = {k for k in self._preloaded if k[0] != layer}  # used now, or a wrong guess
         for s in range(0, len(ids), cache.slots):
@@ -113,7 +116,7 @@ class StreamedExperts(FFNSource):
             for e in wave:
                 yield e, self._converted(layer, e)
 
-    def _converted(self, layer: int, expert: int) -> dict:
+    def _converted(self, layer: int, expert: int) -> FFNWeights:
         slot = self.cache.slot_of[(layer, expert)]
         held = self._weights.get(slot)
         if held is None or held[0] != (layer, expert):
@@ -156,7 +159,7 @@ class StreamedExperts(FFNSource):
         return FFNStats(io_seconds=self.io_seconds, mem_seconds=self.mem_seconds, bytes_read=self.bytes_read,
                         reads=self.reads, expert_policy=self.cache.policy.__class__.__name__,
                         expert_slots=self.cache.slots, expert_hits=tuple(self.hit_stats()), preload=self.preload,
-                        preloaded_used=self.useful, routed_experts=self.routed_experts)
+                        preloaded_used=self.useful, routed_experts=self.routed_count)
 
     def hit_stats(self) -> list[tuple[int, int]]:
         """Per layer (hits, misses) since load."""

@@ -7,7 +7,7 @@ refused, naming the minimum."""
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..sparse.planner import fmt
+from ..units import fmt
 
 
 def plan_experts(budget: int, resident: int, layout, converted_expert: int) -> tuple[int, dict]:

@@ -21,9 +21,20 @@ never read or write expert bytes.
 from __future__ import annotations
 
 from collections import defaultdict
+from enum import Enum
 
-POLICIES = ("edgemoe", "lru", "lfu", "fifo", "belady")
-ONLINE_POLICIES = ("edgemoe", "lru", "lfu", "fifo")
+
+class ExpertPolicy(Enum):
+    """The policies an expert cache can run with (belady needs the future: simulation only)."""
+
+    EDGEMOE = "edgemoe"
+    LRU = "lru"
+    LFU = "lfu"
+    FIFO = "fifo"
+
+
+ONLINE_POLICIES = tuple(p.value for p in ExpertPolicy)
+POLICIES = ONLINE_POLICIES + ("belady",)
 
 
 class Policy:
@@ -79,9 +90,10 @@ class EdgeMoE(Policy):
         return min(candidates, key=score)
 
 
-def make_policy(name: str, n_layers: int) -> Policy:
+def make_policy(name: "ExpertPolicy | str", n_layers: int) -> Policy:
     from ..errors import ConfigError
 
+    name = name.value if isinstance(name, ExpertPolicy) else name
     classes = {"edgemoe": EdgeMoE, "lru": LRU, "lfu": LFU, "fifo": FIFO}  # ONLINE_POLICIES
     if name not in classes:
         extra = " (belady needs the future: it exists only in moe.policies.simulate)" if name == "belady" else ""

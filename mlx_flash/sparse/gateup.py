@@ -8,14 +8,14 @@ resident copy is the model's own weights and the selection is exact; for float r
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ..errors import ConfigError
+from ..ffn_source import FFNWeights
 from ..store.bundles import unpack_rows
-from ..store.manifest import QuantSpec
+from ..quant_spec import QuantSpec
 from ..weights import fused_weight, linear_parts
+from .selectors import Selection
 
 GROUP = 32
 
@@ -64,7 +64,6 @@ class GateUpSelector:
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
         dtypes = {f.name: f.dtype for f in layout.fields}
         self.weights = []
-        self.hidden = (-1, None)
         for i in tqdm(range(len(layout.layer_offsets)), desc="gate/up predictor", unit="layer", disable=not progress):
             arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(layout.fields, reader.read_layer(i)).items()}
             members, quants = [], []
@@ -74,13 +73,10 @@ class GateUpSelector:
                 members.append((parts, dts))
                 quants.append(q)
             w = fused_weight(ops, members, quants)
-            if getattr(w, "q", None) is not None:  # the stored triple serves embedding lookups only
-                w = dataclasses.replace(w, q=None)
-            self.weights.append(w)
+            self.weights.append(tuple(map(ops.matmul_only, w)) if isinstance(w, tuple) else ops.matmul_only(w))
 
-    def active(self, layer: int, x) -> np.ndarray:
+    def select(self, layer: int, x) -> Selection:
         """x: the FFN input as the backend holds it; its activations stay there for the graph."""
-        h = self.module.ffn_hidden(self.ops, self.args, {"gate_up": self.weights[layer]}, x)
-        self.hidden = (layer, h)  # the FFN source may hand these activations on instead of recomputing them
+        h = self.module.ffn_hidden(self.ops, self.args, FFNWeights(down=None, gate_up=self.weights[layer]), x)
         hn = self.ops.to_numpy(h)
-        return np.abs(hn.reshape(-1, hn.shape[-1])) > self.thresholds[layer]
+        return Selection(np.abs(hn.reshape(-1, hn.shape[-1])) > self.thresholds[layer], hidden=h)

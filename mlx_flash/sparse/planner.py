@@ -17,15 +17,12 @@ shrinks the window to fit memory).
 
 from __future__ import annotations
 
-import re
-
 from ..errors import ConfigError
+from ..units import fmt
 from . import cost_model
-from .sparse_ffn import NEEDS_PREDICTOR, SparsePlan
+from .modes import SparseMode, SparsePlan
 
 DEFAULT_WINDOW = 4  # when no activity was measured (predictors trained before it was recorded, or none)
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 def stored_resident_bytes(store) -> int:
@@ -38,25 +35,6 @@ def model_bytes(store, resident: int | None = None, ffn_layer: int | None = None
     lay = store.manifest.ffn
     res = stored_resident_bytes(store) if resident is None else resident
     return res + (lay.layer_nbytes if ffn_layer is None else ffn_layer) * len(lay.layer_offsets)
-
-
-def parse_budget(value, total: int) -> int:
-    """'50%' -> half of total; 300000000, '300MB', '1.5GiB' -> bytes."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        n = int(value)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[kKmMgG]?i?[bB]?)\s*", str(value))
-        if not m:
-            raise ConfigError(f"memory budget {value!r} is not understood (use e.g. 50%, 300MB or 1.5GiB)")
-        num, unit = float(m.group(1)), m.group(2)
-        n = int(total * num / 100) if unit == "%" else int(num * _UNITS[unit.lower()])
-    if n <= 0:
-        raise ConfigError(f"memory budget {value!r} must be positive")
-    return n
-
-
-def fmt(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 def choose_window(activity: dict, capacity: int, n_neurons: int, n_layers: int, row_bytes: int, profile: dict,
@@ -77,7 +55,7 @@ def choose_window(activity: dict, capacity: int, n_neurons: int, n_layers: int, 
     return best[1], table
 
 
-def plan_budget(mode: str, budget: int, store, predictor_bytes: int, window: int,
+def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, window: int,
                 row_bytes: int | None = None, activity: dict | None = None, profile: dict | None = None,
                 threads: int = 1, resident: int | None = None, converted_layer: int = 0) -> tuple[SparsePlan, dict]:
     """row_bytes: bytes of one cached row (default a whole bundle; less when only down columns are read).
@@ -87,21 +65,23 @@ def plan_budget(mode: str, budget: int, store, predictor_bytes: int, window: int
     lay = store.manifest.ffn
     L, F, bb = len(lay.layer_offsets), lay.n_neurons, row_bytes or lay.bundle_bytes
     resident = stored_resident_bytes(store) if resident is None else resident
-    preds = predictor_bytes if mode in NEEDS_PREDICTOR else 0
+    preds = predictor_bytes if mode.needs_predictor else 0
     fixed = resident + preds + lay.layer_nbytes + converted_layer
-    minimum = fixed + (L * bb if mode != "naive" else 0)
+    caches = mode is not SparseMode.NAIVE  # naive holds no rows beyond the layer buffer
+    minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
-        raise ConfigError(f"memory budget {fmt(budget)} is below the minimum {fmt(minimum)} for mode {mode!r} "
-                          f"(resident weights {fmt(resident)}, predictors {fmt(preds)}, one-layer buffer "
-                          f"{fmt(lay.layer_nbytes)}, one converted layer {fmt(converted_layer)}"
-                          + (", one FFN row per layer)" if mode != "naive" else ")"))
-    rows = min(F, (budget - fixed) // (L * bb)) if mode != "naive" else 0
+        raise ConfigError(f"memory budget {fmt(budget)} is below the minimum {fmt(minimum)} for mode "
+                          f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, one-layer "
+                          f"buffer {fmt(lay.layer_nbytes)}, one converted layer {fmt(converted_layer)}"
+                          + (", one FFN row per layer)" if caches else ")"))
+    rows = min(F, (budget - fixed) // (L * bb)) if caches else 0
     table = []
     if window == 0:
         window = DEFAULT_WINDOW
-        if mode in ("window", "all") and activity and profile:
+        if mode.keeps_window and activity and profile:
             window, table = choose_window(activity, rows, F, L, bb, profile, threads)
-    plan = SparsePlan(mode=mode, capacity=rows, window=window, resident_neurons=rows if mode == "hybrid" else 0)
+    plan = SparsePlan(mode=mode, capacity=rows, window=window,
+                      resident_neurons=rows if mode is SparseMode.HYBRID else 0)
     account = {"window": window, "window_costs": table, "budget": budget, "resident_weights": resident,
                "predictors": preds, "layer_buffer": lay.layer_nbytes, "converted_layer": converted_layer,
                "ffn_rows_per_layer": rows, "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}

@@ -1,7 +1,7 @@
 """Sparsity predictors (LLM in a flash §3.1, Appendix B): per layer a low-rank map from the FFN
 input x to one logit per neuron, `(x @ U) @ V + b`; a neuron is predicted active when its logit
 exceeds the layer's cut (a sigmoid threshold, stored as a logit). Inference is numpy (a few hundred
-thousand multiply-adds per layer per token); training (`train_layer`) uses torch on the CPU.
+thousand multiply-adds per layer per token); training is offline (calibrate/predictor_training.py).
 
 Saved beside the store: `predictors.safetensors` (U, V, b per layer) and `predictors.json`
 (ranks, cuts, the magnitude thresholds that define 'active', and validation metrics).
@@ -51,7 +51,7 @@ class Predictors:
     # Recall target -> per-layer cuts (set on held-out calibration data); `recall` is the one in use.
     cuts_by_recall: dict[str, list[float]] = field(default_factory=dict)
     recall: str = ""
-    # Window behaviour of the true activity on the validation text (activations.window_activity):
+    # Window behaviour of the true activity on the validation text (calibrate.activations.window_activity):
     # {"union": [...], "new": [...]} for windows of 1..k tokens; the planner sizes the window from it.
     activity: dict = field(default_factory=dict)
 
@@ -117,56 +117,3 @@ class Predictors:
         return cls(layers, float(meta["sparsity"]), list(meta["magnitude_thresholds"]), meta.get("metrics", []),
                    meta.get("trained_on", ""), cuts, meta.get("recall", ""),
                    meta.get("window_activity", {}))
-
-
-def labels(mags: np.ndarray, threshold: float) -> np.ndarray:
-    return mags.astype(np.float32) > threshold
-
-
-def train_layer(X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch: int = 512, lr: float = 3e-3,
-                seed: int = 0) -> LayerPredictor:
-    """Fit U, V, b with a balanced binary cross-entropy: positives weighted by negatives/positives
-    per neuron, so rare and common neurons both count (the paper's balanced loss)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    Xt, Yt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)), torch.from_numpy(Y.astype(np.float32))
-    D, F = X.shape[1], Y.shape[1]
-    pos = Yt.mean(0).clamp(1e-3, 1 - 1e-3)
-    pos_weight = (1 - pos) / pos
-    U = torch.nn.Parameter(torch.randn(D, rank, generator=g) / D ** 0.5)
-    V = torch.nn.Parameter(torch.randn(rank, F, generator=g) / rank ** 0.5)
-    b = torch.nn.Parameter(torch.log(pos / (1 - pos)).clone())
-    opt = torch.optim.Adam([U, V, b], lr=lr)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
-    steps = max(1, epochs * (len(Xt) // batch))
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    for _ in range(epochs):
-        perm = torch.randperm(len(Xt), generator=g)
-        for s in range(0, len(Xt) - batch + 1 if len(Xt) >= batch else 1, batch):
-            idx = perm[s:s + batch]
-            loss = loss_fn((Xt[idx] @ U) @ V + b, Yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-    return LayerPredictor(U.detach().numpy().copy(), V.detach().numpy().copy(), b.detach().numpy().copy())
-
-
-def calibrate_cut(p: LayerPredictor, X: np.ndarray, Y: np.ndarray, recall: float) -> float:
-    """The highest logit cut whose recall on (X, Y) is at least `recall`."""
-    z = p.logits(X)
-    pos = z[Y]
-    if pos.size == 0:
-        return float(z.max())
-    at = np.float32(np.quantile(pos, 1.0 - recall, method="lower"))
-    return float(np.nextafter(at, np.float32(-np.inf)))  # just below, so `logit > cut` keeps it
-
-
-def evaluate(p: LayerPredictor, X: np.ndarray, Y: np.ndarray) -> dict:
-    pred = p.active(X)
-    tp = float((pred & Y).sum())
-    return {"recall": tp / max(1.0, float(Y.sum())), "precision": tp / max(1.0, float(pred.sum())),
-            "predicted_fraction": float(pred.mean()), "true_fraction": float(Y.mean())}
-
-

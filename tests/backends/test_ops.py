@@ -7,7 +7,7 @@ import pytest
 
 from mlx_flash.backends import get_backend
 from mlx_flash.errors import ConfigError
-from mlx_flash.store.manifest import QuantSpec
+from mlx_flash.quant_spec import QuantSpec
 
 torch = pytest.importorskip("torch")
 

@@ -26,8 +26,9 @@ def test_io_seconds_adds_latency_per_batch():
 @pytest.mark.parametrize("mode,fields", [("all", 1), ("window", None)])
 def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
     store, _ = tiny_store("llama")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode=mode, memory_budget="160%",
-                        predictor="dense", io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
         src = e.ffn
         lay = src.layout
         nf = len(lay.fields) if fields is None else fields
@@ -35,20 +36,21 @@ def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
         for _ in range(5):
             rows = np.sort(rng.choice(lay.n_neurons, 40, replace=False))
             dest = np.zeros((rows.size, lay.bundle_bytes), np.uint8)
-            b0, r0 = src.bytes_read, src.reads
-            src._read_rows(1, rows, dest, np.arange(rows.size), np.zeros(0, np.int64), dest[:0])
+            s0 = src.stats()
+            src._read(1, [(rows, dest, np.arange(rows.size))])
+            s1 = src.stats()
+            got = (s1.reads - s0.reads, s1.bytes_read - s0.bytes_read)
             if nf == 1:
-                assert (src.reads - r0, src.bytes_read - b0) == cost_model.ranges_to_reads(
+                assert got == cost_model.ranges_to_reads(
                     rows * lay.bundle_bytes, np.full(rows.size, lay.bundle_bytes), src.pool.coalesce_gap)
             else:  # unbundled: one range per field, in each field's own matrix
-                offs = np.concatenate([base + rows * f.nbytes for f, base in zip(lay.fields, src.field_offsets[1])])
+                offs = np.concatenate([base + rows * f.nbytes for f, base in zip(lay.fields, src.rows.offsets[1])])
                 lens = np.concatenate([np.full(rows.size, f.nbytes) for f in lay.fields])
-                assert (src.reads - r0, src.bytes_read - b0) == cost_model.ranges_to_reads(
-                    offs, lens, src.pool.coalesce_gap)
+                assert got == cost_model.ranges_to_reads(offs, lens, src.pool.coalesce_gap)
 
 
 def test_window_activity_matches_a_brute_force_count():
-    from mlx_flash.sparse.activations import window_activity
+    from mlx_flash.calibrate.activations import window_activity
 
     rng = np.random.default_rng(1)
     mags = [rng.random((40, 12)).astype(np.float16) for _ in range(2)]
@@ -84,19 +86,22 @@ def test_planner_sizes_the_window_of_a_real_load(tiny_store):
     from mlx_flash.sparse.planner import DEFAULT_WINDOW
 
     store, _ = tiny_store("llama")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
-                        predictor="dense", io_mode="buffered", progress=False) as e:
-        assert e.ffn.plan.window == DEFAULT_WINDOW and e.ffn.account["window"] == DEFAULT_WINDOW  # no activity
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
-                        predictor="dense", window=2, io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+        # no activity measured: the default window
+        assert e.ffn.plan.window == DEFAULT_WINDOW and mlx_flash.memory_plan(e)["window"] == DEFAULT_WINDOW
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense", window=2),
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
         assert e.ffn.plan.window == 2
 
 
 def test_budget_counts_weights_as_the_backend_holds_them(tiny_store):
     store, _ = tiny_store("llama", precision="q4")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="naive", memory_budget="160%",
-                        io_mode="buffered", progress=False) as e:
-        a, lay = e.ffn.account, e.ffn.layout
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="naive"), io=mlx_flash.IOOptions(mode="buffered")) as e:
+        a, lay = mlx_flash.memory_plan(e), e.ffn.layout
         assert a["resident_weights"] == e.ops.held_bytes(e.weights)
         assert a["converted_layer"] > lay.layer_nbytes  # 4-bit rows held as float32 for compute
         assert a["model_bytes"] == a["resident_weights"] + len(lay.layer_offsets) * a["converted_layer"]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import mlx_flash
+from mlx_flash.budget import parse_budget
 from mlx_flash.errors import ConfigError, StoreError
-from mlx_flash.sparse.planner import parse_budget
+from mlx_flash.sparse.modes import SparseMode
 from mlx_flash.sparse.predictor import LayerPredictor, Predictors
-from mlx_flash.sparse.sparse_ffn import MODES
 
 IDS = list(range(300, 332))
 
@@ -29,15 +29,16 @@ def dense_f16(f16_store_dir):
         yield run(e)
 
 
-@pytest.mark.parametrize("mode,budget", [(m, "55%") for m in MODES] + [("all", "100%")])
+@pytest.mark.parametrize("mode,budget", [(m.value, "55%") for m in SparseMode] + [("all", "100%")])
 def test_all_active_equals_dense(f16_store_dir, dense_f16, mode, budget):
-    with mlx_flash.load(f16_store_dir, backend="torch", ffn="sparse", sparse_mode=mode, memory_budget=budget,
-                        predictor="dense", io_mode="direct", progress=False) as e:
+    with mlx_flash.load(f16_store_dir, backend="torch", ffn="sparse", memory_budget=budget, progress=False,
+                        flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+                        io=mlx_flash.IOOptions(mode="direct")) as e:
         full, steps = run(e)
         assert np.array_equal(full, dense_f16[0]) and np.array_equal(steps, dense_f16[1])
         if mode in ("window", "all"):
             assert max(e.ffn.cached_rows()) <= e.ffn.plan.capacity < 1536 or budget == "100%"
-        assert e.ffn.account["planned_total"] <= e.ffn.account["budget"]
+        assert mlx_flash.memory_plan(e)["planned_total"] <= mlx_flash.memory_plan(e)["budget"]
 
 
 def test_relu_family_all_active_equals_dense(tiny_store):
@@ -45,8 +46,9 @@ def test_relu_family_all_active_equals_dense(tiny_store):
     ids = list(range(3, 40))
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 20)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="120%",
-                        predictor="dense", io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="120%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 20)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
@@ -69,13 +71,13 @@ def test_predictor_round_trip_and_masking(tiny_store):
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 16)
     save_predictors(store, bias=10.0)  # every logit 10 > cut 0: all active, so exact
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
-                        io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 16)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     save_predictors(store, bias=-10.0)  # nothing active: the FFN adds nothing, and nothing is read
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", memory_budget="160%",
-                        io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 16)
         assert e.ffn.rows_loaded == 0
     assert not np.allclose(got[1], want[1])
@@ -84,16 +86,18 @@ def test_predictor_round_trip_and_masking(tiny_store):
 def test_budget_below_minimum_names_the_minimum(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match=r"memory budget 0\.0 MB is below the minimum [0-9.]+ MB for mode 'all'"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="1KB", predictor="dense", progress=False)
+        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="1KB", progress=False,
+                       flash=mlx_flash.FlashOptions(predictor="dense"))
 
 
 def test_missing_predictors_are_named(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(StoreError, match="no sparsity predictors .*train_predictor"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="window", progress=False)
+        mlx_flash.load(store, backend="torch", ffn="sparse", progress=False,
+                       flash=mlx_flash.FlashOptions(mode="window"))
     # modes without a predictor do not need one
-    mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="hybrid", memory_budget="160%",
-                   progress=False).close()
+    mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                   flash=mlx_flash.FlashOptions(mode="hybrid")).close()
 
 
 def test_predictor_of_the_wrong_shape_is_named(tiny_store):
@@ -129,10 +133,11 @@ def test_gate_predictor_selects_by_the_ffn_own_activations(tiny_store):
         meta = json.load(open(meta_path))
         meta["magnitude_thresholds"] = [threshold] * len(meta["magnitude_thresholds"])
         json.dump(meta, open(meta_path, "w"))
-        with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", predictor="gate",
-                            memory_budget="160%", io_mode="buffered", progress=False) as e:
+        with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
+                            io=mlx_flash.IOOptions(mode="buffered")) as e:
             got = run(e, ids, 16)
-            assert e.ffn.account["predictors"] > 0
+            assert mlx_flash.memory_plan(e)["predictors"] > 0
             if not exact:
                 assert e.ffn.rows_loaded == 0
         same = np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
@@ -153,8 +158,9 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
     meta = json.load(open(f"{store}/predictors.json"))
     meta["magnitude_thresholds"] = [0.0] * len(meta["magnitude_thresholds"])
     json.dump(meta, open(f"{store}/predictors.json", "w"))
-    with mlx_flash.load(store, backend="torch", ffn="sparse", sparse_mode="all", predictor="gate", down_only=True,
-                        memory_budget="160%", io_mode="buffered", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=True),
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
         full, steps = run(e, ids, 16)
         lay = e.ffn.layout
         down_bytes = sum(f.nbytes for f in lay.fields if f.name.startswith("down."))
@@ -166,5 +172,5 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
 def test_down_only_needs_the_gate_predictor(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match="down-only reads need .* gate predictor"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", predictor="dense", down_only=True,
-                       memory_budget="160%", progress=False)
+        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+                       flash=mlx_flash.FlashOptions(predictor="dense", down_only=True))

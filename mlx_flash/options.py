@@ -1,0 +1,151 @@
+"""Typed options, each documented once (its `help`): `load()`, `EngineConfig` and the chat's flags
+are built from these dataclasses, so an option's name, default, choices and meaning live here.
+
+  FlashOptions   LLM in a flash: ffn="sparse" on a dense model
+  ExpertOptions  EdgeMoE: experts streamed through a cache (ffn="stream"/"sparse" on a MoE model)
+  IOOptions      how FFN bytes are read from flash
+
+Enum-valued options accept their string values ("window", "lru") and are stored as the enum; every
+value is checked when the options are made, never per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .errors import ConfigError
+from .moe.policies import ExpertPolicy
+from .sparse.modes import SparseMode
+from .sparse.selectors import PredictorKind
+
+
+def option(default, help: str, flag: str | None = None, kind=None, factory=None):
+    """A documented field: `flag` is its command-line name (default --field-name); `kind` the
+    argparse type for values that are not plain (int/float/str/bool/enum) fields."""
+    meta = {"help": help, "flag": flag, "kind": kind}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class ReadMode(Enum):
+    DIRECT = "direct"  # bypass the page cache (O_DIRECT / F_NOCACHE): reads cost what flash costs
+    BUFFERED = "buffered"  # through the page cache
+
+
+def parse_enum(cls, value, what: str):
+    try:
+        return cls(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        raise ConfigError(f"{what} {value!r} is unknown (choose one of: {', '.join(m.value for m in cls)})") from None
+
+
+def _check_enums(obj) -> None:
+    """Turn string values of enum fields into the enum (frozen dataclasses included)."""
+    for f in dataclasses.fields(obj):
+        if isinstance(f.default, Enum):
+            what = (f.metadata.get("flag") or f.name).lstrip("-").replace("-", "_")
+            object.__setattr__(obj, f.name, parse_enum(type(f.default), getattr(obj, f.name), what))
+
+
+@dataclass(frozen=True)
+class FlashOptions:
+    mode: SparseMode = option(SparseMode.ALL, "sparse FFN: what is read per token (naive: whole layers; hybrid: "
+                              "a resident share plus the rest; predictor: the predicted rows; window: + rows of the "
+                              "last k tokens kept cached; all: + bundled reads)", flag="--sparse-mode")
+    window: int = option(0, "sparse FFN: tokens whose active rows stay cached (0: the planner picks it from the "
+                         "measured activity and the disk profile)")
+    predictor: PredictorKind = option(PredictorKind.LOWRANK, "sparse FFN: which neurons a token needs: lowrank "
+                                      "(trained, in the store), gate (the resident 4-bit gate/up projection: the "
+                                      "selection lowrank approximates) or dense (every neuron: exact)")
+    recall: float | None = option(None, "sparse FFN with the lowrank predictor: use its cuts calibrated for this "
+                                  "recall (higher reads more; default: as trained)", flag="--predictor-recall", kind=float)
+    down_only: bool = option(False, "sparse FFN with the gate predictor: read only down columns, computing gate/up "
+                             "from its resident 4-bit copy (a third of the bytes; exact when the store's gate/up "
+                             "are 4-bit, otherwise an approximation)")
+
+    def __post_init__(self):
+        _check_enums(self)
+        if self.window < 0:
+            raise ConfigError(f"window must be >= 1, or 0 for the planner's choice (got {self.window})")
+        if self.recall is not None and not 0 < self.recall <= 1:
+            raise ConfigError(f"predictor recall must be in (0, 1] (got {self.recall})")
+        if self.down_only and (self.predictor is not PredictorKind.GATE or not self.mode.needs_predictor):
+            raise ConfigError("down-only reads need the gate predictor (its resident gate/up copy computes the "
+                              "activations) and a predictor mode (predictor, window or all)")
+
+
+@dataclass(frozen=True)
+class ExpertOptions:
+    policy: ExpertPolicy = option(ExpertPolicy.EDGEMOE, "MoE with streamed experts: expert-cache eviction policy",
+                                  flag="--expert-policy")
+    preload: int = option(-1, "MoE with streamed experts: next-layer experts read ahead per decode step from the "
+                          "store's routing predictor (tools/trace_experts.py); -1: as many as a token routes to "
+                          "when the store has one, 0: off", flag="--expert-preload")
+
+    def __post_init__(self):
+        _check_enums(self)
+        if self.preload < -1:
+            raise ConfigError(f"expert preload must be >= 0, or -1 for the default (got {self.preload})")
+
+
+@dataclass(frozen=True)
+class IOOptions:
+    mode: ReadMode = option(ReadMode.DIRECT, "how streamed FFN bytes are read: direct (bypassing the page cache) "
+                            "or buffered", flag="--io-mode")
+    threads: int | None = option(None, "reader threads (default: the best count for the read size, from the "
+                                 "disk profile)", flag="--io-threads", kind=int)
+
+    def __post_init__(self):
+        _check_enums(self)
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"io threads must be >= 1 (got {self.threads})")
+
+
+# ---- command lines -------------------------------------------------------------------------------
+def _flag(f) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _dest(cls, f) -> str:
+    """Where argparse keeps a field: qualified, so that two groups may both have a `mode`."""
+    return f"{cls.__name__}.{f.name}"
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
+    """One flag per documented field of `cls`, nested option groups included (their flags are flat)."""
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        if dataclasses.is_dataclass(f.metadata.get("kind")):
+            add_arguments(parser, f.metadata["kind"], skip)
+            continue
+        kw = {"dest": _dest(cls, f), "help": f.metadata["help"]}
+        default = f.default
+        if isinstance(default, Enum):
+            kw.update(choices=[m.value for m in type(default)], default=default.value)
+        elif isinstance(default, bool):
+            kw.update(action="store_true", default=default)
+        else:
+            kw.update(default=default, type=f.metadata.get("kind") or type(default), metavar=f.name.upper())
+        if isinstance(default, (int, float, str)) and not isinstance(default, bool) and default != "":
+            kw["help"] += f" (default: {default})"
+        kw["help"] = kw["help"].replace("%", "%%")  # argparse formats help with %
+        parser.add_argument(_flag(f), **kw)
+
+
+def from_arguments(cls, ns: argparse.Namespace):
+    """`cls` built from what `add_arguments(parser, cls)` parsed."""
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue
+        if dataclasses.is_dataclass(f.metadata.get("kind")):
+            kw[f.name] = from_arguments(f.metadata["kind"], ns)
+            continue
+        if _dest(cls, f) in vars(ns):
+            kw[f.name] = vars(ns)[_dest(cls, f)]
+    return cls(**kw)

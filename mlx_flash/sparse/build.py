@@ -1,0 +1,99 @@
+"""Build the LLM-in-a-flash FFN source for a dense model (load() with ffn="sparse"): the selector the
+options name, the planner's split of memory_budget, and the source for the mode."""
+
+from __future__ import annotations
+
+from ..budget import parse_budget
+from ..errors import ConfigError
+from ..options import FlashOptions
+from ..store.disk_profile import default_profile
+from ..store.ffn_reader import FFNReader
+from ..store.reader_pool import ReaderPool
+from ..store.stream_pool import stream_pool
+from ..weights import bundle_weights
+from .cached_rows import CachedRowsFFN
+from .dense_slab import DenseSlabFFN
+from .planner import model_bytes, plan_budget
+from .predictor import Predictors
+from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
+from .selectors import AllActive, LowRankSelector, PredictorKind
+from .sparse_source import SparseSource
+from .unbundled import ensure_unbundled, field_offsets
+
+
+def _first_layer_rows(store):
+    """Layer 0's bundle rows, to measure what one converted layer holds in memory."""
+    lay = store.manifest.ffn
+    with ReaderPool(threads=2, mode="buffered") as pool:
+        return FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)
+
+
+def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progress: bool):
+    """(selector, bytes it holds, activity measured at training or None) for opts.predictor.
+    gate_ops: the backend the gate predictor's 4-bit weights run on."""
+    lay = store.manifest.ffn
+    if opts.predictor is PredictorKind.DENSE:
+        return AllActive(lay.n_neurons), 0, None
+    preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
+    if opts.predictor is PredictorKind.GATE:
+        from .gateup import GateUpSelector
+
+        with ReaderPool(threads=2, mode="buffered") as pool:
+            sel = GateUpSelector(gate_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay),
+                                 preds.magnitude_thresholds, progress)
+        return sel, gate_ops.held_bytes(sel.weights), preds.activity
+    if opts.recall is not None:
+        preds.use_recall(opts.recall)
+    return LowRankSelector(preds, ops), sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers), preds.activity
+
+
+def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops,
+                  progress: bool = False) -> tuple[SparseSource, dict]:
+    """(the source for cfg.flash, how the planner split the budget): planned under cfg.memory_budget
+    in bytes as held (`resident_held`: what the backend holds for the resident tensors)."""
+    opts, lay = cfg.flash, store.manifest.ffn
+    selector, pbytes, activity = None, 0, None
+    if opts.mode.needs_predictor:
+        selector, pbytes, activity = make_selector(ops, store, opts, module, args, gate_ops, progress)
+    layer_held = ops.held_bytes(bundle_weights(ops, lay, _first_layer_rows(store)))
+    total = model_bytes(store, resident_held, layer_held)
+    budget = parse_budget(cfg.memory_budget, total)
+    row_bytes = down_fields(lay)[2] if opts.down_only else lay.bundle_bytes  # one cached row
+    # Threads suit the reads this mode makes: whole layers, or single rows.
+    pool = stream_pool(cfg.cache_dir, row_bytes if opts.mode.needs_predictor else lay.layer_nbytes,
+                       cfg.io.mode.value, cfg.io.threads, progress)
+    plan, account = plan_budget(opts.mode, budget, store, pbytes, opts.window, row_bytes, activity,
+                                default_profile(cfg.cache_dir), pool.threads, resident_held, layer_held)
+    account["model_bytes"] = total
+    if not opts.mode.needs_predictor:
+        return DenseSlabFFN(ops, store, pool, plan), account
+    return CachedRowsFFN(ops, store, pool, plan, *row_source(ops, store, pool, opts, selector, progress),
+                         selector), account
+
+
+def row_source(ops, store, pool, opts: FlashOptions, selector, progress: bool):
+    """(row format, where rows are read from) for the options: whole bundles from the bundle file
+    (all), from the unbundled per-field copy (predictor, window), or down columns alone (down-only)."""
+    lay = store.manifest.ffn
+    if opts.down_only:
+        from .gateup import GateUpSelector
+
+        if not isinstance(selector, GateUpSelector):
+            raise ConfigError("down-only reads need the gate predictor")
+        fmt = DownRows(ops, lay, selector.weights)
+    else:
+        fmt = BundleRows(ops, lay)
+    if opts.mode.bundled_reads and not opts.down_only:
+        return fmt, BundleFile(pool, pool.open(store.file_path(lay.file)), lay)
+    # down-only reads the unbundled down matrix in every mode
+    return fmt, FieldFile(pool, pool.open(ensure_unbundled(store, progress)), field_offsets(lay)[0], fmt)
+
+
+def replay_source(store, pool, plan, progress: bool = False) -> SparseSource:
+    """A source whose reads an activity drives without a model (I/O replay on synthetic stores)."""
+    if not plan.mode.needs_predictor:
+        return DenseSlabFFN(None, store, pool, plan)
+    opts = FlashOptions(mode=plan.mode, predictor=PredictorKind.DENSE)
+    return CachedRowsFFN(None, store, pool, plan, *row_source(None, store, pool, opts, None, progress))
+
+

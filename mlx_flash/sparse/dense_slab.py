@@ -1,0 +1,57 @@
+"""naive and hybrid (the paper's baselines): every token computes on layer i's whole slab of bundle
+rows. naive reads the slab every token; hybrid keeps the first `resident_neurons` rows of every
+layer in memory and reads the rest. Both are exact: the slab is the layer, in neuron order."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..ffn_source import FFNWeights
+from ..weights import bundle_weights
+from .modes import SparseMode, SparsePlan
+from .sparse_source import SparseSource
+
+
+class DenseSlabFFN(SparseSource):
+    def __init__(self, ops, store, pool, plan: SparsePlan):
+        super().__init__(ops, store, pool, plan)
+        lay = self.layout
+        self.R = min(max(plan.resident_neurons, 0), lay.n_neurons) if plan.mode is SparseMode.HYBRID else 0
+        self.resident = [self.reader.read_layer(i)[:self.R].copy() for i in range(len(lay.layer_offsets))] \
+            if self.R else []
+
+    def layer(self, i: int, x) -> FFNWeights:
+        rows = self.read_slab(i, decode=x.shape[-2] == 1)
+        t = time.perf_counter()
+        w = bundle_weights(self.ops, self.layout, rows)
+        self.extra.mem_seconds += time.perf_counter() - t
+        return w
+
+    def read_step(self, i: int, active: np.ndarray) -> None:
+        self.read_slab(i, decode=True)
+
+    def read_slab(self, i: int, decode: bool) -> np.ndarray:
+        """Layer i's full slab of bundle rows. A decode step's rows read are counted like the
+        predictor modes count theirs."""
+        F = self.layout.n_neurons
+        if decode:
+            self.rows_loaded += F - self.R
+            self.rows_active += F
+            self.decode_layer_steps += 1
+        if not self.R:
+            return self.reader.read_layer(i)
+        lay, R = self.layout, self.R
+        rows = self.reader.buf.reshape(F, lay.bundle_bytes)
+        n = (F - R) * lay.bundle_bytes
+        if n:
+            off = lay.layer_offsets[i] + R * lay.bundle_bytes
+            self.extra.add(self.pool.read([(self.reader.file, off, n, self.reader.buf[R * lay.bundle_bytes:])]))
+        t = time.perf_counter()
+        rows[:R] = self.resident[i]  # one slab in neuron order: the same matmul as the dense model
+        self.extra.mem_seconds += time.perf_counter() - t
+        return rows
+
+    def resident_bytes(self) -> int:
+        return self.layout.layer_nbytes + sum(r.nbytes for r in self.resident)

@@ -1,0 +1,65 @@
+"""Selectors decide which FFN neurons each token needs; the sparse FFN reads and computes only those.
+
+A selector's `select(layer, x)` takes the FFN input as the backend holds it ([..., D]) and returns a
+`Selection`: which neurons each of its tokens needs, bool [tokens, F] on the host (the reads are
+planned there), and the activations when the selector had to compute them to decide (the gate
+predictor, sparse.gateup), so the FFN need not compute them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+class PredictorKind(Enum):
+    LOWRANK = "lowrank"  # trained low-rank predictors saved in the store (tools/train_predictor.py)
+    GATE = "gate"  # the FFN's own gate/up projection, resident in 4 bits (sparse.gateup)
+    DENSE = "dense"  # every neuron: exact
+
+    @classmethod
+    def parse(cls, value: "PredictorKind | str") -> "PredictorKind":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"predictor {value!r} is unknown (choose one of: "
+                              f"{', '.join(m.value for m in cls)})") from None
+
+
+@dataclass
+class Selection:
+    active: np.ndarray  # bool [tokens, F]
+    hidden: Any = None  # activations [..., F] as the backend holds them, when the selector computed them
+
+
+class AllActive:
+    """Marks every neuron active (exactness checks)."""
+
+    def __init__(self, n_neurons: int):
+        self.n = n_neurons
+
+    def select(self, layer: int, x) -> Selection:
+        return Selection(np.ones((int(np.prod(x.shape[:-1])), self.n), dtype=bool))
+
+
+class LowRankSelector:
+    """The trained low-rank predictors (sparse.predictor), run on the host."""
+
+    def __init__(self, predictors, ops):
+        self.p, self.ops = predictors, ops
+
+    def select(self, layer: int, x) -> Selection:
+        xn = self.ops.to_numpy(x)
+        return Selection(self.p.layers[layer].active(xn.reshape(-1, xn.shape[-1])))
+
+
+class NoSelector:
+    """For sources driven by a recorded activity instead of a model (I/O replay): computing raises."""
+
+    def select(self, layer: int, x) -> Selection:
+        raise ConfigError("this sparse FFN source was built for I/O replay and has no predictor to compute with")

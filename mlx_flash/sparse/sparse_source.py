@@ -1,0 +1,51 @@
+"""What the two sparse FFN sources share (LLM in a flash, §3): the plan, the whole-layer reader, and
+the counters the chat's /stats and the benchmarks read.
+
+  DenseSlabFFN   (naive, hybrid)             sparse.dense_slab: a whole layer per token
+  CachedRowsFFN  (predictor, window, all)    sparse.cached_rows: only the selected rows, cached
+
+Attention, embeddings and predictors stay resident; build them with sparse.build.sparse_source.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ffn_source import FFNStats, LayerSource, ReadCounters
+from ..store.ffn_reader import FFNReader
+from .modes import SparsePlan
+
+
+class SparseSource(LayerSource):
+    def __init__(self, ops, store, pool, plan: SparsePlan):
+        self.ops, self.pool, self.plan = ops, pool, plan
+        self.layout = store.manifest.ffn
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)  # whole-layer reads
+        self.extra = ReadCounters()  # reads other than whole layers, and the time spent moving rows
+        self.rows_loaded = 0  # neuron rows read by decode steps
+        self.rows_active = 0  # predicted-active (token, layer, neuron) triples of decode steps
+        self.decode_layer_steps = 0
+
+    def read_step(self, i: int, active: np.ndarray) -> None:
+        """The I/O of one decode step at layer i for active [T, F], without compute (I/O replay)."""
+        raise NotImplementedError
+
+    def cached_rows(self) -> list[int]:
+        """Rows in each layer's neuron cache now (none without caches)."""
+        return []
+
+    def resident_bytes(self) -> int:
+        """Weight bytes this source holds: the transient whole-layer buffer, caches, hybrid rows."""
+        return self.layout.layer_nbytes
+
+    def stats(self) -> FFNStats:
+        r, x = self.reader, self.extra
+        return FFNStats(io_seconds=r.wait_seconds + x.io_seconds, mem_seconds=x.mem_seconds,
+                        bytes_read=r.bytes_read + x.bytes_read, reads=r.reads + x.reads,
+                        sparse_mode=self.plan.mode.value, neurons=self.layout.n_neurons,
+                        rows_active=self.rows_active, rows_loaded=self.rows_loaded,
+                        decode_layer_steps=self.decode_layer_steps, cached_rows=tuple(self.cached_rows()),
+                        cache_capacity=self.plan.capacity)
+
+    def close(self) -> None:
+        self.pool.close()
