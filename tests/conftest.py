@@ -34,7 +34,7 @@ def default_gguf() -> str:
 @pytest.fixture(scope="session")
 def store_dir(tmp_path_factory, default_gguf) -> str:
     """The default model converted with default options (FFN kept quantized, down at 8 bits)."""
-    from mlx_flash.store import convert
+    from mlx_flash.convert import convert
 
     return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-source"), progress=False)
 
@@ -42,7 +42,7 @@ def store_dir(tmp_path_factory, default_gguf) -> str:
 @pytest.fixture(scope="session")
 def f16_store_dir(tmp_path_factory, default_gguf) -> str:
     """The default model with float16 FFN bundles (lossless w.r.t. the GGUF up to fp16 rounding)."""
-    from mlx_flash.store import convert
+    from mlx_flash.convert import convert
 
     return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-f16"), precision="f16",
                    progress=False)
@@ -68,7 +68,7 @@ def engines():
 
 @pytest.fixture(scope="session")
 def wiki_text() -> str:
-    from mlx_flash.corpora import corpus_path
+    from mlx_flash.calibrate.corpora import corpus_path
 
     try:
         with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
@@ -92,7 +92,7 @@ def tiny_store(tmp_path):
     """Factory: tiny random HF model of a family converted into a store -> (store dir, HF model)."""
     import tiny_models
 
-    from mlx_flash.store import convert
+    from mlx_flash.convert import convert
 
     def make(family="llama", precision="source", dtype="float32", **over):
         hf = tiny_models.build(family, str(tmp_path / f"{family}-hf"), dtype=dtype, **over)

@@ -29,7 +29,7 @@ def test_disabled_step_is_silent(capsys):
 def test_conversion_announces_its_steps(capsys, tmp_path):
     import tiny_models
 
-    from mlx_flash.store import convert
+    from mlx_flash.convert import convert
 
     tiny_models.build("llama", str(tmp_path / "hf"))
     capsys.readouterr()

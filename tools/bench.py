@@ -16,14 +16,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import mlx_flash  # noqa: E402
-from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.default_model import default_model_path  # noqa: E402
-from mlx_flash.errors import FlashError  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import corpus_path
+from mlx_flash.default_model import default_model_path
+from mlx_flash.errors import FlashError
 
 CONFIGS = {
     "mlx": dict(backend="mlx"),

@@ -24,13 +24,11 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import mlx_flash  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
-from moefy import read_corpus  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import read_corpus
+from mlx_flash.errors import FlashError, exit_status
 
 SHARES = (0.25, 0.5, 1.0)
 
@@ -72,7 +70,7 @@ def load_routes(store: str) -> np.ndarray:
 
 def policy_table(store: str, sizes: list[int]) -> None:
     from mlx_flash.moe.policies import POLICIES, simulate
-    from mlx_flash.moe.routing import decode_trace
+    from mlx_flash.calibrate import decode_trace
 
     routes = load_routes(store)
     L, N, K = routes.shape
@@ -87,16 +85,16 @@ def policy_table(store: str, sizes: list[int]) -> None:
 # ---- speed on a real model ---------------------------------------------------------------------
 
 def account_of(path: str) -> dict:
-    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget="100%", expert_preload=0,
-                        progress=False) as e:
-        return dict(e.ffn.account, n_layers=e.ffn.n_layers, n_experts=e.ffn.layout.n_experts,
+    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget="100%", progress=False,
+                        experts=mlx_flash.ExpertOptions(preload=0)) as e:
+        return dict(mlx_flash.memory_plan(e), n_layers=e.ffn.n_layers, n_experts=e.ffn.layout.n_experts,
                     k=e.args.num_experts_per_tok)
 
 
 def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
     budget = acct["resident_weights"] + slots * acct["slot_bytes"]
-    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, expert_preload=preload,
-                        io_mode="direct", progress=False) as e:
+    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, progress=False,
+                        experts=mlx_flash.ExpertOptions(preload=preload), io=mlx_flash.IOOptions(mode="direct")) as e:
         f = e.ffn
         b0 = f.bytes_read
         e.forward(e.encode_prompt(prompt), e.new_caches())  # the prompt alone: what an expert-major prefill reads
@@ -195,8 +193,7 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
             t0, io0, mem0 = time.perf_counter(), src.io_seconds, src.mem_seconds
             for layer in range(L):
                 ids = routes[layer, t:t + 1].astype(np.int64)
-                src.routed(layer, ids)
-                for e, w in src.experts(layer, sorted(int(i) for i in ids[0])):
+                for e, w in src.experts(layer, ids):
                     ops.to_numpy(llama.mlp(ops, args, w, x))
             times.append((time.perf_counter() - t0) * 1e3)
             ios.append((src.io_seconds - io0) * 1e3)
@@ -213,10 +210,10 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
 
 def bench_synthetic(a) -> None:
     from mlx_flash.backends import get_backend
-    from mlx_flash.moe.routing import RoutingPredictor, model_id
-    from mlx_flash.store import open_store
+    from mlx_flash.calibrate import fit_routing_predictor, write_expert_store
     from mlx_flash.models.moe import ModelArgs
-    from mlx_flash.moe.mixed_store import write_expert_store
+    from mlx_flash.moe.routing import model_id
+    from mlx_flash.store import open_store
 
     store = open_store(a.synthetic)
     lay, cfg = store.manifest.ffn, store.config
@@ -232,7 +229,7 @@ def bench_synthetic(a) -> None:
         print(f"writing {int4_path} (all experts INT4)")
         write_expert_store(store, int4_path, [[4] * E for _ in range(L)])
     int4 = open_store(int4_path)
-    pred = RoutingPredictor.fit(fit, model_id(int4), E)
+    pred = fit_routing_predictor(fit, model_id(int4), E)
     ops = get_backend("torch")
     args = ModelArgs.from_dict(cfg)
     rows = [replay_row("IO-EXP (float16, no cache)", store, K, 0, run_routes, None, ops, args),

@@ -19,20 +19,18 @@ import resource
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import mlx_flash  # noqa: E402
-from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
-from mlx_flash.sparse import cost_model  # noqa: E402
-from mlx_flash.store.disk_profile import default_profile  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import corpus_path
+from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.sparse import cost_model
+from mlx_flash.store.disk_profile import default_profile
 
 
 def bench_mode(a, mode, prompt, profile):
-    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", sparse_mode=mode,
-                         memory_budget=a.budget, window=a.window, predictor=a.predictor,
-                         predictor_recall=a.recall, io_mode="direct", progress=False,
-                         down_only=a.down_only and mode in ("predictor", "window", "all"))
+    flash = mlx_flash.FlashOptions(mode=mode, window=a.window, predictor=a.predictor, recall=a.recall,
+                                   down_only=a.down_only and mode in ("predictor", "window", "all"))
+    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", memory_budget=a.budget,
+                         flash=flash, io=mlx_flash.IOOptions(mode="direct"), progress=False)
     with eng:
         src = eng.ffn
         text = eng.generate(prompt, max_tokens=a.tokens + 1)
@@ -48,7 +46,7 @@ def bench_mode(a, mode, prompt, profile):
             "predicted_io_ms": med(pred),
             "rows_loaded_share": src.rows_loaded / max(1, src.decode_layer_steps * F),
             "rows_active_share": src.rows_active / max(1, src.decode_layer_steps * F),
-            "cached_rows_per_layer": src.cached_rows(), "plan": src.account, "text": text[:60],
+            "cached_rows_per_layer": src.cached_rows(), "plan": mlx_flash.memory_plan(eng), "text": text[:60],
             "window": src.plan.window, "ffn_side_bytes": src.resident_bytes(),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
@@ -56,33 +54,36 @@ def bench_mode(a, mode, prompt, profile):
         row["tok_s"] = 1e3 / row["total_ms"] if row["total_ms"] else 0.0
         row["decode_tok_s"] = eng.last.decode_tps
         if a.speculative:
-            b0, t0 = src.bytes_read, src.io_seconds
+            s0 = src.stats()
             same = eng.generate(prompt, max_tokens=a.tokens + 1, speculative=a.speculative) == text
             s = eng.last
             row["speculative"] = {"draft": a.speculative, "decode_tok_s": s.decode_tps, "same_text": same,
                                   "accepted": s.draft_accepted, "proposed": s.draft_proposed,
-                                  "mb_read_per_token": (src.bytes_read - b0) / 1e6 / max(1, s.generated_tokens),
-                                  "io_ms_per_token": (src.io_seconds - t0) * 1e3 / max(1, s.generated_tokens)}
+                                  "mb_read_per_token": (src.stats().bytes_read - s0.bytes_read) / 1e6
+                                  / max(1, s.generated_tokens),
+                                  "io_ms_per_token": (src.stats().io_seconds - s0.io_seconds) * 1e3
+                                  / max(1, s.generated_tokens)}
         return row
 
 
 def bench_synthetic(a, mode, profile):
     """I/O-only replay on a synthetic store (random weights, statistical activity: synthetic)."""
 
-    from mlx_flash.api import stream_pool
-    from mlx_flash.config import EngineConfig
-    from mlx_flash.sparse.planner import model_bytes, parse_budget, plan_budget
-    from mlx_flash.sparse.replay import replay
-    from mlx_flash.sparse.sparse_ffn import SparseFFN
-    from mlx_flash.sparse.synthetic import StatisticalActivity
+    from mlx_flash.budget import parse_budget
+    from mlx_flash.calibrate import StatisticalActivity, replay
+    from mlx_flash.config import default_cache_dir
+    from mlx_flash.sparse.build import replay_source
+    from mlx_flash.sparse.modes import SparseMode
+    from mlx_flash.sparse.planner import model_bytes, plan_budget
     from mlx_flash.store import open_store
+    from mlx_flash.store.stream_pool import stream_pool
 
     store = open_store(a.synthetic)
     lay = store.manifest.ffn
-    plan, account = plan_budget(mode, parse_budget(a.budget, model_bytes(store)), store, 0, a.window or 4)
+    plan, account = plan_budget(SparseMode(mode), parse_budget(a.budget, model_bytes(store)), store, 0, a.window or 4)
     activity = StatisticalActivity(len(lay.layer_offsets), lay.n_neurons, a.active, seed=0)
     chunk = lay.layer_nbytes if mode in ("naive", "hybrid") else lay.bundle_bytes
-    src = SparseFFN(None, store, stream_pool(EngineConfig(), chunk), plan, activity)
+    src = replay_source(store, stream_pool(default_cache_dir(), chunk), plan, progress=True)
     try:
         tokens = a.naive_tokens if mode in ("naive", "hybrid") else a.tokens
         steps = replay(src, activity, tokens + 1, profile, progress=True)[1:]  # the first fills the caches
@@ -103,7 +104,7 @@ CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 def enter_cgroup(limit) -> str:
     """Move this process into a fresh cgroup-v1 memory cgroup capped at `limit` bytes."""
-    from mlx_flash.sparse.planner import parse_budget
+    from mlx_flash.budget import parse_budget
 
     path = os.path.join(CGROUP_ROOT, f"mlx_flash_bench_{os.getpid()}")
     try:

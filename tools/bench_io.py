@@ -17,10 +17,8 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from mlx_flash.config import default_cache_dir  # noqa: E402
-from mlx_flash.store import disk_profile as dp  # noqa: E402
+from mlx_flash.config import default_cache_dir
+from mlx_flash.store import disk_profile as dp
 
 SIZES = {"4K": 4096, "32K": 32768, "128K": 131072, "1M": 1 << 20}
 

@@ -8,16 +8,13 @@ The model is converted first (in this process), so the measured processes only l
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from mlx_flash.config import default_cache_dir  # noqa: E402
-from mlx_flash.default_model import resolve_store  # noqa: E402
-from mlx_flash.errors import exit_status  # noqa: E402
+from mlx_flash.config import default_cache_dir
+from mlx_flash.default_model import resolve_store
+from mlx_flash.errors import exit_status
 
 CHILD = """
 import json, resource, sys

@@ -14,13 +14,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-
-import mlx_flash  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
-from moefy import read_corpus  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import choose_widths, perplexity, read_corpus, write_expert_store
+from mlx_flash.errors import FlashError, exit_status
 
 
 def main() -> int:
@@ -40,10 +36,6 @@ def expert_bytes(store) -> int:
 
 
 def run(a) -> None:
-    from mlx_flash.moe.bit_widths import ExpertSwapper, assign_widths, importance, uniform_widths
-    from mlx_flash.moe.mixed_store import expert_rows, write_expert_store
-    from mlx_flash.perplexity import perplexity
-
     if not 0 < a.tolerance < 10:
         raise FlashError(f"--tolerance {a.tolerance} is not a fraction such as 0.05")
     austen, wiki = read_corpus("austen"), read_corpus("wikipedia")
@@ -52,16 +44,9 @@ def run(a) -> None:
         if not lay.n_experts:
             raise FlashError(f"{a.model}: not a mixture-of-experts model")
         L, E = len(lay.layer_offsets), lay.n_experts
-        rows = [[expert_rows(store, i, e) for e in range(E)] for i in range(L)]
         ids = eng.tokenizer.encode(austen[: a.search_tokens * 8])[: a.search_tokens]
-        swapper = ExpertSwapper(eng, rows)
-        widths = uniform_widths(swapper, ids, a.tolerance)
-        print(f"calibration perplexity: float16 {widths['base']:.3f}; "
-              + ", ".join(f"INT{b} {p:.3f}" for b, p in widths["uniform"].items()))
-        imp = np.zeros((L, E))
-        if widths["low"] != widths["high"]:
-            imp = importance(swapper, ids[: a.importance_tokens], widths["low"], widths["high"], progress=True)
-        result = dict(widths, **assign_widths(swapper, ids, imp, widths))
+        result = choose_widths(eng, ids, a.tolerance, a.importance_tokens, progress=True)
+        imp = result.pop("importance")
     base = store.path.rstrip("/")
     tag = f"{a.tolerance:g}".replace(".", "")
     outs = {"INT4": write_expert_store(store, base + "-int4", [[4] * E] * L),

@@ -10,9 +10,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from mlx_flash.corpora import fetch_all  # noqa: E402
+from mlx_flash.calibrate import fetch_all
 
 
 def main() -> int:

@@ -13,11 +13,9 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from mlx_flash.config import default_cache_dir  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
-from mlx_flash.sparse.synthetic import SHAPES, make_synthetic_store  # noqa: E402
+from mlx_flash.calibrate import SHAPES, make_synthetic_store
+from mlx_flash.config import default_cache_dir
+from mlx_flash.errors import FlashError, exit_status
 
 
 def main() -> int:

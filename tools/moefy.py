@@ -13,13 +13,11 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import mlx_flash  # noqa: E402
-from mlx_flash.config import default_cache_dir  # noqa: E402
-from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.default_model import default_model_path  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import moefy, perplexity, read_corpus
+from mlx_flash.config import default_cache_dir
+from mlx_flash.default_model import default_model_path
+from mlx_flash.errors import exit_status
 
 
 def main() -> int:
@@ -36,18 +34,7 @@ def main() -> int:
     return exit_status(lambda: run(p.parse_args()))
 
 
-def read_corpus(name: str) -> str:
-    path = corpus_path(name)
-    if not os.path.isfile(path):
-        raise FlashError(f"{path}: corpus {name} is missing (run tools/fetch_data.py)")
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
-
-
 def run(a) -> None:
-    from mlx_flash.moe.moefy import moefy
-    from mlx_flash.perplexity import perplexity
-
     source = a.model or default_model_path()
     name = os.path.splitext(os.path.basename(os.path.abspath(source)))[0]
     out = a.out or os.path.join(default_cache_dir(), "models", f"{name}-moefied-E{a.experts}K{a.top_k}")

@@ -13,13 +13,11 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import mlx_flash  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
-from moefy import read_corpus  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import fit_routing_predictor, read_corpus, record_routes, routing_accuracy
+from mlx_flash.errors import FlashError, exit_status
 
 
 def main() -> int:
@@ -32,7 +30,7 @@ def main() -> int:
 
 
 def run(a) -> None:
-    from mlx_flash.moe.routing import PREDICTOR_FILE, RoutingPredictor, model_id, record_routes
+    from mlx_flash.moe.routing import PREDICTOR_FILE, model_id
 
     with mlx_flash.load(a.model, backend="torch", ffn="resident") as eng:
         lay = eng.store.manifest.ffn
@@ -42,14 +40,14 @@ def run(a) -> None:
                               progress=True)
         valid = record_routes(eng, eng.tokenizer.encode(read_corpus("wikipedia")[: a.valid_tokens * 8])[: a.valid_tokens],
                               progress=True)
-        pred = RoutingPredictor.fit(calib, model_id(eng.store), lay.n_experts)
+        pred = fit_routing_predictor(calib, model_id(eng.store), lay.n_experts)
         out = a.out or os.path.join(eng.store.path, PREDICTOR_FILE)
         pred.save(out)
         np.save(os.path.join(eng.store.path, "routes-wikipedia.npy"), valid)
         K, E = valid.shape[2], lay.n_experts
         print(f"routing of {calib.shape[1]} calibration and {valid.shape[1]} validation tokens, {E} experts, top-{K}")
         for n in sorted({max(1, K // 2), K}):
-            acc = pred.accuracy(valid, n)
+            acc = routing_accuracy(pred, valid, n)
             print(f"predicting {n} experts per layer: {acc['accuracy']:.1%} of the routed experts named "
                   f"(chance {n / E:.1%}); per layer " + " ".join(f"{x:.2f}" for x in acc["per_layer"][1:]))
         print(f"predictor saved to {out}")

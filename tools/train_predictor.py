@@ -9,14 +9,12 @@ precision are reported on the Wikipedia text (tools/fetch_data.py fetches both).
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import mlx_flash  # noqa: E402
-from mlx_flash.corpora import corpus_path  # noqa: E402
-from mlx_flash.errors import FlashError, exit_status  # noqa: E402
+import mlx_flash
+from mlx_flash.calibrate import measure_activity, read_corpus, summarize, train_predictors
+from mlx_flash.errors import exit_status
+from mlx_flash.sparse.predictor import Predictors
 
 
 def main() -> int:
@@ -36,16 +34,7 @@ def main() -> int:
 
 
 def run(a) -> None:
-    from mlx_flash.sparse.predictor import Predictors
-    from mlx_flash.sparse.training import measure_activity, summarize, train_predictors
-
-    texts = {}
-    for name in ("austen", "wikipedia"):
-        path = corpus_path(name)
-        if not os.path.isfile(path):
-            raise FlashError(f"{path}: corpus {name} is missing (run tools/fetch_data.py)")
-        with open(path, encoding="utf-8") as fh:
-            texts[name] = fh.read()
+    texts = {name: read_corpus(name) for name in ("austen", "wikipedia")}
     with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
         calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
         valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])

@@ -1,8 +1,8 @@
-"""On-flash store: manifest, row-column bundles, converter, readers. Deals in files, offsets and
-numpy buffers only; framework arrays are made at the compute edge."""
+"""On-flash store: the format (manifest, row-column bundles, safetensors layout) and its readers
+(reader pool, FFN reader, read planning, disk profile). Deals in files, offsets and numpy buffers
+only; framework arrays are made at the compute edge. Writing a store from a model is convert/."""
 
-from .converter import PRECISIONS, convert
 from .manifest import Manifest
 from .store import Store, is_store, open_store
 
-__all__ = ["convert", "open_store", "is_store", "Store", "Manifest", "PRECISIONS"]
+__all__ = ["open_store", "is_store", "Store", "Manifest"]

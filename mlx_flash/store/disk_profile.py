@@ -111,7 +111,7 @@ def profile_disk(path: str, chunks=CHUNKS, threads=THREADS, seconds: float = 1.0
 
     Returns {"throughput": {threads: {chunk: bytes/s}} (keys are strings), "latency_s",
     "seconds_per_cell", "file", "file_size", "version", "created"}: the profile `best_threads` and
-    `coalesce_gap` read, and what tools/profile_disk.py saves for the engine."""
+    `coalesce_gap` read, and what `python -m mlx_flash.profile_disk` saves for the engine."""
     from tqdm import tqdm
 
     grid = [(t, c) for t in threads for c in chunks]
@@ -168,7 +168,7 @@ def plot_profile(profile: dict, png: str) -> None:
 
 def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, progress: bool = False) -> dict:
     """The disk profile load() sizes its reader pools with: the one saved in `cache_dir` (default:
-    $MLX_FLASH_CACHE or ~/.cache/mlx_flash) by tools/profile_disk.py or an earlier probe, or else a
+    $MLX_FLASH_CACHE or ~/.cache/mlx_flash) by `python -m mlx_flash.profile_disk` or an earlier probe, or a
     quick probe (9 points of 0.25 s on a 256 MiB scratch file), run once and saved there."""
     from ..config import default_cache_dir
     from ..progress import step
@@ -182,7 +182,7 @@ def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, 
     scratch = os.path.join(probe_dir or cache_dir, ".probe.bin")
     chunks, threads, seconds = [4 * KiB, 64 * KiB, 1 * MiB], [1, 4, 16], 0.25
     detail = (f"first use: a 256 MiB scratch file, {len(chunks) * len(threads)} points of {seconds} s; saved to "
-              f"{path}; tools/profile_disk.py makes a full profile")
+              f"{path}; python -m mlx_flash.profile_disk makes a full profile")
     with step("measuring this disk's random reads", progress, detail):
         make_scratch_file(scratch, 256 * MiB)
         try:

@@ -15,10 +15,15 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import StoreError
+from ..quant_spec import QuantSpec
 
 FORMAT_NAME = "mlx_flash.store"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# The files a converted store holds besides the manifest: every tensor but the FFN's, and the FFN
+# row-column bundles (a mixed-width MoE store replaces the latter with its own expert file).
+RESIDENT_FILE = "resident.safetensors"
+FFN_FILE = "ffn_bundles.bin"
 # Layer regions of the bundle file start on this boundary so direct I/O can read them.
 ALIGNMENT = 4096
 
@@ -50,14 +55,6 @@ class TensorEntry:
 
 
 @dataclass
-class QuantSpec:
-    """Affine group quantization (MLX convention): w = q * scale + bias, groups along the last axis."""
-
-    bits: int
-    group_size: int
-
-
-@dataclass
 class BundleField:
     """A slice of every bundle: bytes [offset, offset+nbytes) of bundle i hold this field of neuron i."""
 
@@ -73,7 +70,7 @@ class BundleField:
 
 @dataclass
 class ExpertFormat:
-    """One storage format of experts in a mixed-precision MoE store (moe/mixed_store.py)."""
+    """One storage format of experts in a mixed-precision MoE store (calibrate/mixed_store.py)."""
 
     precision: str  # "f16", "q2", "q4", "q8"
     bundle_bytes: int

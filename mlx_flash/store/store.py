@@ -47,7 +47,7 @@ def open_store(path: str, verify_checksums: bool = False, progress: bool = False
         raise ModelNotFoundError(f"{path}: no such store directory")
     mpath = os.path.join(path, MANIFEST_NAME)
     if not os.path.isfile(mpath):
-        raise StoreError(f"{path}: not a store (no {MANIFEST_NAME}; convert the model with tools/convert.py)")
+        raise StoreError(f"{path}: not a store (no {MANIFEST_NAME}; convert the model with python -m mlx_flash.convert)")
     with open(mpath, encoding="utf-8", errors="replace") as fh:
         manifest = Manifest.from_json(fh.read(), mpath)
     manifest.validate(path, verify_checksums=verify_checksums, progress=progress)

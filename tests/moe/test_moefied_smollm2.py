@@ -9,8 +9,9 @@ import pytest
 
 import mlx_flash
 from greedy import greedy
-from mlx_flash.moe.moefy import moefy
-from mlx_flash.moe.routing import PREDICTOR_FILE, RoutingPredictor, model_id, record_routes
+from mlx_flash.calibrate.derive_moe import moefy
+from mlx_flash.calibrate.routes import fit_routing_predictor, record_routes
+from mlx_flash.moe.routing import PREDICTOR_FILE, model_id
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +31,14 @@ def test_moefied_smollm2_streams_exactly_at_every_budget(moefied, wiki_text):
         prompt = e.tokenizer.encode(wiki_text[50000:50400])[:24]
         want = greedy(e, prompt, 64)
         routes = record_routes(e, e.tokenizer.encode(wiki_text[60000:70000])[:1024])
-        RoutingPredictor.fit(routes, model_id(e.store), 16).save(os.path.join(e.store.path, PREDICTOR_FILE))
-    with mlx_flash.load(path, ffn="stream", memory_budget="100%", io_mode="buffered", **kw) as e:
-        a = e.ffn.account
+        fit_routing_predictor(routes, model_id(e.store), 16).save(os.path.join(e.store.path, PREDICTOR_FILE))
+    with mlx_flash.load(path, ffn="stream", memory_budget="100%", io=mlx_flash.IOOptions(mode="buffered"), **kw) as e:
+        a = mlx_flash.memory_plan(e)
     fixed = a["resident_weights"]
     for share in (0.1, 0.5, 1.0):
         budget = fixed + max(a["slot_bytes"], int(share * a["all_experts_bytes"]))
-        with mlx_flash.load(path, ffn="stream", memory_budget=budget, io_mode="buffered", **kw) as e:
+        with mlx_flash.load(path, ffn="stream", memory_budget=budget, io=mlx_flash.IOOptions(mode="buffered"),
+                            **kw) as e:
             got = greedy(e, prompt, 64)
             assert e.ffn.preload == 8 and e.ffn.predicted > 0
         assert got[0] == want[0], f"tokens differ at {share:.0%} of expert bytes"

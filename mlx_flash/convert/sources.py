@@ -9,7 +9,6 @@ metadata by `gguf_tokenizer`.
 from __future__ import annotations
 
 import glob
-import importlib
 import json
 import os
 import shutil
@@ -17,8 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
+from ..models import model_module
+from ..quant_spec import QuantSpec
 from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
-from .manifest import QuantSpec
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -34,21 +34,6 @@ class SourceModel:
     quant: dict[str, QuantSpec]  # linear base name -> quantization of its .weight/.scales/.biases
     save_tokenizer: Callable[[str], None]
     description: dict
-
-
-def model_module(model_type: str, where: str):
-    """The architecture module for an HF model_type (one file per family, found by importlib)."""
-    name = str(model_type).replace("-", "_")
-    if not name.isidentifier():
-        raise UnsupportedModelError(f"{where}: model_type {model_type!r} is not supported")
-    try:
-        return importlib.import_module(f"mlx_flash.models.{name}")
-    except ModuleNotFoundError:
-        from ..models import SUPPORTED_MODEL_TYPES
-
-        raise UnsupportedModelError(
-            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        ) from None
 
 
 def read_source(path: str) -> SourceModel:

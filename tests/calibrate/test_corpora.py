@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_flash.corpora import corpus_path, wiki_articles, wikitext_to_plain
+from mlx_flash.calibrate.corpora import corpus_path, wiki_articles, wikitext_to_plain
 from mlx_flash.errors import ModelNotFoundError
 
 

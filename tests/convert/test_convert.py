@@ -7,9 +7,10 @@ import pytest
 
 import tiny_models
 
+from mlx_flash.convert import converter as convert_mod
+from mlx_flash.convert import convert
 from mlx_flash.errors import ConfigError, ModelFileError, ModelNotFoundError, UnsupportedModelError
-from mlx_flash.store import convert, is_store, open_store
-import mlx_flash.store.converter as convert_mod
+from mlx_flash.store import is_store, open_store
 
 
 def test_crash_midway_leaves_nothing(tiny_store, tmp_path, monkeypatch):

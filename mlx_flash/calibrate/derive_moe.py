@@ -54,13 +54,13 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     Neurons move between experts in blocks of `block` (default: the group size the source quantized
     its down projection with, else 1). A quantized source's down groups run along the neurons, so
     experts made of whole groups keep the source's 4-bit numbers exactly representable: re-quantizing
-    an expert to 4 bits (moe/mixed_store.py) then loses nothing."""
+    an expert to 4 bits (mixed_store.py) then loses nothing."""
     import mlx.core as mx
     from tqdm import tqdm
 
     import mlx_flash
-    from ..sparse.activations import collect
-    from ..store.sources import read_source
+    from ..convert.sources import read_source
+    from .activations import collect
 
     if not 0 < top_k <= n_experts:
         raise ConfigError(f"top_k {top_k} is not in 1..n_experts ({n_experts})")

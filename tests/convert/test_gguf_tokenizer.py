@@ -7,7 +7,7 @@ import os
 import pytest
 
 from mlx_flash.errors import ModelFileError
-from mlx_flash.store.gguf_tokenizer import byte_alphabet, save_gguf_tokenizer
+from mlx_flash.convert.gguf_tokenizer import byte_alphabet, save_gguf_tokenizer
 from mlx_flash.tokenizer import Tokenizer
 
 TEXTS = [

@@ -9,8 +9,8 @@ import mlx_flash
 import tiny_models
 from greedy import greedy
 from mlx_flash.errors import ConfigError
-from mlx_flash.moe.bit_widths import ExpertSwapper, assign_widths, importance, perplexity_at, uniform_widths
-from mlx_flash.moe.mixed_store import expert_rows, write_expert_store
+from mlx_flash.calibrate.expert_bits import ExpertSwapper, assign_widths, importance, perplexity_at, uniform_widths
+from mlx_flash.calibrate.mixed_store import expert_rows, write_expert_store
 from mlx_flash.store import open_store
 
 MIX = [[2, 4, 8, 16], [16, 8, 4, 2]]  # 2 layers x 4 experts
@@ -57,9 +57,9 @@ def test_mixed_store_streams_exactly(f16_moe, tmp_path):
 
     want = run()
     with mlx_flash.load(out, backend="torch", ffn="stream", memory_budget="1GB", progress=False) as e:
-        a = e.ffn.account
+        a = mlx_flash.memory_plan(e)
     budget = a["resident_weights"] + 3 * a["slot_bytes"]
-    got = run(ffn="stream", memory_budget=budget, io_mode="buffered")
+    got = run(ffn="stream", memory_budget=budget, io=mlx_flash.IOOptions(mode="buffered"))
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 
 
@@ -91,7 +91,7 @@ def test_width_search_meets_its_limit(f16_moe):
 def test_affine_quantize_packs_as_mlx_and_keeps_values_already_on_a_grid(bits):
     import mlx.core as mx
 
-    from mlx_flash.moe.mixed_store import affine_dequantize, affine_quantize
+    from mlx_flash.calibrate.mixed_store import affine_dequantize, affine_quantize
 
     rng = np.random.default_rng(bits)
     w = rng.standard_normal((6, 64)).astype(np.float32)

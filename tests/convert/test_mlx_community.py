@@ -10,7 +10,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
-from mlx_flash.store import convert
+from mlx_flash.convert import convert
 
 torch = pytest.importorskip("torch")
 

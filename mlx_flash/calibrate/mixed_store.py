@@ -25,10 +25,10 @@ import shutil
 import numpy as np
 
 from ..errors import ConfigError
+from ..quant_spec import QuantSpec
 from ..store.atomic_dir import atomic_dir
 from ..store.bundles import pack_layer, plan_fields, unpack_rows
-from ..store.converter import RESIDENT_FILE
-from ..store.manifest import ALIGNMENT, MANIFEST_NAME, ExpertFormat, QuantSpec, sha256_file
+from ..store.manifest import ALIGNMENT, MANIFEST_NAME, RESIDENT_FILE, ExpertFormat, sha256_file
 
 WIDTHS = (2, 4, 8, 16)
 EXPERT_FILE = "ffn_experts.bin"

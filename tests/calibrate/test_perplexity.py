@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mlx_flash.perplexity import perplexity, token_nlls
+from mlx_flash.calibrate.perplexity_eval import perplexity, token_nlls
 
 torch = pytest.importorskip("torch")
 

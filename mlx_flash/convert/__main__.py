@@ -1,22 +1,21 @@
 """Convert a GGUF file, an HF model directory or an mlx-community quantized directory into a store.
 
-    python tools/convert.py SOURCE OUT_DIR [--precision source|f16|q4|q8] [--down-bits 8] [--force]
+    python -m mlx_flash.convert SOURCE OUT_DIR [--precision source|f16|q4|q8] [--down-bits 8] [--force]
+    (installed as the console script mlx-flash-convert)
 
 The store holds a manifest, resident tensors (safetensors), FFN row-column bundles and the tokenizer.
 """
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ..errors import FlashError
+from ..store import open_store
+from .converter import PRECISIONS, convert
 
-from mlx_flash.errors import FlashError  # noqa: E402
-from mlx_flash.store import PRECISIONS, convert, open_store  # noqa: E402
 
-
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.convert", description=__doc__.splitlines()[0])
     p.add_argument("source", help="GGUF file, HF model dir or mlx-community dir")
     p.add_argument("out", help="store directory to create")
     p.add_argument("--precision", choices=PRECISIONS, default="source",
@@ -25,7 +24,7 @@ def main() -> int:
                    help="bits for re-quantizing a quantized down projection along d_model (default 8)")
     p.add_argument("--group-size", type=int, default=32, help="group size for --precision q4/q8 (default 32)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     try:
         out = convert(a.source, a.out, precision=a.precision, group_size=a.group_size, down_bits=a.down_bits,
                       force=a.force)

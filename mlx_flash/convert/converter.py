@@ -21,17 +21,17 @@ import shutil
 import numpy as np
 
 from ..errors import ConfigError, ModelFileError
+from ..models import model_module
 from ..progress import byte_bar, step
-from .bundles import pack_layer, plan_fields
-from .manifest import ALIGNMENT, MANIFEST_NAME, FFNLayout, Manifest, QuantSpec, sha256_file
-from .safetensors_io import write_safetensors
-from .sources import SourceModel, model_module, read_source
+from ..quant_spec import QuantSpec
+from ..store.bundles import pack_layer, plan_fields
+from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest, sha256_file
+from ..store.safetensors_io import write_safetensors
+from .sources import SourceModel, read_source
 
 PRECISIONS = ("source", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
 CONVERTER_VERSION = 2
-RESIDENT_FILE = "resident.safetensors"
-FFN_FILE = "ffn_bundles.bin"
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:
@@ -49,7 +49,7 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
     `out_dir` (must not exist unless `force`); returns out_dir, which load() takes as its model.
     `precision` of the FFN bundles: "source" (quantized stays quantized; down re-quantized along
-    d_model at `down_bits`), "f16", "q4" or "q8". The store is written atomically (tools/convert.py)."""
+    d_model at `down_bits`), "f16", "q4" or "q8". The store is written atomically (`python -m mlx_flash.convert`)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
     if down_bits not in (2, 3, 4, 6, 8):
@@ -139,7 +139,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
 def _ffn_groups(mod, cfg: dict, layer: int) -> list[dict]:
     """The linears of one layer's FFN: one group for a dense FFN, one per expert (in expert order) for
     MoE, whose neurons follow each other so expert e is one contiguous run of bundle rows."""
-    return mod.expert_parts(cfg, layer) if hasattr(mod, "expert_parts") else [mod.ffn_parts(cfg, layer)]
+    return mod.expert_parts(cfg, layer) if cfg.get("num_experts") else [mod.ffn_parts(cfg, layer)]
 
 
 def _layer_parts(src: SourceModel, groups: list[dict], precision: str, group_size: int, down_bits: int):

@@ -18,8 +18,8 @@ import tempfile
 import zipfile
 import zlib
 
-from .config import default_cache_dir
-from .errors import FlashError, ModelNotFoundError
+from ..config import default_cache_dir
+from ..errors import FlashError, ModelNotFoundError
 
 AUSTEN = "austen.txt"
 WIKIPEDIA = "wikipedia.txt"
@@ -38,6 +38,12 @@ def corpus_path(name: str, cache_dir: str | None = None) -> str:
     if not os.path.isfile(path):
         raise ModelNotFoundError(f"{path}: corpus not fetched yet (run: python tools/fetch_data.py)")
     return path
+
+
+def read_corpus(name: str, cache_dir: str | None = None) -> str:
+    """The text of a fetched corpus ("austen" or "wikipedia"); raises as corpus_path does."""
+    with open(corpus_path(name, cache_dir), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def _run(cmd: list[str], cwd: str) -> None:

@@ -17,8 +17,9 @@ import math
 
 import numpy as np
 
-from ..perplexity import token_nlls
-from .mixed_store import fake_quantized
+from ..ffn_source import FFNWeights
+from .mixed_store import expert_rows, fake_quantized
+from .perplexity_eval import token_nlls
 
 UNIFORM = (2, 4, 8)
 
@@ -30,11 +31,11 @@ class ExpertSwapper:
         self.engine, self.rows = engine, rows
         self.layers = engine.ffn.layers  # ResidentExperts: [layer][expert] -> weights
 
-    def weights(self, rows: dict) -> dict:
+    def weights(self, rows: dict) -> FFNWeights:
         ops = self.engine.ops
         gate_up = np.concatenate([rows["gate"], rows["up"]])
-        return {"gate_up": ops.weight({"weight": gate_up}, None), "down": ops.weight({"weight": rows["down"]}, None,
-                                                                                      transposed=True)}
+        return FFNWeights(gate_up=ops.weight({"weight": gate_up}, None),
+                          down=ops.weight({"weight": rows["down"]}, None, transposed=True))
 
     def set(self, bits: list[list[int]], group_size: int = 32) -> None:
         for i, row in enumerate(bits):
@@ -112,3 +113,21 @@ def assign_widths(swapper: ExpertSwapper, ids: list[int], imp: np.ndarray, width
             log(f"  {mid:4d} experts at INT{low}, the rest INT{high}: perplexity {probes[mid]:.3f} (limit {limit:.3f})")
         lo, hi = (mid, hi) if probes[mid] <= limit else (lo, mid - 1)
     return {"bits": with_k(lo), "k": lo, "probes": probes}
+
+
+def choose_widths(engine, ids: list[int], tolerance: float, importance_tokens: int = 512, progress: bool = False,
+                  log=print) -> dict:
+    """Steps 1-3 on a resident MoE engine with float experts: the uniform widths around `tolerance`,
+    each expert's importance (on the first `importance_tokens` of `ids`) and the greedy assignment.
+    Returns uniform_widths' fields, assign_widths' (bits [L][E], k, probes) and importance [L, E]."""
+    store, lay = engine.store, engine.store.manifest.ffn
+    L, E = len(lay.layer_offsets), lay.n_experts
+    swapper = ExpertSwapper(engine, [[expert_rows(store, i, e) for e in range(E)] for i in range(L)])
+    widths = uniform_widths(swapper, ids, tolerance)
+    if log:
+        log(f"calibration perplexity: float16 {widths['base']:.3f}; "
+            + ", ".join(f"INT{b} {p:.3f}" for b, p in widths["uniform"].items()))
+    imp = np.zeros((L, E))
+    if widths["low"] != widths["high"]:
+        imp = importance(swapper, ids[:importance_tokens], widths["low"], widths["high"], progress=progress)
+    return dict(widths, **assign_widths(swapper, ids, imp, widths, log=log), importance=imp)

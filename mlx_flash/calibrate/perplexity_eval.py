@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def token_nlls(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -1,0 +1,146 @@
+"""Synthetic stores of real large shapes (e.g. Llama-2-7B) with random float16 weights, and a
+labelled statistical model of neuron activity to drive them. Everything measured on them is
+synthetic: the bytes and the read pattern are real, the weights and the activity are not.
+
+A random weight is any float16 bit pattern with the top exponent bit cleared (finite, |w| < 2),
+drawn fresh for every byte so no layer repeats another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..store.atomic_dir import atomic_dir
+from ..store.bundles import plan_fields
+from ..store.manifest import ALIGNMENT, FFN_FILE, RESIDENT_FILE, FFNLayout, Manifest
+from ..store.safetensors_io import safetensors_layout
+
+SHAPES = {
+    # Llama-2-7B: 32 layers, d_model 4096, d_ff 11008, 32 heads (no GQA), vocab 32000.
+    "llama-2-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "head_dim": 128,
+                   "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_traditional": False,
+                   "tie_word_embeddings": False, "max_position_embeddings": 4096, "sliding_window": None,
+                   "bos_token_id": 1, "eos_token_id": 2},
+    # Mixtral-8x7B: 32 layers, d_model 4096, 8 experts of 14336 neurons, top-2, GQA 32/8 heads.
+    "mixtral-8x7b": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 8 * 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "vocab_size": 32000, "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+                     "rope_traditional": False, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+                     "sliding_window": None, "bos_token_id": 1, "eos_token_id": 2, "num_experts": 8,
+                     "num_experts_per_tok": 2, "moe_intermediate_size": 14336, "norm_topk_prob": True},
+}
+_CHUNK = 64 << 20
+
+
+def _random_f16_bytes(rng, n: int) -> bytes:
+    w = np.frombuffer(rng.bytes(n), dtype=np.uint16) & np.uint16(0xBFFF)
+    return w.tobytes()
+
+
+def _put(fh, b: bytes, digest) -> None:
+    fh.write(b)
+    digest.update(b)
+
+
+def _write_random(fh, rng, n: int, digest, bar) -> None:
+    while n:
+        k = min(_CHUNK, n)
+        _put(fh, _random_f16_bytes(rng, k), digest)
+        n -= k
+        bar.update(k)
+
+
+def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | None = None, seed: int = 0,
+                         progress: bool = False) -> str:
+    """Write a store of this shape (optionally only the first `layers` layers) with random float16
+    weights; atomic like the converter (a hidden .partial directory renamed at the end)."""
+    from tqdm import tqdm
+
+    if shape not in SHAPES:
+        raise ConfigError(f"synthetic shape {shape!r} is unknown (choose one of: {', '.join(SHAPES)})")
+    cfg = dict(SHAPES[shape])
+    if layers is not None:
+        cfg["num_hidden_layers"] = int(layers)
+    L, D, F, V = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd, H, Hk = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    resident = {"model.embed_tokens.weight": [V, D], "model.norm.weight": [D], "lm_head.weight": [V, D]}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        resident.update({p + "input_layernorm.weight": [D], p + "post_attention_layernorm.weight": [D],
+                         p + "self_attn.q_proj.weight": [H * hd, D], p + "self_attn.k_proj.weight": [Hk * hd, D],
+                         p + "self_attn.v_proj.weight": [Hk * hd, D], p + "self_attn.o_proj.weight": [D, H * hd]})
+        if cfg.get("num_experts"):
+            resident[p + "mlp.gate.weight"] = [cfg["num_experts"], D]
+    fields, bundle_bytes = plan_fields([(f"{r}.weight", np.empty((0, D), np.float16), "float16")
+                                        for r in ("gate", "up", "down")])
+    out_dir = os.path.abspath(out_dir)
+    rng = np.random.default_rng(seed)
+    total = sum(int(np.prod(s)) * 2 for s in resident.values()) + L * F * bundle_bytes
+    files = {}
+    with atomic_dir(out_dir) as tmp:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape}", disable=not progress) as bar:
+            head, tensors = safetensors_layout({n: (shp, "float16") for n, shp in resident.items()}, RESIDENT_FILE)
+            digest = hashlib.sha256()
+            with open(os.path.join(tmp, RESIDENT_FILE), "wb") as fh:
+                _put(fh, head, digest)
+                for n in sorted(resident):
+                    if n.endswith("norm.weight"):  # norms of ones keep activations in range
+                        _put(fh, np.ones(resident[n], np.float16).tobytes(), digest)
+                        bar.update(tensors[n].nbytes)
+                    else:
+                        _write_random(fh, rng, tensors[n].nbytes, digest, bar)
+            files[RESIDENT_FILE] = {"size": os.path.getsize(os.path.join(tmp, RESIDENT_FILE)),
+                                    "sha256": digest.hexdigest()}
+            digest = hashlib.sha256()
+            offsets = []
+            with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
+                for _ in range(L):
+                    _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
+                    offsets.append(fh.tell())
+                    _write_random(fh, rng, F * bundle_bytes, digest, bar)
+                _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
+            files[FFN_FILE] = {"size": os.path.getsize(os.path.join(tmp, FFN_FILE)), "sha256": digest.hexdigest()}
+        ffn = FFNLayout(file=FFN_FILE, gated=True, n_neurons=F, d_model=D, bundle_bytes=bundle_bytes, fields=fields,
+                        quant={"gate": None, "up": None, "down": None}, layer_offsets=offsets, precision="f16",
+                        n_experts=cfg.get("num_experts", 0))
+        m = Manifest(config=cfg, tensors=tensors, quant={}, ffn=ffn, files=files,
+                     source={"synthetic": shape, "seed": seed, "note": "random weights; results are synthetic"})
+        with open(os.path.join(tmp, "manifest.json"), "w") as fh:
+            fh.write(m.to_json())
+    return out_dir
+
+
+class StatisticalActivity:
+    """Labelled statistical model of FFN activity (synthetic): each layer's neurons get a skewed
+    activation propensity (a few hot neurons, a long cold tail, like measured ReLU models); each
+    token keeps a share `persist` of the previous token's active neurons and draws the rest by
+    propensity, so that `active` of all neurons fire per token."""
+
+    def __init__(self, n_layers: int, n_neurons: int, active: float = 0.03, persist: float = 0.5, seed: int = 0):
+        if not 0 < active < 1:
+            raise ConfigError(f"active fraction must be in (0, 1) (got {active})")
+        self.rng = np.random.default_rng(seed)
+        self.k = max(1, int(round(active * n_neurons)))
+        self.persist = persist
+        w = self.rng.pareto(1.5, size=(n_layers, n_neurons)) + 1e-3
+        self.p = w / w.sum(1, keepdims=True)
+        self.last = [np.zeros(0, np.int64) for _ in range(n_layers)]
+
+    def active(self, layer: int, x=None) -> np.ndarray:
+        F = self.p.shape[1]
+        prev = self.last[layer]
+        keep = prev[self.rng.random(prev.size) < self.persist]
+        need = self.k - keep.size
+        p = self.p[layer].copy()
+        p[keep] = 0
+        new = self.rng.choice(F, size=need, replace=False, p=p / p.sum())
+        ids = np.sort(np.concatenate([keep, new]))
+        self.last[layer] = ids
+        out = np.zeros((1, F), dtype=bool)
+        out[0, ids] = True
+        return out
