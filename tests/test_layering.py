@@ -1,0 +1,182 @@
+"""The package's layers, read from its source with ast (nothing is imported): store/ deals in bytes
+(no framework, no model, no compute), backends/ know no store, sparse/ (LLM in a flash) and moe/
+(EdgeMoE) ignore each other, the per-token path never reaches offline code (calibrate/) or
+conversion (convert/), and calibrate/ is reached from outside only through the public re-exports
+of mlx_flash/__init__.py. Relative imports are resolved; imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlx_flash")
+
+PER_TOKEN_PATH = ("mlx_flash.engine", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.sparse", "mlx_flash.moe",
+                  "mlx_flash.store", "mlx_flash.weights", "mlx_flash.ffn_source", "mlx_flash.sampling",
+                  "mlx_flash.speculative", "mlx_flash.tokenizer")
+
+
+def within(name: str, prefixes) -> bool:
+    """`name` is one of `prefixes` or inside one of them ("mlx" holds "mlx.core", not "mlx_flash")."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    importers: tuple  # modules the rule applies to (prefixes)
+    forbidden: tuple  # modules they must not import (prefixes)
+    exempt: tuple = ()  # modules among the importers that the rule leaves out (exact names)
+    exempt_within: tuple = ()  # ... and packages it leaves out (prefixes)
+
+    def applies_to(self, module: str) -> bool:
+        return (within(module, self.importers) and module not in self.exempt
+                and not within(module, self.exempt_within))
+
+
+RULES = (
+    Rule("store/ deals in bytes: no framework, no model, no compute",
+         ("mlx_flash.store",),
+         ("mlx", "torch", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.convert", "mlx_flash.sparse",
+          "mlx_flash.moe", "mlx_flash.calibrate", "mlx_flash.engine", "mlx_flash.api", "mlx_flash.weights")),
+    Rule("backends/ compute on arrays and know no store", ("mlx_flash.backends",), ("mlx_flash.store",)),
+    Rule("sparse/ does not import moe/", ("mlx_flash.sparse",), ("mlx_flash.moe",)),
+    Rule("moe/ does not import sparse/", ("mlx_flash.moe",), ("mlx_flash.sparse",)),
+    Rule("the per-token path imports no offline (calibrate/) or conversion (convert/) code",
+         PER_TOKEN_PATH, ("mlx_flash.calibrate", "mlx_flash.convert")),
+    Rule("calibrate/ is imported from outside it only by mlx_flash/__init__.py (public re-exports)",
+         ("mlx_flash",), ("mlx_flash.calibrate",), exempt=("mlx_flash",), exempt_within=("mlx_flash.calibrate",)),
+)
+
+
+def module_name(path: str, root: str) -> tuple[str, bool]:
+    """(dotted module name, is a package's __init__) of a file under `root` (the package directory)."""
+    rel = os.path.relpath(path, os.path.dirname(root))[: -len(".py")].split(os.sep)
+    is_pkg = rel[-1] == "__init__"
+    return ".".join(rel[:-1] if is_pkg else rel), is_pkg
+
+
+def imports_of(path: str, module: str, is_pkg: bool) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file. `from X import a` yields X and X.a,
+    since `a` may be a submodule (`from .. import calibrate`)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".") if is_pkg else module.split(".")[:-1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{a.name}") for a in node.names if a.name != "*"]
+    return out
+
+
+def import_map(root: str) -> dict[str, tuple[str, list[tuple[int, str]]]]:
+    """module -> (file, its imports) for every .py file under `root`."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                module, is_pkg = module_name(path, root)
+                out[module] = (path, imports_of(path, module, is_pkg))
+    return out
+
+
+def violations(imports: dict, rules=RULES) -> list[str]:
+    """One message per (file, line, rule) broken: "file:line: imports X (rule: ...)"."""
+    found = {}
+    for module, (path, imported) in sorted(imports.items()):
+        for rule in rules:
+            if rule.applies_to(module):
+                for line, name in imported:
+                    if within(name, rule.forbidden):
+                        found.setdefault((path, line, rule.name), f"{path}:{line}: imports {name} (rule: {rule.name})")
+    return sorted(found.values())
+
+
+def test_the_package_keeps_its_layers():
+    bad = violations(import_map(PACKAGE_DIR))
+    assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_the_scan_sees_the_whole_package():
+    imports = import_map(PACKAGE_DIR)
+    for module in ("mlx_flash", "mlx_flash.engine", "mlx_flash.store.manifest", "mlx_flash.backends.torch",
+                   "mlx_flash.sparse.cached_rows", "mlx_flash.moe.experts", "mlx_flash.calibrate",
+                   "mlx_flash.convert.converter"):
+        assert module in imports, f"{module} was not scanned"
+    _, init = imports["mlx_flash"]
+    assert ("mlx_flash.calibrate" in {n for _, n in init}), "the lazy moefy re-export is an import of calibrate"
+
+
+def test_each_rule_catches_its_violation():
+    fake = {
+        "mlx_flash.store.a": ("store/a.py", [(1, "torch"), (2, "mlx.core"), (3, "mlx_flash.models.llama"),
+                                             (4, "mlx_flash.store.manifest"), (5, "numpy")]),
+        "mlx_flash.backends.mlx": ("backends/mlx.py", [(6, "mlx.core"), (7, "mlx_flash.store.manifest")]),
+        "mlx_flash.sparse.a": ("sparse/a.py", [(8, "mlx_flash.moe.routing")]),
+        "mlx_flash.moe.a": ("moe/a.py", [(9, "mlx_flash.sparse.planner")]),
+        "mlx_flash.engine": ("engine.py", [(10, "mlx_flash.calibrate.routes")]),
+        "mlx_flash.models.llama": ("models/llama.py", [(11, "mlx_flash.convert")]),
+        "mlx_flash.chat": ("chat.py", [(12, "mlx_flash.calibrate")]),
+        "mlx_flash": ("__init__.py", [(13, "mlx_flash.calibrate")]),  # allowed: public re-exports
+        "mlx_flash.calibrate.a": ("calibrate/a.py", [(14, "mlx_flash.sparse.x"), (15, "mlx_flash.calibrate.b")]),
+        "mlx_flash.convert.a": ("convert/a.py", [(16, "mlx_flash.models")]),  # allowed: convert may read models
+    }
+    got = violations(fake)
+    expected_lines = {1, 2, 3, 7, 8, 9, 10, 11, 12}
+    assert {int(v.split(":")[1]) for v in got} == expected_lines, "\n".join(got)
+    assert any(v.startswith("engine.py:10: imports mlx_flash.calibrate.routes (rule: the per-token path") for v in got)
+    assert any(v.startswith("chat.py:12: imports mlx_flash.calibrate (rule: calibrate/ is imported") for v in got)
+
+
+def test_relative_and_nested_imports_are_resolved(tmp_path):
+    root = tmp_path / "mlx_flash"
+    (root / "store").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "store" / "__init__.py").write_text("from ..calibrate import moefy\n")
+    (root / "store" / "a.py").write_text("from . import b\nfrom .. import moe\n\n\ndef f():\n    import torch\n"
+                                         "    from ...outside import x\n")
+    imports = import_map(str(root))
+    assert ("mlx_flash.calibrate" in {n for _, n in imports["mlx_flash.store"][1]})
+    names = {n for _, n in imports["mlx_flash.store.a"][1]}
+    assert {"mlx_flash.store.b", "mlx_flash.moe", "torch"} <= names
+    bad = violations(imports)
+    init, a = str(root / "store" / "__init__.py"), str(root / "store" / "a.py")
+    assert bad == sorted([f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[0].name})",
+                          f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[4].name})",
+                          f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[-1].name})",
+                          f"{a}:2: imports mlx_flash.moe (rule: {RULES[0].name})",
+                          f"{a}:6: imports torch (rule: {RULES[0].name})"]), bad
+
+
+def test_importing_the_package_loads_no_offline_code():
+    code = "import sys, mlx_flash; print(sorted(m for m in sys.modules if m.startswith('mlx_flash.calibrate')))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(PACKAGE_DIR))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_no_module_is_over_400_lines():
+    """Small files with names that explain themselves: a module past 400 lines is split."""
+    long = []
+    for root, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as fh:
+                    n = sum(1 for _ in fh)
+                if n > 400:
+                    long.append(f"{os.path.relpath(path, PACKAGE_DIR)}: {n} lines")
+    assert not long, "modules over 400 lines:\n" + "\n".join(long)

@@ -1,0 +1,79 @@
+"""Greedy tokens, a hash of every step's logits, bytes read and read counts of every exact FFN mode,
+as JSON: run it on two checkouts and compare, to show a change left behaviour and I/O alone.
+
+    python tools/exact_modes.py [--moe DIR] [--tokens 24] [--out FILE]
+
+Dense modes run on the default model (both backends: resident, stream, and every sparse mode at a
+50% budget with every neuron active); --moe adds a MoE model's resident and streamed experts (edgemoe
+and lru caches at 50%, preloading off).
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+import mlx_flash
+from mlx_flash.errors import FlashError
+
+PROMPT = "The history of the city begins in the twelfth century, when a small market grew along the river"
+SPARSE_MODES = ("naive", "hybrid", "predictor", "window", "all")
+
+
+def greedy(engine, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    caches, tokens = engine.new_caches(), []
+    logits = [np.asarray(engine.forward(prompt, caches)).reshape(-1)]
+    for _ in range(n):
+        tokens.append(int(np.argmax(logits[-1])))
+        logits.append(np.asarray(engine.forward([tokens[-1]], caches)).reshape(-1))
+    return tokens, np.stack(logits)
+
+
+def configs(moe: str | None):
+    for backend in ("torch", "mlx"):
+        for ffn in ("resident", "stream"):
+            yield None, {"backend": backend, "ffn": ffn}
+        for mode in SPARSE_MODES:
+            yield None, {"backend": backend, "ffn": "sparse", "memory_budget": "50%",
+                         "flash": mlx_flash.FlashOptions(mode=mode, predictor="dense")}
+    if moe:
+        yield moe, {"backend": "torch", "ffn": "resident"}
+        for policy in ("edgemoe", "lru"):
+            yield moe, {"backend": "torch", "ffn": "stream", "memory_budget": "50%",
+                        "experts": mlx_flash.ExpertOptions(policy=policy, preload=0)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--moe", default=None, help="a MoE model or store to include (e.g. from tools/moefy.py)")
+    p.add_argument("--tokens", type=int, default=24, help="greedy tokens per configuration (default 24)")
+    p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
+    a = p.parse_args()
+    out = {}
+    try:
+        for model, kw in configs(a.moe):
+            with mlx_flash.load(model, progress=False, **kw) as e:
+                s0 = e.ffn.stats()
+                tokens, logits = greedy(e, e.tokenizer.encode(PROMPT), a.tokens)
+                s1 = e.ffn.stats()
+            key = ("moe " if model else "dense ") + " ".join(f"{k}={v}" for k, v in kw.items())
+            out[key] = {"tokens": tokens,
+                        "logits_sha256": hashlib.sha256(logits.astype(np.float32).tobytes()).hexdigest()[:16],
+                        "bytes_read": s1.bytes_read - s0.bytes_read, "reads": s1.reads - s0.reads}
+            print(key, out[key]["bytes_read"], out[key]["reads"], out[key]["logits_sha256"], file=sys.stderr)
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    text = json.dumps(out, indent=1)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
