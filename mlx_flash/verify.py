@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from .errors import FlashError
+from .errors import FlashError, first_paragraph
 from .store import open_store
 from .store.manifest import MANIFEST_NAME
 
@@ -40,7 +40,7 @@ def describe(store) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlx_flash.verify", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.verify", description=first_paragraph(__doc__))
     p.add_argument("store", help="a store directory (python -m mlx_flash.convert writes one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while hashing")
     a = p.parse_args(argv)

@@ -21,7 +21,7 @@ import numpy as np
 import mlx_flash
 from mlx_flash.calibrate import corpus_path
 from mlx_flash.default_model import default_model_path
-from mlx_flash.errors import FlashError
+from mlx_flash.errors import FlashError, first_paragraph
 
 CONFIGS = {
     "mlx": dict(backend="mlx"),
@@ -73,7 +73,7 @@ def measure(fn, runs):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)

@@ -28,13 +28,13 @@ import numpy as np
 
 import mlx_flash
 from mlx_flash.calibrate import read_corpus
-from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
 
 SHARES = (0.25, 0.5, 1.0)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="a MoE store (or HF dir) with a routing trace and predictor")
     p.add_argument("--policies", action="store_true", help="print the cache-policy table and stop")
     p.add_argument("--sizes", default="1,2,4,8", help="cache sizes, experts per layer (default 1,2,4,8)")

@@ -21,7 +21,7 @@ import sys
 
 import mlx_flash
 from mlx_flash.calibrate import corpus_path
-from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
 from mlx_flash.sparse import cost_model
 from mlx_flash.store.disk_profile import default_profile
 
@@ -129,7 +129,7 @@ def cgroup_usage(path: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None)
     p.add_argument("--precision", default="f16")
     p.add_argument("--budget", default="50%")

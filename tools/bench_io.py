@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 from mlx_flash.config import default_cache_dir
+from mlx_flash.errors import first_paragraph
 from mlx_flash.store import disk_profile as dp
 
 SIZES = {"4K": 4096, "32K": 32768, "128K": 131072, "1M": 1 << 20}
@@ -32,7 +33,7 @@ def fio(path, bs, jobs, seconds):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--file", default=os.path.join(default_cache_dir(), "bench_io.bin"))
     p.add_argument("--size-gib", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=3.0)

@@ -14,7 +14,7 @@ import sys
 
 from mlx_flash.config import default_cache_dir
 from mlx_flash.default_model import resolve_store
-from mlx_flash.errors import exit_status
+from mlx_flash.errors import exit_status, first_paragraph
 
 CHILD = """
 import json, resource, sys
@@ -37,7 +37,7 @@ def measure(store: str, backend: str, tokens: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store, GGUF or HF dir (default: the default model)")
     p.add_argument("--configs", default="mlx,torch", help="backends to measure (default: mlx,torch)")
     p.add_argument("--tokens", type=int, default=16, help="tokens generated before measuring (default: 16)")

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import mlx_flash
-from mlx_flash.errors import FlashError
+from mlx_flash.errors import FlashError, first_paragraph
 
 PROMPT = "The history of the city begins in the twelfth century, when a small market grew along the river"
 SPARSE_MODES = ("naive", "hybrid", "predictor", "window", "all")
@@ -46,7 +46,7 @@ def configs(moe: str | None):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--moe", default=None, help="a MoE model or store to include (e.g. from tools/moefy.py)")
     p.add_argument("--tokens", type=int, default=24, help="greedy tokens per configuration (default 24)")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")

@@ -16,11 +16,11 @@ import sys
 
 import mlx_flash
 from mlx_flash.calibrate import choose_widths, perplexity, read_corpus, write_expert_store
-from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", required=True, help="a MoE model with float experts (store, or HF dir such as moefy's)")
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed perplexity increase (default 0.05)")
     p.add_argument("--importance-tokens", type=int, default=512)

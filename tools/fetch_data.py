@@ -11,10 +11,11 @@ import os
 import sys
 
 from mlx_flash.calibrate import fetch_all
+from mlx_flash.errors import first_paragraph
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--cache-dir", default=None, help="cache root (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)")
     p.add_argument("--force", action="store_true", help="fetch again even if the files exist")
     a = p.parse_args()

@@ -15,11 +15,11 @@ import sys
 
 from mlx_flash.calibrate import SHAPES, make_synthetic_store
 from mlx_flash.config import default_cache_dir
-from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
     p.add_argument("--out", default=None)
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (a smaller store)")

@@ -17,11 +17,11 @@ import mlx_flash
 from mlx_flash.calibrate import moefy, perplexity, read_corpus
 from mlx_flash.config import default_cache_dir
 from mlx_flash.default_model import default_model_path
-from mlx_flash.errors import exit_status
+from mlx_flash.errors import exit_status, first_paragraph
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="dense GGUF or HF dir (default: the default model)")
     p.add_argument("--experts", type=int, default=16, help="experts per layer (default 16)")
     p.add_argument("--top-k", type=int, default=8, help="experts each token runs (default 8)")

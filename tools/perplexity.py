@@ -12,12 +12,12 @@ import sys
 
 from mlx_flash import EngineConfig, load_config
 from mlx_flash.calibrate import corpus_path, perplexity
-from mlx_flash.errors import FlashError
+from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.options import add_arguments, from_arguments
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
     add_arguments(p, EngineConfig)  # the engine's options, as the chat has them
     p.set_defaults(**{"EngineConfig.memory_budget": "100%"})  # quality only: the whole model fits

@@ -17,11 +17,11 @@ import numpy as np
 
 import mlx_flash
 from mlx_flash.calibrate import fit_routing_predictor, read_corpus, record_routes, routing_accuracy
-from mlx_flash.errors import FlashError, exit_status
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", required=True, help="a MoE model: store dir or HF dir (e.g. tools/moefy.py's output)")
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--valid-tokens", type=int, default=4096)

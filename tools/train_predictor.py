@@ -13,12 +13,12 @@ import sys
 
 import mlx_flash
 from mlx_flash.calibrate import measure_activity, read_corpus, summarize, train_predictors
-from mlx_flash.errors import exit_status
+from mlx_flash.errors import exit_status, first_paragraph
 from mlx_flash.sparse.predictor import Predictors
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
     p.add_argument("--precision", default="f16", help="FFN precision of the store to train for (default f16)")
     p.add_argument("--sparsity", type=float, default=0.5, help="target fraction of inactive neurons (default 0.5)")

@@ -9,13 +9,13 @@ The store holds a manifest, resident tensors (safetensors), FFN row-column bundl
 import argparse
 import sys
 
-from ..errors import FlashError
+from ..errors import FlashError, first_paragraph
 from ..store import open_store
 from .converter import PRECISIONS, convert
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlx_flash.convert", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.convert", description=first_paragraph(__doc__))
     p.add_argument("source", help="GGUF file, HF model dir or mlx-community dir")
     p.add_argument("out", help="store directory to create")
     p.add_argument("--precision", choices=PRECISIONS, default="source",
