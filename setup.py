@@ -1,10 +1,20 @@
 """Package discovery: every subpackage of mlx_flash is found, so none can be forgotten, and the
-top-level kernels/ folder (Metal/CUDA sources beside the package, see DESIGN.md) ships inside the
-wheel as mlx_flash.kernels. Everything else is in pyproject.toml."""
+top-level kernels/ folder (Metal/CUDA/C++ sources beside the package, see DESIGN.md) ships inside the
+wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/qmatmul.cpp) is compiled here, at install,
+into a plain shared library that mlx_flash.kernels.qmatmul loads with ctypes: it needs no Python
+headers at run time and no compiler after install. Everything else is in pyproject.toml."""
 
-from setuptools import find_packages, setup
+import sys
+
+from setuptools import Extension, find_packages, setup
+
+# No -march/-m flags: the x86 paths carry target attributes and are chosen at run time from the CPU,
+# so one build runs on AVX2-only and AVX-512 machines alike.
+CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden"] if sys.platform != "win32" else ["/O2", "/std:c++17"]
 
 setup(
     packages=find_packages(include=["mlx_flash", "mlx_flash.*"]) + ["mlx_flash.kernels"],
     package_dir={"mlx_flash.kernels": "kernels"},
+    ext_modules=[Extension("mlx_flash.kernels._qmatmul", sources=["kernels/cpu/qmatmul.cpp"], language="c++",
+                           extra_compile_args=CXX_FLAGS)],
 )

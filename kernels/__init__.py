@@ -1,1 +1,2 @@
-"""Kernel sources (Metal, CUDA) shipped inside the wheel; see README.md in this folder."""
+"""Kernels shipped inside the wheel (Metal and CUDA sources, the compiled CPU kernel and its Python
+binding); see README.md in this folder."""

@@ -27,6 +27,10 @@ class StoreError(FlashError):
     """A converted store fails validation (manifest, sizes, offsets, checksums)."""
 
 
+class KernelUnavailableError(FlashError):
+    """A compiled kernel library is missing or cannot be loaded (the install did not build it)."""
+
+
 class ConfigError(FlashError):
     """An option has a bad value (backend name, sampling parameter, budget...)."""
 

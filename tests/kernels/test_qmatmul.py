@@ -1,0 +1,128 @@
+"""The CPU quantized matmul (kernels/cpu/qmatmul.cpp) against its plain-ops reference, on every code
+path this CPU can run, across bits, group sizes, both weight orientations, decode and prefill token
+counts and thread counts; plus its refusals of malformed arguments."""
+
+import numpy as np
+import pytest
+
+from mlx_flash.errors import KernelUnavailableError
+from mlx_flash.kernels.qmatmul import Isa, cpu_isa, qmatmul, use_isa
+from mlx_flash.kernels.qmatmul_ref import dequantize, qmatmul_ref, unpack_codes
+
+RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
+
+
+def quantized(rng, rows, cols, bits, group, scale_dtype=np.float16):
+    """Random codes, scales and biases in the store's layout (uint32 words, code j at bits*(j % per))."""
+    per = 32 // bits
+    codes = rng.integers(0, 1 << bits, size=(rows, cols), dtype=np.uint32)
+    words = np.zeros((rows, cols // per), dtype=np.uint32)
+    for j in range(per):
+        words |= codes[:, j::per] << np.uint32(bits * j)
+    scales = (rng.standard_normal((rows, cols // group)) * 0.02).astype(scale_dtype)
+    biases = (rng.standard_normal((rows, cols // group)) * 0.1).astype(scale_dtype)
+    return codes, words, scales, biases
+
+
+@pytest.fixture
+def isa_restored():
+    before = cpu_isa()
+    yield
+    use_isa(before)
+
+
+def test_unpacking_matches_the_layout():
+    rng = np.random.default_rng(1)
+    for bits in (4, 8):
+        codes, words, _, _ = quantized(rng, 3, 64, bits, 32)
+        assert np.array_equal(unpack_codes(words, bits), codes)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128, 16])
+@pytest.mark.parametrize("transposed", [True, False])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_kernel_equals_reference_on_every_path(bits, group, transposed, tokens, isa_restored):
+    rng = np.random.default_rng(bits * 1000 + group + tokens)
+    n_out, k_in = 384, 512
+    rows, cols = (n_out, k_in) if transposed else (k_in, n_out)
+    _, words, scales, biases = quantized(rng, rows, cols, bits, group)
+    x = rng.standard_normal((tokens, k_in)).astype(np.float32)
+    ref = qmatmul_ref(x, words, scales, biases, bits, group, transposed)
+    results = []
+    for isa in RUNNABLE:
+        use_isa(isa)
+        for threads in (1, 2, 3):
+            y = qmatmul(x, words, scales, biases, bits, group, transposed, threads=threads)
+            assert y.shape == (tokens, n_out)
+            rel = np.abs(y - ref).max() / np.abs(ref).max()
+            assert rel < 5e-6, f"{isa.name} threads={threads}: relative error {rel:.2e}"
+            results.append(y)
+    # Threads split outputs, never a sum: every thread count gives the same bits on one path.
+    per_path = len(results) // len(RUNNABLE)
+    for i in range(0, len(results), per_path):
+        assert all(np.array_equal(results[i], r) for r in results[i:i + per_path])
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float32, "bfloat16"])
+def test_float32_and_bfloat16_scales(scale_dtype):
+    rng = np.random.default_rng(7)
+    if scale_dtype == "bfloat16":
+        _, words, s32, b32 = quantized(rng, 64, 256, 4, 32, np.float32)
+        # bfloat16 words: the top half of float32 (truncation keeps the values exactly representable)
+        s16, b16 = (s32.view(np.uint32) >> 16).astype(np.uint16), (b32.view(np.uint32) >> 16).astype(np.uint16)
+        s_ref = (s16.astype(np.uint32) << 16).view(np.float32)
+        b_ref = (b16.astype(np.uint32) << 16).view(np.float32)
+        x = rng.standard_normal((2, 256)).astype(np.float32)
+        y = qmatmul(x, words, s16, b16, 4, 32, bf16_scales=True)
+        ref = qmatmul_ref(x, words, s_ref, b_ref, 4, 32)
+    else:
+        _, words, s, b = quantized(rng, 64, 256, 4, 32, np.float32)
+        x = rng.standard_normal((2, 256)).astype(np.float32)
+        y, ref = qmatmul(x, words, s, b, 4, 32), qmatmul_ref(x, words, s, b, 4, 32)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 5e-6
+
+
+def test_computes_on_views_of_a_bigger_slab_without_copying():
+    """A neuron-cache slab's first `count` rows are a view; the kernel reads them in place."""
+    rng = np.random.default_rng(3)
+    _, words, scales, biases = quantized(rng, 256, 128, 4, 32)
+    x = rng.standard_normal((1, 128)).astype(np.float32)
+    out = np.empty((1, 100), dtype=np.float32)
+    y = qmatmul(x, words[:100], scales[:100], biases[:100], 4, 32, out=out)
+    assert y is out
+    assert np.abs(y - qmatmul_ref(x, words[:100], scales[:100], biases[:100], 4, 32)).max() < 1e-4
+
+
+def test_dequantized_reference_is_the_affine_formula():
+    rng = np.random.default_rng(5)
+    codes, words, scales, biases = quantized(rng, 2, 64, 4, 32)
+    w = dequantize(words, scales, biases, 4, 32)
+    g = 1  # second group of row 0
+    expect = codes[0, 32:64] * float(scales[0, g]) + float(biases[0, g])
+    assert np.allclose(w[0, 32:64], expect)
+
+
+def test_refuses_malformed_arguments():
+    rng = np.random.default_rng(2)
+    _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
+    x = np.ones((1, 128), dtype=np.float32)
+    with pytest.raises(ValueError, match="bits"):
+        qmatmul(x, words, scales, biases, 3, 32)
+    with pytest.raises(ValueError, match="K=64"):
+        qmatmul(np.ones((1, 64), np.float32), words, scales, biases, 4, 32)
+    with pytest.raises(ValueError, match="scales must be"):
+        qmatmul(x, words, scales[:, :2], biases, 4, 32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        qmatmul(x, np.asfortranarray(words), scales, biases, 4, 32)
+    with pytest.raises(ValueError, match="differ in type"):
+        qmatmul(x, words, scales, biases.astype(np.float32), 4, 32)
+    with pytest.raises(ValueError, match="group size"):
+        qmatmul(x, words, scales, biases, 4, 12)
+
+
+def test_forcing_a_path_the_cpu_lacks_is_refused(isa_restored):
+    if cpu_isa() == Isa.AVX512:
+        pytest.skip("this CPU runs every path")
+    with pytest.raises(KernelUnavailableError, match="cannot run"):
+        use_isa(Isa.AVX512)

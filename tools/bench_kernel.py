@@ -1,0 +1,104 @@
+"""CPU quantized matmul: milliseconds and GB/s of stored weight bytes per shape, bits, token count
+and thread count, against float32 numpy on a dequantized copy (what a float copy costs), MLX's CPU
+quantized_matmul on the same bytes, and this machine's memory bandwidth (numpy copy of 512 MB).
+
+    python tools/bench_kernel.py [--tokens 1,16] [--threads 1,2] [--out FILE.json]
+
+Shapes: the default model's decode linears (576/1536, SmolLM2-135M) and a 7B-class FFN (4096/14336).
+Timings are medians of --repeat calls after a warm-up; the machine's other load shows in them.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from mlx_flash.errors import first_paragraph
+from mlx_flash.kernels.qmatmul import cpu_isa, qmatmul
+from mlx_flash.kernels.qmatmul_ref import dequantize
+
+# (name, outputs N, inputs K, transposed): transposed=False is the neuron-major down projection.
+SHAPES = [("135M gate_up", 3072, 576, True), ("135M down (neuron-major)", 576, 1536, False),
+          ("7B up", 14336, 4096, True), ("7B down", 4096, 14336, True)]
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def memory_bandwidth_gbs(repeat: int = 5) -> float:
+    """Read + write GB/s of a 512 MB numpy copy (one thread; the ceiling a memory-bound kernel meets)."""
+    src = np.ones(128 << 20, dtype=np.float32)
+    dst = np.empty_like(src)
+    ms = median_ms(lambda: np.copyto(dst, src), repeat)
+    return 2 * src.nbytes / ms / 1e6
+
+
+def packed(rng, rows: int, cols: int, bits: int, group: int = 32):
+    per = 32 // bits
+    words = rng.integers(0, 2**32, size=(rows, cols // per), dtype=np.uint32)
+    scales = (rng.standard_normal((rows, cols // group)) * 0.01).astype(np.float16)
+    biases = (rng.standard_normal((rows, cols // group)) * 0.05).astype(np.float16)
+    return words, scales, biases
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
+    p.add_argument("--tokens", default="1,16", help="token counts T (comma-separated; default 1,16)")
+    p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
+    p.add_argument("--bits", default="4,8", help="bit widths (default 4,8)")
+    p.add_argument("--repeat", type=int, default=20, help="timed calls per cell (default 20)")
+    p.add_argument("--no-mlx", action="store_true", help="skip MLX's quantized_matmul (slow on a CPU)")
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    a = p.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    threads = [int(t) for t in a.threads.split(",")]
+    rng = np.random.default_rng(0)
+    bw = memory_bandwidth_gbs()
+    print(f"CPU path: {cpu_isa().name}; cores: {os.cpu_count()}; memory bandwidth (numpy copy, 1 thread): "
+          f"{bw:.1f} GB/s")
+    rows = []
+    for bits in [int(b) for b in a.bits.split(",")]:
+        for name, n_out, k_in, transposed in SHAPES:
+            w, s, b = packed(rng, *((n_out, k_in) if transposed else (k_in, n_out)), bits)
+            stored = w.nbytes + s.nbytes + b.nbytes
+            dense = dequantize(w, s, b, bits, 32).astype(np.float32)
+            dense = np.ascontiguousarray(dense.T) if transposed else dense  # [K, N] for x @ dense
+            for t in tokens:
+                x = rng.standard_normal((t, k_in)).astype(np.float32)
+                row = {"shape": name, "N": n_out, "K": k_in, "bits": bits, "T": t, "stored_MB": stored / 1e6}
+                for th in threads:
+                    ms = median_ms(lambda: qmatmul(x, w, s, b, bits, 32, transposed, threads=th), a.repeat)
+                    row[f"ours_{th}t_ms"], row[f"ours_{th}t_GBs"] = ms, stored / ms / 1e6
+                row["numpy_f32_ms"] = median_ms(lambda: x @ dense, max(3, a.repeat // 4))
+                if not a.no_mlx:
+                    import mlx.core as mx
+
+                    xm, wm, sm, bm = mx.array(x), mx.array(w), mx.array(s), mx.array(b)
+                    row["mlx_qmm_ms"] = median_ms(lambda: mx.eval(mx.quantized_matmul(
+                        xm, wm, sm, bm, transpose=transposed, group_size=32, bits=bits)), max(3, a.repeat // 4))
+                rows.append(row)
+                cells = " | ".join(f"{th}t {row[f'ours_{th}t_ms']:.3f} ms {row[f'ours_{th}t_GBs']:.1f} GB/s"
+                                   for th in threads)
+                extra = f" | numpy f32 {row['numpy_f32_ms']:.3f} ms"
+                if "mlx_qmm_ms" in row:
+                    extra += f" | mlx qmm {row['mlx_qmm_ms']:.3f} ms"
+                print(f"q{bits} {name:26s} T={t:<3d} {stored / 1e6:7.2f} MB | {cells}{extra}", flush=True)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"cpu_path": cpu_isa().name, "memory_bandwidth_GBs": bw, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
