@@ -32,9 +32,14 @@ count = 0
 for root, dirs, files in os.walk(kernels_dir):
     dirs[:] = [d for d in dirs if d != "__pycache__"]
     for f in files:
+        if f.endswith((".so", ".pyd", ".dylib")):  # built here by an editable install, not a source file
+            continue
         rel = os.path.relpath(os.path.join(root, f), kernels_dir)
         with open(os.path.join(root, f), "rb") as fh:
             assert shipped.joinpath(*rel.split(os.sep)).read_bytes() == fh.read(), f"kernels/{rel} not shipped"
         count += 1
+from mlx_flash.kernels.qmatmul import cpu_isa  # noqa: E402  (compiled at install; raises if it was not)
+
+print(f"CPU kernel compiled at install, running its {cpu_isa().name} path")
 print(f"{len(names)} modules imported ({len(subpackages)} subpackages: {', '.join(subpackages)}); "
       f"{count} kernels/ files shipped; no torch, no transformers")

@@ -13,6 +13,10 @@
 // reference is kernels/qmatmul_ref.py (mlx_flash.kernels.qmatmul_ref) and tests/kernels/test_qmatmul.py
 // compares the two on every path this CPU can run.
 
+// Python.h only gives the library an (empty) module entry point, so that importing every module of
+// the package, as tools do, finds a module here; the functions are called through ctypes.
+#include <Python.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -573,3 +577,9 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
 }
 
 }  // extern "C"
+
+static struct PyModuleDef qmatmul_module = {PyModuleDef_HEAD_INIT, "_qmatmul",
+                                            "The CPU quantized matmul; called through ctypes (mlx_flash.kernels.qmatmul).",
+                                            -1, nullptr};
+
+PyMODINIT_FUNC PyInit__qmatmul(void) { return PyModule_Create(&qmatmul_module); }
