@@ -27,6 +27,8 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
+ABI_VERSION = 1  # must equal mf_abi_version() of the compiled library
+KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
 
@@ -44,6 +46,13 @@ def library() -> ctypes.CDLL:
             lib = ctypes.CDLL(found[0])
         except OSError as e:
             raise KernelUnavailableError(f"{found[0]}: cannot load the CPU kernel library ({e})") from None
+        try:
+            version = lib.mf_abi_version()
+        except AttributeError:
+            version = 0
+        if version != ABI_VERSION:
+            raise KernelUnavailableError(f"{found[0]}: the CPU kernel library is stale (version {version}, this "
+                                         f"package needs {ABI_VERSION}); reinstall (pip install -e . or make install)")
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         lib.mf_qmatmul.argtypes = [vp, i64, i64, vp, vp, vp, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int, vp, ctypes.c_int]
@@ -84,6 +93,21 @@ def _contiguous(a: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
+def dequantize_rows(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
+                    bf16_scales: bool = False) -> np.ndarray:
+    """Rows of a stored matrix as float32 (embedding lookups: a few rows, never a whole weight).
+    q * scale is exact in float32 (<= 8-bit codes, <= 16-bit scales), so adding the bias rounds once,
+    as MLX's dequantize does."""
+    per = 32 // bits
+    codes = (packed[..., None] >> (bits * np.arange(per, dtype=np.uint32))) & np.uint32((1 << bits) - 1)
+    codes = codes.reshape(*packed.shape[:-1], -1, group).astype(np.float32)
+    if bf16_scales:
+        scales = (scales.astype(np.uint32) << 16).view(np.float32)
+        biases = (biases.astype(np.uint32) << 16).view(np.float32)
+    w = codes * scales.astype(np.float32)[..., None] + biases.astype(np.float32)[..., None]
+    return w.reshape(*packed.shape[:-1], -1)
+
+
 def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
             transposed: bool = True, threads: int = 1, bf16_scales: bool = False,
             out: np.ndarray | None = None) -> np.ndarray:
@@ -92,8 +116,8 @@ def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.nd
     scales, biases: [rows, packed-axis/group] float16, float32, or bfloat16 words (uint16, `bf16_scales`).
     threads: worker count (small problems use fewer). out: a float32 [T, N] array to write into.
     """
-    if bits not in (4, 8):
-        raise ValueError(f"bits must be 4 or 8 (got {bits})")
+    if bits not in KERNEL_BITS:
+        raise ValueError(f"bits must be one of {KERNEL_BITS} (got {bits})")
     if group <= 0 or group % 8:
         raise ValueError(f"group size must be a positive multiple of 8 (got {group})")
     x = _contiguous(np.asarray(x, dtype=np.float32) if x.dtype != np.float32 else x, "x")

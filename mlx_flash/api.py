@@ -75,7 +75,7 @@ def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = N
     if backend is Backend.TORCH:
         return get_backend("torch", device=cfg.device, threads=cfg.threads,
                            dtype=torch_dtype or cfg.torch_dtype.value)
-    return get_backend("mlx", device=cfg.device)
+    return get_backend("mlx", device=cfg.device, threads=cfg.threads)
 
 
 def _return_free_memory() -> None:

@@ -42,7 +42,9 @@ class EngineConfig:
                                 "the fully resident model (50%) or bytes (300MB, 1.5GiB)")
     precision: str = option("source", "FFN precision when converting a GGUF/HF source: source (as stored), f16, "
                             "q4 or q8")
-    threads: int | None = option(None, "CPU threads for the torch backend (default: torch's)", kind=int)
+    threads: int | None = option(None, "CPU threads of the quantized-matmul kernel (both backends on a CPU; torch's "
+                                 "own ops then run on one) or of torch on CUDA (default: the CPUs this process may "
+                                 "use)", kind=int)
     device: str | None = option(None, "backend device: cpu or gpu (mlx), cpu or cuda (torch)", kind=str)
     torch_dtype: TorchDtype = option(TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast "
                                      "int4 kernel; approximate)")

@@ -1,5 +1,5 @@
 // Fused quantized matmul on the CPU: float32 activations times affine group-quantized weights in the
-// store's layout (MLX's: w = q * scale + bias, `bits` 4 or 8, groups of `group` along the packed axis,
+// store's layout (MLX's: w = q * scale + bias, `bits` 2, 4 or 8 (2 on the portable path only), groups of `group` along the packed axis,
 // codes packed little-endian into uint32 words), float32 accumulation, no dequantized copy of a weight.
 //
 //   transposed = 1:  y[T, N] = x[T, K] @ W^T,  W stored [N, K/pack] (rows are outputs; the usual linear)
@@ -393,6 +393,86 @@ __attribute__((target("avx512f,avx512bw"))) void cols_avx512(const Problem& p, i
     }
   }
 }
+// ---- AVX-512, many tokens (prefill): decode a tile of weights to float once, reuse it per token ----
+// With T >= 4 the work per weight is T multiply-adds, so widening codes in the inner loop no longer
+// pays; instead a few rows (or a 64-column block) are widened into a small per-thread float tile,
+// in the order x is read (4-bit: each 32-block as its even then odd codes, matching xperm), and a
+// 4-token x 4-row register block multiplies them. The tile is scratch the size of a few rows: no
+// copy of the weight matrix exists.
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void widen_block_avx512(const uint8_t* src, int bits,
+                                                                                    float s, float b, float* dst,
+                                                                                    int64_t count) {
+  // `count` codes (a multiple of 32) of one row, one group's scale and bias, into dst.
+  const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+  if (bits == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t j = 0; j < count; j += 32, src += 16, dst += 32) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m512 ev = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+      const __m512 od = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+      _mm512_storeu_ps(dst, _mm512_fmadd_ps(ev, vs, vb));
+      _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(od, vs, vb));
+    }
+    return;
+  }
+  for (int64_t j = 0; j < count; j += 16, src += 16, dst += 16) {
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+    _mm512_storeu_ps(dst, _mm512_fmadd_ps(c, vs, vb));
+  }
+}
+
+template <int TN, int RN>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void block_dots_avx512(
+    const float* x, int64_t x_stride, const float* tile, int64_t K, float* y, int64_t y_stride) {
+  // y[t * y_stride + r] = dot(x[t], tile[r]) for TN tokens and RN tile rows (each K floats).
+  __m512 acc[TN][RN];
+  for (int t = 0; t < TN; t++)
+    for (int r = 0; r < RN; r++) acc[t][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 w[RN];
+    for (int r = 0; r < RN; r++) w[r] = _mm512_loadu_ps(tile + r * K + k);
+    for (int t = 0; t < TN; t++) {
+      const __m512 xv = _mm512_loadu_ps(x + t * x_stride + k);
+      for (int r = 0; r < RN; r++) acc[t][r] = _mm512_fmadd_ps(xv, w[r], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TN; t++)
+    for (int r = 0; r < RN; r++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+template <int RN>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void token_blocks_avx512(
+    const Problem& p, const float* xs, const float* tile, int64_t n) {
+  int64_t t = 0;
+  for (; t + 4 <= p.T; t += 4) block_dots_avx512<4, RN>(xs + t * p.K, p.K, tile, p.K, p.y + t * p.N + n, p.N);
+  for (; t < p.T; t++) block_dots_avx512<1, RN>(xs + t * p.K, p.K, tile, p.K, p.y + t * p.N + n, p.N);
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512(const Problem& p, int64_t n0,
+                                                                                   int64_t n1) {
+  const int64_t groups = p.K / p.group, row_bytes = p.K * p.bits / 8;
+  const float* xs = p.bits == 4 ? p.xperm : p.x;  // the order the tile is widened in
+  thread_local std::vector<float> tile, sc, bi;
+  tile.resize(4 * p.K);
+  sc.resize(groups);
+  bi.resize(groups);
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int rn = (int)(n1 - n < 4 ? n1 - n : 4);
+    for (int r = 0; r < rn; r++) {
+      row_scales(p, n + r, sc.data(), bi.data());
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+      for (int64_t g = 0; g < groups; g++)
+        widen_block_avx512(row + g * p.group * p.bits / 8, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+                           p.group);
+    }
+    switch (rn) {
+      case 4: token_blocks_avx512<4>(p, xs, tile.data(), n); break;
+      case 3: token_blocks_avx512<3>(p, xs, tile.data(), n); break;
+      case 2: token_blocks_avx512<2>(p, xs, tile.data(), n); break;
+      default: token_blocks_avx512<1>(p, xs, tile.data(), n); break;
+    }
+  }
+}
 #endif
 
 // ---- instruction set ------------------------------------------------------------------------------
@@ -413,6 +493,9 @@ int g_isa = detect_isa();
 void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
   if (n0 >= n1) return;
 #if MF_X86
+  if (p.bits == 2) return transposed ? rows_generic(p, n0, n1) : cols_generic(p, n0, n1);  // no SIMD path yet
+  // Prefill (4+ tokens) on AVX-512: widen a few rows to float once and reuse them across tokens.
+  if (g_isa == AVX512 && transposed && p.T >= 4 && p.group % 32 == 0) return rows_tiled_avx512(p, n0, n1);
   if (g_isa >= AVX2 && transposed && p.bits == 4 && p.group % 32 == 0)
     return g_isa == AVX512 ? rows4_avx512(p, n0, n1) : rows4_avx2(p, n0, n1);
   // The SIMD loops take 16 (AVX-512) or 8 (AVX2) codes at a time inside a group.
@@ -519,6 +602,10 @@ std::mutex g_call_mu;  // one matmul at a time uses the pool
 
 extern "C" {
 
+// Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
+// library whose number differs from its own (a checkout updated without reinstalling).
+MF_EXPORT int mf_abi_version() { return 1; }
+
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }
 
@@ -535,7 +622,7 @@ MF_EXPORT int mf_set_isa(int isa) {
 // again in Python, which names them).
 MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w, const void* scales, const void* biases,
                int scale_type, int64_t N, int bits, int group, int transposed, float* y, int threads) {
-  if (bits != 4 && bits != 8) return -1;
+  if (bits != 2 && bits != 4 && bits != 8) return -1;
   if (group <= 0 || group % 8 != 0) return -2;
   const int64_t packed = transposed ? K : N;
   if (packed % group != 0) return -3;

@@ -6,6 +6,7 @@ Model graphs are written once against these ops (see models/); a backend is chos
 from __future__ import annotations
 
 import importlib
+import os
 
 from ..errors import ConfigError
 
@@ -19,6 +20,14 @@ def get_backend(name: str = "mlx", **kwargs):
     mod = importlib.import_module(f"mlx_flash.backends.{name}")
     cls = mod.MLXOps if name == "mlx" else mod.TorchOps
     return cls(**kwargs)
+
+
+def cpu_threads() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one (taskset, a cgroup cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity masks
+        return os.cpu_count() or 1
 
 
 def leaves(tree):

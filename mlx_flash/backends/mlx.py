@@ -1,7 +1,10 @@
 """MLX backend: the op subset the model graphs use, mapped onto mlx.core / mx.fast.
 
 Metal on Apple silicon, CPU elsewhere. Activations are float32 on the CPU device (MLX's CPU
-kernels are slow in half precision) and float16 on the GPU.
+kernels are slow in half precision) and float16 on the GPU. Quantized linears: on the GPU
+`mx.quantized_matmul` on the packed arrays; on the CPU the stored bytes stay numpy arrays that the
+fused CPU kernel (mlx_flash.kernels.qmatmul) computes on, since MLX's CPU quantized_matmul is ~7x
+slower (tools/bench_kernel.py); only activations cross between MLX and the kernel.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ..kernels.qmatmul import KERNEL_BITS, dequantize_rows, library, qmatmul
 from ..quant_spec import QuantSpec
+
+from . import cpu_threads
 
 NAME = "mlx"
 
@@ -21,31 +27,45 @@ NAME = "mlx"
 class Weight:
     """A linear layer's weight. `transposed` means stored [in, out] (bundle rows of down columns)."""
 
-    w: mx.array
+    w: mx.array | None
     scales: mx.array | None
     biases: mx.array | None
     bias: mx.array | None
     quant: QuantSpec | None
     transposed: bool
+    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies
+    stored: tuple | None = None
 
 
 class MLXOps:
     name = NAME
 
-    def __init__(self, device: str | None = None):
+    def __init__(self, device: str | None = None, threads: int | None = None):
         if device:
             mx.set_default_device(mx.Device(mx.cpu if device == "cpu" else mx.gpu))
         self.on_gpu = mx.default_device() == mx.gpu
         self.act_dtype = mx.float16 if self.on_gpu else mx.float32
+        self.kernel_threads = threads or cpu_threads()
+        if not self.on_gpu:
+            library()  # a missing or stale kernel library fails here, at load, naming the fix
 
     def describe(self) -> str:
-        return f"mlx {mx.__version__} ({'gpu' if self.on_gpu else 'cpu'})"
+        if self.on_gpu:
+            return f"mlx {mx.__version__} (gpu)"
+        return f"mlx {mx.__version__} (cpu; quantized linears on the stored bytes, {self.kernel_threads} kernel threads)"
 
     def held_bytes(self, tree) -> int:
-        """Bytes of memory the arrays of a weights tree hold (each array counted once)."""
+        """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
         from . import leaves
 
-        return sum({id(a): a.nbytes for a in leaves(tree) if isinstance(a, mx.array)}.values())
+        seen = {}
+        for a in leaves(tree):
+            if isinstance(a, mx.array):
+                seen[id(a)] = a.nbytes
+            elif isinstance(a, np.ndarray):
+                base = a if not isinstance(a.base, np.ndarray) else a.base
+                seen[base.ctypes.data] = max(base.nbytes, seen.get(base.ctypes.data, 0))
+        return sum(seen.values())
 
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True) -> mx.array:
@@ -69,6 +89,10 @@ class MLXOps:
         if quant is None:
             return Weight(self.array(parts["weight"], dtypes.get("weight")), None, None,
                           self._opt(parts, "bias", dtypes), None, transposed)
+        if not self.on_gpu and quant.bits in KERNEL_BITS:
+            stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
+                      np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
+            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored)
         # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
         return Weight(
             mx.array(parts["weight"]), self.array(parts["scales"], dtypes.get("scales")),
@@ -89,7 +113,13 @@ class MLXOps:
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
-        if w.quant is not None:
+        if w.stored is not None:
+            words, scales, biases, bf16 = w.stored
+            x2 = np.array(x.reshape(-1, x.shape[-1]), dtype=np.float32, copy=False)
+            y = qmatmul(x2, words, scales, biases, w.quant.bits, w.quant.group_size, not w.transposed,
+                        self.kernel_threads, bf16)
+            y = mx.array(y).reshape(*x.shape[:-1], y.shape[-1])
+        elif w.quant is not None:
             y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=not w.transposed,
                                     group_size=w.quant.group_size, bits=w.quant.bits)
         else:
@@ -97,6 +127,10 @@ class MLXOps:
         return y + w.bias if w.bias is not None else y
 
     def embedding(self, w: Weight, ids: mx.array) -> mx.array:
+        if w.stored is not None:
+            words, scales, biases, bf16 = w.stored
+            i = np.array(ids)
+            return mx.array(dequantize_rows(words[i], scales[i], biases[i], w.quant.bits, w.quant.group_size, bf16))
         if w.quant is None:
             return w.w[ids]
         return mx.dequantize(w.w[ids], w.scales[ids], w.biases[ids], group_size=w.quant.group_size, bits=w.quant.bits)

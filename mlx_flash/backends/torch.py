@@ -1,8 +1,12 @@
 """torch backend: the same op names and semantics as backends/mlx.py, implemented with torch.
 
 CPU here, CUDA when present. Activations and the residual stream are float32. Two linear modes:
-  dtype="float32" (default, exact): quantized weights are dequantized once into float32 and every
-      matmul runs in float32, so results match the MLX backend to float32 rounding.
+  dtype="float32" (default, exact): on the CPU, quantized weights stay as stored (packed codes,
+      scales, biases) and every matmul runs on them through the fused CPU kernel
+      (mlx_flash.kernels.qmatmul: float32 activations and accumulation, no dequantized copy), on
+      `threads` threads while torch's own ops run on one (two thread pools spinning on the same
+      cores slow both down); on CUDA they are dequantized once into float32. Results match the MLX
+      backend to float32 rounding.
   dtype="bfloat16" (fast, approximate): 4-bit linears run on torch's weight-only int4 CPU kernel
       (bfloat16 inputs, scales and outputs), 8-bit ones as two exact 4-bit halves on the same kernel,
       other weights stay dense float32. Its perplexity cost is measured in the README.
@@ -11,13 +15,15 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..kernels.qmatmul import KERNEL_BITS, library, qmatmul
 from ..quant_spec import QuantSpec
+
+from . import cpu_threads
 
 try:
     import torch
@@ -33,7 +39,9 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class Weight:
-    kind: str  # "dense", "int4" (packed for torch's int4 kernel), "int4x2" (8-bit as two 4-bit halves)
+    # "dense"; "stored" (the store's packed codes, computed on by the CPU kernel); "int4" (packed for
+    # torch's int4 kernel); "int4x2" (8-bit as two 4-bit halves)
+    kind: str
     w: "torch.Tensor"  # int4: packed; dense: [out, in] in the matmul dtype
     scale_zeros: "torch.Tensor | None"
     group_size: int
@@ -42,6 +50,10 @@ class Weight:
     # The stored quantized triple, kept for embedding lookups (rows dequantized on demand).
     q: tuple | None = None
     quant: QuantSpec | None = None
+    # "stored": numpy views of q's memory for the kernel (words, scales, biases, bfloat16 scales?), and
+    # whether the rows of the stored matrix are the outputs (a linear) or the inputs (neuron-major down).
+    kernel_args: tuple | None = None
+    rows_are_outputs: bool = True
 
 
 def unpack_bits(packed: "torch.Tensor", bits: int) -> "torch.Tensor":
@@ -89,9 +101,17 @@ class TorchOps:
         # measured 162 vs ~100 us for a 1536x576 product); float16 on CUDA in the fast mode.
         self.mm_dtype = torch.float16 if (dtype == "bfloat16" and self.device.type == "cuda") else torch.float32
         self.int4_kernel = dtype == "bfloat16" and self.device.type == "cpu"
+        self.stored_kernel = dtype == "float32" and self.device.type == "cpu"
+        self.kernel_threads = threads or cpu_threads()
+        if self.stored_kernel:
+            library()  # a missing or stale kernel library fails here, at load, naming the fix
+            torch.set_num_threads(1)
         self._rope_tables: dict = {}
 
     def describe(self) -> str:
+        if self.stored_kernel:
+            return (f"torch {torch.__version__} (cpu, float32; quantized linears on the stored bytes, "
+                    f"{self.kernel_threads} kernel threads; torch ops on 1 thread)")
         return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads, {self.dtype})"
 
     def held_bytes(self, tree) -> int:
@@ -99,11 +119,17 @@ class TorchOps:
         copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
         from . import leaves
 
-        seen = {}
+        seen = {}  # memory start -> bytes; a torch tensor and a numpy view of one buffer count once
         for t in leaves(tree):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
+                ptr, n = s.data_ptr(), s.nbytes()
+            elif isinstance(t, np.ndarray):
+                base = t if t.base is None or not isinstance(t.base, np.ndarray) else t.base
+                ptr, n = base.ctypes.data, base.nbytes
+            else:
+                continue
+            seen[ptr] = max(n, seen.get(ptr, 0))
         return sum(seen.values())
 
     # ---- conversion at the compute edge ----------------------------------------------------------
@@ -126,6 +152,8 @@ class TorchOps:
             # stored rows themselves, so copying it into the other layout would only cost time.
             w = (w.t() if transposed else w).to(self.mm_dtype)
             return Weight("dense", w, None, 0, w.shape[0], bias)
+        if self.stored_kernel and quant.bits in KERNEL_BITS:
+            return self._stored(parts, quant, transposed, dtypes, bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
         scales = self.array(parts["scales"], dtypes.get("scales"))
         biases = self.array(parts["biases"], dtypes.get("biases"))
@@ -141,6 +169,18 @@ class TorchOps:
         # embedding lookups stay exact; a float32 copy already is exact and the triple is dead weight.
         keep = q if self.mm_dtype != self.act_dtype else None
         return Weight("dense", w, None, 0, w.shape[0], bias, keep, quant)
+
+    def _stored(self, parts: dict, quant: QuantSpec, transposed: bool, dtypes: dict, bias) -> Weight:
+        """The stored triple as it is (torch tensors sharing its memory, numpy views for the kernel)."""
+        words = np.ascontiguousarray(parts["weight"]).view(np.uint32)
+        scales, biases = np.ascontiguousarray(parts["scales"]), np.ascontiguousarray(parts["biases"])
+        bf16 = dtypes.get("scales") == "bfloat16"
+        q = (torch.from_numpy(words.view(np.int32)), self.array(scales, dtypes.get("scales"), cast=False),
+             self.array(biases, dtypes.get("biases"), cast=False))
+        rows = words.shape[0]
+        out = rows if not transposed else words.shape[1] * 32 // quant.bits
+        return Weight("stored", q[0], None, quant.group_size, out, bias, q, quant,
+                      kernel_args=(words, scales, biases, bf16), rows_are_outputs=not transposed)
 
     @staticmethod
     def matmul_only(w: Weight) -> Weight:
@@ -178,7 +218,11 @@ class TorchOps:
     def linear(self, x, w: Weight):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if w.kind == "dense":
+        if w.kind == "stored":
+            words, scales, biases, bf16 = w.kernel_args
+            y = torch.from_numpy(qmatmul(x2.contiguous().numpy(), words, scales, biases, w.quant.bits, w.group_size,
+                                         w.rows_are_outputs, self.kernel_threads, bf16))
+        elif w.kind == "dense":
             y = x2.to(w.w.dtype) @ w.w.t()
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), w.w, w.group_size, w.scale_zeros)

@@ -7,6 +7,7 @@ import pytest
 
 from mlx_flash.backends import get_backend
 from mlx_flash.errors import ConfigError
+from mlx_flash.kernels.qmatmul_ref import qmatmul_ref
 from mlx_flash.quant_spec import QuantSpec
 
 torch = pytest.importorskip("torch")
@@ -81,6 +82,31 @@ def test_embedding_of_quantized_table(ops):
     ids = np.array([[3, 0, 49]])
     wm, wt = ops[0].weight(parts, spec), ops[1].weight(parts, spec)
     close(ops[0].embedding(wm, mx.array(ids)), ops[1].embedding(wt, torch.as_tensor(ids)), ops)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cpu_backends_hold_quantized_weights_as_stored(ops, bits):
+    """On a CPU both backends keep the stored codes, scales and biases (no float copy) and compute on
+    them; the result equals the float64 product with the dequantized weight to float32 rounding."""
+    parts, spec = quantized(64, 96, bits)
+    stored = sum(a.nbytes for a in parts.values())
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    ref = qmatmul_ref(x, parts["weight"], parts["scales"], parts["biases"], bits, 32)  # float64
+    for backend in ops:
+        w = backend.weight(parts, spec)
+        assert backend.held_bytes(w) == stored, backend.name
+        y = backend.to_numpy(backend.linear(backend.array(x), w))
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_embedding_rows_equal_mlx_dequantize_bit_for_bit(ops):
+    parts, spec = quantized(50, 64, 4)
+    ids = np.array([[7, 0, 49, 7]])
+    f32 = {k: mx.array(parts[k][ids[0]]).astype(mx.float32) for k in ("scales", "biases")}  # as the engine held them
+    ref = np.array(mx.dequantize(mx.array(parts["weight"][ids[0]]), f32["scales"], f32["biases"], group_size=32, bits=4))
+    got_mlx = ops[0].to_numpy(ops[0].embedding(ops[0].weight(parts, spec), mx.array(ids)))[0]
+    got_torch = ops[1].to_numpy(ops[1].embedding(ops[1].weight(parts, spec), torch.as_tensor(ids)))[0]
+    assert np.array_equal(got_mlx, ref) and np.array_equal(got_torch, ref)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

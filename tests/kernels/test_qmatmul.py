@@ -33,12 +33,12 @@ def isa_restored():
 
 def test_unpacking_matches_the_layout():
     rng = np.random.default_rng(1)
-    for bits in (4, 8):
+    for bits in (2, 4, 8):
         codes, words, _, _ = quantized(rng, 3, 64, bits, 32)
         assert np.array_equal(unpack_codes(words, bits), codes)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128, 16])
 @pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("tokens", [1, 5])
@@ -108,7 +108,7 @@ def test_refuses_malformed_arguments():
     _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
     x = np.ones((1, 128), dtype=np.float32)
     with pytest.raises(ValueError, match="bits"):
-        qmatmul(x, words, scales, biases, 3, 32)
+        qmatmul(x, words, scales, biases, 3, 32)  # 3-bit codes straddle words: not this kernel's layout
     with pytest.raises(ValueError, match="K=64"):
         qmatmul(np.ones((1, 64), np.float32), words, scales, biases, 4, 32)
     with pytest.raises(ValueError, match="scales must be"):
