@@ -473,6 +473,62 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512
     }
   }
 }
+__attribute__((target("avx2,fma,f16c"))) inline float scale_f16c(const void* p, int type, int64_t i) {
+  return type == F16 ? _cvtsh_ss(static_cast<const uint16_t*>(p)[i]) : load_scale(p, type, i);
+}
+
+template <int TN>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void column_block_dots_avx512(
+    const float* x, int64_t K, const float* tile, float* y, int64_t N, bool paired) {
+  // y[t, 0:32] = x[t] @ tile (tile [K, 32]); `paired`: tile columns are a 32-block's even then odd codes.
+  __m512 acc[TN][2];
+  for (int t = 0; t < TN; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    const __m512 w0 = _mm512_loadu_ps(tile + k * 32), w1 = _mm512_loadu_ps(tile + k * 32 + 16);
+    for (int t = 0; t < TN; t++) {
+      const __m512 xv = _mm512_set1_ps(x[t * K + k]);
+      acc[t][0] = _mm512_fmadd_ps(xv, w0, acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(xv, w1, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < TN; t++) {
+    if (!paired) {
+      _mm512_storeu_ps(y + t * N, acc[t][0]);
+      _mm512_storeu_ps(y + t * N + 16, acc[t][1]);
+      continue;
+    }
+    alignas(64) float even[16], odd[16];
+    _mm512_store_ps(even, acc[t][0]);
+    _mm512_store_ps(odd, acc[t][1]);
+    for (int i = 0; i < 16; i++) {
+      y[t * N + 2 * i] = even[i];
+      y[t * N + 2 * i + 1] = odd[i];
+    }
+  }
+}
+
+// Neuron-major weights (rows are inputs) with many tokens: widen one 32-column block of every row,
+// then multiply it by up to 8 tokens at a time.
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512(const Problem& p, int64_t n0,
+                                                                                   int64_t n1) {
+  const int64_t groups = p.N / p.group, row_bytes = p.N * p.bits / 8;
+  thread_local std::vector<float> tile;
+  tile.resize(p.K * 32);
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+  for (int64_t c = n0; c < n1; c += 32) {
+    const int64_t g = c / p.group;
+    for (int64_t k = 0; k < p.K; k++)
+      widen_block_avx512(w + k * row_bytes + c * p.bits / 8, p.bits, scale_f16c(p.scales, p.scale_type, k * groups + g),
+                         scale_f16c(p.biases, p.scale_type, k * groups + g), tile.data() + k * 32, 32);
+    const bool paired = p.bits == 4;
+    int64_t t = 0;
+    for (; t + 8 <= p.T; t += 8)
+      column_block_dots_avx512<8>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
+    for (; t + 4 <= p.T; t += 4)
+      column_block_dots_avx512<4>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
+    for (; t < p.T; t++) column_block_dots_avx512<1>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
+  }
+}
 #endif
 
 // ---- instruction set ------------------------------------------------------------------------------
@@ -495,7 +551,8 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
 #if MF_X86
   if (p.bits == 2) return transposed ? rows_generic(p, n0, n1) : cols_generic(p, n0, n1);  // no SIMD path yet
   // Prefill (4+ tokens) on AVX-512: widen a few rows to float once and reuse them across tokens.
-  if (g_isa == AVX512 && transposed && p.T >= 4 && p.group % 32 == 0) return rows_tiled_avx512(p, n0, n1);
+  if (g_isa == AVX512 && p.T >= 4 && p.group % 32 == 0)
+    return transposed ? rows_tiled_avx512(p, n0, n1) : cols_tiled_avx512(p, n0, n1);
   if (g_isa >= AVX2 && transposed && p.bits == 4 && p.group % 32 == 0)
     return g_isa == AVX512 ? rows4_avx512(p, n0, n1) : rows4_avx2(p, n0, n1);
   // The SIMD loops take 16 (AVX-512) or 8 (AVX2) codes at a time inside a group.
@@ -604,7 +661,7 @@ extern "C" {
 
 // Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
 // library whose number differs from its own (a checkout updated without reinstalling).
-MF_EXPORT int mf_abi_version() { return 1; }
+MF_EXPORT int mf_abi_version() { return 1; }  // unchanged: same signatures, same layout
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }

@@ -41,7 +41,7 @@ def test_unpacking_matches_the_layout():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128, 16])
 @pytest.mark.parametrize("transposed", [True, False])
-@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("tokens", [1, 5, 12])
 def test_kernel_equals_reference_on_every_path(bits, group, transposed, tokens, isa_restored):
     rng = np.random.default_rng(bits * 1000 + group + tokens)
     n_out, k_in = 384, 512
