@@ -364,6 +364,66 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows4_avx512(cons
   }
 }
 
+// Decode (one token): RN rows at once share every load of x and give the CPU RN independent chains
+// of multiply-adds (one row alone waits on its own accumulator once per group). 4-bit codes come as
+// a 32-block's even then odd codes (x read as xperm), 8-bit ones in order (x as is).
+template <int RN, int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matvec_avx512(const Problem& p, int64_t n,
+                                                                                          float* const* sc,
+                                                                                          float* const* bi) {
+  const int64_t row_bytes = p.K * BITS / 8, groups = p.K / p.group, blocks = p.group / 32;
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const float* x = BITS == 4 ? p.xperm : p.x;
+  const uint8_t* src[RN];
+  __m512 acc[RN];
+  for (int r = 0; r < RN; r++) {
+    row_scales(p, n + r, sc[r], bi[r]);
+    src[r] = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+    acc[r] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; g++) {
+    __m512 dot[RN];
+    for (int r = 0; r < RN; r++) dot[r] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < blocks; blk++) {
+      const float* xp = x + g * p.group + blk * 32;
+      const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
+      for (int r = 0; r < RN; r++) {
+        __m512 c0, c1;
+        if (BITS == 4) {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r]));
+          c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+          c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+        } else {
+          c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r]))));
+          c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r] + 16))));
+        }
+        src[r] += BITS * 4;  // bytes of 32 codes
+        dot[r] = _mm512_fmadd_ps(c0, x0, dot[r]);
+        dot[r] = _mm512_fmadd_ps(c1, x1, dot[r]);
+      }
+    }
+    for (int r = 0; r < RN; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sc[r][g]), dot[r], acc[r]);
+  }
+  for (int r = 0; r < RN; r++) {
+    float bias = 0.f;
+    for (int64_t g = 0; g < groups; g++) bias += bi[r][g] * p.xsum[g];
+    p.y[n + r] = _mm512_reduce_add_ps(acc[r]) + bias;
+  }
+}
+
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_decode_avx512(const Problem& p, int64_t n0,
+                                                                                    int64_t n1) {
+  const int64_t groups = p.K / p.group;
+  thread_local std::vector<float> scratch;
+  scratch.resize(8 * groups);
+  float* sc[4] = {scratch.data(), scratch.data() + groups, scratch.data() + 2 * groups, scratch.data() + 3 * groups};
+  float* bi[4] = {sc[3] + groups, sc[3] + 2 * groups, sc[3] + 3 * groups, sc[3] + 4 * groups};
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_matvec_avx512<4, BITS>(p, n, sc, bi);
+  for (; n < n1; n++) rows_matvec_avx512<1, BITS>(p, n, sc, bi);
+}
+
 __attribute__((target("avx512f,avx512bw"))) void cols_avx512(const Problem& p, int64_t n0, int64_t n1) {
   // Tokens in tiles of 4, so that the tile's outputs stay in cache while every row of W passes.
   const int64_t row_bytes = p.N * p.bits / 8, groups = p.N / p.group;
@@ -529,6 +589,52 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512
     for (; t < p.T; t++) column_block_dots_avx512<1>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
   }
 }
+// Decode (one token), neuron-major weights: y[c] = sum_k (x_k s_kg) q_kc + sum_k x_k b_kg per 32-column
+// block, so each code costs one multiply-add with a broadcast and the bias one scalar per row.
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_decode_avx512(const Problem& p, int64_t n0,
+                                                                                    int64_t n1) {
+  const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+  for (int64_t c = n0; c < n1; c += 32) {
+    const int64_t g = c / p.group;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    float bias = 0.f;
+    const uint8_t* src = w + c * BITS / 8;
+    for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
+      const float xk = p.x[k];
+      const __m512 xs = _mm512_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g));
+      bias += xk * scale_f16c(p.biases, p.scale_type, k * groups + g);
+      __m512 c0, c1;
+      if (BITS == 4) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+      } else {
+        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+      }
+      a0 = _mm512_fmadd_ps(xs, c0, a0);
+      a1 = _mm512_fmadd_ps(xs, c1, a1);
+    }
+    const __m512 vb = _mm512_set1_ps(bias);
+    a0 = _mm512_add_ps(a0, vb);
+    a1 = _mm512_add_ps(a1, vb);
+    if (BITS == 8) {
+      _mm512_storeu_ps(p.y + c, a0);
+      _mm512_storeu_ps(p.y + c + 16, a1);
+    } else {  // even then odd codes: interleave back
+      alignas(64) float even[16], odd[16];
+      _mm512_store_ps(even, a0);
+      _mm512_store_ps(odd, a1);
+      for (int i = 0; i < 16; i++) {
+        p.y[c + 2 * i] = even[i];
+        p.y[c + 2 * i + 1] = odd[i];
+      }
+    }
+  }
+}
 #endif
 
 // ---- instruction set ------------------------------------------------------------------------------
@@ -553,6 +659,10 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
   // Prefill (4+ tokens) on AVX-512: widen a few rows to float once and reuse them across tokens.
   if (g_isa == AVX512 && p.T >= 4 && p.group % 32 == 0)
     return transposed ? rows_tiled_avx512(p, n0, n1) : cols_tiled_avx512(p, n0, n1);
+  if (g_isa == AVX512 && p.T == 1 && p.group % 32 == 0) {
+    if (transposed) return p.bits == 4 ? rows_decode_avx512<4>(p, n0, n1) : rows_decode_avx512<8>(p, n0, n1);
+    return p.bits == 4 ? cols_decode_avx512<4>(p, n0, n1) : cols_decode_avx512<8>(p, n0, n1);
+  }
   if (g_isa >= AVX2 && transposed && p.bits == 4 && p.group % 32 == 0)
     return g_isa == AVX512 ? rows4_avx512(p, n0, n1) : rows4_avx2(p, n0, n1);
   // The SIMD loops take 16 (AVX-512) or 8 (AVX2) codes at a time inside a group.
