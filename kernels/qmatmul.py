@@ -108,44 +108,65 @@ def dequantize_rows(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, 
     return w.reshape(*packed.shape[:-1], -1)
 
 
+class StoredMatrix:
+    """A stored quantized matrix, checked once when built and multiplied many times: per call only x
+    is checked, so a decode step's hundred small products do not pay for validation.
+
+    packed: uint32 words, [N, K/(32/bits)] when `rows_are_outputs` (a linear: y = x @ W^T) or
+    [K, N/(32/bits)] otherwise (neuron-major: y = x @ W). scales, biases: [rows, packed-axis/group],
+    float16, float32 or bfloat16 words (uint16, `bf16_scales`). The arrays are kept, not copied.
+    """
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
+                 rows_are_outputs: bool = True, bf16_scales: bool = False):
+        if bits not in KERNEL_BITS:
+            raise ValueError(f"bits must be one of {KERNEL_BITS} (got {bits})")
+        if group <= 0 or group % 8:
+            raise ValueError(f"group size must be a positive multiple of 8 (got {group})")
+        if packed.dtype != np.uint32 or packed.ndim != 2:
+            raise ValueError(f"packed weights must be 2-D uint32 (got {packed.dtype} {packed.shape})")
+        rows, cols = packed.shape[0], packed.shape[1] * (32 // bits)
+        if cols % group:
+            raise ValueError(f"the packed axis ({cols}) is not a multiple of the group size {group}")
+        for name, a in (("scales", scales), ("biases", biases)):
+            if a.shape != (rows, cols // group):
+                raise ValueError(f"{name} must be {(rows, cols // group)} (got {a.shape})")
+            _contiguous(a, name)
+        self.scale_type = _scale_type(scales, bf16_scales)
+        if _scale_type(biases, bf16_scales) != self.scale_type:
+            raise ValueError(f"scales and biases differ in type ({scales.dtype} vs {biases.dtype})")
+        _contiguous(packed, "packed weights")
+        self.arrays = (packed, scales, biases)  # kept alive: the kernel reads their memory
+        self.bits, self.group, self.rows_are_outputs = bits, group, rows_are_outputs
+        self.n_out, self.k_in = (rows, cols) if rows_are_outputs else (cols, rows)
+        self._call = library().mf_qmatmul
+        self._ptrs = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data)
+
+    def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+        """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given)."""
+        if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+            raise ValueError(f"x must be a C-contiguous float32 [T, K] array (got {x.dtype} {x.shape})")
+        T, K = x.shape
+        if K != self.k_in:
+            raise ValueError(f"x has K={K} but the weights hold {self.k_in} inputs")
+        if out is None:
+            out = np.empty((T, self.n_out), dtype=np.float32)
+        elif out.shape != (T, self.n_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 {(T, self.n_out)} array")
+        w, s, b = self._ptrs
+        rc = self._call(x.ctypes.data, T, K, w, s, b, self.scale_type, self.n_out, self.bits, self.group,
+                        int(self.rows_are_outputs), out.ctypes.data, max(1, int(threads)))
+        if rc != 0:
+            raise ValueError(f"the CPU kernel refused its arguments (code {rc})")
+        return out
+
+
 def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
             transposed: bool = True, threads: int = 1, bf16_scales: bool = False,
             out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, K] float32 @ W^T (W stored [N, K/(32/bits)] words, `transposed`) or @ W (W stored [K, N/...]).
-
-    scales, biases: [rows, packed-axis/group] float16, float32, or bfloat16 words (uint16, `bf16_scales`).
-    threads: worker count (small problems use fewer). out: a float32 [T, N] array to write into.
-    """
-    if bits not in KERNEL_BITS:
-        raise ValueError(f"bits must be one of {KERNEL_BITS} (got {bits})")
-    if group <= 0 or group % 8:
-        raise ValueError(f"group size must be a positive multiple of 8 (got {group})")
-    x = _contiguous(np.asarray(x, dtype=np.float32) if x.dtype != np.float32 else x, "x")
+    """One product x [T, K] @ W^T (W stored [N, K/(32/bits)] words, `transposed`) or @ W (W stored
+    [K, N/...]); StoredMatrix when one matrix is multiplied many times."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"x must be [T, K] (got shape {x.shape})")
-    if packed.dtype != np.uint32 or packed.ndim != 2:
-        raise ValueError(f"packed weights must be 2-D uint32 (got {packed.dtype} {packed.shape})")
-    T, K = x.shape
-    rows, cols = packed.shape[0], packed.shape[1] * (32 // bits)
-    N = rows if transposed else cols
-    if (cols if transposed else rows) != K:
-        raise ValueError(f"x has K={K} but the weights hold {cols if transposed else rows} inputs")
-    if cols % group:
-        raise ValueError(f"the packed axis ({cols}) is not a multiple of the group size {group}")
-    for name, a in (("scales", scales), ("biases", biases)):
-        if a.shape != (rows, cols // group):
-            raise ValueError(f"{name} must be {(rows, cols // group)} (got {a.shape})")
-        _contiguous(a, name)
-    st = _scale_type(scales, bf16_scales)
-    if _scale_type(biases, bf16_scales) != st:
-        raise ValueError(f"scales and biases differ in type ({scales.dtype} vs {biases.dtype})")
-    _contiguous(packed, "packed weights")
-    if out is None:
-        out = np.empty((T, N), dtype=np.float32)
-    elif out.shape != (T, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a contiguous float32 {(T, N)} array")
-    rc = library().mf_qmatmul(x.ctypes.data, T, K, packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, st,
-                              N, bits, group, int(transposed), out.ctypes.data, max(1, int(threads)))
-    if rc != 0:
-        raise ValueError(f"the CPU kernel refused its arguments (code {rc})")
-    return out
+    return StoredMatrix(packed, scales, biases, bits, group, transposed, bf16_scales)(x, threads, out)

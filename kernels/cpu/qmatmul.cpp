@@ -589,51 +589,65 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512
     for (; t < p.T; t++) column_block_dots_avx512<1>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
   }
 }
-// Decode (one token), neuron-major weights: y[c] = sum_k (x_k s_kg) q_kc + sum_k x_k b_kg per 32-column
-// block, so each code costs one multiply-add with a broadcast and the bias one scalar per row.
-template <int BITS>
-__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_decode_avx512(const Problem& p, int64_t n0,
-                                                                                    int64_t n1) {
+// Decode (one token), neuron-major weights: y[c] = sum_k (x_k s_kg) q_kc + sum_k x_k b_kg, so each
+// code costs one multiply-add with a broadcast and each bias one scalar per row. NB 32-column blocks
+// (up to 4: 128 bytes of an 8-bit row) go together, reading each row's codes as one run.
+template <int BITS, int NB>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void cols_matvec_avx512(const Problem& p, int64_t c) {
   const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
   const __m128i low = _mm_set1_epi8(0x0F);
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
-  for (int64_t c = n0; c < n1; c += 32) {
-    const int64_t g = c / p.group;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    float bias = 0.f;
-    const uint8_t* src = w + c * BITS / 8;
-    for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
-      const float xk = p.x[k];
-      const __m512 xs = _mm512_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g));
-      bias += xk * scale_f16c(p.biases, p.scale_type, k * groups + g);
+  __m512 acc[NB][2];
+  float bias[NB];
+  int64_t g[NB];
+  for (int j = 0; j < NB; j++) {
+    acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    bias[j] = 0.f;
+    g[j] = (c + 32 * j) / p.group;
+  }
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + c * BITS / 8;
+  for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
+    const float xk = p.x[k];
+    for (int j = 0; j < NB; j++) {
+      const __m512 xs = _mm512_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g[j]));
+      bias[j] += xk * scale_f16c(p.biases, p.scale_type, k * groups + g[j]);
+      const uint8_t* b = src + j * BITS * 4;
       __m512 c0, c1;
       if (BITS == 4) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
         c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
         c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
       } else {
-        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
-        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
+        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))));
       }
-      a0 = _mm512_fmadd_ps(xs, c0, a0);
-      a1 = _mm512_fmadd_ps(xs, c1, a1);
+      acc[j][0] = _mm512_fmadd_ps(xs, c0, acc[j][0]);
+      acc[j][1] = _mm512_fmadd_ps(xs, c1, acc[j][1]);
     }
-    const __m512 vb = _mm512_set1_ps(bias);
-    a0 = _mm512_add_ps(a0, vb);
-    a1 = _mm512_add_ps(a1, vb);
+  }
+  for (int j = 0; j < NB; j++) {
+    const __m512 vb = _mm512_set1_ps(bias[j]);
+    float* y = p.y + c + 32 * j;
     if (BITS == 8) {
-      _mm512_storeu_ps(p.y + c, a0);
-      _mm512_storeu_ps(p.y + c + 16, a1);
+      _mm512_storeu_ps(y, _mm512_add_ps(acc[j][0], vb));
+      _mm512_storeu_ps(y + 16, _mm512_add_ps(acc[j][1], vb));
     } else {  // even then odd codes: interleave back
       alignas(64) float even[16], odd[16];
-      _mm512_store_ps(even, a0);
-      _mm512_store_ps(odd, a1);
+      _mm512_store_ps(even, _mm512_add_ps(acc[j][0], vb));
+      _mm512_store_ps(odd, _mm512_add_ps(acc[j][1], vb));
       for (int i = 0; i < 16; i++) {
-        p.y[c + 2 * i] = even[i];
-        p.y[c + 2 * i + 1] = odd[i];
+        y[2 * i] = even[i];
+        y[2 * i + 1] = odd[i];
       }
     }
   }
+}
+
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_decode_avx512(const Problem& p, int64_t n0,
+                                                                                    int64_t n1) {
+  int64_t c = n0;
+  for (; c + 128 <= n1; c += 128) cols_matvec_avx512<BITS, 4>(p, c);
+  for (; c < n1; c += 32) cols_matvec_avx512<BITS, 1>(p, c);
 }
 #endif
 
@@ -673,8 +687,9 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
 }
 
 // ---- thread pool ---------------------------------------------------------------------------------
-// Workers spin for up to 50 us for the next job (a layer's matmuls follow each other within
-// microseconds), then sleep on a condition variable so an idle engine costs no CPU. Threads do not
+// Workers spin for up to 2 ms for the next job (a decode step's products come every few tens of
+// microseconds, between attention ops that run on the calling thread; waking a sleeping thread costs
+// more than a small product), then sleep on a condition variable so an idle engine costs no CPU. Threads do not
 // survive fork(): a forked child computes on its calling thread alone.
 inline void cpu_relax() {
 #if MF_X86
@@ -735,7 +750,7 @@ class Pool {
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; generation_.load(std::memory_order_acquire) == seen; i++) {
         cpu_relax();
-        if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(50)) {
+        if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(2000)) {
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait(lock, [&] { return generation_.load() != seen; });
         }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..kernels.qmatmul import KERNEL_BITS, dequantize_rows, library, qmatmul
+from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, dequantize_rows, library
 from ..quant_spec import QuantSpec
 
 from . import cpu_threads
@@ -33,8 +33,10 @@ class Weight:
     bias: mx.array | None
     quant: QuantSpec | None
     transposed: bool
-    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies
+    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies, and
+    # the kernel's view of them (checked once at load)
     stored: tuple | None = None
+    matrix: StoredMatrix | None = None
 
 
 class MLXOps:
@@ -92,7 +94,8 @@ class MLXOps:
         if not self.on_gpu and quant.bits in KERNEL_BITS:
             stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
                       np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
-            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored)
+            matrix = StoredMatrix(*stored[:3], quant.bits, quant.group_size, not transposed, stored[3])
+            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored, matrix)
         # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
         return Weight(
             mx.array(parts["weight"]), self.array(parts["scales"], dtypes.get("scales")),
@@ -114,10 +117,8 @@ class MLXOps:
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
         if w.stored is not None:
-            words, scales, biases, bf16 = w.stored
-            x2 = np.array(x.reshape(-1, x.shape[-1]), dtype=np.float32, copy=False)
-            y = qmatmul(x2, words, scales, biases, w.quant.bits, w.quant.group_size, not w.transposed,
-                        self.kernel_threads, bf16)
+            x2 = np.ascontiguousarray(np.array(x.reshape(-1, x.shape[-1]), dtype=np.float32, copy=False))
+            y = w.matrix(x2, self.kernel_threads)
             y = mx.array(y).reshape(*x.shape[:-1], y.shape[-1])
         elif w.quant is not None:
             y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=not w.transposed,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from ..kernels.qmatmul import KERNEL_BITS, library, qmatmul
+from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..quant_spec import QuantSpec
 
 from . import cpu_threads
@@ -50,10 +50,8 @@ class Weight:
     # The stored quantized triple, kept for embedding lookups (rows dequantized on demand).
     q: tuple | None = None
     quant: QuantSpec | None = None
-    # "stored": numpy views of q's memory for the kernel (words, scales, biases, bfloat16 scales?), and
-    # whether the rows of the stored matrix are the outputs (a linear) or the inputs (neuron-major down).
-    kernel_args: tuple | None = None
-    rows_are_outputs: bool = True
+    # "stored": the kernel's view of q's memory (checked once at load)
+    matrix: StoredMatrix | None = None
 
 
 def unpack_bits(packed: "torch.Tensor", bits: int) -> "torch.Tensor":
@@ -177,10 +175,8 @@ class TorchOps:
         bf16 = dtypes.get("scales") == "bfloat16"
         q = (torch.from_numpy(words.view(np.int32)), self.array(scales, dtypes.get("scales"), cast=False),
              self.array(biases, dtypes.get("biases"), cast=False))
-        rows = words.shape[0]
-        out = rows if not transposed else words.shape[1] * 32 // quant.bits
-        return Weight("stored", q[0], None, quant.group_size, out, bias, q, quant,
-                      kernel_args=(words, scales, biases, bf16), rows_are_outputs=not transposed)
+        matrix = StoredMatrix(words, scales, biases, quant.bits, quant.group_size, not transposed, bf16)
+        return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix)
 
     @staticmethod
     def matmul_only(w: Weight) -> Weight:
@@ -219,9 +215,7 @@ class TorchOps:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if w.kind == "stored":
-            words, scales, biases, bf16 = w.kernel_args
-            y = torch.from_numpy(qmatmul(x2.contiguous().numpy(), words, scales, biases, w.quant.bits, w.group_size,
-                                         w.rows_are_outputs, self.kernel_threads, bf16))
+            y = torch.from_numpy(w.matrix(x2.contiguous().numpy(), self.kernel_threads))
         elif w.kind == "dense":
             y = x2.to(w.w.dtype) @ w.w.t()
         else:
