@@ -117,7 +117,7 @@ class MLXOps:
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
         if w.stored is not None:
-            x2 = np.ascontiguousarray(np.array(x.reshape(-1, x.shape[-1]), dtype=np.float32, copy=False))
+            x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))  # a view when it can be
             y = w.matrix(x2, self.kernel_threads)
             y = mx.array(y).reshape(*x.shape[:-1], y.shape[-1])
         elif w.quant is not None:
