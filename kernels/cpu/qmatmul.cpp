@@ -281,6 +281,240 @@ __attribute__((target("avx2,fma,f16c"))) void rows4_avx2(const Problem& p, int64
   }
 }
 
+__attribute__((target("avx2,fma,f16c"))) inline float scale_f16c(const void* p, int type, int64_t i) {
+  return type == F16 ? _cvtsh_ss(static_cast<const uint16_t*>(p)[i]) : load_scale(p, type, i);
+}
+// ---- AVX2, many tokens (prefill): the same tiles as the AVX-512 path below, 8 lanes wide ---------
+__attribute__((target("avx2,fma,f16c"))) void widen_block_avx2(const uint8_t* src, int bits, float s, float b,
+                                                                 float* dst, int64_t count) {
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+  if (bits == 4) {  // each 32-block as its 16 even then 16 odd codes (the order of xperm)
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int64_t j = 0; j < count; j += 32, src += 16, dst += 32) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i ev = _mm_and_si128(v, low), od = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      const __m128i parts[4] = {ev, _mm_srli_si128(ev, 8), od, _mm_srli_si128(od, 8)};
+      for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(dst + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), vs, vb));
+    }
+    return;
+  }
+  for (int64_t j = 0; j < count; j += 8, src += 8, dst += 8) {
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))));
+    _mm256_storeu_ps(dst, _mm256_fmadd_ps(c, vs, vb));
+  }
+}
+
+template <int TN, int RN>
+__attribute__((target("avx2,fma,f16c"))) inline void block_dots_avx2(const float* x, int64_t x_stride,
+                                                                      const float* tile, int64_t K, float* y,
+                                                                      int64_t y_stride) {
+  __m256 acc[TN][RN];
+  for (int t = 0; t < TN; t++)
+    for (int r = 0; r < RN; r++) acc[t][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 w[RN];
+    for (int r = 0; r < RN; r++) w[r] = _mm256_loadu_ps(tile + r * K + k);
+    for (int t = 0; t < TN; t++) {
+      const __m256 xv = _mm256_loadu_ps(x + t * x_stride + k);
+      for (int r = 0; r < RN; r++) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TN; t++)
+    for (int r = 0; r < RN; r++) y[t * y_stride + r] = hsum_avx2(acc[t][r]);
+}
+
+template <int RN>
+__attribute__((target("avx2,fma,f16c"))) inline void token_blocks_avx2(const Problem& p, const float* xs,
+                                                                        const float* tile, int64_t n) {
+  int64_t t = 0;
+  for (; t + 3 <= p.T; t += 3) block_dots_avx2<3, RN>(xs + t * p.K, p.K, tile, p.K, p.y + t * p.N + n, p.N);
+  for (; t < p.T; t++) block_dots_avx2<1, RN>(xs + t * p.K, p.K, tile, p.K, p.y + t * p.N + n, p.N);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void rows_tiled_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t groups = p.K / p.group, row_bytes = p.K * p.bits / 8;
+  const float* xs = p.bits == 4 ? p.xperm : p.x;
+  thread_local std::vector<float> tile, sc, bi;
+  tile.resize(4 * p.K);
+  sc.resize(groups);
+  bi.resize(groups);
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int rn = (int)(n1 - n < 4 ? n1 - n : 4);
+    for (int r = 0; r < rn; r++) {
+      row_scales(p, n + r, sc.data(), bi.data());
+      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+      for (int64_t g = 0; g < groups; g++)
+        widen_block_avx2(row + g * p.group * p.bits / 8, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+                         p.group);
+    }
+    switch (rn) {
+      case 4: token_blocks_avx2<4>(p, xs, tile.data(), n); break;
+      case 3: token_blocks_avx2<3>(p, xs, tile.data(), n); break;
+      case 2: token_blocks_avx2<2>(p, xs, tile.data(), n); break;
+      default: token_blocks_avx2<1>(p, xs, tile.data(), n); break;
+    }
+  }
+}
+
+template <int TN>
+__attribute__((target("avx2,fma,f16c"))) inline void column_block_dots_avx2(const float* x, int64_t K,
+                                                                             const float* tile, float* y, int64_t N,
+                                                                             bool paired) {
+  __m256 acc[TN][4];
+  for (int t = 0; t < TN; t++)
+    for (int v = 0; v < 4; v++) acc[t][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k++) {
+    __m256 w[4];
+    for (int v = 0; v < 4; v++) w[v] = _mm256_loadu_ps(tile + k * 32 + 8 * v);
+    for (int t = 0; t < TN; t++) {
+      const __m256 xv = _mm256_set1_ps(x[t * K + k]);
+      for (int v = 0; v < 4; v++) acc[t][v] = _mm256_fmadd_ps(xv, w[v], acc[t][v]);
+    }
+  }
+  for (int t = 0; t < TN; t++) {
+    alignas(32) float out[32];
+    for (int v = 0; v < 4; v++) _mm256_store_ps(out + 8 * v, acc[t][v]);
+    for (int i = 0; i < 16; i++) {
+      if (paired) {  // even then odd codes: interleave back
+        y[t * N + 2 * i] = out[i];
+        y[t * N + 2 * i + 1] = out[16 + i];
+      } else {
+        y[t * N + i] = out[i];
+        y[t * N + 16 + i] = out[16 + i];
+      }
+    }
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void cols_tiled_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t groups = p.N / p.group, row_bytes = p.N * p.bits / 8;
+  thread_local std::vector<float> tile;
+  tile.resize(p.K * 32);
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
+  for (int64_t c = n0; c < n1; c += 32) {
+    const int64_t g = c / p.group;
+    for (int64_t k = 0; k < p.K; k++)
+      widen_block_avx2(w + k * row_bytes + c * p.bits / 8, p.bits, scale_f16c(p.scales, p.scale_type, k * groups + g),
+                       scale_f16c(p.biases, p.scale_type, k * groups + g), tile.data() + k * 32, 32);
+    const bool paired = p.bits == 4;
+    int64_t t = 0;
+    for (; t + 2 <= p.T; t += 2)
+      column_block_dots_avx2<2>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
+    for (; t < p.T; t++) column_block_dots_avx2<1>(p.x + t * p.K, p.K, tile.data(), p.y + t * p.N + c, p.N, paired);
+  }
+}
+
+// ---- AVX2, one token (decode): 4 rows share every load of x; neuron-major rows fold scale into x --
+template <int BITS>
+__attribute__((target("avx2,fma,f16c"))) inline void widen32_avx2(const uint8_t* src, __m256* c) {
+  // 32 codes as four 8-float vectors: 4-bit as even then odd codes, 8-bit in order
+  if (BITS == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i ev = _mm_and_si128(v, low), od = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ev));
+    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(ev, 8)));
+    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(od));
+    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(od, 8)));
+    return;
+  }
+  for (int i = 0; i < 4; i++)
+    c[i] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * i))));
+}
+
+template <int RN, int BITS>
+__attribute__((target("avx2,fma,f16c"))) inline void rows_matvec_avx2(const Problem& p, int64_t n, float* const* sc,
+                                                                       float* const* bi) {
+  const int64_t row_bytes = p.K * BITS / 8, groups = p.K / p.group, blocks = p.group / 32;
+  const float* x = BITS == 4 ? p.xperm : p.x;
+  const uint8_t* src[RN];
+  __m256 acc[RN];
+  for (int r = 0; r < RN; r++) {
+    row_scales(p, n + r, sc[r], bi[r]);
+    src[r] = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; g++) {
+    __m256 dot[RN];
+    for (int r = 0; r < RN; r++) dot[r] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < blocks; blk++) {
+      const float* xp = x + g * p.group + blk * 32;
+      __m256 xv[4];
+      for (int i = 0; i < 4; i++) xv[i] = _mm256_loadu_ps(xp + 8 * i);
+      for (int r = 0; r < RN; r++) {
+        __m256 c[4];
+        widen32_avx2<BITS>(src[r], c);
+        src[r] += BITS * 4;
+        for (int i = 0; i < 4; i++) dot[r] = _mm256_fmadd_ps(c[i], xv[i], dot[r]);
+      }
+    }
+    for (int r = 0; r < RN; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r][g]), dot[r], acc[r]);
+  }
+  for (int r = 0; r < RN; r++) {
+    float bias = 0.f;
+    for (int64_t g = 0; g < groups; g++) bias += bi[r][g] * p.xsum[g];
+    p.y[n + r] = hsum_avx2(acc[r]) + bias;
+  }
+}
+
+template <int BITS>
+__attribute__((target("avx2,fma,f16c"))) void rows_decode_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t groups = p.K / p.group;
+  thread_local std::vector<float> scratch;
+  scratch.resize(8 * groups);
+  float* sc[4] = {scratch.data(), scratch.data() + groups, scratch.data() + 2 * groups, scratch.data() + 3 * groups};
+  float* bi[4] = {sc[3] + groups, sc[3] + 2 * groups, sc[3] + 3 * groups, sc[3] + 4 * groups};
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_matvec_avx2<4, BITS>(p, n, sc, bi);
+  for (; n < n1; n++) rows_matvec_avx2<1, BITS>(p, n, sc, bi);
+}
+
+template <int BITS, int NB>
+__attribute__((target("avx2,fma,f16c"))) inline void cols_matvec_avx2(const Problem& p, int64_t c) {
+  const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
+  __m256 acc[NB][4];
+  float bias[NB];
+  int64_t g[NB];
+  for (int j = 0; j < NB; j++) {
+    for (int i = 0; i < 4; i++) acc[j][i] = _mm256_setzero_ps();
+    bias[j] = 0.f;
+    g[j] = (c + 32 * j) / p.group;
+  }
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + c * BITS / 8;
+  for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
+    const float xk = p.x[k];
+    for (int j = 0; j < NB; j++) {
+      const __m256 xs = _mm256_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g[j]));
+      bias[j] += xk * scale_f16c(p.biases, p.scale_type, k * groups + g[j]);
+      __m256 cv[4];
+      widen32_avx2<BITS>(src + j * BITS * 4, cv);
+      for (int i = 0; i < 4; i++) acc[j][i] = _mm256_fmadd_ps(xs, cv[i], acc[j][i]);
+    }
+  }
+  for (int j = 0; j < NB; j++) {
+    alignas(32) float out[32];
+    for (int i = 0; i < 4; i++) _mm256_store_ps(out + 8 * i, acc[j][i]);
+    float* y = p.y + c + 32 * j;
+    for (int i = 0; i < 16; i++) {
+      if (BITS == 4) {  // even then odd codes: interleave back
+        y[2 * i] = out[i] + bias[j];
+        y[2 * i + 1] = out[16 + i] + bias[j];
+      } else {
+        y[i] = out[i] + bias[j];
+        y[16 + i] = out[16 + i] + bias[j];
+      }
+    }
+  }
+}
+
+template <int BITS>
+__attribute__((target("avx2,fma,f16c"))) void cols_decode_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t c = n0;
+  for (; c + 64 <= n1; c += 64) cols_matvec_avx2<BITS, 2>(p, c);
+  for (; c < n1; c += 32) cols_matvec_avx2<BITS, 1>(p, c);
+}
+
 // ---- AVX-512 -------------------------------------------------------------------------------------
 __attribute__((target("avx512f,avx512bw"))) inline __m512 codes16_avx512(const uint8_t* src, int bits) {
   // 16 consecutive codes as floats: 4-bit from two uint32 words, 8-bit from four.
@@ -533,9 +767,6 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512
     }
   }
 }
-__attribute__((target("avx2,fma,f16c"))) inline float scale_f16c(const void* p, int type, int64_t i) {
-  return type == F16 ? _cvtsh_ss(static_cast<const uint16_t*>(p)[i]) : load_scale(p, type, i);
-}
 
 template <int TN>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void column_block_dots_avx512(
@@ -673,6 +904,12 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
   // Prefill (4+ tokens) on AVX-512: widen a few rows to float once and reuse them across tokens.
   if (g_isa == AVX512 && p.T >= 4 && p.group % 32 == 0)
     return transposed ? rows_tiled_avx512(p, n0, n1) : cols_tiled_avx512(p, n0, n1);
+  if (g_isa == AVX2 && p.T >= 4 && p.group % 32 == 0)
+    return transposed ? rows_tiled_avx2(p, n0, n1) : cols_tiled_avx2(p, n0, n1);
+  if (g_isa == AVX2 && p.T == 1 && p.group % 32 == 0) {
+    if (transposed) return p.bits == 4 ? rows_decode_avx2<4>(p, n0, n1) : rows_decode_avx2<8>(p, n0, n1);
+    return p.bits == 4 ? cols_decode_avx2<4>(p, n0, n1) : cols_decode_avx2<8>(p, n0, n1);
+  }
   if (g_isa == AVX512 && p.T == 1 && p.group % 32 == 0) {
     if (transposed) return p.bits == 4 ? rows_decode_avx512<4>(p, n0, n1) : rows_decode_avx512<8>(p, n0, n1);
     return p.bits == 4 ? cols_decode_avx512<4>(p, n0, n1) : cols_decode_avx512<8>(p, n0, n1);
