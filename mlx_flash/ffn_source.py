@@ -119,40 +119,31 @@ def routed_experts(routing: np.ndarray) -> list[int]:
     return [int(e) for e in np.unique(routing)]
 
 
-class WrappedLayerSource(LayerSource):
-    """A dense source wrapped to observe it (calibration recorders): counters, reset and close are
-    the wrapped source's own."""
+class _Delegating:
+    """Counters, reset and close of a wrapped source are the wrapped source's own."""
 
-    def __init__(self, inner: LayerSource):
+    def __init__(self, inner):
         self.inner = inner
+
+    def stats(self) -> FFNStats:
+        return self.inner.stats()
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class WrappedLayerSource(_Delegating, LayerSource):
+    """A dense source wrapped to observe it (calibration recorders)."""
 
     def layer(self, i: int, x) -> FFNWeights:
         return self.inner.layer(i, x)
 
-    def stats(self) -> FFNStats:
-        return self.inner.stats()
 
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class WrappedExpertSource(ExpertSource):
+class WrappedExpertSource(_Delegating, ExpertSource):
     """An expert source wrapped to observe it (routing recorders)."""
-
-    def __init__(self, inner: ExpertSource):
-        self.inner = inner
 
     def experts(self, i: int, routing: np.ndarray):
         return self.inner.experts(i, routing)
-
-    def stats(self) -> FFNStats:
-        return self.inner.stats()
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def close(self) -> None:
-        self.inner.close()

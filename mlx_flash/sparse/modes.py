@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import ConfigError
 
 # Up to this many tokens at once (a decode step, or a speculative draft being verified) go through
 # the neuron caches with the union of their active rows; longer prompt chunks read whole layers.
@@ -26,13 +25,6 @@ class SparseMode(Enum):
     WINDOW = "window"
     ALL = "all"
 
-    @classmethod
-    def parse(cls, value: "SparseMode | str") -> "SparseMode":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"sparse mode {value!r} is unknown (choose one of: "
-                              f"{', '.join(m.value for m in cls)})") from None
 
     @property
     def needs_predictor(self) -> bool:

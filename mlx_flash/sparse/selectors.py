@@ -22,13 +22,6 @@ class PredictorKind(Enum):
     GATE = "gate"  # the FFN's own gate/up projection, resident in 4 bits (sparse.gateup)
     DENSE = "dense"  # every neuron: exact
 
-    @classmethod
-    def parse(cls, value: "PredictorKind | str") -> "PredictorKind":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"predictor {value!r} is unknown (choose one of: "
-                              f"{', '.join(m.value for m in cls)})") from None
 
 
 @dataclass
