@@ -93,14 +93,20 @@ def _contiguous(a: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
+def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """uint32 words [R, C/(32/bits)] -> codes [R, C] (code j sits at bits*(j % per) of word j // per)."""
+    per = 32 // bits
+    shifts = bits * np.arange(per, dtype=np.uint32)
+    codes = (packed[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
 def dequantize_rows(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
                     bf16_scales: bool = False) -> np.ndarray:
     """Rows of a stored matrix as float32 (embedding lookups: a few rows, never a whole weight).
     q * scale is exact in float32 (<= 8-bit codes, <= 16-bit scales), so adding the bias rounds once,
     as MLX's dequantize does."""
-    per = 32 // bits
-    codes = (packed[..., None] >> (bits * np.arange(per, dtype=np.uint32))) & np.uint32((1 << bits) - 1)
-    codes = codes.reshape(*packed.shape[:-1], -1, group).astype(np.float32)
+    codes = unpack_codes(packed, bits).reshape(*packed.shape[:-1], -1, group).astype(np.float32)
     if bf16_scales:
         scales = (scales.astype(np.uint32) << 16).view(np.float32)
         biases = (biases.astype(np.uint32) << 16).view(np.float32)

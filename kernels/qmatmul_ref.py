@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint32 words [R, C/(32/bits)] -> codes [R, C] (code j sits at bits*(j % per) of word j // per)."""
-    per = 32 // bits
-    shifts = (bits * np.arange(per, dtype=np.uint32))
-    codes = (packed[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+from mlx_flash.kernels.qmatmul import unpack_codes  # the store's layout, shared with embedding lookups
 
 
 def dequantize(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int) -> np.ndarray:
