@@ -29,7 +29,7 @@ import numpy as np
 class FFNWeights:
     """One FFN's weights as the backend holds them (a layer's, or one expert's), plus what a sparse
     source adds. Gated FFNs (SwiGLU) have `gate_up` (gate and up rows fused, [2F, D]); ungated ones
-    (OPT's ReLU) have `up` [F, D]. `down` is stored transposed [F, D] except in whole-expert formats.
+    (OPT's ReLU) have `up` [F, D]. `down` maps F to D (its orientation: weights.neuron_arrays).
 
     mask    [.., F] 0/1 per token and neuron: neurons a token does not use are zeroed (None: all used)
     rows    neuron ids of down's rows when gate_up covers every neuron but down only some (None: same)

@@ -23,7 +23,8 @@ def describe(store) -> list[str]:
     cfg, ffn = m.config, m.ffn
     lines = [f"store {store.path}: {cfg.get('model_type')}, {len(ffn.layer_offsets)} layers, d_model {ffn.d_model}, "
              f"vocab {cfg.get('vocab_size')}"]
-    what = f"FFN: {ffn.n_neurons} neurons per layer, bundles of {ffn.bundle_bytes} B ({ffn.precision})"
+    what = (f"FFN: {ffn.n_neurons} neurons per layer, bundles of {ffn.block} neuron(s) in {ffn.bundle_bytes} B "
+            f"({ffn.precision})")
     if ffn.n_experts:
         what += (f"; {ffn.n_experts} experts of {ffn.expert_neurons} neurons, "
                  f"top-{cfg.get('num_experts_per_tok')}")

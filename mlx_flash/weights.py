@@ -70,17 +70,36 @@ def resident_getter(ops, store: Store):
     return get
 
 
+def neuron_arrays(layout: FFNLayout, rows: np.ndarray, fields=None) -> tuple[dict, bool]:
+    """Bundle rows [n, row_bytes] (of `fields`, default the layout's) -> ({field: (array, storage
+    dtype)}, down_transposed). Gate/up rows and per-neuron biases come one row per neuron. Down comes
+    as the compute takes it: for bundles of one neuron, rows of the transposed matrix [n, D] (down
+    columns; transposed True); for blocks, the down matrix's slice [D, n*block] in its own
+    orientation, the blocks' groups side by side (transposed False); whole-expert `down_rows`
+    formats join their pieces into [D, Fe] (transposed False)."""
+    fields = layout.fields if fields is None else fields
+    dtypes = {f.name: f.dtype for f in fields}
+    out = {}
+    for k, v in unpack_rows(fields, rows).items():
+        if k.endswith(".bias"):
+            v = v.reshape(-1)
+        elif k.startswith("down."):
+            if layout.block > 1:  # [n, D, per-block] -> [D, n * per-block]
+                v = np.ascontiguousarray(v.transpose(1, 0, 2)).reshape(v.shape[1], -1)
+            elif layout.down_rows:  # a whole expert's down matrix [D, Fe], cut into its Fe bundles
+                v = v.reshape(layout.d_model, -1)
+        elif layout.block > 1:  # [n, block, ...] -> [n * block, ...]
+            v = v.reshape(-1, *v.shape[2:])
+        out[k] = (v, dtypes[k])
+    return out, layout.block == 1 and not layout.down_rows
+
+
 def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
     """[n, bundle_bytes] bundle rows -> backend weights: gate_up and down for gated FFNs (gate and
-    up rows fused), up and down otherwise. Down is stored transposed ([n, D] rows of down columns),
-    except in whole-expert formats with `down_rows` (see FFNLayout)."""
-    dtypes = {f.name: f.dtype for f in layout.fields}
-    arrays = {k: (v.reshape(-1) if k.endswith(".bias") else v, dtypes[k])
-              for k, v in unpack_rows(layout.fields, rows).items()}
+    up rows fused), up and down otherwise (see neuron_arrays for down's orientation)."""
+    arrays, transposed = neuron_arrays(layout, rows)
     d, ddt = linear_parts(arrays, "down")
-    if layout.down_rows:  # a whole expert's down matrix [D, Fe], cut into its Fe bundles
-        d = {k: v.reshape(layout.d_model, -1) for k, v in d.items()}
-    down = ops.weight(d, layout.quant.get("down"), transposed=not layout.down_rows, dtypes=ddt)
+    down = ops.weight(d, layout.quant.get("down"), transposed=transposed, dtypes=ddt)
     if not layout.gated:
         up, dt = linear_parts(arrays, "up")
         return FFNWeights(up=ops.weight(up, layout.quant.get("up"), dtypes=dt), down=down)

@@ -33,7 +33,7 @@ def default_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def store_dir(tmp_path_factory, default_gguf) -> str:
-    """The default model converted with default options (FFN kept quantized, down at 8 bits)."""
+    """The default model converted with default options (the source's bytes: bundles of 32-neuron blocks)."""
     from mlx_flash.convert import convert
 
     return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-source"), progress=False)

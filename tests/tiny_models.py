@@ -72,6 +72,35 @@ def build(family: str, out_dir: str, seed: int = 0, dtype: str = "float32", **ov
     return model.float()
 
 
+def quantize_dir(hf_dir, out_dir, bits=4, group=32, overrides=None):
+    """Quantize every 2-D linear the way mlx-lm does into an mlx-community style directory; returns
+    the dequantized tensors (the exact values the quantized checkpoint stands for)."""
+    import mlx.core as mx
+
+    overrides = overrides or {}
+    tensors = mx.load(os.path.join(hf_dir, "model.safetensors"))
+    out, exact = {}, {}
+    for name, w in tensors.items():
+        base = name[: -len(".weight")]
+        if name.endswith(".weight") and w.ndim == 2:
+            b = overrides.get(base, bits)
+            q, s, z = mx.quantize(w.astype(mx.float16), group_size=group, bits=b)
+            out.update({f"{base}.weight": q, f"{base}.scales": s, f"{base}.biases": z})
+            # in float32, as the engine computes q * scale + bias (float16 arithmetic would round it)
+            exact[name] = mx.dequantize(q, s.astype(mx.float32), z.astype(mx.float32), group_size=group, bits=b)
+        else:
+            out[name] = w
+            exact[name] = w
+    os.makedirs(out_dir, exist_ok=True)
+    mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), out)
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    cfg["quantization"] = {"group_size": group, "bits": bits,
+                           **{k: {"group_size": group, "bits": v} for k, v in overrides.items()}}
+    json.dump(cfg, open(os.path.join(out_dir, "config.json"), "w"))
+    write_tokenizer(out_dir)
+    return exact
+
+
 def edit_config(hf_dir, **changes) -> None:
     """Rewrite fields of a saved model's config.json (to build a deliberately broken checkpoint)."""
     path = os.path.join(hf_dir, "config.json")

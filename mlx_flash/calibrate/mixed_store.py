@@ -43,7 +43,7 @@ def expert_rows(store, layer: int, expert: int) -> dict[str, np.ndarray]:
                           f"(this one is {lay.precision}); convert with precision f16")
     with open(store.file_path(lay.file), "rb") as fh:
         fh.seek(lay.expert_offset(layer, expert))
-        raw = np.frombuffer(fh.read(lay.expert_nbytes), np.uint8).reshape(lay.expert_neurons, lay.bundle_bytes)
+        raw = np.frombuffer(fh.read(lay.expert_nbytes), np.uint8).reshape(lay.expert_rows, lay.bundle_bytes)
     arrays = unpack_rows(lay.fields, raw)
     if any(k.endswith(".bias") for k in arrays):
         raise ConfigError(f"{store.path}: experts with biases are not supported by expert bit-widths")

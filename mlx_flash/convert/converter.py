@@ -6,11 +6,14 @@ written into a hidden sibling directory that is renamed into place only after th
 last) is complete, so a crash or Ctrl-C never leaves a directory that opens as a store.
 
 FFN precision (`precision`):
-  source  keep the source's numbers; quantized down projections are re-quantized along d_model
-          (at `down_bits`, default 8, the source's group size) so each down column is
-          self-contained: the one lossy step, its perplexity cost is in the README
-  f16     dequantize gate/up/down to float16 (lossless for 4/8-bit sources up to fp16 rounding)
-  q4, q8  affine-quantize gate/up/down rows to 4/8 bits (group 32 unless group_size says otherwise)
+  source         keep the source's bytes exactly (lossless). A source that quantizes the down
+                 projection along d_ff in groups of g (GGUF, mlx-community) gets bundles of g
+                 neurons: their gate and up rows and the down matrix's [D, g] slice as stored
+  source-neuron  gate/up as the source has them, the down projection re-quantized along d_model at
+                 `down_bits` (default 8) so every neuron is a bundle of its own (the finer read
+                 unit, at a measured quality cost: README "Sparse read unit")
+  f16            dequantize gate/up/down to float16 (lossless for 4/8-bit sources up to fp16 rounding)
+  q4, q8         affine-quantize gate/up/down rows to 4/8 bits (group 32 unless group_size says otherwise)
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, 
 from ..store.safetensors_io import write_safetensors
 from .sources import SourceModel, read_source
 
-PRECISIONS = ("source", "f16", "q4", "q8")
+PRECISIONS = ("source", "source-neuron", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:
@@ -48,8 +51,9 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
             down_bits: int = 8, force: bool = False, progress: bool = True) -> str:
     """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
     `out_dir` (must not exist unless `force`); returns out_dir, which load() takes as its model.
-    `precision` of the FFN bundles: "source" (quantized stays quantized; down re-quantized along
-    d_model at `down_bits`), "f16", "q4" or "q8". The store is written atomically (`python -m mlx_flash.convert`)."""
+    `precision` of the FFN bundles: "source" (the source's bytes, lossless), "source-neuron" (down
+    re-quantized along d_model at `down_bits`), "f16", "q4" or "q8" (see the module's docstring). The
+    store is written atomically (`python -m mlx_flash.convert`)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
     if down_bits not in (2, 3, 4, 6, 8):
@@ -106,14 +110,14 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
         tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
-    layer_offsets, fields, bundle_bytes, ffn_quant = [], None, 0, None
+    layer_offsets, fields, bundle_bytes, ffn_quant, block = [], None, 0, None, 1
     d_model = cfg["hidden_size"]
     with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
         for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
-            parts, lq = _layer_parts(src, _ffn_groups(mod, cfg, layer), precision, group_size, down_bits)
+            parts, lq, blk = _layer_parts(src, _ffn_groups(mod, cfg, layer), precision, group_size, down_bits)
             if fields is None:
                 fields, bundle_bytes = plan_fields(parts)
-                ffn_quant = lq
+                ffn_quant, block = lq, blk
             elif [(p[0], list(p[1].shape[1:]), p[2]) for p in parts] != [(f.name, f.shape, f.dtype) for f in fields]:
                 raise ModelFileError(f"{src.description}: FFN of layer {layer} differs in shape or type from layer 0")
             packed = pack_layer(fields, bundle_bytes, {p[0]: p[1] for p in parts})
@@ -125,7 +129,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     n_neurons = cfg["intermediate_size"]
     ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
                     bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
-                    precision=precision, n_experts=int(cfg.get("num_experts", 0)))
+                    precision=precision, n_experts=int(cfg.get("num_experts", 0)), block=block)
     with step("building the tokenizer", progress):
         src.save_tokenizer(tmp)
     files = {}
@@ -143,17 +147,21 @@ def _ffn_groups(mod, cfg: dict, layer: int) -> list[dict]:
 
 
 def _layer_parts(src: SourceModel, groups: list[dict], precision: str, group_size: int, down_bits: int):
-    """Per-neuron rows of one layer's FFN (its groups' neurons one after another), in bundle order:
-    [(field, array [F, ...], dtype)], quant."""
+    """Bundles of one layer's FFN (its groups' neurons one after another), in bundle order:
+    ([(field, array [bundles, ...], dtype)], quant, neurons per bundle)."""
     per_group = [_group_parts(src, names, precision, group_size, down_bits) for names in groups]
     if len(per_group) == 1:
         return per_group[0]
     parts = [(name, np.concatenate([g[0][k][1] for g in per_group]), dt)
              for k, (name, _, dt) in enumerate(per_group[0][0])]
-    return parts, per_group[0][1]
+    return parts, per_group[0][1], per_group[0][2]
 
 
 def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int, down_bits: int):
+    """One FFN's bundle parts, quantization per role and neurons per bundle (see the docstring)."""
+    down_spec = src.quant.get(names["down"])
+    if precision == "source" and down_spec is not None:
+        return _source_blocks(src, names, down_spec.group_size)
     import mlx.core as mx
 
     parts, quant = [], {}
@@ -171,7 +179,7 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
         if role == "down":
             dense = dense.T  # [D, F] -> [F, D]: column i of down becomes row i
         target = _target_quant(precision, spec, group_size)
-        if role == "down" and precision == "source" and spec is not None:
+        if role == "down" and precision == "source-neuron" and spec is not None:
             target = QuantSpec(bits=down_bits, group_size=spec.group_size)
         if target is None:  # float rows
             dt = mx.float16 if precision == "f16" else dense.dtype
@@ -193,13 +201,44 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
         if base + ".bias" in src.tensors and role != "down":
             arr, name = to_storage(src.tensors[base + ".bias"])
             parts.append((f"{role}.bias", arr.reshape(-1, 1), name))
-    return parts, quant
+    return parts, quant, 1
+
+
+def _source_blocks(src: SourceModel, names: dict, block: int):
+    """Bundles of `block` neurons holding the source's bytes unchanged: per block, its gate and up
+    rows ([block, ...] each, as stored) and the down matrix's columns of the block, which are one
+    quantization group of every d_model row: codes [D, block*bits/32], scales and biases [D, 1]."""
+    parts, quant = [], {}
+    for role in ("gate", "up", "down"):
+        if role not in names:
+            continue
+        base = names[role]
+        quant[role] = src.quant.get(base)
+        stored = [s for s in ("weight", "scales", "biases") if f"{base}.{s}" in src.tensors]
+        for s in stored:
+            arr, name = to_storage(src.tensors[f"{base}.{s}"])
+            if role == "down":  # [D, F*per] -> [F/block, D, per-block]
+                d = arr.shape[0]
+                arr = np.ascontiguousarray(arr.reshape(d, -1, arr.shape[1] * block // _n_neurons(src, names))
+                                           .transpose(1, 0, 2))
+            else:  # [F, ...] -> [F/block, block, ...]
+                arr = arr.reshape(-1, block, *arr.shape[1:])
+            parts.append((f"{role}.{s}", arr, name))
+        if base + ".bias" in src.tensors and role != "down":
+            arr, name = to_storage(src.tensors[base + ".bias"])
+            parts.append((f"{role}.bias", arr.reshape(-1, block), name))
+    return parts, quant, block
+
+
+def _n_neurons(src: SourceModel, names: dict) -> int:
+    """d_ff of this FFN: the rows of its up projection (stored rows are neurons)."""
+    return int(src.tensors[names["up"] + ".weight"].shape[0])
 
 
 def _target_quant(precision: str, spec: QuantSpec | None, group_size: int) -> QuantSpec | None:
     if precision == "f16":
         return None
-    if precision == "source":
+    if precision in ("source", "source-neuron"):
         return spec
     return QuantSpec(bits=4 if precision == "q4" else 8, group_size=group_size)
 

@@ -137,9 +137,10 @@ def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
-    """Down is stored transposed [F, D]. A sparse FFN source may zero neurons with fw.mask, may give
-    down rows for some neurons only (fw.rows: their ids, in down's row order) while gate|up cover all
-    of them, and may hand over activations it already computed from x (fw.hidden)."""
+    """Down maps the F activations to D (its stored orientation: weights.neuron_arrays). A sparse FFN
+    source may zero neurons with fw.mask, may give down for some neurons only (fw.rows: their ids, in
+    down's order) while gate|up cover all of them, and may hand over activations it already computed
+    from x (fw.hidden)."""
     hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
     if fw.rows is not None:
         hidden = ops.take(hidden, fw.rows)

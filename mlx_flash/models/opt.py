@@ -118,7 +118,8 @@ def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x, fc2_bias):
-    """fc2 columns stored transposed [F, D]. A sparse FFN source may zero neurons with fw.mask."""
+    """fc2 maps the F activations to D (its stored orientation: weights.neuron_arrays). A sparse FFN
+    source may zero neurons with fw.mask."""
     hidden = ffn_hidden(ops, args, fw, x)
     if fw.mask is not None:
         hidden = hidden * fw.mask

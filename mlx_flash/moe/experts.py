@@ -28,8 +28,8 @@ PRELOAD_PRIORITY = 1  # the pool serves demand reads (priority 0) first
 def expert_weights(ops, layout, layer: int, expert: int, buf: np.ndarray) -> FFNWeights:
     """One expert's bundle rows (at the start of `buf`, in its own format) -> backend weights."""
     sub = layout.expert_layout(layer, expert)
-    n = layout.expert_neurons * sub.bundle_bytes
-    return bundle_weights(ops, sub, buf[:n].reshape(layout.expert_neurons, sub.bundle_bytes))
+    n = layout.expert_rows * sub.bundle_bytes
+    return bundle_weights(ops, sub, buf[:n].reshape(layout.expert_rows, sub.bundle_bytes))
 
 
 def read_expert(pool, file, layout, layer: int, expert: int, buf: np.ndarray):

@@ -6,6 +6,10 @@ Prompt chunks read the whole layer into a transient buffer, compute with the sel
 (a mask, so a prompt token sees exactly what a decode step would), and seed the caches from that
 buffer. Neurons selected inactive are zeroed even when their rows are cached, so the selector alone
 decides the output; the cache and window only decide what is read.
+
+Caches and windows hold bundles (see FFNLayout): one neuron each, or a block of neurons in a store
+that keeps the source's down groups. A bundle is needed when any of its neurons is selected; the
+mask over its neurons still zeroes the unselected ones.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 from ..ffn_source import FFNWeights
 from .modes import SMALL_BATCH, SparseMode, SparsePlan
 from .neuron_cache import NeuronCache
+from .row_format import block_neurons
 from .selectors import NoSelector, Selection
 from .sparse_source import SparseSource
 from .window import ActiveWindow
@@ -29,9 +34,9 @@ class CachedRowsFFN(SparseSource):
     def __init__(self, ops, store, pool, plan: SparsePlan, fmt, rows, selector=None):
         super().__init__(ops, store, pool, plan)
         self.fmt, self.rows, self.selector = fmt, rows, selector or NoSelector()
-        F, L = self.layout.n_neurons, len(self.layout.layer_offsets)
-        self.caches = [NeuronCache(max(1, min(plan.capacity, F)), fmt.row_bytes, F) for _ in range(L)]
-        self.windows = [ActiveWindow(plan.window if plan.mode.keeps_window else 1, F) for _ in range(L)]
+        R, L = self.layout.n_rows, len(self.layout.layer_offsets)
+        self.caches = [NeuronCache(max(1, min(plan.capacity, R)), fmt.row_bytes, R) for _ in range(L)]
+        self.windows = [ActiveWindow(plan.window if plan.mode.keeps_window else 1, R) for _ in range(L)]
 
     def layer(self, i: int, x) -> FFNWeights:
         sel = self.selector.select(i, x)
@@ -62,7 +67,7 @@ class CachedRowsFFN(SparseSource):
         if self.plan.mode.keeps_window:  # seed the window and cache from the rows in hand
             t = time.perf_counter()
             cache, win = self.caches[i], self.windows[i]
-            for a in sel.active[-win.k:]:
+            for a in self.row_activity(sel.active)[-win.k:]:
                 win.push(np.flatnonzero(a), cache.capacity)
             keep = win.members()
             cache.delete(cache.live_ids()[~win.contains(cache.live_ids())])
@@ -71,9 +76,17 @@ class CachedRowsFFN(SparseSource):
             self.extra.mem_seconds += time.perf_counter() - t
         return fw
 
-    def fetch(self, i: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The I/O half of a step: update window and cache for active [T, F], read what is missing,
-        and return (rows to compute on, keep mask [T, rows], their neuron ids)."""
+    def row_activity(self, active: np.ndarray) -> np.ndarray:
+        """Neuron activity [T, F] -> bundle activity [T, n_rows]: a bundle is needed when any of its
+        neurons is."""
+        B = self.layout.block
+        return active if B == 1 else active.reshape(active.shape[0], -1, B).any(2)
+
+    def fetch(self, i: int, neurons: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The I/O half of a step: update window and cache for neuron activity [T, F], read the
+        bundles that are missing, and return (bundle rows to compute on, keep mask [T, their
+        neurons], their bundle ids)."""
+        active = self.row_activity(neurons)
         need = active.any(0)
         ids = np.flatnonzero(need)
         cache, win = self.caches[i], self.windows[i]
@@ -95,8 +108,8 @@ class CachedRowsFFN(SparseSource):
         self.extra.mem_seconds += time.perf_counter() - t
         extra = np.empty((overflow.size, self.fmt.row_bytes), np.uint8)  # the reads fill every field of every row
         self._read(i, [(to_cache, cache.rows, slots), (overflow, extra, np.arange(overflow.size))])
-        self.rows_loaded += to_cache.size + overflow.size
-        self.rows_active += int(active.sum())
+        self.rows_loaded += (to_cache.size + overflow.size) * self.layout.block
+        self.rows_active += int(neurons.sum())
         self.decode_layer_steps += active.shape[0]
         t = time.perf_counter()
         rows, row_ids = cache.live_rows(), cache.live_ids()
@@ -104,9 +117,9 @@ class CachedRowsFFN(SparseSource):
             rows, row_ids = np.concatenate([rows, extra]), np.concatenate([row_ids, overflow])
         if rows.shape[0] == 0:  # nothing active: one zero row, masked out, keeps the graph's shapes
             rows, row_ids = np.zeros((1, self.fmt.row_bytes), np.uint8), np.zeros(1, np.int64)
-            keep = np.zeros((active.shape[0], 1), dtype=bool)
+            keep = np.zeros((active.shape[0], self.layout.block), dtype=bool)
         else:
-            keep = active[:, row_ids]
+            keep = neurons[:, block_neurons(row_ids, self.layout.block)]
         self.extra.mem_seconds += time.perf_counter() - t
         return rows, keep, row_ids
 
@@ -117,7 +130,7 @@ class CachedRowsFFN(SparseSource):
             self.extra.add(b.wait())
 
     def cached_rows(self) -> list[int]:
-        return [c.num_used for c in self.caches]
+        return [c.num_used * self.layout.block for c in self.caches]
 
     def resident_bytes(self) -> int:
         return self.layout.layer_nbytes + sum(c.nbytes for c in self.caches)

@@ -1,5 +1,5 @@
 """naive and hybrid (the paper's baselines): every token computes on layer i's whole slab of bundle
-rows. naive reads the slab every token; hybrid keeps the first `resident_neurons` rows of every
+rows. naive reads the slab every token; hybrid keeps the first `resident_rows` rows of every
 layer in memory and reads the rest. Both are exact: the slab is the layer, in neuron order."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class DenseSlabFFN(SparseSource):
     def __init__(self, ops, store, pool, plan: SparsePlan):
         super().__init__(ops, store, pool, plan)
         lay = self.layout
-        self.R = min(max(plan.resident_neurons, 0), lay.n_neurons) if plan.mode is SparseMode.HYBRID else 0
+        self.R = min(max(plan.resident_rows, 0), lay.n_rows) if plan.mode is SparseMode.HYBRID else 0
         self.resident = [self.reader.read_layer(i)[:self.R].copy() for i in range(len(lay.layer_offsets))] \
             if self.R else []
 
@@ -35,10 +35,10 @@ class DenseSlabFFN(SparseSource):
     def read_slab(self, i: int, decode: bool) -> np.ndarray:
         """Layer i's full slab of bundle rows. A decode step's rows read are counted like the
         predictor modes count theirs."""
-        F = self.layout.n_neurons
+        F, B = self.layout.n_rows, self.layout.block
         if decode:
-            self.rows_loaded += F - self.R
-            self.rows_active += F
+            self.rows_loaded += (F - self.R) * B
+            self.rows_active += F * B
             self.decode_layer_steps += 1
         if not self.R:
             return self.reader.read_layer(i)

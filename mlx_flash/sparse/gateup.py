@@ -12,9 +12,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ffn_source import FFNWeights
-from ..store.bundles import unpack_rows
 from ..quant_spec import QuantSpec
-from ..weights import fused_weight, linear_parts
+from ..weights import fused_weight, linear_parts, neuron_arrays
 from .selectors import Selection
 
 GROUP = 32
@@ -62,10 +61,9 @@ class GateUpSelector:
                               "projection (use 'lowrank' or 'dense')")
         self.ops, self.module, self.args = ops, module, args
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
-        dtypes = {f.name: f.dtype for f in layout.fields}
         self.weights = []
         for i in tqdm(range(len(layout.layer_offsets)), desc="gate/up predictor", unit="layer", disable=not progress):
-            arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(layout.fields, reader.read_layer(i)).items()}
+            arrays = neuron_arrays(layout, reader.read_layer(i))[0]
             members, quants = [], []
             for role in ("gate", "up"):
                 parts, dts = linear_parts(arrays, role)

@@ -1,7 +1,7 @@
 """What the sparse FFN reads per token: the rows of the paper's Table 2, chosen once at load.
 
   naive      read the whole FFN layer every token
-  hybrid     `resident_neurons` rows of every layer kept in memory, the rest read every token (exact)
+  hybrid     `resident_rows` rows of every layer kept in memory, the rest read every token (exact)
   predictor  read the predicted-active rows every token (no reuse), unbundled layout
   window     + keep the last k tokens' active rows cached and read only the difference, unbundled
   all        + bundled reads (gate row | up row | down column in one read)
@@ -47,6 +47,6 @@ class SparsePlan:
     """What the planner decided for one store and budget (sparse.planner)."""
 
     mode: SparseMode
-    capacity: int = 0  # neuron-cache rows per layer (predictor modes)
+    capacity: int = 0  # neuron-cache rows (bundles) per layer (predictor modes)
     window: int = 1  # tokens whose active sets stay cached (window, all)
-    resident_neurons: int = 0  # hybrid: rows per layer kept in memory
+    resident_rows: int = 0  # hybrid: rows (bundles) per layer kept in memory

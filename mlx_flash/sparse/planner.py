@@ -37,18 +37,18 @@ def model_bytes(store, resident: int | None = None, ffn_layer: int | None = None
     return res + (lay.layer_nbytes if ffn_layer is None else ffn_layer) * len(lay.layer_offsets)
 
 
-def choose_window(activity: dict, capacity: int, n_neurons: int, n_layers: int, row_bytes: int, profile: dict,
+def choose_window(activity: dict, capacity: int, n_rows: int, n_layers: int, row_bytes: int, profile: dict,
                   threads: int) -> tuple[int, list[dict]]:
     """(window, one row per window size tried: the rows it caches and reads per layer and its predicted
     I/O ms per token). Windows whose union overflows `capacity` rows are not eligible; window 1
     always is (its overflow is read every token whatever the window)."""
     table, best = [], (float("inf"), 1)
     for k, (u, new) in enumerate(zip(activity["union"], activity["new"]), start=1):
-        cached, reads = u * n_neurons, new * n_neurons
+        cached, reads = u * n_rows, new * n_rows
         if k > 1 and cached > capacity:
             break
         if k == 1:  # a cache smaller than one token's set re-reads the part it cannot hold
-            reads = max(reads, u * n_neurons - capacity)
+            reads = max(reads, u * n_rows - capacity)
         ms = cost_model.io_seconds(profile, reads * row_bytes * n_layers, reads * n_layers, n_layers, threads) * 1e3
         table.append({"window": k, "cached_rows": round(cached), "rows_read": round(reads), "predicted_io_ms": ms})
         best = min(best, (ms, k))
@@ -63,7 +63,7 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     bytes of one FFN layer converted for compute (0 when compute reads the rows as they are).
     window 0: chosen by `choose_window` from `activity` and the disk `profile` (DEFAULT_WINDOW without them)."""
     lay = store.manifest.ffn
-    L, F, bb = len(lay.layer_offsets), lay.n_neurons, row_bytes or lay.bundle_bytes
+    L, F, bb = len(lay.layer_offsets), lay.n_rows, row_bytes or lay.bundle_bytes
     resident = stored_resident_bytes(store) if resident is None else resident
     preds = predictor_bytes if mode.needs_predictor else 0
     fixed = resident + preds + lay.layer_nbytes + converted_layer
@@ -79,9 +79,11 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     if window == 0:
         window = DEFAULT_WINDOW
         if mode.keeps_window and activity and profile:
+            # activity is measured per neuron; for block bundles the share of bundles needed is at
+            # least that (a bundle is needed when any of its neurons is), so this is a lower bound
             window, table = choose_window(activity, rows, F, L, bb, profile, threads)
     plan = SparsePlan(mode=mode, capacity=rows, window=window,
-                      resident_neurons=rows if mode is SparseMode.HYBRID else 0)
+                      resident_rows=rows if mode is SparseMode.HYBRID else 0)
     account = {"window": window, "window_costs": table, "budget": budget, "resident_weights": resident,
                "predictors": preds, "layer_buffer": lay.layer_nbytes, "converted_layer": converted_layer,
                "ffn_rows_per_layer": rows, "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}

@@ -1,11 +1,12 @@
 """How a cached FFN row is laid out, where it is read from, and how rows become weights.
 
-A row holds one neuron's bytes: a whole bundle (gate row | up row | down column, `BundleRows`) or,
-in down-only mode, its down column alone (`DownRows`; gate/up come from the gate predictor's
+A row holds one bundle's bytes (one neuron, or a block of neurons when the store keeps the source's
+down groups, see FFNLayout): a whole bundle (gate rows | up rows | down, `BundleRows`) or, in
+down-only mode, its down part alone (`DownRows`; gate/up come from the gate predictor's
 resident 4-bit copy, which has already computed the activations). `weights()` is the one place rows
 turn into backend weights: the seam where compute on the stored bytes plugs in.
 
-Rows come from the bundle file (one range per neuron, `BundleFile`) or from the unbundled copy that
+Rows come from the bundle file (one range per bundle, `BundleFile`) or from the unbundled copy that
 keeps each field as its own matrix (one range per field, `FieldFile`).
 """
 
@@ -16,8 +17,14 @@ import numpy as np
 from ..ffn_source import FFNWeights
 from ..store.bundles import pack_layer, plan_fields, unpack_rows
 from ..store.manifest import BundleField, FFNLayout
-from ..weights import bundle_weights, linear_parts
+from ..weights import bundle_weights, linear_parts, neuron_arrays
 from .selectors import Selection
+
+
+def block_neurons(row_ids: np.ndarray, block: int) -> np.ndarray:
+    """The neurons of bundles `row_ids`, in order (int64)."""
+    ids = np.asarray(row_ids, dtype=np.int64)
+    return ids if block == 1 else (ids[:, None] * block + np.arange(block)).reshape(-1)
 
 
 def down_fields(layout: FFNLayout) -> tuple[list[BundleField], list[int], int]:
@@ -56,22 +63,22 @@ class DownRows:
         return pack_layer(self.fields, self.row_bytes, down)
 
     def weights(self, layer: int, rows: np.ndarray, selection: Selection, row_ids=None) -> FFNWeights:
-        dtypes = {f.name: f.dtype for f in self.fields}
-        arrays = {k: (v, dtypes[k]) for k, v in unpack_rows(self.fields, rows).items()}
+        arrays, transposed = neuron_arrays(self.layout, rows, self.fields)
         d, ddt = linear_parts(arrays, "down")
+        neurons = None if row_ids is None else block_neurons(row_ids, self.layout.block)
         return FFNWeights(gate_up=self.gate_up[layer], hidden=selection.hidden,
-                          down=self.ops.weight(d, self.layout.quant.get("down"), transposed=True, dtypes=ddt),
-                          rows=None if row_ids is None else self.ops.array(np.asarray(row_ids, dtype=np.int64)))
+                          down=self.ops.weight(d, self.layout.quant.get("down"), transposed=transposed, dtypes=ddt),
+                          rows=None if neurons is None else self.ops.array(neurons))
 
 
 class BundleFile:
-    """Rows from the bundle file: one range per neuron."""
+    """Rows from the bundle file: one range per bundle."""
 
     def __init__(self, pool, file, layout: FFNLayout):
         self.pool, self.file, self.layout = pool, file, layout
 
     def submit(self, layer: int, ids: np.ndarray, flat: np.ndarray, slots: np.ndarray):
-        """Start reading rows of neurons `ids` into rows `slots` of `flat` (a [rows * row_bytes] view)."""
+        """Start reading bundles `ids` into rows `slots` of `flat` (a [rows * row_bytes] view)."""
         bb = self.layout.bundle_bytes
         return self.pool.submit_rows(self.file, self.layout.layer_offsets[layer] + ids * bb, bb, flat, slots * bb,
                                      row_bytes=bb)

@@ -22,7 +22,7 @@ class SparseSource(LayerSource):
         self.layout = store.manifest.ffn
         self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)  # whole-layer reads
         self.extra = ReadCounters()  # reads other than whole layers, and the time spent moving rows
-        self.rows_loaded = 0  # neuron rows read by decode steps
+        self.rows_loaded = 0  # neuron rows read by decode steps (bundles read x neurons per bundle)
         self.rows_active = 0  # predicted-active (token, layer, neuron) triples of decode steps
         self.decode_layer_steps = 0
 
@@ -31,7 +31,7 @@ class SparseSource(LayerSource):
         raise NotImplementedError
 
     def cached_rows(self) -> list[int]:
-        """Rows in each layer's neuron cache now (none without caches)."""
+        """Neuron rows in each layer's cache now (none without caches)."""
         return []
 
     def resident_bytes(self) -> int:
@@ -45,7 +45,7 @@ class SparseSource(LayerSource):
                         sparse_mode=self.plan.mode.value, neurons=self.layout.n_neurons,
                         rows_active=self.rows_active, rows_loaded=self.rows_loaded,
                         decode_layer_steps=self.decode_layer_steps, cached_rows=tuple(self.cached_rows()),
-                        cache_capacity=self.plan.capacity)
+                        cache_capacity=self.plan.capacity * self.layout.block)
 
     def close(self) -> None:
         self.pool.close()

@@ -22,7 +22,7 @@ def field_offsets(layout: FFNLayout) -> tuple[list[list[int]], int]:
         row = []
         for f in layout.fields:
             row.append(pos)
-            pos = -(-(pos + layout.n_neurons * f.nbytes) // ALIGN) * ALIGN
+            pos = -(-(pos + layout.n_rows * f.nbytes) // ALIGN) * ALIGN
         out.append(row)
     return out, pos
 
@@ -46,7 +46,7 @@ def ensure_unbundled(store, progress: bool = False) -> str:
                                           disable=not progress)):
             src.seek(base)
             src.readinto(memoryview(buf))
-            rows = buf.reshape(layout.n_neurons, layout.bundle_bytes)
+            rows = buf.reshape(layout.n_rows, layout.bundle_bytes)
             for f, off in zip(layout.fields, offsets[layer]):
                 fh.seek(off)
                 fh.write(np.ascontiguousarray(rows[:, f.offset:f.offset + f.nbytes]).tobytes())

@@ -23,10 +23,10 @@ class FFNReader:
         self.wait_seconds = 0.0  # time the caller was blocked waiting for reads
 
     def read_layer(self, layer: int) -> np.ndarray:
-        """All bundles of `layer` as a [F, bundle_bytes] uint8 view of the reused buffer."""
+        """All bundles of `layer` as a [n_rows, bundle_bytes] uint8 view of the reused buffer."""
         off = self.layout.layer_offsets[layer]
         batch = self.pool.read([(self.file, off, self.layout.layer_nbytes, self.buf)])
         self.bytes_read += batch.bytes_read
         self.reads += batch.reads
         self.wait_seconds += batch.wait_seconds
-        return self.buf.reshape(self.layout.n_neurons, self.layout.bundle_bytes)
+        return self.buf.reshape(self.layout.n_rows, self.layout.bundle_bytes)

@@ -83,9 +83,13 @@ class ExpertFormat:
 class FFNLayout:
     """Row-column bundles of every layer's FFN in one file.
 
-    For layer l and neuron i the bytes of gate row i | up row i | down column i are contiguous
-    (up row | up bias | down column for non-gated FFNs). Down columns are stored as rows of the
-    transposed matrix, quantized (if at all) along d_model so each column is self-contained.
+    A bundle is the read unit: `block` consecutive neurons. With block 1 (float rows, or rows
+    quantized along d_model) bundle i holds gate row i | up row i | down column i (up row | up bias |
+    down column for non-gated FFNs), down columns stored as rows of the transposed matrix. When the
+    source quantizes the down projection along d_ff in groups of g neurons (GGUF, mlx-community),
+    block is g and a bundle holds the block's g gate rows, g up rows and the down block: the down
+    matrix's [D, g] slice in its own orientation, one quantization group per d_model row, exactly as
+    the source stored it (so conversion loses nothing).
     """
 
     file: str
@@ -98,8 +102,9 @@ class FFNLayout:
     quant: dict[str, QuantSpec | None]
     layer_offsets: list[int]
     precision: str  # "source" (kept as converted from the source), "f16", "q4", "q8"
-    # MoE: the layer's n_neurons are n_experts runs of expert_neurons rows, expert e first at row
-    # e * expert_neurons, so one expert (gate | up | down of all its neurons) is one contiguous read.
+    # MoE: the layer's n_neurons are n_experts runs of expert_neurons neurons (expert_rows bundles),
+    # expert e first at bundle e * expert_rows, so one expert (gate | up | down of all its neurons) is
+    # one contiguous read.
     n_experts: int = 0
     # Mixed-precision MoE stores: experts in several formats (`fields`/`bundle_bytes`/`quant` above
     # then describe the widest), expert_table[layer][expert] = [format index, byte offset in file].
@@ -108,23 +113,38 @@ class FFNLayout:
     # Whole-expert formats only: the down fields of an expert's Fe bundles, joined, are its down
     # matrix [D, Fe] in the linear's own orientation (quantized along Fe), not Fe down columns.
     down_rows: bool = False
+    block: int = 1  # neurons per bundle (see above)
 
     def __post_init__(self):
-        if self.n_experts < 0 or (self.n_experts and self.n_neurons % self.n_experts):
-            raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into {self.n_experts} experts")
+        if self.block < 1 or self.n_neurons % self.block:
+            raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into blocks of {self.block}")
+        if self.n_experts < 0 or (self.n_experts and self.n_neurons % (self.n_experts * self.block)):
+            raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into {self.n_experts} experts "
+                             f"of whole blocks of {self.block}")
+        if self.down_rows and self.block != 1:
+            raise ValueError("ffn.down_rows (whole-expert down matrices) needs bundles of one neuron")
+
+    @property
+    def n_rows(self) -> int:
+        """Bundles per layer (the read unit)."""
+        return self.n_neurons // self.block
 
     @property
     def layer_nbytes(self) -> int:
-        return self.n_neurons * self.bundle_bytes
+        return self.n_rows * self.bundle_bytes
 
     @property
     def expert_neurons(self) -> int:
         return self.n_neurons // self.n_experts if self.n_experts else self.n_neurons
 
     @property
+    def expert_rows(self) -> int:
+        return self.expert_neurons // self.block
+
+    @property
     def expert_nbytes(self) -> int:
         """Bytes of one expert (of the widest format in a mixed store: what a cache slot holds)."""
-        return self.expert_neurons * self.bundle_bytes
+        return self.expert_rows * self.bundle_bytes
 
     def expert_offset(self, layer: int, expert: int) -> int:
         if self.expert_table:
@@ -133,7 +153,7 @@ class FFNLayout:
 
     def expert_size(self, layer: int, expert: int) -> int:
         """Bytes of this expert as stored."""
-        return self.expert_neurons * self.expert_layout(layer, expert).bundle_bytes
+        return self.expert_rows * self.expert_layout(layer, expert).bundle_bytes
 
     def expert_layout(self, layer: int, expert: int) -> "FFNLayout":
         """The layout to decode this expert's bundle rows with (this one unless the store is mixed)."""
@@ -192,6 +212,7 @@ class Manifest:
                                     for x in ffn.get("expert_formats", [])],
                     expert_table=ffn.get("expert_table", []),
                     down_rows=bool(ffn.get("down_rows", False)),
+                    block=int(ffn.get("block", 1)),
                 ),
                 files=d["files"],
                 source=d.get("source", {}),

@@ -73,11 +73,11 @@ def test_planner_picks_the_cheapest_window_that_fits():
     from mlx_flash.sparse.planner import choose_window
 
     activity = {"union": [0.2, 0.3, 0.4, 0.5], "new": [0.1, 0.05, 0.03, 0.02]}
-    k, table = choose_window(activity, capacity=35, n_neurons=100, n_layers=4, row_bytes=4096, profile=PROFILE,
+    k, table = choose_window(activity, capacity=35, n_rows=100, n_layers=4, row_bytes=4096, profile=PROFILE,
                              threads=4)
     assert k == 2 and [r["window"] for r in table] == [1, 2]  # a window of 3 would cache 40 > 35 rows
     assert table[1]["predicted_io_ms"] < table[0]["predicted_io_ms"]
-    k, table = choose_window(activity, capacity=10, n_neurons=100, n_layers=4, row_bytes=4096, profile=PROFILE,
+    k, table = choose_window(activity, capacity=10, n_rows=100, n_layers=4, row_bytes=4096, profile=PROFILE,
                              threads=4)
     assert k == 1 and table[0]["rows_read"] == 10  # half of one token's 20 rows overflow every token
 

@@ -1,4 +1,5 @@
-"""Row-column bundle layout: bytes of neuron i = gate row i | up row i | down column i."""
+"""Row-column bundle layout: bytes of neuron i = gate row i | up row i | down column i; for a source
+quantized along d_ff, bundles of one quantization group of neurons holding the source's bytes."""
 
 import numpy as np
 import pytest
@@ -61,17 +62,22 @@ def test_opt_bundle_carries_fc1_bias(tiny_store):
 
 
 def test_quantized_bundles_keep_source_rows(store_dir, default_gguf):
-    """Default store: gate/up rows are the GGUF's Q4_1 bytes untouched; down is re-quantized at 8 bits."""
+    """Default store: bundles of 32 neurons whose gate rows, up rows and down block are the GGUF's
+    Q4_1 bytes untouched (read back through the one decoding the compute uses)."""
     import mlx.core as mx
+
+    from mlx_flash.store.ffn_reader import FFNReader
+    from mlx_flash.store.reader_pool import ReaderPool
+    from mlx_flash.weights import neuron_arrays
 
     store = open_store(store_dir)
     m = store.manifest.ffn
-    assert m.quant["gate"].bits == 4 and m.quant["down"].bits == 8
+    assert m.block == 32 and all(m.quant[r].bits == 4 for r in ("gate", "up", "down"))
     src = mx.load(default_gguf)
-    fields = {f.name: f for f in m.fields}
-    b = read_bundle(store, 3, 100)
-    for role, gg in (("gate", "ffn_gate"), ("up", "ffn_up")):
+    with ReaderPool(threads=1, mode="buffered") as pool:
+        arrays, transposed = neuron_arrays(m, FFNReader(pool, store.file_path(m.file), m).read_layer(3))
+    assert not transposed
+    for role, gg in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
         for part in ("weight", "scales", "biases"):
-            f = fields[f"{role}.{part}"]
-            expect = np.array(src[f"blk.3.{gg}.{part}"][100])
-            assert b[f.offset:f.offset + f.nbytes].tobytes() == expect.tobytes()
+            expect = np.array(src[f"blk.3.{gg}.{part}"])
+            assert arrays[f"{role}.{part}"][0].tobytes() == expect.tobytes(), (role, part)
