@@ -16,7 +16,7 @@ from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 
 def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, memory_budget: str | int = "50%",
-         precision: str = "source", threads: int | None = None, progress: bool = True,
+         precision: str = "auto", threads: int | None = None, progress: bool = True,
          flash: FlashOptions | None = None, experts: ExpertOptions | None = None, io: IOOptions | None = None,
          device: str | None = None, torch_dtype: str = "float32", prefill_chunk: int = 512,
          verify_checksums: bool = False, cache_dir: str = "") -> Engine:
@@ -38,7 +38,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
 
 def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> Engine:
     """load() for a whole EngineConfig (the chat builds one from its flags)."""
-    store = open_store(resolve_store(model, cfg.cache_dir, cfg.precision, progress), cfg.verify_checksums, progress)
+    store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
+                       progress)
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)

@@ -8,8 +8,10 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
+from .convert.converter import PRECISIONS
 from .errors import ConfigError
 from .options import ExpertOptions, FlashOptions, IOOptions, _check_enums, option
+from .sparse.selectors import PredictorKind
 
 
 class FFNMode(Enum):
@@ -40,8 +42,12 @@ class EngineConfig:
                           "sparse (LLM in a flash: only the rows each token needs, under --memory-budget)")
     memory_budget: str = option("50%", "sparse FFN / streamed experts: bytes the engine may hold, as a share of "
                                 "the fully resident model (50%) or bytes (300MB, 1.5GiB)")
-    precision: str = option("source", "FFN precision when converting a GGUF/HF source: source (as stored), f16, "
-                            "q4 or q8")
+    precision: str = option("auto", "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
+                            "lossless; a quantized down projection makes a bundle a block of neurons), "
+                            "source-neuron (down re-quantized to 8 bits so each neuron is its own read unit), f16, "
+                            "q4, q8, or auto (the default: source-neuron for a sparse FFN whose predictor selects "
+                            "neurons approximately, where blocks would read far more for the same quality; source "
+                            "otherwise)")
     threads: int | None = option(None, "CPU threads of the quantized-matmul kernel (both backends on a CPU; torch's "
                                  "own ops then run on one) or of torch on CUDA (default: the CPUs this process may "
                                  "use)", kind=int)
@@ -65,7 +71,17 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
+        if self.precision != "auto" and self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is unknown (choose one of: auto, {', '.join(PRECISIONS)})")
         self.cache_dir = self.cache_dir or default_cache_dir()
+
+    def store_precision(self) -> str:
+        """The precision a GGUF/HF source is converted at for this configuration ("auto" resolved)."""
+        if self.precision != "auto":
+            return self.precision
+        approximate = self.ffn is FFNMode.SPARSE and self.flash.mode.needs_predictor \
+            and self.flash.predictor is not PredictorKind.DENSE
+        return "source-neuron" if approximate else "source"
 
 
 def _group(value, cls, name: str):

@@ -6,6 +6,7 @@ Public surface (what the tools and notebooks call):
   corpora             corpus_path, read_corpus, fetch_all: the offline Austen / Wikipedia texts
   perplexity_eval     perplexity(engine, text, ...), token_nlls
   activations         collect (x and |h| per layer), magnitude_thresholds, window_activity
+  read_unit           OracleUnits: the read unit's quality cost (tools/read_unit.py)
   predictor_training  train_predictors, measure_activity, summarize (-> sparse.predictor.Predictors)
   derive_moe          moefy: a dense model -> a MoE-fied HF-style directory (method: moefication)
   routes              record_routes, decode_trace, fit_routing_predictor, routing_accuracy
@@ -22,6 +23,7 @@ from .expert_bits import ExpertSwapper, assign_widths, choose_widths, importance
 from .io_replay import replay
 from .mixed_store import expert_rows, write_expert_store
 from .perplexity_eval import perplexity, token_nlls
+from .read_unit import OracleUnits
 from .predictor_training import measure_activity, summarize, train_predictors
 from .routes import decode_trace, fit_routing_predictor, record_routes, routing_accuracy
 from .synthetic import SHAPES, StatisticalActivity, make_synthetic_store
@@ -30,4 +32,4 @@ __all__ = ["corpus_path", "read_corpus", "fetch_all", "perplexity", "token_nlls"
            "window_activity", "train_predictors", "measure_activity", "summarize", "moefy", "record_routes",
            "decode_trace", "fit_routing_predictor", "routing_accuracy", "choose_widths", "ExpertSwapper",
            "uniform_widths", "importance", "assign_widths", "perplexity_at", "expert_rows", "write_expert_store",
-           "make_synthetic_store", "SHAPES", "StatisticalActivity", "replay"]
+           "make_synthetic_store", "SHAPES", "StatisticalActivity", "replay", "OracleUnits"]
