@@ -1,8 +1,9 @@
 """Package discovery: every subpackage of mlx_flash is found, so none can be forgotten, and the
 top-level kernels/ folder (Metal/CUDA/C++ sources beside the package, see DESIGN.md) ships inside the
-wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/*.cpp) is compiled here, at install,
-into a plain shared library that mlx_flash.kernels.qmatmul loads with ctypes: it needs no Python
-headers at run time and no compiler after install. Everything else is in pyproject.toml."""
+wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/*.cpp) is compiled here, at install, into
+the extension module mlx_flash.kernels._qmatmul: its function qmatmul is the per-call entry, and
+mlx_flash.kernels.qmatmul reaches its few other functions through ctypes. It needs no compiler after
+install. Everything else is in pyproject.toml."""
 
 import sys
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import importlib
 import os
 from enum import IntEnum
 
@@ -27,15 +28,16 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
-ABI_VERSION = 1  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 2  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
+_QMATMUL = None  # the module function: the per-call entry (ctypes marshalling costs more than small products)
 
 
 def library() -> ctypes.CDLL:
     """The loaded kernel library (loaded once per process)."""
-    global _LIB
+    global _LIB, _QMATMUL
     if _LIB is None:
         here = os.path.dirname(os.path.abspath(__file__))
         found = sorted(glob.glob(os.path.join(here, "_qmatmul*.so")) + glob.glob(os.path.join(here, "_qmatmul*.pyd")))
@@ -60,6 +62,7 @@ def library() -> ctypes.CDLL:
         lib.mf_cpu_isa.restype = ctypes.c_int
         lib.mf_set_isa.argtypes = [ctypes.c_int]
         lib.mf_set_isa.restype = ctypes.c_int
+        _QMATMUL = importlib.import_module(__name__.rpartition(".")[0] + "._qmatmul").qmatmul
         _LIB = lib
     return _LIB
 
@@ -145,25 +148,24 @@ class StoredMatrix:
         self.arrays = (packed, scales, biases)  # kept alive: the kernel reads their memory
         self.bits, self.group, self.rows_are_outputs = bits, group, rows_are_outputs
         self.n_out, self.k_in = (rows, cols) if rows_are_outputs else (cols, rows)
-        self._call = library().mf_qmatmul
-        self._ptrs = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data)
+        library()
+        self._call = _QMATMUL
+        # every argument but x, T, out and threads, in the module function's order
+        self._w = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, self.scale_type, self.n_out,
+                   self.bits, self.group, int(self.rows_are_outputs))
 
     def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
-        """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given)."""
-        if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
-            raise ValueError(f"x must be a C-contiguous float32 [T, K] array (got {x.dtype} {x.shape})")
-        T, K = x.shape
-        if K != self.k_in:
-            raise ValueError(f"x has K={K} but the weights hold {self.k_in} inputs")
+        """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given). The kernel checks
+        both buffers' type, contiguity and size (a ValueError names which)."""
+        if x.ndim != 2 or x.shape[1] != self.k_in:
+            raise ValueError(f"x must be [T, {self.k_in}] (got shape {x.shape})")
+        T = x.shape[0]
         if out is None:
             out = np.empty((T, self.n_out), dtype=np.float32)
-        elif out.shape != (T, self.n_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a contiguous float32 {(T, self.n_out)} array")
-        w, s, b = self._ptrs
-        rc = self._call(x.ctypes.data, T, K, w, s, b, self.scale_type, self.n_out, self.bits, self.group,
-                        int(self.rows_are_outputs), out.ctypes.data, max(1, int(threads)))
-        if rc != 0:
-            raise ValueError(f"the CPU kernel refused its arguments (code {rc})")
+        elif out.shape != (T, self.n_out):
+            raise ValueError(f"out must be [{T}, {self.n_out}] (got shape {out.shape})")
+        w, s, b, st, n, bits, group, tr = self._w
+        self._call(x, T, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1)
         return out
 
 

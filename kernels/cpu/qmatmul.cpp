@@ -14,8 +14,9 @@
 // reference is kernels/qmatmul_ref.py (mlx_flash.kernels.qmatmul_ref) and tests/kernels/test_qmatmul.py
 // compares the two on every path this CPU can run.
 
-// Python.h only gives the library an (empty) module entry point, so that importing every module of
-// the package, as tools do, finds a module here; the functions are called through ctypes.
+// Python.h: the module's one function, qmatmul, is the per-call entry (METH_FASTCALL, buffers checked
+// here, the GIL released while computing): a ctypes call costs ~10-20 us of marshalling, and a decode
+// step makes ~120 of them. The rarely called mf_* functions below are reached through ctypes.
 #include <Python.h>
 
 #include <atomic>
@@ -160,7 +161,7 @@ extern "C" {
 
 // Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
 // library whose number differs from its own (a checkout updated without reinstalling).
-MF_EXPORT int mf_abi_version() { return 1; }  // unchanged: same signatures, same layout
+MF_EXPORT int mf_abi_version() { return 2; }  // 2: the module function qmatmul
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }
@@ -221,8 +222,72 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
 
 }  // extern "C"
 
+namespace {
+
+// A C-contiguous float32 buffer of exactly `floats` values, or a Python error naming `what`.
+bool float_buffer(PyObject* obj, Py_buffer* view, int64_t floats, const char* what, bool writable) {
+  if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+    PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s float32 array", what, writable ? " writable" : "");
+    return false;
+  }
+  const bool f32 = view->itemsize == 4 && view->format != nullptr && view->format[0] == 'f' && view->format[1] == 0;
+  if (!f32 || view->len != floats * 4) {
+    PyErr_Format(PyExc_ValueError, "%s must hold %lld float32 values (got %lld bytes of format %s)", what,
+                 (long long)floats, (long long)view->len, view->format ? view->format : "?");
+    PyBuffer_Release(view);
+    return false;
+  }
+  return true;
+}
+
+// qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, y, threads) -> None.
+// x and y: float32 buffers [T, K] and [T, N]; w, scales, biases: addresses (ints) of arrays the caller
+// keeps alive and checked once (mlx_flash.kernels.qmatmul.StoredMatrix).
+PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 13) {
+    PyErr_SetString(PyExc_TypeError, "qmatmul takes 13 arguments");
+    return nullptr;
+  }
+  long long v[13] = {0};
+  for (int i : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12}) {
+    v[i] = PyLong_AsLongLong(args[i]);
+    if (v[i] == -1 && PyErr_Occurred()) return nullptr;
+  }
+  const int64_t T = v[1], K = v[2], N = v[7];
+  if (T < 0 || K < 1 || N < 1) {
+    PyErr_SetString(PyExc_ValueError, "qmatmul: T must be >= 0 and K, N >= 1");
+    return nullptr;
+  }
+  Py_buffer xb, yb;
+  if (!float_buffer(args[0], &xb, T * K, "x", false)) return nullptr;
+  if (!float_buffer(args[11], &yb, T * N, "out", true)) {
+    PyBuffer_Release(&xb);
+    return nullptr;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mf_qmatmul(static_cast<const float*>(xb.buf), T, K, reinterpret_cast<const uint32_t*>(v[3]),
+                  reinterpret_cast<const void*>(v[4]), reinterpret_cast<const void*>(v[5]), (int)v[6], N, (int)v[8],
+                  (int)v[9], (int)v[10], static_cast<float*>(yb.buf), (int)v[12]);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&xb);
+  PyBuffer_Release(&yb);
+  if (rc != 0) {
+    PyErr_Format(PyExc_ValueError, "the CPU kernel refused its arguments (code %d)", rc);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef qmatmul_methods[] = {
+    {"qmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_qmatmul)), METH_FASTCALL,
+     "qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, out, threads)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
 static struct PyModuleDef qmatmul_module = {PyModuleDef_HEAD_INIT, "_qmatmul",
-                                            "The CPU quantized matmul; called through ctypes (mlx_flash.kernels.qmatmul).",
-                                            -1, nullptr};
+                                            "The CPU quantized matmul (mlx_flash.kernels.qmatmul is its binding).",
+                                            -1, qmatmul_methods};
 
 PyMODINIT_FUNC PyInit__qmatmul(void) { return PyModule_Create(&qmatmul_module); }

@@ -214,9 +214,12 @@ class TorchOps:
     def linear(self, x, w: Weight):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if w.kind == "stored":
-            y = torch.from_numpy(w.matrix(x2.contiguous().numpy(), self.kernel_threads))
-        elif w.kind == "dense":
+        if w.kind == "stored":  # float32 in and out: the kernel writes into y's memory
+            y = torch.empty((x2.shape[0], w.out_features))
+            w.matrix(x2.contiguous().numpy(), self.kernel_threads, y.numpy())
+            y = y.reshape(*shape[:-1], w.out_features)
+            return y + w.bias if w.bias is not None else y
+        if w.kind == "dense":
             y = x2.to(w.w.dtype) @ w.w.t()
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), w.w, w.group_size, w.scale_zeros)

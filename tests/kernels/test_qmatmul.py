@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlx_flash.errors import KernelUnavailableError
-from mlx_flash.kernels.qmatmul import Isa, cpu_isa, qmatmul, use_isa
+from mlx_flash.kernels.qmatmul import Isa, StoredMatrix, cpu_isa, qmatmul, use_isa
 from mlx_flash.kernels.qmatmul_ref import dequantize, qmatmul_ref, unpack_codes
 
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
@@ -109,8 +109,19 @@ def test_refuses_malformed_arguments():
     x = np.ones((1, 128), dtype=np.float32)
     with pytest.raises(ValueError, match="bits"):
         qmatmul(x, words, scales, biases, 3, 32)  # 3-bit codes straddle words: not this kernel's layout
-    with pytest.raises(ValueError, match="K=64"):
+    with pytest.raises(ValueError, match=r"x must be \[T, 128\] \(got shape \(1, 64\)\)"):
         qmatmul(np.ones((1, 64), np.float32), words, scales, biases, 4, 32)
+    m = StoredMatrix(words, scales, biases, 4, 32)
+    with pytest.raises(ValueError, match="x must hold 128 float32 values"):  # checked by the kernel itself
+        m(np.ones((1, 128), np.float64))
+    with pytest.raises(ValueError, match="x must be a C-contiguous"):
+        m(np.ones((128, 2), np.float32).T[:1])
+    with pytest.raises(ValueError, match="out must be"):
+        m(x, out=np.empty((1, 63), np.float32))
+    with pytest.raises(ValueError, match="out must be a C-contiguous writable"):
+        ro = np.empty((1, 64), np.float32)
+        ro.flags.writeable = False
+        m(x, out=ro)
     with pytest.raises(ValueError, match="scales must be"):
         qmatmul(x, words, scales[:, :2], biases, 4, 32)
     with pytest.raises(ValueError, match="C-contiguous"):
