@@ -164,9 +164,15 @@ class StoredMatrix:
             out = np.empty((T, self.n_out), dtype=np.float32)
         elif out.shape != (T, self.n_out):
             raise ValueError(f"out must be [{T}, {self.n_out}] (got shape {out.shape})")
-        w, s, b, st, n, bits, group, tr = self._w
-        self._call(x, T, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1)
+        self.into(x, T, out, threads)
         return out
+
+    def into(self, x, rows: int, out, threads: int = 1) -> None:
+        """The product of `rows` input rows into `out`, for callers that hold buffers already shaped
+        (any layout whose memory is [rows, K] and [rows, N] float32, C-contiguous). Only the kernel's
+        own checks run: type, contiguity and size of both buffers."""
+        w, s, b, st, n, bits, group, tr = self._w
+        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1)
 
 
 def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,

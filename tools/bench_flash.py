@@ -1,7 +1,7 @@
 """LLM in a flash on a dense model: per-token breakdown for each mode under one memory budget
 (the paper's Tables 2 and 3), measured with cold reads (direct I/O), next to the cost model.
 
-    python tools/bench_flash.py [--model PATH] [--precision f16] [--budget 50%]
+    python tools/bench_flash.py [--model PATH] [--precision auto] [--budget 50%]
                                 [--modes naive,hybrid,predictor,window,all] [--tokens 32]
                                 [--window 0] [--predictor lowrank|dense] [--recall R] [--speculative N]
                                 [--synthetic STORE --active 0.03] [--cgroup-limit BYTES] [--json OUT]
@@ -131,7 +131,9 @@ def cgroup_usage(path: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None)
-    p.add_argument("--precision", default="f16")
+    p.add_argument("--precision", default="auto",
+                   help="store precision for every mode (default auto: what load() picks for --predictor, so "
+                        "naive and the predictor modes read the same store)")
     p.add_argument("--budget", default="50%")
     p.add_argument("--modes", default="naive,hybrid,predictor,window,all")
     p.add_argument("--tokens", type=int, default=32)
@@ -155,6 +157,10 @@ def main() -> int:
 
 def run(a) -> None:
     cgroup = enter_cgroup(a.cgroup_limit) if a.cgroup_limit else None
+    # one store for every mode: auto resolved for the predictor, not per mode
+    a.precision = mlx_flash.EngineConfig(ffn="sparse", precision=a.precision,
+                                         flash=mlx_flash.FlashOptions(predictor=a.predictor)).store_precision()
+    print(f"store precision {a.precision}")
     with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
         prompt = fh.read()[:400]
     profile = default_profile(mlx_flash.config.default_cache_dir())

@@ -213,12 +213,11 @@ class TorchOps:
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
         if w.kind == "stored":  # float32 in and out: the kernel writes into y's memory
-            y = torch.empty((x2.shape[0], w.out_features))
-            w.matrix(x2.contiguous().numpy(), self.kernel_threads, y.numpy())
-            y = y.reshape(*shape[:-1], w.out_features)
+            y = torch.empty((*shape[:-1], w.out_features))
+            w.matrix.into(x.contiguous().numpy(), x.numel() // shape[-1], y.numpy(), self.kernel_threads)
             return y + w.bias if w.bias is not None else y
+        x2 = x.reshape(-1, shape[-1])
         if w.kind == "dense":
             y = x2.to(w.w.dtype) @ w.w.t()
         else:

@@ -110,20 +110,28 @@ def build(ops, args: ModelArgs, get) -> dict:
 def attention(ops, args: ModelArgs, lw: dict, x, cache):
     B, T, _ = x.shape
     hd, Hq, Hk = args.head_dim, args.num_attention_heads, args.num_key_value_heads
-    q, k, v = ops.split(linear(ops, x, lw["qkv"]), [Hq * hd, Hk * hd, Hk * hd])
-    full_qk_norm = args.qk_norm_full
-    if full_qk_norm:  # OLMoE: RMSNorm over the whole q and k projections, before the heads split
-        q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
-        k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
-    q = ops.transpose(ops.reshape(q, (B, T, Hq, hd)), (0, 2, 1, 3))
-    k = ops.transpose(ops.reshape(k, (B, T, Hk, hd)), (0, 2, 1, 3))
-    v = ops.transpose(ops.reshape(v, (B, T, Hk, hd)), (0, 2, 1, 3))
-    if lw["q_norm"] is not None and not full_qk_norm:  # Qwen3: per-head RMSNorm before RoPE
-        q = ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps)
-        k = ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps)
-    q = ops.rope(q, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
-    k = ops.rope(k, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
-    k, v = cache.update(ops, k, v)
+
+    def heads(t, n):  # [B, T, n * hd] -> [B, n, T, hd]
+        return ops.transpose(ops.reshape(t, (B, T, n, hd)), (0, 2, 1, 3))
+
+    def rope(t):
+        return ops.rope(t, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
+
+    qkv = linear(ops, x, lw["qkv"])
+    if lw["q_norm"] is None:  # q and k rotated together as Hq + Hk heads: one rope instead of two
+        qk, v = ops.split(qkv, [(Hq + Hk) * hd, Hk * hd])
+        qk = rope(heads(qk, Hq + Hk))
+        q, k = qk[:, :Hq], qk[:, Hq:]
+    else:
+        q, k, v = ops.split(qkv, [Hq * hd, Hk * hd, Hk * hd])
+        if args.qk_norm_full:  # OLMoE: RMSNorm over the whole q and k projections, before the heads split
+            q, k = heads(ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps), Hq), \
+                heads(ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps), Hk)
+        else:  # Qwen3: per-head RMSNorm before RoPE
+            q, k = ops.rms_norm(heads(q, Hq), lw["q_norm"], args.rms_norm_eps), \
+                ops.rms_norm(heads(k, Hk), lw["k_norm"], args.rms_norm_eps)
+        q, k = rope(q), rope(k)
+    k, v = cache.update(ops, k, heads(v, Hk))
     o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
