@@ -254,6 +254,12 @@ class Manifest:
                 end = fl.offset + fl.nbytes
             if end > bundle_bytes:
                 raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {bundle_bytes}")
+        if f.block > 1:  # a block's fields: [block, ...] per-neuron rows, down as [d_model, ...]
+            for fl in f.fields:
+                lead = f.d_model if fl.name.startswith("down.") else f.block
+                if not fl.shape or fl.shape[0] != lead:
+                    raise StoreError(f"{store_dir}: FFN bundle field {fl.name} has shape {fl.shape}, which does not "
+                                     f"hold a block of {f.block} neurons (expected [{lead}, ...])")
         if len(f.layer_offsets) != self.config["num_hidden_layers"]:
             raise StoreError(
                 f"{store_dir}: FFN layout lists {len(f.layer_offsets)} layers but the config has "

@@ -104,3 +104,13 @@ def test_future_format_version(tiny):
     edit_manifest(tiny, lambda m: m.__setitem__("format_version", 99))
     with pytest.raises(StoreError, match="format version 99 is not supported"):
         open_store(tiny)
+
+
+@pytest.mark.parametrize("block,message", [(5, "not split evenly into blocks of 5"),
+                                           (0, "not split evenly into blocks of 0"),
+                                           (32, r"field gate\.weight has shape \[64\], which does not hold a block"),
+                                           ("x", "missing or mangles")])
+def test_bad_block(tiny, block, message):
+    edit_manifest(tiny, lambda m: m["ffn"].__setitem__("block", block))
+    with pytest.raises(StoreError, match=message):
+        open_store(tiny)
