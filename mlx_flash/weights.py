@@ -39,7 +39,30 @@ def fused_weight(ops, members: list[tuple[dict, dict]], quants: list):
     (parts0, dtypes0), q0 = members[0], quants[0]
     if any(q != q0 or p.keys() != parts0.keys() or dt != dtypes0 for (p, dt), q in zip(members, quants)):
         return tuple(ops.weight(p, q, dtypes=dt) for (p, dt), q in zip(members, quants))
-    return ops.weight({k: np.concatenate([p[k] for p, _ in members]) for k in parts0}, q0, dtypes=dtypes0)
+    return ops.weight({k: join_rows([p[k] for p, _ in members]) for k in parts0}, q0, dtypes=dtypes0)
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def join_rows(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays stacked along their first axis: a view when they lie back to back in one buffer
+    (the converter stores a fused group's parts that way, and the resident tensors are views of
+    the file's bytes), else a copy."""
+    a0, root = arrays[0], _root(arrays[0])
+    end = a0.ctypes.data
+    for a in arrays:
+        if (a.dtype != a0.dtype or a.shape[1:] != a0.shape[1:] or not a.flags.c_contiguous
+                or a.ctypes.data != end or _root(a) is not root):
+            return np.concatenate(arrays)
+        end += a.nbytes
+    if root.ndim != 1 or root.dtype != np.uint8:  # views are cut from the file's uint8 buffer
+        return np.concatenate(arrays)
+    start = a0.ctypes.data - root.ctypes.data
+    return root[start:start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
 
 
 def resident_getter(ops, store: Store):

@@ -107,7 +107,8 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                 ffn_tensors.update(n for n in names if n in src.tensors)
     with step("writing the resident tensors (attention, norms, embeddings)", progress):
         resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
-        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE)
+        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE,
+                                    adjacent=_fused_runs(mod, cfg))
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
     layer_offsets, fields, bundle_bytes, ffn_quant, block = [], None, 0, None, 1
@@ -138,6 +139,21 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
         for name, p in zip((RESIDENT_FILE, FFN_FILE), paths):
             files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p, bar)}
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
+
+
+def _fused_runs(mod, cfg: dict) -> list[list[str]]:
+    """Tensor names to store back to back: for each group of linears the model's build() fuses into
+    one matmul (q, k, v), each part (codes, scales, biases, bias) of the members in member order,
+    so the fused weight is a view of the bytes read (weights.join_rows), not a copy. build() itself
+    says which groups it fuses: it runs here with a getter that records the lists it is asked for."""
+    groups = []
+
+    def record(name, optional: bool = False):
+        if isinstance(name, (list, tuple)):
+            groups.append(list(name))
+
+    mod.build(None, mod.ModelArgs.from_dict(cfg), record)
+    return [[f"{m}.{part}" for m in g] for g in groups for part in ("weight", "scales", "biases", "bias")]
 
 
 def _ffn_groups(mod, cfg: dict, layer: int) -> list[dict]:

@@ -16,12 +16,21 @@ _ST_DTYPES = {
 }
 
 
-def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str) -> tuple[bytes, dict[str, TensorEntry]]:
-    """specs: name -> (shape, storage dtype name), in file order sorted by name. Returns the bytes that
-    open the file (length + JSON header, padded so the data starts 8-byte aligned) and each tensor's
-    manifest entry; the caller then writes the data of each tensor in sorted-name order."""
+def file_order(names, adjacent: list[list[str]] = ()) -> list[str]:
+    """The order tensors are written in: each `adjacent` run back to back (so a reader can take the
+    run as one array, a view of the file's bytes), then the rest sorted by name."""
+    names = set(names)
+    order = [n for run in adjacent for n in run if n in names]
+    return order + sorted(names - set(order))
+
+
+def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str,
+                       adjacent: list[list[str]] = ()) -> tuple[bytes, dict[str, TensorEntry]]:
+    """specs: name -> (shape, storage dtype name). Returns the bytes that open the file (length + JSON
+    header, padded so the data starts 8-byte aligned) and each tensor's manifest entry; the caller
+    then writes the data of each tensor in `file_order(specs, adjacent)`."""
     header, entries, pos = {}, {}, 0
-    for name in sorted(specs):
+    for name in file_order(specs, adjacent):
         shape, dtype = specs[name]
         n = int(np.prod(shape, dtype=np.int64)) * DTYPE_SIZES[dtype]
         header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [pos, pos + n]}
@@ -36,11 +45,14 @@ def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str) 
     return struct.pack("<Q", len(hb)) + hb, entries
 
 
-def write_safetensors(path: str, arrays: dict[str, tuple[np.ndarray, str]], file_name: str) -> dict[str, TensorEntry]:
-    """arrays: name -> (numpy array, storage dtype name). Returns the manifest entries."""
-    head, entries = safetensors_layout({k: (list(a.shape), dt) for k, (a, dt) in arrays.items()}, file_name)
+def write_safetensors(path: str, arrays: dict[str, tuple[np.ndarray, str]], file_name: str,
+                      adjacent: list[list[str]] = ()) -> dict[str, TensorEntry]:
+    """arrays: name -> (numpy array, storage dtype name); `adjacent`: runs of names written back to
+    back (file_order). Returns the manifest entries."""
+    head, entries = safetensors_layout({k: (list(a.shape), dt) for k, (a, dt) in arrays.items()}, file_name,
+                                       adjacent)
     with open(path, "wb") as fh:
         fh.write(head)
-        for name in sorted(arrays):
+        for name in file_order(arrays, adjacent):
             fh.write(np.ascontiguousarray(arrays[name][0]).tobytes())
     return entries
