@@ -148,3 +148,4 @@ def test_gate_predictor_on_blocks(tmp_path, down_only):
         assert np.abs(got[0] - want[0]).max() < 0.1 * np.abs(want[0]).max()
     else:
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
