@@ -17,13 +17,15 @@ from mlx_flash.default_model import resolve_store
 from mlx_flash.errors import exit_status, first_paragraph
 
 CHILD = """
-import json, resource, sys
+import json, sys
 import mlx_flash
 store, backend, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with mlx_flash.load(store, backend=backend, progress=False) as e:
     text = e.generate("The capital of France is", max_tokens=tokens, temperature=0)
     rss = int(open("/proc/self/statm").read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
-    print(json.dumps({"rss_mb": rss / 1e6, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,
+    # VmHWM, the peak of this process image: ru_maxrss would carry the parent's peak across fork + exec
+    hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
+    print(json.dumps({"rss_mb": rss / 1e6, "peak_mb": hwm / 1e6,
                       "imported": sorted(m for m in ("torch", "transformers", "mlx_lm") if m in sys.modules),
                       "text": text}))
 """
