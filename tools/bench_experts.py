@@ -96,17 +96,18 @@ def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int
     with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, progress=False,
                         experts=mlx_flash.ExpertOptions(preload=preload), io=mlx_flash.IOOptions(mode="direct")) as e:
         f = e.ffn
-        b0 = f.bytes_read
+        b0 = f.stats().bytes_read
         e.forward(e.encode_prompt(prompt), e.new_caches())  # the prompt alone: what an expert-major prefill reads
-        prefill_mb = (f.bytes_read - b0) / 1e6
+        prefill_mb = (f.stats().bytes_read - b0) / 1e6
         e.generate(prompt, max_tokens=tokens + 1)
         steps = e.last.steps[1:]
         med = lambda xs: statistics.median(xs)  # noqa: E731
-        h, m = map(sum, zip(*f.hit_stats()))
-        return {"label": label, "slots": f.cache.slots, "total_ms": med([s.wall_ms for s in steps]),
+        st = f.stats()
+        h, m = map(sum, zip(*st.expert_hits))
+        return {"label": label, "slots": st.expert_slots, "total_ms": med([s.wall_ms for s in steps]),
                 "io_ms": med([s.io_ms for s in steps]), "mem_ms": med([s.mem_ms for s in steps]),
                 "compute_ms": med([s.compute_ms for s in steps]), "mb": med([s.bytes_read / 1e6 for s in steps]),
-                "hit": h / max(1, h + m), "useful": f.useful / max(1, f.routed_experts),
+                "hit": h / max(1, h + m), "useful": st.preloaded_used / max(1, st.routed_experts),
                 "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
                 "prefill_mb": prefill_mb, "prompt_tokens": e.last.prompt_tokens}
 
