@@ -55,3 +55,23 @@ def test_every_documented_option_is_a_chat_flag():
     documented = [f for cls in (EngineConfig, FlashOptions, ExpertOptions, IOOptions)
                   for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(f.metadata.get("kind"))]
     assert all(f.metadata["help"] for f in documented)
+
+
+@pytest.mark.parametrize("kw,precision", [
+    ({}, "source"),  # resident: the lossless store
+    ({"ffn": "stream"}, "source"),
+    ({"ffn": "sparse", "flash": FlashOptions(predictor="dense")}, "source"),  # exact sparse modes
+    ({"ffn": "sparse", "flash": FlashOptions(mode="naive", predictor="gate")}, "source"),  # reads whole layers
+    ({"ffn": "sparse"}, "source-neuron"),  # the low-rank predictor selects neurons approximately
+    ({"ffn": "sparse", "flash": FlashOptions(predictor="gate")}, "source-neuron"),
+    ({"ffn": "sparse", "precision": "f16"}, "f16"),  # named: kept
+])
+def test_auto_precision(kw, precision):
+    """precision="auto" converts a source losslessly unless a sparse FFN selects neurons approximately,
+    where per-neuron bundles read far less for the same quality (tools/read_unit.py)."""
+    assert EngineConfig(**kw).store_precision() == precision
+
+
+def test_unknown_precision_is_named():
+    with pytest.raises(ConfigError, match="precision 'q5' is unknown"):
+        EngineConfig(precision="q5")
