@@ -1,6 +1,6 @@
 """Train the sparsity predictors of a store (LLM in a flash §3.1) and save them into it.
 
-    python tools/train_predictor.py [--model PATH] [--precision f16] [--sparsity 0.5] [--rank 64]
+    python tools/train_predictor.py [--model PATH] [--precision auto] [--sparsity 0.5] [--rank 64]
                                     [--recall 0.9] [--calib-tokens 16384] [--epochs 10] [--activity-only]
 
 Activations come from the real model (torch backend, exact) over the Austen text; per-layer recall and
@@ -20,7 +20,9 @@ from mlx_flash.sparse.predictor import Predictors
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
-    p.add_argument("--precision", default="f16", help="FFN precision of the store to train for (default f16)")
+    p.add_argument("--precision", default="auto",
+                   help="FFN precision of the store to train for, when --model is a GGUF/HF source (default auto: "
+                        "the store load() picks for a sparse FFN with a predictor, source-neuron)")
     p.add_argument("--sparsity", type=float, default=0.5, help="target fraction of inactive neurons (default 0.5)")
     p.add_argument("--rank", type=int, default=64, help="starting predictor rank (default 64)")
     p.add_argument("--max-rank", type=int, default=256)
@@ -35,7 +37,8 @@ def main() -> int:
 
 def run(a) -> None:
     texts = {name: read_corpus(name) for name in ("austen", "wikipedia")}
-    with mlx_flash.load(a.model, backend="torch", precision=a.precision, progress=True) as eng:
+    precision = mlx_flash.EngineConfig(ffn="sparse", precision=a.precision).store_precision()
+    with mlx_flash.load(a.model, backend="torch", precision=precision, progress=True) as eng:
         calib = eng.tokenizer.encode(texts["austen"][: a.calib_tokens * 8])
         valid = eng.tokenizer.encode(texts["wikipedia"][: a.valid_tokens * 8])
         if a.activity_only:

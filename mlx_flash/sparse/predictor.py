@@ -87,7 +87,7 @@ class Predictors:
         mpath, wpath = os.path.join(store_path, META_NAME), os.path.join(store_path, WEIGHTS_NAME)
         if not os.path.isfile(mpath) or not os.path.isfile(wpath):
             raise StoreError(f"{store_path}: the store has no sparsity predictors (train them with "
-                             f"tools/train_predictor.py)")
+                             f"python tools/train_predictor.py --model {store_path})")
         try:
             with open(mpath) as fh:
                 meta = json.load(fh)
