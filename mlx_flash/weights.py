@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .backends import owner
 from .errors import StoreError
 from .ffn_source import FFNStats, FFNWeights, LayerSource
 from .store.bundles import unpack_rows
@@ -42,21 +43,15 @@ def fused_weight(ops, members: list[tuple[dict, dict]], quants: list):
     return ops.weight({k: join_rows([p[k] for p, _ in members]) for k in parts0}, q0, dtypes=dtypes0)
 
 
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
 def join_rows(arrays: list[np.ndarray]) -> np.ndarray:
     """The arrays stacked along their first axis: a view when they lie back to back in one buffer
     (the converter stores a fused group's parts that way, and the resident tensors are views of
     the file's bytes), else a copy."""
-    a0, root = arrays[0], _root(arrays[0])
+    a0, root = arrays[0], owner(arrays[0])
     end = a0.ctypes.data
     for a in arrays:
         if (a.dtype != a0.dtype or a.shape[1:] != a0.shape[1:] or not a.flags.c_contiguous
-                or a.ctypes.data != end or _root(a) is not root):
+                or a.ctypes.data != end or owner(a) is not root):
             return np.concatenate(arrays)
         end += a.nbytes
     if root.ndim != 1 or root.dtype != np.uint8:  # views are cut from the file's uint8 buffer

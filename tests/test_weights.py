@@ -9,7 +9,8 @@ import pytest
 import mlx_flash
 import tiny_models
 from mlx_flash.convert import convert
-from mlx_flash.weights import _root, join_rows
+from mlx_flash.backends import owner
+from mlx_flash.weights import join_rows
 
 
 def test_join_rows_views_back_to_back_arrays_and_copies_others():
@@ -31,4 +32,4 @@ def test_fused_qkv_is_a_view_of_the_resident_file(tmp_path, backend):
     size = os.path.getsize(os.path.join(store, "resident.safetensors"))
     with mlx_flash.load(store, backend=backend, progress=False) as e:
         for part in e.weights["layers"][0]["qkv"].matrix.arrays:
-            assert _root(part).nbytes == size  # cut from the one buffer the file was read into
+            assert owner(part).nbytes == size  # cut from the one buffer the file was read into

@@ -30,6 +30,16 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
+def owner(a):
+    """The numpy array that owns the memory a numpy view lies in (itself when it owns it): what held
+    bytes count once, and what a run of back-to-back views can be cut from again."""
+    import numpy as np
+
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def leaves(tree):
     """Every array-like leaf of a weights tree (dicts, lists, tuples and dataclasses such as Weight)."""
     import dataclasses

@@ -58,14 +58,14 @@ class MLXOps:
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
-        from . import leaves
+        from . import leaves, owner
 
         seen = {}
         for a in leaves(tree):
             if isinstance(a, mx.array):
                 seen[id(a)] = a.nbytes
             elif isinstance(a, np.ndarray):
-                base = a if not isinstance(a.base, np.ndarray) else a.base
+                base = owner(a)
                 seen[base.ctypes.data] = max(base.nbytes, seen.get(base.ctypes.data, 0))
         return sum(seen.values())
 

@@ -115,7 +115,7 @@ class TorchOps:
     def held_bytes(self, tree) -> int:
         """Bytes of memory the tensors of a weights tree hold as this backend keeps them (a float32
         copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
-        from . import leaves
+        from . import leaves, owner
 
         seen = {}  # memory start -> bytes; a torch tensor and a numpy view of one buffer count once
         for t in leaves(tree):
@@ -123,7 +123,7 @@ class TorchOps:
                 s = t.untyped_storage()
                 ptr, n = s.data_ptr(), s.nbytes()
             elif isinstance(t, np.ndarray):
-                base = t if t.base is None or not isinstance(t.base, np.ndarray) else t.base
+                base = owner(t)
                 ptr, n = base.ctypes.data, base.nbytes
             else:
                 continue
