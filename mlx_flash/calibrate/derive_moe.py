@@ -27,10 +27,11 @@ def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]
         base = f"model.layers.{layer}.mlp.{role}"
         if base + ".bias" in src.tensors:
             raise UnsupportedModelError(f"{base}: FFN biases are not supported by MoEfication")
-        w = src.tensors[base + ".weight"]
+        w = src.tensors.take(base + ".weight")
         if base in src.quant:
             q = src.quant[base]
-            w = mx.dequantize(w, src.tensors[base + ".scales"], src.tensors[base + ".biases"], q.group_size, q.bits)
+            w = mx.dequantize(w, src.tensors.take(base + ".scales"), src.tensors.take(base + ".biases"),
+                              q.group_size, q.bits)
         elif w.dtype == mx.float32:
             dtype = "float32"
         out.append(np.array(w.astype(mx.float32)))
@@ -82,7 +83,7 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
         ids = eng.tokenizer.encode(calib_text[: calib_tokens * 8])[:calib_tokens]
         acts = collect(eng, ids, 256, calib_tokens, progress)
     n_fit = int(len(ids) * (1 - valid_fraction))
-    tensors = {k: v for k, v in src.tensors.items() if ".mlp." not in k}
+    tensors = {k: src.tensors.take(k) for k in src.tensors.names() if ".mlp." not in k}
     Fe = F // n_experts
     layers = []
     for i in tqdm(range(L), desc="moefying layers", unit="layer", disable=not progress):

@@ -47,6 +47,14 @@ def to_storage(a) -> tuple[np.ndarray, str]:
     return n, str(n.dtype)
 
 
+def _release() -> None:
+    """Return the memory of the arrays just dropped to the system (MLX keeps freed buffers in a
+    cache), so conversion holds one layer at a time, not its high-water mark."""
+    import mlx.core as mx
+
+    mx.clear_cache()
+
+
 def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
             down_bits: int = 8, force: bool = False, progress: bool = True) -> str:
     """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
@@ -105,9 +113,15 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                 if role != "down":
                     names.append(base + ".bias")  # one bias value per neuron travels in its bundle
                 ffn_tensors.update(n for n in names if n in src.tensors)
+    resident = {n: src.tensors.spec(n) for n in src.tensors.names() if n not in ffn_tensors}
+
+    def produce(name):
+        data = to_storage(src.tensors.take(name))[0]
+        _release()
+        return data
+
     with step("writing the resident tensors (attention, norms, embeddings)", progress):
-        resident = {n: to_storage(a) for n, a in src.tensors.items() if n not in ffn_tensors}
-        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, RESIDENT_FILE,
+        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, produce, RESIDENT_FILE,
                                     adjacent=_fused_runs(mod, cfg))
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
@@ -125,7 +139,9 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
             pad = -fh.tell() % ALIGNMENT
             fh.write(b"\0" * pad)
             layer_offsets.append(fh.tell())
-            fh.write(packed.tobytes())
+            fh.write(memoryview(packed.reshape(-1)))
+            del parts, packed
+            _release()
         fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
     n_neurons = cfg["intermediate_size"]
     ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
@@ -185,13 +201,14 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
         if role not in names:
             continue
         base = names[role]
-        w = src.tensors[base + ".weight"]
         spec = src.quant.get(base)
+        stored = {s: src.tensors.take(f"{base}.{s}") for s in ("weight", "scales", "biases")
+                  if f"{base}.{s}" in src.tensors}
         if spec is not None:
-            dense = mx.dequantize(w, src.tensors[base + ".scales"], src.tensors[base + ".biases"],
+            dense = mx.dequantize(stored["weight"], stored["scales"], stored["biases"],
                                   group_size=spec.group_size, bits=spec.bits)
         else:
-            dense = w
+            dense = stored["weight"]
         if role == "down":
             dense = dense.T  # [D, F] -> [F, D]: column i of down becomes row i
         target = _target_quant(precision, spec, group_size)
@@ -203,10 +220,10 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
             parts.append((f"{role}.weight", arr, name))
         elif spec == target and role != "down":  # keep the source's packed rows untouched
             for s in ("weight", "scales", "biases"):
-                arr, name = to_storage(src.tensors[f"{base}.{s}"])
+                arr, name = to_storage(stored[s])
                 parts.append((f"{role}.{s}", arr, name))
         else:
-            sdt = src.tensors[base + ".scales"].dtype if spec is not None else mx.float16
+            sdt = stored["scales"].dtype if spec is not None else mx.float16
             if not mx.issubdtype(sdt, mx.floating):
                 sdt = mx.float16
             qw, qs, qb = mx.quantize(mx.contiguous(dense.astype(sdt)), group_size=target.group_size, bits=target.bits)
@@ -215,7 +232,7 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
                 parts.append((f"{role}.{s}", arr, name))
         quant[role] = target
         if base + ".bias" in src.tensors and role != "down":
-            arr, name = to_storage(src.tensors[base + ".bias"])
+            arr, name = to_storage(src.tensors.take(base + ".bias"))
             parts.append((f"{role}.bias", arr.reshape(-1, 1), name))
     return parts, quant, 1
 
@@ -232,7 +249,7 @@ def _source_blocks(src: SourceModel, names: dict, block: int):
         quant[role] = src.quant.get(base)
         stored = [s for s in ("weight", "scales", "biases") if f"{base}.{s}" in src.tensors]
         for s in stored:
-            arr, name = to_storage(src.tensors[f"{base}.{s}"])
+            arr, name = to_storage(src.tensors.take(f"{base}.{s}"))
             if role == "down":  # [D, F*per] -> [F/block, D, per-block]
                 d = arr.shape[0]
                 arr = np.ascontiguousarray(arr.reshape(d, -1, arr.shape[1] * block // _n_neurons(src, names))
@@ -241,14 +258,14 @@ def _source_blocks(src: SourceModel, names: dict, block: int):
                 arr = arr.reshape(-1, block, *arr.shape[1:])
             parts.append((f"{role}.{s}", arr, name))
         if base + ".bias" in src.tensors and role != "down":
-            arr, name = to_storage(src.tensors[base + ".bias"])
+            arr, name = to_storage(src.tensors.take(base + ".bias"))
             parts.append((f"{role}.bias", arr.reshape(-1, block), name))
     return parts, quant, block
 
 
 def _n_neurons(src: SourceModel, names: dict) -> int:
     """d_ff of this FFN: the rows of its up projection (stored rows are neurons)."""
-    return int(src.tensors[names["up"] + ".weight"].shape[0])
+    return int(src.tensors.spec(names["up"] + ".weight")[0][0])
 
 
 def _target_quant(precision: str, spec: QuantSpec | None, group_size: int) -> QuantSpec | None:

@@ -1,9 +1,10 @@
 """Read a source checkpoint (GGUF file, HF directory, mlx-community quantized directory) into one
 canonical form: HF-style tensor names, a normalized config and per-linear quantization.
 
-This is conversion-time code: it uses `mx.load` (which reads GGUF and safetensors natively and keeps
-GGUF Q4_0/Q4_1/Q8_0 as MLX affine-quantized triples); a GGUF's tokenizer is rebuilt from its
-metadata by `gguf_tokenizer`.
+This is conversion-time code. Tensors are read one at a time (tensor_source): a GGUF by offset, its
+Q4_0/Q4_1/Q8_0 blocks turned into MLX affine triples (gguf_blocks); safetensors through `mx.load`,
+which reads a tensor only when it is evaluated. A GGUF's tokenizer is rebuilt from its metadata by
+`gguf_tokenizer`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Callable
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..models import model_module
 from ..quant_spec import QuantSpec
+from .gguf_blocks import GROUP
 from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
+from .tensor_source import ArrayTensors, GGUFTensors, SourceTensors
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -30,7 +33,7 @@ TOKENIZER_FILES = (
 @dataclass
 class SourceModel:
     config: dict  # normalized by the architecture's module; always has "model_type"
-    tensors: dict  # canonical name -> mx.array
+    tensors: SourceTensors  # canonical name -> tensor, read when taken
     quant: dict[str, QuantSpec]  # linear base name -> quantization of its .weight/.scales/.biases
     save_tokenizer: Callable[[str], None]
     description: dict
@@ -73,41 +76,45 @@ def _gguf_name(name: str) -> str | None:
     return None
 
 
-def _scalar(v):
-    return v.item() if hasattr(v, "item") else v
+def _gguf_metadata(reader) -> dict:
+    """Every metadata field but the vocabulary arrays (large, read by gguf_tokenizer) as plain values."""
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+            continue
+        meta[key] = field.contents()
+    if "tokenizer.ggml.tokens" in reader.fields:
+        meta["tokenizer.ggml.n_tokens"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    return meta
 
 
 def read_gguf(path: str) -> SourceModel:
-    import mlx.core as mx
+    from gguf import GGUFReader
 
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelFileError(f"{path}: not a GGUF file (bad magic bytes)")
     try:
-        raw, meta = mx.load(path, return_metadata=True)
-    except (RuntimeError, ValueError) as e:
-        raise ModelFileError(f"{path}: unreadable GGUF ({str(e).replace('[load_gguf] ', '')})") from None
+        reader = GGUFReader(path)
+        meta = _gguf_metadata(reader)
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        why = str(e)
+        if "cannot reshape" in why:  # the reader's view of a tensor's data came out short
+            why = "a tensor's data lies past the end of the file: truncated download?"
+        raise ModelFileError(f"{path}: unreadable GGUF ({why})") from None
     arch = str(meta.get("general.architecture", ""))
     mod = model_module(arch, path)
 
     def m(key, default=None):
-        v = meta.get(f"{arch}.{key}", default)
-        return _scalar(v) if v is not None else None
+        return meta.get(f"{arch}.{key}", default)
 
     if m("block_count") is None or m("embedding_length") is None:
         raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.block_count/embedding_length")
     n_heads = int(m("attention.head_count"))
     d_model = int(m("embedding_length"))
-    tensors, unknown = {}, []
-    for name, arr in raw.items():
-        hf = _gguf_name(name)
-        if hf is None:
-            unknown.append(name)
-        else:
-            tensors[hf] = arr
-    if unknown:
-        raise UnsupportedModelError(f"{path}: GGUF tensors with no known role: {', '.join(sorted(unknown)[:5])}")
-    vocab = m("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    tensors = GGUFTensors(path, reader, _gguf_name)
+    del reader  # its memory map of the whole file is not needed past the tensor table
+    vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     hf_config = {
         "model_type": arch,
         "hidden_size": d_model,
@@ -123,31 +130,19 @@ def read_gguf(path: str) -> SourceModel:
         "vocab_size": int(vocab),
         "tie_word_embeddings": "lm_head.weight" not in tensors,
         "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
-        "bos_token_id": _scalar(meta.get("tokenizer.ggml.bos_token_id")),
-        "eos_token_id": _scalar(meta.get("tokenizer.ggml.eos_token_id")),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
     if m("rope.scaling.type") not in (None, "none"):
         raise UnsupportedModelError(f"{path}: RoPE scaling {m('rope.scaling.type')!r} is not supported yet")
     config = mod.normalize_config(hf_config, path)
-    quant = _infer_quant(tensors, group_size=32)
+    quant = {base: QuantSpec(bits=bits, group_size=GROUP) for base, bits in tensors.quant_bits().items()}
 
     def save_tokenizer(out_dir: str) -> None:
         save_gguf_tokenizer(path, out_dir)
 
     return SourceModel(config, tensors, quant, save_tokenizer,
                        {"kind": "gguf", "file": os.path.basename(path), "size": os.path.getsize(path)})
-
-
-def _infer_quant(tensors: dict, group_size: int) -> dict[str, QuantSpec]:
-    """Bits of each quantized linear from its packed width: packed uint32 words * 32 / in_features."""
-    quant = {}
-    for name in tensors:
-        if name.endswith(".scales"):
-            base = name[: -len(".scales")]
-            w, s = tensors[f"{base}.weight"], tensors[name]
-            in_features = s.shape[-1] * group_size
-            quant[base] = QuantSpec(bits=int(w.shape[-1] * 32 // in_features), group_size=group_size)
-    return quant
 
 
 # ---- HF / mlx-community directories ------------------------------------------------------------
@@ -200,5 +195,5 @@ def read_hf_dir(path: str) -> SourceModel:
         if not os.path.isfile(os.path.join(out_dir, "tokenizer.json")):
             save_through_transformers(path, out_dir, "a tokenizer.model without tokenizer.json", path)
 
-    return SourceModel(config, tensors, quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
+    return SourceModel(config, ArrayTensors(tensors), quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
 

@@ -45,14 +45,19 @@ def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str,
     return struct.pack("<Q", len(hb)) + hb, entries
 
 
-def write_safetensors(path: str, arrays: dict[str, tuple[np.ndarray, str]], file_name: str,
+def write_safetensors(path: str, specs: dict[str, tuple[list[int], str]], produce, file_name: str,
                       adjacent: list[list[str]] = ()) -> dict[str, TensorEntry]:
-    """arrays: name -> (numpy array, storage dtype name); `adjacent`: runs of names written back to
-    back (file_order). Returns the manifest entries."""
-    head, entries = safetensors_layout({k: (list(a.shape), dt) for k, (a, dt) in arrays.items()}, file_name,
-                                       adjacent)
+    """specs: name -> (shape, storage dtype name); `produce(name)` returns that tensor's data (a numpy
+    array of that many bytes), called once per tensor in file order, so only one tensor need be in
+    memory at a time; `adjacent`: runs of names written back to back (file_order). Returns the
+    manifest entries."""
+    head, entries = safetensors_layout(specs, file_name, adjacent)
     with open(path, "wb") as fh:
         fh.write(head)
-        for name in file_order(arrays, adjacent):
-            fh.write(np.ascontiguousarray(arrays[name][0]).tobytes())
+        for name in file_order(specs, adjacent):
+            data = np.ascontiguousarray(produce(name))
+            if data.nbytes != entries[name].nbytes:
+                raise ValueError(f"{name}: {data.nbytes} bytes produced for a {entries[name].nbytes}-byte tensor")
+            fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+            del data
     return entries

@@ -1,0 +1,175 @@
+"""The tensors of a source checkpoint, read one at a time so conversion holds at most one layer.
+
+Protocol (`SourceTensors`): canonical names; `spec(name)` gives a tensor's shape and storage dtype
+without reading it; `take(name)` reads it and hands it over (the source keeps no reference, so its
+memory goes when the converter drops it); `name in tensors`. Two implementations:
+  ArrayTensors  a dict of lazily loaded `mx.array`s (safetensors through `mx.load`, which reads a
+                tensor's bytes only when it is evaluated); `take` pops the entry
+  GGUFTensors   a GGUF file read by offset (`os.preadv`), block quantizations turned into affine
+                triples block by block (gguf_blocks)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
+from .gguf_blocks import BLOCK_TYPES, GROUP, PLAIN_TYPES, affine_shapes, decode_blocks
+
+# mx dtype names (str(dtype) after "mlx.core.") that a store holds as they are.
+_STORAGE = ("float32", "float16", "bfloat16", "uint32", "int32", "uint8", "int8")
+
+
+def storage_dtype(mx_dtype) -> str:
+    name = str(mx_dtype).rsplit(".", 1)[-1]
+    if name not in _STORAGE:
+        raise UnsupportedModelError(f"tensors of dtype {name} cannot be stored")
+    return name
+
+
+class SourceTensors:
+    """Base of the protocol above; subclasses implement names, spec and take."""
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def spec(self, name: str) -> tuple[list[int], str]:
+        raise NotImplementedError
+
+    def take(self, name: str):
+        """The tensor as an mx.array; the source holds no reference to it afterwards."""
+        raise NotImplementedError
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def _index(self) -> set:
+        raise NotImplementedError
+
+
+class ArrayTensors(SourceTensors):
+    def __init__(self, arrays: dict):
+        self._arrays = dict(arrays)
+        self._specs = {n: (list(a.shape), storage_dtype(a.dtype)) for n, a in self._arrays.items()}
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def _index(self):
+        return self._specs
+
+    def spec(self, name):
+        return self._specs[name]
+
+    def take(self, name):
+        if name not in self._arrays:
+            raise KeyError(f"{name}: already taken from the source")
+        return self._arrays.pop(name)
+
+
+class GGUFTensors(SourceTensors):
+    """reader: an open `gguf.GGUFReader` (its metadata and tensor table; its memory map is not
+    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role)."""
+
+    def __init__(self, path: str, reader, rename):
+        self.path = path
+        self._entries = {}  # canonical name -> (file offset, bytes, ggml type, numpy shape, part)
+        unknown = []
+        for t in reader.tensors:
+            canon = rename(t.name)
+            if canon is None:
+                unknown.append(t.name)
+                continue
+            ne = [int(x) for x in t.shape]  # ne[0] is the fastest-varying axis: numpy shape reversed
+            shape = tuple(reversed(ne))
+            ttype = int(t.tensor_type)
+            where = (int(t.data_offset), int(t.n_bytes), ttype, shape)
+            if ttype in BLOCK_TYPES:
+                if not canon.endswith(".weight") or ne[0] % GROUP:
+                    raise ModelFileError(f"{path}: tensor {t.name} is block-quantized but is not a weight matrix "
+                                         f"with rows a multiple of {GROUP}")
+                base = canon[: -len(".weight")]
+                for part in ("weight", "scales", "biases"):
+                    self._entries[f"{base}.{part}"] = (*where, part)
+            elif ttype in PLAIN_TYPES:
+                self._entries[canon] = (*where, None)
+            else:
+                raise UnsupportedModelError(
+                    f"{path}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: Q4_0, Q4_1, Q8_0, "
+                    "F16, BF16, F32 (k-quants are not supported yet)")
+        if unknown:
+            raise UnsupportedModelError(f"{path}: GGUF tensors with no known role: {', '.join(sorted(unknown)[:5])}")
+        self._size = os.path.getsize(path)
+        for name, (off, n, *_rest) in self._entries.items():
+            if off < 0 or n < 0 or off + n > self._size:
+                raise ModelFileError(f"{path}: tensor {name} lies outside the file (truncated download?)")
+        self._pending: dict[str, np.ndarray] = {}  # decoded parts of the last triple not yet taken
+
+    def names(self):
+        return list(self._entries)
+
+    def _index(self):
+        return self._entries
+
+    def quant_bits(self) -> dict[str, int]:
+        """Linear base name -> bits, for every block-quantized tensor."""
+        return {n[: -len(".weight")]: BLOCK_TYPES[e[2]].bits for n, e in self._entries.items()
+                if e[4] == "weight"}
+
+    def spec(self, name):
+        off, n, ttype, shape, part = self._entries[name]
+        if part is None:
+            return list(shape), PLAIN_TYPES[ttype][1]
+        s = affine_shapes(BLOCK_TYPES[ttype], shape[:-1], shape[-1])[part]
+        return list(s), "uint32" if part == "weight" else "float16"
+
+    def take(self, name):
+        import mlx.core as mx
+
+        a = mx.array(self.take_numpy(name))
+        return a.view(mx.bfloat16) if self.spec(name)[1] == "bfloat16" else a
+
+    def take_numpy(self, name) -> np.ndarray:
+        """As take(), as a numpy array (bfloat16 as its raw uint16 words)."""
+        if name in self._pending:
+            return self._pending.pop(name)
+        off, n, ttype, shape, part = self._entries[name]
+        raw = self._read(off, n, name)
+        if part is None:
+            dtype = PLAIN_TYPES[ttype][0]
+            return raw.view(dtype).reshape(shape)
+        parts = decode_blocks(BLOCK_TYPES[ttype], raw.reshape(*shape[:-1], -1), shape[-1])
+        base = name.rsplit(".", 1)[0]
+        for p, a in parts.items():
+            if p != part:
+                self._pending[f"{base}.{p}"] = a
+        return parts[part]
+
+    def _read(self, off: int, n: int, name: str) -> np.ndarray:
+        buf = np.empty(n, dtype=np.uint8)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                got = os.preadv(fd, [buf], off)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise ModelFileError(f"{self.path}: cannot read tensor {name} ({e.strerror})") from None
+        if got != n:
+            raise ModelFileError(f"{self.path}: tensor {name} is cut short ({got} of {n} bytes; truncated download?)")
+        return buf
+
+
+def _type_name(ttype: int) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(ttype).name
+    except (ImportError, ValueError):
+        return str(ttype)
