@@ -13,6 +13,7 @@ Public surface (what the tools and notebooks call):
   expert_bits         choose_widths (importance + width search), ExpertSwapper and its steps
   mixed_store         expert_rows, write_expert_store: a store with experts at per-expert widths
   synthetic           make_synthetic_store, SHAPES, StatisticalActivity: random-weight stores of big shapes
+  synthetic_gguf      write_synthetic_gguf: random-weight GGUF checkpoints of big shapes (Q4_1/Q4_0/Q8_0)
   io_replay           replay: I/O-only replay of the sparse FFN path on a store
 """
 
@@ -27,9 +28,11 @@ from .read_unit import OracleUnits
 from .predictor_training import measure_activity, summarize, train_predictors
 from .routes import decode_trace, fit_routing_predictor, record_routes, routing_accuracy
 from .synthetic import SHAPES, StatisticalActivity, make_synthetic_store
+from .synthetic_gguf import write_synthetic_gguf
 
 __all__ = ["corpus_path", "read_corpus", "fetch_all", "perplexity", "token_nlls", "collect", "magnitude_thresholds",
            "window_activity", "train_predictors", "measure_activity", "summarize", "moefy", "record_routes",
            "decode_trace", "fit_routing_predictor", "routing_accuracy", "choose_widths", "ExpertSwapper",
            "uniform_widths", "importance", "assign_widths", "perplexity_at", "expert_rows", "write_expert_store",
-           "make_synthetic_store", "SHAPES", "StatisticalActivity", "replay", "OracleUnits"]
+           "make_synthetic_store", "SHAPES", "StatisticalActivity", "write_synthetic_gguf", "replay",
+           "OracleUnits"]

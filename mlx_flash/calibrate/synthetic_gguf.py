@@ -1,0 +1,232 @@
+"""Synthetic GGUF checkpoints of real large shapes (e.g. Llama-2-7B): random weights in a real GGUF
+block quantization (Q4_1, Q4_0, Q8_0), the default model's tokenizer, loadable by llama.cpp and by
+our converter. Everything measured on them is synthetic: the bytes, the layout and the read
+pattern are real, the weights are not (the text they generate is noise).
+
+Random blocks keep every weight small, finite and centred (|w| <= 0.025, a standard deviation of
+about 0.011, near 1/sqrt(4096)), so the hidden state stays in range over 32 layers and the logits
+stay finite (Llama-2-7B shape: logits of standard deviation ~0.75 in llama.cpp and here).
+
+The file is written tensor by tensor in chunks of blocks: one chunk (16 MiB) is in memory at a
+time, whatever the file's size. The writer's peak memory (about 210 MB) is mostly gguf's reader
+parsing the tokenizer's 98k strings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..config import default_cache_dir
+from ..errors import ConfigError, FlashError
+from .synthetic import SHAPES
+
+# quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names
+QUANTS = {"Q4_1": ("Q4_1", "MOSTLY_Q4_1"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+WEIGHT_RANGE = 0.02  # a block's weights span about [-WEIGHT_RANGE, WEIGHT_RANGE] before jitter
+SCALE_JITTER = 0.25  # each block's scale is the nominal one times 1 +- this (uniform)
+_CHUNK = 16 << 20  # bytes of blocks generated at once
+
+
+def default_path(shape: str, quant: str = "Q4_1", layers: int | None = None) -> str:
+    """`<cache>/synthetic/<shape>-<quant>[-L<layers>].gguf`."""
+    suffix = f"-L{layers}" if layers else ""
+    return os.path.join(default_cache_dir(), "synthetic", f"{shape}-{quant}{suffix}.gguf")
+
+
+def _scales(rng, n: int, nominal: float) -> np.ndarray:
+    """[n] float16 block scales: `nominal` times a uniform jitter of +-SCALE_JITTER."""
+    u = rng.random(n, dtype=np.float32)
+    return (nominal * (1 + SCALE_JITTER * (2 * u - 1))).astype(np.float16)
+
+
+def random_blocks(rng, quant: str, n: int) -> np.ndarray:
+    """[n, block bytes] uint8: `n` random blocks of `quant` in llama.cpp's layout, each block's
+    weights symmetric about 0 (a shared offset would add the same vector to every output row).
+    Q4_0 (18 B: f16 d, 32 nibbles q): w = d (q - 8), q in 1..15 (a drawn 0 becomes 8, a zero weight);
+    Q4_1 (20 B: f16 d, f16 m, 32 nibbles q): w = d q + m with m = -7.5 d;
+    Q8_0 (34 B: f16 d, 32 int8 q): w = d q, q in -127..127 (a drawn -128 becomes 0)."""
+    if quant == "Q8_0":
+        d, width, nq = _scales(rng, n, WEIGHT_RANGE / 128), 34, 32
+        head = d.view(np.uint8).reshape(n, 2)
+    elif quant == "Q4_0":
+        d, width, nq = _scales(rng, n, WEIGHT_RANGE / 8), 18, 16
+        head = d.view(np.uint8).reshape(n, 2)
+    elif quant == "Q4_1":
+        d, width, nq = _scales(rng, n, WEIGHT_RANGE / 8), 20, 16
+        m = (-7.5 * d.astype(np.float32)).astype(np.float16)
+        head = np.stack([d, m], axis=1).view(np.uint8).reshape(n, 4)
+    else:
+        raise ConfigError(f"GGUF quantization {quant!r} is unknown (choose one of: {', '.join(QUANTS)})")
+    out = np.empty((n, width), np.uint8)
+    out[:, :head.shape[1]] = head
+    q = np.frombuffer(rng.bytes(n * nq), np.uint8).reshape(n, nq)
+    if quant == "Q4_0":
+        lo, hi = q & 0x0F, q & 0xF0
+        q = np.where(lo == 0, 0x08, lo) | np.where(hi == 0, 0x80, hi)
+    elif quant == "Q8_0":
+        q = np.where(q == 0x80, 0, q)
+    out[:, head.shape[1]:] = q
+    return out
+
+
+def tokenizer_fields(path: str) -> dict:
+    """Every `tokenizer.*` field of the GGUF at `path`: key -> (value, type, array item type or None)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    try:
+        reader = GGUFReader(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise FlashError(f"{path}: unreadable GGUF metadata ({e})") from None
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+            out[key] = (field.contents(), vtype, sub)
+    if "tokenizer.ggml.tokens" not in out:
+        raise FlashError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens (no vocabulary to copy)")
+    return out
+
+
+def plan_tensors(cfg: dict) -> list[tuple[str, tuple[int, int] | tuple[int], bool]]:
+    """(name, shape in numpy order [out, in], quantized?) of each tensor, in llama.cpp's names and
+    file order (token_embd, the blocks, output_norm, output)."""
+    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd, H, Hk = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    plan = [("token_embd.weight", (V, D), True)]
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", (D,), False), (b + "attn_q.weight", (H * hd, D), True),
+                 (b + "attn_k.weight", (Hk * hd, D), True), (b + "attn_v.weight", (Hk * hd, D), True),
+                 (b + "attn_output.weight", (D, H * hd), True), (b + "ffn_norm.weight", (D,), False),
+                 (b + "ffn_gate.weight", (F, D), True), (b + "ffn_up.weight", (F, D), True),
+                 (b + "ffn_down.weight", (D, F), True)]
+    plan += [("output_norm.weight", (D,), False), ("output.weight", (V, D), True)]
+    return plan
+
+
+def shape_config(shape: str, layers: int | None = None) -> dict:
+    """The dense shape's config with `layers` layers (all when None)."""
+    if shape not in SHAPES:
+        raise ConfigError(f"synthetic shape {shape!r} is unknown (choose one of: {', '.join(SHAPES)})")
+    cfg = dict(SHAPES[shape])
+    if cfg.get("num_experts"):
+        raise ConfigError(f"synthetic shape {shape!r} is a mixture of experts: --format gguf writes dense shapes only "
+                          "(expert tensors are not written, and the converter reads none from a GGUF); "
+                          "use --format store for it")
+    if layers is not None:
+        if layers < 1:
+            raise ConfigError(f"layers must be at least 1 (got {layers})")
+        cfg["num_hidden_layers"] = int(layers)
+    return cfg
+
+
+def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", quant: str = "Q4_1",
+                         layers: int | None = None, seed: int = 0, progress: bool = True,
+                         tokenizer: str | dict | None = None) -> str:
+    """Write a synthetic GGUF of `shape` (only its first `layers` layers if given) with random
+    `quant` blocks for every matrix (token_embd and output included) and float32 norms of ones;
+    return its path (default: `default_path(shape, quant, layers)`).
+
+    The tokenizer is the default model's (SmolLM2's 49152-token byte-level BPE), or another GGUF's
+    when `tokenizer` is its path (or the fields `tokenizer_fields` read from one, to read them once
+    for several files): every `tokenizer.*` field is copied, and the shape's vocab_size is replaced
+    by the tokenizer's token count (a Llama-2-7B shape here has 49152 embedding rows, not 32000).
+    The file is written under a `.partial` name and renamed when complete; one chunk of blocks is
+    in memory at a time. Refused with a ConfigError for an unknown shape or quant, a MoE shape, or
+    too little free disk space."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
+    from tqdm import tqdm
+
+    if quant not in QUANTS:
+        raise ConfigError(f"GGUF quantization {quant!r} is unknown (choose one of: {', '.join(QUANTS)})")
+    cfg = shape_config(shape, layers)
+    if tokenizer is None:
+        from ..default_model import default_model_path
+
+        tokenizer = default_model_path()
+    tok = tokenizer_fields(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    cfg["vocab_size"] = len(tok["tokenizer.ggml.tokens"][0])
+    qtype = GGMLQuantizationType[QUANTS[quant][0]]
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    plan = plan_tensors(cfg)
+    for name, shp, quantized in plan:
+        if quantized and shp[-1] % block:
+            raise ConfigError(f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {quant} block ({block})")
+    nbytes = [shp[0] * shp[-1] // block * block_bytes if q else 4 * shp[0] for _, shp, q in plan]
+
+    path = os.path.abspath(path or default_path(shape, quant, layers))
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot create its directory ({e.strerror})") from None
+    total = sum(nbytes)
+    need = total + len(plan) * 32 + (8 << 20)  # alignment and metadata (the vocabulary is ~2 MB)
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise ConfigError(f"{path}: needs about {need / 1e9:.2f} GB, only {free / 1e9:.2f} GB free")
+
+    L = cfg["num_hidden_layers"]
+    w = GGUFWriter(None, "llama")
+    w.add_name(f"synthetic {shape} {quant} (random weights)")
+    w.add_description(f"synthetic checkpoint: random {quant} weights of the {shape} shape, seed {seed}, "
+                      f"{L} layers; results measured on it are synthetic")
+    w.add_file_type(LlamaFileType[QUANTS[quant][1]])
+    w.add_quantization_version(2)
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    w.add_vocab_size(cfg["vocab_size"])
+    for key, (value, vtype, sub) in tok.items():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for (name, shp, quantized), n in zip(plan, nbytes):
+        if quantized:  # a byte shape [out, in / block * block bytes]; gguf-py turns it into elements
+            w.add_tensor_info(name, (shp[0], shp[1] // block * block_bytes), np.dtype(np.uint8), n, raw_dtype=qtype)
+        else:
+            w.add_tensor_info(name, shp, np.dtype(np.float32), n)
+
+    rng = np.random.default_rng(seed)
+    tmp = path + ".partial"
+    try:
+        w.write_header_to_file(Path(tmp))
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        fh = w.fout[0]
+        w.write_padding(fh, fh.tell())
+        start = fh.tell()
+        offset = 0
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape} {quant}",
+                  disable=not progress) as bar:
+            for (name, shp, quantized), n in zip(plan, nbytes):
+                assert fh.tell() - start == offset, name  # tensor infos hold these offsets
+                if quantized:
+                    left = n // block_bytes
+                    while left:
+                        k = min(left, _CHUNK // block_bytes)
+                        fh.write(random_blocks(rng, quant, k).data)
+                        left -= k
+                        bar.update(k * block_bytes)
+                else:  # norms of ones keep activations in range
+                    fh.write(np.ones(shp, np.float32).tobytes())
+                    bar.update(n)
+                w.write_padding(fh, n)
+                offset += GGUFWriter.ggml_pad(n, w.data_alignment)
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        w.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
