@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
 from .backends import get_backend
+from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode
+from .errors import ConfigError
+from .memory import ModelShape, plan_process, process_rss, resolve_limit
+from .sparse.modes import SparseMode
+from .sparse.planner import model_bytes, stored_resident_bytes
+from .sparse.selectors import PredictorKind
+from .units import fmt
 from .default_model import resolve_store
-from .engine import Engine
+from .engine import Engine, model_context
+from .layer_stream import LayerSlots, StreamedLayers
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .store import open_store
 from .store.reader_pool import ReaderPool
@@ -15,7 +26,8 @@ from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 
-def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", *, memory_budget: str | int = "50%",
+def load(model: str | None = None, backend: str = "mlx", ffn: str = "auto", *, memory_budget: str | int = "auto",
+         weights_budget: str | int | None = None, context: int = 0,
          precision: str = "auto", threads: int | None = None, progress: bool = True,
          flash: FlashOptions | None = None, experts: ExpertOptions | None = None, io: IOOptions | None = None,
          device: str | None = None, torch_dtype: str = "float32", prefill_chunk: int = 512,
@@ -24,13 +36,17 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
         mlx-community model directory (converted into the cache on first use).
-    backend: "mlx" or "torch". ffn: "resident", "stream" or "sparse" (LLM in a flash on dense
-        models; on MoE models "stream" and "sparse" both read experts when routed into a cache).
+    backend: "mlx" or "torch". ffn: "auto" (resident when the model fits memory_budget, else exact
+        streaming), "resident", "stream" or "sparse" (LLM in a flash on dense models; on MoE models
+        "stream" and "sparse" both read experts when routed into a cache).
+    memory_budget: the cap on the whole process's peak RSS ("auto", "60%" of the available memory,
+        or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned.
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
     """
-    cfg = EngineConfig(backend=backend, ffn=ffn, memory_budget=memory_budget, precision=precision, threads=threads,
+    cfg = EngineConfig(backend=backend, ffn=ffn, memory_budget=memory_budget, weights_budget=weights_budget,
+                       context=context, precision=precision, threads=threads,
                        device=device, torch_dtype=torch_dtype, prefill_chunk=prefill_chunk,
                        verify_checksums=verify_checksums, cache_dir=cache_dir, flash=flash, experts=experts, io=io)
     return load_config(model, cfg, progress)
@@ -38,26 +54,121 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "resident", 
 
 def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> Engine:
     """load() for a whole EngineConfig (the chat builds one from its flags)."""
+    limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress)
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)
-    weights = module.build(ops, args, resident_getter(ops, store))
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
-    ffn_source, plan = ffn_source_for(ops, store, cfg, module, args, ops.held_bytes(weights), progress)
-    engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store, plan)
+    _return_free_memory()
+    plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
+                        model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
+    plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget)
+    if plan.weights_budget < weights_minimum(store):
+        raise ConfigError(f"weights budget {fmt(plan.weights_budget)} is below the minimum {fmt(weights_minimum(store))} "
+                          "for this model (embeddings and head, two layers' attention, one FFN layer's buffers)")
+    cfg = resolve_ffn(cfg, store, plan)
+    streamed = streamed_layers(cfg, store, plan.weights_budget)
+    slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),
+                                                    cfg.io.mode.value, cfg.io.threads, progress)) if streamed else None
+    weights = module.build(ops, args, resident_getter(ops, store, slots))
+    held = ops.held_bytes(weights)  # before the layers are wrapped: counting them must not read them
+    if slots is not None:
+        for i in streamed:
+            slots.check_views(ops, weights["layers"][i], i)
+        weights["layers"] = StreamedLayers(weights["layers"], slots)
+    ffn_source, account = ffn_source_for(ops, store, cfg, module, args, held, plan, progress)
+    account = {**account, "streamed_layers": len(streamed), "layer_slots": slots.nbytes if slots else 0}
+    if progress:
+        print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
+    engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store,
+                    {**plan.account(), **account}, kv_tokens=plan.kv_tokens, layer_slots=slots)
     _return_free_memory()
     return engine
 
 
-def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: int, progress: bool):
-    """(the FFN source cfg asks for, how a budget was split: empty when none applies)."""
+def ffn_minimum(store) -> int:
+    """The least a streamed FFN holds: one layer's (or one expert's) read buffer, the weights made
+    of it, and one row per layer (what a hybrid plan needs to exist)."""
+    lay = store.manifest.ffn
+    unit = lay.expert_nbytes if lay.n_experts else lay.layer_nbytes
+    return 2 * unit + (0 if lay.n_experts else len(lay.layer_offsets) * lay.bundle_bytes)
+
+
+def weights_minimum(store) -> int:
+    """The least the weights can be held in: the tensors of no layer (embeddings, head) as stored,
+    two layers' resident tensors (streamed through two slots; all layers for a store whose file
+    does not keep layers together) and the streamed FFN's minimum."""
+    regions = store.layer_regions()
+    res = stored_resident_bytes(store)
+    if regions:
+        sizes = [n for *_, n in regions.values()]
+        res += min(2, len(sizes)) * max(sizes) - sum(sizes)
+    return res + ffn_minimum(store)
+
+
+def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
+    """The layers whose resident tensors are read when they compute (the last ones; the first stay
+    resident): none when every layer fits beside the streamed FFN's minimum."""
+    regions = store.layer_regions()
+    need = stored_resident_bytes(store) + ffn_minimum(store)
+    if cfg.ffn is FFNMode.RESIDENT or not regions or need <= weights_budget:
+        return []
+    sizes = [n for *_, n in regions.values()]
+    others = stored_resident_bytes(store) - sum(sizes)
+    # two slots, and one layer's worth left for what a backend copies of streamed layers (norms)
+    keep = max(0, (weights_budget - others - ffn_minimum(store) - 3 * max(sizes)) // max(sizes))
+    return sorted(regions)[min(keep, len(sizes)):]
+
+
+def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
+    """ffn="auto" made concrete: resident when the whole model as stored fits the weights' share of the
+    limit, else exact streaming (a dense FFN: hybrid sparse with every neuron computed; MoE: streamed
+    experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
+    fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
+    if cfg.ffn is FFNMode.RESIDENT and not fits:
+        raise ConfigError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
+                          f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
+                          "use ffn auto or stream, or a larger memory budget")
+    if cfg.ffn is not FFNMode.AUTO:
+        return cfg
+    if fits:
+        return replace(cfg, ffn=FFNMode.RESIDENT)
+    if store.manifest.ffn.n_experts:
+        return replace(cfg, ffn=FFNMode.STREAM)
+    return replace(cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID,
+                                                         predictor=PredictorKind.DENSE))
+
+
+def weights_line(cfg: EngineConfig, store, account: dict) -> str:
+    """What the weights' share holds, for the plan line."""
+    lay = store.manifest.ffn
+    if cfg.ffn is FFNMode.RESIDENT:
+        return f"the whole model resident ({fmt(model_bytes(store))} as stored)"
+    attn = "attention and embeddings resident"
+    if account["streamed_layers"]:
+        attn = (f"embeddings and {len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
+                f"{account['streamed_layers']} layers' attention read when they compute")
+    if "expert_slots" in account:
+        return (f"{attn}, {account['expert_slots']} of {len(lay.layer_offsets) * lay.n_experts} "
+                f"experts cached, the rest read when routed")
+    if "ffn_rows_per_layer" in account:
+        share = account["ffn_rows_per_layer"] / max(1, lay.n_rows)
+        return (f"{attn}, {share:.0%} of each FFN layer cached, the rest read every token "
+                f"({cfg.flash.mode.value}, predictor {cfg.flash.predictor.value})")
+    return f"{attn}, every FFN layer read each token"
+
+
+def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: int, plan, progress: bool):
+    """(the FFN source cfg asks for, how the weights' share of the limit was split: empty when the
+    FFN is resident or streamed whole)."""
+    cap = plan.weights_budget
     if store.manifest.ffn.n_experts:
         from .moe.build import expert_source
 
-        return expert_source(ops, store, cfg, resident_held, progress)
+        return expert_source(ops, store, cfg, resident_held, cap, progress)
     if cfg.ffn is FFNMode.RESIDENT:  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             return ResidentFFN(ops, store, pool), {}
@@ -69,7 +180,7 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
 
     # 4-bit gate predictor weights run on torch's int4 kernel in its bfloat16 mode; MLX has them natively.
     gate_ops = backend_ops(cfg, Backend.TORCH, "bfloat16") if cfg.backend is Backend.TORCH else ops
-    return sparse_source(ops, store, cfg, module, args, resident_held, gate_ops, progress)
+    return sparse_source(ops, store, cfg, module, args, resident_held, gate_ops, cap, progress)
 
 
 def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = None):

@@ -1,10 +1,11 @@
-"""The one number a user gives for memory: a share of the model's bytes or an amount of bytes."""
+"""Memory amounts as users write them: a share of some total ("50%") or bytes ("300MB", "1.5GiB")."""
 
 from __future__ import annotations
 
 import re
 
 from .errors import ConfigError
+from .units import fmt
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -21,4 +22,16 @@ def parse_budget(value, total: int) -> int:
         n = int(total * num / 100) if unit == "%" else int(num * _UNITS[unit.lower()])
     if n <= 0:
         raise ConfigError(f"memory budget {value!r} must be positive")
+    return n
+
+
+def weights_budget(value, model_bytes: int, cap: int) -> int:
+    """The weights' share of the memory limit: `cap` (what the limit leaves them) unless the user gave
+    `value` (a share of the fully resident model's `model_bytes`, or bytes), which may not exceed it."""
+    if value is None:
+        return cap
+    n = parse_budget(value, model_bytes)
+    if n > cap:
+        raise ConfigError(f"weights budget {value} ({fmt(n)}) is more than the memory budget leaves for weights "
+                          f"({fmt(cap)}); raise the memory budget or lower the weights budget")
     return n

@@ -15,6 +15,7 @@ from .sparse.selectors import PredictorKind
 
 
 class FFNMode(Enum):
+    AUTO = "auto"  # resident when the model fits the memory budget, else exact streaming (chosen at load)
     RESIDENT = "resident"  # FFN weights in memory
     STREAM = "stream"  # read from the bundle file every layer (MoE: experts read when routed, cached)
     SPARSE = "sparse"  # LLM in a flash under memory_budget (MoE: as stream)
@@ -37,11 +38,22 @@ def default_cache_dir() -> str:
 @dataclass
 class EngineConfig:
     backend: Backend = option(Backend.MLX, "compute backend: mlx (Metal on a Mac, CPU elsewhere) or torch (CPU / CUDA)")
-    ffn: FFNMode = option(FFNMode.RESIDENT, "FFN weights: resident (in memory), stream (read from the bundle file "
-                          "every layer; MoE: experts read when routed into a cache sized by --memory-budget) or "
-                          "sparse (LLM in a flash: only the rows each token needs, under --memory-budget)")
-    memory_budget: str = option("50%", "sparse FFN / streamed experts: bytes the engine may hold, as a share of "
-                                "the fully resident model (50%) or bytes (300MB, 1.5GiB)")
+    ffn: FFNMode = option(FFNMode.AUTO, "FFN weights: auto (the default: resident when the model fits the memory "
+                          "budget, else exact streaming: a hybrid sparse FFN whose resident share is what fits, "
+                          "the rest read every token; MoE: streamed experts), resident (in memory), stream (read "
+                          "from the bundle file every layer; MoE: experts read when routed into a cache) or sparse "
+                          "(LLM in a flash: only the rows each token needs)")
+    memory_budget: str = option("auto", "the cap on this process's peak RSS, everything included (runtime, "
+                                "weights, caches, KV cache, buffers): auto (all the memory available to the "
+                                "process, its cgroup limit or else the machine's available memory, less 5% "
+                                "(at least 64 MB)), a share of that available memory (60%) or bytes (2GB, "
+                                "1.5GiB). A budget that cannot hold the model's minimum is refused, naming it")
+    weights_budget: str | None = option(None, "what weights, predictors, read buffers and FFN row / expert caches "
+                                        "may hold, as a share of the fully resident model's bytes (50%) or "
+                                        "bytes; default: all that --memory-budget leaves after the runtime, KV "
+                                        "cache and buffers (more than that is refused)", kind=str)
+    context: int = option(0, "tokens the KV cache is planned for (0: the model's context, or as many as 10% of "
+                          "the memory budget holds, at least 128); longer conversations are refused, naming it")
     precision: str = option("auto", "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
                             "lossless; a quantized down projection makes a bundle a block of neurons), "
                             "source-neuron (down re-quantized to 8 bits so each neuron is its own read unit), f16, "
@@ -69,6 +81,8 @@ class EngineConfig:
         self.io = _group(self.io, IOOptions, "io")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
+        if self.context < 0:
+            raise ConfigError(f"context must be >= 0 (got {self.context})")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.precision != "auto" and self.precision not in PRECISIONS:

@@ -59,9 +59,16 @@ class GenerationSummary:
         return self.generated_tokens / self.decode_s if self.decode_s else 0.0
 
 
+def model_context(args) -> int:
+    """Most tokens one sequence may hold in the model: its positions, or its sliding-window size
+    (sliding-window attention is not implemented, so longer contexts are refused)."""
+    window = args.sliding_window
+    return min(args.max_position_embeddings, window or args.max_position_embeddings)
+
+
 class Engine:
     def __init__(self, ops, module, args, weights, ffn: FFNSource, tokenizer, config, store,
-                 memory_plan: dict | None = None):
+                 memory_plan: dict | None = None, kv_tokens: int | None = None, layer_slots=None):
         self.ops = ops
         self.module = module
         self.args = args
@@ -71,24 +78,33 @@ class Engine:
         self.config = config
         self.store = store
         self.memory_plan = dict(memory_plan or {})  # how the planner split memory_budget (mlx_flash.memory_plan)
+        self.kv_tokens = kv_tokens  # tokens the memory plan holds KV for (None: the model's context)
+        self.layer_slots = layer_slots  # streamed layers' buffers (layer_stream.LayerSlots) or None
         self.last = GenerationSummary()
 
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self):
         """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows)."""
         self.ffn.reset()
-        return make_caches(self.args.num_hidden_layers)
+        return make_caches(self.args.num_hidden_layers, self.context_limit)
+
+    @property
+    def model_context(self) -> int:
+        return model_context(self.args)
 
     @property
     def context_limit(self) -> int:
-        """Most tokens one sequence may hold: the model's positions, or its sliding-window size
-        (sliding-window attention is not implemented, so longer contexts are refused)."""
-        window = self.args.sliding_window
-        return min(self.args.max_position_embeddings, window or self.args.max_position_embeddings)
+        """Most tokens one sequence may hold: the model's context, or fewer when the memory plan
+        holds KV for fewer (the `context` option)."""
+        return min(self.model_context, self.kv_tokens or self.model_context)
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
         if caches[0].offset + len(ids) > self.context_limit:
+            if self.context_limit < self.model_context:
+                raise ConfigError(f"{caches[0].offset + len(ids)} tokens exceed the {self.context_limit} tokens the "
+                                  f"memory plan holds KV for (the model takes {self.model_context}; raise --context "
+                                  "within the memory budget)")
             raise ConfigError(f"{caches[0].offset + len(ids)} tokens exceed the model's context of "
                               f"{self.context_limit} tokens")
         with self.ops.inference():
@@ -217,8 +233,10 @@ class Engine:
 
     # ---- stats ----------------------------------------------------------------------------------
     def _io_counters(self):
-        s = self.ffn.stats()
-        return s.io_seconds, s.mem_seconds, s.bytes_read, s.reads
+        s, ls = self.ffn.stats(), self.layer_slots
+        if ls is None:
+            return s.io_seconds, s.mem_seconds, s.bytes_read, s.reads
+        return s.io_seconds + ls.wait_seconds, s.mem_seconds, s.bytes_read + ls.bytes_read, s.reads + ls.reads
 
     def _step_stats(self, t_start: float, io0) -> TokenStats:
         wall = time.perf_counter() - t_start
@@ -229,6 +247,9 @@ class Engine:
 
     def close(self) -> None:
         self.ffn.close()
+        if self.layer_slots is not None:
+            self.layer_slots.close()
+            self.layer_slots.pool.close()
 
     def __enter__(self):
         return self

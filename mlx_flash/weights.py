@@ -17,6 +17,7 @@ from .ffn_source import FFNStats, FFNWeights, LayerSource
 from .store.bundles import unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
+from .store.safetensors_io import tensor_layer
 from .store.store import Store
 
 
@@ -60,11 +61,31 @@ def join_rows(arrays: list[np.ndarray]) -> np.ndarray:
     return root[start:start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
 
 
-def resident_getter(ops, store: Store):
+class _Tensors:
+    """{name: (array, dtype)} of the resident tensors read at load, and of streamed layers through
+    their slots (layer_stream.LayerSlots), which read a layer when one of its tensors is asked for."""
+
+    def __init__(self, arrays: dict, slots):
+        self.arrays, self.slots = arrays, slots
+
+    def _where(self, name: str) -> dict:
+        layer = tensor_layer(name)
+        if self.slots is not None and layer in self.slots:
+            return self.slots.arrays(layer)
+        return self.arrays
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where(name)
+
+    def __getitem__(self, name: str):
+        return self._where(name)[name]
+
+
+def resident_getter(ops, store: Store, slots=None):
     """get(name) for model.build(): a backend Weight for linears/embeddings (given without
     ".weight"; a list of names gives them fused), a backend array for vectors (given in full);
-    None for absent optional tensors."""
-    arrays = store.read_resident()
+    None for absent optional tensors. The layers of `slots` (streamed) are views of their slot."""
+    arrays = _Tensors(store.read_resident(slots.order if slots is not None else ()), slots)
     quant = store.manifest.quant
 
     def parts_of(name):

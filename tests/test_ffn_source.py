@@ -17,7 +17,7 @@ FIELDS = {f.name for f in dataclasses.fields(FFNStats)}
 
 @pytest.mark.parametrize("ffn,options", [("resident", {}), ("stream", {}),
                                          ("sparse", {"flash": mlx_flash.FlashOptions(predictor="dense"),
-                                                     "memory_budget": "160%"})])
+                                                     "weights_budget": "160%"})])
 def test_dense_sources_share_the_protocol(tiny_store, ffn, options):
     store, _ = tiny_store("llama")
     with mlx_flash.load(store, backend="torch", ffn=ffn, progress=False, **options) as e:
@@ -38,7 +38,7 @@ def test_dense_sources_share_the_protocol(tiny_store, ffn, options):
 
 def test_expert_source_reports_its_cache(tiny_store):
     store, _ = tiny_store("mixtral")
-    with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="60%", progress=False) as e:
+    with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="60%", progress=False) as e:
         e.generate("a b c", max_tokens=4)
         st = e.ffn.stats()
         assert st.expert_policy and st.expert_slots > 0 and len(st.expert_hits) == e.args.num_hidden_layers
@@ -49,7 +49,7 @@ def test_expert_sources_yield_routed_experts_in_ascending_order(tiny_store):
     store, _ = tiny_store("mixtral")
     routing = np.array([[3, 1], [1, 0]])
     for ffn in ("resident", "stream"):
-        with mlx_flash.load(store, backend="torch", ffn=ffn, memory_budget="60%", progress=False) as e:
+        with mlx_flash.load(store, backend="torch", ffn=ffn, weights_budget="60%", progress=False) as e:
             assert isinstance(e.ffn, ExpertSource)
             assert [k for k, _ in e.ffn.experts(0, routing)] == [0, 1, 3]
 

@@ -22,7 +22,7 @@ def test_ngram_draft_takes_the_latest_longest_match():
 
 @pytest.mark.parametrize("ffn", ["resident", "sparse"])
 def test_speculative_greedy_equals_plain_greedy(f16_store_dir, ffn):
-    kw = dict(ffn="sparse", memory_budget="60%", flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) \
+    kw = dict(ffn="sparse", weights_budget="60%", flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) \
         if ffn == "sparse" else {}
     with mlx_flash.load(f16_store_dir, backend="torch", progress=False, io=mlx_flash.IOOptions(mode="buffered"),
                         **kw) as e:

@@ -85,7 +85,7 @@ def policy_table(store: str, sizes: list[int]) -> None:
 # ---- speed on a real model ---------------------------------------------------------------------
 
 def account_of(path: str) -> dict:
-    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget="100%", progress=False,
+    with mlx_flash.load(path, backend="torch", ffn="stream", weights_budget="100%", progress=False,
                         experts=mlx_flash.ExpertOptions(preload=0)) as e:
         return dict(mlx_flash.memory_plan(e), n_layers=e.ffn.n_layers, n_experts=e.ffn.layout.n_experts,
                     k=e.args.num_experts_per_tok)
@@ -93,7 +93,7 @@ def account_of(path: str) -> dict:
 
 def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
     budget = acct["resident_weights"] + slots * acct["slot_bytes"]
-    with mlx_flash.load(path, backend="torch", ffn="stream", memory_budget=budget, progress=False,
+    with mlx_flash.load(path, backend="torch", ffn="stream", weights_budget=budget, progress=False,
                         experts=mlx_flash.ExpertOptions(preload=preload), io=mlx_flash.IOOptions(mode="direct")) as e:
         f = e.ffn
         b0 = f.stats().bytes_read

@@ -29,7 +29,7 @@ from mlx_flash.store.disk_profile import default_profile
 def bench_mode(a, mode, prompt, profile):
     flash = mlx_flash.FlashOptions(mode=mode, window=a.window, predictor=a.predictor, recall=a.recall,
                                    down_only=a.down_only and mode in ("predictor", "window", "all"))
-    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", memory_budget=a.budget,
+    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", weights_budget=a.budget,
                          flash=flash, io=mlx_flash.IOOptions(mode="direct"), progress=False)
     with eng:
         src = eng.ffn

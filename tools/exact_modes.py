@@ -37,12 +37,12 @@ def configs(moe: str | None, budget: str):
         for ffn in ("resident", "stream"):
             yield None, {"backend": backend, "ffn": ffn}
         for mode in SPARSE_MODES:
-            yield None, {"backend": backend, "ffn": "sparse", "memory_budget": budget,
+            yield None, {"backend": backend, "ffn": "sparse", "weights_budget": budget,
                          "flash": mlx_flash.FlashOptions(mode=mode, predictor="dense")}
     if moe:
         yield moe, {"backend": "torch", "ffn": "resident"}
         for policy in ("edgemoe", "lru"):
-            yield moe, {"backend": "torch", "ffn": "stream", "memory_budget": "50%",
+            yield moe, {"backend": "torch", "ffn": "stream", "weights_budget": "50%",
                         "experts": mlx_flash.ExpertOptions(policy=policy, preload=0)}
 
 

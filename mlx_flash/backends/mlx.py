@@ -17,6 +17,7 @@ import numpy as np
 
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, dequantize_rows, library
 from ..quant_spec import QuantSpec
+from ..memory.process_plan import MLX_CACHE_LIMIT
 
 from . import cpu_threads
 
@@ -48,6 +49,9 @@ class MLXOps:
         self.on_gpu = mx.default_device() == mx.gpu
         self.act_dtype = mx.float16 if self.on_gpu else mx.float32
         self.kernel_threads = threads or cpu_threads()
+        # MLX keeps freed buffers for reuse; the memory plan counts this cache at its cap, not at
+        # whatever a long prefill left in it.
+        mx.set_cache_limit(MLX_CACHE_LIMIT)
         if not self.on_gpu:
             library()  # a missing or stale kernel library fails here, at load, naming the fix
 

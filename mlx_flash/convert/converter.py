@@ -34,7 +34,7 @@ from .sources import SourceModel, read_source
 
 PRECISIONS = ("source", "source-neuron", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
-CONVERTER_VERSION = 4
+CONVERTER_VERSION = 5
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:

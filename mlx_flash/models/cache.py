@@ -1,7 +1,7 @@
 """Per-layer KV cache, passed explicitly to the graph (one object per layer).
 
 Keys/values live in a preallocated buffer grown in steps of `step` tokens, so decode appends
-without reallocating every token.
+without reallocating every token, never past `max_tokens` (what the memory plan holds KV for).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 class KVCache:
     step = 256
 
-    def __init__(self):
+    def __init__(self, max_tokens: int | None = None):
+        self.max_tokens = max_tokens
         self.keys = None
         self.values = None
         self.offset = 0
@@ -21,6 +22,8 @@ class KVCache:
         end = self.offset + T
         if self.keys is None or end > self.keys.shape[2]:
             cap = -(-end // self.step) * self.step
+            if self.max_tokens:
+                cap = max(end, min(cap, self.max_tokens))
             nk, nv = ops.zeros((B, H, cap, D), like=k), ops.zeros((B, H, cap, v.shape[3]), like=v)
             if self.keys is not None:
                 nk[:, :, : self.offset, :] = self.keys[:, :, : self.offset, :]
@@ -38,5 +41,5 @@ class KVCache:
         self.offset -= n
 
 
-def make_caches(n_layers: int) -> list[KVCache]:
-    return [KVCache() for _ in range(n_layers)]
+def make_caches(n_layers: int, max_tokens: int | None = None) -> list[KVCache]:
+    return [KVCache(max_tokens) for _ in range(n_layers)]

@@ -12,7 +12,6 @@ from ..config import FFNMode
 from ..ffn_source import ExpertSource
 from ..store.reader_pool import ReaderPool
 from ..store.stream_pool import stream_pool
-from ..budget import parse_budget
 from .experts import ResidentExperts, StreamedExperts, expert_weights, read_expert
 from .planner import plan_experts
 from .routing import PREDICTOR_FILE, RoutingPredictor, model_id
@@ -45,17 +44,17 @@ def routing_predictor(store, preload: int):
     return pred, (pred.k if preload < 0 else preload)
 
 
-def expert_source(ops, store, cfg, resident_held: int, progress: bool = False) -> tuple[ExpertSource, dict]:
+def expert_source(ops, store, cfg, resident_held: int, cap: int, progress: bool = False) -> tuple[ExpertSource, dict]:
     """(source, how the planner split the budget; empty for resident experts). ffn="resident": every
-    expert read once at load; "stream"/"sparse": an expert cache sized by cfg.memory_budget ("50%"
-    is of the fully resident model)."""
+    expert read once at load; "stream"/"sparse": an expert cache sized by `cap` (the weights' share of
+    the process's memory limit, cfg.weights_budget when given)."""
     lay = store.manifest.ffn
     if cfg.ffn is FFNMode.RESIDENT:  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
             return ResidentExperts(ops, store, pool), {}
     converted, all_held = experts_held(ops, store)
     total = resident_held + all_held
-    slots, account = plan_experts(parse_budget(cfg.memory_budget, total), resident_held, lay, converted)
+    slots, account = plan_experts(cap, resident_held, lay, converted)
     predictor, preload = routing_predictor(store, cfg.experts.preload)
     pool = stream_pool(cfg.cache_dir, lay.expert_nbytes, cfg.io.mode.value, cfg.io.threads, progress)
     src = StreamedExperts(ops, store, pool, slots, cfg.experts.policy, predictor, preload)

@@ -1,4 +1,4 @@
-"""The memory budget of a MoE model: non-expert weights (attention, embeddings, routers, shared
+"""The weights' share of the memory limit for a MoE model: non-expert weights (attention, embeddings, routers, shared
 experts) stay resident as the backend holds them, and what is left holds expert slots. A slot keeps
 one expert's bundle rows as stored (where reads land) and its weights as converted for compute (so a
 cache hit costs no conversion). A budget that cannot hold the resident part plus one slot is
@@ -16,7 +16,8 @@ def plan_experts(budget: int, resident: int, layout, converted_expert: int) -> t
     slot = eb + converted_expert
     minimum = resident + slot
     if budget < minimum:
-        raise ConfigError(f"memory budget {fmt(budget)} is below the minimum {fmt(minimum)} for this MoE model "
+        raise ConfigError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+                          f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
                           f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as stored "
                           f"and {fmt(converted_expert)} converted for compute)")
     slots = min(L * E, (budget - resident) // slot)

@@ -3,7 +3,6 @@ options name, the planner's split of memory_budget, and the source for the mode.
 
 from __future__ import annotations
 
-from ..budget import parse_budget
 from ..errors import ConfigError
 from ..options import FlashOptions
 from ..store.disk_profile import default_profile
@@ -47,17 +46,18 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
     return LowRankSelector(preds, ops), sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers), preds.activity
 
 
-def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops,
+def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, cap: int,
                   progress: bool = False) -> tuple[SparseSource, dict]:
-    """(the source for cfg.flash, how the planner split the budget): planned under cfg.memory_budget
-    in bytes as held (`resident_held`: what the backend holds for the resident tensors)."""
+    """(the source for cfg.flash, how the planner split the budget): planned under `cap`, the weights'
+    share of the process's memory limit (cfg.weights_budget when given), in bytes as held
+    (`resident_held`: what the backend holds for the resident tensors)."""
     opts, lay = cfg.flash, store.manifest.ffn
     selector, pbytes, activity = None, 0, None
     if opts.mode.needs_predictor:
         selector, pbytes, activity = make_selector(ops, store, opts, module, args, gate_ops, progress)
     layer_held = ops.held_bytes(bundle_weights(ops, lay, _first_layer_rows(store)))
     total = model_bytes(store, resident_held, layer_held)
-    budget = parse_budget(cfg.memory_budget, total)
+    budget = cap
     row_bytes = down_fields(lay)[2] if opts.down_only else lay.bundle_bytes  # one cached row
     # Threads suit the reads this mode makes: whole layers, or single rows.
     pool = stream_pool(cfg.cache_dir, row_bytes if opts.mode.needs_predictor else lay.layer_nbytes,

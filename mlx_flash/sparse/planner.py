@@ -1,5 +1,7 @@
-"""The memory budget planner: one user number (`--memory-budget 50%` of the model's bytes, or bytes
-such as `300MB`) decides what stays resident and how many FFN rows each layer may cache.
+"""The sparse FFN's planner: the weights' share of the process's memory limit (what
+memory/process_plan.py leaves after the runtime, KV cache and buffers, or `--weights-budget`: 50% of
+the model's bytes, or bytes such as `300MB`) decides what stays resident and how many FFN rows each
+layer may cache.
 
 Accounting is in bytes as held in memory: the resident tensors (embeddings, attention, norms) and
 the predictors as the compute backend keeps them (a float32 backend holds a 4-bit tensor at 8x its
@@ -70,7 +72,8 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     caches = mode is not SparseMode.NAIVE  # naive holds no rows beyond the layer buffer
     minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
-        raise ConfigError(f"memory budget {fmt(budget)} is below the minimum {fmt(minimum)} for mode "
+        raise ConfigError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+                          f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
                           f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, one-layer "
                           f"buffer {fmt(lay.layer_nbytes)}, one converted layer {fmt(converted_layer)}"
                           + (", one FFN row per layer)" if caches else ")"))

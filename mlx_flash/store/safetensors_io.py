@@ -4,6 +4,7 @@ absolute byte offsets (the format: 8-byte little-endian header length, JSON head
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -16,12 +17,31 @@ _ST_DTYPES = {
 }
 
 
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def tensor_layer(name: str) -> int | None:
+    """The transformer layer a tensor belongs to ("model.layers.3.self_attn.q_proj.weight" -> 3)."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
 def file_order(names, adjacent: list[list[str]] = ()) -> list[str]:
-    """The order tensors are written in: each `adjacent` run back to back (so a reader can take the
-    run as one array, a view of the file's bytes), then the rest sorted by name."""
+    """The order tensors are written in: layer by layer, each layer's tensors one contiguous region
+    (so a layer can be read, or streamed, with one read), within it each `adjacent` run back to back
+    (so a reader can take the run as one array, a view of the file's bytes) and then the rest sorted
+    by name; the tensors of no layer (embeddings, final norm, head) last, sorted."""
     names = set(names)
-    order = [n for run in adjacent for n in run if n in names]
-    return order + sorted(names - set(order))
+    runs = [[n for n in run if n in names] for run in adjacent]
+    by_layer: dict[int | None, list[str]] = {}
+    for run in runs:
+        if run:
+            by_layer.setdefault(tensor_layer(run[0]), []).extend(run)
+    placed = {n for run in runs for n in run}
+    for n in sorted(names - placed):
+        by_layer.setdefault(tensor_layer(n), []).append(n)
+    layers = sorted(k for k in by_layer if k is not None)
+    return [n for k in layers for n in by_layer[k]] + by_layer.get(None, [])
 
 
 def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str,

@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import ModelNotFoundError, StoreError
 from .bundles import NUMPY_DTYPES
 from .manifest import MANIFEST_NAME, Manifest
+from .safetensors_io import tensor_layer
 
 
 class Store:
@@ -25,15 +26,65 @@ class Store:
     def file_path(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def read_resident(self) -> dict[str, tuple[np.ndarray, str]]:
-        """Every resident tensor: name -> (numpy array, storage dtype name). One read per file."""
-        blobs, out = {}, {}
+    def read_resident(self, skip_layers=()) -> dict[str, tuple[np.ndarray, str]]:
+        """Every resident tensor but those of `skip_layers` (streamed layers, read into their own
+        buffers): name -> (numpy array, storage dtype name), views of one buffer per file region
+        read (the whole file when nothing is skipped; else each kept layer's region and each tensor
+        of no layer)."""
+        if not skip_layers:
+            blobs = {f: np.fromfile(self.file_path(f), dtype=np.uint8)
+                     for f in {t.file for t in self.manifest.tensors.values()}}
+            return {name: tensor_view(blobs[t.file], 0, t) for name, t in self.manifest.tensors.items()}
+        regions, out = self.layer_regions(), {}
+        if regions is None:
+            raise StoreError(f"{self.path}: its resident file does not keep each layer's tensors together "
+                             "(converted by an older version): convert the model again to stream layers")
         for name, t in self.manifest.tensors.items():
-            if t.file not in blobs:
-                blobs[t.file] = np.fromfile(self.file_path(t.file), dtype=np.uint8)
-            raw = blobs[t.file][t.offset:t.offset + t.nbytes]
-            out[name] = (raw.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape), t.dtype)
+            layer = tensor_layer(name)
+            if layer is None:
+                out[name] = tensor_view(self._read(t.file, t.offset, t.nbytes), t.offset, t)
+            elif layer not in skip_layers and name not in out:
+                file, off, n = regions[layer]
+                blob = self._read(file, off, n)
+                for other, u in self.layer_tensors(layer):
+                    out[other] = tensor_view(blob, off, u)
         return out
+
+    def layer_tensors(self, layer: int) -> list:
+        """(name, TensorEntry) of the resident tensors of one layer."""
+        return [(n, t) for n, t in self.manifest.tensors.items() if tensor_layer(n) == layer]
+
+    def layer_regions(self) -> dict[int, tuple[str, int, int]] | None:
+        """layer -> (file, offset, bytes): each layer's resident tensors as one contiguous range of
+        one file holding nothing else, or None when the file does not keep layers together."""
+        spans: dict[int, list] = {}
+        for name, t in self.manifest.tensors.items():
+            layer = tensor_layer(name)
+            if layer is not None:
+                spans.setdefault(layer, []).append(t)
+        out = {}
+        for layer, ts in spans.items():
+            if len({t.file for t in ts}) != 1:
+                return None
+            start, end = min(t.offset for t in ts), max(t.offset + t.nbytes for t in ts)
+            if end - start != sum(t.nbytes for t in ts):  # something else lies inside the span
+                return None
+            out[layer] = (ts[0].file, start, end - start)
+        return out
+
+    def _read(self, file: str, offset: int, nbytes: int) -> np.ndarray:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        with open(self.file_path(file), "rb") as fh:
+            fh.seek(offset)
+            if fh.readinto(memoryview(buf)) != nbytes:
+                raise StoreError(f"{self.path}: {file} is shorter than its manifest says")
+        return buf
+
+
+def tensor_view(blob: np.ndarray, blob_offset: int, t) -> tuple[np.ndarray, str]:
+    """(a view of tensor entry `t` inside `blob`, which holds its file's bytes from `blob_offset`, dtype)."""
+    raw = blob[t.offset - blob_offset:t.offset - blob_offset + t.nbytes]
+    return raw.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape), t.dtype
 
 
 def is_store(path: str) -> bool:

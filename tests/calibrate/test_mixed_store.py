@@ -56,10 +56,10 @@ def test_mixed_store_streams_exactly(f16_moe, tmp_path):
             return greedy(e, prompt, 32)
 
     want = run()
-    with mlx_flash.load(out, backend="torch", ffn="stream", memory_budget="1GB", progress=False) as e:
+    with mlx_flash.load(out, backend="torch", ffn="stream", weights_budget="1GB", progress=False) as e:
         a = mlx_flash.memory_plan(e)
     budget = a["resident_weights"] + 3 * a["slot_bytes"]
-    got = run(ffn="stream", memory_budget=budget, io=mlx_flash.IOOptions(mode="buffered"))
+    got = run(ffn="stream", weights_budget=budget, io=mlx_flash.IOOptions(mode="buffered"))
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 
 

@@ -81,10 +81,10 @@ def test_moefied_model_with_fewer_experts_streams_exactly(dense_dir, tmp_path):
 
     with mlx_flash.load(out, **kw) as e:
         want = greedy(e, prompt, 24)
-    with mlx_flash.load(out, ffn="stream", memory_budget="1GB", **kw, io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(out, ffn="stream", weights_budget="1GB", **kw, io=mlx_flash.IOOptions(mode="buffered")) as e:
         a = mlx_flash.memory_plan(e)
     budget = a["resident_weights"] + 3 * a["slot_bytes"]
-    with mlx_flash.load(out, ffn="stream", memory_budget=budget, **kw, io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(out, ffn="stream", weights_budget=budget, **kw, io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = greedy(e, prompt, 24)
         assert e.ffn.cache.slots == 3  # fewer slots than the 2 layers x 4 experts
     assert got[0] == want[0] and np.array_equal(got[1], want[1])

@@ -41,13 +41,13 @@ def test_train_save_load_and_pick_recall(tiny_store):
     assert all(0 <= m["recall"] <= 1 and 0 <= m["precision"] <= 1 for m in preds.metrics)
     cuts = {}
     for r in (0.8, 0.99):
-        with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                             flash=mlx_flash.FlashOptions(recall=r), io=mlx_flash.IOOptions(mode="buffered")) as e:
             cuts[r] = [p.cut for p in e.ffn.selector.p.layers]
             e.generate("w1 w2 w3", max_tokens=4)
     assert all(a >= b for a, b in zip(cuts[0.8], cuts[0.99]))  # higher recall: lower cut, more neurons
     with pytest.raises(StoreError, match="no cut for recall 0.5"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                        flash=mlx_flash.FlashOptions(recall=0.5))
 
 

@@ -70,7 +70,7 @@ def test_every_mode_equals_resident(tmp_path, backend):
     with mlx_flash.load(store, backend=backend, progress=False) as e:
         want = run(e, ids)
     configs = [dict(ffn="stream")] + [
-        dict(ffn="sparse", memory_budget=budget, flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+        dict(ffn="sparse", weights_budget=budget, flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
              io=mlx_flash.IOOptions(mode="buffered"))
         # 130%: two of four blocks per layer fit (hybrid keeps two, the caches overflow); 200%: all fit
         for mode, budget in (("naive", "200%"), ("hybrid", "130%"), ("predictor", "200%"), ("window", "130%"),
@@ -78,7 +78,7 @@ def test_every_mode_equals_resident(tmp_path, backend):
     for kw in configs:
         with mlx_flash.load(store, backend=backend, progress=False, **kw) as e:
             got = run(e, ids)
-            if kw["ffn"] == "sparse" and kw["memory_budget"] != "200%":
+            if kw["ffn"] == "sparse" and kw["weights_budget"] != "200%":
                 assert e.ffn.plan.capacity < 4
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), kw
 
@@ -114,7 +114,7 @@ def test_partial_selection_zeroes_exactly_the_unselected_neurons(tmp_path, backe
     with mlx_flash.load(ref_store, backend=backend, progress=False) as e:
         want = run(e, ids)
     for mode in ("predictor", "all"):
-        with mlx_flash.load(store, backend=backend, ffn="sparse", memory_budget="200%", progress=False,
+        with mlx_flash.load(store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
                             flash=mlx_flash.FlashOptions(mode=mode), io=mlx_flash.IOOptions(mode="buffered")) as e:
             got = run(e, ids)
             assert e.ffn.stats().rows_loaded > 0
@@ -137,7 +137,7 @@ def test_gate_predictor_on_blocks(tmp_path, down_only):
     ids = tiny_models.random_ids(20)
     with mlx_flash.load(store, backend="torch", progress=False) as e:
         want = run(e, ids)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="200%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=down_only),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids)

@@ -32,12 +32,12 @@ def test_moefied_smollm2_streams_exactly_at_every_budget(moefied, wiki_text):
         want = greedy(e, prompt, 64)
         routes = record_routes(e, e.tokenizer.encode(wiki_text[60000:70000])[:1024])
         fit_routing_predictor(routes, model_id(e.store), 16).save(os.path.join(e.store.path, PREDICTOR_FILE))
-    with mlx_flash.load(path, ffn="stream", memory_budget="100%", io=mlx_flash.IOOptions(mode="buffered"), **kw) as e:
+    with mlx_flash.load(path, ffn="stream", weights_budget="100%", io=mlx_flash.IOOptions(mode="buffered"), **kw) as e:
         a = mlx_flash.memory_plan(e)
     fixed = a["resident_weights"]
     for share in (0.1, 0.5, 1.0):
         budget = fixed + max(a["slot_bytes"], int(share * a["all_experts_bytes"]))
-        with mlx_flash.load(path, ffn="stream", memory_budget=budget, io=mlx_flash.IOOptions(mode="buffered"),
+        with mlx_flash.load(path, ffn="stream", weights_budget=budget, io=mlx_flash.IOOptions(mode="buffered"),
                             **kw) as e:
             got = greedy(e, prompt, 64)
             assert e.ffn.preload == 8 and e.ffn.predicted > 0

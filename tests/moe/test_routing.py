@@ -40,12 +40,12 @@ def test_preloading_streams_exactly_and_counts_its_guesses(tiny_store):
         want = greedy(e, prompt, 64)
         routes = record_routes(e, tiny_models.random_ids(400, seed=9), context=64)
         fit_routing_predictor(routes, model_id(e.store), 4).save(os.path.join(store, PREDICTOR_FILE))
-    with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="1GB", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="1GB", progress=False,
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         a = mlx_flash.memory_plan(e)
     budget = a["resident_weights"] + 6 * a["slot_bytes"]  # 6 of 16 experts
     for preload in (-1, 0):
-        with mlx_flash.load(store, backend="torch", ffn="stream", memory_budget=budget, progress=False,
+        with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget=budget, progress=False,
                             experts=mlx_flash.ExpertOptions(preload=preload),
                             io=mlx_flash.IOOptions(mode="buffered")) as e:
             got = greedy(e, prompt, 64)
@@ -60,4 +60,4 @@ def test_load_refuses_a_predictor_of_another_model(tiny_store):
     store, _ = tiny_store("mixtral")
     uniform_predictor("0" * 64, 2).save(os.path.join(store, PREDICTOR_FILE))
     with pytest.raises(ConfigError, match="routing trace of another model"):
-        mlx_flash.load(store, backend="torch", ffn="stream", memory_budget="100%", progress=False)
+        mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="100%", progress=False)

@@ -26,7 +26,7 @@ def test_io_seconds_adds_latency_per_batch():
 @pytest.mark.parametrize("mode,fields", [("all", 1), ("window", None)])
 def test_reads_match_what_the_pool_issues(tiny_store, mode, fields):
     store, _ = tiny_store("llama")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         src = e.ffn
@@ -86,12 +86,12 @@ def test_planner_sizes_the_window_of_a_real_load(tiny_store):
     from mlx_flash.sparse.planner import DEFAULT_WINDOW
 
     store, _ = tiny_store("llama")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         # no activity measured: the default window
         assert e.ffn.plan.window == DEFAULT_WINDOW and mlx_flash.memory_plan(e)["window"] == DEFAULT_WINDOW
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all", predictor="dense", window=2),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         assert e.ffn.plan.window == 2
@@ -99,7 +99,7 @@ def test_planner_sizes_the_window_of_a_real_load(tiny_store):
 
 def test_budget_counts_weights_as_the_backend_holds_them(tiny_store):
     store, _ = tiny_store("llama", precision="q4")
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="naive"), io=mlx_flash.IOOptions(mode="buffered")) as e:
         a, lay = mlx_flash.memory_plan(e), e.ffn.layout
         assert a["resident_weights"] == e.ops.held_bytes(e.weights)

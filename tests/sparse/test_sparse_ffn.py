@@ -31,7 +31,7 @@ def dense_f16(f16_store_dir):
 
 @pytest.mark.parametrize("mode,budget", [(m.value, "55%") for m in SparseMode] + [("all", "100%")])
 def test_all_active_equals_dense(f16_store_dir, dense_f16, mode, budget):
-    with mlx_flash.load(f16_store_dir, backend="torch", ffn="sparse", memory_budget=budget, progress=False,
+    with mlx_flash.load(f16_store_dir, backend="torch", ffn="sparse", weights_budget=budget, progress=False,
                         flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
                         io=mlx_flash.IOOptions(mode="direct")) as e:
         full, steps = run(e)
@@ -46,7 +46,7 @@ def test_relu_family_all_active_equals_dense(tiny_store):
     ids = list(range(3, 40))
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 20)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="120%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="120%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 20)
@@ -71,12 +71,12 @@ def test_predictor_round_trip_and_masking(tiny_store):
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 16)
     save_predictors(store, bias=10.0)  # every logit 10 > cut 0: all active, so exact
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 16)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     save_predictors(store, bias=-10.0)  # nothing active: the FFN adds nothing, and nothing is read
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
         got = run(e, ids, 16)
         assert e.ffn.rows_loaded == 0
@@ -85,8 +85,8 @@ def test_predictor_round_trip_and_masking(tiny_store):
 
 def test_budget_below_minimum_names_the_minimum(tiny_store):
     store, _ = tiny_store("llama")
-    with pytest.raises(ConfigError, match=r"memory budget 0\.0 MB is below the minimum [0-9.]+ MB for mode 'all'"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="1KB", progress=False,
+    with pytest.raises(ConfigError, match=r"weights budget 0\.0 MB .*is below the minimum [0-9.]+ MB for mode 'all'"):
+        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="1KB", progress=False,
                        flash=mlx_flash.FlashOptions(predictor="dense"))
 
 
@@ -96,7 +96,7 @@ def test_missing_predictors_are_named(tiny_store):
         mlx_flash.load(store, backend="torch", ffn="sparse", progress=False,
                        flash=mlx_flash.FlashOptions(mode="window"))
     # modes without a predictor do not need one
-    mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                    flash=mlx_flash.FlashOptions(mode="hybrid")).close()
 
 
@@ -133,7 +133,7 @@ def test_gate_predictor_selects_by_the_ffn_own_activations(tiny_store):
         meta = json.load(open(meta_path))
         meta["magnitude_thresholds"] = [threshold] * len(meta["magnitude_thresholds"])
         json.dump(meta, open(meta_path, "w"))
-        with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                             flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
                             io=mlx_flash.IOOptions(mode="buffered")) as e:
             got = run(e, ids, 16)
@@ -158,7 +158,7 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
     meta = json.load(open(f"{store}/predictors.json"))
     meta["magnitude_thresholds"] = [0.0] * len(meta["magnitude_thresholds"])
     json.dump(meta, open(f"{store}/predictors.json", "w"))
-    with mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                         flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=True),
                         io=mlx_flash.IOOptions(mode="buffered")) as e:
         full, steps = run(e, ids, 16)
@@ -172,5 +172,5 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
 def test_down_only_needs_the_gate_predictor(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match="down-only reads need .* gate predictor"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", memory_budget="160%", progress=False,
+        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
                        flash=mlx_flash.FlashOptions(predictor="dense", down_only=True))

@@ -1,0 +1,140 @@
+"""Streamed layers: the resident tensors (attention, norms) of the layers the memory plan cannot hold
+live in two slot buffers. Layer i's region of the resident file (one contiguous range: the converter
+writes each layer's tensors together) is read into its slot before the layer computes, and the next
+streamed layer's read is started meanwhile, so reading overlaps compute.
+
+A streamed layer's backend weights are built once, at load, while its bytes are in its slot: the
+large parts (packed codes, scales, biases) are views of the slot, so each re-read refreshes them in
+place; small parts a backend copies (norm vectors) were copied from the layer's own bytes and stay
+right. Compute must have finished reading a slot before it is refilled: the CPU kernel runs when a
+linear is called, so a layer's products are done when the next layer starts (backends whose weights
+are not views of host memory cannot stream layers: `LayerSlots.check_views`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .store.store import Store, tensor_view
+
+
+class LayerSlots:
+    def __init__(self, store: Store, layers: list[int], pool):
+        regions = store.layer_regions()
+        if regions is None:
+            raise ConfigError(f"{store.path}: its resident file does not keep each layer's tensors together "
+                              "(converted by an older version): convert the model again to stream layers")
+        self.store, self.pool, self.order = store, pool, list(layers)
+        self.regions = {i: regions[i] for i in self.order}
+        size = max(n for _, _, n in self.regions.values())
+        n_slots = min(2, len(self.order))
+        self._mems = [mmap.mmap(-1, max(size, 1)) for _ in range(n_slots)]  # page-aligned for direct reads
+        self.slots = [np.frombuffer(m, dtype=np.uint8) for m in self._mems]
+        self.slot_of = {layer: k % n_slots for k, layer in enumerate(self.order)}
+        self.holds: list[int | None] = [None] * n_slots  # the layer each slot's bytes are
+        self.pending: dict[int, tuple[int, object]] = {}  # slot -> (layer, batch) being read
+        self.files = {f: pool.open(store.file_path(f)) for f, _, _ in self.regions.values()}
+        self.bytes_read = self.reads = 0
+        self.wait_seconds = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.slots)
+
+    def __contains__(self, layer) -> bool:
+        return layer in self.slot_of
+
+    def arrays(self, layer: int) -> dict[str, tuple[np.ndarray, str]]:
+        """The layer's tensors as views of its slot (reading them first when the slot holds another)."""
+        self.ensure(layer)
+        file, off, n = self.regions[layer]
+        slot = self.slots[self.slot_of[layer]]
+        return {name: tensor_view(slot, off, t) for name, t in self.store.layer_tensors(layer)}
+
+    def ensure(self, layer: int) -> None:
+        """Block until the layer's bytes are in its slot."""
+        s = self.slot_of[layer]
+        if self.holds[s] == layer:
+            return
+        if s in self.pending and self.pending[s][0] == layer:
+            _, batch = self.pending.pop(s)
+            t = time.perf_counter()
+            batch.wait()
+            self.wait_seconds += time.perf_counter() - t
+            self._count(batch)
+        else:
+            self._drop_pending(s)
+            t = time.perf_counter()
+            batch = self.pool.read([self._range(layer)])
+            self.wait_seconds += time.perf_counter() - t
+            self._count(batch)
+        self.holds[s] = layer
+
+    def prefetch_after(self, layer: int) -> None:
+        """Start reading the streamed layer after `layer` (the first one after the last: the next
+        token's) into its slot, unless that slot is the one `layer` computes from."""
+        nxt = self.order[(self.order.index(layer) + 1) % len(self.order)]
+        s = self.slot_of[nxt]
+        if s == self.slot_of[layer] or self.holds[s] == nxt or s in self.pending:
+            return
+        self.holds[s] = None  # being overwritten
+        self.pending[s] = (nxt, self.pool.submit([self._range(nxt)]))
+
+    def _range(self, layer: int):
+        file, off, n = self.regions[layer]
+        return (self.files[file], off, n, self.slots[self.slot_of[layer]][:n])
+
+    def _drop_pending(self, s: int) -> None:
+        if s in self.pending:
+            _, batch = self.pending.pop(s)
+            batch.wait()
+            self._count(batch)
+
+    def _count(self, batch) -> None:
+        self.bytes_read += batch.bytes_read
+        self.reads += batch.reads
+
+    def check_views(self, ops, layer_weights, layer: int) -> None:
+        """Refuse a backend that copied the layer's large parts instead of viewing its slot: those
+        copies would hold the layer in memory the plan gave to other things."""
+        held = ops.held_bytes(layer_weights)
+        slot = self.slots[self.slot_of[layer]]
+        copied = held - (slot.nbytes if held >= slot.nbytes else 0)
+        if copied > self.regions[layer][2] // 4:
+            raise ConfigError(f"the {ops.name} backend holds layer {layer}'s weights as copies ({copied} bytes beyond "
+                              "its read buffer), so layers cannot be streamed on it; give it memory for every layer")
+
+    def close(self) -> None:
+        for s in list(self.pending):
+            self._drop_pending(s)
+        self.slots = []
+
+
+class StreamedLayers(Sequence):
+    """The model's per-layer weights, as the graph iterates them: a streamed layer's bytes are in its
+    slot when the graph reaches it, the next streamed layer's read started."""
+
+    def __init__(self, layers: list, slots: LayerSlots):
+        self._layers, self.slots = layers, slots
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if i in self.slots:
+            self.slots.ensure(i)
+            self.slots.prefetch_after(i)
+        return self._layers[i]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]

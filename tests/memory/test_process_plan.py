@@ -1,0 +1,55 @@
+"""The process planner: runtime floor, KV cache, work buffers and weights under one limit; a limit
+that cannot work is refused with the minimum."""
+
+import pytest
+
+from mlx_flash.errors import ConfigError
+from mlx_flash.memory.limit import MemoryLimit
+from mlx_flash.memory.process_plan import (MIN_KV_TOKENS, RUNTIME_SLACK, ModelShape, kv_bytes_per_token,
+                                           plan_process, work_bytes)
+
+LLAMA_7B = ModelShape.from_config({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
+                                   "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000})
+MB = 10**6
+
+
+def test_shape_and_kv_of_a_7b():
+    assert kv_bytes_per_token(LLAMA_7B) == 2 * 32 * 4096 * 4  # 1 MiB of float32 keys and values per token
+    moe = ModelShape.from_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                                  "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 32})
+    assert (moe.ffn_width, moe.kv_heads, moe.head_dim) == (64, 4, 16)
+
+
+def test_split_adds_up_to_the_limit():
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    a = plan.account()
+    parts = a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["weights_budget"]
+    assert parts == 2000 * MB
+    assert plan.weights_budget >= 1000 * MB
+    assert plan.kv_tokens == 200 * MB // kv_bytes_per_token(LLAMA_7B)  # auto: 10% of the limit
+    assert "memory: limit 2000.0 MB" in plan.line("x")
+
+
+def test_refused_below_the_minimum_with_the_minimum():
+    with pytest.raises(ConfigError, match=r"memory budget 1000\.0 MB is below the minimum [0-9.]+ MB .*runtime"):
+        plan_process(MemoryLimit(1000 * MB, "given"), 100 * MB, "torch", LLAMA_7B, 4096, 900 * MB)
+
+
+def test_tight_limit_shrinks_kv_then_prefill_chunk_before_refusing():
+    floor, weights = 100 * MB, 1500 * MB
+    plan = plan_process(MemoryLimit(1900 * MB, "given"), floor, "mlx", LLAMA_7B, 4096, weights)
+    # the auto KV target (10% of the limit: 181 tokens) comes down to its minimum, prefill chunks halve
+    assert (plan.kv_tokens, plan.prefill_chunk) == (MIN_KV_TOKENS, 256)
+    assert plan.weights_budget >= weights and "prefill chunk 512 -> 256" in plan.line("x")
+    total = floor + RUNTIME_SLACK["mlx"] + plan.kv_bytes + work_bytes(LLAMA_7B, plan.prefill_chunk, plan.kv_tokens)
+    assert total + plan.weights_budget == 1900 * MB
+
+
+def test_explicit_context_is_planned_or_refused():
+    plan = plan_process(MemoryLimit(4000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=300)
+    assert plan.kv_tokens == 300
+    with pytest.raises(ConfigError, match="more than the model's 4096 tokens"):
+        plan_process(MemoryLimit(4000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=5000)
+    with pytest.raises(ConfigError, match="below the minimum"):
+        plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=2048)

@@ -1,0 +1,50 @@
+"""Streamed layers: when the weights' share of the memory limit cannot hold every layer's attention,
+the last layers' resident tensors are read into two slots as they compute. The output is the
+resident model's, bit for bit, on both backends."""
+
+import numpy as np
+import pytest
+
+import mlx_flash
+from mlx_flash.store import open_store
+
+PROMPT = list(range(20, 60))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_streamed_layers_equal_resident(store_dir, engines, backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    store = open_store(store_dir)
+    regions = store.layer_regions()
+    assert regions is not None and len(regions) == store.config["num_hidden_layers"], \
+        "the converter writes each layer's tensors together"
+    ref = engines(store_dir, backend).logits(PROMPT)
+    # 40 MB for weights: not the 40.4 MB of embeddings and attention plus a streamed FFN, so layers stream
+    with mlx_flash.load(store_dir, backend=backend, weights_budget="40MB", context=128, progress=False) as e:
+        streamed = e.memory_plan["streamed_layers"]
+        assert 0 < streamed < len(regions)
+        assert e.layer_slots is not None and e.layer_slots.nbytes == 2 * max(n for *_, n in regions.values())
+        got = e.logits(PROMPT)
+        np.testing.assert_array_equal(got, ref)
+        before = e.layer_slots.bytes_read
+        e.logits(PROMPT[:4])
+        # every streamed layer is read once per forward pass (its region, no more)
+        per_pass = sum(regions[i][2] for i in range(len(regions) - streamed, len(regions)))
+        assert e.layer_slots.bytes_read - before >= per_pass
+
+
+@pytest.mark.slow
+def test_weights_budget_below_the_minimum_is_refused(store_dir):
+    with pytest.raises(mlx_flash.ConfigError, match=r"weights budget 30\.0 MB is below the minimum 3[0-9.]+ MB"):
+        mlx_flash.load(store_dir, backend="mlx", weights_budget="30MB", progress=False)
+
+
+@pytest.mark.slow
+def test_context_is_planned_and_enforced(store_dir):
+    with mlx_flash.load(store_dir, backend="mlx", context=24, progress=False) as e:
+        assert e.context_limit == 24 and e.memory_plan["kv_tokens"] == 24
+        e.logits(PROMPT[:24])
+        with pytest.raises(mlx_flash.ConfigError, match="25 tokens exceed the 24 tokens the memory plan holds KV"):
+            e.logits(PROMPT[:25])
