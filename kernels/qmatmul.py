@@ -28,7 +28,7 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
-ABI_VERSION = 2  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 3  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
@@ -57,7 +57,7 @@ def library() -> ctypes.CDLL:
                                          f"package needs {ABI_VERSION}); reinstall (pip install -e . or make install)")
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         lib.mf_qmatmul.argtypes = [vp, i64, i64, vp, vp, vp, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_int, vp, ctypes.c_int]
+                                   ctypes.c_int, vp, ctypes.c_int, vp]
         lib.mf_qmatmul.restype = ctypes.c_int
         lib.mf_cpu_isa.restype = ctypes.c_int
         lib.mf_set_isa.argtypes = [ctypes.c_int]
@@ -124,6 +124,12 @@ class StoredMatrix:
     packed: uint32 words, [N, K/(32/bits)] when `rows_are_outputs` (a linear: y = x @ W^T) or
     [K, N/(32/bits)] otherwise (neuron-major: y = x @ W). scales, biases: [rows, packed-axis/group],
     float16, float32 or bfloat16 words (uint16, `bf16_scales`). The arrays are kept, not copied.
+
+    Laid-out rows (rows_are_outputs only): packed a view [blocks, rows per block, groups, words per
+    group] and scales, biases views [blocks, rows per block, groups] with any strides (biases with the
+    scales' strides): row n = block * rows-per-block + r. The kernel reads them where they lie, e.g.
+    inside the store's bundles (gate/up rows come in blocks of neurons; the down matrix's groups
+    are its bundles), so a layer read from flash is multiplied without being unpacked.
     """
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
@@ -132,6 +138,9 @@ class StoredMatrix:
             raise ValueError(f"bits must be one of {KERNEL_BITS} (got {bits})")
         if group <= 0 or group % 8:
             raise ValueError(f"group size must be a positive multiple of 8 (got {group})")
+        self._layout = None
+        if packed.ndim == 4:
+            packed, scales, biases = self._laid_out(packed, scales, biases, bits, group, rows_are_outputs)
         if packed.dtype != np.uint32 or packed.ndim != 2:
             raise ValueError(f"packed weights must be 2-D uint32 (got {packed.dtype} {packed.shape})")
         rows, cols = packed.shape[0], packed.shape[1] * (32 // bits)
@@ -140,11 +149,13 @@ class StoredMatrix:
         for name, a in (("scales", scales), ("biases", biases)):
             if a.shape != (rows, cols // group):
                 raise ValueError(f"{name} must be {(rows, cols // group)} (got {a.shape})")
-            _contiguous(a, name)
+            if self._layout is None:
+                _contiguous(a, name)
         self.scale_type = _scale_type(scales, bf16_scales)
         if _scale_type(biases, bf16_scales) != self.scale_type:
             raise ValueError(f"scales and biases differ in type ({scales.dtype} vs {biases.dtype})")
-        _contiguous(packed, "packed weights")
+        if self._layout is None:
+            _contiguous(packed, "packed weights")
         self.arrays = (packed, scales, biases)  # kept alive: the kernel reads their memory
         self.bits, self.group, self.rows_are_outputs = bits, group, rows_are_outputs
         self.n_out, self.k_in = (rows, cols) if rows_are_outputs else (cols, rows)
@@ -152,7 +163,37 @@ class StoredMatrix:
         self._call = _QMATMUL
         # every argument but x, T, out and threads, in the module function's order
         self._w = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, self.scale_type, self.n_out,
-                   self.bits, self.group, int(self.rows_are_outputs))
+                   self.bits, self.group, int(self.rows_are_outputs),
+                   0 if self._layout is None else self._layout.ctypes.data)
+
+    def _laid_out(self, packed, scales, biases, bits, group, rows_are_outputs):
+        """Check laid-out views (see the class docstring) and record their strides for the kernel;
+        returns 2-D stand-ins with the matrix's shape (for the checks shared with plain matrices; their
+        first element is where the kernel starts)."""
+        if not rows_are_outputs:
+            raise ValueError("laid-out rows are for rows_are_outputs matrices only")
+        if packed.dtype != np.uint32 or packed.strides[3] != 4 or packed.shape[3] * (32 // bits) != group:
+            raise ValueError(f"packed view must be uint32 [blocks, rows, groups, {group * bits // 32}] with "
+                             f"contiguous words (got {packed.dtype} {packed.shape} strides {packed.strides})")
+        nb, rpb, groups = packed.shape[:3]
+        for name, a in (("scales", scales), ("biases", biases)):
+            if a.shape != (nb, rpb, groups):
+                raise ValueError(f"{name} view must be {(nb, rpb, groups)} (got {a.shape})")
+        if biases.strides != scales.strides or biases.dtype != scales.dtype:
+            raise ValueError("biases must lie like the scales (same strides and type)")
+        wb, wr, wg, _ = packed.strides
+        sb, sr, sg = scales.strides
+        if min(wb, wr, wg, sb, sr, sg) < 0:
+            raise ValueError("laid-out views must have non-negative strides")
+        self._layout = np.array([rpb, wb, wr, wg, sb, sr, sg], dtype=np.int64)
+        self._views = (packed, scales, biases)  # what the stand-ins below point into: kept alive
+        rows = nb * rpb
+
+        def stand_in(a, shape):
+            return np.lib.stride_tricks.as_strided(a, shape=shape, strides=(0, 0), writeable=False)
+
+        return (stand_in(packed, (rows, groups * packed.shape[3])), stand_in(scales, (rows, groups)),
+                stand_in(biases, (rows, groups)))
 
     def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given). The kernel checks
@@ -171,8 +212,8 @@ class StoredMatrix:
         """The product of `rows` input rows into `out`, for callers that hold buffers already shaped
         (any layout whose memory is [rows, K] and [rows, N] float32, C-contiguous). Only the kernel's
         own checks run: type, contiguity and size of both buffers."""
-        w, s, b, st, n, bits, group, tr = self._w
-        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1)
+        w, s, b, st, n, bits, group, tr, lay = self._w
+        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1, lay)
 
 
 def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,

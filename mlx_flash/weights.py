@@ -14,7 +14,8 @@ import numpy as np
 from .backends import owner
 from .errors import StoreError
 from .ffn_source import FFNStats, FFNWeights, LayerSource
-from .store.bundles import unpack_rows
+from .kernels.qmatmul import KERNEL_BITS, StoredMatrix
+from .store.bundles import NUMPY_DTYPES, unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
 from .store.safetensors_io import tensor_layer
@@ -133,9 +134,58 @@ def neuron_arrays(layout: FFNLayout, rows: np.ndarray, fields=None) -> tuple[dic
     return out, layout.block == 1 and not layout.down_rows
 
 
+def in_place(ops, layout: FFNLayout) -> bool:
+    """Whether bundle rows of this layout can be multiplied where they lie (bundle_views): blocks of
+    neurons quantized at a width the CPU kernel reads, without per-neuron biases, on a backend
+    whose linears run that kernel."""
+    roles = ("gate", "up", "down") if layout.gated else ("up", "down")
+    return (layout.block > 1 and not layout.n_experts and not layout.down_rows and ops.in_place_kernel
+            and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)
+            and layout.quant["down"].group_size == layout.block
+            and not any(f.name.endswith(".bias") for f in layout.fields))
+
+
+def bundle_views(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
+    """Backend weights that read a layer's bundles where they lie ([n, bundle_bytes] rows, C-contiguous):
+    gate and up as blocks of rows (one per bundle), down as a matrix whose groups are the bundles.
+    No byte is copied; the weights are valid while `rows` holds this layer."""
+    nb, bb = rows.shape
+    f = {x.name: x for x in layout.fields}
+
+    def rows_of(role):  # [blocks, block rows, groups, words per group] and scales/biases views
+        q, w, s = layout.quant[role], f[f"{role}.weight"], f[f"{role}.scales"]
+        groups, wpg, ss = s.shape[-1], q.group_size * q.bits // 32, s.nbytes // (layout.block * s.shape[-1])
+        dt = NUMPY_DTYPES[s.dtype]
+        views = [np.ndarray((nb, layout.block, groups, wpg), np.uint32, rows, w.offset,
+                            (bb, w.shape[-1] * 4, wpg * 4, 4))]
+        views += [np.ndarray((nb, layout.block, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
+                  for p in ("scales", "biases")]
+        return views, q, s.dtype == "bfloat16"
+
+    def down():  # row d, group b: bundle b's slice of row d
+        q, w, s = layout.quant["down"], f["down.weight"], f["down.scales"]
+        D, wpg, ss = w.shape[0], w.shape[1], s.nbytes // s.shape[0]
+        dt = NUMPY_DTYPES[s.dtype]
+        views = [np.ndarray((1, D, nb, wpg), np.uint32, rows, w.offset, (0, wpg * 4, bb, 4))]
+        views += [np.ndarray((1, D, nb), dt, rows, f[f"down.{p}"].offset, (0, ss, bb)) for p in ("scales", "biases")]
+        return views, q, s.dtype == "bfloat16"
+
+    def weight(made):
+        (w, s, b), q, bf16 = made
+        return ops.kernel_weight(StoredMatrix(w, s, b, q.bits, q.group_size, True, bf16), q)
+
+    if not layout.gated:
+        return FFNWeights(up=weight(rows_of("up")), down=weight(down()))
+    return FFNWeights(gate_up=(weight(rows_of("gate")), weight(rows_of("up"))), down=weight(down()))
+
+
 def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
     """[n, bundle_bytes] bundle rows -> backend weights: gate_up and down for gated FFNs (gate and
-    up rows fused), up and down otherwise (see neuron_arrays for down's orientation)."""
+    up rows fused), up and down otherwise (see neuron_arrays for down's orientation). Where the
+    layout allows (in_place), views of the rows themselves (bundle_views): valid while `rows` holds
+    this layer."""
+    if in_place(ops, layout) and rows.flags.c_contiguous:
+        return bundle_views(ops, layout, rows)
     arrays, transposed = neuron_arrays(layout, rows)
     d, ddt = linear_parts(arrays, "down")
     down = ops.weight(d, layout.quant.get("down"), transposed=transposed, dtypes=ddt)
@@ -153,7 +203,9 @@ class ResidentFFN(LayerSource):
     def __init__(self, ops, store: Store, pool):
         layout = store.manifest.ffn
         reader = FFNReader(pool, store.file_path(layout.file), layout)
-        self.layers = [bundle_weights(ops, layout, reader.read_layer(i)) for i in range(len(layout.layer_offsets))]
+        own = in_place(ops, layout)  # weights that are views need each layer in a buffer of its own
+        self.layers = [bundle_weights(ops, layout, reader.read_layer(i).copy() if own else reader.read_layer(i))
+                       for i in range(len(layout.layer_offsets))]
 
     def layer(self, i: int, x=None) -> FFNWeights:
         return self.layers[i]

@@ -48,8 +48,8 @@ def test_expert_source_reports_its_cache(tiny_store):
 def test_expert_sources_yield_routed_experts_in_ascending_order(tiny_store):
     store, _ = tiny_store("mixtral")
     routing = np.array([[3, 1], [1, 0]])
-    for ffn in ("resident", "stream"):
-        with mlx_flash.load(store, backend="torch", ffn=ffn, weights_budget="60%", progress=False) as e:
+    for ffn, budget in (("resident", None), ("stream", "60%")):
+        with mlx_flash.load(store, backend="torch", ffn=ffn, weights_budget=budget, progress=False) as e:
             assert isinstance(e.ffn, ExpertSource)
             assert [k for k, _ in e.ffn.experts(0, routing)] == [0, 1, 3]
 

@@ -29,7 +29,21 @@ struct Problem {
   float* y;  // [T, N]
   const float* xsum;   // [T, K/group] (transposed only): sum of x over each group
   const float* xperm;  // [T, K] (transposed 4-bit only): x with each 32-block as its 16 even then 16 odd elements
+  // Where row n's codes and scales lie (transposed only; the store's bundles interleave several
+  // matrices, and the kernel reads them where they were read to). Rows come in blocks of `rpb`:
+  // the codes of row n, group g start at  w + (n / rpb) * wb + (n % rpb) * wr + g * wg  bytes, its
+  // scale and bias at  scales|biases + (n / rpb) * sb + (n % rpb) * sr + g * sg  bytes. A plain
+  // [N, K/pack] matrix is one block: wr = K*bits/8, wg = group*bits/8, sr = groups*sg, sg = scale size.
+  int64_t rpb, wb, wr, wg, sb, sr, sg;
 };
+
+inline const uint8_t* row_codes(const Problem& p, int64_t n) {
+  return reinterpret_cast<const uint8_t*>(p.w) + (n / p.rpb) * p.wb + (n % p.rpb) * p.wr;
+}
+
+inline int64_t scale_offset(const Problem& p, int64_t n, int64_t g) {  // bytes
+  return (n / p.rpb) * p.sb + (n % p.rpb) * p.sr + g * p.sg;
+}
 
 // ---- scalar helpers ------------------------------------------------------------------------------
 inline float half_to_float(uint16_t h) {
@@ -65,6 +79,10 @@ inline float load_scale(const void* p, int type, int64_t i) {
     return f;
   }
   return half_to_float(h);
+}
+
+inline float scale_at(const void* base, int type, int64_t byte_offset) {
+  return load_scale(static_cast<const char*>(base) + byte_offset, type, 0);
 }
 
 inline int code_at(const uint32_t* row, int bits, int64_t j) {

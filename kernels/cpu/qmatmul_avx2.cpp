@@ -25,24 +25,24 @@ __attribute__((target("avx2,fma"))) inline __m256 codes8_avx2(const uint8_t* src
 
 // Up to 4 tokens share each decoded group of codes (prefill reuses the widening across tokens).
 __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t row_bytes = p.K * p.bits / 8, groups = p.K / p.group;
+  const int64_t groups = p.K / p.group;
   const int step_bytes = p.bits;  // bytes holding 8 codes
   for (int64_t t0 = 0; t0 < p.T; t0 += 4) {
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t n = n0; n < n1; n++) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + n * row_bytes;
+      const uint8_t* row = row_codes(p, n);
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       float bias_acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int64_t g = 0; g < groups; g++) {
         __m256 dot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        const uint8_t* src = row + g * p.group * p.bits / 8;
+        const uint8_t* src = row + g * p.wg;
         for (int j = 0; j < p.group; j += 8, src += step_bytes) {
           const __m256 c = codes8_avx2(src, p.bits);
           for (int t = 0; t < tn; t++)
             dot[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(p.x + (t0 + t) * p.K + g * p.group + j), dot[t]);
         }
-        const float s = load_scale(p.scales, p.scale_type, n * groups + g);
-        const float b = load_scale(p.biases, p.scale_type, n * groups + g);
+        const int64_t so = scale_offset(p, n, g);
+        const float s = scale_at(p.scales, p.scale_type, so), b = scale_at(p.biases, p.scale_type, so);
         const __m256 vs = _mm256_set1_ps(s);
         for (int t = 0; t < tn; t++) {
           acc[t] = _mm256_fmadd_ps(vs, dot[t], acc[t]);
@@ -71,7 +71,7 @@ __attribute__((target("avx2,fma"))) void cols_avx2(const Problem& p, int64_t n0,
           xs[t] = _mm256_set1_ps(xv * s);
           xb[t] = _mm256_set1_ps(xv * b);
         }
-        const uint8_t* src = row + g * p.group * p.bits / 8;
+        const uint8_t* src = row + g * p.wg;
         for (int j = 0; j < p.group; j += 8, src += p.bits) {
           const __m256 c = codes8_avx2(src, p.bits);
           for (int t = 0; t < tn; t++) {
@@ -89,9 +89,9 @@ __attribute__((target("avx2,fma"))) void cols_avx2(const Problem& p, int64_t n0,
 // be multiplied by x permuted the same way (xperm). Per-row scales are widened once per row.
 __attribute__((target("avx2,fma,f16c"))) void row_scales(const Problem& p, int64_t n, float* sc, float* bi) {
   const int64_t groups = p.K / p.group;
-  if (p.scale_type == F16) {
-    const uint16_t* s = static_cast<const uint16_t*>(p.scales) + n * groups;
-    const uint16_t* b = static_cast<const uint16_t*>(p.biases) + n * groups;
+  if (p.scale_type == F16 && p.sg == 2) {  // a row's scales side by side
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.scales) + scale_offset(p, n, 0));
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.biases) + scale_offset(p, n, 0));
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
       _mm256_storeu_ps(sc + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g))));
@@ -104,13 +104,14 @@ __attribute__((target("avx2,fma,f16c"))) void row_scales(const Problem& p, int64
     return;
   }
   for (int64_t g = 0; g < groups; g++) {
-    sc[g] = load_scale(p.scales, p.scale_type, n * groups + g);
-    bi[g] = load_scale(p.biases, p.scale_type, n * groups + g);
+    const int64_t so = scale_offset(p, n, g);
+    sc[g] = scale_at(p.scales, p.scale_type, so);
+    bi[g] = scale_at(p.biases, p.scale_type, so);
   }
 }
 
 __attribute__((target("avx2,fma,f16c"))) void rows4_avx2(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t row_bytes = p.K / 2, groups = p.K / p.group, blocks = p.group / 32;
+  const int64_t groups = p.K / p.group, blocks = p.group / 32;
   thread_local std::vector<float> sc, bi;
   sc.resize(groups);
   bi.resize(groups);
@@ -119,10 +120,11 @@ __attribute__((target("avx2,fma,f16c"))) void rows4_avx2(const Problem& p, int64
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t n = n0; n < n1; n++) {
       row_scales(p, n, sc.data(), bi.data());
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + n * row_bytes;
+      const uint8_t* row = row_codes(p, n);
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t g = 0; g < groups; g++) {
         __m256 dot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        const uint8_t* src = row + g * p.wg;
         for (int64_t blk = 0; blk < blocks; blk++, src += 16) {
           const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
           const __m128i ev = _mm_and_si128(v, low), od = _mm_and_si128(_mm_srli_epi16(v, 4), low);
@@ -200,7 +202,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void token_blocks_avx2(const Pro
 }
 
 __attribute__((target("avx2,fma,f16c"))) void rows_tiled_avx2(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t groups = p.K / p.group, row_bytes = p.K * p.bits / 8;
+  const int64_t groups = p.K / p.group;
   const float* xs = p.bits == 4 ? p.xperm : p.x;
   thread_local std::vector<float> tile, sc, bi;
   tile.resize(4 * p.K);
@@ -210,9 +212,9 @@ __attribute__((target("avx2,fma,f16c"))) void rows_tiled_avx2(const Problem& p, 
     const int rn = (int)(n1 - n < 4 ? n1 - n : 4);
     for (int r = 0; r < rn; r++) {
       row_scales(p, n + r, sc.data(), bi.data());
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+      const uint8_t* row = row_codes(p, n + r);
       for (int64_t g = 0; g < groups; g++)
-        widen_block_avx2(row + g * p.group * p.bits / 8, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+        widen_block_avx2(row + g * p.wg, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
                          p.group);
     }
     switch (rn) {
@@ -293,18 +295,21 @@ __attribute__((target("avx2,fma,f16c"))) inline void widen32_avx2(const uint8_t*
 template <int RN, int BITS>
 __attribute__((target("avx2,fma,f16c"))) inline void rows_matvec_avx2(const Problem& p, int64_t n, float* const* sc,
                                                                        float* const* bi) {
-  const int64_t row_bytes = p.K * BITS / 8, groups = p.K / p.group, blocks = p.group / 32;
+  const int64_t groups = p.K / p.group, blocks = p.group / 32;
   const float* x = BITS == 4 ? p.xperm : p.x;
-  const uint8_t* src[RN];
+  const uint8_t *row[RN], *src[RN];
   __m256 acc[RN];
   for (int r = 0; r < RN; r++) {
     row_scales(p, n + r, sc[r], bi[r]);
-    src[r] = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+    row[r] = row_codes(p, n + r);
     acc[r] = _mm256_setzero_ps();
   }
   for (int64_t g = 0; g < groups; g++) {
     __m256 dot[RN];
-    for (int r = 0; r < RN; r++) dot[r] = _mm256_setzero_ps();
+    for (int r = 0; r < RN; r++) {
+      dot[r] = _mm256_setzero_ps();
+      src[r] = row[r] + g * p.wg;
+    }
     for (int64_t blk = 0; blk < blocks; blk++) {
       const float* xp = x + g * p.group + blk * 32;
       __m256 xv[4];

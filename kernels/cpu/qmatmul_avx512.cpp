@@ -25,24 +25,24 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 codes16_avx512(const u
 }
 
 __attribute__((target("avx512f,avx512bw"))) void rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t row_bytes = p.K * p.bits / 8, groups = p.K / p.group;
+  const int64_t groups = p.K / p.group;
   const int step_bytes = 2 * p.bits;  // bytes holding 16 codes
   for (int64_t t0 = 0; t0 < p.T; t0 += 4) {
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t n = n0; n < n1; n++) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + n * row_bytes;
+      const uint8_t* row = row_codes(p, n);
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       float bias_acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int64_t g = 0; g < groups; g++) {
         __m512 dot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        const uint8_t* src = row + g * p.group * p.bits / 8;
+        const uint8_t* src = row + g * p.wg;
         for (int j = 0; j < p.group; j += 16, src += step_bytes) {
           const __m512 c = codes16_avx512(src, p.bits);
           for (int t = 0; t < tn; t++)
             dot[t] = _mm512_fmadd_ps(c, _mm512_loadu_ps(p.x + (t0 + t) * p.K + g * p.group + j), dot[t]);
         }
-        const float s = load_scale(p.scales, p.scale_type, n * groups + g);
-        const float b = load_scale(p.biases, p.scale_type, n * groups + g);
+        const int64_t so = scale_offset(p, n, g);
+        const float s = scale_at(p.scales, p.scale_type, so), b = scale_at(p.biases, p.scale_type, so);
         const __m512 vs = _mm512_set1_ps(s);
         for (int t = 0; t < tn; t++) {
           acc[t] = _mm512_fmadd_ps(vs, dot[t], acc[t]);
@@ -55,7 +55,7 @@ __attribute__((target("avx512f,avx512bw"))) void rows_avx512(const Problem& p, i
 }
 
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows4_avx512(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t row_bytes = p.K / 2, groups = p.K / p.group, blocks = p.group / 32;
+  const int64_t groups = p.K / p.group, blocks = p.group / 32;
   thread_local std::vector<float> sc, bi;
   sc.resize(groups);
   bi.resize(groups);
@@ -64,10 +64,11 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows4_avx512(cons
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t n = n0; n < n1; n++) {
       row_scales(p, n, sc.data(), bi.data());
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + n * row_bytes;
+      const uint8_t* row = row_codes(p, n);
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       for (int64_t g = 0; g < groups; g++) {
         __m512 dot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        const uint8_t* src = row + g * p.wg;
         for (int64_t blk = 0; blk < blocks; blk++, src += 16) {
           const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
           const __m512 ev = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
@@ -98,19 +99,22 @@ template <int RN, int BITS>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matvec_avx512(const Problem& p, int64_t n,
                                                                                           float* const* sc,
                                                                                           float* const* bi) {
-  const int64_t row_bytes = p.K * BITS / 8, groups = p.K / p.group, blocks = p.group / 32;
+  const int64_t groups = p.K / p.group, blocks = p.group / 32;
   const __m128i low = _mm_set1_epi8(0x0F);
   const float* x = BITS == 4 ? p.xperm : p.x;
-  const uint8_t* src[RN];
+  const uint8_t *row[RN], *src[RN];
   __m512 acc[RN];
   for (int r = 0; r < RN; r++) {
     row_scales(p, n + r, sc[r], bi[r]);
-    src[r] = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+    row[r] = row_codes(p, n + r);
     acc[r] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < groups; g++) {
     __m512 dot[RN];
-    for (int r = 0; r < RN; r++) dot[r] = _mm512_setzero_ps();
+    for (int r = 0; r < RN; r++) {
+      dot[r] = _mm512_setzero_ps();
+      src[r] = row[r] + g * p.wg;
+    }
     for (int64_t blk = 0; blk < blocks; blk++) {
       const float* xp = x + g * p.group + blk * 32;
       const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
@@ -168,7 +172,7 @@ __attribute__((target("avx512f,avx512bw"))) void cols_avx512(const Problem& p, i
           xs[t] = _mm512_set1_ps(xv * s);
           xb[t] = _mm512_set1_ps(xv * b);
         }
-        const uint8_t* src = row + g * p.group * p.bits / 8;
+        const uint8_t* src = row + g * p.wg;
         for (int j = 0; j < p.group; j += 16, src += 2 * p.bits) {
           const __m512 c = codes16_avx512(src, p.bits);
           for (int t = 0; t < tn; t++) {
@@ -237,7 +241,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void token_bloc
 
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512(const Problem& p, int64_t n0,
                                                                                    int64_t n1) {
-  const int64_t groups = p.K / p.group, row_bytes = p.K * p.bits / 8;
+  const int64_t groups = p.K / p.group;
   const float* xs = p.bits == 4 ? p.xperm : p.x;  // the order the tile is widened in
   thread_local std::vector<float> tile, sc, bi;
   tile.resize(4 * p.K);
@@ -247,9 +251,9 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512
     const int rn = (int)(n1 - n < 4 ? n1 - n : 4);
     for (int r = 0; r < rn; r++) {
       row_scales(p, n + r, sc.data(), bi.data());
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + (n + r) * row_bytes;
+      const uint8_t* row = row_codes(p, n + r);
       for (int64_t g = 0; g < groups; g++)
-        widen_block_avx512(row + g * p.group * p.bits / 8, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+        widen_block_avx512(row + g * p.wg, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
                            p.group);
     }
     switch (rn) {

@@ -6,17 +6,18 @@ namespace mf {
 
 // ---- portable kernels ----------------------------------------------------------------------------
 void rows_generic(const Problem& p, int64_t n0, int64_t n1) {  // transposed: outputs n0..n1
-  const int64_t words = p.K * p.bits / 32, groups = p.K / p.group;
+  const int64_t groups = p.K / p.group;
   for (int64_t n = n0; n < n1; n++) {
-    const uint32_t* row = p.w + n * words;
+    const uint8_t* row = row_codes(p, n);
     for (int64_t t = 0; t < p.T; t++) {
       const float* x = p.x + t * p.K;
       float acc = 0.f;
       for (int64_t g = 0; g < groups; g++) {
+        const uint32_t* codes = reinterpret_cast<const uint32_t*>(row + g * p.wg);
         float dot = 0.f;
-        for (int64_t j = g * p.group; j < (g + 1) * p.group; j++) dot += (float)code_at(row, p.bits, j) * x[j];
-        acc += load_scale(p.scales, p.scale_type, n * groups + g) * dot +
-               load_scale(p.biases, p.scale_type, n * groups + g) * p.xsum[t * groups + g];
+        for (int64_t j = 0; j < p.group; j++) dot += (float)code_at(codes, p.bits, j) * x[g * p.group + j];
+        const int64_t so = scale_offset(p, n, g);
+        acc += scale_at(p.scales, p.scale_type, so) * dot + scale_at(p.biases, p.scale_type, so) * p.xsum[t * groups + g];
       }
       p.y[t * p.N + n] = acc;
     }

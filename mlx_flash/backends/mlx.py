@@ -106,6 +106,16 @@ class MLXOps:
             self.array(parts["biases"], dtypes.get("biases")), self._opt(parts, "bias", dtypes), quant, transposed,
         )
 
+    @property
+    def in_place_kernel(self) -> bool:
+        """Whether kernel_weight() works here: on a CPU, quantized linears run the CPU kernel."""
+        return not self.on_gpu
+
+    def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
+        """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
+        e.g. inside a layer's bundles); not usable as an embedding."""
+        return Weight(None, None, None, None, quant, False, (), matrix)  # () : no arrays of its own to count
+
     def _opt(self, parts, key, dtypes):
         return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
 

@@ -178,6 +178,16 @@ class TorchOps:
         matrix = StoredMatrix(words, scales, biases, quant.bits, quant.group_size, not transposed, bf16)
         return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix)
 
+    @property
+    def in_place_kernel(self) -> bool:
+        """Whether kernel_weight() works here: the CPU kernel multiplies float32 activations."""
+        return self.stored_kernel
+
+    def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
+        """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
+        e.g. inside a layer's bundles): no tensor of it exists, so it cannot be looked up as an embedding."""
+        return Weight("stored", None, None, quant.group_size, matrix.n_out, None, None, quant, matrix)
+
     @staticmethod
     def matmul_only(w: Weight) -> Weight:
         """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""

@@ -56,7 +56,9 @@ def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, c
     if opts.mode.needs_predictor:
         selector, pbytes, activity = make_selector(ops, store, opts, module, args, gate_ops, progress)
     layer_held = ops.held_bytes(bundle_weights(ops, lay, _first_layer_rows(store)))
-    total = model_bytes(store, resident_held, layer_held)
+    # the fully resident model holds each layer's weights: converted copies, or (0 held beyond the
+    # rows: weights that are views) the layer's bytes as stored
+    total = model_bytes(store, resident_held, layer_held or lay.layer_nbytes)
     budget = cap
     row_bytes = down_fields(lay)[2] if opts.down_only else lay.bundle_bytes  # one cached row
     # Threads suit the reads this mode makes: whole layers, or single rows.

@@ -72,9 +72,10 @@ def test_every_mode_equals_resident(tmp_path, backend):
     configs = [dict(ffn="stream")] + [
         dict(ffn="sparse", weights_budget=budget, flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
              io=mlx_flash.IOOptions(mode="buffered"))
-        # 130%: two of four blocks per layer fit (hybrid keeps two, the caches overflow); 200%: all fit
-        for mode, budget in (("naive", "200%"), ("hybrid", "130%"), ("predictor", "200%"), ("window", "130%"),
-                             ("all", "200%"), ("all", "130%"), ("all", "120%"))]
+        # 120% / 115%: two or three of four blocks per layer fit (hybrid keeps them, the caches
+        # overflow); 200%: all fit
+        for mode, budget in (("naive", "200%"), ("hybrid", "120%"), ("predictor", "200%"), ("window", "120%"),
+                             ("all", "200%"), ("all", "120%"), ("all", "115%"))]
     for kw in configs:
         with mlx_flash.load(store, backend=backend, progress=False, **kw) as e:
             got = run(e, ids)

@@ -137,3 +137,77 @@ def test_forcing_a_path_the_cpu_lacks_is_refused(isa_restored):
         pytest.skip("this CPU runs every path")
     with pytest.raises(KernelUnavailableError, match="cannot run"):
         use_isa(Isa.AVX512)
+
+
+def _lay_out(words, scales, biases, bits, group, rows_per_block, as_groups):
+    """The matrix written into a byte buffer the way the store's bundles interleave it, returning
+    the kernel's views of it. as_groups=False: blocks of `rows_per_block` rows, each block in its own
+    bundle (gate/up rows). as_groups=True: each group of every row in its own bundle (the down
+    matrix of a block store: bundle b holds group b of every row). Padding bytes between fields
+    are filled with junk so a kernel reading outside its fields gets a wrong answer."""
+    rows, words_per_row = words.shape
+    groups, wpg = scales.shape[1], group * bits // 32
+    rng = np.random.default_rng(7)
+    if as_groups:
+        code_bytes, scale_bytes = rows * wpg * 4, rows * 2
+        n_bundles, pad = groups, 12
+        bundle = code_bytes + 2 * scale_bytes + pad
+        buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
+        for b in range(groups):
+            o = b * bundle
+            buf[o:o + code_bytes] = words[:, b * wpg:(b + 1) * wpg].copy().view(np.uint8).reshape(-1)
+            buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[:, b].copy().view(np.uint8)
+            buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[:, b].copy().view(np.uint8)
+        w = np.ndarray((1, rows, groups, wpg), np.uint32, buf, 0, (0, wpg * 4, bundle, 4))
+        s = np.ndarray((1, rows, groups), np.float16, buf, code_bytes, (0, 2, bundle))
+        bi = np.ndarray((1, rows, groups), np.float16, buf, code_bytes + scale_bytes, (0, 2, bundle))
+        return w, s, bi
+    R = rows_per_block
+    code_bytes, scale_bytes = R * words_per_row * 4, R * groups * 2
+    n_bundles, pad = rows // R, 20
+    bundle = code_bytes + 2 * scale_bytes + pad
+    buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
+    for b in range(n_bundles):
+        o, sl = b * bundle, slice(b * R, (b + 1) * R)
+        buf[o:o + code_bytes] = words[sl].copy().view(np.uint8).reshape(-1)
+        buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[sl].copy().view(np.uint8).reshape(-1)
+        buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[sl].copy().view(np.uint8).reshape(-1)
+    w = np.ndarray((n_bundles, R, groups, wpg), np.uint32, buf, 0, (bundle, words_per_row * 4, wpg * 4, 4))
+    s = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes, (bundle, groups * 2, 2))
+    bi = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes + scale_bytes, (bundle, groups * 2, 2))
+    return w, s, bi
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("as_groups", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_laid_out_rows_are_read_in_place(bits, as_groups, tokens, isa_restored):
+    """Rows interleaved in bundles (as a layer read from flash lies in memory) multiply exactly as the
+    same matrix stored plainly, on every path, without the kernel copying them out."""
+    rng = np.random.default_rng(bits + 10 * tokens + as_groups)
+    group, n_out, k_in = 32, 96, 256
+    _, words, scales, biases = quantized(rng, n_out, k_in, bits, group)
+    w, s, b = _lay_out(words, scales, biases, bits, group, 32, as_groups)
+    x = rng.standard_normal((tokens, k_in)).astype(np.float32)
+    ref = qmatmul_ref(x, words, scales, biases, bits, group, True)
+    m = StoredMatrix(w, s, b, bits, group)
+    assert (m.n_out, m.k_in) == (n_out, k_in)
+    assert m.arrays[0].ctypes.data == w.ctypes.data, "the kernel reads the laid-out bytes, not a copy"
+    for isa in RUNNABLE:
+        use_isa(isa)
+        for threads in (1, 2):
+            y = m(x, threads)
+            rel = np.abs(y - ref).max() / np.abs(ref).max()
+            assert rel < 5e-6, f"{isa.name} threads={threads}: relative error {rel:.2e}"
+
+
+def test_laid_out_rows_are_checked():
+    rng = np.random.default_rng(3)
+    _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
+    w, s, b = _lay_out(words, scales, biases, 4, 32, 32, False)
+    with pytest.raises(ValueError, match="biases must lie like the scales"):
+        StoredMatrix(w, s, b[:, :, ::-1].copy(), 4, 32)
+    with pytest.raises(ValueError, match="scales view must be"):
+        StoredMatrix(w, s[:, :1], b[:, :1], 4, 32)
+    with pytest.raises(ValueError, match="rows_are_outputs matrices only"):
+        StoredMatrix(w, s, b, 4, 32, rows_are_outputs=False)
