@@ -223,7 +223,7 @@ class StreamedFFN(LayerSource):
         self.ops = ops
         self.pool = pool
         self.layout = store.manifest.ffn
-        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch=True)
         self.mem_seconds = 0.0
 
     def layer(self, i: int, x=None) -> FFNWeights:
@@ -238,4 +238,5 @@ class StreamedFFN(LayerSource):
         return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads)
 
     def close(self) -> None:
+        self.reader.close()
         self.pool.close()

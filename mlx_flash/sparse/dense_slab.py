@@ -16,7 +16,7 @@ from .sparse_source import SparseSource
 
 class DenseSlabFFN(SparseSource):
     def __init__(self, ops, store, pool, plan: SparsePlan):
-        super().__init__(ops, store, pool, plan)
+        super().__init__(ops, store, pool, plan, prefetch=True)
         lay = self.layout
         self.R = min(max(plan.resident_rows, 0), lay.n_rows) if plan.mode is SparseMode.HYBRID else 0
         self.resident = [self.reader.read_layer(i)[:self.R].copy() for i in range(len(lay.layer_offsets))] \
@@ -40,18 +40,14 @@ class DenseSlabFFN(SparseSource):
             self.rows_loaded += (F - self.R) * B
             self.rows_active += F * B
             self.decode_layer_steps += 1
+        rows = self.reader.read_layer(i, skip_rows=self.R)
         if not self.R:
-            return self.reader.read_layer(i)
-        lay, R = self.layout, self.R
-        rows = self.reader.buf.reshape(F, lay.bundle_bytes)
-        n = (F - R) * lay.bundle_bytes
-        if n:
-            off = lay.layer_offsets[i] + R * lay.bundle_bytes
-            self.extra.add(self.pool.read([(self.reader.file, off, n, self.reader.buf[R * lay.bundle_bytes:])]))
+            return rows
+        R = self.R
         t = time.perf_counter()
         rows[:R] = self.resident[i]  # one slab in neuron order: the same matmul as the dense model
         self.extra.mem_seconds += time.perf_counter() - t
         return rows
 
     def resident_bytes(self) -> int:
-        return self.layout.layer_nbytes + sum(r.nbytes for r in self.resident)
+        return self.reader.nbytes + sum(r.nbytes for r in self.resident)

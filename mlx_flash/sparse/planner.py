@@ -68,14 +68,15 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     L, F, bb = len(lay.layer_offsets), lay.n_rows, row_bytes or lay.bundle_bytes
     resident = stored_resident_bytes(store) if resident is None else resident
     preds = predictor_bytes if mode.needs_predictor else 0
-    fixed = resident + preds + lay.layer_nbytes + converted_layer
+    buffers = 2 * lay.layer_nbytes if not mode.needs_predictor else lay.layer_nbytes  # naive/hybrid prefetch
+    fixed = resident + preds + buffers + converted_layer
     caches = mode is not SparseMode.NAIVE  # naive holds no rows beyond the layer buffer
     minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
         raise ConfigError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
                           f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
-                          f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, one-layer "
-                          f"buffer {fmt(lay.layer_nbytes)}, one converted layer {fmt(converted_layer)}"
+                          f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
+                          f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"
                           + (", one FFN row per layer)" if caches else ")"))
     rows = min(F, (budget - fixed) // (L * bb)) if caches else 0
     table = []
@@ -88,6 +89,6 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     plan = SparsePlan(mode=mode, capacity=rows, window=window,
                       resident_rows=rows if mode is SparseMode.HYBRID else 0)
     account = {"window": window, "window_costs": table, "budget": budget, "resident_weights": resident,
-               "predictors": preds, "layer_buffer": lay.layer_nbytes, "converted_layer": converted_layer,
+               "predictors": preds, "layer_buffer": buffers, "converted_layer": converted_layer,
                "ffn_rows_per_layer": rows, "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}
     return plan, account

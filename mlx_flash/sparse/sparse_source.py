@@ -17,10 +17,11 @@ from .modes import SparsePlan
 
 
 class SparseSource(LayerSource):
-    def __init__(self, ops, store, pool, plan: SparsePlan):
+    def __init__(self, ops, store, pool, plan: SparsePlan, prefetch: bool = False):
         self.ops, self.pool, self.plan = ops, pool, plan
         self.layout = store.manifest.ffn
-        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout)  # whole-layer reads
+        # whole-layer reads (with `prefetch`, the next layer's read overlaps this one's compute)
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch)
         self.extra = ReadCounters()  # reads other than whole layers, and the time spent moving rows
         self.rows_loaded = 0  # neuron rows read by decode steps (bundles read x neurons per bundle)
         self.rows_active = 0  # predicted-active (token, layer, neuron) triples of decode steps
@@ -35,8 +36,8 @@ class SparseSource(LayerSource):
         return []
 
     def resident_bytes(self) -> int:
-        """Weight bytes this source holds: the transient whole-layer buffer, caches, hybrid rows."""
-        return self.layout.layer_nbytes
+        """Weight bytes this source holds: the transient whole-layer buffers, caches, hybrid rows."""
+        return self.reader.nbytes
 
     def stats(self) -> FFNStats:
         r, x = self.reader, self.extra
@@ -48,4 +49,5 @@ class SparseSource(LayerSource):
                         cache_capacity=self.plan.capacity * self.layout.block)
 
     def close(self) -> None:
+        self.reader.close()
         self.pool.close()

@@ -1,9 +1,17 @@
 """FFN bundle reads through the reader pool: a layer's bundle region lands in a reused, page-aligned
-buffer (so direct I/O reads straight into it). I/O only: numpy views, no framework arrays."""
+buffer (so direct I/O reads straight into it). I/O only: numpy views, no framework arrays.
+
+With `prefetch`, two buffers alternate: when layer i is handed out, the read of the next layer
+(i + 1, or layer 0 of the next token after the last) starts into the other buffer, so reading it
+overlaps computing layer i. The caller must be done with layer i's rows before asking for layer
+i + 2 (the buffer is refilled then); the CPU kernel computes when a linear is called, so a layer's
+products are done when the next layer is asked for.
+"""
 
 from __future__ import annotations
 
 import mmap
+import time
 
 import numpy as np
 
@@ -12,21 +20,74 @@ from .reader_pool import ReaderPool
 
 
 class FFNReader:
-    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout):
+    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout, prefetch: bool = False):
         self.pool = pool
         self.layout = layout
         self.file = pool.open(path)
-        self._mem = mmap.mmap(-1, max(layout.layer_nbytes, 1))
-        self.buf = np.frombuffer(self._mem, dtype=np.uint8)[: layout.layer_nbytes]
+        self._mems = [mmap.mmap(-1, max(layout.layer_nbytes, 1)) for _ in range(2 if prefetch else 1)]
+        self.bufs = [np.frombuffer(m, dtype=np.uint8)[: layout.layer_nbytes] for m in self._mems]
+        self.buf = self.bufs[0]
+        self.prefetch = prefetch
+        self._holds = [None] * len(self.bufs)  # (layer, rows skipped) each buffer holds or is being filled with
+        self._pending: dict[int, object] = {}  # buffer -> batch in flight
+        self._last = len(self.bufs) - 1  # the buffer handed out last
         self.bytes_read = 0  # bytes fetched from the device
         self.reads = 0  # read requests issued (after coalescing and splitting)
         self.wait_seconds = 0.0  # time the caller was blocked waiting for reads
 
-    def read_layer(self, layer: int) -> np.ndarray:
-        """All bundles of `layer` as a [n_rows, bundle_bytes] uint8 view of the reused buffer."""
-        off = self.layout.layer_offsets[layer]
-        batch = self.pool.read([(self.file, off, self.layout.layer_nbytes, self.buf)])
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs)
+
+    def read_layer(self, layer: int, skip_rows: int = 0) -> np.ndarray:
+        """The bundles of `layer` as a [n_rows, bundle_bytes] uint8 view of a reused buffer; rows
+        below `skip_rows` are not read (the caller fills them: hybrid's resident rows)."""
+        key = (layer, skip_rows)
+        b = next((k for k, h in enumerate(self._holds) if h == key), None)
+        if b is None:
+            b = (self._last + 1) % len(self.bufs)
+            self._finish(b)
+            self._finish(self._submit(b, key))
+        else:
+            self._finish(b)
+        self._last = b
+        if self.prefetch:
+            nxt = ((layer + 1) % len(self.layout.layer_offsets), skip_rows)
+            other = 1 - b
+            if self._holds[other] != nxt:
+                self._finish(other)
+                self._submit(other, nxt)
+        return self.bufs[b].reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    def _submit(self, b: int, key) -> int:
+        layer, skip = key
+        start = skip * self.layout.bundle_bytes
+        self._holds[b] = key
+        n = self.layout.layer_nbytes - start
+        if n > 0:
+            self._pending[b] = self.pool.submit([(self.file, self.layout.layer_offsets[layer] + start, n,
+                                                  self.bufs[b][start:])])
+        return b
+
+    def _finish(self, b: int) -> None:
+        """Wait for buffer b's read, if one is in flight."""
+        batch = self._pending.pop(b, None)
+        if batch is None:
+            return
+        t = time.perf_counter()
+        try:
+            batch.wait()
+        except BaseException:
+            self._holds[b] = None
+            raise
+        self.wait_seconds += time.perf_counter() - t
         self.bytes_read += batch.bytes_read
         self.reads += batch.reads
-        self.wait_seconds += batch.wait_seconds
-        return self.buf.reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    def close(self) -> None:
+        """Wait for reads in flight (they write into this reader's buffers)."""
+        for b in list(self._pending):
+            try:
+                self._finish(b)
+            except Exception:
+                pass

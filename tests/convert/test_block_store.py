@@ -72,15 +72,15 @@ def test_every_mode_equals_resident(tmp_path, backend):
     configs = [dict(ffn="stream")] + [
         dict(ffn="sparse", weights_budget=budget, flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
              io=mlx_flash.IOOptions(mode="buffered"))
-        # 120% / 115%: two or three of four blocks per layer fit (hybrid keeps them, the caches
-        # overflow); 200%: all fit
-        for mode, budget in (("naive", "200%"), ("hybrid", "120%"), ("predictor", "200%"), ("window", "120%"),
+        # 115-130%: one to three of four blocks per layer fit (hybrid keeps them beside its two layer
+        # buffers, the caches overflow); 200%: all fit
+        for mode, budget in (("naive", "200%"), ("hybrid", "130%"), ("predictor", "200%"), ("window", "120%"),
                              ("all", "200%"), ("all", "120%"), ("all", "115%"))]
     for kw in configs:
         with mlx_flash.load(store, backend=backend, progress=False, **kw) as e:
             got = run(e, ids)
             if kw["ffn"] == "sparse" and kw["weights_budget"] != "200%":
-                assert e.ffn.plan.capacity < 4
+                assert 0 < e.ffn.plan.capacity < 4
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), kw
 
 
