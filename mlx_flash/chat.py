@@ -11,6 +11,7 @@ import sys
 
 from .config import EngineConfig
 from .errors import FlashError, first_paragraph
+from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
@@ -69,6 +70,11 @@ def format_stats(engine) -> str:
             f"per token: {wall:.2f} ms = compute {compute:.2f} + io wait {io:.2f} + mem-mgmt {mem:.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
     if s.draft_proposed:
         text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
+    plan = engine.memory_plan
+    if "limit" in plan:
+        text += (f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "
+                 f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); KV planned for {plan['kv_tokens']} tokens"
+                 + (f"; {plan['streamed_layers']} layers' attention streamed" if plan.get("streamed_layers") else ""))
     st = engine.ffn.stats()
     if st.sparse_mode and st.decode_layer_steps:
         steps, F = st.decode_layer_steps, st.neurons
