@@ -1,0 +1,86 @@
+"""What the weights' share of the memory limit holds (memory/process_plan.py gives the share): the
+least the weights need, whether the whole model stays resident (ffn="auto"), and which layers'
+attention is read when they compute (layer_stream.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config import EngineConfig, FFNMode
+from ..errors import ConfigError
+from ..sparse.modes import SparseMode
+from ..sparse.planner import model_bytes, stored_resident_bytes
+from ..sparse.selectors import PredictorKind
+from ..units import fmt
+
+
+def ffn_minimum(store) -> int:
+    """The least a streamed FFN holds: one layer's (or one expert's) read buffer, the weights made
+    of it, and one row per layer (what a hybrid plan needs to exist)."""
+    lay = store.manifest.ffn
+    unit = lay.expert_nbytes if lay.n_experts else lay.layer_nbytes
+    return 2 * unit + (0 if lay.n_experts else len(lay.layer_offsets) * lay.bundle_bytes)
+
+
+def weights_minimum(store) -> int:
+    """The least the weights can be held in: the tensors of no layer (embeddings, head) as stored,
+    two layers' resident tensors (streamed through two slots; all layers for a store whose file
+    does not keep layers together) and the streamed FFN's minimum."""
+    regions = store.layer_regions()
+    res = stored_resident_bytes(store)
+    if regions:
+        sizes = [n for *_, n in regions.values()]
+        res += min(2, len(sizes)) * max(sizes) - sum(sizes)
+    return res + ffn_minimum(store)
+
+
+def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
+    """The layers whose resident tensors are read when they compute (the last ones; the first stay
+    resident): none when every layer fits beside the streamed FFN's minimum."""
+    regions = store.layer_regions()
+    need = stored_resident_bytes(store) + ffn_minimum(store)
+    if cfg.ffn is FFNMode.RESIDENT or not regions or need <= weights_budget:
+        return []
+    sizes = [n for *_, n in regions.values()]
+    others = stored_resident_bytes(store) - sum(sizes)
+    # two slots, and one layer's worth left for what a backend copies of streamed layers (norms)
+    keep = max(0, (weights_budget - others - ffn_minimum(store) - 3 * max(sizes)) // max(sizes))
+    return sorted(regions)[min(keep, len(sizes)):]
+
+
+def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
+    """ffn="auto" made concrete: resident when the whole model as stored fits the weights' share of the
+    limit, else exact streaming (a dense FFN: hybrid sparse with every neuron computed; MoE: streamed
+    experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
+    fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
+    if cfg.ffn is FFNMode.RESIDENT and not fits:
+        raise ConfigError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
+                          f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
+                          "use ffn auto or stream, or a larger memory budget")
+    if cfg.ffn is not FFNMode.AUTO:
+        return cfg
+    if fits:
+        return replace(cfg, ffn=FFNMode.RESIDENT)
+    if store.manifest.ffn.n_experts:
+        return replace(cfg, ffn=FFNMode.STREAM)
+    return replace(cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID,
+                                                         predictor=PredictorKind.DENSE))
+
+
+def weights_line(cfg: EngineConfig, store, account: dict) -> str:
+    """What the weights' share holds, for the plan line."""
+    lay = store.manifest.ffn
+    if cfg.ffn is FFNMode.RESIDENT:
+        return f"the whole model resident ({fmt(model_bytes(store))} as stored)"
+    attn = "attention and embeddings resident"
+    if account["streamed_layers"]:
+        attn = (f"embeddings and {len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
+                f"{account['streamed_layers']} layers' attention read when they compute")
+    if "expert_slots" in account:
+        return (f"{attn}, {account['expert_slots']} of {len(lay.layer_offsets) * lay.n_experts} "
+                f"experts cached, the rest read when routed")
+    if "ffn_rows_per_layer" in account:
+        share = account["ffn_rows_per_layer"] / max(1, lay.n_rows)
+        return (f"{attn}, {share:.0%} of each FFN layer cached, the rest read every token "
+                f"({cfg.flash.mode.value}, predictor {cfg.flash.predictor.value})")
+    return f"{attn}, every FFN layer read each token"
