@@ -26,6 +26,10 @@ RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
 MLX_CACHE_LIMIT = 32 << 20
 MIN_KV_TOKENS = 128
 AUTO_KV_SHARE = 0.10  # "auto" context: the model's whole context, or what this share of the limit holds
+# Prefill chunks halve (down to MIN_CHUNK) while their buffers take more than this share of the limit:
+# under a tight limit the bytes go to weights instead (fewer read per token), and a long prompt
+# takes more passes.
+WORK_SHARE, MIN_CHUNK = 0.08, 64
 _F32 = 4
 
 
@@ -112,6 +116,8 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     def left(chunk_, kv_):
         return limit.bytes - floor - slack - kv_ - work_bytes(shape, chunk_, kv_tokens)
 
+    while chunk > MIN_CHUNK and work_bytes(shape, chunk, kv_tokens) > WORK_SHARE * limit.bytes:
+        chunk //= 2
     while chunk > 16 and left(chunk, kv_min) < weights_minimum:  # smaller prefill chunks before refusing
         chunk //= 2
     if chunk != prefill_chunk:
@@ -126,6 +132,6 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     if not context:  # auto: shrink the KV target until the weights' minimum fits
         while kv_tokens > MIN_KV_TOKENS and left(chunk, per_tok * kv_tokens) < weights_minimum:
             kv_tokens = max(MIN_KV_TOKENS, kv_tokens // 2)
-    kv = per_tok * kv_tokens
+    kv, work = per_tok * kv_tokens, work_bytes(shape, chunk, kv_tokens)
     return ProcessPlan(limit=limit, floor=floor, slack=slack, kv_tokens=kv_tokens, kv_bytes=kv, prefill_chunk=chunk,
                        work_bytes=work, weights_budget=left(chunk, kv), notes=notes)

@@ -43,8 +43,10 @@ def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
         return []
     sizes = [n for *_, n in regions.values()]
     others = stored_resident_bytes(store) - sum(sizes)
-    # two slots, and one layer's worth left for what a backend copies of streamed layers (norms)
-    keep = max(0, (weights_budget - others - ffn_minimum(store) - 3 * max(sizes)) // max(sizes))
+    # what a backend copies of a streamed layer: its vectors (norms, biases), cast to float32 at most
+    vectors = 2 * max(sum(t.nbytes for _, t in store.layer_tensors(i) if len(t.shape) == 1) for i in regions)
+    keep = max(0, (weights_budget - others - ffn_minimum(store) - 2 * max(sizes) - len(sizes) * vectors)
+               // max(sizes))
     return sorted(regions)[min(keep, len(sizes)):]
 
 
