@@ -9,6 +9,7 @@ from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode
 from .errors import ConfigError
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
+from .memory.process_plan import check_backend_room
 from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
 from .sparse.planner import model_bytes
 from .units import fmt
@@ -55,6 +56,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> 
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress)
+    check_backend_room(limit, cfg.backend.value, process_rss())
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)

@@ -23,6 +23,9 @@ from ..units import fmt
 from .limit import MemoryLimit
 
 RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
+# What importing a backend's framework adds to RSS (measured: torch 2.13 CPU 196 MB, MLX 6 MB), checked
+# before the import so that a limit torch alone would break is refused instead of OOM-killed.
+BACKEND_IMPORT = {"mlx": ("mlx.core", 8 << 20), "torch": ("torch", 200 << 20)}
 MLX_CACHE_LIMIT = 32 << 20
 MIN_KV_TOKENS = 128
 AUTO_KV_SHARE = 0.10  # "auto" context: the model's whole context, or what this share of the limit holds
@@ -94,6 +97,16 @@ class ProcessPlan:
         return (f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
                 f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)} + weights "
                 f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes))
+
+
+def check_backend_room(limit: MemoryLimit, backend: str, rss: int) -> None:
+    """Refuse a limit that importing the backend's framework (not imported yet) would exceed."""
+    import sys
+
+    module, cost = BACKEND_IMPORT[backend]
+    if module not in sys.modules and limit.bytes < rss + cost:
+        raise ConfigError(f"memory budget {fmt(limit.bytes)} is below the {fmt(rss + cost)} this process holds "
+                          f"once {backend} is imported ({fmt(rss)} now + about {fmt(cost)} for {module})")
 
 
 def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape, context_limit: int,

@@ -22,16 +22,22 @@ def ffn_minimum(store) -> int:
     return 2 * unit + (0 if lay.n_experts else len(lay.layer_offsets) * lay.bundle_bytes)
 
 
+def copied_vectors(store) -> int:
+    """What a backend may copy of the resident tensors beside the bytes read: their vectors (norms,
+    biases: MLX keeps its own array of each, cast to float32 at most twice the stored size)."""
+    return 2 * sum(t.nbytes for t in store.manifest.tensors.values() if len(t.shape) == 1)
+
+
 def weights_minimum(store) -> int:
     """The least the weights can be held in: the tensors of no layer (embeddings, head) as stored,
     two layers' resident tensors (streamed through two slots; all layers for a store whose file
-    does not keep layers together) and the streamed FFN's minimum."""
+    does not keep layers together), the streamed FFN's minimum and the vectors a backend copies."""
     regions = store.layer_regions()
     res = stored_resident_bytes(store)
     if regions:
         sizes = [n for *_, n in regions.values()]
         res += min(2, len(sizes)) * max(sizes) - sum(sizes)
-    return res + ffn_minimum(store)
+    return res + ffn_minimum(store) + copied_vectors(store)
 
 
 def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
@@ -43,9 +49,7 @@ def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
         return []
     sizes = [n for *_, n in regions.values()]
     others = stored_resident_bytes(store) - sum(sizes)
-    # what a backend copies of a streamed layer: its vectors (norms, biases), cast to float32 at most
-    vectors = 2 * max(sum(t.nbytes for _, t in store.layer_tensors(i) if len(t.shape) == 1) for i in regions)
-    keep = max(0, (weights_budget - others - ffn_minimum(store) - 2 * max(sizes) - len(sizes) * vectors)
+    keep = max(0, (weights_budget - others - ffn_minimum(store) - copied_vectors(store) - 2 * max(sizes))
                // max(sizes))
     return sorted(regions)[min(keep, len(sizes)):]
 

@@ -53,3 +53,15 @@ def test_explicit_context_is_planned_or_refused():
         plan_process(MemoryLimit(4000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=5000)
     with pytest.raises(ConfigError, match="below the minimum"):
         plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=2048)
+
+
+def test_a_backend_import_that_would_break_the_limit_is_refused(monkeypatch):
+    import sys
+
+    from mlx_flash.memory.process_plan import BACKEND_IMPORT, check_backend_room
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    cost = BACKEND_IMPORT["torch"][1]
+    with pytest.raises(ConfigError, match=r"below the 300\.0 MB this process holds once torch is imported"):
+        check_backend_room(MemoryLimit(250 * MB, "given"), "torch", 300 * MB - cost)
+    check_backend_room(MemoryLimit(400 * MB, "given"), "torch", 300 * MB - cost)
