@@ -7,12 +7,10 @@ import sys
 from .backends import get_backend
 from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode
-from .errors import ConfigError
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
 from .memory.process_plan import check_backend_room
 from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
 from .sparse.planner import model_bytes
-from .units import fmt
 from .default_model import resolve_store
 from .engine import Engine, model_context
 from .layer_stream import LayerSlots, StreamedLayers
@@ -65,10 +63,8 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> 
     _return_free_memory()
     plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
                         model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
+    # (a weights_budget below what the FFN needs is refused by the FFN's planner, with its minimum)
     plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget)
-    if plan.weights_budget < weights_minimum(store):
-        raise ConfigError(f"weights budget {fmt(plan.weights_budget)} is below the minimum {fmt(weights_minimum(store))} "
-                          "for this model (embeddings and head, two layers' attention, one FFN layer's buffers)")
     cfg = resolve_ffn(cfg, store, plan)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
     slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),
