@@ -55,8 +55,9 @@ def _cgroup_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = _CGROUP_RO
     return best
 
 
-def _meminfo(key: str) -> int | None:
-    text = _read("/proc/meminfo")
+def _kib_field(path: str, key: str) -> int | None:
+    """Bytes of a "Key:  123 kB" line of a /proc file (meminfo, status), or None."""
+    text = _read(path)
     if not text:
         return None
     for line in text.splitlines():
@@ -67,22 +68,12 @@ def _meminfo(key: str) -> int | None:
 
 def process_rss() -> int:
     """Resident bytes of this process now (VmRSS; the platform's resident size elsewhere)."""
-    return _status("VmRSS") or _ru_maxrss()
+    return _kib_field("/proc/self/status", "VmRSS") or _ru_maxrss()
 
 
 def peak_rss() -> int:
     """The most resident bytes this process has held (VmHWM)."""
-    return _status("VmHWM") or _ru_maxrss()
-
-
-def _status(key: str) -> int | None:
-    text = _read("/proc/self/status")
-    if not text:
-        return None
-    for line in text.splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return None
+    return _kib_field("/proc/self/status", "VmHWM") or _ru_maxrss()
 
 
 def _ru_maxrss() -> int:
@@ -96,12 +87,12 @@ def _ru_maxrss() -> int:
 def available_memory() -> Available:
     """The cgroup limit when one applies (capped by the machine's memory), else the memory the
     machine has available now plus what this process already holds."""
-    total = _meminfo("MemTotal")
+    total = _kib_field("/proc/meminfo", "MemTotal")
     cg = _cgroup_limit()
     if cg is not None:
         limit, label = cg
         return Available(min(limit, total) if total else limit, label)
-    avail = _meminfo("MemAvailable")
+    avail = _kib_field("/proc/meminfo", "MemAvailable")
     if avail is not None:
         return Available(avail + process_rss(), "available memory")
     try:  # macOS and other platforms without /proc: the machine's physical memory
