@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import default_cache_dir
-from ..errors import ConfigError, FlashError
+from ..errors import ConfigError
 from .synthetic import SHAPES
 
 # quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names
@@ -75,20 +75,15 @@ def random_blocks(rng, quant: str, n: int) -> np.ndarray:
 
 def tokenizer_fields(path: str) -> dict:
     """Every `tokenizer.*` field of the GGUF at `path`: key -> (value, type, array item type or None)."""
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFValueType
 
-    try:
-        reader = GGUFReader(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise FlashError(f"{path}: unreadable GGUF metadata ({e})") from None
+    from ..convert.gguf_tokenizer import tokenizer_fields as fields_of
+
     out = {}
-    for key, field in reader.fields.items():
+    for key, field in fields_of(path, "no vocabulary to copy").items():
         if key.startswith("tokenizer."):
             vtype = field.types[0]
-            sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-            out[key] = (field.contents(), vtype, sub)
-    if "tokenizer.ggml.tokens" not in out:
-        raise FlashError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens (no vocabulary to copy)")
+            out[key] = (field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
     return out
 
 

@@ -51,21 +51,24 @@ def byte_alphabet() -> dict[int, str]:
     return spelled
 
 
-def read_tokenizer_metadata(path: str) -> dict:
-    """The `tokenizer.*` and `general.architecture` fields of a GGUF as plain Python values."""
+def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer from") -> dict:
+    """The `tokenizer.*` and `general.architecture` fields of a GGUF as gguf's ReaderField objects
+    (values and their GGUF types); a file without a vocabulary is refused, saying `why` it is needed."""
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
     except (OSError, ValueError, KeyError) as e:
         raise ModelFileError(f"{path}: unreadable GGUF metadata ({e})") from None
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") or key == "general.architecture":
-            meta[key] = field.contents()
-    if "tokenizer.ggml.tokens" not in meta:
-        raise ModelFileError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens (no vocabulary to build a tokenizer from)")
-    return meta
+    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.architecture"}
+    if "tokenizer.ggml.tokens" not in fields:
+        raise ModelFileError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens ({why})")
+    return fields
+
+
+def read_tokenizer_metadata(path: str) -> dict:
+    """The `tokenizer.*` and `general.architecture` fields of a GGUF as plain Python values."""
+    return {k: f.contents() for k, f in tokenizer_fields(path).items()}
 
 
 def _special(meta: dict, key: str) -> str | None:
