@@ -249,7 +249,6 @@ class Engine:
         self.ffn.close()
         if self.layer_slots is not None:
             self.layer_slots.close()
-            self.layer_slots.pool.close()
 
     def __enter__(self):
         return self

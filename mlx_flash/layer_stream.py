@@ -61,18 +61,12 @@ class LayerSlots:
         s = self.slot_of[layer]
         if self.holds[s] == layer:
             return
-        if s in self.pending and self.pending[s][0] == layer:
-            _, batch = self.pending.pop(s)
-            t = time.perf_counter()
-            batch.wait()
-            self.wait_seconds += time.perf_counter() - t
-            self._count(batch)
-        else:
+        if self.pending.get(s, (None,))[0] != layer:  # not read ahead: read it now
             self._drop_pending(s)
-            t = time.perf_counter()
-            batch = self.pool.read([self._range(layer)])
-            self.wait_seconds += time.perf_counter() - t
-            self._count(batch)
+            self.pending[s] = (layer, self.pool.submit([self._range(layer)]))
+        t = time.perf_counter()
+        self._drop_pending(s)
+        self.wait_seconds += time.perf_counter() - t
         self.holds[s] = layer
 
     def prefetch_after(self, layer: int) -> None:
@@ -90,6 +84,7 @@ class LayerSlots:
         return (self.files[file], off, n, self.slots[self.slot_of[layer]][:n])
 
     def _drop_pending(self, s: int) -> None:
+        """Wait for slot s's read in flight, if any, and count it."""
         if s in self.pending:
             _, batch = self.pending.pop(s)
             batch.wait()
@@ -110,9 +105,10 @@ class LayerSlots:
                               "its read buffer), so layers cannot be streamed on it; give it memory for every layer")
 
     def close(self) -> None:
+        """Wait for reads in flight (they write into the slots), then close the reader pool."""
         for s in list(self.pending):
             self._drop_pending(s)
-        self.slots = []
+        self.pool.close()
 
 
 class StreamedLayers(Sequence):
