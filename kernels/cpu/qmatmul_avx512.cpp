@@ -137,9 +137,57 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matve
   }
   for (int r = 0; r < RN; r++) {
     float bias = 0.f;
-    for (int64_t g = 0; g < groups; g++) bias += bi[r][g] * p.xsum[g];
+    // fused explicitly: groups_decode adds the same terms in the same order and must round alike
+    for (int64_t g = 0; g < groups; g++) bias = std::fma(bi[r][g], p.xsum[g], bias);
     p.y[n + r] = _mm512_reduce_add_ps(acc[r]) + bias;
   }
+}
+
+// The AVX-512 form of groups_decode_avx2 (rows side by side inside far-apart groups; see
+// groups_apart): per row, the same operations in the same order as rows_matvec_avx512.
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void groups_decode_avx512(const Problem& p, int64_t n0,
+                                                                                      int64_t n1) {
+  const int64_t groups = p.K / p.group, blocks = p.group / 32, rows = n1 - n0;
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const float* x = BITS == 4 ? p.xperm : p.x;
+  thread_local std::vector<float> scratch;
+  scratch.assign(rows * 17, 0.f);
+  float *acc = scratch.data(), *bias = acc + rows * 16;  // [rows, 16] and [rows]
+  for (int64_t g0 = 0; g0 < groups; g0 += GROUP_PASS) {
+    const int64_t g1 = g0 + GROUP_PASS < groups ? g0 + GROUP_PASS : groups;
+    for (int64_t n = n0; n < n1; n++) {
+      __m512 a = _mm512_loadu_ps(acc + (n - n0) * 16);
+      float b = bias[n - n0];
+      const uint8_t* row = row_codes(p, n);
+      for (int64_t g = g0; g < g1; g++) {
+        const uint8_t* src = row + g * p.wg;
+        __m512 dot = _mm512_setzero_ps();
+        for (int64_t blk = 0; blk < blocks; blk++, src += BITS * 4) {
+          const float* xp = x + g * p.group + blk * 32;
+          __m512 c0, c1;
+          if (BITS == 4) {
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+            c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+            c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+          } else {
+            c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+            c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+          }
+          dot = _mm512_fmadd_ps(c0, _mm512_loadu_ps(xp), dot);
+          dot = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xp + 16), dot);
+        }
+        const char* so = static_cast<const char*>(p.scales) + scale_offset(p, n, g);
+        a = _mm512_fmadd_ps(_mm512_set1_ps(scale_f16c(so, p.scale_type, 0)), dot, a);
+        b = std::fma(scale_f16c(static_cast<const char*>(p.biases) + (so - static_cast<const char*>(p.scales)),
+                                p.scale_type, 0),
+                     p.xsum[g], b);
+      }
+      _mm512_storeu_ps(acc + (n - n0) * 16, a);
+      bias[n - n0] = b;
+    }
+  }
+  for (int64_t n = n0; n < n1; n++) p.y[n] = _mm512_reduce_add_ps(_mm512_loadu_ps(acc + (n - n0) * 16)) + bias[n - n0];
 }
 
 template <int BITS>
@@ -383,6 +431,8 @@ bool run_avx512(const Problem& p, int transposed, int64_t n0, int64_t n1) {
   if (p.group % 32 == 0) {
     if (p.T >= 4) return transposed ? rows_tiled_avx512(p, n0, n1) : cols_tiled_avx512(p, n0, n1), true;
     if (p.T == 1) {
+      if (transposed && groups_apart(p))
+        return p.bits == 4 ? groups_decode_avx512<4>(p, n0, n1) : groups_decode_avx512<8>(p, n0, n1), true;
       if (transposed) return p.bits == 4 ? rows_decode_avx512<4>(p, n0, n1) : rows_decode_avx512<8>(p, n0, n1), true;
       return p.bits == 4 ? cols_decode_avx512<4>(p, n0, n1) : cols_decode_avx512<8>(p, n0, n1), true;
     }
