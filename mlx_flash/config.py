@@ -94,7 +94,7 @@ class EngineConfig:
         if self.precision != "auto":
             return self.precision
         approximate = self.ffn is FFNMode.SPARSE and self.flash.mode.needs_predictor \
-            and self.flash.predictor is not PredictorKind.DENSE
+            and self.flash.predictor not in (PredictorKind.DENSE, PredictorKind.STATISTICAL)
         return "source-neuron" if approximate else "source"
 
 

@@ -60,7 +60,11 @@ class FlashOptions:
                          "measured activity and the disk profile)")
     predictor: PredictorKind = option(PredictorKind.LOWRANK, "sparse FFN: which neurons a token needs: lowrank "
                                       "(trained, in the store), gate (the resident 4-bit gate/up projection: the "
-                                      "selection lowrank approximates) or dense (every neuron: exact)")
+                                      "selection lowrank approximates), dense (every neuron: exact) or statistical "
+                                      "(synthetic checkpoints only: a labelled statistical model draws "
+                                      "--statistical-active of the read units per token; the output is noise)")
+    statistical_active: float = option(0.5, "sparse FFN with the statistical predictor: the share of read units "
+                                       "(neurons, or blocks of them) active per token")
     recall: float | None = option(None, "sparse FFN with the lowrank predictor: use its cuts calibrated for this "
                                   "recall (higher reads more; default: as trained)", flag="--predictor-recall", kind=float)
     down_only: bool = option(False, "sparse FFN with the gate predictor: read only down columns, computing gate/up "
@@ -71,6 +75,8 @@ class FlashOptions:
         _check_enums(self)
         if self.window < 0:
             raise ConfigError(f"window must be >= 1, or 0 for the planner's choice (got {self.window})")
+        if not 0 < self.statistical_active < 1:
+            raise ConfigError(f"statistical active share must be in (0, 1) (got {self.statistical_active})")
         if self.recall is not None and not 0 < self.recall <= 1:
             raise ConfigError(f"predictor recall must be in (0, 1] (got {self.recall})")
         if self.down_only and (self.predictor is not PredictorKind.GATE or not self.mode.needs_predictor):

@@ -15,7 +15,7 @@ from .dense_slab import DenseSlabFFN
 from .planner import model_bytes, plan_budget
 from .predictor import Predictors
 from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
-from .selectors import AllActive, LowRankSelector, PredictorKind
+from .selectors import AllActive, LowRankSelector, PredictorKind, StatisticalSelector
 from .sparse_source import SparseSource
 from .unbundled import ensure_unbundled, field_offsets
 
@@ -33,6 +33,11 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
     lay = store.manifest.ffn
     if opts.predictor is PredictorKind.DENSE:
         return AllActive(lay.n_neurons), 0, None
+    if opts.predictor is PredictorKind.STATISTICAL:
+        from ..calibrate.synthetic import StatisticalActivity
+
+        model = StatisticalActivity(len(lay.layer_offsets), lay.n_rows, active=opts.statistical_active)
+        return StatisticalSelector(model, lay.block), model.p.nbytes, None
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
     if opts.predictor is PredictorKind.GATE:
         from .gateup import GateUpSelector

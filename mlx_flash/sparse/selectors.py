@@ -21,6 +21,10 @@ class PredictorKind(Enum):
     LOWRANK = "lowrank"  # trained low-rank predictors saved in the store (tools/train_predictor.py)
     GATE = "gate"  # the FFN's own gate/up projection, resident in 4 bits (sparse.gateup)
     DENSE = "dense"  # every neuron: exact
+    # a labelled statistical model of which read units fire (calibrate.synthetic.StatisticalActivity),
+    # for synthetic checkpoints whose random weights have no activity to predict: the reads are
+    # real, the output is noise
+    STATISTICAL = "statistical"
 
 
 
@@ -49,6 +53,19 @@ class LowRankSelector:
     def select(self, layer: int, x) -> Selection:
         xn = self.ops.to_numpy(x)
         return Selection(self.p.layers[layer].active(xn.reshape(-1, xn.shape[-1])))
+
+
+class StatisticalSelector:
+    """Draws each token's active read units (bundles: one neuron, or a block of neurons) from a
+    statistical activity model with `activity.active()` per layer; every neuron of a drawn unit is
+    active. The FFN input is not looked at."""
+
+    def __init__(self, activity, block: int):
+        self.activity, self.block = activity, block
+
+    def select(self, layer: int, x) -> Selection:
+        units = np.concatenate([self.activity.active(layer) for _ in range(int(np.prod(x.shape[:-1])))])
+        return Selection(np.repeat(units, self.block, axis=1))
 
 
 class NoSelector:

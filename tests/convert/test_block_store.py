@@ -150,3 +150,22 @@ def test_gate_predictor_on_blocks(tmp_path, down_only):
     else:
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5])
+def test_statistical_predictor_draws_its_share_of_blocks(tmp_path, share):
+    """The labelled statistical activity model (synthetic checkpoints) marks whole read units: each
+    decode step of each layer has round(share x units) blocks active, all their neurons with them."""
+    store = convert(quantized_source(tmp_path), str(tmp_path / "store"), progress=False)
+    flash = mlx_flash.FlashOptions(predictor="statistical", statistical_active=share)
+    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", flash=flash, progress=False,
+                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+        run(e, tiny_models.random_ids(16))
+        s = e.ffn.stats()
+    assert s.decode_layer_steps > 0
+    assert s.rows_active == s.decode_layer_steps * round(share * F // GROUP) * GROUP
+
+
+def test_statistical_share_is_checked():
+    with pytest.raises(mlx_flash.ConfigError, match="statistical active share must be in"):
+        mlx_flash.FlashOptions(predictor="statistical", statistical_active=1.5)
