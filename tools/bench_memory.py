@@ -5,7 +5,7 @@ usage, the process's peak RSS, major faults, bytes read and OOM kills beside the
 one table, JSON and a plot.
 
     python tools/bench_memory.py [--model GGUF] [--limits 25%,50%,75%,100%,150%] [--backends mlx,torch]
-                                 [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32] [--runs 1]
+                                 [--sparse 0.5,0.1] [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32] [--runs 1]
                                  [--json OUT] [--plot OUT.png]
     python tools/bench_memory.py --no-limit [--backends mlx,torch] [--tokens 16] [--runs 3]
 
@@ -19,10 +19,15 @@ Disk bound: the drive's read bandwidth (the best of a few in-flight settings rea
 file at the start, page cache bypassed; harness.read_bandwidth) over the bytes each token must read
 at that limit, the weights that do not fit beside the floor, max(0, weights - (limit - floor)): the
 decode rate no engine can pass when every weight is used every token. "-" where the weights fit.
+For a sparse row the weights a token uses are the resident tensors and that share of the FFN: a
+bound for a perfect predictor that keeps the right rows resident (a looser bound than the exact rows').
 The "read GB/s" column is what a row's decode actually read per second, to set beside it.
 
 Our engine runs with memory_budget="auto" (inside the cgroup: its limit less 5%); its plan line is
-kept for each row. The GGUF is converted into a store first, outside any cgroup, and the peer reads
+kept for each row. Its exact rows (ffn="auto": resident, hybrid or streamed as the plan says) come
+first; --sparse SHARES adds, per backend, the sparse operating points of a synthetic checkpoint:
+ffn="sparse" with the statistical predictor (a labelled statistical activity model drawing that
+share of the FFN's read units per token; the reads are real, the output is noise). The GGUF is converted into a store first, outside any cgroup, and the peer reads
 the GGUF itself. TTFT: from the start of the engine's load to the first token (imports excluded), as
 an mmap load defers its reads to the prompt's pass; prefill tokens/s: the prompt's pass alone;
 decode tokens/s: the forward passes after the first token (TOKENS - 1).
@@ -63,10 +68,24 @@ class Engine:
     mode: str  # backend, or mmap / no-mmap
     model: str  # what it loads: a store or a GGUF
     weights: int  # bytes of weights it reads
+    active: float | None = None  # ours, sparse: the statistical model's share of FFN read units per token
+    ffn: int = 0  # bytes of the FFN layers (the part a sparse row reads a share of)
 
     @property
     def label(self) -> str:
-        return f"{self.name} {self.mode}"
+        if self.active is None:
+            return f"{self.name} {self.mode}"
+        return f"{self.name} {self.mode} sparse {self.active:.0%}"
+
+    @property
+    def used_per_token(self) -> int:
+        """Bytes of weights one token uses: all of them, or (sparse) the non-FFN ones and the share."""
+        return self.weights if self.active is None else int(self.weights - (1 - self.active) * self.ffn)
+
+    @property
+    def run_mode(self) -> str:
+        """The mode argument of bench_memory_run.py: the backend, and the sparse share after a colon."""
+        return self.mode if self.active is None else f"{self.mode}:{self.active}"
 
 
 def store_weights(store: str) -> int:
@@ -77,9 +96,21 @@ def store_weights(store: str) -> int:
     return model_bytes(open_store(store, False, False))
 
 
-def engines_for(gguf: str | None, store: str, backends: list[str], peer: str) -> tuple[list[Engine], str]:
+def store_ffn_bytes(store: str) -> int:
+    from mlx_flash.store import open_store
+
+    lay = open_store(store, False, False).manifest.ffn
+    return lay.layer_nbytes * len(lay.layer_offsets)
+
+
+def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
+                sparse: tuple[float, ...] = ()) -> tuple[list[Engine], str]:
     """The engine/modes to run, peer and ours alternating, and a note on the peer ("" when it runs)."""
-    ours = [Engine("mlx_flash", b, store, store_weights(store)) for b in backends]
+    weights = store_weights(store)
+    ours = [Engine("mlx_flash", b, store, weights) for b in backends]
+    if sparse:
+        ffn = store_ffn_bytes(store)
+        ours += [Engine("mlx_flash", b, store, weights, s, ffn) for b in backends for s in sparse]
     note = ""
     if peer == "none":
         peers = []
@@ -103,7 +134,7 @@ def prompt_ids(store: str, n: int) -> list[int]:
 
 
 def command(e: Engine, tokens: int, ids: list[int], model: str | None = None) -> list[str]:
-    return [sys.executable, RUN, e.name, model or e.model, e.mode, str(tokens), ",".join(map(str, ids))]
+    return [sys.executable, RUN, e.name, model or e.model, e.run_mode, str(tokens), ",".join(map(str, ids))]
 
 
 def last_json(stdout: str) -> dict | None:
@@ -131,6 +162,9 @@ def floors(engines: list[Engine], tokens: int, prompt_tokens: int) -> dict[str, 
     ids = prompt_ids(store, prompt_tokens)
     out = {}
     for e in engines:
+        if e.active is not None:  # a sparse row holds what its backend's exact row holds besides the weights
+            out[e.label] = out[f"{e.name} {e.mode}"]
+            continue
         small, weights = (gguf, os.path.getsize(gguf)) if e.name == "llama.cpp" else (store, store_weights(store))
         out[e.label] = max(0, unlimited(e, tokens, ids, small)["vmhwm"] - weights)
     return out
@@ -176,9 +210,9 @@ def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, r
         vals = [r[key] for r in ok if key in r]
         return statistics.median(vals) if vals else None
 
-    must_read = max(0, e.weights - (limit - floor))
+    must_read = max(0, e.used_per_token - (limit - floor))
     per_token, rate = med("decode_read_bytes_per_token"), med("decode_tps")
-    return {"engine": e.name, "mode": e.mode, "limit_label": label, "limit": limit, "floor": floor,
+    return {"engine": e.name, "mode": e.label.split(" ", 1)[1], "limit_label": label, "limit": limit, "floor": floor,
             "weights": e.weights, "outcome": outcome, "prefill_tps": med("prefill_tps"), "ttft_s": med("first_token_s"),
             "decode_tps": med("decode_tps"), "peak_cgroup": max(r["peak_cgroup"] for r in runs),
             "vmhwm": med("vmhwm"), "major_faults": statistics.median(r["major_faults_all"] for r in runs),
@@ -197,9 +231,9 @@ def fmt_cell(v, spec: str) -> str:
 
 
 def print_table(rows: list[dict], bandwidth: float) -> None:
-    head = (f"{'engine/mode':18} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
+    head = (f"{'engine/mode':26} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
             f"{'major':>8} {'read':>7} {'MB read':>8} {'read':>6} {'disk-bound':>10}  outcome")
-    units = (f"{'':18} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
+    units = (f"{'':26} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
              f"{'faults':>8} {'MB':>7} {'/token':>8} {'GB/s':>6} {'tok/s':>10}")
     print(head + "\n" + units)
     for r in rows:
@@ -209,7 +243,7 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
         per_tok = None if r["decode_read_per_token"] is None else r["decode_read_per_token"] / MB
         vm = None if r["vmhwm"] is None else r["vmhwm"] / MB
         gbs = None if not r["decode_read_rate"] else r["decode_read_rate"] / 1e9
-        print(f"{r['engine'] + ' ' + r['mode']:18} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
+        print(f"{r['engine'] + ' ' + r['mode']:26} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
               f"{fmt_cell(r['ttft_s'], '7.2f')} {fmt_cell(r['decode_tps'], '7.3f')} {r['peak_cgroup'] / MB:8.0f} "
               f"{fmt_cell(vm, '7.0f')} {r['major_faults']:8.0f} {r['read_bytes'] / MB:7.0f} "
               f"{fmt_cell(per_tok, '8.1f')} {fmt_cell(gbs, '6.2f')} {fmt_cell(r['disk_bound_tps'], '10.3f')}  "
@@ -289,7 +323,7 @@ def limited(a) -> None:
     model = a.model or default_model_path()
     gguf = model if model.endswith(".gguf") else None
     store = resolve_store(model, default_cache_dir(), "source", progress=True)
-    engines, note = engines_for(gguf, store, a.backends, a.peer)
+    engines, note = engines_for(gguf, store, a.backends, a.peer, a.sparse)
     if note:
         print(note, file=sys.stderr)
     if not engines:
@@ -334,7 +368,7 @@ def no_limit(a) -> None:
     store = resolve_store(model, default_cache_dir(), "source", progress=True)
     engines, note = engines_for(model if model.endswith(".gguf") else None, store, a.backends, a.peer)
     ids = prompt_ids(store, a.prompt_tokens)
-    print(f"store: {store}\n{'engine/mode':18} {'RSS after (MB)':>15} {'peak RSS (MB)':>14}  imported")
+    print(f"store: {store}\n{'engine/mode':26} {'RSS after (MB)':>15} {'peak RSS (MB)':>14}  imported")
     for e in engines:
         runs = [unlimited(e, a.tokens, ids) for _ in range(a.runs)]
         rss = statistics.median(r["rss_after"] for r in runs) / MB
@@ -350,6 +384,9 @@ def main() -> int:
     p.add_argument("--limits", default="25%,50%,75%,100%,150%",
                    help="memory limits: %% of an engine's weights plus its floor, or bytes (2GB); default 25%%..150%%")
     p.add_argument("--backends", "--configs", default="mlx,torch", help="our backends, or none (default: mlx,torch)")
+    p.add_argument("--sparse", default="", metavar="SHARES",
+                   help="also our sparse operating points on a synthetic checkpoint: shares of the FFN's read units "
+                        "a statistical activity model draws per token, e.g. 0.5,0.1 (labelled; default: none)")
     p.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp", help="the peer engine")
     p.add_argument("--tokens", type=int, default=16, help="tokens generated per run (default: 16)")
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default: 32)")
@@ -362,6 +399,12 @@ def main() -> int:
     a = p.parse_args()
     a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]
     a.runs = a.runs or (3 if a.no_limit else 1)
+    try:
+        a.sparse = tuple(float(s) for s in a.sparse.split(",") if s.strip())
+    except ValueError:
+        p.error(f"--sparse takes shares such as 0.5,0.1 (got {a.sparse!r})")
+    if any(not 0 < s < 1 for s in a.sparse):
+        p.error(f"--sparse shares must be in (0, 1) (got {a.sparse})")
     if a.tokens < 2:
         p.error("--tokens must be at least 2 (the first comes from the prompt's pass)")
     return exit_status(lambda: no_limit(a) if a.no_limit else limited(a))

@@ -1,7 +1,7 @@
 """One measured run for tools/bench_memory.py, in the process it starts (inside a memory cgroup when
 a limit applies): load an engine, prefill the given token ids, decode greedily, print one JSON line.
 
-    python tools/bench_memory_run.py mlx_flash STORE mlx|torch TOKENS IDS
+    python tools/bench_memory_run.py mlx_flash STORE mlx|torch[:SHARE] TOKENS IDS
     python tools/bench_memory_run.py llama.cpp GGUF mmap|no-mmap TOKENS IDS
 
 IDS: the prompt's token ids, comma-separated (the same ids for every engine). Both engines run the
@@ -9,6 +9,8 @@ same loop: one forward pass over the prompt gives the first token (time to first
 tokens/s), then TOKENS - 1 passes of one token each (decode tokens/s); greedy, EOS ignored, so
 every run computes the same number of passes. Bytes read and major faults come from the kernel's
 counters of this process (/proc/self/io, getrusage), not from the engine's own accounting.
+SHARE: ours with ffn="sparse" and the statistical predictor drawing that share of the FFN's read
+units per token (synthetic checkpoints: the reads are real, the output is noise).
 A run of ours whose memory limit the planner refuses prints {"refused": message} and exits 0.
 
 The peer's process imports nothing of mlx_flash: its memory is its own.
@@ -54,13 +56,16 @@ def greedy(prefill, step, ids: list[int], tokens: int) -> dict:
             "decode_major_faults": c2[2] - c1[2], "generated": out}
 
 
-def run_ours(store: str, backend: str, tokens: int, ids: list[int]) -> dict:
+def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
     import mlx_flash
     from mlx_flash.errors import ConfigError
 
+    backend, _, share = mode.partition(":")
+    sparse = {"ffn": "sparse", "flash": mlx_flash.FlashOptions(predictor="statistical",
+                                                               statistical_active=float(share))} if share else {}
     t0 = time.perf_counter()
     try:  # "auto": the cgroup's limit less the safety margin, split by the planner (one line on stderr)
-        engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True)
+        engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse)
     except ConfigError as e:
         if "below the minimum" in str(e):
             return {"refused": str(e)}
