@@ -7,15 +7,17 @@ Results from either are synthetic: real bytes, layout and read patterns, random 
                                    [--out FILE] [--seed 0]
 
 Store: default output <cache>/stores/synthetic-<shape>. Llama-2-7B is about 13.5 GB (8.7 GB of FFN
-bundles); mixtral-8x7b is 2.9 GB of experts per layer (use --layers: tools/bench_experts.py
---synthetic replays routing over however many layers there are).
+bundles); mixtral-8x7b is 2.9 GB of experts per layer, qwen3-30b-a3b 1.2 GB (use --layers:
+tools/bench_experts.py --synthetic replays routing over however many layers there are).
 
 GGUF: default output <cache>/synthetic/<shape>-<quant>[-L<layers>].gguf, default quant Q4_1. Every
-matrix (token_embd and output included) holds random blocks of the quant, scaled so that weights stay
-within about +-0.02 and a 32-layer forward pass stays finite; norms are float32 ones; the tokenizer
-metadata is the default model's (SmolLM2's 49152-token BPE, which replaces the shape's vocabulary
-size). llama.cpp loads it and `python -m mlx_flash.convert FILE OUT` converts it. Llama-2-7B in Q4_1
-is about 4.3 GB, written in chunks (the writer's memory stays small). Dense shapes only.
+matrix (token_embd, output and every expert included) holds random blocks of the quant, scaled so
+that weights stay within about +-0.02 and a deep forward pass stays finite; norms are float32 ones;
+the tokenizer metadata is the default model's (SmolLM2's 49152-token BPE, which replaces the shape's
+vocabulary size). llama-2-7b is written as llama.cpp's `llama` architecture (about 4.3 GB in Q4_1),
+qwen3-30b-a3b as its `qwen3moe` (128 experts per layer as 3-D tensors, random float32 routers; about
+18.8 GB in Q4_1, 0.39 GB per layer); mixtral-8x7b is store-only. llama.cpp loads the file and
+`python -m mlx_flash.convert FILE OUT` converts it. Written in chunks: the writer's memory stays small.
 """
 
 import argparse
@@ -54,8 +56,8 @@ def run(a) -> None:
         raise FlashError(f"{out}: cannot create its directory ({e.strerror})") from None
     cfg = SHAPES[a.shape]
     L = a.layers or cfg["num_hidden_layers"]
-    need = 2 * L * (3 * cfg["hidden_size"] * cfg["intermediate_size"] + 4 * cfg["hidden_size"] ** 2) \
-        + 4 * cfg["vocab_size"] * cfg["hidden_size"]
+    D, attn = cfg["hidden_size"], (cfg["num_attention_heads"] + cfg["num_key_value_heads"]) * cfg["head_dim"]
+    need = 2 * L * (3 * D * cfg["intermediate_size"] + 2 * D * attn) + 4 * cfg["vocab_size"] * D
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(out))).free
     if free < need * 1.05:
         raise FlashError(f"{out}: needs about {need / 1e9:.1f} GB, only {free / 1e9:.1f} GB free")

@@ -33,7 +33,18 @@ SHAPES = {
                      "rope_traditional": False, "tie_word_embeddings": False, "max_position_embeddings": 32768,
                      "sliding_window": None, "bos_token_id": 1, "eos_token_id": 2, "num_experts": 8,
                      "num_experts_per_tok": 2, "moe_intermediate_size": 14336, "norm_topk_prob": True},
+    # Qwen3-30B-A3B: 48 layers, d_model 2048, 128 experts of 768 neurons, top-8 renormalized, GQA 32/4
+    # heads of 128 (wider than d_model / heads), per-head q/k RMSNorm, no shared expert, vocab 151936.
+    "qwen3-30b-a3b": {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 128 * 768,
+                      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+                      "vocab_size": 151936, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+                      "rope_traditional": False, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+                      "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645, "num_experts": 128,
+                      "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+                      "decoder_sparse_step": 1, "mlp_only_layers": []},
 }
+# model_types whose attention has per-head q/k RMSNorm weights ([head_dim] each).
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 _CHUNK = 64 << 20
 
 
@@ -74,6 +85,8 @@ def make_synthetic_store(out_dir: str, shape: str = "llama-2-7b", layers: int | 
         resident.update({p + "input_layernorm.weight": [D], p + "post_attention_layernorm.weight": [D],
                          p + "self_attn.q_proj.weight": [H * hd, D], p + "self_attn.k_proj.weight": [Hk * hd, D],
                          p + "self_attn.v_proj.weight": [Hk * hd, D], p + "self_attn.o_proj.weight": [D, H * hd]})
+        if cfg["model_type"] in QK_NORM_TYPES:
+            resident.update({p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
         if cfg.get("num_experts"):
             resident[p + "mlp.gate.weight"] = [cfg["num_experts"], D]
     fields, bundle_bytes = plan_fields([(f"{r}.weight", np.empty((0, D), np.float16), "float16")

@@ -1,15 +1,22 @@
-"""Synthetic GGUF checkpoints of real large shapes (e.g. Llama-2-7B): random weights in a real GGUF
-block quantization (Q4_1, Q4_0, Q8_0), the default model's tokenizer, loadable by llama.cpp and by
-our converter. Everything measured on them is synthetic: the bytes, the layout and the read
-pattern are real, the weights are not (the text they generate is noise).
+"""Synthetic GGUF checkpoints of real large shapes (Llama-2-7B, Qwen3-30B-A3B): random weights in a
+real GGUF block quantization (Q4_1, Q4_0, Q8_0), the default model's tokenizer, loadable by
+llama.cpp and by our converter. Everything measured on them is synthetic: the bytes, the layout and
+the read pattern are real, the weights are not (the text they generate is noise).
+
+A dense shape is llama.cpp's `llama` architecture; the Qwen3-MoE shape is its `qwen3moe`: per layer a
+float32 router (ffn_gate_inp) and the experts as three 3-D tensors (ffn_{gate,up,down}_exps, experts
+outermost, so one expert is a contiguous byte range), per-head q/k norms and heads wider than
+d_model / heads (attention.key_length). Mixtral-style MoE shapes are refused (the converter reads no
+MoE GGUF but qwen3moe).
 
 Random blocks keep every weight small, finite and centred (|w| <= 0.025, a standard deviation of
 about 0.011, near 1/sqrt(4096)), so the hidden state stays in range over 32 layers and the logits
-stay finite (Llama-2-7B shape: logits of standard deviation ~0.75 in llama.cpp and here).
+stay finite (Llama-2-7B shape: logits of standard deviation ~0.75 in llama.cpp and here). Router
+weights are float32 of standard deviation 1/sqrt(d_model), so each token routes to its own experts.
 
 The file is written tensor by tensor in chunks of blocks: one chunk (16 MiB) is in memory at a
-time, whatever the file's size. The writer's peak memory (about 210 MB) is mostly gguf's reader
-parsing the tokenizer's 98k strings.
+time, whatever the file's size (an expert stack is no exception). The writer's peak memory (about
+210 MB) is mostly gguf's reader parsing the tokenizer's 98k strings.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import numpy as np
 
 from ..config import default_cache_dir
 from ..errors import ConfigError
-from .synthetic import SHAPES
+from .synthetic import QK_NORM_TYPES, SHAPES
 
 # quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names
 QUANTS = {"Q4_1": ("Q4_1", "MOSTLY_Q4_1"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q8_0": ("Q8_0", "MOSTLY_Q8_0")}
@@ -87,32 +94,58 @@ def tokenizer_fields(path: str) -> dict:
     return out
 
 
-def plan_tensors(cfg: dict) -> list[tuple[str, tuple[int, int] | tuple[int], bool]]:
-    """(name, shape in numpy order [out, in], quantized?) of each tensor, in llama.cpp's names and
-    file order (token_embd, the blocks, output_norm, output)."""
-    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+# model_type -> llama.cpp architecture written (the converter reads these back).
+ARCHS = {"llama": "llama", "qwen3_moe": "qwen3moe"}
+
+
+def plan_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape in numpy order [.., out, in], kind) of each tensor, in llama.cpp's names and file
+    order (token_embd, the blocks, output_norm, output). kind: "quant" (random blocks), "ones" (a
+    float32 norm) or "router" (random float32). A MoE layer's experts are three 3-D tensors, experts
+    outermost, after its router."""
+    D, V = cfg["hidden_size"], cfg["vocab_size"]
     hd, H, Hk = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    plan = [("token_embd.weight", (V, D), True)]
+    plan = [("token_embd.weight", (V, D), "quant")]
     for i in range(cfg["num_hidden_layers"]):
         b = f"blk.{i}."
-        plan += [(b + "attn_norm.weight", (D,), False), (b + "attn_q.weight", (H * hd, D), True),
-                 (b + "attn_k.weight", (Hk * hd, D), True), (b + "attn_v.weight", (Hk * hd, D), True),
-                 (b + "attn_output.weight", (D, H * hd), True), (b + "ffn_norm.weight", (D,), False),
-                 (b + "ffn_gate.weight", (F, D), True), (b + "ffn_up.weight", (F, D), True),
-                 (b + "ffn_down.weight", (D, F), True)]
-    plan += [("output_norm.weight", (D,), False), ("output.weight", (V, D), True)]
+        plan += [(b + "attn_norm.weight", (D,), "ones"), (b + "attn_q.weight", (H * hd, D), "quant"),
+                 (b + "attn_k.weight", (Hk * hd, D), "quant"), (b + "attn_v.weight", (Hk * hd, D), "quant"),
+                 (b + "attn_output.weight", (D, H * hd), "quant")]
+        if cfg["model_type"] in QK_NORM_TYPES:
+            plan += [(b + "attn_q_norm.weight", (hd,), "ones"), (b + "attn_k_norm.weight", (hd,), "ones")]
+        plan.append((b + "ffn_norm.weight", (D,), "ones"))
+        plan += _ffn_plan(cfg, b)
+    plan += [("output_norm.weight", (D,), "ones"), ("output.weight", (V, D), "quant")]
     return plan
 
 
+def _ffn_plan(cfg: dict, b: str) -> list[tuple[str, tuple[int, ...], str]]:
+    D = cfg["hidden_size"]
+    E = cfg.get("num_experts", 0)
+    if not E:
+        F = cfg["intermediate_size"]
+        return [(b + "ffn_gate.weight", (F, D), "quant"), (b + "ffn_up.weight", (F, D), "quant"),
+                (b + "ffn_down.weight", (D, F), "quant")]
+    F = cfg["moe_intermediate_size"]
+    return [(b + "ffn_gate_inp.weight", (E, D), "router"), (b + "ffn_gate_exps.weight", (E, F, D), "quant"),
+            (b + "ffn_up_exps.weight", (E, F, D), "quant"), (b + "ffn_down_exps.weight", (E, D, F), "quant")]
+
+
 def shape_config(shape: str, layers: int | None = None) -> dict:
-    """The dense shape's config with `layers` layers (all when None)."""
+    """The shape's config with `layers` layers (all when None); refused for a shape llama.cpp's GGUF
+    cannot hold as our converter reads it back (a MoE other than qwen3_moe, dense layers in a MoE)."""
     if shape not in SHAPES:
         raise ConfigError(f"synthetic shape {shape!r} is unknown (choose one of: {', '.join(SHAPES)})")
     cfg = dict(SHAPES[shape])
-    if cfg.get("num_experts"):
-        raise ConfigError(f"synthetic shape {shape!r} is a mixture of experts: --format gguf writes dense shapes only "
-                          "(expert tensors are not written, and the converter reads none from a GGUF); "
+    model_type = cfg["model_type"]
+    if model_type not in ARCHS:
+        what = "a mixture of experts" if cfg.get("num_experts") else "an architecture"
+        raise ConfigError(f"synthetic shape {shape!r} is {what} of model_type {model_type!r}: --format gguf writes "
+                          f"{', '.join(ARCHS)} only (the converter reads no other from a GGUF); "
                           "use --format store for it")
+    if cfg.get("num_experts") and (int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers")):
+        raise ConfigError(f"synthetic shape {shape!r} has dense layers between its MoE layers "
+                          "(decoder_sparse_step / mlp_only_layers), which llama.cpp's qwen3moe cannot hold")
     if layers is not None:
         if layers < 1:
             raise ConfigError(f"layers must be at least 1 (got {layers})")
@@ -120,21 +153,68 @@ def shape_config(shape: str, layers: int | None = None) -> dict:
     return cfg
 
 
+def _tensor_bytes(shp: tuple[int, ...], kind: str, block: int, block_bytes: int) -> int:
+    rows = int(np.prod(shp[:-1], dtype=np.int64))
+    return rows * (shp[-1] // block) * block_bytes if kind == "quant" else 4 * rows * shp[-1]
+
+
+def _add_metadata(w, cfg: dict, shape: str, quant: str, seed: int, tok: dict) -> None:
+    from gguf import LlamaFileType
+
+    L = cfg["num_hidden_layers"]
+    w.add_name(f"synthetic {shape} {quant} (random weights)")
+    w.add_description(f"synthetic checkpoint: random {quant} weights of the {shape} shape, seed {seed}, "
+                      f"{L} layers; results measured on it are synthetic")
+    w.add_file_type(LlamaFileType[QUANTS[quant][1]])
+    w.add_quantization_version(2)
+    w.add_block_count(L)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    if cfg.get("num_experts"):
+        # Qwen3-MoE's dense intermediate_size (unused by its layers) is K expert widths (6144 =
+        # 8 x 768), which is also what llama.cpp divides by K when the expert width is absent.
+        w.add_feed_forward_length(cfg["num_experts_per_tok"] * cfg["moe_intermediate_size"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+    else:
+        w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])  # Qwen3's heads are wider than d_model / heads
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    w.add_vocab_size(cfg["vocab_size"])
+    for key, (value, vtype, sub) in tok.items():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+
+def _router(rng, shp: tuple[int, int]) -> np.ndarray:
+    """[E, D] float32 of standard deviation 1/sqrt(D): an RMS-normalized input gets router logits of
+    standard deviation about 1, so each token's top-k is its own (not the same experts every time)
+    and the softmax weights are not one-hot."""
+    return (rng.standard_normal(shp, dtype=np.float32) / np.sqrt(shp[-1])).astype(np.float32)
+
+
 def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", quant: str = "Q4_1",
                          layers: int | None = None, seed: int = 0, progress: bool = True,
                          tokenizer: str | dict | None = None) -> str:
     """Write a synthetic GGUF of `shape` (only its first `layers` layers if given) with random
-    `quant` blocks for every matrix (token_embd and output included) and float32 norms of ones;
-    return its path (default: `default_path(shape, quant, layers)`).
+    `quant` blocks for every matrix (token_embd, output and every expert included), float32 norms of
+    ones and, for a MoE shape, random float32 routers; return its path (default:
+    `default_path(shape, quant, layers)`). A dense shape is llama.cpp's `llama` architecture, a
+    qwen3_moe shape its `qwen3moe` (experts as 3-D ffn_{gate,up,down}_exps tensors).
 
     The tokenizer is the default model's (SmolLM2's 49152-token byte-level BPE), or another GGUF's
     when `tokenizer` is its path (or the fields `tokenizer_fields` read from one, to read them once
     for several files): every `tokenizer.*` field is copied, and the shape's vocab_size is replaced
     by the tokenizer's token count (a Llama-2-7B shape here has 49152 embedding rows, not 32000).
     The file is written under a `.partial` name and renamed when complete; one chunk of blocks is
-    in memory at a time. Refused with a ConfigError for an unknown shape or quant, a MoE shape, or
-    too little free disk space."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
+    in memory at a time. Refused with a ConfigError for an unknown shape or quant, a shape with no
+    GGUF architecture here (see `shape_config`), or too little free disk space."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
     from tqdm import tqdm
 
     if quant not in QUANTS:
@@ -149,10 +229,10 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
     qtype = GGMLQuantizationType[QUANTS[quant][0]]
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     plan = plan_tensors(cfg)
-    for name, shp, quantized in plan:
-        if quantized and shp[-1] % block:
+    for name, shp, kind in plan:
+        if kind == "quant" and shp[-1] % block:
             raise ConfigError(f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {quant} block ({block})")
-    nbytes = [shp[0] * shp[-1] // block * block_bytes if q else 4 * shp[0] for _, shp, q in plan]
+    nbytes = [_tensor_bytes(shp, kind, block, block_bytes) for _, shp, kind in plan]
 
     path = os.path.abspath(path or default_path(shape, quant, layers))
     folder = os.path.dirname(path)
@@ -166,28 +246,12 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
     if free < need:
         raise ConfigError(f"{path}: needs about {need / 1e9:.2f} GB, only {free / 1e9:.2f} GB free")
 
-    L = cfg["num_hidden_layers"]
-    w = GGUFWriter(None, "llama")
-    w.add_name(f"synthetic {shape} {quant} (random weights)")
-    w.add_description(f"synthetic checkpoint: random {quant} weights of the {shape} shape, seed {seed}, "
-                      f"{L} layers; results measured on it are synthetic")
-    w.add_file_type(LlamaFileType[QUANTS[quant][1]])
-    w.add_quantization_version(2)
-    w.add_block_count(L)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_rope_dimension_count(cfg["head_dim"])
-    w.add_vocab_size(cfg["vocab_size"])
-    for key, (value, vtype, sub) in tok.items():
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    for (name, shp, quantized), n in zip(plan, nbytes):
-        if quantized:  # a byte shape [out, in / block * block bytes]; gguf-py turns it into elements
-            w.add_tensor_info(name, (shp[0], shp[1] // block * block_bytes), np.dtype(np.uint8), n, raw_dtype=qtype)
+    w = GGUFWriter(None, ARCHS[cfg["model_type"]])
+    _add_metadata(w, cfg, shape, quant, seed, tok)
+    for (name, shp, kind), n in zip(plan, nbytes):
+        if kind == "quant":  # a byte shape [.., out, in / block * block bytes]; gguf-py turns it into elements
+            w.add_tensor_info(name, (*shp[:-1], shp[-1] // block * block_bytes), np.dtype(np.uint8), n,
+                              raw_dtype=qtype)
         else:
             w.add_tensor_info(name, shp, np.dtype(np.float32), n)
 
@@ -203,17 +267,17 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
         offset = 0
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape} {quant}",
                   disable=not progress) as bar:
-            for (name, shp, quantized), n in zip(plan, nbytes):
+            for (name, shp, kind), n in zip(plan, nbytes):
                 assert fh.tell() - start == offset, name  # tensor infos hold these offsets
-                if quantized:
+                if kind == "quant":
                     left = n // block_bytes
                     while left:
                         k = min(left, _CHUNK // block_bytes)
                         fh.write(random_blocks(rng, quant, k).data)
                         left -= k
                         bar.update(k * block_bytes)
-                else:  # norms of ones keep activations in range
-                    fh.write(np.ones(shp, np.float32).tobytes())
+                else:  # a router, or a norm of ones (activations stay in range)
+                    fh.write((_router(rng, shp) if kind == "router" else np.ones(shp, np.float32)).tobytes())
                     bar.update(n)
                 w.write_padding(fh, n)
                 offset += GGUFWriter.ggml_pad(n, w.data_alignment)

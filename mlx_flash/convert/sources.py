@@ -2,7 +2,8 @@
 canonical form: HF-style tensor names, a normalized config and per-linear quantization.
 
 This is conversion-time code. Tensors are read one at a time (tensor_source): a GGUF by offset, its
-Q4_0/Q4_1/Q8_0 blocks turned into MLX affine triples (gguf_blocks); safetensors through `mx.load`,
+Q4_0/Q4_1/Q8_0 blocks turned into MLX affine triples (gguf_blocks), a MoE GGUF's (llama.cpp's
+qwen3moe) 3-D expert tensors one expert at a time; safetensors through `mx.load`,
 which reads a tensor only when it is evaluated. A GGUF's tokenizer is rebuilt from its metadata by
 `gguf_tokenizer`.
 """
@@ -58,19 +59,29 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
 }
+# A MoE layer's experts as 3-D GGUF tensors [experts, rows, columns]; "{}" is the expert, one tensor
+# per expert (tensor_source.GGUFTensors splits the stack by offset).
+_GGUF_EXPERT_NAMES = {"ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
+                      "ffn_down_exps": "mlp.experts.{}.down_proj"}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# llama.cpp permutes q/k rows of these architectures for the interleaved ("traditional") RoPE layout.
+# llama.cpp permutes q/k rows of these architectures for the interleaved ("traditional") RoPE layout
+# (qwen3moe, like qwen2/qwen3, is stored as HF has it and rotated in halves: llama.cpp's NEOX rope).
 _GGUF_INTERLEAVED_ROPE = {"llama", "mistral"}
+# MoE GGUF architectures read -> model_type. llama.cpp's qwen3moe graph always renormalizes the top-k
+# router weights (HF norm_topk_prob) and has no shared expert.
+_GGUF_MOE_ARCHS = {"qwen3moe": "qwen3_moe"}
 
 
 def _gguf_name(name: str) -> str | None:
     base, _, suffix = name.rpartition(".")  # suffix: weight / bias / scales / biases
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
-        if part not in _GGUF_LAYER_NAMES:
+        hf = _GGUF_LAYER_NAMES.get(part) or _GGUF_EXPERT_NAMES.get(part)
+        if hf is None:
             return None
-        return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[part]}.{suffix}"
+        return f"model.layers.{layer}.{hf}.{suffix}"
     if base in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[base]}.{suffix}"
     return None
@@ -103,22 +114,29 @@ def read_gguf(path: str) -> SourceModel:
             why = "a tensor's data lies past the end of the file: truncated download?"
         raise ModelFileError(f"{path}: unreadable GGUF ({why})") from None
     arch = str(meta.get("general.architecture", ""))
-    mod = model_module(arch, path)
 
     def m(key, default=None):
         return meta.get(f"{arch}.{key}", default)
 
-    if m("block_count") is None or m("embedding_length") is None:
-        raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.block_count/embedding_length")
+    moe = bool(m("expert_count")) or any("_exps." in t.name for t in reader.tensors)
+    if moe and arch not in _GGUF_MOE_ARCHS:
+        raise UnsupportedModelError(f"{path}: mixture-of-experts GGUF of architecture {arch!r} is not supported "
+                                    f"(supported: {', '.join(_GGUF_MOE_ARCHS)})")
+    model_type = _GGUF_MOE_ARCHS.get(arch, arch)
+    mod = model_module(model_type, path)
+    required = ("block_count", "embedding_length", "attention.head_count") + (() if moe else ("feed_forward_length",))
+    missing = [f"{arch}.{k}" for k in required if m(k) is None]
+    if missing:
+        raise ModelFileError(f"{path}: GGUF metadata lacks {', '.join(missing)}")
     n_heads = int(m("attention.head_count"))
     d_model = int(m("embedding_length"))
     tensors = GGUFTensors(path, reader, _gguf_name)
     del reader  # its memory map of the whole file is not needed past the tensor table
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     hf_config = {
-        "model_type": arch,
+        "model_type": model_type,
         "hidden_size": d_model,
-        "intermediate_size": int(m("feed_forward_length")),
+        "intermediate_size": int(m("feed_forward_length", 0)),
         "num_hidden_layers": int(m("block_count")),
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(m("attention.head_count_kv", n_heads)),
@@ -133,6 +151,8 @@ def read_gguf(path: str) -> SourceModel:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    if moe:
+        hf_config.update(_gguf_moe_config(path, arch, m, tensors))
     if m("rope.scaling.type") not in (None, "none"):
         raise UnsupportedModelError(f"{path}: RoPE scaling {m('rope.scaling.type')!r} is not supported yet")
     config = mod.normalize_config(hf_config, path)
@@ -143,6 +163,21 @@ def read_gguf(path: str) -> SourceModel:
 
     return SourceModel(config, tensors, quant, save_tokenizer,
                        {"kind": "gguf", "file": os.path.basename(path), "size": os.path.getsize(path)})
+
+
+def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
+    """The HF MoE fields of a qwen3moe GGUF; every stack of experts must hold expert_count of them."""
+    keys = {"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
+            "moe_intermediate_size": "expert_feed_forward_length"}
+    missing = [f"{arch}.{k}" for k in keys.values() if m(k) is None]
+    if missing:
+        raise ModelFileError(f"{path}: GGUF metadata lacks {', '.join(missing)}")
+    cfg = {hf: int(m(k)) for hf, k in keys.items()}
+    cfg["norm_topk_prob"] = True
+    for name, n in tensors.stacks().items():
+        if n != cfg["num_experts"]:
+            raise ModelFileError(f"{path}: {name} holds {n} experts, but {arch}.expert_count is {cfg['num_experts']}")
+    return cfg
 
 
 # ---- HF / mlx-community directories ------------------------------------------------------------

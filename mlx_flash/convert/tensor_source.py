@@ -6,7 +6,8 @@ memory goes when the converter drops it); `name in tensors`. Two implementations
   ArrayTensors  a dict of lazily loaded `mx.array`s (safetensors through `mx.load`, which reads a
                 tensor's bytes only when it is evaluated); `take` pops the entry
   GGUFTensors   a GGUF file read by offset (`os.preadv`), block quantizations turned into affine
-                triples block by block (gguf_blocks)
+                triples block by block (gguf_blocks); a stack of experts (a 3-D tensor, experts
+                outermost) is one tensor per expert, each its own byte range of the stack
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ class ArrayTensors(SourceTensors):
 
 class GGUFTensors(SourceTensors):
     """reader: an open `gguf.GGUFReader` (its metadata and tensor table; its memory map is not
-    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role)."""
+    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role). A
+    canonical name holding "{}" names a stack (a MoE layer's experts, a 3-D tensor, experts
+    outermost): expert e is the tensor named with e in place of "{}", the e-th equal byte range of
+    the stack, so one expert is read without the others."""
 
     def __init__(self, path: str, reader, rename):
         self.path = path
         self._entries = {}  # canonical name -> (file offset, bytes, ggml type, numpy shape, part)
+        self._stacks = {}  # GGUF name of a stack -> its number of experts
         unknown = []
         for t in reader.tensors:
             canon = rename(t.name)
@@ -87,22 +92,16 @@ class GGUFTensors(SourceTensors):
                 unknown.append(t.name)
                 continue
             ne = [int(x) for x in t.shape]  # ne[0] is the fastest-varying axis: numpy shape reversed
-            shape = tuple(reversed(ne))
             ttype = int(t.tensor_type)
-            where = (int(t.data_offset), int(t.n_bytes), ttype, shape)
-            if ttype in BLOCK_TYPES:
-                if not canon.endswith(".weight") or ne[0] % GROUP:
-                    raise ModelFileError(f"{path}: tensor {t.name} is block-quantized but is not a weight matrix "
-                                         f"with rows a multiple of {GROUP}")
-                base = canon[: -len(".weight")]
-                for part in ("weight", "scales", "biases"):
-                    self._entries[f"{base}.{part}"] = (*where, part)
-            elif ttype in PLAIN_TYPES:
-                self._entries[canon] = (*where, None)
-            else:
+            if ttype not in BLOCK_TYPES and ttype not in PLAIN_TYPES:
                 raise UnsupportedModelError(
                     f"{path}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: Q4_0, Q4_1, Q8_0, "
                     "F16, BF16, F32 (k-quants are not supported yet)")
+            if ttype in BLOCK_TYPES and (not canon.endswith(".weight") or ne[0] % GROUP):
+                raise ModelFileError(f"{path}: tensor {t.name} is block-quantized but is not a weight matrix "
+                                     f"with rows a multiple of {GROUP}")
+            for name, where in self._slices(t, canon, ne):
+                self._add(name, where)
         if unknown:
             raise UnsupportedModelError(f"{path}: GGUF tensors with no known role: {', '.join(sorted(unknown)[:5])}")
         self._size = os.path.getsize(path)
@@ -110,6 +109,32 @@ class GGUFTensors(SourceTensors):
             if off < 0 or n < 0 or off + n > self._size:
                 raise ModelFileError(f"{path}: tensor {name} lies outside the file (truncated download?)")
         self._pending: dict[str, np.ndarray] = {}  # decoded parts of the last triple not yet taken
+
+    def _slices(self, t, canon: str, ne: list[int]):
+        """(canonical name, (offset, bytes, ggml type, numpy shape)) of the tensor, or of each
+        expert of a stack."""
+        shape, off, n, ttype = tuple(reversed(ne)), int(t.data_offset), int(t.n_bytes), int(t.tensor_type)
+        if "{}" not in canon:
+            return [(canon, (off, n, ttype, shape))]
+        if len(shape) != 3 or n % shape[0]:
+            raise ModelFileError(f"{self.path}: tensor {t.name} of shape {list(ne)} is not a stack of experts "
+                                 "(3 axes, experts outermost)")
+        self._stacks[t.name] = shape[0]
+        per = n // shape[0]
+        return [(canon.format(e), (off + e * per, per, ttype, shape[1:])) for e in range(shape[0])]
+
+    def _add(self, name: str, where: tuple) -> None:
+        """One tensor's entries: a block-quantized weight is its affine triple (three entries)."""
+        if where[2] in BLOCK_TYPES:
+            base = name[: -len(".weight")]
+            for part in ("weight", "scales", "biases"):
+                self._entries[f"{base}.{part}"] = (*where, part)
+        else:
+            self._entries[name] = (*where, None)
+
+    def stacks(self) -> dict[str, int]:
+        """GGUF name -> number of experts, for every stack of experts."""
+        return dict(self._stacks)
 
     def names(self):
         return list(self._entries)

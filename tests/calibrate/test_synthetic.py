@@ -45,6 +45,19 @@ def test_store_validates_and_replay_reads_the_missing_rows(tmp_path, small_shape
         src.close()
 
 
+def test_moe_shape_store_validates_with_routers_and_qk_norms(tmp_path, monkeypatch):
+    shape = dict(synthetic.SHAPES["qwen3-30b-a3b"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, num_experts=4, moe_intermediate_size=32,
+                 intermediate_size=4 * 32, vocab_size=50)
+    monkeypatch.setitem(synthetic.SHAPES, "small-moe", shape)
+    store = open_store(synthetic.make_synthetic_store(str(tmp_path / "syn"), "small-moe"), verify_checksums=True)
+    lay = store.manifest.ffn
+    assert (lay.n_experts, lay.expert_neurons, lay.d_model) == (4, 32, 64)
+    assert store.manifest.tensors["model.layers.1.mlp.gate.weight"].shape == [4, 64]
+    assert store.manifest.tensors["model.layers.1.self_attn.q_norm.weight"].shape == [32]
+    assert store.manifest.tensors["model.layers.1.self_attn.q_proj.weight"].shape == [128, 64]
+
+
 def test_statistical_activity_fires_the_asked_share():
     a = synthetic.StatisticalActivity(2, 1000, active=0.03, persist=0.5, seed=0)
     sets = [np.flatnonzero(a.active(0)[0]) for _ in range(50)]

@@ -1,21 +1,24 @@
 """GGUF tensors read by offset, block by block: the same arrays `mx.load` gives for the whole file,
-and a clear error for what is not supported."""
+a stack of experts read one expert at a time as gguf dequantizes it, and a clear error for what is
+not supported."""
 
 import numpy as np
 import pytest
 
 from mlx_flash.convert.gguf_blocks import BLOCK_TYPES
-from mlx_flash.convert.sources import _gguf_name
+from mlx_flash.convert.sources import _gguf_name, read_gguf
 from mlx_flash.convert.tensor_source import GGUFTensors
-from mlx_flash.errors import UnsupportedModelError
+from mlx_flash.errors import ModelFileError, UnsupportedModelError
 
 gguf = pytest.importorskip("gguf")
 mx = pytest.importorskip("mlx.core")
 
 
-def _write(path, tensors: dict):
-    """tensors: GGUF name -> (float32 array, GGMLQuantizationType)."""
-    w = gguf.GGUFWriter(str(path), "llama")
+def _write(path, tensors: dict, arch: str = "llama", meta: dict | None = None):
+    """tensors: GGUF name -> (float32 array, GGMLQuantizationType); meta: `{arch}.` key -> uint32."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (meta or {}).items():
+        w.add_uint32(f"{arch}.{key}", value)
     for name, (a, qtype) in tensors.items():
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             w.add_tensor(name, a.astype(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16))
@@ -87,3 +90,70 @@ def test_take_hands_over_each_part_once(tmp_path):
     assert not src._pending, "parts handed over are still held"
     again = src.take_numpy(base + ".scales")  # a second take reads the file again
     assert np.array_equal(first, again)
+
+
+def _affine(codes: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int) -> np.ndarray:
+    """An affine triple as float32 weights: code * scale + bias, codes packed little-endian."""
+    b = codes.view(np.uint8)
+    q = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:-1], -1) if bits == 4 else b
+    q = q.reshape(*scales.shape, -1).astype(np.float32)
+    return (q * scales[..., None].astype(np.float32) + biases[..., None].astype(np.float32)).reshape(q.shape[0], -1)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_each_expert_of_a_stack_is_read_alone_as_gguf_dequantizes_it(tmp_path, qtype):
+    rng = np.random.default_rng(3)
+    E, F, D = 3, 8, 64
+    q = gguf.GGMLQuantizationType[qtype]
+    path = tmp_path / "exps.gguf"
+    _write(path, {"blk.0.ffn_down_exps.weight": (rng.standard_normal((E, D, F * 4)).astype(np.float32) * 0.1, q)})
+    t = _reader(path).tensors[0]
+    want = gguf.quants.dequantize(t.data, q)  # [E, D, 4F], experts outermost
+    src = GGUFTensors(str(path), _reader(path), _gguf_name)
+    assert src.stacks() == {"blk.0.ffn_down_exps.weight": E}
+    reads = []
+    real_read = src._read
+    src._read = lambda off, n, name: reads.append((off, n)) or real_read(off, n, name)
+    bits = BLOCK_TYPES[int(q)].bits
+    for e in range(E):
+        base = f"model.layers.0.mlp.experts.{e}.down_proj"
+        assert src.quant_bits()[base] == bits
+        assert src.spec(base + ".weight") == ([D, 4 * F * bits // 32], "uint32")
+        triple = [src.take_numpy(f"{base}.{p}") for p in ("weight", "scales", "biases")]
+        assert np.array_equal(_affine(*triple, bits), want[e]), f"expert {e}"
+    per = int(t.n_bytes) // E
+    assert reads == [(int(t.data_offset) + e * per, per) for e in range(E)]  # one expert's bytes per read
+
+
+def _moe_meta(experts: int) -> dict:
+    return {"block_count": 1, "embedding_length": 64, "attention.head_count": 2, "expert_count": experts,
+            "expert_used_count": 1, "expert_feed_forward_length": 32}
+
+
+def test_other_moe_architectures_and_bad_stacks_are_refused(tmp_path):
+    rng = np.random.default_rng(4)
+    stack = {"blk.0.ffn_up_exps.weight": (rng.standard_normal((2, 32, 64)).astype(np.float32),
+                                          gguf.GGMLQuantizationType.Q8_0)}
+    mixtral = tmp_path / "mixtral.gguf"
+    _write(mixtral, stack, "llama", _moe_meta(2))
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts GGUF of architecture 'llama' is not supported "
+                                                    r"\(supported: qwen3moe\)"):
+        read_gguf(str(mixtral))
+    qwen2moe = tmp_path / "qwen2moe.gguf"
+    _write(qwen2moe, stack, "qwen2moe")  # no expert_count: the stacks alone say it is a MoE
+    with pytest.raises(UnsupportedModelError, match="architecture 'qwen2moe'"):
+        read_gguf(str(qwen2moe))
+    wrong = tmp_path / "wrong.gguf"
+    _write(wrong, stack, "qwen3moe", _moe_meta(3))
+    with pytest.raises(ModelFileError,
+                       match=r"blk\.0\.ffn_up_exps\.weight holds 2 experts, but qwen3moe\.expert_count is 3"):
+        read_gguf(str(wrong))
+    lacking = tmp_path / "lacking.gguf"
+    _write(lacking, stack, "qwen3moe", {k: v for k, v in _moe_meta(2).items() if k != "expert_used_count"})
+    with pytest.raises(ModelFileError, match=r"lacks qwen3moe\.expert_used_count$"):
+        read_gguf(str(lacking))
+    flat = tmp_path / "flat.gguf"  # a 2-D tensor under an expert-stack name
+    _write(flat, {"blk.0.ffn_up_exps.weight": (rng.standard_normal((32, 64)).astype(np.float32),
+                                               gguf.GGMLQuantizationType.Q8_0)}, "qwen3moe", _moe_meta(2))
+    with pytest.raises(ModelFileError, match="is not a stack of experts"):
+        read_gguf(str(flat))
