@@ -278,19 +278,21 @@ def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (dec, pre) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (dec, pre) = plt.subplots(1, 2, figsize=(12, 5.8))
     labels = list(dict.fromkeys(f"{r['engine']} {r['mode']}" for r in rows))
     for i, label in enumerate(labels):
         mine = sorted((r for r in rows if f"{r['engine']} {r['mode']}" == label), key=lambda r: r["limit"])
         color = f"C{i}"
+        sparse = "sparse" in label  # approximate operating points: dotted, and no disk bound (a loose one)
         for ax, key in ((dec, "decode_tps"), (pre, "prefill_tps")):
             ok = [r for r in mine if r[key]]
-            ax.plot([r["limit"] / 1e9 for r in ok], [r[key] for r in ok], "o-", color=color, label=label)
+            ax.plot([r["limit"] / 1e9 for r in ok], [r[key] for r in ok], "s:" if sparse else "o-", color=color,
+                    label=label + (" (statistical activity)" if sparse else ""))
             failed = [r for r in mine if not r[key]]
             if failed:  # OOM-killed, refused, timed out: a cross on the x axis
                 ax.plot([r["limit"] / 1e9 for r in failed], [0] * len(failed), "x", color=color, markersize=10,
                         mew=2, clip_on=False, transform=ax.get_xaxis_transform())
-        bound = [r for r in mine if r["disk_bound_tps"]]
+        bound = [] if sparse else [r for r in mine if r["disk_bound_tps"]]
         if bound:
             dec.plot([r["limit"] / 1e9 for r in bound], [r["disk_bound_tps"] for r in bound], "_--", color=color, ms=14,
                      alpha=0.7, label=f"{label}: disk bound")
@@ -302,11 +304,12 @@ def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
         ax.grid(True, which="both", alpha=0.3)
-    dec.legend(fontsize=7)
+    handles, names = dec.get_legend_handles_labels()  # below both panels: inside, it hides the lines
+    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
     note = " (synthetic random weights)" if "synthetic" in title.lower() and "random" not in title.lower() else ""
     fig.suptitle(f"{title}{note}: cold page cache; x = OOM-killed/refused; disk read {bandwidth / 1e9:.2f} GB/s",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(names) + 3) // 4), 1, 1))
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
@@ -362,6 +365,19 @@ def limited(a) -> None:
         plot(rows, title, bandwidth, a.plot)
 
 
+def replot(a) -> None:
+    """The table and plot of an earlier run's JSON (--from-json)."""
+    try:
+        with open(a.from_json) as fh:
+            run = json.load(fh)
+        run["rows"], run["bandwidth"], run["title"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FlashError(f"{a.from_json}: not a bench_memory --json file ({e})") from None
+    print_table(run["rows"], run["bandwidth"])
+    if a.plot:
+        plot(run["rows"], run["title"], run["bandwidth"], a.plot)
+
+
 def no_limit(a) -> None:
     """The measurement this tool made before limits (RSS after load + tokens, peak, imports)."""
     model = a.model or default_model_path()
@@ -396,6 +412,7 @@ def main() -> int:
     p.add_argument("--json", default=None, metavar="OUT", help="write every row and run as JSON")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="tokens/s against the limit, a line per engine/mode")
     p.add_argument("--no-limit", action="store_true", help="RSS after load + tokens and peak RSS, no cgroup")
+    p.add_argument("--from-json", default=None, metavar="IN", help="print the table (and --plot) of an earlier --json")
     a = p.parse_args()
     a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]
     a.runs = a.runs or (3 if a.no_limit else 1)
@@ -407,6 +424,8 @@ def main() -> int:
         p.error(f"--sparse shares must be in (0, 1) (got {a.sparse})")
     if a.tokens < 2:
         p.error("--tokens must be at least 2 (the first comes from the prompt's pass)")
+    if a.from_json:
+        return exit_status(lambda: replot(a))
     return exit_status(lambda: no_limit(a) if a.no_limit else limited(a))
 
 
