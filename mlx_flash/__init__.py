@@ -23,7 +23,7 @@ python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -convert, -ver
 from .api import load, load_config
 from .config import EngineConfig
 from .convert import convert
-from .errors import (ConfigError, FlashError, ModelFileError, ModelNotFoundError, StoreError,
+from .errors import (ConfigError, FlashError, MemoryBudgetError, ModelFileError, ModelNotFoundError, StoreError,
                      UnsupportedModelError)
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .stats import expert_cache_stats, memory_plan
@@ -31,7 +31,7 @@ from .store.disk_profile import best_threads, coalesce_gap, default_profile, pro
 
 __version__ = "0.1.0"
 __all__ = ["load", "load_config", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
-           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ModelFileError", "ModelNotFoundError",
+           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
            "StoreError", "UnsupportedModelError"]
 
 

@@ -35,6 +35,11 @@ class ConfigError(FlashError):
     """An option has a bad value (backend name, sampling parameter, budget...)."""
 
 
+class MemoryBudgetError(ConfigError):
+    """A memory limit this model cannot run under, refused before anything is read; the message
+    names the minimum (or what the limit lacks)."""
+
+
 def exit_status(body) -> int:
     """Run a command-line tool's body: 0 when it returns, 1 with one `error: ...` line on stderr
     (and no traceback) when it raises a FlashError."""

@@ -19,8 +19,9 @@ Disk bound: the drive's read bandwidth (the best of a few in-flight settings rea
 file at the start, page cache bypassed; harness.read_bandwidth) over the bytes each token must read
 at that limit, the weights that do not fit beside the floor, max(0, weights - (limit - floor)): the
 decode rate no engine can pass when every weight is used every token. "-" where the weights fit.
-For a sparse row the weights a token uses are the resident tensors and that share of the FFN: a
-bound for a perfect predictor that keeps the right rows resident (a looser bound than the exact rows').
+For a sparse row the weights a token uses are the resident tensors and that share of the FFN, for a
+MoE model the resident tensors and the routed experts' share (experts per token over experts): a
+bound for a cache that always holds the right rows or experts (looser than a dense exact row's).
 The "read GB/s" column is what a row's decode actually read per second, to set beside it.
 
 Our engine runs with memory_budget="auto" (inside the cgroup: its limit less 5%); its plan line is
@@ -69,7 +70,8 @@ class Engine:
     model: str  # what it loads: a store or a GGUF
     weights: int  # bytes of weights it reads
     active: float | None = None  # ours, sparse: the statistical model's share of FFN read units per token
-    ffn: int = 0  # bytes of the FFN layers (the part a sparse row reads a share of)
+    ffn: int = 0  # bytes of the FFN layers (the part a sparse row or a MoE token uses a share of)
+    routed: float = 1.0  # the share of the FFN a token routes to: experts per token / experts (1: dense)
 
     @property
     def label(self) -> str:
@@ -80,7 +82,8 @@ class Engine:
     @property
     def used_per_token(self) -> int:
         """Bytes of weights one token uses: all of them, or (sparse) the non-FFN ones and the share."""
-        return self.weights if self.active is None else int(self.weights - (1 - self.active) * self.ffn)
+        share = self.routed if self.active is None else self.active
+        return int(self.weights - (1 - share) * self.ffn)
 
     @property
     def run_mode(self) -> str:
@@ -96,21 +99,22 @@ def store_weights(store: str) -> int:
     return model_bytes(open_store(store, False, False))
 
 
-def store_ffn_bytes(store: str) -> int:
+def store_ffn(store: str) -> tuple[int, float]:
+    """(bytes of the FFN layers, the share of them a token routes to: 1 for a dense model)."""
     from mlx_flash.store import open_store
 
-    lay = open_store(store, False, False).manifest.ffn
-    return lay.layer_nbytes * len(lay.layer_offsets)
+    m = open_store(store, False, False).manifest
+    routed = m.config["num_experts_per_tok"] / m.ffn.n_experts if m.ffn.n_experts else 1.0
+    return m.ffn.layer_nbytes * len(m.ffn.layer_offsets), routed
 
 
 def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
                 sparse: tuple[float, ...] = ()) -> tuple[list[Engine], str]:
     """The engine/modes to run, peer and ours alternating, and a note on the peer ("" when it runs)."""
     weights = store_weights(store)
-    ours = [Engine("mlx_flash", b, store, weights) for b in backends]
-    if sparse:
-        ffn = store_ffn_bytes(store)
-        ours += [Engine("mlx_flash", b, store, weights, s, ffn) for b in backends for s in sparse]
+    ffn, routed = store_ffn(store)
+    ours = [Engine("mlx_flash", b, store, weights, None, ffn, routed) for b in backends]
+    ours += [Engine("mlx_flash", b, store, weights, s, ffn) for b in backends for s in sparse]
     note = ""
     if peer == "none":
         peers = []
@@ -119,7 +123,8 @@ def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
     elif importlib.util.find_spec("llama_cpp") is None:
         peers, note = [], "llama.cpp skipped: llama-cpp-python is not installed (make peers installs it)"
     else:
-        peers = [Engine("llama.cpp", m, gguf, os.path.getsize(gguf)) for m in ("mmap", "no-mmap")]
+        # the GGUF's experts are the store's, block for block: the same routed share
+        peers = [Engine("llama.cpp", m, gguf, os.path.getsize(gguf), None, ffn, routed) for m in ("mmap", "no-mmap")]
     order = []
     for i in range(max(len(peers), len(ours))):
         order += peers[i:i + 1] + ours[i:i + 1]

@@ -58,7 +58,7 @@ def greedy(prefill, step, ids: list[int], tokens: int) -> dict:
 
 def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
     import mlx_flash
-    from mlx_flash.errors import ConfigError
+    from mlx_flash.errors import MemoryBudgetError
 
     backend, _, share = mode.partition(":")
     sparse = {"ffn": "sparse", "flash": mlx_flash.FlashOptions(predictor="statistical",
@@ -66,10 +66,8 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
     t0 = time.perf_counter()
     try:  # "auto": the cgroup's limit less the safety margin, split by the planner (one line on stderr)
         engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse)
-    except ConfigError as e:
-        if "below the minimum" in str(e):
-            return {"refused": str(e)}
-        raise
+    except MemoryBudgetError as e:
+        return {"refused": str(e)}
     load_s = time.perf_counter() - t0
     with engine:
         caches = engine.new_caches()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MemoryBudgetError
 from ..units import fmt
 from .limit import MemoryLimit
 
@@ -105,7 +105,7 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int) -> None:
 
     module, cost = BACKEND_IMPORT[backend]
     if module not in sys.modules and limit.bytes < rss + cost:
-        raise ConfigError(f"memory budget {fmt(limit.bytes)} is below the {fmt(rss + cost)} this process holds "
+        raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} is below the {fmt(rss + cost)} this process holds "
                           f"once {backend} is imported ({fmt(rss)} now + about {fmt(cost)} for {module})")
 
 
@@ -138,7 +138,7 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     work = work_bytes(shape, chunk, kv_tokens)
     minimum = floor + slack + kv_min + work + weights_minimum
     if limit.bytes < minimum:
-        raise ConfigError(
+        raise MemoryBudgetError(
             f"memory budget {fmt(limit.bytes)} is below the minimum {fmt(minimum)} for this model on this backend "
             f"(runtime {fmt(floor + slack)} measured, KV cache {fmt(kv_min)} for {kv_min // per_tok} tokens, "
             f"buffers {fmt(work)}, weights {fmt(weights_minimum)} at the least)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import EngineConfig, FFNMode
-from ..errors import ConfigError
+from ..errors import MemoryBudgetError
 from ..sparse.modes import SparseMode
 from ..sparse.planner import model_bytes, stored_resident_bytes
 from ..sparse.selectors import PredictorKind
@@ -60,7 +60,7 @@ def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
     experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
     fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
     if cfg.ffn is FFNMode.RESIDENT and not fits:
-        raise ConfigError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
+        raise MemoryBudgetError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
                           f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
                           "use ffn auto or stream, or a larger memory budget")
     if cfg.ffn is not FFNMode.AUTO:

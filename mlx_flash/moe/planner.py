@@ -6,7 +6,7 @@ refused, naming the minimum."""
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import MemoryBudgetError
 from ..units import fmt
 
 
@@ -16,7 +16,7 @@ def plan_experts(budget: int, resident: int, layout, converted_expert: int) -> t
     slot = eb + converted_expert
     minimum = resident + slot
     if budget < minimum:
-        raise ConfigError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+        raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
                           f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
                           f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as stored "
                           f"and {fmt(converted_expert)} converted for compute)")

@@ -19,7 +19,7 @@ shrinks the window to fit memory).
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import MemoryBudgetError
 from ..units import fmt
 from . import cost_model
 from .modes import SparseMode, SparsePlan
@@ -73,7 +73,7 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     caches = mode is not SparseMode.NAIVE  # naive holds no rows beyond the layer buffer
     minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
-        raise ConfigError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+        raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
                           f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
                           f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
                           f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"

@@ -3,7 +3,7 @@ that cannot work is refused with the minimum."""
 
 import pytest
 
-from mlx_flash.errors import ConfigError
+from mlx_flash.errors import ConfigError, MemoryBudgetError
 from mlx_flash.memory.limit import MemoryLimit
 from mlx_flash.memory.process_plan import (MIN_KV_TOKENS, RUNTIME_SLACK, ModelShape, kv_bytes_per_token,
                                            plan_process, work_bytes)
@@ -32,7 +32,7 @@ def test_split_adds_up_to_the_limit():
 
 
 def test_refused_below_the_minimum_with_the_minimum():
-    with pytest.raises(ConfigError, match=r"memory budget 1000\.0 MB is below the minimum [0-9.]+ MB .*runtime"):
+    with pytest.raises(MemoryBudgetError, match=r"memory budget 1000\.0 MB is below the minimum [0-9.]+ MB .*runtime"):
         plan_process(MemoryLimit(1000 * MB, "given"), 100 * MB, "torch", LLAMA_7B, 4096, 900 * MB)
 
 
