@@ -16,6 +16,7 @@ from .planner import model_bytes, plan_budget
 from .predictor import Predictors
 from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
 from .selectors import AllActive, LowRankSelector, PredictorKind, StatisticalSelector
+from .statistical import StatisticalActivity
 from .sparse_source import SparseSource
 from .unbundled import ensure_unbundled, field_offsets
 
@@ -34,8 +35,6 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
     if opts.predictor is PredictorKind.DENSE:
         return AllActive(lay.n_neurons), 0, None
     if opts.predictor is PredictorKind.STATISTICAL:
-        from ..calibrate.synthetic import StatisticalActivity
-
         model = StatisticalActivity(len(lay.layer_offsets), lay.n_rows, active=opts.statistical_active)
         return StatisticalSelector(model, lay.block), model.p.nbytes, None
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)

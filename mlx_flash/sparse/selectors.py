@@ -21,7 +21,7 @@ class PredictorKind(Enum):
     LOWRANK = "lowrank"  # trained low-rank predictors saved in the store (tools/train_predictor.py)
     GATE = "gate"  # the FFN's own gate/up projection, resident in 4 bits (sparse.gateup)
     DENSE = "dense"  # every neuron: exact
-    # a labelled statistical model of which read units fire (calibrate.synthetic.StatisticalActivity),
+    # a labelled statistical model of which read units fire (sparse.statistical.StatisticalActivity),
     # for synthetic checkpoints whose random weights have no activity to predict: the reads are
     # real, the output is noise
     STATISTICAL = "statistical"
