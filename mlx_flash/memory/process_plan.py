@@ -106,7 +106,7 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int) -> None:
     module, cost = BACKEND_IMPORT[backend]
     if module not in sys.modules and limit.bytes < rss + cost:
         raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} is below the {fmt(rss + cost)} this process holds "
-                          f"once {backend} is imported ({fmt(rss)} now + about {fmt(cost)} for {module})")
+                                f"once {backend} is imported ({fmt(rss)} now + about {fmt(cost)} for {module})")
 
 
 def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape, context_limit: int,

@@ -61,8 +61,8 @@ def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
     fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
     if cfg.ffn is FFNMode.RESIDENT and not fits:
         raise MemoryBudgetError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
-                          f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
-                          "use ffn auto or stream, or a larger memory budget")
+                                f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
+                                "use ffn auto or stream, or a larger memory budget")
     if cfg.ffn is not FFNMode.AUTO:
         return cfg
     if fits:

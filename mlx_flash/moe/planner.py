@@ -17,9 +17,9 @@ def plan_experts(budget: int, resident: int, layout, converted_expert: int) -> t
     minimum = resident + slot
     if budget < minimum:
         raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
-                          f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
-                          f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as stored "
-                          f"and {fmt(converted_expert)} converted for compute)")
+                                f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
+                                f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as "
+                                f"stored and {fmt(converted_expert)} converted for compute)")
     slots = min(L * E, (budget - resident) // slot)
     return slots, {"budget": budget, "resident_weights": resident, "converted_expert": converted_expert,
                    "expert_slots": slots, "expert_bytes": eb, "slot_bytes": slot, "all_experts_bytes": L * E * slot,

@@ -74,10 +74,10 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
         raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
-                          f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
-                          f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
-                          f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"
-                          + (", one FFN row per layer)" if caches else ")"))
+                                f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
+                                f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
+                                f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"
+                                + (", one FFN row per layer)" if caches else ")"))
     rows = min(F, (budget - fixed) // (L * bb)) if caches else 0
     table = []
     if window == 0:
