@@ -370,11 +370,10 @@ __attribute__((target("avx2,fma,f16c"))) void groups_decode_avx2(const Problem& 
           widen32_avx2<BITS>(src, c);
           for (int i = 0; i < 4; i++) dot = _mm256_fmadd_ps(c[i], _mm256_loadu_ps(xp + 8 * i), dot);
         }
-        const char* so = static_cast<const char*>(p.scales) + scale_offset(p, n, g);
-        a = _mm256_fmadd_ps(_mm256_set1_ps(scale_f16c(so, p.scale_type, 0)), dot, a);
-        b = std::fma(scale_f16c(static_cast<const char*>(p.biases) + (so - static_cast<const char*>(p.scales)),
-                                p.scale_type, 0),
-                     p.xsum[g], b);
+        const int64_t so = scale_offset(p, n, g);  // the biases lie like the scales
+        const float s = scale_f16c(static_cast<const char*>(p.scales) + so, p.scale_type, 0);
+        a = _mm256_fmadd_ps(_mm256_set1_ps(s), dot, a);
+        b = std::fma(scale_f16c(static_cast<const char*>(p.biases) + so, p.scale_type, 0), p.xsum[g], b);
       }
       _mm256_storeu_ps(acc + (n - n0) * 8, a);
       bias[n - n0] = b;

@@ -177,11 +177,10 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void groups_decode_avx
           dot = _mm512_fmadd_ps(c0, _mm512_loadu_ps(xp), dot);
           dot = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xp + 16), dot);
         }
-        const char* so = static_cast<const char*>(p.scales) + scale_offset(p, n, g);
-        a = _mm512_fmadd_ps(_mm512_set1_ps(scale_f16c(so, p.scale_type, 0)), dot, a);
-        b = std::fma(scale_f16c(static_cast<const char*>(p.biases) + (so - static_cast<const char*>(p.scales)),
-                                p.scale_type, 0),
-                     p.xsum[g], b);
+        const int64_t so = scale_offset(p, n, g);  // the biases lie like the scales
+        const float s = scale_f16c(static_cast<const char*>(p.scales) + so, p.scale_type, 0);
+        a = _mm512_fmadd_ps(_mm512_set1_ps(s), dot, a);
+        b = std::fma(scale_f16c(static_cast<const char*>(p.biases) + so, p.scale_type, 0), p.xsum[g], b);
       }
       _mm512_storeu_ps(acc + (n - n0) * 16, a);
       bias[n - n0] = b;
