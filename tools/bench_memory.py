@@ -28,7 +28,8 @@ Our engine runs with memory_budget="auto" (inside the cgroup: its limit less 5%)
 kept for each row. Its exact rows (ffn="auto": resident, hybrid or streamed as the plan says) come
 first; --sparse SHARES adds, per backend, the sparse operating points of a synthetic checkpoint:
 ffn="sparse" with the statistical predictor (a labelled statistical activity model drawing that
-share of the FFN's read units per token; the reads are real, the output is noise). The GGUF is converted into a store first, outside any cgroup, and the peer reads
+share of the FFN's read units per token; the reads are real, the output is noise). The GGUF is
+converted into a store first, outside any cgroup, and the peer reads
 the GGUF itself. TTFT: from the start of the engine's load to the first token (imports excluded), as
 an mmap load defers its reads to the prompt's pass; prefill tokens/s: the prompt's pass alone;
 decode tokens/s: the forward passes after the first token (TOKENS - 1).
@@ -375,9 +376,11 @@ def replot(a) -> None:
     try:
         with open(a.from_json) as fh:
             run = json.load(fh)
-        run["rows"], run["bandwidth"], run["title"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise FlashError(f"{a.from_json}: not a bench_memory --json file ({e})") from None
+    missing = [k for k in ("rows", "bandwidth", "title") if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise FlashError(f"{a.from_json}: not a bench_memory --json file (no {', '.join(missing)})")
     print_table(run["rows"], run["bandwidth"])
     if a.plot:
         plot(run["rows"], run["title"], run["bandwidth"], a.plot)
