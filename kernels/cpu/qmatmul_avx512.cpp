@@ -92,6 +92,22 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows4_avx512(cons
   }
 }
 
+// 32 consecutive codes as floats in the order x is read: a 4-bit 32-block's 16 even then 16 odd
+// codes (x as xperm), 8-bit codes in order.
+template <int BITS>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void widen32_avx512(const uint8_t* src, __m512& c0,
+                                                                                       __m512& c1) {
+  if (BITS == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+    c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+  } else {
+    c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+    c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
+  }
+}
+
 // Decode (one token): RN rows at once share every load of x and give the CPU RN independent chains
 // of multiply-adds (one row alone waits on its own accumulator once per group). 4-bit codes come as
 // a 32-block's even then odd codes (x read as xperm), 8-bit ones in order (x as is).
@@ -100,7 +116,6 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matve
                                                                                           float* const* sc,
                                                                                           float* const* bi) {
   const int64_t groups = p.K / p.group, blocks = p.group / 32;
-  const __m128i low = _mm_set1_epi8(0x0F);
   const float* x = BITS == 4 ? p.xperm : p.x;
   const uint8_t *row[RN], *src[RN];
   __m512 acc[RN];
@@ -120,14 +135,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matve
       const __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
       for (int r = 0; r < RN; r++) {
         __m512 c0, c1;
-        if (BITS == 4) {
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r]));
-          c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
-          c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-        } else {
-          c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r]))));
-          c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r] + 16))));
-        }
+        widen32_avx512<BITS>(src[r], c0, c1);
         src[r] += BITS * 4;  // bytes of 32 codes
         dot[r] = _mm512_fmadd_ps(c0, x0, dot[r]);
         dot[r] = _mm512_fmadd_ps(c1, x1, dot[r]);
@@ -149,7 +157,6 @@ template <int BITS>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void groups_decode_avx512(const Problem& p, int64_t n0,
                                                                                       int64_t n1) {
   const int64_t groups = p.K / p.group, blocks = p.group / 32, rows = n1 - n0;
-  const __m128i low = _mm_set1_epi8(0x0F);
   const float* x = BITS == 4 ? p.xperm : p.x;
   thread_local std::vector<float> scratch;
   scratch.assign(rows * 17, 0.f);
@@ -166,14 +173,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void groups_decode_avx
         for (int64_t blk = 0; blk < blocks; blk++, src += BITS * 4) {
           const float* xp = x + g * p.group + blk * 32;
           __m512 c0, c1;
-          if (BITS == 4) {
-            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-            c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
-            c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-          } else {
-            c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
-            c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
-          }
+          widen32_avx512<BITS>(src, c0, c1);
           dot = _mm512_fmadd_ps(c0, _mm512_loadu_ps(xp), dot);
           dot = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xp + 16), dot);
         }
@@ -370,7 +370,6 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512
 template <int BITS, int NB>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void cols_matvec_avx512(const Problem& p, int64_t c) {
   const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
-  const __m128i low = _mm_set1_epi8(0x0F);
   __m512 acc[NB][2];
   float bias[NB];
   int64_t g[NB];
@@ -387,14 +386,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void cols_matve
       bias[j] += xk * scale_f16c(p.biases, p.scale_type, k * groups + g[j]);
       const uint8_t* b = src + j * BITS * 4;
       __m512 c0, c1;
-      if (BITS == 4) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
-        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
-      } else {
-        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
-        c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))));
-      }
+      widen32_avx512<BITS>(b, c0, c1);
       acc[j][0] = _mm512_fmadd_ps(xs, c0, acc[j][0]);
       acc[j][1] = _mm512_fmadd_ps(xs, c1, acc[j][1]);
     }
