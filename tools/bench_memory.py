@@ -58,10 +58,11 @@ from mlx_flash.memory import available_memory
 from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
 from mlx_flash.tokenizer import Tokenizer
 
+from bench_memory_report import MB, fmt_cell, model_title, plot, print_table, replot
+
 RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 CAP_SHARE = 0.9  # of the memory this process may use: the rest is for the harness and the system
-MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -92,28 +93,22 @@ class Engine:
         return self.mode if self.active is None else f"{self.mode}:{self.active}"
 
 
-def store_weights(store: str) -> int:
-    """Bytes of a store's weights as stored (what our engine holds of them when all are resident)."""
+def store_sizes(store: str) -> tuple[int, int, float]:
+    """(bytes of the store's weights as stored: what our engine holds of them when all are resident;
+    bytes of its FFN layers; the share of them a token routes to: 1 for a dense model)."""
     from mlx_flash.sparse.planner import model_bytes
     from mlx_flash.store import open_store
 
-    return model_bytes(open_store(store, False, False))
-
-
-def store_ffn(store: str) -> tuple[int, float]:
-    """(bytes of the FFN layers, the share of them a token routes to: 1 for a dense model)."""
-    from mlx_flash.store import open_store
-
-    m = open_store(store, False, False).manifest
+    s = open_store(store, False, False)
+    m = s.manifest
     routed = m.config["num_experts_per_tok"] / m.ffn.n_experts if m.ffn.n_experts else 1.0
-    return m.ffn.layer_nbytes * len(m.ffn.layer_offsets), routed
+    return model_bytes(s), m.ffn.layer_nbytes * len(m.ffn.layer_offsets), routed
 
 
 def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
                 sparse: tuple[float, ...] = ()) -> tuple[list[Engine], str]:
     """The engine/modes to run, peer and ours alternating, and a note on the peer ("" when it runs)."""
-    weights = store_weights(store)
-    ffn, routed = store_ffn(store)
+    weights, ffn, routed = store_sizes(store)
     ours = [Engine("mlx_flash", b, store, weights, None, ffn, routed) for b in backends]
     ours += [Engine("mlx_flash", b, store, weights, s, ffn) for b in backends for s in sparse]
     note = ""
@@ -171,7 +166,7 @@ def floors(engines: list[Engine], tokens: int, prompt_tokens: int) -> dict[str, 
         if e.active is not None:  # a sparse row holds what its backend's exact row holds besides the weights
             out[e.label] = out[f"{e.name} {e.mode}"]
             continue
-        small, weights = (gguf, os.path.getsize(gguf)) if e.name == "llama.cpp" else (store, store_weights(store))
+        small, weights = (gguf, os.path.getsize(gguf)) if e.name == "llama.cpp" else (store, store_sizes(store)[0])
         out[e.label] = max(0, unlimited(e, tokens, ids, small)["vmhwm"] - weights)
     return out
 
@@ -232,94 +227,6 @@ def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, r
             "plan_line": next((r["plan_line"] for r in runs if r["plan_line"]), ""), "runs": runs}
 
 
-def fmt_cell(v, spec: str) -> str:
-    return format("-", f">{spec.split('.')[0]}") if v is None else format(v, spec)
-
-
-def print_table(rows: list[dict], bandwidth: float) -> None:
-    head = (f"{'engine/mode':26} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
-            f"{'major':>8} {'read':>7} {'MB read':>8} {'read':>6} {'disk-bound':>10}  outcome")
-    units = (f"{'':26} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
-             f"{'faults':>8} {'MB':>7} {'/token':>8} {'GB/s':>6} {'tok/s':>10}")
-    print(head + "\n" + units)
-    for r in rows:
-        limit = f"{r['limit'] / MB:.0f}"
-        if "%" in r["limit_label"] or "capped" in r["limit_label"]:
-            limit = f"{r['limit_label']}: {limit}"
-        per_tok = None if r["decode_read_per_token"] is None else r["decode_read_per_token"] / MB
-        vm = None if r["vmhwm"] is None else r["vmhwm"] / MB
-        gbs = None if not r["decode_read_rate"] else r["decode_read_rate"] / 1e9
-        print(f"{r['engine'] + ' ' + r['mode']:26} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
-              f"{fmt_cell(r['ttft_s'], '7.2f')} {fmt_cell(r['decode_tps'], '7.3f')} {r['peak_cgroup'] / MB:8.0f} "
-              f"{fmt_cell(vm, '7.0f')} {r['major_faults']:8.0f} {r['read_bytes'] / MB:7.0f} "
-              f"{fmt_cell(per_tok, '8.1f')} {fmt_cell(gbs, '6.2f')} {fmt_cell(r['disk_bound_tps'], '10.3f')}  "
-              f"{r['outcome']}")
-    fast = max((r["decode_read_rate"] or 0 for r in rows), default=0)
-    if fast > bandwidth:
-        print(f"  decode read {fast / 1e9:.2f} GB/s in a row, more than the probe's {bandwidth / 1e9:.2f} GB/s: this "
-              "drive (or a cache beneath it) gave more than the probe saw, and the disk bound is low")
-    busy = [r for r in rows if r["others_cpu"] > 0.1]
-    if busy:
-        print(f"  other processes used more than 10% of the CPUs during {len(busy)} rows (up to "
-              f"{max(r['others_cpu'] for r in busy):.0%}): those numbers are low")
-    for r in rows:
-        if r["plan_line"] or r["refused"]:
-            print(f"  {r['engine']} {r['mode']} at {r['limit'] / MB:.0f} MB: {r['refused'] or r['plan_line']}")
-
-
-def model_title(model: str) -> str:
-    """The GGUF's general.name (random-weight files say "synthetic"), else the file name."""
-    if model.endswith(".gguf"):
-        from gguf import GGUFReader
-
-        field = GGUFReader(model).fields.get("general.name")
-        if field is not None:
-            return bytes(field.parts[field.data[0]]).decode(errors="replace")
-    return os.path.basename(model.rstrip("/"))
-
-
-def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (dec, pre) = plt.subplots(1, 2, figsize=(12, 5.8))
-    labels = list(dict.fromkeys(f"{r['engine']} {r['mode']}" for r in rows))
-    for i, label in enumerate(labels):
-        mine = sorted((r for r in rows if f"{r['engine']} {r['mode']}" == label), key=lambda r: r["limit"])
-        color = f"C{i}"
-        sparse = "sparse" in label  # approximate operating points: dotted, and no disk bound (a loose one)
-        for ax, key in ((dec, "decode_tps"), (pre, "prefill_tps")):
-            ok = [r for r in mine if r[key]]
-            ax.plot([r["limit"] / 1e9 for r in ok], [r[key] for r in ok], "s:" if sparse else "o-", color=color,
-                    label=label + (" (statistical activity)" if sparse else ""))
-            failed = [r for r in mine if not r[key]]
-            if failed:  # OOM-killed, refused, timed out: a cross on the x axis
-                ax.plot([r["limit"] / 1e9 for r in failed], [0] * len(failed), "x", color=color, markersize=10,
-                        mew=2, clip_on=False, transform=ax.get_xaxis_transform())
-        bound = [] if sparse else [r for r in mine if r["disk_bound_tps"]]
-        if bound:
-            dec.plot([r["limit"] / 1e9 for r in bound], [r["disk_bound_tps"] for r in bound], "_--", color=color, ms=14,
-                     alpha=0.7, label=f"{label}: disk bound")
-    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    for ax, what in ((dec, "decode tokens/s"), (pre, "prefill tokens/s")):
-        ax.set_xlabel("memory limit (GB)")
-        ax.set_ylabel(what)
-        ax.set_yscale("log")  # rates fall tenfold once the weights no longer fit
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.grid(True, which="both", alpha=0.3)
-    handles, names = dec.get_legend_handles_labels()  # below both panels: inside, it hides the lines
-    fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
-    note = " (synthetic random weights)" if "synthetic" in title.lower() and "random" not in title.lower() else ""
-    fig.suptitle(f"{title}{note}: cold page cache; x = OOM-killed/refused; disk read {bandwidth / 1e9:.2f} GB/s",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(names) + 3) // 4), 1, 1))
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
 def git_version() -> str:
     r = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                        cwd=os.path.dirname(RUN))
@@ -371,21 +278,6 @@ def limited(a) -> None:
         plot(rows, title, bandwidth, a.plot)
 
 
-def replot(a) -> None:
-    """The table and plot of an earlier run's JSON (--from-json)."""
-    try:
-        with open(a.from_json) as fh:
-            run = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise FlashError(f"{a.from_json}: not a bench_memory --json file ({e})") from None
-    missing = [k for k in ("rows", "bandwidth", "title") if not isinstance(run, dict) or k not in run]
-    if missing:
-        raise FlashError(f"{a.from_json}: not a bench_memory --json file (no {', '.join(missing)})")
-    print_table(run["rows"], run["bandwidth"])
-    if a.plot:
-        plot(run["rows"], run["title"], run["bandwidth"], a.plot)
-
-
 def no_limit(a) -> None:
     """The measurement this tool made before limits (RSS after load + tokens, peak, imports)."""
     model = a.model or default_model_path()
@@ -433,7 +325,7 @@ def main() -> int:
     if a.tokens < 2:
         p.error("--tokens must be at least 2 (the first comes from the prompt's pass)")
     if a.from_json:
-        return exit_status(lambda: replot(a))
+        return exit_status(lambda: replot(a.from_json, a.plot))
     return exit_status(lambda: no_limit(a) if a.no_limit else limited(a))
 
 
