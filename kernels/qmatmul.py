@@ -28,7 +28,7 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
-ABI_VERSION = 3  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 4  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
@@ -139,8 +139,12 @@ class StoredMatrix:
         if group <= 0 or group % 8:
             raise ValueError(f"group size must be a positive multiple of 8 (got {group})")
         self._layout = None
+        self.sparse_axis, self.units = None, 0  # what sparse() lists (see there), and how many there are
         if packed.ndim == 4:
             packed, scales, biases = self._laid_out(packed, scales, biases, bits, group, rows_are_outputs)
+        elif not rows_are_outputs and packed.ndim == 2 and not (packed.flags.c_contiguous and scales.flags.c_contiguous
+                                                                 and biases.flags.c_contiguous):
+            self._strided_inputs(packed, scales, biases, bits, group)
         if packed.dtype != np.uint32 or packed.ndim != 2:
             raise ValueError(f"packed weights must be 2-D uint32 (got {packed.dtype} {packed.shape})")
         rows, cols = packed.shape[0], packed.shape[1] * (32 // bits)
@@ -165,6 +169,23 @@ class StoredMatrix:
         self._w = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, self.scale_type, self.n_out,
                    self.bits, self.group, int(self.rows_are_outputs),
                    0 if self._layout is None else self._layout.ctypes.data)
+        if self.sparse_axis is None and not rows_are_outputs:
+            self.sparse_axis, self.units = "rows", self.k_in
+
+    def _strided_inputs(self, packed, scales, biases, bits, group):
+        """An input-row matrix (not rows_are_outputs) whose rows lie apart, e.g. the down columns of
+        per-neuron bundles: [K, N/pack] words and [K, groups] scales/biases views, each row's words
+        contiguous; row k at k * row stride."""
+        if packed.dtype != np.uint32 or packed.strides[1] != 4:
+            raise ValueError(f"packed rows must be uint32 with contiguous words (got {packed.dtype} strides "
+                             f"{packed.strides})")
+        if biases.strides != scales.strides or biases.dtype != scales.dtype:
+            raise ValueError("biases must lie like the scales (same strides and type)")
+        if min(packed.strides + scales.strides) < 0:
+            raise ValueError("strided rows must have non-negative strides")
+        self._layout = np.array([1, 0, packed.strides[0], group * bits // 8, 0, scales.strides[0], scales.strides[1]],
+                                dtype=np.int64)
+        self._views = (packed, scales, biases)
 
     def _laid_out(self, packed, scales, biases, bits, group, rows_are_outputs):
         """Check laid-out views (see the class docstring) and record their strides for the kernel;
@@ -187,6 +208,10 @@ class StoredMatrix:
             raise ValueError("laid-out views must have non-negative strides")
         self._layout = np.array([rpb, wb, wr, wg, sb, sr, sg], dtype=np.int64)
         self._views = (packed, scales, biases)  # what the stand-ins below point into: kept alive
+        if rpb > 1 and wr < wg and wb == 0 and sr < sg:  # groups apart (a block store's down matrix)
+            self.sparse_axis, self.units = "groups", groups
+        else:
+            self.sparse_axis, self.units = "blocks", nb
         rows = nb * rpb
 
         def stand_in(a, shape):
@@ -213,7 +238,41 @@ class StoredMatrix:
         (any layout whose memory is [rows, K] and [rows, N] float32, C-contiguous). Only the kernel's
         own checks run: type, contiguity and size of both buffers."""
         w, s, b, st, n, bits, group, tr, lay = self._w
-        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1, lay)
+        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1, lay, 0, 0)
+
+    def sparse(self, x: np.ndarray, ids: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+        """The product over the listed units of a laid-out matrix only, in list order; ids int32 [n],
+        each in [0, units):
+          "blocks" (rows in blocks, e.g. gate rows of bundles): x [T, K] -> [T, n * rows per block]
+          "groups" (groups apart, a block store's down matrix): x [T, n * group] -> [T, N]
+          "rows"   (input rows, e.g. per-neuron down columns):  x [T, n] -> [T, N]
+        n == 0 gives zeros (or an empty [T, 0] for blocks)."""
+        if self.sparse_axis is None:
+            raise ValueError("sparse products need a laid-out matrix (blocks, groups apart or strided input rows)")
+        ids = np.asarray(ids)
+        if ids.dtype != np.int32 or ids.ndim != 1 or not ids.flags.c_contiguous:
+            raise ValueError(f"ids must be a contiguous 1-D int32 array (got {ids.dtype} {ids.shape})")
+        n = ids.shape[0]
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= self.units):
+            raise ValueError(f"ids must lie in [0, {self.units}) (got {int(ids.min())}..{int(ids.max())})")
+        axis = self.sparse_axis
+        rpb = int(self._layout[0]) if axis == "blocks" else 1
+        k = self.k_in if axis == "blocks" else n * (self.group if axis == "groups" else 1)
+        n_out = n * rpb if axis == "blocks" else self.n_out
+        if x.ndim != 2 or x.shape[1] != k:
+            raise ValueError(f"x must be [T, {k}] for {n} {axis} (got shape {x.shape})")
+        T = x.shape[0]
+        if out is None:
+            out = np.empty((T, n_out), dtype=np.float32)
+        elif out.shape != (T, n_out):
+            raise ValueError(f"out must be [{T}, {n_out}] (got shape {out.shape})")
+        if n == 0 or T == 0:
+            out[...] = 0
+            return out
+        w, s, b, st, _, bits, group, tr, lay = self._w
+        rid, gid = (ids.ctypes.data, 0) if axis != "groups" else (0, ids.ctypes.data)
+        self._call(x, T, k, w, s, b, st, n_out, bits, group, tr, out, threads if threads > 1 else 1, lay, rid, gid)
+        return out
 
 
 def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,

@@ -161,7 +161,8 @@ extern "C" {
 
 // Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
 // library whose number differs from its own (a checkout updated without reinstalling).
-MF_EXPORT int mf_abi_version() { return 3; }  // 2: the module function qmatmul; 3: its row layout argument
+// 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products)
+MF_EXPORT int mf_abi_version() { return 4; }
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }
@@ -176,22 +177,25 @@ MF_EXPORT int mf_set_isa(int isa) {
 }
 
 // y = x @ W^T (transposed) or x @ W, see the top of this file. `layout`: where rows lie (Problem's rpb,
-// wb, wr, wg, sb, sr, sg; transposed only), or null for a plain matrix. Returns 0, or a negative code
-// for bad arguments (checked again in Python, which names them).
+// wb, wr, wg, sb, sr, sg), or null for a plain matrix; not transposed, only wr, sr and sg are read.
+// row_ids / group_ids: a sparse product over listed blocks, rows or groups (see Problem), or null;
+// the caller has checked that every id lies inside the memory the layout describes. Returns 0, or a
+// negative code for bad arguments (checked again in Python, which names them).
 MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w, const void* scales, const void* biases,
                int scale_type, int64_t N, int bits, int group, int transposed, float* y, int threads,
-               const int64_t* layout) {
+               const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids) {
   if (bits != 2 && bits != 4 && bits != 8) return -1;
   if (group <= 0 || group % 8 != 0) return -2;
   const int64_t packed = transposed ? K : N;
   if (packed % group != 0) return -3;
   if (scale_type < F16 || scale_type > F32) return -4;
   const int64_t ssize = scale_type == F32 ? 4 : 2, groups = packed / group;
-  int64_t lay[7] = {N, 0, K * bits / 8, group * bits / 8, 0, groups * ssize, ssize};
+  int64_t lay[7] = {transposed ? N : 1, 0, packed * bits / 8, group * bits / 8, 0, groups * ssize, ssize};
   if (layout != nullptr) {
-    if (!transposed || layout[0] < 1) return -5;
+    if (layout[0] < 1) return -5;
     std::memcpy(lay, layout, sizeof(lay));
   }
+  if (group_ids != nullptr && !transposed) return -6;
   std::lock_guard<std::mutex> lock(g_call_mu);
   static std::vector<float> xsum, xperm;  // scratch, reused across calls (one call at a time)
   if (transposed) {
@@ -220,7 +224,7 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
   const int64_t weights = K * N;
   while (parts > 1 && weights / parts < 65536) parts--;
   const Problem p{x, w, scales, biases, scale_type, T, K, N, bits, group, y, xsum.data(), xperm.data(),
-                  lay[0], lay[1], lay[2], lay[3], lay[4], lay[5], lay[6]};
+                  lay[0], lay[1], lay[2], lay[3], lay[4], lay[5], lay[6], row_ids, group_ids};
   if (g_pool.workers() < parts - 1) g_pool.resize(parts - 1);  // grows once; a forked child starts its own
   g_pool.run(parts, [&](int part) {
     const int64_t a = units * part / parts, b = units * (part + 1) / parts;
@@ -249,17 +253,17 @@ bool float_buffer(PyObject* obj, Py_buffer* view, int64_t floats, const char* wh
   return true;
 }
 
-// qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, y, threads, layout) -> None.
-// x and y: float32 buffers [T, K] and [T, N]; w, scales, biases and layout (7 int64, or 0 for a plain
-// matrix): addresses (ints) of arrays the caller keeps alive and checked once
-// (mlx_flash.kernels.qmatmul.StoredMatrix).
+// qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, y, threads, layout, row_ids,
+// group_ids) -> None. x and y: float32 buffers [T, K] and [T, N]; w, scales, biases, layout (7 int64)
+// and the ids (int32): addresses (ints, 0 for none) of arrays the caller keeps alive and checked
+// (mlx_flash.kernels.qmatmul.StoredMatrix: the matrix once, ids per call).
 PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 14) {
-    PyErr_SetString(PyExc_TypeError, "qmatmul takes 14 arguments");
+  if (nargs != 16) {
+    PyErr_SetString(PyExc_TypeError, "qmatmul takes 16 arguments");
     return nullptr;
   }
-  long long v[14] = {0};
-  for (int i : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13}) {
+  long long v[16] = {0};
+  for (int i : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15}) {
     v[i] = PyLong_AsLongLong(args[i]);
     if (v[i] == -1 && PyErr_Occurred()) return nullptr;
   }
@@ -279,7 +283,8 @@ PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   rc = mf_qmatmul(static_cast<const float*>(xb.buf), T, K, reinterpret_cast<const uint32_t*>(v[3]),
                   reinterpret_cast<const void*>(v[4]), reinterpret_cast<const void*>(v[5]), (int)v[6], N, (int)v[8],
                   (int)v[9], (int)v[10], static_cast<float*>(yb.buf), (int)v[12],
-                  reinterpret_cast<const int64_t*>(v[13]));
+                  reinterpret_cast<const int64_t*>(v[13]), reinterpret_cast<const int32_t*>(v[14]),
+                  reinterpret_cast<const int32_t*>(v[15]));
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&xb);
   PyBuffer_Release(&yb);
@@ -292,7 +297,8 @@ PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyMethodDef qmatmul_methods[] = {
     {"qmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_qmatmul)), METH_FASTCALL,
-     "qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, out, threads, layout)"},
+     "qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, out, threads, layout, row_ids, "
+     "group_ids)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -35,15 +35,46 @@ struct Problem {
   // the codes of row n, group g start at  w + (n / rpb) * wb + (n % rpb) * wr + g * wg  bytes, its
   // scale and bias at  scales|biases + (n / rpb) * sb + (n % rpb) * sr + g * sg  bytes. A plain
   // [N, K/pack] matrix is one block: wr = K*bits/8, wg = group*bits/8, sr = groups*sg, sg = scale size.
+  // Not transposed (rows are inputs): row k's codes start at  w + k * wr  bytes, its group g's scale
+  // and bias at  scales|biases + k * sr + g * sg  (a plain [K, N/pack] matrix: wr = N*bits/8).
   int64_t rpb, wb, wr, wg, sb, sr, sg;
+  // Sparse products over a slab of bundles (null: none). row_ids[i]: the block (transposed) or row
+  // (not transposed) that block or input row i of this product is; group_ids[g]: the group that
+  // group g is (a groups-apart down matrix: its groups are the bundles). The product then covers
+  // only the listed ones, in list order: N = len(row_ids) * rpb outputs, or K = len(group_ids) *
+  // group or K = len(row_ids) inputs.
+  const int32_t* row_ids;
+  const int32_t* group_ids;
 };
 
+inline int64_t block_of(const Problem& p, int64_t n) {
+  return p.row_ids ? p.row_ids[n / p.rpb] : n / p.rpb;
+}
+
+inline int64_t group_of(const Problem& p, int64_t g) {
+  return p.group_ids ? p.group_ids[g] : g;
+}
+
 inline const uint8_t* row_codes(const Problem& p, int64_t n) {
-  return reinterpret_cast<const uint8_t*>(p.w) + (n / p.rpb) * p.wb + (n % p.rpb) * p.wr;
+  return reinterpret_cast<const uint8_t*>(p.w) + block_of(p, n) * p.wb + (n % p.rpb) * p.wr;
+}
+
+// Group g of a row whose codes start at `row` (transposed).
+inline const uint8_t* group_codes(const Problem& p, const uint8_t* row, int64_t g) {
+  return row + group_of(p, g) * p.wg;
 }
 
 inline int64_t scale_offset(const Problem& p, int64_t n, int64_t g) {  // bytes
-  return (n / p.rpb) * p.sb + (n % p.rpb) * p.sr + g * p.sg;
+  return block_of(p, n) * p.sb + (n % p.rpb) * p.sr + group_of(p, g) * p.sg;
+}
+
+// Not transposed: input row k's codes, and the byte offset of its group g's scale and bias.
+inline const uint8_t* input_row(const Problem& p, int64_t k) {
+  return reinterpret_cast<const uint8_t*>(p.w) + (p.row_ids ? p.row_ids[k] : k) * p.wr;
+}
+
+inline int64_t input_scale(const Problem& p, int64_t k, int64_t g) {
+  return (p.row_ids ? p.row_ids[k] : k) * p.sr + g * p.sg;
 }
 
 // Rows side by side inside each group and the groups far apart: the down matrix of a block store,
@@ -53,7 +84,7 @@ inline int64_t scale_offset(const Problem& p, int64_t n, int64_t g) {  // bytes
 // it gets to them and every read waits on memory (4.8 GB/s against 19 for the gate rows, 7B
 // shape). Decode walks such matrices group by group instead (groups_decode_*).
 inline bool groups_apart(const Problem& p) {
-  return p.rpb > 1 && p.wr < p.wg && p.wb == 0 && p.sr < p.sg;
+  return p.rpb > 1 && p.wr < p.wg && p.wb == 0 && p.sr < p.sg && p.row_ids == nullptr;
 }
 
 // Groups a group-by-group decode pass reads before it returns to the first row: a few streams,

@@ -35,7 +35,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0,
       float bias_acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int64_t g = 0; g < groups; g++) {
         __m256 dot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int j = 0; j < p.group; j += 8, src += step_bytes) {
           const __m256 c = codes8_avx2(src, p.bits);
           for (int t = 0; t < tn; t++)
@@ -56,22 +56,21 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0,
 
 __attribute__((target("avx2,fma"))) void cols_avx2(const Problem& p, int64_t n0, int64_t n1) {
   // Tokens in tiles of 4, so that the tile's outputs stay in cache while every row of W passes.
-  const int64_t row_bytes = p.N * p.bits / 8, groups = p.N / p.group;
   for (int64_t t = 0; t < p.T; t++) std::memset(p.y + t * p.N + n0, 0, (n1 - n0) * sizeof(float));
   for (int64_t t0 = 0; t0 < p.T; t0 += 4) {
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t k = 0; k < p.K; k++) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + k * row_bytes;
+      const uint8_t* row = input_row(p, k);
       __m256 xs[4], xb[4];
       for (int64_t g = n0 / p.group; g < n1 / p.group; g++) {
-        const float s = load_scale(p.scales, p.scale_type, k * groups + g);
-        const float b = load_scale(p.biases, p.scale_type, k * groups + g);
+        const float s = scale_at(p.scales, p.scale_type, input_scale(p, k, g));
+        const float b = scale_at(p.biases, p.scale_type, input_scale(p, k, g));
         for (int t = 0; t < tn; t++) {
           const float xv = p.x[(t0 + t) * p.K + k];
           xs[t] = _mm256_set1_ps(xv * s);
           xb[t] = _mm256_set1_ps(xv * b);
         }
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int j = 0; j < p.group; j += 8, src += p.bits) {
           const __m256 c = codes8_avx2(src, p.bits);
           for (int t = 0; t < tn; t++) {
@@ -89,7 +88,7 @@ __attribute__((target("avx2,fma"))) void cols_avx2(const Problem& p, int64_t n0,
 // be multiplied by x permuted the same way (xperm). Per-row scales are widened once per row.
 __attribute__((target("avx2,fma,f16c"))) void row_scales(const Problem& p, int64_t n, float* sc, float* bi) {
   const int64_t groups = p.K / p.group;
-  if (p.scale_type == F16 && p.sg == 2) {  // a row's scales side by side
+  if (p.scale_type == F16 && p.sg == 2 && p.group_ids == nullptr) {  // a row's scales side by side
     const uint16_t* s = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.scales) + scale_offset(p, n, 0));
     const uint16_t* b = reinterpret_cast<const uint16_t*>(static_cast<const char*>(p.biases) + scale_offset(p, n, 0));
     int64_t g = 0;
@@ -126,7 +125,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows4_avx2(const Problem& p, int64
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       for (int64_t g = 0; g < groups; g++) {
         __m256 dot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int64_t blk = 0; blk < blocks; blk++, src += 16) {
           const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
           const __m128i ev = _mm_and_si128(v, low), od = _mm_and_si128(_mm_srli_epi16(v, 4), low);
@@ -216,7 +215,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows_tiled_avx2(const Problem& p, 
       row_scales(p, n + r, sc.data(), bi.data());
       const uint8_t* row = row_codes(p, n + r);
       for (int64_t g = 0; g < groups; g++)
-        widen_block_avx2(row + g * p.wg, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+        widen_block_avx2(group_codes(p, row, g), p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
                          p.group);
     }
     switch (rn) {
@@ -259,15 +258,13 @@ __attribute__((target("avx2,fma,f16c"))) inline void column_block_dots_avx2(cons
 }
 
 __attribute__((target("avx2,fma,f16c"))) void cols_tiled_avx2(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t groups = p.N / p.group, row_bytes = p.N * p.bits / 8;
   thread_local std::vector<float> tile;
   tile.resize(p.K * 32);
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
   for (int64_t c = n0; c < n1; c += 32) {
     const int64_t g = c / p.group;
     for (int64_t k = 0; k < p.K; k++)
-      widen_block_avx2(w + k * row_bytes + c * p.bits / 8, p.bits, scale_f16c(p.scales, p.scale_type, k * groups + g),
-                       scale_f16c(p.biases, p.scale_type, k * groups + g), tile.data() + k * 32, 32);
+      widen_block_avx2(input_row(p, k) + c * p.bits / 8, p.bits, scale_f16c(static_cast<const char*>(p.scales) + input_scale(p, k, g), p.scale_type, 0),
+                       scale_f16c(static_cast<const char*>(p.biases) + input_scale(p, k, g), p.scale_type, 0), tile.data() + k * 32, 32);
     const bool paired = p.bits == 4;
     int64_t t = 0;
     for (; t + 2 <= p.T; t += 2)
@@ -310,7 +307,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_matvec_avx2(const Prob
     __m256 dot[RN];
     for (int r = 0; r < RN; r++) {
       dot[r] = _mm256_setzero_ps();
-      src[r] = row[r] + g * p.wg;
+      src[r] = group_codes(p, row[r], g);
     }
     for (int64_t blk = 0; blk < blocks; blk++) {
       const float* xp = x + g * p.group + blk * 32;
@@ -362,7 +359,7 @@ __attribute__((target("avx2,fma,f16c"))) void groups_decode_avx2(const Problem& 
       float b = bias[n - n0];
       const uint8_t* row = row_codes(p, n);
       for (int64_t g = g0; g < g1; g++) {
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         __m256 dot = _mm256_setzero_ps();
         for (int64_t blk = 0; blk < blocks; blk++, src += BITS * 4) {
           const float* xp = x + g * p.group + blk * 32;
@@ -384,7 +381,6 @@ __attribute__((target("avx2,fma,f16c"))) void groups_decode_avx2(const Problem& 
 
 template <int BITS, int NB>
 __attribute__((target("avx2,fma,f16c"))) inline void cols_matvec_avx2(const Problem& p, int64_t c) {
-  const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
   __m256 acc[NB][4];
   float bias[NB];
   int64_t g[NB];
@@ -393,12 +389,12 @@ __attribute__((target("avx2,fma,f16c"))) inline void cols_matvec_avx2(const Prob
     bias[j] = 0.f;
     g[j] = (c + 32 * j) / p.group;
   }
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + c * BITS / 8;
-  for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
+  for (int64_t k = 0; k < p.K; k++) {
+    const uint8_t* src = input_row(p, k) + c * BITS / 8;
     const float xk = p.x[k];
     for (int j = 0; j < NB; j++) {
-      const __m256 xs = _mm256_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g[j]));
-      bias[j] += xk * scale_f16c(p.biases, p.scale_type, k * groups + g[j]);
+      const __m256 xs = _mm256_set1_ps(xk * scale_f16c(static_cast<const char*>(p.scales) + input_scale(p, k, g[j]), p.scale_type, 0));
+      bias[j] += xk * scale_f16c(static_cast<const char*>(p.biases) + input_scale(p, k, g[j]), p.scale_type, 0);
       __m256 cv[4];
       widen32_avx2<BITS>(src + j * BITS * 4, cv);
       for (int i = 0; i < 4; i++) acc[j][i] = _mm256_fmadd_ps(xs, cv[i], acc[j][i]);

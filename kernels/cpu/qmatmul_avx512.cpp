@@ -35,7 +35,7 @@ __attribute__((target("avx512f,avx512bw"))) void rows_avx512(const Problem& p, i
       float bias_acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int64_t g = 0; g < groups; g++) {
         __m512 dot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int j = 0; j < p.group; j += 16, src += step_bytes) {
           const __m512 c = codes16_avx512(src, p.bits);
           for (int t = 0; t < tn; t++)
@@ -68,7 +68,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows4_avx512(cons
       __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       for (int64_t g = 0; g < groups; g++) {
         __m512 dot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int64_t blk = 0; blk < blocks; blk++, src += 16) {
           const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
           const __m512 ev = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
@@ -128,7 +128,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void rows_matve
     __m512 dot[RN];
     for (int r = 0; r < RN; r++) {
       dot[r] = _mm512_setzero_ps();
-      src[r] = row[r] + g * p.wg;
+      src[r] = group_codes(p, row[r], g);
     }
     for (int64_t blk = 0; blk < blocks; blk++) {
       const float* xp = x + g * p.group + blk * 32;
@@ -168,7 +168,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void groups_decode_avx
       float b = bias[n - n0];
       const uint8_t* row = row_codes(p, n);
       for (int64_t g = g0; g < g1; g++) {
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         __m512 dot = _mm512_setzero_ps();
         for (int64_t blk = 0; blk < blocks; blk++, src += BITS * 4) {
           const float* xp = x + g * p.group + blk * 32;
@@ -204,22 +204,21 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_decode_avx51
 
 __attribute__((target("avx512f,avx512bw"))) void cols_avx512(const Problem& p, int64_t n0, int64_t n1) {
   // Tokens in tiles of 4, so that the tile's outputs stay in cache while every row of W passes.
-  const int64_t row_bytes = p.N * p.bits / 8, groups = p.N / p.group;
   for (int64_t t = 0; t < p.T; t++) std::memset(p.y + t * p.N + n0, 0, (n1 - n0) * sizeof(float));
   for (int64_t t0 = 0; t0 < p.T; t0 += 4) {
     const int tn = (int)(p.T - t0 < 4 ? p.T - t0 : 4);
     for (int64_t k = 0; k < p.K; k++) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(p.w) + k * row_bytes;
+      const uint8_t* row = input_row(p, k);
       __m512 xs[4], xb[4];
       for (int64_t g = n0 / p.group; g < n1 / p.group; g++) {
-        const float s = load_scale(p.scales, p.scale_type, k * groups + g);
-        const float b = load_scale(p.biases, p.scale_type, k * groups + g);
+        const float s = scale_at(p.scales, p.scale_type, input_scale(p, k, g));
+        const float b = scale_at(p.biases, p.scale_type, input_scale(p, k, g));
         for (int t = 0; t < tn; t++) {
           const float xv = p.x[(t0 + t) * p.K + k];
           xs[t] = _mm512_set1_ps(xv * s);
           xb[t] = _mm512_set1_ps(xv * b);
         }
-        const uint8_t* src = row + g * p.wg;
+        const uint8_t* src = group_codes(p, row, g);
         for (int j = 0; j < p.group; j += 16, src += 2 * p.bits) {
           const __m512 c = codes16_avx512(src, p.bits);
           for (int t = 0; t < tn; t++) {
@@ -300,7 +299,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void rows_tiled_avx512
       row_scales(p, n + r, sc.data(), bi.data());
       const uint8_t* row = row_codes(p, n + r);
       for (int64_t g = 0; g < groups; g++)
-        widen_block_avx512(row + g * p.wg, p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
+        widen_block_avx512(group_codes(p, row, g), p.bits, sc[g], bi[g], tile.data() + r * p.K + g * p.group,
                            p.group);
     }
     switch (rn) {
@@ -346,15 +345,13 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void column_blo
 // then multiply it by up to 8 tokens at a time.
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512(const Problem& p, int64_t n0,
                                                                                    int64_t n1) {
-  const int64_t groups = p.N / p.group, row_bytes = p.N * p.bits / 8;
   thread_local std::vector<float> tile;
   tile.resize(p.K * 32);
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w);
   for (int64_t c = n0; c < n1; c += 32) {
     const int64_t g = c / p.group;
     for (int64_t k = 0; k < p.K; k++)
-      widen_block_avx512(w + k * row_bytes + c * p.bits / 8, p.bits, scale_f16c(p.scales, p.scale_type, k * groups + g),
-                         scale_f16c(p.biases, p.scale_type, k * groups + g), tile.data() + k * 32, 32);
+      widen_block_avx512(input_row(p, k) + c * p.bits / 8, p.bits, scale_f16c(static_cast<const char*>(p.scales) + input_scale(p, k, g), p.scale_type, 0),
+                         scale_f16c(static_cast<const char*>(p.biases) + input_scale(p, k, g), p.scale_type, 0), tile.data() + k * 32, 32);
     const bool paired = p.bits == 4;
     int64_t t = 0;
     for (; t + 8 <= p.T; t += 8)
@@ -369,7 +366,6 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void cols_tiled_avx512
 // (up to 4: 128 bytes of an 8-bit row) go together, reading each row's codes as one run.
 template <int BITS, int NB>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void cols_matvec_avx512(const Problem& p, int64_t c) {
-  const int64_t row_bytes = p.N * BITS / 8, groups = p.N / p.group;
   __m512 acc[NB][2];
   float bias[NB];
   int64_t g[NB];
@@ -378,12 +374,12 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline void cols_matve
     bias[j] = 0.f;
     g[j] = (c + 32 * j) / p.group;
   }
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(p.w) + c * BITS / 8;
-  for (int64_t k = 0; k < p.K; k++, src += row_bytes) {
+  for (int64_t k = 0; k < p.K; k++) {
+    const uint8_t* src = input_row(p, k) + c * BITS / 8;
     const float xk = p.x[k];
     for (int j = 0; j < NB; j++) {
-      const __m512 xs = _mm512_set1_ps(xk * scale_f16c(p.scales, p.scale_type, k * groups + g[j]));
-      bias[j] += xk * scale_f16c(p.biases, p.scale_type, k * groups + g[j]);
+      const __m512 xs = _mm512_set1_ps(xk * scale_f16c(static_cast<const char*>(p.scales) + input_scale(p, k, g[j]), p.scale_type, 0));
+      bias[j] += xk * scale_f16c(static_cast<const char*>(p.biases) + input_scale(p, k, g[j]), p.scale_type, 0);
       const uint8_t* b = src + j * BITS * 4;
       __m512 c0, c1;
       widen32_avx512<BITS>(b, c0, c1);

@@ -13,7 +13,7 @@ void rows_generic(const Problem& p, int64_t n0, int64_t n1) {  // transposed: ou
       const float* x = p.x + t * p.K;
       float acc = 0.f;
       for (int64_t g = 0; g < groups; g++) {
-        const uint32_t* codes = reinterpret_cast<const uint32_t*>(row + g * p.wg);
+        const uint32_t* codes = reinterpret_cast<const uint32_t*>(group_codes(p, row, g));
         float dot = 0.f;
         for (int64_t j = 0; j < p.group; j++) dot += (float)code_at(codes, p.bits, j) * x[g * p.group + j];
         const int64_t so = scale_offset(p, n, g);
@@ -25,14 +25,13 @@ void rows_generic(const Problem& p, int64_t n0, int64_t n1) {  // transposed: ou
 }
 
 void cols_generic(const Problem& p, int64_t n0, int64_t n1) {  // not transposed: outputs n0..n1
-  const int64_t words = p.N * p.bits / 32, groups = p.N / p.group;
   for (int64_t t = 0; t < p.T; t++)
     for (int64_t n = n0; n < n1; n++) p.y[t * p.N + n] = 0.f;
   for (int64_t k = 0; k < p.K; k++) {
-    const uint32_t* row = p.w + k * words;
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(input_row(p, k));
     for (int64_t g = n0 / p.group; g < n1 / p.group; g++) {
-      const float s = load_scale(p.scales, p.scale_type, k * groups + g);
-      const float b = load_scale(p.biases, p.scale_type, k * groups + g);
+      const float s = scale_at(p.scales, p.scale_type, input_scale(p, k, g));
+      const float b = scale_at(p.biases, p.scale_type, input_scale(p, k, g));
       for (int64_t t = 0; t < p.T; t++) {
         const float xs = p.x[t * p.K + k] * s, xb = p.x[t * p.K + k] * b;
         float* y = p.y + t * p.N;
