@@ -81,6 +81,8 @@ def format_stats(engine) -> str:
         rows = st.cached_rows
         text += (f"\nsparse FFN ({st.sparse_mode}): {st.rows_active / steps / F:.1%} of neurons active, "
                  f"{st.rows_loaded / steps / F:.1%} of rows read per token and layer")
+        if st.sparse_kernel:
+            text += f"; kernel: {st.sparse_kernel}"
         if rows:
             text += f"; cached rows per layer {min(rows)}-{max(rows)} of {st.cache_capacity}"
     if st.expert_policy:

@@ -34,6 +34,8 @@ class FFNWeights:
     mask    [.., F] 0/1 per token and neuron: neurons a token does not use are zeroed (None: all used)
     rows    neuron ids of down's rows when gate_up covers every neuron but down only some (None: same)
     hidden  the activations silu(gate)·up already computed from this x by the selector (None: compute)
+    sparse  a SparseCall: the whole FFN is the backend's sparse kernel over a slab (the fields above
+            unused)
     """
 
     down: Any
@@ -42,6 +44,20 @@ class FFNWeights:
     mask: Any = None
     rows: Any = None
     hidden: Any = None
+    sparse: Any = None
+
+
+@dataclass
+class SparseCall:
+    """One decode step's FFN by a sparse kernel (mlx_flash.kernels.sparse_ffn): the active bundles
+    are slots idx[:count] of `slab` (a neuron cache's rows, uint8 [slots, row_bytes]); `mask`
+    [T, count*block] float32 zeroes the neurons of those bundles a token does not use (None: all)."""
+
+    kernel: Any
+    slab: np.ndarray
+    idx: np.ndarray
+    count: int
+    mask: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,7 @@ class FFNStats:
     reads: int = 0
     # sparse FFN (LLM in a flash)
     sparse_mode: str = ""  # "" when the source is not sparse
+    sparse_kernel: str = ""  # what computes decode steps' active rows: cpu, metal, cuda or reference
     neurons: int = 0  # FFN neurons per layer
     rows_active: int = 0  # predicted-active (token, layer, neuron) triples of decode steps
     rows_loaded: int = 0  # neuron rows read by decode steps

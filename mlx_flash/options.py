@@ -18,7 +18,7 @@ from enum import Enum
 
 from .errors import ConfigError
 from .moe.policies import ExpertPolicy
-from .sparse.modes import SparseMode
+from .sparse.modes import SparseKernel, SparseMode
 from .sparse.selectors import PredictorKind
 
 
@@ -67,6 +67,10 @@ class FlashOptions:
                                        "(neurons, or blocks of them) active per token")
     recall: float | None = option(None, "sparse FFN with the lowrank predictor: use its cuts calibrated for this "
                                   "recall (higher reads more; default: as trained)", flag="--predictor-recall", kind=float)
+    kernel: SparseKernel = option(SparseKernel.AUTO, "sparse FFN decode steps: auto (the backend's sparse kernel "
+                                  "over the neuron cache: cpu, metal or cuda, where the store's layout allows) or "
+                                  "reference (the active rows as framework weights; the same numbers, slower)",
+                                  flag="--sparse-kernel")
     down_only: bool = option(False, "sparse FFN with the gate predictor: read only down columns, computing gate/up "
                              "from its resident 4-bit copy (a third of the bytes; exact when the store's gate/up "
                              "are 4-bit, otherwise an approximation)")

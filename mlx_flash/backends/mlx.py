@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, dequantize_rows, library
+from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 from ..memory.process_plan import MLX_CACHE_LIMIT
 
@@ -49,6 +50,9 @@ class MLXOps:
         self.on_gpu = mx.default_device() == mx.gpu
         self.act_dtype = mx.float16 if self.on_gpu else mx.float32
         self.kernel_threads = threads or cpu_threads()
+        # Times this backend turned a lazy array into host memory (each one evaluates the graph and
+        # waits for it): the host syncs a decode step costs (tools/bench_kernels.py --syncs).
+        self.host_syncs = 0
         # MLX keeps freed buffers for reuse; the memory plan counts this cache at its cap, not at
         # whatever a long prefill left in it.
         mx.set_cache_limit(MLX_CACHE_LIMIT)
@@ -123,7 +127,43 @@ class MLXOps:
         return contextlib.nullcontext()
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
+        self.host_syncs += 1
         return np.array(x.astype(mx.float32))
+
+    # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
+    def sparse_kernel(self, spec):
+        """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec; None: no kernel applies):
+        Metal on the GPU, the CPU kernel otherwise. Chosen once, at load."""
+        if spec is None:
+            return None
+        if self.on_gpu:
+            from ..kernels.metal_sparse import MetalSparseFFN
+
+            return MetalSparseFFN(spec)
+        return CpuSparseFFN(spec, self.kernel_threads)
+
+    def sparse_ffn(self, call, x: mx.array) -> mx.array:
+        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall). On the CPU
+        two host round trips per layer: x out and the activations back (MLX's own silu, so a step
+        equals the resident model's to the bit), the activations out and y back."""
+        shape = x.shape
+        if self.on_gpu:  # the slab crosses once per call (mx.array copies host memory)
+            k, T = call.kernel, x.size // shape[-1]
+            slab, idx, count = mx.array(call.slab), mx.array(call.idx.astype(np.int32)), mx.array([call.count], mx.int32)
+            h = k.gate_up(x.reshape(T, shape[-1]).astype(mx.float32), slab, idx, count)
+            if call.mask is not None:
+                pad = np.zeros((T, h.shape[1]), np.float32)
+                pad[:, :call.mask.shape[1]] = call.mask
+                h = h * mx.array(pad)
+            return k.down(h, slab, idx, count).astype(self.act_dtype).reshape(shape)
+        self.host_syncs += 2
+        x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, shape[-1]), dtype=np.float32))
+        g, u = call.kernel.products(x2, call.slab, call.idx, call.count)
+        h = self.silu(mx.array(g)) * mx.array(u)
+        if call.mask is not None:
+            h = h * mx.array(call.mask)
+        h = np.ascontiguousarray(np.asarray(h, dtype=np.float32))
+        return mx.array(call.kernel.down(h, call.slab, call.idx, call.count)).reshape(shape)
 
     def tokens(self, ids) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32).reshape(1, -1))
@@ -131,6 +171,7 @@ class MLXOps:
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
         if w.stored is not None:
+            self.host_syncs += 1
             x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))  # a view when it can be
             y = w.matrix(x2, self.kernel_threads)
             y = mx.array(y).reshape(*x.shape[:-1], y.shape[-1])
@@ -143,6 +184,7 @@ class MLXOps:
 
     def embedding(self, w: Weight, ids: mx.array) -> mx.array:
         if w.stored is not None:
+            self.host_syncs += 1
             words, scales, biases, bf16 = w.stored
             i = np.array(ids)
             return mx.array(dequantize_rows(words[i], scales[i], biases[i], w.quant.bits, w.quant.group_size, bf16))

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
+from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
 from . import cpu_threads
@@ -216,6 +217,38 @@ class TorchOps:
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()
+
+    # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
+    def sparse_kernel(self, spec):
+        """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec; None: no kernel applies):
+        CUDA on an NVIDIA GPU (built at first use), the CPU kernel otherwise. Chosen once, at load."""
+        if spec is None:
+            return None
+        if self.device.type == "cuda":
+            from ..kernels.cuda_sparse import CudaSparseFFN
+
+            return CudaSparseFFN(spec)
+        return CpuSparseFFN(spec, self.kernel_threads)
+
+    def sparse_ffn(self, call, x):
+        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall)."""
+        shape = x.shape
+        k = call.kernel
+        if self.device.type == "cuda":  # the slab crosses once per call
+            dev = self.device
+            slab = torch.from_numpy(call.slab).to(dev, non_blocking=True)
+            idx = torch.from_numpy(call.idx.astype(np.int32)).to(dev)
+            count = torch.tensor([call.count], dtype=torch.int32, device=dev)
+            h = k.gate_up(x.reshape(-1, shape[-1]).float().contiguous(), slab, idx, count)
+            if call.mask is not None:
+                h[:, :call.mask.shape[1]] *= torch.from_numpy(call.mask).to(dev)
+            return k.down(h, slab, idx, count).to(self.act_dtype).reshape(shape)
+        x2 = x.reshape(-1, shape[-1]).to(torch.float32).contiguous().numpy()
+        g, u = (torch.from_numpy(a) for a in k.products(x2, call.slab, call.idx, call.count))
+        h = self.silu(g) * u  # torch's own silu: a step equals the resident model's to the bit
+        if call.mask is not None:
+            h *= torch.from_numpy(call.mask)
+        return torch.from_numpy(k.down(h.numpy(), call.slab, call.idx, call.count)).to(self.act_dtype).reshape(shape)
 
     def tokens(self, ids):
         return torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(1, -1), device=self.device)

@@ -148,7 +148,9 @@ def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
     """Down maps the F activations to D (its stored orientation: weights.neuron_arrays). A sparse FFN
     source may zero neurons with fw.mask, may give down for some neurons only (fw.rows: their ids, in
     down's order) while gate|up cover all of them, and may hand over activations it already computed
-    from x (fw.hidden)."""
+    from x (fw.hidden), or hand the whole FFN to the backend's sparse kernel (fw.sparse)."""
+    if fw.sparse is not None:
+        return ops.sparse_ffn(fw.sparse, x)
     hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
     if fw.rows is not None:
         hidden = ops.take(hidden, fw.rows)

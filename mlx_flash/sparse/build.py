@@ -4,6 +4,7 @@ options name, the planner's split of memory_budget, and the source for the mode.
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..kernels.slab_spec import spec_of
 from ..options import FlashOptions
 from ..store.disk_profile import default_profile
 from ..store.ffn_reader import FFNReader
@@ -12,6 +13,7 @@ from ..store.stream_pool import stream_pool
 from ..weights import bundle_weights
 from .cached_rows import CachedRowsFFN
 from .dense_slab import DenseSlabFFN
+from .modes import SparseKernel
 from .planner import model_bytes, plan_budget
 from .predictor import Predictors
 from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
@@ -73,8 +75,12 @@ def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, c
     account["model_bytes"] = total
     if not opts.mode.needs_predictor:
         return DenseSlabFFN(ops, store, pool, plan), account
+    # Whole-bundle rows of a layout the kernels read: decode steps compute on the cache's slots.
+    kernel = None
+    if opts.kernel is SparseKernel.AUTO and not opts.down_only:
+        kernel = ops.sparse_kernel(spec_of(lay))
     return CachedRowsFFN(ops, store, pool, plan, *row_source(ops, store, pool, opts, selector, progress),
-                         selector), account
+                         selector, kernel), account
 
 
 def row_source(ops, store, pool, opts: FlashOptions, selector, progress: bool):

@@ -10,6 +10,11 @@ decides the output; the cache and window only decide what is read.
 Caches and windows hold bundles (see FFNLayout): one neuron each, or a block of neurons in a store
 that keeps the source's down groups. A bundle is needed when any of its neurons is selected; the
 mask over its neurons still zeroes the unselected ones.
+
+With a sparse kernel (mlx_flash.kernels.sparse_ffn, chosen at load), a decode step computes on the
+active bundles' cache slots where they lie: no rows are gathered, and cached rows no token of the
+step uses are not computed. Without one (or when the active rows overflow the cache), the live
+rows become framework weights and the mask zeroes what the step does not use.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 
 import numpy as np
 
-from ..ffn_source import FFNWeights
+from ..ffn_source import FFNWeights, SparseCall
 from .modes import SMALL_BATCH, SparseMode, SparsePlan
 from .neuron_cache import NeuronCache
 from .row_format import block_neurons
@@ -31,9 +36,10 @@ class CachedRowsFFN(SparseSource):
     """fmt: the row format (row_format.BundleRows or DownRows); rows: where rows are read from
     (row_format.BundleFile or FieldFile); selector: picks the neurons (None: I/O replay only)."""
 
-    def __init__(self, ops, store, pool, plan: SparsePlan, fmt, rows, selector=None):
+    def __init__(self, ops, store, pool, plan: SparsePlan, fmt, rows, selector=None, kernel=None):
         super().__init__(ops, store, pool, plan)
         self.fmt, self.rows, self.selector = fmt, rows, selector or NoSelector()
+        self.kernel = kernel  # a sparse FFN kernel over whole-bundle cache rows, or None
         R, L = self.layout.n_rows, len(self.layout.layer_offsets)
         self.caches = [NeuronCache(max(1, min(plan.capacity, R)), fmt.row_bytes, R) for _ in range(L)]
         self.windows = [ActiveWindow(plan.window if plan.mode.keeps_window else 1, R) for _ in range(L)]
@@ -42,14 +48,17 @@ class CachedRowsFFN(SparseSource):
         sel = self.selector.select(i, x)
         if sel.active.shape[0] > SMALL_BATCH:
             return self._prompt(i, sel, x.shape)
-        rows, keep, row_ids = self.fetch(i, sel.active)
+        ids, overflow, extra = self.load(i, sel.active)
+        if self.kernel is not None and not overflow.size:
+            return FFNWeights(down=None, sparse=self._kernel_call(i, sel.active, ids))
+        rows, keep, row_ids = self._compose(i, sel.active, overflow, extra)
         fw = self._weights(i, rows, sel, row_ids)
         if not keep.all():
             fw.mask = self.ops.array(keep.reshape(*x.shape[:-1], -1).astype(np.float32))
         return fw
 
     def read_step(self, i: int, active: np.ndarray) -> None:
-        self.fetch(i, active)
+        self.load(i, active)
 
     def _weights(self, i: int, rows: np.ndarray, sel: Selection, row_ids=None) -> FFNWeights:
         t = time.perf_counter()
@@ -82,10 +91,19 @@ class CachedRowsFFN(SparseSource):
         B = self.layout.block
         return active if B == 1 else active.reshape(active.shape[0], -1, B).any(2)
 
-    def fetch(self, i: int, neurons: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The I/O half of a step: update window and cache for neuron activity [T, F], read the
-        bundles that are missing, and return (bundle rows to compute on, keep mask [T, their
-        neurons], their bundle ids)."""
+    def _kernel_call(self, i: int, neurons: np.ndarray, ids: np.ndarray) -> SparseCall:
+        """The step's FFN over the active bundles `ids`, all in layer i's cache."""
+        t = time.perf_counter()
+        cache = self.caches[i]
+        keep = neurons[:, block_neurons(ids, self.layout.block)]
+        mask = None if keep.all() else keep.astype(np.float32)
+        call = SparseCall(self.kernel, cache.rows, cache.slot[ids].astype(np.int32), int(ids.size), mask)
+        self.extra.mem_seconds += time.perf_counter() - t
+        return call
+
+    def load(self, i: int, neurons: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Update window and cache for neuron activity [T, F] and read the bundles that are missing:
+        (the active bundle ids, those the cache could not hold, their rows [overflow, row_bytes])."""
         active = self.row_activity(neurons)
         need = active.any(0)
         ids = np.flatnonzero(need)
@@ -111,13 +129,18 @@ class CachedRowsFFN(SparseSource):
         self.rows_loaded += (to_cache.size + overflow.size) * self.layout.block
         self.rows_active += int(neurons.sum())
         self.decode_layer_steps += active.shape[0]
+        return ids, overflow, extra
+
+    def _compose(self, i: int, neurons: np.ndarray, overflow: np.ndarray, extra: np.ndarray):
+        """(the live cache rows and the overflow rows, keep mask [T, their neurons], their bundle ids)."""
+        cache = self.caches[i]
         t = time.perf_counter()
         rows, row_ids = cache.live_rows(), cache.live_ids()
         if overflow.size:
             rows, row_ids = np.concatenate([rows, extra]), np.concatenate([row_ids, overflow])
         if rows.shape[0] == 0:  # nothing active: one zero row, masked out, keeps the graph's shapes
             rows, row_ids = np.zeros((1, self.fmt.row_bytes), np.uint8), np.zeros(1, np.int64)
-            keep = np.zeros((active.shape[0], self.layout.block), dtype=bool)
+            keep = np.zeros((neurons.shape[0], self.layout.block), dtype=bool)
         else:
             keep = neurons[:, block_neurons(row_ids, self.layout.block)]
         self.extra.mem_seconds += time.perf_counter() - t
@@ -128,6 +151,9 @@ class CachedRowsFFN(SparseSource):
         batches = [self.rows.submit(i, ids, dest.reshape(-1), slots) for ids, dest, slots in jobs if ids.size]
         for b in batches:
             self.extra.add(b.wait())
+
+    def kernel_name(self) -> str:
+        return self.kernel.name if self.kernel is not None else "reference"
 
     def cached_rows(self) -> list[int]:
         return [c.num_used * self.layout.block for c in self.caches]

@@ -18,6 +18,11 @@ from enum import Enum
 SMALL_BATCH = 16
 
 
+class SparseKernel(Enum):
+    AUTO = "auto"  # the backend's sparse FFN kernel (cpu, metal, cuda) where the store's layout allows
+    REFERENCE = "reference"  # the active rows as framework weights, multiplied by the backend's linears
+
+
 class SparseMode(Enum):
     NAIVE = "naive"
     HYBRID = "hybrid"

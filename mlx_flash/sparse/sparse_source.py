@@ -31,6 +31,10 @@ class SparseSource(LayerSource):
         """The I/O of one decode step at layer i for active [T, F], without compute (I/O replay)."""
         raise NotImplementedError
 
+    def kernel_name(self) -> str:
+        """What computes decode steps' selected rows ("" for sources that compute whole layers)."""
+        return ""
+
     def cached_rows(self) -> list[int]:
         """Neuron rows in each layer's cache now (none without caches)."""
         return []
@@ -43,7 +47,7 @@ class SparseSource(LayerSource):
         r, x = self.reader, self.extra
         return FFNStats(io_seconds=r.wait_seconds + x.io_seconds, mem_seconds=x.mem_seconds,
                         bytes_read=r.bytes_read + x.bytes_read, reads=r.reads + x.reads,
-                        sparse_mode=self.plan.mode.value, neurons=self.layout.n_neurons,
+                        sparse_mode=self.plan.mode.value, sparse_kernel=self.kernel_name(), neurons=self.layout.n_neurons,
                         rows_active=self.rows_active, rows_loaded=self.rows_loaded,
                         decode_layer_steps=self.decode_layer_steps, cached_rows=tuple(self.cached_rows()),
                         cache_capacity=self.plan.capacity * self.layout.block)

@@ -76,11 +76,16 @@ def test_every_mode_equals_resident(tmp_path, backend):
         # buffers, the caches overflow); 200%: all fit
         for mode, budget in (("naive", "200%"), ("hybrid", "130%"), ("predictor", "200%"), ("window", "120%"),
                              ("all", "200%"), ("all", "120%"), ("all", "115%"))]
+    # the reference path (active rows as framework weights) beside the CPU sparse kernel
+    configs.append(dict(ffn="sparse", weights_budget="200%", io=mlx_flash.IOOptions(mode="buffered"),
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense", kernel="reference")))
     for kw in configs:
         with mlx_flash.load(store, backend=backend, progress=False, **kw) as e:
             got = run(e, ids)
             if kw["ffn"] == "sparse" and kw["weights_budget"] != "200%":
                 assert 0 < e.ffn.plan.capacity < 4
+            if kw["ffn"] == "sparse" and kw["flash"].mode.needs_predictor:
+                assert e.ffn.stats().sparse_kernel == kw["flash"].kernel.value.replace("auto", "cpu")
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), kw
 
 
