@@ -69,7 +69,8 @@ class FlashOptions:
                                   "recall (higher reads more; default: as trained)", flag="--predictor-recall", kind=float)
     kernel: SparseKernel = option(SparseKernel.AUTO, "sparse FFN decode steps: auto (the backend's sparse kernel "
                                   "over the neuron cache: cpu, metal or cuda, where the store's layout allows) or "
-                                  "reference (the active rows as framework weights; the same numbers, slower)",
+                                  "reference (the active rows as framework weights; slower, equal up to float32 "
+                                  "summation order)",
                                   flag="--sparse-kernel")
     down_only: bool = option(False, "sparse FFN with the gate predictor: read only down columns, computing gate/up "
                              "from its resident 4-bit copy (a third of the bytes; exact when the store's gate/up "
