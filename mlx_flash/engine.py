@@ -43,16 +43,18 @@ class GenerationStep:
 @dataclass
 class GenerationSummary:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's tokens, those whose KV the caches already held
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_proposed: int = 0  # speculative decoding: draft tokens verified, and how many were kept
     draft_accepted: int = 0
     steps: list[TokenStats] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # every token sampled, the final EOS included
 
     @property
     def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+        return (self.prompt_tokens - self.cached_tokens) / self.prefill_s if self.prefill_s else 0.0
 
     @property
     def decode_tps(self) -> float:
@@ -100,13 +102,13 @@ class Engine:
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
-        if caches[0].offset + len(ids) > self.context_limit:
-            if self.context_limit < self.model_context:
-                raise ConfigError(f"{caches[0].offset + len(ids)} tokens exceed the {self.context_limit} tokens the "
-                                  f"memory plan holds KV for (the model takes {self.model_context}; raise --context "
-                                  "within the memory budget)")
-            raise ConfigError(f"{caches[0].offset + len(ids)} tokens exceed the model's context of "
-                              f"{self.context_limit} tokens")
+        n = caches[0].offset + len(ids)
+        if n > self.model_context:
+            raise ConfigError(f"{n} tokens exceed the model's context of {self.model_context} tokens")
+        room = caches[0].capacity
+        if room is not None and n > room:
+            raise ConfigError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
+                              f"{self.model_context})")
         with self.ops.inference():
             out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
                                       all_logits)
@@ -143,31 +145,45 @@ class Engine:
         """Yield one GenerationStep per generated token. A str prompt is a raw completion; a list of
         messages goes through the model's chat template. speculative=λ > 0 (greedy only) drafts λ
         tokens by prompt lookup and verifies them in one pass; the output is the greedy output."""
+        ids = self.encode_prompt(prompt)
+        yield from self.stream_tokens(ids, None, max_tokens, temperature, top_p, top_k, seed, stop, speculative)
+
+    def stream_tokens(self, ids: list[int], caches=None, max_tokens: int = 256, temperature: float = 0.0,
+                      top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None,
+                      speculative: int = 0) -> Iterator[GenerationStep]:
+        """stream_generate over token ids. `caches` (KV-cache protocol, models/cache.py) may already
+        hold a prefix of `ids` (their offset; fewer than len(ids)): only the rest is prefilled. None:
+        fresh caches. The caches end holding ids and every generated token but the last."""
         check_sampling(temperature, top_p, top_k)
         if speculative < 0 or (speculative and temperature != 0):
             raise ConfigError("speculative decoding needs speculative >= 1 draft tokens and temperature 0")
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0 (got {max_tokens})")
         stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
-        ids = self.encode_prompt(prompt)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
-        limit = self.context_limit
+        limit = self.context_limit if caches is None else min(self.model_context, caches[0].capacity or self.model_context)
         if len(ids) >= limit:
             raise ConfigError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
         max_tokens = min(max_tokens, limit - len(ids))
+        cached = caches[0].offset if caches is not None else 0
+        if not 0 <= cached < len(ids):
+            raise ValueError(f"the caches hold {cached} tokens; a prompt of {len(ids)} needs fewer")
         rng = np.random.default_rng(seed)
-        summary = self.last = GenerationSummary(prompt_tokens=len(ids))
+        summary = self.last = GenerationSummary(prompt_tokens=len(ids), cached_tokens=cached)
         if max_tokens == 0:
             return
-        caches = self.new_caches()
+        if caches is None:
+            caches = self.new_caches()
+        else:
+            self.ffn.reset()  # a sparse FFN's neuron windows follow one sequence
         t0 = time.perf_counter()
-        logits = self.prefill(ids, caches)
+        logits = self.prefill(ids[cached:], caches)
         summary.prefill_s = time.perf_counter() - t0
         io0 = self._io_counters()
         detok = self.tokenizer.detokenizer(ids)
         text, emitted = "", 0
-        tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary) if speculative else
+        tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary, limit) if speculative else
                   self._sampled_tokens(logits, caches, temperature, top_p, top_k, rng))
         for n in range(max_tokens):
             t_start = time.perf_counter()
@@ -181,6 +197,7 @@ class Engine:
             stats = self._step_stats(t_start, io0)
             io0 = self._io_counters()
             summary.steps.append(stats)
+            summary.tokens.append(token)
             summary.generated_tokens += finish is None
             # Stop strings: emit nothing that could still turn out to start one.
             hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
@@ -204,7 +221,7 @@ class Engine:
             yield token
             logits = self.forward([token], caches)[-1]
 
-    def _speculative_tokens(self, ids, logits, caches, lam: int, summary) -> Iterator[int]:
+    def _speculative_tokens(self, ids, logits, caches, lam: int, summary, limit: int) -> Iterator[int]:
         """Greedy tokens, several per forward pass when the prompt-lookup draft is right: the pass
         over [last token, draft...] yields the verifier's greedy pick after each prefix; the agreed
         prefix is kept, the cache forgets the rest, and the first disagreement is the next token."""
@@ -213,7 +230,7 @@ class Engine:
         while True:
             yield token
             context.append(token)
-            room = self.context_limit - caches[0].offset - 1
+            room = limit - caches[0].offset - 1
             draft = ngram_draft(context, min(lam, max(room, 0)))
             greedy = self.forward([token] + draft, caches, all_logits=True).argmax(-1).tolist()
             a = accepted_prefix(draft, greedy)

@@ -35,6 +35,10 @@ class ConfigError(FlashError):
     """An option has a bad value (backend name, sampling parameter, budget...)."""
 
 
+class ContextNotFoundError(FlashError):
+    """A service call names a context id that this service (for this API key) does not hold."""
+
+
 class MemoryBudgetError(ConfigError):
     """A memory limit this model cannot run under, refused before anything is read; the message
     names the minimum (or what the limit lacks)."""

@@ -168,6 +168,14 @@ class MLXOps:
     def tokens(self, ids) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32).reshape(1, -1))
 
+    def index(self, ids) -> mx.array:
+        """A 1-D integer array to index with (x[:, idx] gathers, x[:, idx] = y scatters)."""
+        return mx.array(np.asarray(ids, dtype=np.int32).reshape(-1))
+
+    def materialize(self, *arrays) -> None:
+        """Compute lazy arrays now (preallocated buffers then hold their memory)."""
+        mx.eval(*arrays)
+
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
         if w.stored is not None:

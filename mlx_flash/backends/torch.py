@@ -253,6 +253,13 @@ class TorchOps:
     def tokens(self, ids):
         return torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(1, -1), device=self.device)
 
+    def index(self, ids):
+        """A 1-D integer array to index with (x[:, idx] gathers, x[:, idx] = y scatters)."""
+        return torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(-1), device=self.device)
+
+    def materialize(self, *arrays) -> None:
+        """Compute lazy arrays now: torch is eager, nothing to do."""
+
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
         shape = x.shape

@@ -1,23 +1,66 @@
-"""Per-layer KV cache, passed explicitly to the graph (one object per layer).
+"""The KV-cache protocol, and its simplest member: one contiguous buffer per layer.
 
-Keys/values live in a preallocated buffer grown in steps of `step` tokens, so decode appends
-without reallocating every token, never past `max_tokens` (what the memory plan holds KV for).
+Every model graph takes a list of per-layer caches as an explicit argument and calls only what
+`LayerKV` declares; no graph knows which member it was handed:
+
+  offset           tokens this layer holds (the position of the next token)
+  capacity, holds  the most tokens it may hold (None: no bound of its own) and what sets that bound,
+                   words for the message that refuses more
+  update(ops, k, v) -> (keys, values)
+                   update-and-fetch: append k, v [B, Hkv, T, hd] after `offset` and return every held
+                   key and value [B, Hkv, offset + T, hd] as backend arrays; offset grows by T
+  trim(n)          forget the last n tokens (rejected speculative drafts, a shorter shared prefix)
+  state(ops) -> (keys, values)
+                   the held keys and values as float32 numpy [B, Hkv, offset, hd], for saving and tests
+
+Members: `KVCache` here (one sequence, one growing buffer per layer) and the service's chunked
+cache (mlx_flash/service/chunked_kv.py: fixed-size chunks of every layer from a preallocated pool,
+swappable one chunk at a time). The throughput mode reuses the chunked one.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 
-class KVCache:
+
+class LayerKV(ABC):
+    """One layer's keys and values of one sequence (see the module docstring)."""
+
+    offset: int
+    capacity: int | None = None
+    holds: str = ""
+
+    @abstractmethod
+    def update(self, ops, k, v):
+        """Append k, v [B, Hkv, T, hd]; return all held keys and values [B, Hkv, offset, hd]."""
+
+    @abstractmethod
+    def trim(self, n: int) -> None:
+        """Forget the last n tokens; their slots are overwritten by later updates."""
+
+    @abstractmethod
+    def state(self, ops):
+        """(keys, values) held, as float32 numpy [B, Hkv, offset, hd]."""
+
+    def _check_trim(self, n: int) -> None:
+        if not 0 <= n <= self.offset:
+            raise ValueError(f"cannot trim {n} tokens from a cache of {self.offset}")
+
+
+class KVCache(LayerKV):
+    """Keys/values in one preallocated buffer grown in steps of `step` tokens, so decode appends
+    without reallocating every token, never past `max_tokens` (what the memory plan holds KV for)."""
+
     step = 256
+    holds = "the memory plan holds KV for (raise --context within the memory budget)"
 
     def __init__(self, max_tokens: int | None = None):
-        self.max_tokens = max_tokens
+        self.max_tokens = self.capacity = max_tokens
         self.keys = None
         self.values = None
         self.offset = 0
 
     def update(self, ops, k, v):
-        """Append k, v [B, Hkv, T, hd]; return all cached keys and values [B, Hkv, offset, hd]."""
         B, H, T, D = k.shape
         end = self.offset + T
         if self.keys is None or end > self.keys.shape[2]:
@@ -35,10 +78,13 @@ class KVCache:
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
 
     def trim(self, n: int) -> None:
-        """Forget the last n tokens (rejected speculative tokens); their slots are overwritten later."""
-        if not 0 <= n <= self.offset:
-            raise ValueError(f"cannot trim {n} tokens from a cache of {self.offset}")
+        self._check_trim(n)
         self.offset -= n
+
+    def state(self, ops):
+        if self.keys is None:
+            raise ValueError("an empty cache has no state")
+        return (ops.to_numpy(self.keys[:, :, :self.offset, :]), ops.to_numpy(self.values[:, :, :self.offset, :]))
 
 
 def make_caches(n_layers: int, max_tokens: int | None = None) -> list[KVCache]:

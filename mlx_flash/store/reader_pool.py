@@ -133,6 +133,14 @@ class ReaderPool:
         self._files.append(f)
         return f
 
+    def close_file(self, f: PoolFile) -> None:
+        """Close a file opened with open() once no batch reads it any more (a caller that opens many
+        short-lived files, such as swap files, would otherwise hold their descriptors until close())."""
+        with self._cv:
+            if f in self._files:
+                self._files.remove(f)
+        f.close()
+
     # ---- batches -----------------------------------------------------------------------------
     def submit(self, ranges, priority: int = 0) -> Batch:
         """ranges: iterable of (PoolFile, offset, length, dest) with dest a writable contiguous uint8
