@@ -5,6 +5,7 @@ Public API:
   FlashOptions            options of the sparse FFN (LLM in a flash): load(..., flash=FlashOptions(...))
   ExpertOptions           options of streamed experts (EdgeMoE): load(..., experts=ExpertOptions(...))
   IOOptions               how FFN bytes are read: load(..., io=IOOptions(...))
+  Service                 many chat contexts on one engine, their KV in chunks swapped to flash (LLMS)
   EngineConfig            every option of load() in one dataclass (load_config(model, config))
   memory_plan             how an engine's memory budget was split (bytes)
   expert_cache_stats      hits and misses of a MoE engine's expert cache, per layer
@@ -23,15 +24,16 @@ python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -convert, -ver
 from .api import load, load_config
 from .config import EngineConfig
 from .convert import convert
-from .errors import (ConfigError, FlashError, MemoryBudgetError, ModelFileError, ModelNotFoundError, StoreError,
+from .errors import (ConfigError, ContextNotFoundError, FlashError, MemoryBudgetError, ModelFileError, ModelNotFoundError, StoreError,
                      UnsupportedModelError)
 from .options import ExpertOptions, FlashOptions, IOOptions
+from .service import Service
 from .stats import expert_cache_stats, memory_plan
 from .store.disk_profile import best_threads, coalesce_gap, default_profile, profile_disk
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_config", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
-           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
+__all__ = ["load", "load_config", "Service", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
+           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ContextNotFoundError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
            "StoreError", "UnsupportedModelError"]
 
 

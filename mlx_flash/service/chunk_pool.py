@@ -1,0 +1,134 @@
+"""Preallocated KV chunk slots and their free list (the allocator every chunked cache draws from).
+
+A chunk is C consecutive tokens of one sequence, all layers. The pool holds `n_slots` chunk slots:
+per layer one keys and one values array [Hkv, n_slots * C, hd] in the activation dtype, allocated
+once (its bytes count from the start), so slot s of layer l is tokens [s*C, (s+1)*C) along axis 1.
+A sequence's attention gathers its slots' token rows in order (ChunkedKV), and a slot's bytes are
+exported and imported whole for swap files. Slots are recycled through a free list; nothing grows.
+
+Question-named methods, as a block manager has: can_allocate(n), allocate(), release(slot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MemoryBudgetError
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    tokens: int  # C
+
+    @property
+    def token_bytes(self) -> int:
+        """Keys and values of one token, every layer, float32 (as swap files hold them)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 4
+
+    @property
+    def nbytes(self) -> int:
+        """One chunk in float32: [layers, 2, Hkv, C, hd]."""
+        return self.tokens * self.token_bytes
+
+    @property
+    def array_shape(self) -> tuple:
+        return (self.layers, 2, self.kv_heads, self.tokens, self.head_dim)
+
+
+class ChunkPool:
+    def __init__(self, ops, shape: ChunkShape, n_slots: int):
+        if n_slots < 1:
+            raise MemoryBudgetError(f"a KV budget of {n_slots} chunks holds nothing; it needs at least one chunk "
+                                    f"({shape.nbytes / 1e6:.2f} MB)")
+        self.ops, self.shape, self.n_slots = ops, shape, n_slots
+        like = ops.array(np.zeros(1, np.float32))  # the activation dtype
+        dims = (shape.kv_heads, n_slots * shape.tokens, shape.head_dim)
+        self.keys = [ops.zeros(dims, like=like) for _ in range(shape.layers)]
+        self.values = [ops.zeros(dims, like=like) for _ in range(shape.layers)]
+        ops.materialize(*self.keys, *self.values)
+        self._free = list(range(n_slots - 1, -1, -1))  # pop() hands out low slots first
+        self._refs = [0] * n_slots  # sequences holding each slot (forked contexts share full chunks)
+
+    # ---- the allocator --------------------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int = 1) -> bool:
+        return len(self._free) >= n
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise MemoryBudgetError(f"all {self.n_slots} KV chunk slots are in use")
+        slot = self._free.pop()
+        self._refs[slot] = 1
+        return slot
+
+    def share(self, slot: int) -> int:
+        """One more sequence holds `slot` (a fork): it stays until every holder released it."""
+        self._check(slot)
+        self._refs[slot] += 1
+        return slot
+
+    def is_shared(self, slot: int) -> bool:
+        return self._refs[slot] > 1
+
+    def release(self, slot: int) -> bool:
+        """Drop one holder of `slot`; returns whether the slot became free."""
+        self._check(slot)
+        self._refs[slot] -= 1
+        if self._refs[slot] == 0:
+            self._free.append(slot)
+            return True
+        return False
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots or self._refs[slot] == 0:
+            raise ValueError(f"KV chunk slot {slot} is not allocated")
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst gets slot src's keys and values (copy on write of a shared chunk)."""
+        C = self.shape.tokens
+        for arr in self.keys + self.values:
+            arr[:, dst * C:(dst + 1) * C, :] = arr[:, src * C:(src + 1) * C, :]
+
+    @property
+    def nbytes(self) -> int:
+        """What the pool holds as the backend keeps it (activation dtype)."""
+        return sum(int(a.nbytes) for a in self.keys + self.values)
+
+    # ---- token rows -----------------------------------------------------------------------------
+    def rows(self, slots, n_tokens: int) -> np.ndarray:
+        """Row numbers along axis 1 of the first n_tokens tokens of a sequence whose chunks are `slots`."""
+        C = self.shape.tokens
+        base = np.asarray(slots, dtype=np.int64)[:, None] * C + np.arange(C, dtype=np.int64)
+        return base.reshape(-1)[:n_tokens]
+
+    # ---- whole chunks, for swap files -----------------------------------------------------------
+    def export(self, slots) -> np.ndarray:
+        """The chunks in `slots` as float32 numpy [n, layers, 2, Hkv, C, hd] (one host read per layer)."""
+        sh = self.shape
+        idx = self.ops.index(self.rows(slots, len(slots) * sh.tokens))
+        out = np.empty((len(slots),) + sh.array_shape, np.float32)
+        for l in range(sh.layers):
+            for j, arr in enumerate((self.keys[l], self.values[l])):
+                rows = self.ops.to_numpy(arr[:, idx, :])  # [Hkv, n*C, hd]
+                out[:, l, j] = rows.reshape(sh.kv_heads, len(slots), sh.tokens, sh.head_dim).transpose(1, 0, 2, 3)
+        return out
+
+    def load(self, slots, data: np.ndarray) -> None:
+        """Write chunks `data` [n, layers, 2, Hkv, C, hd] into `slots`."""
+        sh = self.shape
+        if data.shape != (len(slots),) + sh.array_shape:
+            raise ValueError(f"chunk data of shape {data.shape} does not fit {len(slots)} slots of {sh.array_shape}")
+        idx = self.ops.index(self.rows(slots, len(slots) * sh.tokens))
+        for l in range(sh.layers):
+            for arr, j in ((self.keys[l], 0), (self.values[l], 1)):
+                rows = np.ascontiguousarray(data[:, l, j].transpose(1, 0, 2, 3)).reshape(sh.kv_heads, -1, sh.head_dim)
+                arr[:, idx, :] = self.ops.array(rows)
+        self.ops.materialize(*self.keys, *self.values)

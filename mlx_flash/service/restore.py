@@ -1,0 +1,147 @@
+"""Bringing a context's swapped chunks back: read from flash and recomputed from their tokens at
+once (LLMS §3.3), split so the two finish together.
+
+A chunk can be recomputed when every chunk before it is in memory: running the model over its
+tokens with the cache positioned at its first token writes exactly its KV (the causal mask and
+RoPE positions are those of the original pass). So the leading k missing chunks are recomputed,
+in order, while the reader pool loads the rest; k balances k chunks of recompute against m - k
+chunks of reading, by the costs measured on earlier restores (LoadCosts). A chunk whose swap file
+is missing or fails its checksum is recomputed too, after the chunks before it are in, and is
+never used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .swap_files import HEADER
+
+
+@dataclass
+class LoadCosts:
+    """Seconds per token of recompute and per byte of swap-in, as measured (moving averages)."""
+
+    recompute_s_per_token: float = 2e-3
+    read_s_per_byte: float = 1e-9  # 1 GB/s until measured
+
+    def update(self, recompute_s: float, tokens: int, read_s: float, nbytes: int) -> None:
+        if tokens:
+            self.recompute_s_per_token = 0.5 * self.recompute_s_per_token + 0.5 * recompute_s / tokens
+        if nbytes:
+            self.read_s_per_byte = 0.5 * self.read_s_per_byte + 0.5 * read_s / nbytes
+
+    def recompute_count(self, missing: int, chunk_tokens: int, chunk_bytes: int) -> int:
+        """How many of `missing` chunks to recompute so reading the rest takes as long."""
+        rc, io = chunk_tokens * self.recompute_s_per_token, chunk_bytes * self.read_s_per_byte
+        return min(range(missing + 1), key=lambda k: max(k * rc, (missing - k) * io))
+
+
+@dataclass
+class RestoreReport:
+    chunks_read: int = 0
+    chunks_recomputed: int = 0
+    bad_files: list[str] = field(default_factory=list)  # chunks whose swap file could not be used
+    seconds: float = 0.0
+
+
+def restore(engine, pool, swap, reader, ctx, n_tokens: int, costs: LoadCosts, claim, recompute_only: bool = False,
+            read_only: bool = False) -> RestoreReport:
+    """Bring the chunks holding ctx's first n_tokens tokens into memory (slots from `claim`).
+    recompute_only / read_only force one technique (the benchmark's ablations)."""
+    t0 = time.perf_counter()
+    report = RestoreReport()
+    table, shape, C = ctx.table, pool.shape, pool.shape.tokens
+    missing = [i for i in range(table.chunks_for(n_tokens)) if table.slots[i] is None]
+    if not missing:
+        return report
+    k = len(missing) if recompute_only else 0 if read_only else \
+        costs.recompute_count(len(missing), C, shape.nbytes)
+    try:
+        for i in missing:
+            table.slots[i] = claim()
+        _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report)
+    except BaseException:
+        for i in missing:  # nothing half-restored stays: the chunks are still on flash or recomputable
+            if table.slots[i] is not None:
+                pool.release(table.slots[i])
+                table.slots[i] = None
+        raise
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report) -> None:
+    table, shape, C = ctx.table, pool.shape, pool.shape.tokens
+    to_read = [i for i in missing[k:] if ctx.disk[i] is not None]
+    # Start the reads, then recompute the leading chunks while they run.
+    buf = np.empty((len(to_read), HEADER + shape.nbytes), np.uint8)
+    files, ranges, t_read = {}, [], time.perf_counter()
+    for j, i in enumerate(to_read):
+        try:
+            f = reader.open(swap.chunk_path(ctx.id, i))
+        except OSError:
+            continue  # no file: recomputed once the reads are in
+        files[j] = f
+        ranges.append((f, 0, min(f.size, HEADER + shape.nbytes), buf[j]))
+    batch = reader.submit(ranges, priority=0) if ranges else None
+    pending = set(to_read)
+    recompute = [i for i in missing if i not in pending]
+    rc_tokens, rc_s = 0, 0.0
+
+    def settle():
+        """Wait for the reads, check and place each chunk; a bad one joins the recompute list."""
+        read_error = None
+        if batch is not None:
+            try:
+                batch.wait()
+            except Exception as e:  # a short read (truncated file) or an I/O error: recompute them
+                read_error = f"{ctx.id}: reading swapped chunks failed ({e})"
+        read_s = time.perf_counter() - t_read
+        good_slots, good_data = [], []
+        for j, i in enumerate(to_read):
+            path = swap.chunk_path(ctx.id, i)
+            if j not in files:
+                problem = f"{path}: missing"
+            elif read_error:
+                problem = read_error
+            else:
+                problem = swap.chunk_problem(path, bytes(buf[j, :HEADER]), buf[j, HEADER:], shape,
+                                             ctx.chunk_tokens(i), ctx.disk[i])
+            if problem is None:
+                good_slots.append(table.slots[i])
+                good_data.append(buf[j, HEADER:].view(np.float32).reshape(shape.array_shape))
+            else:
+                report.bad_files.append(problem)
+                ctx.disk[i] = None
+                recompute.append(i)
+        if good_slots:
+            pool.load(good_slots, np.stack(good_data))
+        report.chunks_read = len(good_slots)
+        costs.update(0.0, 0, read_s, len(good_slots) * shape.nbytes)
+        for f in files.values():
+            reader.close_file(f)
+        pending.clear()
+
+    while recompute or pending:
+        if not recompute:
+            settle()
+            continue
+        recompute.sort()
+        i = recompute[0]
+        if any(p < i for p in pending):  # its predecessors are still being read
+            settle()
+            continue
+        j = i  # a run of consecutive chunks recomputed in one pass
+        while j + 1 in recompute:
+            j += 1
+        start, end = i * C, min((j + 1) * C, n_tokens)
+        t = time.perf_counter()
+        engine.prefill(ctx.sequence[start:end], table.caches(start))
+        rc_s += time.perf_counter() - t
+        rc_tokens += end - start
+        report.chunks_recomputed += j - i + 1
+        del recompute[:j - i + 1]
+    costs.update(rc_s, rc_tokens, 0.0, 0)

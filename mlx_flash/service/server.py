@@ -1,0 +1,336 @@
+"""The OpenAI-compatible HTTP server over a Service (aiohttp).
+
+Endpoints: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or not),
+GET /v1/models, GET /health, GET /v1/stats, and /v1/contexts (POST create, GET list, GET/DELETE
+/v1/contexts/{id}).
+
+Contexts, two ways. Explicit: a request naming a context (`context_id` field or `X-Context-Id`
+header) appends its messages (or prompt text) to that context: send only the new turn.
+Automatic: a request without one is matched, token by token, against the stored contexts of its
+API key; one whose whole KV is a prefix of the request continues in place (a stateless client
+re-sending a growing history pays only for the new turn), a shorter shared prefix of whole chunks
+is forked copy-on-write into a new context, and no match starts a new one. Either way the
+response's `X-Context-Id` header names the context used, and `usage.prompt_tokens_details.
+cached_tokens` counts the prompt tokens served from it.
+
+One worker thread runs the engine; requests wait their turn in arrival order (an asyncio lock is
+FIFO). While `queue_limit` requests already wait, a new one gets 503 with Retry-After, as does a
+request the KV budget cannot hold right now. A client that disconnects stops its generation at the
+next token. Idle time writes chunks to flash ahead of need (Service.swap_out_idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from ..errors import ConfigError, ContextNotFoundError, FlashError, MemoryBudgetError
+from ..memory import peak_rss, process_rss
+from . import openai_api as oa
+
+IDLE_SWAP_S = 0.5  # how often an idle server writes a few chunks ahead
+_DONE = object()
+
+
+@dataclass
+class ServerOptions:
+    model_name: str
+    api_keys: tuple[str, ...] = ()
+    queue_limit: int = 16
+    max_tokens_default: int = 256
+    max_body_bytes: int = 8 << 20
+
+
+@dataclass
+class _Job:
+    req: oa.Request
+    owner: str
+    explicit: str | None
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    cancel: threading.Event = field(default_factory=threading.Event)
+    context: str = ""
+
+
+class Server:
+    def __init__(self, service, options: ServerOptions):
+        self.svc, self.opt = service, options
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlx-flash-engine")
+        self.turn = asyncio.Lock()
+        self.waiting = 0
+        self.busy = False
+        self._idle_task = None
+        self._keys = {hashlib.sha256(k.encode()).hexdigest()[:32]: k for k in options.api_keys}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.opt.max_body_bytes, middlewares=[self._errors])
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/v1/stats", self.stats)
+        r.add_post("/v1/contexts", self.create_context)
+        r.add_get("/v1/contexts", self.list_contexts)
+        r.add_get("/v1/contexts/{id}", self.get_context)
+        r.add_delete("/v1/contexts/{id}", self.delete_context)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except oa.ApiError as e:
+            return _error(e)
+        except web.HTTPException as e:  # aiohttp's own (404 route, 405, 413 body too large)
+            if e.status < 400:
+                raise
+            return _error(oa.ApiError(e.status, e.reason or "error", code=str(e.status)))
+
+    async def _start(self, app) -> None:
+        self._idle_task = asyncio.create_task(self._idle())
+
+    async def _stop(self, app) -> None:
+        if self._idle_task:
+            self._idle_task.cancel()
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.svc.flush)
+        self.pool.shutdown(wait=True)
+
+    async def _idle(self) -> None:
+        """Ahead-of-time swap-out while no request runs or waits."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(IDLE_SWAP_S)
+            if self.busy or self.waiting:
+                continue
+            try:
+                async with self.turn:
+                    await loop.run_in_executor(self.pool, self.svc.swap_out_idle, 4)
+            except FlashError:
+                pass  # a full disk: the chunks stay in memory; a request will meet the error by name
+
+    def _owner(self, request) -> str:
+        if not self._keys:
+            return ""
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        if not key or digest not in self._keys:
+            raise oa.ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                              code="invalid_api_key", kind="authentication_error")
+        return digest
+
+    async def _json(self, request):
+        try:
+            raw = await request.read()
+            return json.loads(raw) if raw else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise oa.ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+    async def _take_turn(self) -> None:
+        """Wait for the engine's thread in arrival order (FIFO); 503 when too many already wait."""
+        if self.waiting >= self.opt.queue_limit:
+            raise oa.ApiError(503, f"{self.waiting} requests are already waiting; retry later", code="overloaded",
+                              kind="server_error")
+        self.waiting += 1
+        try:
+            await self.turn.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def _on_worker(self, fn, *args):
+        """Run fn on the engine's thread in its turn."""
+        await self._take_turn()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.turn.release()
+
+    # ---- generation -----------------------------------------------------------------------------
+    async def chat(self, request):
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request):
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request, chat: bool):
+        owner = self._owner(request)
+        req = oa.parse_request(await self._json(request), chat, self.opt.max_tokens_default)
+        if req.model not in (None, self.opt.model_name):
+            raise oa.ApiError(404, f"model {req.model!r} does not exist (this server runs {self.opt.model_name!r})",
+                              "model", "model_not_found")
+        explicit = req.context_id or request.headers.get("X-Context-Id")
+        job = _Job(req, owner, explicit, asyncio.get_running_loop(), asyncio.Queue())
+        await self._take_turn()
+        self.busy = True
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._run, job)
+        fut.add_done_callback(lambda _: (setattr(self, "busy", False), self.turn.release()))
+        try:
+            first = await job.out.get()
+            if isinstance(first, oa.ApiError):
+                return _error(first)
+            return await (self._stream(request, job, first) if req.stream else self._collect(request, job, first))
+        finally:
+            job.cancel.set()  # a disconnect (or any exit) stops the generation at its next token
+
+    def _run(self, job: _Job) -> None:
+        """On the engine's thread: pick the context, generate, hand each step to the request's queue."""
+        def put(item):
+            job.loop.call_soon_threadsafe(job.out.put_nowait, item)
+
+        svc, req = self.svc, job.req
+        try:
+            if job.explicit:
+                ctx, whole = job.explicit, False
+                svc.get(ctx, job.owner)
+            else:
+                ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
+                ctx, n = svc.match(ids, job.owner)
+                if ctx is None:
+                    ctx = svc.new_context(owner=job.owner)
+                elif n < svc.get(ctx, job.owner).kv_tokens:
+                    ctx = svc.fork(ctx, n, job.owner)
+                whole = True
+            job.context = ctx
+            steps = svc.call(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
+            for step in steps:
+                if job.cancel.is_set():
+                    steps.close()
+                    break
+                put(step)
+            last = svc.last
+            put((last.prompt_tokens, last.cached_tokens))
+        except ContextNotFoundError as e:
+            put(oa.ApiError(404, str(e), "context_id", "context_not_found"))
+        except MemoryBudgetError as e:
+            put(oa.ApiError(503, str(e), code="kv_budget_full", kind="server_error"))
+        except (ConfigError, FlashError) as e:
+            code = "context_length_exceeded" if "tokens" in str(e) else None
+            put(oa.ApiError(400, str(e), code=code))
+        except Exception as e:  # a bug: the request fails with 500, the server stays up
+            put(oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+        put(_DONE)
+
+    async def _items(self, job: _Job, first):
+        item = first
+        while item is not _DONE:
+            yield item
+            item = await job.out.get()
+
+    async def _collect(self, request, job: _Job, first):
+        text, finish, n, use = [], None, 0, None
+        async for item in self._items(job, first):
+            if isinstance(item, oa.ApiError):
+                return _error(item)
+            if isinstance(item, tuple):
+                use = oa.usage(item[0], n, item[1])
+                continue
+            text.append(item.text)
+            finish = item.finish_reason or finish
+            n += 1
+            if request.transport is None or request.transport.is_closing():
+                job.cancel.set()
+        rid = oa.new_id(job.req.chat)
+        body = oa.completion(job.req, rid, self.opt.model_name, "".join(text), finish, use)
+        return web.json_response(body, headers={"X-Context-Id": job.context})
+
+    async def _stream(self, request, job: _Job, first):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Context-Id": job.context})
+        await resp.prepare(request)
+        rid, model, n, opened = oa.new_id(job.req.chat), self.opt.model_name, 0, False
+
+        async def send(obj):
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        try:
+            async for item in self._items(job, first):
+                if isinstance(item, oa.ApiError):
+                    await send(item.body())
+                    break
+                if isinstance(item, tuple):
+                    if job.req.include_usage:
+                        await send(oa.chunk(job.req, rid, model, None, None, use=oa.usage(item[0], n, item[1])))
+                    continue
+                n += 1
+                await send(oa.chunk(job.req, rid, model, item.text, item.finish_reason, first=not opened))
+                opened = True
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            job.cancel.set()
+            raise
+        return resp
+
+    # ---- other endpoints ------------------------------------------------------------------------
+    async def models(self, request):
+        self._owner(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.opt.model_name, "object": "model", "created": 0, "owned_by": "mlx_flash"}]})
+
+    async def health(self, request):
+        return web.json_response({"status": "ok"})
+
+    async def stats(self, request):
+        self._owner(request)
+        s = await self._on_worker(self.svc.stats)
+        plan = self.svc.engine.memory_plan
+        return web.json_response({
+            "memory": {"limit": plan.get("limit"), "limit_meaning": plan.get("limit_meaning"),
+                       "held": process_rss(), "peak": peak_rss(), "kv_budget": s.kv_budget, "plan": plan},
+            "contexts": {"total": s.contexts, "resident": s.contexts_resident, "swapped": s.contexts_swapped},
+            "kv": {"chunk_tokens": s.chunk_tokens, "chunk_bytes": s.chunk_bytes, "slots": s.slots,
+                   "slots_free": s.slots_free, "chunks_written": s.chunks_written, "chunks_read": s.chunks_read,
+                   "chunks_recomputed": s.chunks_recomputed, "bad_swap_files": s.bad_swap_files},
+            "calls": {"total": s.calls, "cache_hits": s.cache_hits, "prompt_tokens": s.prompt_tokens,
+                      "cached_tokens": s.cached_tokens},
+            "queue": {"waiting": self.waiting, "busy": self.busy, "limit": self.opt.queue_limit}})
+
+    async def create_context(self, request):
+        owner = self._owner(request)
+        body = await self._json(request)
+        if not isinstance(body, dict) or set(body) - {"system"}:
+            raise oa.ApiError(400, "a context takes only an optional 'system' string")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str):
+            raise oa.ApiError(400, "system must be a string", "system")
+        ctx = await self._on_worker(self.svc.new_context, system, owner)
+        return web.json_response({"id": ctx, "object": "context"}, headers={"X-Context-Id": ctx})
+
+    async def list_contexts(self, request):
+        owner = self._owner(request)
+        data = await self._on_worker(self.svc.list, owner)
+        return web.json_response({"object": "list", "data": [{"object": "context", **d} for d in data]})
+
+    async def get_context(self, request):
+        owner = self._owner(request)
+        ctx = request.match_info["id"]
+        try:
+            d = await self._on_worker(lambda: self.svc.describe(self.svc.get(ctx, owner)))
+        except ContextNotFoundError as e:
+            raise oa.ApiError(404, str(e), "id", "context_not_found") from None
+        return web.json_response({"object": "context", **d})
+
+    async def delete_context(self, request):
+        owner = self._owner(request)
+        ctx = request.match_info["id"]
+        try:
+            await self._on_worker(self.svc.delete, ctx, owner)
+        except ContextNotFoundError as e:
+            raise oa.ApiError(404, str(e), "id", "context_not_found") from None
+        except ConfigError as e:
+            raise oa.ApiError(409, str(e), "id") from None
+        return web.json_response({"id": ctx, "object": "context", "deleted": True})
+
+
+def _error(e: oa.ApiError) -> web.Response:
+    headers = {"Retry-After": "1"} if e.status == 503 else None
+    return web.json_response(e.body(), status=e.status, headers=headers)

@@ -1,0 +1,407 @@
+"""LLMS: the engine as a service holding many app contexts (paper §3-§4).
+
+    svc = mlx_flash.Service(engine, directory=..., kv_budget="25%")
+    ctx = svc.new_context(system="You are terse.")
+    for step in svc.call(ctx, "What is the capital of France?"):   # or a list of messages
+        print(step.text, end="")
+    svc.delete(ctx)
+
+A context's KV lives in chunks of C tokens (chunk_pool.py) drawn from one pool of `kv_budget`
+bytes; a call prefills only what the context does not hold yet (the longest common prefix of the
+call's tokens and the held ones is kept). When the pool is full, chunks of the least recently used
+contexts are swapped to the service directory (lifecycle.py); a call on a swapped context brings
+them back by reading and recomputing at once (restore.py). Idle time writes chunks ahead
+(swap_out_idle), so a later eviction only frees memory. Every context's record is on flash after
+each call, so the directory is the service's state across restarts.
+
+One service runs on one thread at a time (the server queues requests onto one worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..budget import parse_budget
+from ..config import default_cache_dir
+from ..engine import GenerationStep
+from ..errors import ConfigError, ContextNotFoundError, MemoryBudgetError
+from ..sampling import check_sampling
+from ..memory import process_rss
+from ..store.reader_pool import ReaderPool
+from ..units import fmt
+from .chunk_pool import ChunkPool, ChunkShape
+from .chunked_kv import ChunkTable
+from .context import Context
+from .lifecycle import eviction_order
+from .restore import LoadCosts, RestoreReport, restore
+from .swap_files import SwapDir, check_id
+
+DEFAULT_CHUNK = 16
+
+
+@dataclass
+class CallReport:
+    """What one call cost: switch_s is the time until the context was ready to prefill its new
+    tokens (making room, reading and recomputing its chunks), the paper's switching latency."""
+
+    context: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV the context already held
+    switch_s: float = 0.0
+    evicted_chunks: int = 0
+    written_chunks: int = 0
+    restore: RestoreReport = field(default_factory=RestoreReport)
+
+
+@dataclass
+class ServiceStats:
+    kv_budget: int
+    chunk_tokens: int
+    chunk_bytes: int
+    slots: int
+    slots_free: int
+    contexts: int
+    contexts_resident: int  # every chunk in memory
+    contexts_swapped: int  # at least one chunk only on flash
+    calls: int = 0
+    cache_hits: int = 0  # calls that reused at least one held token
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    chunks_written: int = 0
+    chunks_read: int = 0
+    chunks_recomputed: int = 0
+    bad_swap_files: int = 0
+
+
+class Service:
+    def __init__(self, engine, directory: str | None = None, kv_budget=None, chunk_tokens: int = DEFAULT_CHUNK,
+                 kv_compression: str | None = None, reader_threads: int = 4, progress: bool = False):
+        if kv_compression not in (None, "off"):
+            raise ConfigError(f"kv_compression {kv_compression!r} is not implemented yet (only off: exact KV)")
+        if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be a positive integer (got {chunk_tokens!r})")
+        self.engine = engine
+        a = engine.args
+        self.shape = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, chunk_tokens)
+        self.model_id = _model_id(engine.store.path)
+        self.directory = directory or os.path.join(engine.config.cache_dir or default_cache_dir(), "service",
+                                                   self.model_id)
+        self.kv_budget = self._budget(kv_budget)
+        slot_bytes = self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4  # in the activation dtype
+        self.pool = ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes)
+        self.swap = SwapDir(self.directory)
+        self.reader = ReaderPool(threads=reader_threads, mode="buffered")
+        self.costs = LoadCosts()
+        self.contexts: dict[str, Context] = {}
+        self.last = CallReport()
+        self._stats = ServiceStats(self.kv_budget, chunk_tokens, slot_bytes, self.pool.n_slots, 0, 0, 0, 0)
+        self.problems = self._load_records()
+        if progress:
+            print(f"service: {len(self.contexts)} contexts in {self.directory}; KV budget {fmt(self.kv_budget)} = "
+                  f"{self.pool.n_slots} chunks of {chunk_tokens} tokens", flush=True)
+
+    # ---- budget and records ----------------------------------------------------------------------
+    def _budget(self, kv_budget) -> int:
+        """Bytes of the pool: kv_budget (bytes, or a share of the process's memory limit), or the KV
+        share the memory plan set aside; never more than the limit leaves (measured now)."""
+        plan = self.engine.memory_plan
+        limit = plan.get("limit")
+        room = limit - process_rss() - plan.get("work_buffers", 0) if limit else None
+        if kv_budget is None:
+            want = plan.get("kv_cache") or 64 * self.shape.nbytes
+            return min(want, room) if room is not None else want
+        want = parse_budget(kv_budget, limit or 0)
+        if room is not None and want > room:
+            raise MemoryBudgetError(f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
+                                    f"{fmt(limit)} with the model loaded)")
+        return want
+
+    def _load_records(self) -> list[str]:
+        records, problems = self.swap.records()
+        for ctx_id, rec in records.items():
+            try:
+                self.contexts[ctx_id] = Context.from_record(rec, self._table(), self.model_id)
+            except (ValueError, KeyError, TypeError) as e:
+                problems.append(f"context {ctx_id}: {e}")
+        return problems
+
+    def _table(self) -> ChunkTable:
+        return ChunkTable(self.pool, self._claim)
+
+    def _save(self, ctx: Context) -> None:
+        self.swap.write_record(ctx.id, ctx.record(self.model_id))
+
+    # ---- contexts ---------------------------------------------------------------------------------
+    def new_context(self, system: str | None = None, owner: str = "") -> str:
+        """A new, empty context (with a system message for chat calls); returns its id."""
+        if system is not None and not isinstance(system, str):
+            raise ConfigError("system must be a string")
+        ctx = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
+                      messages=[{"role": "system", "content": system}] if system else [])
+        self.contexts[ctx.id] = ctx
+        self._save(ctx)
+        return ctx.id
+
+    def get(self, ctx_id: str, owner: str = "") -> Context:
+        ctx = self.contexts.get(ctx_id) if isinstance(ctx_id, str) else None
+        if ctx is None or ctx.owner != owner:
+            raise ContextNotFoundError(f"no context with id {str(ctx_id)[:80]!r}")
+        return ctx
+
+    def list(self, owner: str = "") -> list[dict]:
+        return [self.describe(c) for c in self.contexts.values() if c.owner == owner]
+
+    def describe(self, ctx: Context) -> dict:
+        mem = ctx.chunks_in_memory()
+        return {"id": ctx.id, "tokens": ctx.kv_tokens, "messages": len(ctx.messages),
+                "chunks": len(ctx.table.slots), "chunks_in_memory": len(mem)}
+
+    def delete(self, ctx_id: str, owner: str = "") -> None:
+        ctx = self.get(ctx_id, owner)
+        if ctx.pinned:
+            raise ConfigError(f"context {ctx_id} is in use")
+        ctx.table.truncate(0)
+        del self.contexts[ctx.id]
+        self.swap.remove(ctx.id)
+
+    def fork(self, ctx_id: str, n_tokens: int, owner: str = "") -> str:
+        """A new context holding the first n_tokens of ctx's KV, sharing its chunks copy-on-write
+        (chunks on flash are read back first)."""
+        src = self.get(ctx_id, owner)
+        n_tokens = min(n_tokens, src.kv_tokens)
+        src.pinned = True
+        try:
+            self._restore(src, n_tokens)
+        finally:
+            src.pinned = False
+        dst = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
+                      sequence=src.sequence[:n_tokens])
+        dst.table.slots = [self.pool.share(s) for s in src.table.slots[:src.table.chunks_for(n_tokens)]]
+        dst.table.tokens = n_tokens
+        dst.mark_changed(0)
+        self.contexts[dst.id] = dst
+        self._save(dst)
+        return dst.id
+
+    def match(self, ids: list[int], owner: str = "") -> tuple[str | None, int]:
+        """The owner's context sharing the longest token prefix with ids, and its length in whole
+        chunks (a stateless client re-sending a growing history finds its conversation here)."""
+        best, best_n = None, 0
+        for ctx in self.contexts.values():
+            if ctx.owner != owner or ctx.pinned:
+                continue
+            n = _common_prefix(ids, ctx.held())
+            if n > best_n or (n == best_n and best is not None and ctx.last_used > best.last_used):
+                best, best_n = ctx, n
+        if best is None:
+            return None, 0
+        if best_n < best.kv_tokens:  # a shared part only: whole chunks are worth a fork
+            best_n = best_n // self.shape.tokens * self.shape.tokens
+        return (best.id, best_n) if best_n else (None, 0)
+
+    # ---- calls --------------------------------------------------------------------------------
+    def call(self, ctx_id: str, prompt, owner: str = "", max_tokens: int = 256, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None,
+             speculative: int = 0, whole: bool = False) -> Iterator[GenerationStep]:
+        """Stream the answer to `prompt` in context ctx_id, appending both to it. A str prompt
+        continues the context's text as a raw completion; a list of messages is appended to its
+        chat and the whole chat goes through the chat template. whole=True: `prompt` is the whole
+        text or chat instead (a stateless client's request). Only the tokens the context does not
+        hold are prefilled. Errors in the arguments raise before the first step."""
+        ctx = self.get(ctx_id, owner)
+        if ctx.pinned:
+            raise ConfigError(f"context {ctx_id} is in use")
+        check_sampling(temperature, top_p, top_k)
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ConfigError(f"max_tokens must be an integer >= 0 (got {max_tokens!r})")
+        history = None
+        if isinstance(prompt, str):
+            base = [] if whole else ctx.sequence
+            ids = base + self.engine.tokenizer.encode(prompt, add_special_tokens=not base)
+        else:
+            history = ([] if whole else ctx.messages) + list(_messages(prompt))
+            ids = self.engine.encode_prompt(history)
+        if not ids:
+            raise ConfigError("the prompt encodes to zero tokens")
+        limit = self.max_tokens
+        if len(ids) >= limit:
+            raise ConfigError(f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
+                              f"(the model's context {self.engine.model_context}, the KV budget "
+                              f"{self.pool.n_slots * self.shape.tokens} tokens)")
+        return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                                 top_k=top_k, seed=seed, stop=stop, speculative=speculative))
+
+    @property
+    def max_tokens(self) -> int:
+        """Most tokens one context may hold: the model's context or the whole KV budget."""
+        return min(self.engine.model_context, self.pool.n_slots * self.shape.tokens)
+
+    def _run(self, ctx: Context, ids: list[int], history, sampling: dict) -> Iterator[GenerationStep]:
+        t0 = time.perf_counter()
+        report = self.last = CallReport(context=ctx.id, prompt_tokens=len(ids))
+        n = min(_common_prefix(ids, ctx.held()), len(ids) - 1)
+        ctx.pinned = True
+        caches = None
+        try:
+            report.restore = self._restore(ctx, n)
+            ctx.table.truncate(n)
+            ctx.mark_changed(n)
+            ctx.sequence = ctx.sequence[:n]
+            self._make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots))
+            report.cached_tokens = n
+            report.switch_s = time.perf_counter() - t0
+            caches = ctx.table.caches()
+            steps = self.engine.stream_tokens(ids, caches, **sampling)
+            text = []
+            for step in steps:
+                text.append(step.text)
+                yield step
+        finally:
+            if caches is not None:
+                sampled = self.engine.last.tokens
+                ctx.sequence = ids + sampled
+                ctx.table.tokens = min(caches[0].offset, len(ids) + max(0, len(sampled) - 1))
+                ctx.table.truncate(ctx.table.tokens)
+                ctx.mark_changed(n)
+                if history is not None:
+                    ctx.messages = history + [{"role": "assistant", "content": "".join(text)}]
+                self._count_call(report)
+            ctx.last_used = time.monotonic()
+            ctx.pinned = False
+            self._save(ctx)
+
+    def _count_call(self, report: CallReport) -> None:
+        s = self._stats
+        s.calls += 1
+        s.cache_hits += report.cached_tokens > 0
+        s.prompt_tokens += report.prompt_tokens
+        s.cached_tokens += report.cached_tokens
+
+    # ---- memory: claim, evict, restore ------------------------------------------------------------
+    def _claim(self) -> int:
+        """A free chunk slot, evicting the least recently used unpinned context's chunk if none is."""
+        self._make_room(1)
+        return self.pool.allocate()
+
+    def _make_room(self, n: int) -> None:
+        """Free slots until n are free, by LCTRU order; chunks without a current swap file are written first."""
+        if n <= self.pool.free_slots:
+            return
+        victims = []
+        free = self.pool.free_slots
+        for ctx, i in eviction_order(self.contexts.values()):
+            victims.append((ctx, i))
+            if not self.pool.is_shared(ctx.table.slots[i]):
+                free += 1
+            if free >= n:
+                break
+        if free < n:
+            raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.shape.tokens} tokens) "
+                                    f"cannot hold {n} more chunks: the contexts in use hold the rest")
+        self._write(victims)
+        for ctx, i in victims:
+            self.pool.release(ctx.table.slots[i])
+            ctx.table.slots[i] = None
+        self.last.evicted_chunks += len(victims)
+
+    def _write(self, chunks) -> int:
+        """Write swap files of the (context, chunk) pairs that have no current one; a context's chunks
+        are exported together. Raises SwapError (disk full...) with every chunk still in memory."""
+        by_ctx: dict[str, list] = {}
+        for ctx, i in chunks:
+            if ctx.disk[i] is None:
+                by_ctx.setdefault(ctx.id, []).append(i)
+        written = 0
+        for ctx_id, idx in by_ctx.items():
+            ctx = self.contexts[ctx_id]
+            data = self.pool.export([ctx.table.slots[i] for i in idx])
+            try:
+                for j, i in enumerate(idx):
+                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.shape, ctx.chunk_tokens(i), data[j])
+                    written += 1
+            finally:
+                self._save(ctx)
+        self._stats.chunks_written += written
+        self.last.written_chunks += written
+        return written
+
+    def _restore(self, ctx: Context, n_tokens: int, **force) -> RestoreReport:
+        report = restore(self.engine, self.pool, self.swap, self.reader, ctx, n_tokens, self.costs, self._claim,
+                         **force)
+        s = self._stats
+        s.chunks_read += report.chunks_read
+        s.chunks_recomputed += report.chunks_recomputed
+        s.bad_swap_files += len(report.bad_files)
+        return report
+
+    def swap_out(self, ctx_id: str, owner: str = "") -> int:
+        """Move a context's chunks to flash now (writing those without a current file); returns how
+        many slots that freed."""
+        ctx = self.get(ctx_id, owner)
+        chunks = [(ctx, i) for i in ctx.chunks_in_memory()]
+        self._write(chunks)
+        freed = 0
+        for _, i in chunks:
+            freed += self.pool.release(ctx.table.slots[i])
+            ctx.table.slots[i] = None
+        return freed
+
+    def swap_out_idle(self, max_chunks: int = 16) -> int:
+        """Ahead-of-time swap-out (LLMS §3.4): write up to max_chunks chunks in LCTRU order that have
+        no current swap file, keeping them in memory, so evicting them later costs no I/O. Call it
+        when idle; returns how many were written (0: nothing left to write)."""
+        todo = [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:max_chunks]
+        return self._write(todo)
+
+    def flush(self) -> None:
+        """Write every chunk without a current swap file (before a shutdown)."""
+        while self.swap_out_idle(64):
+            pass
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def stats(self) -> ServiceStats:
+        s = self._stats
+        s.slots_free = self.pool.free_slots
+        s.contexts = len(self.contexts)
+        s.contexts_resident = sum(c.table.resident() for c in self.contexts.values())
+        s.contexts_swapped = s.contexts - s.contexts_resident
+        return s
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _model_id(store_path: str) -> str:
+    """Contexts belong to one model: a digest of its store's manifest."""
+    with open(os.path.join(store_path, "manifest.json"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _messages(prompt) -> list[dict]:
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise ConfigError("prompt must be a string or a non-empty list of {'role', 'content'} messages")
+    for m in prompt:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ConfigError("each message must be a {'role': str, 'content': str} object")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]

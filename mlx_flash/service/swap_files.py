@@ -1,0 +1,160 @@
+"""A service directory on flash: one folder per context, holding its record and its swapped chunks.
+
+    <directory>/contexts/<id>/context.json    the context: tokens, messages, owner, and per chunk the
+                                              crc32 of its current swap file (null: none is current)
+    <directory>/contexts/<id>/chunk-<i>.kv    chunk i: a 4 KiB header (magic, format, shape, token
+                                              count, crc32 of the payload) then the float32 payload
+                                              [layers, 2, Hkv, C, hd]
+
+Every file is written atomically (a temporary sibling, fsync, rename, fsync of the folder), so a
+kill at any moment leaves either the old file or the new one. A chunk is used only when its
+header, size and payload checksum all match what the record says; otherwise the caller recomputes
+it from the tokens. This module deals in bytes and numpy arrays only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zlib
+
+import numpy as np
+
+from ..errors import FlashError
+from .chunk_pool import ChunkShape
+
+MAGIC = b"MLXFKV1\n"
+HEADER = 4096  # the payload starts block-aligned, for direct I/O
+_FIELDS = struct.Struct("<8sIIIIIIIQ")  # magic, version, layers, kv_heads, head_dim, C, n_tokens, crc, payload bytes
+VERSION = 1
+RECORD = "context.json"
+_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+class SwapError(FlashError):
+    """A swap file could not be written (full disk, permissions): the chunk stays in memory."""
+
+
+def check_id(ctx_id: str) -> str:
+    """Context ids name folders: a plain token of URL-safe characters, nothing else."""
+    if not isinstance(ctx_id, str) or not _ID.fullmatch(ctx_id):
+        raise ValueError(f"context id {ctx_id!r} is malformed")
+    return ctx_id
+
+
+class SwapDir:
+    def __init__(self, directory: str):
+        self.root = os.path.join(os.path.abspath(directory), "contexts")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise SwapError(f"service directory {directory}: cannot create it ({e.strerror})") from None
+
+    def folder(self, ctx_id: str) -> str:
+        return os.path.join(self.root, check_id(ctx_id))
+
+    def chunk_path(self, ctx_id: str, index: int) -> str:
+        return os.path.join(self.folder(ctx_id), f"chunk-{index:06d}.kv")
+
+    # ---- records --------------------------------------------------------------------------------
+    def write_record(self, ctx_id: str, record: dict) -> None:
+        folder = self.folder(ctx_id)
+        os.makedirs(folder, exist_ok=True)
+        _atomic_write(os.path.join(folder, RECORD), [json.dumps(record, separators=(",", ":")).encode()])
+
+    def records(self) -> tuple[dict[str, dict], list[str]]:
+        """(id -> record) of every context folder with a readable record, and one line per folder
+        that has none (a context killed before its first record, or a damaged one)."""
+        found, problems = {}, []
+        for name in sorted(os.listdir(self.root)):
+            folder = os.path.join(self.root, name)
+            if not _ID.fullmatch(name) or not os.path.isdir(folder):
+                continue
+            _remove_temporaries(folder)
+            try:
+                with open(os.path.join(folder, RECORD), "rb") as f:
+                    record = json.loads(f.read())
+                if not isinstance(record, dict) or record.get("id") != name:
+                    raise ValueError("its id does not match its folder")
+                found[name] = record
+            except (OSError, ValueError) as e:
+                problems.append(f"context {name}: its record is unreadable ({e})")
+        return found, problems
+
+    def remove(self, ctx_id: str) -> None:
+        folder = self.folder(ctx_id)
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+
+    # ---- chunks ---------------------------------------------------------------------------------
+    def write_chunk(self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, data: np.ndarray) -> int:
+        """Write chunk `index` (float32 [layers, 2, Hkv, C, hd]); returns its crc32."""
+        payload = np.ascontiguousarray(data, dtype=np.float32)
+        if payload.shape != shape.array_shape:
+            raise ValueError(f"chunk of shape {payload.shape} is not {shape.array_shape}")
+        crc = zlib.crc32(payload)
+        header = _FIELDS.pack(MAGIC, VERSION, shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, n_tokens,
+                              crc, payload.nbytes).ljust(HEADER, b"\0")
+        os.makedirs(self.folder(ctx_id), exist_ok=True)
+        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload).cast("B")])
+        return crc
+
+    def chunk_problem(self, path: str, header: bytes, payload: np.ndarray, shape: ChunkShape, n_tokens: int,
+                      crc: int) -> str | None:
+        """Why a chunk file read back cannot be used (None: it can): its header must say this
+        format, shape, token count and checksum, and the payload must hash to it."""
+        if len(header) < _FIELDS.size:
+            return f"{path}: truncated header"
+        magic, version, L, H, hd, C, n, hcrc, nbytes = _FIELDS.unpack_from(header)
+        if magic != MAGIC or version != VERSION:
+            return f"{path}: not a KV chunk file of version {VERSION}"
+        if (L, H, hd, C, nbytes) != (shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, shape.nbytes):
+            return f"{path}: holds a chunk of another shape"
+        if n != n_tokens or hcrc != crc:
+            return f"{path}: is not the chunk the context's record names"
+        if zlib.crc32(payload) != crc:
+            return f"{path}: checksum mismatch"
+        return None
+
+
+def _atomic_write(path: str, parts) -> None:
+    """Write `parts` (bytes-like) to path through a temporary sibling: write, fsync, rename, fsync
+    the folder. A failure removes the temporary and raises SwapError naming the file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for p in parts:
+                view = memoryview(p)
+                while view.nbytes:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise SwapError(f"{path}: cannot write it ({e.strerror or e})") from None
+
+
+def _remove_temporaries(folder: str) -> None:
+    """Temporaries left by a writer that was killed mid-write (never the files they would replace)."""
+    for name in os.listdir(folder):
+        if ".tmp-" in name:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
