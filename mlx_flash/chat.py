@@ -1,7 +1,9 @@
 """`python -m mlx_flash.chat`: interactive chat (or a one-shot answer) streaming tokens as they come.
 
 Commands inside the REPL: /reset (forget the conversation), /stats (speed of the last answer),
-/quit. Ctrl-C stops the current answer, not the REPL. Piped stdin is read line by line.
+/quit. Ctrl-C stops the current answer, not the REPL. Piped stdin is read line by line. The
+conversation is a context of an in-process service (mlx_flash.Service): each turn prefills only
+its own tokens, the earlier turns' KV is kept.
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def stream_answer(engine, prompt, args, out=sys.stdout) -> str:
-    """Stream one answer to `out`; Ctrl-C stops it. Returns the text produced."""
+def sampling(args) -> dict:
+    return dict(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+                seed=args.seed, speculative=args.speculative)
+
+
+def stream_answer(steps, out=sys.stdout) -> str:
+    """Stream the steps of one answer to `out`; Ctrl-C stops it. Returns the text produced."""
     pieces = []
     try:
-        for step in engine.stream_generate(prompt, max_tokens=args.max_tokens, temperature=args.temp,
-                                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                                           speculative=args.speculative):
+        for step in steps:
             out.write(step.text)
             out.flush()
             pieces.append(step.text)
@@ -65,7 +70,8 @@ def format_stats(engine) -> str:
     io, mem = sum(t.io_ms for t in s.steps) / n, sum(t.mem_ms for t in s.steps) / n
     nbytes, reads = sum(t.bytes_read for t in s.steps), sum(t.reads for t in s.steps)
     chunk = f", mean chunk {nbytes / reads / 1024:.0f} KiB" if reads else ""
-    text = (f"prompt {s.prompt_tokens} tok in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
+    reused = f" ({s.cached_tokens} reused)" if s.cached_tokens else ""
+    text = (f"prompt {s.prompt_tokens} tok{reused}, new ones in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
             f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
             f"per token: {wall:.2f} ms = compute {compute:.2f} + io wait {io:.2f} + mem-mgmt {mem:.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
     if s.draft_proposed:
@@ -96,9 +102,17 @@ def format_stats(engine) -> str:
 
 
 def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
+    import tempfile
+
+    from .service import Service
+
     interactive = inp.isatty()
-    history = [{"role": "system", "content": args.system}] if args.system else []
-    base = list(history)
+    with tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp, Service(engine, directory=tmp) as svc:
+        _converse(engine, svc, args, inp, out, interactive)
+
+
+def _converse(engine, svc, args, inp, out, interactive: bool) -> None:
+    ctx = svc.new_context(system=args.system)
     if interactive:
         print(f"mlx_flash chat — {HELP}", file=out)
     while True:
@@ -118,7 +132,8 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
         if line in ("/quit", "/exit"):
             break
         if line == "/reset":
-            history = list(base)
+            svc.delete(ctx)
+            ctx = svc.new_context(system=args.system)
             print("(conversation cleared)", file=out)
             continue
         if line == "/stats":
@@ -127,9 +142,7 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
         if line.startswith("/"):
             print(f"unknown command {line.split()[0]}; {HELP}", file=out)
             continue
-        history.append({"role": "user", "content": line})
-        answer = stream_answer(engine, history, args, out)
-        history.append({"role": "assistant", "content": answer})
+        stream_answer(svc.call(ctx, [{"role": "user", "content": line}], **sampling(args)), out)
 
 
 def main(argv=None) -> int:
@@ -143,7 +156,7 @@ def main(argv=None) -> int:
                 prompt = args.prompt if args.raw else (
                     ([{"role": "system", "content": args.system}] if args.system else [])
                     + [{"role": "user", "content": args.prompt}])
-                stream_answer(engine, prompt, args)
+                stream_answer(engine.stream_generate(prompt, **sampling(args)))
                 if args.verbose:
                     print(format_stats(engine), file=sys.stderr)
             else:
