@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
+
 
 class LayerKV(ABC):
     """One layer's keys and values of one sequence (see the module docstring)."""
@@ -84,7 +86,9 @@ class KVCache(LayerKV):
     def state(self, ops):
         if self.keys is None:
             raise ValueError("an empty cache has no state")
-        return (ops.to_numpy(self.keys[:, :, :self.offset, :]), ops.to_numpy(self.values[:, :, :self.offset, :]))
+        # copies: a backend's numpy view would change with the cache
+        return (np.array(ops.to_numpy(self.keys[:, :, :self.offset, :])),
+                np.array(ops.to_numpy(self.values[:, :, :self.offset, :])))
 
 
 def make_caches(n_layers: int, max_tokens: int | None = None) -> list[KVCache]:

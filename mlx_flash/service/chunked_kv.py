@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool
 
@@ -116,6 +118,7 @@ class ChunkedKV(LayerKV):
     def state(self, ops):
         idx = self.table.fetch_index(self.offset)
         pool = self.table.pool
-        return (ops.to_numpy(pool.keys[self.layer][:, idx, :])[None],
-                ops.to_numpy(pool.values[self.layer][:, idx, :])[None])
+        # copies: a backend's numpy view would change with the pool
+        return (np.array(ops.to_numpy(pool.keys[self.layer][:, idx, :]))[None],
+                np.array(ops.to_numpy(pool.values[self.layer][:, idx, :]))[None])
 
