@@ -213,6 +213,20 @@ class MLXOps:
         """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]; causal aligns the last query with the last key."""
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if causal else None)
 
+    def attention_columns(self, q, k, scale: float):
+        """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
+        sdpa's), summed over heads and queries. q [1, Hq, T, hd], k [1, Hkv, S, hd] -> [S] float32
+        (KV compression's information density; reference: service/compression.py)."""
+        _, Hq, T, hd = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        qg = q.astype(mx.float32).reshape(Hkv, (Hq // Hkv) * T, hd)
+        s = (qg @ k[0].astype(mx.float32).transpose(0, 2, 1)) * scale
+        if T > 1:
+            t = mx.arange(T)[:, None] + (S - T)
+            mask = mx.arange(S)[None, :] <= t  # [T, S]
+            s = mx.where(mx.tile(mask, (Hq // Hkv, 1))[None], s, -mx.inf)
+        return mx.softmax(s, axis=-1).sum(axis=(0, 1))
+
     silu = staticmethod(lambda x: x * mx.sigmoid(x))
     relu = staticmethod(lambda x: mx.maximum(x, 0))
 

@@ -330,6 +330,19 @@ class TorchOps:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
+    def attention_columns(self, q, k, scale: float):
+        """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
+        sdpa's), summed over heads and queries. q [1, Hq, T, hd], k [1, Hkv, S, hd] -> [S] float32
+        (KV compression's information density; reference: service/compression.py)."""
+        _, Hq, T, hd = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        qg = q.float().reshape(Hkv, (Hq // Hkv) * T, hd)
+        s = (qg @ k[0].float().transpose(1, 2)) * scale
+        if T > 1:
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            s = s.masked_fill(~mask.repeat(Hq // Hkv, 1)[None], float("-inf"))
+        return torch.softmax(s, dim=-1).sum(dim=(0, 1))
+
     silu = staticmethod(lambda x: F.silu(x))
     relu = staticmethod(lambda x: F.relu(x))
 

@@ -10,6 +10,9 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
                    update-and-fetch: append k, v [B, Hkv, T, hd] after `offset` and return every held
                    key and value [B, Hkv, offset + T, hd] as backend arrays; offset grows by T
   trim(n)          forget the last n tokens (rejected speculative drafts, a shorter shared prefix)
+  observe(ops, q, keys, scale)
+                   the graph shows a cache each layer's queries and all its keys after update (a
+                   no-op unless the cache measures attention, as KV compression does)
   state(ops) -> (keys, values)
                    the held keys and values as float32 numpy [B, Hkv, offset, hd], for saving and tests
 
@@ -39,6 +42,9 @@ class LayerKV(ABC):
     @abstractmethod
     def trim(self, n: int) -> None:
         """Forget the last n tokens; their slots are overwritten by later updates."""
+
+    def observe(self, ops, q, keys, scale: float) -> None:
+        """Queries [B, Hq, T, hd] and every held key after update(): nothing to do by default."""
 
     @abstractmethod
     def state(self, ops):

@@ -132,6 +132,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
                 ops.rms_norm(heads(k, Hk), lw["k_norm"], args.rms_norm_eps)
         q, k = rope(q), rope(k)
     k, v = cache.update(ops, k, heads(v, Hk))
+    cache.observe(ops, q, k, hd ** -0.5)
     o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 

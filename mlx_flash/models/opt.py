@@ -107,6 +107,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     split = lambda y: ops.transpose(ops.reshape(y, (B, T, H, hd)), (0, 2, 1, 3))  # noqa: E731
     q, k, v = split(ops.linear(x, lw["q"])), split(ops.linear(x, lw["k"])), split(ops.linear(x, lw["v"]))
     k, v = cache.update(ops, k, v)
+    cache.observe(ops, q, k, hd ** -0.5)
     o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 

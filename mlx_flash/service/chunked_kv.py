@@ -19,8 +19,9 @@ from .chunk_pool import ChunkPool
 
 
 class ChunkTable:
-    def __init__(self, pool: ChunkPool, claim: Callable[[], int] | None = None):
+    def __init__(self, pool: ChunkPool, claim: Callable[[], int] | None = None, density=None):
         self.pool = pool
+        self.density = density  # a compression.DensityTracker when KV compression needs attention mass
         self.claim = claim or pool.allocate  # the service passes one that evicts other contexts first
         self.slots: list[int | None] = []
         self.tokens = 0  # tokens whose KV the chunks hold
@@ -114,6 +115,11 @@ class ChunkedKV(LayerKV):
     def trim(self, n: int) -> None:
         self._check_trim(n)
         self.offset -= n
+
+    def observe(self, ops, q, keys, scale: float) -> None:
+        density = self.table.density
+        if density is not None:  # one host read per layer: the price of measuring, compression only
+            density.add(ops.to_numpy(ops.attention_columns(q, keys, scale)), q.shape[2], q.shape[1])
 
     def state(self, ops):
         idx = self.table.fetch_index(self.offset)

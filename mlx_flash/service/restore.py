@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .swap_files import HEADER
+from .swap_files import HEADER, chunk_data, payload_bytes
 
 
 @dataclass
@@ -57,8 +57,9 @@ def restore(engine, pool, swap, reader, ctx, n_tokens: int, costs: LoadCosts, cl
     missing = [i for i in range(table.chunks_for(n_tokens)) if table.slots[i] is None]
     if not missing:
         return report
+    mean_bytes = sum(payload_bytes(shape, ctx.widths[i]) for i in missing) / len(missing)
     k = len(missing) if recompute_only else 0 if read_only else \
-        costs.recompute_count(len(missing), C, shape.nbytes)
+        costs.recompute_count(len(missing), C, mean_bytes)
     try:
         for i in missing:
             table.slots[i] = claim()
@@ -85,7 +86,7 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         except OSError:
             continue  # no file: recomputed once the reads are in
         files[j] = f
-        ranges.append((f, 0, min(f.size, HEADER + shape.nbytes), buf[j]))
+        ranges.append((f, 0, min(f.size, HEADER + payload_bytes(shape, ctx.widths[i])), buf[j]))
     batch = reader.submit(ranges, priority=0) if ranges else None
     pending = set(to_read)
     recompute = [i for i in missing if i not in pending]
@@ -109,10 +110,10 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                 problem = read_error
             else:
                 problem = swap.chunk_problem(path, bytes(buf[j, :HEADER]), buf[j, HEADER:], shape,
-                                             ctx.chunk_tokens(i), ctx.disk[i])
+                                             ctx.chunk_tokens(i), ctx.widths[i], ctx.disk[i])
             if problem is None:
                 good_slots.append(table.slots[i])
-                good_data.append(buf[j, HEADER:].view(np.float32).reshape(shape.array_shape))
+                good_data.append(chunk_data(buf[j, HEADER:], shape, ctx.widths[i]))
             else:
                 report.bad_files.append(problem)
                 ctx.disk[i] = None
@@ -120,7 +121,7 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         if good_slots:
             pool.load(good_slots, np.stack(good_data))
         report.chunks_read = len(good_slots)
-        costs.update(0.0, 0, read_s, len(good_slots) * shape.nbytes)
+        costs.update(0.0, 0, read_s, sum(payload_bytes(shape, ctx.widths[i]) for i in to_read))
         for f in files.values():
             reader.close_file(f)
         pending.clear()

@@ -3,8 +3,9 @@
     <directory>/contexts/<id>/context.json    the context: tokens, messages, owner, and per chunk the
                                               crc32 of its current swap file (null: none is current)
     <directory>/contexts/<id>/chunk-<i>.kv    chunk i: a 4 KiB header (magic, format, shape, token
-                                              count, crc32 of the payload) then the float32 payload
-                                              [layers, 2, Hkv, C, hd]
+                                              count, width, crc32 of the payload) then the payload
+                                              [layers, 2, Hkv, C, hd]: float32, or at a compressed
+                                              width its codes, scales and biases (compression.py)
 
 Every file is written atomically (a temporary sibling, fsync, rename, fsync of the folder), so a
 kill at any moment leaves either the old file or the new one. A chunk is used only when its
@@ -24,11 +25,13 @@ import numpy as np
 
 from ..errors import FlashError
 from .chunk_pool import ChunkShape
+from .compression import decode, encode, packed_bytes
 
 MAGIC = b"MLXFKV1\n"
 HEADER = 4096  # the payload starts block-aligned, for direct I/O
-_FIELDS = struct.Struct("<8sIIIIIIIQ")  # magic, version, layers, kv_heads, head_dim, C, n_tokens, crc, payload bytes
-VERSION = 1
+# magic, version, layers, kv_heads, head_dim, C, n_tokens, width (0: float32), crc, payload bytes
+_FIELDS = struct.Struct("<8sIIIIIIIIQ")
+VERSION = 2
 RECORD = "context.json"
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
@@ -91,34 +94,49 @@ class SwapDir:
             os.rmdir(folder)
 
     # ---- chunks ---------------------------------------------------------------------------------
-    def write_chunk(self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, data: np.ndarray) -> int:
-        """Write chunk `index` (float32 [layers, 2, Hkv, C, hd]); returns its crc32."""
-        payload = np.ascontiguousarray(data, dtype=np.float32)
-        if payload.shape != shape.array_shape:
-            raise ValueError(f"chunk of shape {payload.shape} is not {shape.array_shape}")
+    def write_chunk(self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, data: np.ndarray,
+                    width: int = 0) -> int:
+        """Write chunk `index` (float32 [layers, 2, Hkv, C, hd]) in float32 (width 0) or quantized
+        to `width` bits; returns the payload's crc32."""
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if data.shape != shape.array_shape:
+            raise ValueError(f"chunk of shape {data.shape} is not {shape.array_shape}")
+        payload = np.frombuffer(encode(data, width), np.uint8) if width else data.view(np.uint8).reshape(-1)
         crc = zlib.crc32(payload)
         header = _FIELDS.pack(MAGIC, VERSION, shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, n_tokens,
-                              crc, payload.nbytes).ljust(HEADER, b"\0")
+                              width, crc, payload.nbytes).ljust(HEADER, b"\0")
         os.makedirs(self.folder(ctx_id), exist_ok=True)
-        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload).cast("B")])
+        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload)])
         return crc
 
     def chunk_problem(self, path: str, header: bytes, payload: np.ndarray, shape: ChunkShape, n_tokens: int,
-                      crc: int) -> str | None:
+                      width: int, crc: int) -> str | None:
         """Why a chunk file read back cannot be used (None: it can): its header must say this
-        format, shape, token count and checksum, and the payload must hash to it."""
+        format, shape, token count, width and checksum, and the payload must hash to it."""
         if len(header) < _FIELDS.size:
             return f"{path}: truncated header"
-        magic, version, L, H, hd, C, n, hcrc, nbytes = _FIELDS.unpack_from(header)
+        magic, version, L, H, hd, C, n, w, hcrc, nbytes = _FIELDS.unpack_from(header)
         if magic != MAGIC or version != VERSION:
             return f"{path}: not a KV chunk file of version {VERSION}"
-        if (L, H, hd, C, nbytes) != (shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, shape.nbytes):
+        if (L, H, hd, C, nbytes) != (shape.layers, shape.kv_heads, shape.head_dim, shape.tokens,
+                                     payload_bytes(shape, width)):
             return f"{path}: holds a chunk of another shape"
-        if n != n_tokens or hcrc != crc:
+        if n != n_tokens or w != width or hcrc != crc:
             return f"{path}: is not the chunk the context's record names"
-        if zlib.crc32(payload) != crc:
+        if zlib.crc32(payload[:nbytes]) != crc:
             return f"{path}: checksum mismatch"
         return None
+
+
+def payload_bytes(shape: ChunkShape, width: int) -> int:
+    return packed_bytes(shape.array_shape, width) if width else shape.nbytes
+
+
+def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int) -> np.ndarray:
+    """A checked payload (uint8) as float32 [layers, 2, Hkv, C, hd]."""
+    if width:
+        return decode(payload, shape.array_shape, width)
+    return payload[:shape.nbytes].view(np.float32).reshape(shape.array_shape)
 
 
 def _atomic_write(path: str, parts) -> None:

@@ -1,0 +1,215 @@
+"""Tolerance-aware KV chunk compression (LLMS §3.2): an approximation, off by default.
+
+Option values (`kv_compression`, chosen once per service):
+  off             exact: chunks keep the activation dtype in memory and float32 on flash
+  static:B        every complete chunk at B bits (8, 4 or 2)
+  tolerance:R     chunks at 8, 4 or 2 bits so their mean width is R x 8 bits (R = 0.5: 4 bits on
+                  average, the bytes of static:4), the densest chunks widest
+
+Information density of a chunk (the paper's Eq. 1): each token's attention column mean (the mass it
+receives over the queries that can see it), averaged over layers, heads and the chunk's tokens.
+The graph reports each layer's column sums through the cache protocol (LayerKV.observe); the
+tracker keeps them per token. Quantization is group-wise affine along the head dimension (groups of
+GROUP values, float16 scale and bias), applied when a complete chunk is first written to flash: the
+swap file holds the codes, and the chunk in memory is replaced by its dequantized values, so a
+context computes the same whether or not it was swapped since. A chunk's width, once chosen, stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from ..errors import ConfigError
+
+WIDTHS = (8, 4, 2)
+GROUP = 32
+
+
+class Scheme(Enum):
+    OFF = "off"
+    STATIC = "static"
+    TOLERANCE = "tolerance"
+
+
+@dataclass(frozen=True)
+class Compression:
+    scheme: Scheme = Scheme.OFF
+    bits: int = 0  # static
+    ratio: float = 0.0  # tolerance: mean width / 8
+
+    @classmethod
+    def parse(cls, value) -> "Compression":
+        if value is None or value == "off":
+            return cls()
+        if isinstance(value, Compression):
+            return value
+        if isinstance(value, str) and ":" in value:
+            kind, _, arg = value.partition(":")
+            try:
+                if kind == "static" and int(arg) in WIDTHS:
+                    return cls(Scheme.STATIC, bits=int(arg))
+                if kind == "tolerance" and 2 / 8 <= float(arg) <= 1:
+                    return cls(Scheme.TOLERANCE, ratio=float(arg))
+            except ValueError:
+                pass
+        raise ConfigError(f"kv_compression {value!r} is not understood (off, static:8|4|2, or tolerance:R "
+                          "with R from 0.25 to 1, e.g. tolerance:0.5)")
+
+    @property
+    def on(self) -> bool:
+        return self.scheme is not Scheme.OFF
+
+    @property
+    def needs_density(self) -> bool:
+        """Whether chunks' attention mass must be measured (tolerance-aware widths)."""
+        return self.scheme is Scheme.TOLERANCE
+
+    def __str__(self) -> str:
+        return {Scheme.OFF: "off", Scheme.STATIC: f"static:{self.bits}",
+                Scheme.TOLERANCE: f"tolerance:{self.ratio:g}"}[self.scheme]
+
+
+# ---- information density -----------------------------------------------------------------------------
+class DensityTracker:
+    """Per token of one sequence: attention mass received and how many (layer, head, query) rows
+    could attend to it, accumulated over every pass."""
+
+    def __init__(self):
+        self.mass = np.zeros(0, np.float64)
+        self.rows = np.zeros(0, np.float64)
+
+    def add(self, columns: np.ndarray, n_queries: int, heads: int) -> None:
+        """One layer's column sums [S] for the last n_queries queries (causal: query t of the pass
+        sees keys up to S - n_queries + t)."""
+        S = columns.shape[0]
+        if self.mass.shape[0] < S:
+            grow = S - self.mass.shape[0]
+            self.mass = np.concatenate([self.mass, np.zeros(grow)])
+            self.rows = np.concatenate([self.rows, np.zeros(grow)])
+        self.mass[:S] += columns
+        first = S - n_queries  # keys before the pass's first query are seen by every query
+        seen = np.full(S, float(n_queries))
+        seen[first:] = n_queries - np.arange(S - first)
+        self.rows[:S] += heads * seen
+
+    def truncate(self, n_tokens: int) -> None:
+        self.mass, self.rows = self.mass[:n_tokens], self.rows[:n_tokens]
+
+    def chunk_density(self, chunk_tokens: int, n_chunks: int) -> np.ndarray:
+        """D_i of the first n_chunks chunks: mean over their tokens of mass / rows."""
+        n = n_chunks * chunk_tokens
+        mass = np.pad(self.mass[:n], (0, max(0, n - self.mass.shape[0])))
+        rows = np.pad(self.rows[:n], (0, max(0, n - self.rows.shape[0])))
+        tok = np.divide(mass, rows, out=np.zeros(n), where=rows > 0)
+        return tok.reshape(n_chunks, chunk_tokens).mean(axis=1)
+
+
+def attention_columns_ref(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
+    """Plain-numpy reference of ops.attention_columns: q [1, Hq, T, hd], k [1, Hkv, S, hd] -> [S]."""
+    _, Hq, T, hd = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    out = np.zeros(S, np.float64)
+    for h in range(Hq):
+        s = q[0, h].astype(np.float64) @ k[0, h // (Hq // Hkv)].astype(np.float64).T * scale
+        s = np.where(np.arange(S)[None, :] <= np.arange(T)[:, None] + S - T, s, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out += (p / p.sum(axis=1, keepdims=True)).sum(axis=0)
+    return out
+
+
+# ---- widths ----------------------------------------------------------------------------------------
+def assign_widths(density: np.ndarray, fixed: dict[int, int], ratio: float) -> dict[int, int]:
+    """Widths (8/4/2) for the chunks of `density` not in `fixed`, so that all chunks' mean width
+    is at most ratio x 8 and the retained information sum(width_i * D_i) is largest: the densest
+    unassigned chunks get 8 bits, the next 4, the rest 2 (the counts are searched)."""
+    n = density.shape[0]
+    free = [i for i in range(n) if i not in fixed]
+    if not free:
+        return {}
+    budget = ratio * 8 * n - sum(fixed.values())
+    order = sorted(free, key=lambda i: -density[i])
+    d = density[order]
+    prefix = np.concatenate([[0.0], np.cumsum(d)])
+    m, best, best_ab = len(order), -1.0, (0, 0)
+    for a in range(m + 1):
+        for b in range(m - a + 1):
+            if 8 * a + 4 * b + 2 * (m - a - b) > budget + 1e-9:
+                break
+            info = 8 * prefix[a] + 4 * (prefix[a + b] - prefix[a]) + 2 * (prefix[m] - prefix[a + b])
+            if info > best:
+                best, best_ab = info, (a, b)
+    a, b = best_ab
+    return {i: (8 if r < a else 4 if r < a + b else 2) for r, i in enumerate(order)}
+
+
+def choose_widths(c: Compression, density: np.ndarray, fixed: dict[int, int], fresh: list[int]) -> dict[int, int]:
+    """Widths for the chunks `fresh` (complete, not compressed yet) of a sequence whose complete
+    chunks have `density` and whose compressed ones have the widths `fixed`."""
+    if not fresh or not c.on:
+        return {}
+    if c.scheme is Scheme.STATIC:
+        return {i: c.bits for i in fresh}
+    chosen = assign_widths(density, fixed, c.ratio)
+    return {i: chosen[i] for i in fresh}
+
+
+def lossy(x: np.ndarray, bits: int) -> np.ndarray:
+    """What a chunk holds once compressed to `bits` and read back."""
+    return decode(np.frombuffer(encode(x, bits), np.uint8), x.shape, bits)
+
+
+# ---- quantization (numpy, the swap files' side) ----------------------------------------------------------
+def quantize(x: np.ndarray, bits: int, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [..., hd] float32 -> (codes packed into uint8 [..., hd * bits / 8], scales, biases float16
+    [..., hd / group]): affine per group, x ~ codes * scale + bias."""
+    *lead, hd = x.shape
+    if hd % group or (group * bits) % 8:
+        raise ValueError(f"head dim {hd} does not split into groups of {group} at {bits} bits")
+    g = x.reshape(*lead, hd // group, group).astype(np.float32)
+    lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
+    levels = (1 << bits) - 1
+    scale = ((hi - lo) / levels).astype(np.float16)
+    bias = lo.astype(np.float16)
+    s32 = scale.astype(np.float32)
+    codes = np.where(s32 > 0, np.rint((g - bias.astype(np.float32)) / np.where(s32 > 0, s32, 1)), 0)
+    codes = np.clip(codes, 0, levels).astype(np.uint8).reshape(*lead, hd)
+    per = 8 // bits
+    c = codes.reshape(*lead, hd // per, per)
+    packed = np.zeros((*lead, hd // per), np.uint8)
+    for j in range(per):
+        packed |= (c[..., j] << (bits * j)).astype(np.uint8)
+    return packed, scale[..., 0], bias[..., 0]
+
+
+def dequantize(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int, group: int = GROUP) -> np.ndarray:
+    per = 8 // bits
+    *lead, n = packed.shape
+    codes = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    codes = codes.reshape(*lead, n * per // group, group).astype(np.float32)
+    out = codes * scale.astype(np.float32)[..., None] + bias.astype(np.float32)[..., None]
+    return out.reshape(*lead, n * per)
+
+
+def packed_bytes(shape, bits: int, group: int = GROUP) -> int:
+    """Bytes a chunk of float32 `shape` [..., hd] takes at `bits` (codes + float16 scales and biases)."""
+    n = int(np.prod(shape))
+    return n * bits // 8 + 2 * 2 * n // group
+
+
+def encode(x: np.ndarray, bits: int) -> bytes:
+    codes, scale, bias = quantize(x, bits)
+    return codes.tobytes() + scale.tobytes() + bias.tobytes()
+
+
+def decode(buf: np.ndarray, shape, bits: int) -> np.ndarray:
+    """The inverse of encode: bytes (uint8) -> float32 `shape`."""
+    *lead, hd = shape
+    n = int(np.prod(shape))
+    nc, ns = n * bits // 8, n // GROUP
+    codes = buf[:nc].reshape(*lead, hd * bits // 8)
+    scale = buf[nc:nc + 2 * ns].view(np.float16).reshape(*lead, hd // GROUP)
+    bias = buf[nc + 2 * ns:nc + 4 * ns].view(np.float16).reshape(*lead, hd // GROUP)
+    return dequantize(codes, scale, bias, bits)

@@ -1,0 +1,96 @@
+"""KV chunk compression: the options, group-wise quantization round trips, the width assignment
+(mean width at most the target, densest widest), the attention-mass op on both backends against
+its numpy reference, and compressed swap files."""
+
+import numpy as np
+import pytest
+
+from mlx_flash.backends import get_backend
+from mlx_flash.errors import ConfigError
+from mlx_flash.service.chunk_pool import ChunkShape
+from mlx_flash.service.compression import (Compression, DensityTracker, Scheme, assign_widths,
+                                           attention_columns_ref, decode, encode, lossy, packed_bytes)
+from mlx_flash.service.swap_files import SwapDir, chunk_data, payload_bytes
+
+
+def test_options_parse_and_refuse():
+    assert Compression.parse(None).scheme is Scheme.OFF and Compression.parse("off") == Compression()
+    assert Compression.parse("static:4") == Compression(Scheme.STATIC, bits=4)
+    assert Compression.parse("tolerance:0.5").ratio == 0.5 and str(Compression.parse("tolerance:0.5")) == "tolerance:0.5"
+    for bad in ("static:3", "tolerance:0.1", "tolerance:x", "zip", 5):
+        with pytest.raises(ConfigError, match="kv_compression"):
+            Compression.parse(bad)
+
+
+@pytest.mark.parametrize("bits,bound", [(8, 0.01), (4, 0.2), (2, 0.9)])
+def test_quantize_round_trip(bits, bound):
+    x = np.random.default_rng(bits).standard_normal((3, 2, 2, 16, 64)).astype(np.float32)
+    blob = encode(x, bits)
+    assert len(blob) == packed_bytes(x.shape, bits)
+    y = decode(np.frombuffer(blob, np.uint8), x.shape, bits)
+    # affine per group of 32: the error is at most half a step (range / levels / 2) plus float16 rounding
+    g = x.reshape(-1, 32)
+    step = (g.max(1) - g.min(1)) / ((1 << bits) - 1)
+    err = np.abs(x - y).reshape(-1, 32).max(1)
+    assert (err <= step / 2 + 2e-3 * np.abs(g).max(1) + 1e-6).all()
+    assert np.abs(x - y).max() < bound * np.abs(x).max()
+    assert np.array_equal(lossy(x, bits), y)
+
+
+def test_widths_meet_the_ratio_and_keep_the_densest_widest():
+    rng = np.random.default_rng(0)
+    d = rng.random(40)
+    w = assign_widths(d, {}, 0.5)
+    bits = np.array([w[i] for i in range(40)])
+    assert bits.mean() <= 4 + 1e-9 and set(bits) <= {2, 4, 8}
+    order = np.argsort(-d)
+    assert (np.diff(bits[order]) <= 0).all()  # widths never grow as density falls
+    # fixed widths count against the budget
+    w2 = assign_widths(d, {0: 8, 1: 8, 2: 8}, 0.5)
+    assert 0 not in w2 and (sum(w2.values()) + 24) / 40 <= 4 + 1e-9
+    assert assign_widths(d, {i: 4 for i in range(40)}, 0.5) == {}
+
+
+def test_density_tracker_counts_rows_causally():
+    t = DensityTracker()
+    t.add(np.array([3.0, 2.0, 1.0]), n_queries=3, heads=1)  # a 3-token prefill: token j seen by 3 - j queries
+    assert t.rows.tolist() == [3, 2, 1]
+    t.add(np.array([0.5, 0.25, 0.25, 1.0]), n_queries=1, heads=1)  # one decode query sees all four
+    assert t.rows.tolist() == [4, 3, 2, 1]
+    d = t.chunk_density(2, 2)
+    assert np.allclose(d, [np.mean([3.5 / 4, 2.25 / 3]), np.mean([1.25 / 2, 1.0])])
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+@pytest.mark.parametrize("T", [1, 5])
+def test_attention_columns_matches_reference(backend, T):
+    ops = get_backend(backend)
+    rng = np.random.default_rng(T)
+    q = rng.standard_normal((1, 6, T, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 9, 16)).astype(np.float32)
+    got = ops.to_numpy(ops.attention_columns(ops.array(q), ops.array(k), 0.25))
+    ref = attention_columns_ref(q, k, 0.25)
+    assert got.shape == (9,)
+    assert np.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert np.isclose(got.sum(), 6 * T, rtol=1e-5)  # every query's row sums to 1
+
+
+@pytest.mark.parametrize("width", [0, 8, 4, 2])
+def test_swap_file_round_trip_at_each_width(tmp_path, width):
+    shape = ChunkShape(2, 2, 64, 16)
+    x = np.random.default_rng(width).standard_normal(shape.array_shape).astype(np.float32)
+    swap = SwapDir(str(tmp_path))
+    crc = swap.write_chunk("abcdefgh12", 3, shape, 16, x, width)
+    raw = np.fromfile(swap.chunk_path("abcdefgh12", 3), np.uint8)
+    header, payload = bytes(raw[:4096]), raw[4096:]
+    assert payload.size == payload_bytes(shape, width)
+    assert swap.chunk_problem("f", header, payload, shape, 16, width, crc) is None
+    y = chunk_data(payload, shape, width)
+    assert np.array_equal(y, x if width == 0 else lossy(x, width))
+    assert "not the chunk" in swap.chunk_problem("f", header, payload, shape, 15, width, crc)
+    if width:
+        assert "not the chunk" in swap.chunk_problem("f", header, payload, shape, 16, 8 if width != 8 else 4, crc) \
+            or "another shape" in swap.chunk_problem("f", header, payload, shape, 16, 8 if width != 8 else 4, crc)
+    bad = payload.copy()
+    bad[bad.size // 2] ^= 0xFF
+    assert "checksum" in swap.chunk_problem("f", header, bad, shape, 16, width, crc)
