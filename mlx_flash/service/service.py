@@ -38,8 +38,10 @@ from ..store.reader_pool import ReaderPool
 from ..units import fmt
 from .chunk_pool import ChunkPool, ChunkShape
 from .chunked_kv import ChunkTable
+from .compression import Compression, DensityTracker, choose_widths
+from .compression import lossy as compressed
 from .context import Context
-from .lifecycle import eviction_order
+from .lifecycle import Evict, Lifecycle, Restore, eviction_order
 from .restore import LoadCosts, RestoreReport, restore
 from .swap_files import SwapDir, check_id
 
@@ -82,9 +84,9 @@ class ServiceStats:
 
 class Service:
     def __init__(self, engine, directory: str | None = None, kv_budget=None, chunk_tokens: int = DEFAULT_CHUNK,
-                 kv_compression: str | None = None, reader_threads: int = 4, progress: bool = False):
-        if kv_compression not in (None, "off"):
-            raise ConfigError(f"kv_compression {kv_compression!r} is not implemented yet (only off: exact KV)")
+                 kv_compression: str | None = None, reader_threads: int = 4, max_contexts: int = 1024,
+                 lifecycle: Lifecycle = Lifecycle(), progress: bool = False):
+        self.compression = Compression.parse(kv_compression)
         if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be a positive integer (got {chunk_tokens!r})")
         self.engine = engine
@@ -97,7 +99,9 @@ class Service:
         slot_bytes = self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4  # in the activation dtype
         self.pool = ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes)
         self.swap = SwapDir(self.directory)
-        self.reader = ReaderPool(threads=reader_threads, mode="buffered")
+        self.lifecycle, self.max_contexts = lifecycle, max_contexts
+        # Swap files are read past the page cache where the file system allows, as a cold flash read.
+        self.reader = ReaderPool(threads=reader_threads, mode=engine.config.io.mode.value)
         self.costs = LoadCosts()
         self.contexts: dict[str, Context] = {}
         self.last = CallReport()
@@ -133,7 +137,7 @@ class Service:
         return problems
 
     def _table(self) -> ChunkTable:
-        return ChunkTable(self.pool, self._claim)
+        return ChunkTable(self.pool, self._claim, DensityTracker() if self.compression.needs_density else None)
 
     def _save(self, ctx: Context) -> None:
         self.swap.write_record(ctx.id, ctx.record(self.model_id))
@@ -143,11 +147,22 @@ class Service:
         """A new, empty context (with a system message for chat calls); returns its id."""
         if system is not None and not isinstance(system, str):
             raise ConfigError("system must be a string")
+        self._room_for_context()
         ctx = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
                       messages=[{"role": "system", "content": system}] if system else [])
         self.contexts[ctx.id] = ctx
         self._save(ctx)
         return ctx.id
+
+    def _room_for_context(self) -> None:
+        """At max_contexts, the least recently used idle context is deleted (any owner's): a
+        stateless client starts a context per conversation, and nothing else would remove them."""
+        while len(self.contexts) >= self.max_contexts:
+            idle = [c for c in self.contexts.values() if not c.pinned]
+            if not idle:
+                raise MemoryBudgetError(f"all {len(self.contexts)} contexts are in use")
+            old = min(idle, key=lambda c: c.last_used)
+            self.delete(old.id, old.owner)
 
     def get(self, ctx_id: str, owner: str = "") -> Context:
         ctx = self.contexts.get(ctx_id) if isinstance(ctx_id, str) else None
@@ -181,6 +196,7 @@ class Service:
             self._restore(src, n_tokens)
         finally:
             src.pinned = False
+        self._room_for_context()
         dst = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
                       sequence=src.sequence[:n_tokens])
         dst.table.slots = [self.pool.share(s) for s in src.table.slots[:src.table.chunks_for(n_tokens)]]
@@ -291,7 +307,8 @@ class Service:
         return self.pool.allocate()
 
     def _make_room(self, n: int) -> None:
-        """Free slots until n are free, by LCTRU order; chunks without a current swap file are written first."""
+        """Free slots until n are free, in LCTRU order; chunks without a current swap file are
+        written first (dropped instead under Evict.DROP)."""
         if n <= self.pool.free_slots:
             return
         victims = []
@@ -305,7 +322,11 @@ class Service:
         if free < n:
             raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.shape.tokens} tokens) "
                                     f"cannot hold {n} more chunks: the contexts in use hold the rest")
-        self._write(victims)
+        if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
+            ctxs = list(dict.fromkeys(c for c, _ in victims))
+            victims = [(c, i) for c in ctxs for i in c.chunks_in_memory()]
+        if self.lifecycle.evict is not Evict.DROP:
+            self._write(victims)
         for ctx, i in victims:
             self.pool.release(ctx.table.slots[i])
             ctx.table.slots[i] = None
@@ -321,20 +342,41 @@ class Service:
         written = 0
         for ctx_id, idx in by_ctx.items():
             ctx = self.contexts[ctx_id]
+            widths = self._widths(ctx, idx)
             data = self.pool.export([ctx.table.slots[i] for i in idx])
+            lossy_slots, lossy = [], []
             try:
                 for j, i in enumerate(idx):
-                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.shape, ctx.chunk_tokens(i), data[j])
+                    w = widths.get(i, ctx.widths[i])
+                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.shape, ctx.chunk_tokens(i), data[j], w)
                     written += 1
+                    if w != ctx.widths[i]:  # newly compressed: memory holds what the file holds
+                        ctx.widths[i] = w
+                        lossy_slots.append(ctx.table.slots[i])
+                        lossy.append(compressed(data[j], w))
             finally:
+                if lossy:
+                    self.pool.load(lossy_slots, np.stack(lossy))
                 self._save(ctx)
         self._stats.chunks_written += written
         self.last.written_chunks += written
         return written
 
-    def _restore(self, ctx: Context, n_tokens: int, **force) -> RestoreReport:
+    def _widths(self, ctx: Context, idx: list[int]) -> dict[int, int]:
+        """Widths for the complete, not yet compressed chunks among idx (compression.py)."""
+        C = self.shape.tokens
+        fresh = [i for i in idx if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C]
+        if not fresh or not self.compression.on:
+            return {}
+        n = ctx.kv_tokens // C
+        density = ctx.table.density.chunk_density(C, n) if ctx.table.density is not None else None
+        return choose_widths(self.compression, density,
+                             {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
+
+    def _restore(self, ctx: Context, n_tokens: int, how: Restore | None = None) -> RestoreReport:
+        how = how or self.lifecycle.restore
         report = restore(self.engine, self.pool, self.swap, self.reader, ctx, n_tokens, self.costs, self._claim,
-                         **force)
+                         recompute_only=how is Restore.RECOMPUTE, read_only=how is Restore.READ)
         s = self._stats
         s.chunks_read += report.chunks_read
         s.chunks_recomputed += report.chunks_recomputed
@@ -357,13 +399,18 @@ class Service:
         """Ahead-of-time swap-out (LLMS §3.4): write up to max_chunks chunks in LCTRU order that have
         no current swap file, keeping them in memory, so evicting them later costs no I/O. Call it
         when idle; returns how many were written (0: nothing left to write)."""
+        if not self.lifecycle.ahead or self.lifecycle.evict is Evict.DROP:
+            return 0
         todo = [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:max_chunks]
         return self._write(todo)
 
     def flush(self) -> None:
         """Write every chunk without a current swap file (before a shutdown)."""
-        while self.swap_out_idle(64):
-            pass
+        while True:
+            todo = [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:64]
+            if not todo:
+                return
+            self._write(todo)
 
     # ---- reporting ------------------------------------------------------------------------------
     def stats(self) -> ServiceStats:

@@ -9,6 +9,7 @@ import mlx_flash
 from mlx_flash.errors import ConfigError, ContextNotFoundError, MemoryBudgetError
 from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
 from mlx_flash.service.chunked_kv import ChunkTable
+from mlx_flash.service.lifecycle import Restore
 
 TURNS = ["What is the capital of France?", "And of Germany?", "Name a river that flows through it."]
 pytestmark = pytest.mark.slow
@@ -100,12 +101,12 @@ def test_swapped_context_restores_exact_by_reading_and_same_tokens_by_recompute(
     n = c.kv_tokens
     svc.swap_out(ctx)
     assert not c.chunks_in_memory()
-    report = svc._restore(c, n, read_only=True)
+    report = svc._restore(c, n, Restore.READ)
     assert report.chunks_read == len(c.table.slots) and report.chunks_recomputed == 0
     after = [x.state(engine.ops) for x in c.table.caches()]
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(before, after))
     svc.swap_out(ctx)
-    report = svc._restore(c, n, recompute_only=True)
+    report = svc._restore(c, n, Restore.RECOMPUTE)
     assert report.chunks_recomputed == len(c.table.slots) and report.chunks_read == 0
     again = [x.state(engine.ops) for x in c.table.caches()]
     diff = max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(before, again))
