@@ -21,3 +21,28 @@ case "$out" in
   " Paris"*) echo "wheel check: ok" ;;
   *) echo "wheel check: expected ' Paris', got: $out"; cat "$work/stderr"; exit 1 ;;
 esac
+# The server from the same wheel: /v1/completions must answer " Paris" too.
+port=$("$py" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.serve --port "$port" --service-dir "$work/service" \
+  >"$work/serve.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
+"$py" - "$port" <<'PY' || { cat "$work/serve.log"; exit 1; }
+import json, sys, time, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(120):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=1)
+        break
+    except OSError:
+        time.sleep(0.5)
+req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+    {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}).encode(),
+    headers={"Content-Type": "application/json"})
+text = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"]
+print(f"wheel server: {text!r}")
+assert text.startswith(" Paris"), text
+PY
+kill "$server"
+wait "$server" 2>/dev/null || true
+echo "wheel server check: ok"

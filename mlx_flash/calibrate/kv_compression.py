@@ -47,12 +47,12 @@ def kv_quality(engine, ids: list[int], compression: Compression, context: int = 
             picks.append(logits[:len(targets)].argmax(-1))
             n = table.tokens // chunk_tokens
             fresh = [i for i in range(n) if i not in widths]
-            dens = table.density.chunk_density(chunk_tokens, n) if table.density is not None else None
-            chosen = choose_widths(compression, dens, widths, fresh)
-            if chosen:
-                slots = [table.slots[i] for i in chosen]
+            if compression.on and fresh:
+                slots = [table.slots[i] for i in fresh]
                 data = pool.export(slots)
-                pool.load(slots, np.stack([lossy(data[j], w) for j, w in enumerate(chosen.values())]))
+                dens = table.density.chunk_density(chunk_tokens, n) if table.density is not None else None
+                chosen = choose_widths(compression, dens, widths, dict(zip(fresh, data)))
+                pool.load(slots, np.stack([lossy(x, chosen[i]) for i, x in zip(fresh, data)]))
                 widths.update(chosen)
         widths_all += list(widths.values())
         table.truncate(0)

@@ -3,14 +3,16 @@
 Option values (`kv_compression`, chosen once per service):
   off             exact: chunks keep the activation dtype in memory and float32 on flash
   static:B        every complete chunk at B bits (8, 4 or 2)
-  tolerance:R     chunks at 8, 4 or 2 bits so their mean width is R x 8 bits (R = 0.5: 4 bits on
-                  average, the bytes of static:4), the densest chunks widest
+  tolerance:R     chunks at 8, 4 or 2 bits so their mean width is at most R x 8 bits (R = 0.5:
+                  4 bits on average, the bytes of static:4); the bits go where attention mass times
+                  quantization error is largest (assign_widths)
 
 Information density of a chunk (the paper's Eq. 1): each token's attention column mean (the mass it
 receives over the queries that can see it), averaged over layers, heads and the chunk's tokens.
 The graph reports each layer's column sums through the cache protocol (LayerKV.observe); the
-tracker keeps them per token. Quantization is group-wise affine along the head dimension (groups of
-GROUP values, float16 scale and bias), applied when a complete chunk is first written to flash: the
+tracker keeps them per token. Quantization is group-wise affine (float16 scale and bias per group):
+keys per channel over the chunk's tokens, values per token in groups of GROUP along the head
+dimension, applied when a complete chunk is first written to flash: the
 swap file holds the codes, and the chunk in memory is replaced by its dequantized values, so a
 context computes the same whether or not it was swapped since. A chunk's width, once chosen, stays.
 """
@@ -121,39 +123,52 @@ def attention_columns_ref(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndar
 
 
 # ---- widths ----------------------------------------------------------------------------------------
-def assign_widths(density: np.ndarray, fixed: dict[int, int], ratio: float) -> dict[int, int]:
-    """Widths (8/4/2) for the chunks of `density` not in `fixed`, so that all chunks' mean width
-    is at most ratio x 8 and the retained information sum(width_i * D_i) is largest: the densest
-    unassigned chunks get 8 bits, the next 4, the rest 2 (the counts are searched)."""
-    n = density.shape[0]
-    free = [i for i in range(n) if i not in fixed]
-    if not free:
-        return {}
-    budget = ratio * 8 * n - sum(fixed.values())
-    order = sorted(free, key=lambda i: -density[i])
-    d = density[order]
-    prefix = np.concatenate([[0.0], np.cumsum(d)])
-    m, best, best_ab = len(order), -1.0, (0, 0)
-    for a in range(m + 1):
-        for b in range(m - a + 1):
-            if 8 * a + 4 * b + 2 * (m - a - b) > budget + 1e-9:
-                break
-            info = 8 * prefix[a] + 4 * (prefix[a + b] - prefix[a]) + 2 * (prefix[m] - prefix[a + b])
-            if info > best:
-                best, best_ab = info, (a, b)
-    a, b = best_ab
-    return {i: (8 if r < a else 4 if r < a + b else 2) for r, i in enumerate(order)}
+def assign_widths(density: np.ndarray, errors: np.ndarray, budget_bits: float) -> list[int]:
+    """Widths (8/4/2) for chunks of attention mass `density` [m] whose squared quantization error
+    at each width is `errors` [m, 3] (WIDTHS order), with at most budget_bits in all: the widths
+    minimising sum(D_i * error_i(w_i)), found exactly by a knapsack over 2-bit units. A chunk that
+    receives more attention is worth its bits more; a chunk whose values quantize well needs fewer."""
+    m = density.shape[0]
+    units = [w // 2 for w in WIDTHS]
+    U = int(budget_bits // 2)
+    if U < m * min(units):
+        return [min(WIDTHS)] * m
+    U = min(U, m * max(units))
+    cost = density[:, None] * errors  # [m, 3]
+    best = np.full(U + 1, np.inf)
+    best[0] = 0.0
+    choice = np.zeros((m, U + 1), np.int8)
+    for i in range(m):
+        nxt = np.full(U + 1, np.inf)
+        for j, u in enumerate(units):
+            cand = np.full(U + 1, np.inf)
+            cand[u:] = best[:U + 1 - u] + cost[i, j]
+            take = cand < nxt
+            nxt[take], choice[i, take] = cand[take], j
+        best = nxt
+    u = int(np.argmin(best))
+    out = [0] * m
+    for i in range(m - 1, -1, -1):
+        j = int(choice[i, u])
+        out[i] = WIDTHS[j]
+        u -= units[j]
+    return out
 
 
-def choose_widths(c: Compression, density: np.ndarray, fixed: dict[int, int], fresh: list[int]) -> dict[int, int]:
-    """Widths for the chunks `fresh` (complete, not compressed yet) of a sequence whose complete
-    chunks have `density` and whose compressed ones have the widths `fixed`."""
+def choose_widths(c: Compression, density: np.ndarray | None, fixed: dict[int, int], fresh: dict[int, np.ndarray]
+                  ) -> dict[int, int]:
+    """Widths for the chunks `fresh` (index -> float32 data; complete, not compressed yet) of a
+    sequence whose complete chunks have `density` and whose compressed chunks have the widths
+    `fixed`: static, or tolerance-aware so that fixed and fresh chunks together average at most
+    ratio x 8 bits."""
     if not fresh or not c.on:
         return {}
     if c.scheme is Scheme.STATIC:
         return {i: c.bits for i in fresh}
-    chosen = assign_widths(density, fixed, c.ratio)
-    return {i: chosen[i] for i in fresh}
+    idx = list(fresh)
+    errors = np.array([[float(np.square(x - lossy(x, w)).sum()) for w in WIDTHS] for x in fresh.values()])
+    budget = c.ratio * 8 * (len(fixed) + len(idx)) - sum(fixed.values())
+    return dict(zip(idx, assign_widths(density[idx], errors, budget)))
 
 
 def lossy(x: np.ndarray, bits: int) -> np.ndarray:
@@ -193,23 +208,44 @@ def dequantize(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: in
     return out.reshape(*lead, n * per)
 
 
-def packed_bytes(shape, bits: int, group: int = GROUP) -> int:
-    """Bytes a chunk of float32 `shape` [..., hd] takes at `bits` (codes + float16 scales and biases)."""
-    n = int(np.prod(shape))
-    return n * bits // 8 + 2 * 2 * n // group
+def packed_bytes(shape, bits: int) -> int:
+    """Bytes a chunk of float32 `shape` [layers, 2, Hkv, C, hd] takes at `bits` (codes + float16
+    scales and biases: keys in groups of the chunk's C tokens per channel, values in groups of
+    GROUP along the head dimension)."""
+    L, _, H, C, hd = shape
+    n = L * H * C * hd
+    return 2 * n * bits // 8 + 4 * n // C + 4 * n // GROUP
 
 
 def encode(x: np.ndarray, bits: int) -> bytes:
-    codes, scale, bias = quantize(x, bits)
-    return codes.tobytes() + scale.tobytes() + bias.tobytes()
+    """A chunk [layers, 2, Hkv, C, hd] at `bits`. Keys are quantized per channel over the chunk's
+    tokens (their outliers sit in fixed channels; per-token groups would spend the range on them),
+    values per token along the head dimension (as KIVI does)."""
+    C = x.shape[3]
+    keys = np.ascontiguousarray(x[:, 0].swapaxes(-1, -2))  # [L, H, hd, C]
+    parts = quantize(keys, bits, C) + quantize(x[:, 1], bits, GROUP)
+    return b"".join(p.tobytes() for p in parts)
 
 
 def decode(buf: np.ndarray, shape, bits: int) -> np.ndarray:
     """The inverse of encode: bytes (uint8) -> float32 `shape`."""
-    *lead, hd = shape
-    n = int(np.prod(shape))
-    nc, ns = n * bits // 8, n // GROUP
-    codes = buf[:nc].reshape(*lead, hd * bits // 8)
-    scale = buf[nc:nc + 2 * ns].view(np.float16).reshape(*lead, hd // GROUP)
-    bias = buf[nc + 2 * ns:nc + 4 * ns].view(np.float16).reshape(*lead, hd // GROUP)
-    return dequantize(codes, scale, bias, bits)
+    L, _, H, C, hd = shape
+    n = L * H * C * hd
+    out = np.empty(shape, np.float32)
+    pos = 0
+
+    def take(count, dtype, dims):
+        nonlocal pos
+        nbytes = count * np.dtype(dtype).itemsize
+        a = buf[pos:pos + nbytes].view(dtype).reshape(dims)
+        pos += nbytes
+        return a
+
+    for j, (group, dims) in enumerate(((C, (L, H, hd, C)), (GROUP, (L, H, C, hd)))):
+        lead = dims[:-1]
+        codes = take(n * bits // 8, np.uint8, (*lead, dims[-1] * bits // 8))
+        scale = take(n // group, np.float16, (*lead, dims[-1] // group))
+        bias = take(n // group, np.float16, (*lead, dims[-1] // group))
+        x = dequantize(codes, scale, bias, bits, group)
+        out[:, j] = x.swapaxes(-1, -2) if j == 0 else x
+    return out

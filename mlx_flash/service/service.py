@@ -342,8 +342,8 @@ class Service:
         written = 0
         for ctx_id, idx in by_ctx.items():
             ctx = self.contexts[ctx_id]
-            widths = self._widths(ctx, idx)
             data = self.pool.export([ctx.table.slots[i] for i in idx])
+            widths = self._widths(ctx, dict(zip(idx, data)))
             lossy_slots, lossy = [], []
             try:
                 for j, i in enumerate(idx):
@@ -362,16 +362,15 @@ class Service:
         self.last.written_chunks += written
         return written
 
-    def _widths(self, ctx: Context, idx: list[int]) -> dict[int, int]:
-        """Widths for the complete, not yet compressed chunks among idx (compression.py)."""
+    def _widths(self, ctx: Context, chunks: dict[int, np.ndarray]) -> dict[int, int]:
+        """Widths for the complete, not yet compressed chunks among `chunks` (index -> data)."""
         C = self.shape.tokens
-        fresh = [i for i in idx if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C]
+        fresh = {i: x for i, x in chunks.items() if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C}
         if not fresh or not self.compression.on:
             return {}
         n = ctx.kv_tokens // C
         density = ctx.table.density.chunk_density(C, n) if ctx.table.density is not None else None
-        return choose_widths(self.compression, density,
-                             {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
+        return choose_widths(self.compression, density, {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
 
     def _restore(self, ctx: Context, n_tokens: int, how: Restore | None = None) -> RestoreReport:
         how = how or self.lifecycle.restore
