@@ -34,16 +34,15 @@ from ..engine import GenerationStep
 from ..errors import ConfigError, ContextNotFoundError, MemoryBudgetError
 from ..sampling import check_sampling
 from ..memory import process_rss
-from ..store.reader_pool import ReaderPool
 from ..units import fmt
 from .chunk_pool import ChunkPool, ChunkShape
 from .chunked_kv import ChunkTable
-from .compression import Compression, DensityTracker, choose_widths
-from .compression import lossy as compressed
+from .compression import Compression, DensityTracker
 from .context import Context
-from .lifecycle import Evict, Lifecycle, Restore, eviction_order
-from .restore import LoadCosts, RestoreReport, restore
-from .swap_files import SwapDir, check_id
+from .kv_memory import KVMemory
+from .lifecycle import Lifecycle, Restore
+from .restore import RestoreReport
+from .swap_files import SwapDir
 
 DEFAULT_CHUNK = 16
 
@@ -97,13 +96,12 @@ class Service:
                                                    self.model_id)
         self.kv_budget = self._budget(kv_budget)
         slot_bytes = self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4  # in the activation dtype
-        self.pool = ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes)
         self.swap = SwapDir(self.directory)
-        self.lifecycle, self.max_contexts = lifecycle, max_contexts
-        # Swap files are read past the page cache where the file system allows, as a cold flash read.
-        self.reader = ReaderPool(threads=reader_threads, mode=engine.config.io.mode.value)
-        self.costs = LoadCosts()
+        self.max_contexts = max_contexts
         self.contexts: dict[str, Context] = {}
+        self.kv = KVMemory(engine, ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes), self.swap,
+                           self.compression, lifecycle, self.contexts, self._save, reader_threads)
+        self.pool = self.kv.pool
         self.last = CallReport()
         self._stats = ServiceStats(self.kv_budget, chunk_tokens, slot_bytes, self.pool.n_slots, 0, 0, 0, 0)
         self.problems = self._load_records()
@@ -137,7 +135,7 @@ class Service:
         return problems
 
     def _table(self) -> ChunkTable:
-        return ChunkTable(self.pool, self._claim, DensityTracker() if self.compression.needs_density else None)
+        return ChunkTable(self.pool, self.kv.claim, DensityTracker() if self.compression.needs_density else None)
 
     def _save(self, ctx: Context) -> None:
         self.swap.write_record(ctx.id, ctx.record(self.model_id))
@@ -193,7 +191,7 @@ class Service:
         n_tokens = min(n_tokens, src.kv_tokens)
         src.pinned = True
         try:
-            self._restore(src, n_tokens)
+            self.kv.restore(src, n_tokens)
         finally:
             src.pinned = False
         self._room_for_context()
@@ -265,12 +263,13 @@ class Service:
         n = min(_common_prefix(ids, ctx.held()), len(ids) - 1)
         ctx.pinned = True
         caches = None
+        before = self.kv.counts.copy()
         try:
-            report.restore = self._restore(ctx, n)
+            report.restore = self.kv.restore(ctx, n)
             ctx.table.truncate(n)
             ctx.mark_changed(n)
             ctx.sequence = ctx.sequence[:n]
-            self._make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots))
+            self.kv.make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots))
             report.cached_tokens = n
             report.switch_s = time.perf_counter() - t0
             caches = ctx.table.caches()
@@ -289,6 +288,8 @@ class Service:
                 if history is not None:
                     ctx.messages = history + [{"role": "assistant", "content": "".join(text)}]
                 self._count_call(report)
+            report.evicted_chunks = self.kv.counts.evicted - before.evicted
+            report.written_chunks = self.kv.counts.written - before.written
             ctx.last_used = time.monotonic()
             ctx.pinned = False
             self._save(ctx)
@@ -300,120 +301,35 @@ class Service:
         s.prompt_tokens += report.prompt_tokens
         s.cached_tokens += report.cached_tokens
 
-    # ---- memory: claim, evict, restore ------------------------------------------------------------
-    def _claim(self) -> int:
-        """A free chunk slot, evicting the least recently used unpinned context's chunk if none is."""
-        self._make_room(1)
-        return self.pool.allocate()
-
-    def _make_room(self, n: int) -> None:
-        """Free slots until n are free, in LCTRU order; chunks without a current swap file are
-        written first (dropped instead under Evict.DROP)."""
-        if n <= self.pool.free_slots:
-            return
-        victims = []
-        free = self.pool.free_slots
-        for ctx, i in eviction_order(self.contexts.values()):
-            victims.append((ctx, i))
-            if not self.pool.is_shared(ctx.table.slots[i]):
-                free += 1
-            if free >= n:
-                break
-        if free < n:
-            raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.shape.tokens} tokens) "
-                                    f"cannot hold {n} more chunks: the contexts in use hold the rest")
-        if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
-            ctxs = list(dict.fromkeys(c for c, _ in victims))
-            victims = [(c, i) for c in ctxs for i in c.chunks_in_memory()]
-        if self.lifecycle.evict is not Evict.DROP:
-            self._write(victims)
-        for ctx, i in victims:
-            self.pool.release(ctx.table.slots[i])
-            ctx.table.slots[i] = None
-        self.last.evicted_chunks += len(victims)
-
-    def _write(self, chunks) -> int:
-        """Write swap files of the (context, chunk) pairs that have no current one; a context's chunks
-        are exported together. Raises SwapError (disk full...) with every chunk still in memory."""
-        by_ctx: dict[str, list] = {}
-        for ctx, i in chunks:
-            if ctx.disk[i] is None:
-                by_ctx.setdefault(ctx.id, []).append(i)
-        written = 0
-        for ctx_id, idx in by_ctx.items():
-            ctx = self.contexts[ctx_id]
-            data = self.pool.export([ctx.table.slots[i] for i in idx])
-            widths = self._widths(ctx, dict(zip(idx, data)))
-            lossy_slots, lossy = [], []
-            try:
-                for j, i in enumerate(idx):
-                    w = widths.get(i, ctx.widths[i])
-                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.shape, ctx.chunk_tokens(i), data[j], w)
-                    written += 1
-                    if w != ctx.widths[i]:  # newly compressed: memory holds what the file holds
-                        ctx.widths[i] = w
-                        lossy_slots.append(ctx.table.slots[i])
-                        lossy.append(compressed(data[j], w))
-            finally:
-                if lossy:
-                    self.pool.load(lossy_slots, np.stack(lossy))
-                self._save(ctx)
-        self._stats.chunks_written += written
-        self.last.written_chunks += written
-        return written
-
-    def _widths(self, ctx: Context, chunks: dict[int, np.ndarray]) -> dict[int, int]:
-        """Widths for the complete, not yet compressed chunks among `chunks` (index -> data)."""
-        C = self.shape.tokens
-        fresh = {i: x for i, x in chunks.items() if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C}
-        if not fresh or not self.compression.on:
-            return {}
-        n = ctx.kv_tokens // C
-        density = ctx.table.density.chunk_density(C, n) if ctx.table.density is not None else None
-        return choose_widths(self.compression, density, {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
-
-    def _restore(self, ctx: Context, n_tokens: int, how: Restore | None = None) -> RestoreReport:
-        how = how or self.lifecycle.restore
-        report = restore(self.engine, self.pool, self.swap, self.reader, ctx, n_tokens, self.costs, self._claim,
-                         recompute_only=how is Restore.RECOMPUTE, read_only=how is Restore.READ)
-        s = self._stats
-        s.chunks_read += report.chunks_read
-        s.chunks_recomputed += report.chunks_recomputed
-        s.bad_swap_files += len(report.bad_files)
-        return report
+    # ---- where chunks live (kv_memory.py) --------------------------------------------------------
+    def bring_back(self, ctx_id: str, how: Restore | None = None, owner: str = "") -> RestoreReport:
+        """Bring every chunk of a context into memory now (how: the lifecycle's way, or one forced)."""
+        ctx = self.get(ctx_id, owner)
+        ctx.pinned = True
+        try:
+            return self.kv.restore(ctx, ctx.kv_tokens, how)
+        finally:
+            ctx.pinned = False
 
     def swap_out(self, ctx_id: str, owner: str = "") -> int:
-        """Move a context's chunks to flash now (writing those without a current file); returns how
-        many slots that freed."""
-        ctx = self.get(ctx_id, owner)
-        chunks = [(ctx, i) for i in ctx.chunks_in_memory()]
-        self._write(chunks)
-        freed = 0
-        for _, i in chunks:
-            freed += self.pool.release(ctx.table.slots[i])
-            ctx.table.slots[i] = None
-        return freed
+        """Move a context's chunks to flash now; returns how many slots that freed."""
+        return self.kv.swap_out(self.get(ctx_id, owner))
 
     def swap_out_idle(self, max_chunks: int = 16) -> int:
-        """Ahead-of-time swap-out (LLMS §3.4): write up to max_chunks chunks in LCTRU order that have
-        no current swap file, keeping them in memory, so evicting them later costs no I/O. Call it
-        when idle; returns how many were written (0: nothing left to write)."""
-        if not self.lifecycle.ahead or self.lifecycle.evict is Evict.DROP:
-            return 0
-        todo = [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:max_chunks]
-        return self._write(todo)
+        """Ahead-of-time swap-out (LLMS §3.4): write up to max_chunks chunks that have no current
+        swap file, keeping them in memory, so evicting them later costs no I/O. Call it when idle;
+        returns how many were written (0: nothing left to write)."""
+        return self.kv.swap_out_idle(max_chunks)
 
     def flush(self) -> None:
         """Write every chunk without a current swap file (before a shutdown)."""
-        while True:
-            todo = [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:64]
-            if not todo:
-                return
-            self._write(todo)
+        self.kv.flush()
 
     # ---- reporting ------------------------------------------------------------------------------
     def stats(self) -> ServiceStats:
-        s = self._stats
+        s, m = self._stats, self.kv.counts
+        s.chunks_written, s.chunks_read, s.chunks_recomputed = m.written, m.read, m.recomputed
+        s.bad_swap_files = m.bad_files
         s.slots_free = self.pool.free_slots
         s.contexts = len(self.contexts)
         s.contexts_resident = sum(c.table.resident() for c in self.contexts.values())
@@ -421,7 +337,7 @@ class Service:
         return s
 
     def close(self) -> None:
-        self.reader.close()
+        self.kv.close()
 
     def __enter__(self):
         return self

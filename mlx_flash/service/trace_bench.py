@@ -167,18 +167,12 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
         ids = engine.tokenizer.encode(corpus)[:tokens]
         ctx = svc.new_context()
         list(svc.call(ctx, engine.tokenizer.decode(ids), max_tokens=1))
-        c = svc.get(ctx)
-        n = c.kv_tokens
-        out = {"tokens": n}
+        out = {"tokens": svc.get(ctx).kv_tokens}
         for how in (Restore.PIPELINE, Restore.READ, Restore.RECOMPUTE):
             svc.swap_out(ctx)
             _drop_page_cache()
             t = time.perf_counter()
-            c.pinned = True
-            try:
-                rep = svc._restore(c, n, how)
-            finally:
-                c.pinned = False
+            rep = svc.bring_back(ctx, how)
             out[how.value] = {"seconds": time.perf_counter() - t, "read": rep.chunks_read,
                               "recomputed": rep.chunks_recomputed}
         return out

@@ -101,12 +101,12 @@ def test_swapped_context_restores_exact_by_reading_and_same_tokens_by_recompute(
     n = c.kv_tokens
     svc.swap_out(ctx)
     assert not c.chunks_in_memory()
-    report = svc._restore(c, n, Restore.READ)
+    report = svc.bring_back(ctx, Restore.READ)
     assert report.chunks_read == len(c.table.slots) and report.chunks_recomputed == 0
     after = [x.state(engine.ops) for x in c.table.caches()]
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(before, after))
     svc.swap_out(ctx)
-    report = svc._restore(c, n, Restore.RECOMPUTE)
+    report = svc.bring_back(ctx, Restore.RECOMPUTE)
     assert report.chunks_recomputed == len(c.table.slots) and report.chunks_read == 0
     again = [x.state(engine.ops) for x in c.table.caches()]
     diff = max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(before, again))

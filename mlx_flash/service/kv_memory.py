@@ -1,0 +1,164 @@
+"""Where the contexts' chunks live, and the moves between memory and flash (LLMS §3.3-3.4).
+
+KVMemory owns the chunk pool, the swap directory's chunk files and the reader pool. It hands out
+slots (claim), frees them in LCTRU order when the pool is full (make_room: write a chunk's swap
+file first unless it has a current one, or drop it under Evict.DROP), writes files ahead of time
+when idle (swap_out_idle), and brings chunks back (restore.py). Compressing a chunk (an option)
+happens when it is first written. The service holds the contexts; this module only moves their
+chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MemoryBudgetError
+from ..store.reader_pool import ReaderPool
+from .chunk_pool import ChunkPool
+from .compression import Compression, choose_widths, lossy
+from .context import Context
+from .lifecycle import Evict, Lifecycle, Restore, eviction_order
+from .restore import LoadCosts, RestoreReport, restore
+from .swap_files import SwapDir, SwapError
+
+
+@dataclass
+class MoveCounts:
+    """Chunk moves since the service started."""
+
+    written: int = 0
+    read: int = 0
+    recomputed: int = 0
+    evicted: int = 0
+    bad_files: int = 0
+
+    def copy(self) -> "MoveCounts":
+        return replace(self)
+
+
+class KVMemory:
+    def __init__(self, engine, pool: ChunkPool, swap: SwapDir, compression: Compression, lifecycle: Lifecycle,
+                 contexts: dict[str, Context], save: Callable[[Context], None], reader_threads: int = 4):
+        self.engine, self.pool, self.swap = engine, pool, swap
+        self.compression, self.lifecycle = compression, lifecycle
+        self.contexts, self.save = contexts, save  # the service's contexts, and how a record is written
+        # Swap files are read past the page cache where the file system allows, as a cold flash read.
+        self.reader = ReaderPool(threads=reader_threads, mode=engine.config.io.mode.value)
+        self.costs = LoadCosts()
+        self.counts = MoveCounts()
+
+    def claim(self) -> int:
+        """A free chunk slot, evicting idle contexts' chunks if none is free."""
+        self.make_room(1)
+        return self.pool.allocate()
+
+    def make_room(self, n: int) -> None:
+        """Free slots until n are free, in LCTRU order; chunks without a current swap file are
+        written first (dropped instead under Evict.DROP)."""
+        if n <= self.pool.free_slots:
+            return
+        victims = []
+        free = self.pool.free_slots
+        for ctx, i in eviction_order(self.contexts.values()):
+            victims.append((ctx, i))
+            if not self.pool.is_shared(ctx.table.slots[i]):
+                free += 1
+            if free >= n:
+                break
+        if free < n:
+            raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens) "
+                                    f"cannot hold {n} more chunks: the contexts in use hold the rest")
+        if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
+            ctxs = list(dict.fromkeys(c for c, _ in victims))
+            victims = [(c, i) for c in ctxs for i in c.chunks_in_memory()]
+        if self.lifecycle.evict is not Evict.DROP:
+            self.write(victims)
+        self._free(victims)
+
+    def _free(self, chunks) -> int:
+        freed = 0
+        for ctx, i in chunks:
+            freed += self.pool.release(ctx.table.slots[i])
+            ctx.table.slots[i] = None
+        self.counts.evicted += len(chunks)
+        return freed
+
+    def write(self, chunks) -> int:
+        """Write swap files of the (context, chunk) pairs that have no current one; a context's
+        chunks are exported together. Raises SwapError (disk full...) with every chunk still in
+        memory and every file written so far recorded."""
+        by_ctx: dict[str, list] = {}
+        for ctx, i in chunks:
+            if ctx.disk[i] is None:
+                by_ctx.setdefault(ctx.id, []).append(i)
+        for ctx_id, idx in by_ctx.items():
+            ctx = self.contexts[ctx_id]
+            data = self.pool.export([ctx.table.slots[i] for i in idx])
+            widths = self._widths(ctx, dict(zip(idx, data)))
+            narrowed_slots, narrowed = [], []
+            failed = True
+            try:
+                for j, i in enumerate(idx):
+                    w = widths.get(i, ctx.widths[i])
+                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.pool.shape, ctx.chunk_tokens(i), data[j], w)
+                    self.counts.written += 1
+                    if w != ctx.widths[i]:  # newly compressed: memory holds what the file holds
+                        ctx.widths[i] = w
+                        narrowed_slots.append(ctx.table.slots[i])
+                        narrowed.append(lossy(data[j], w))
+                failed = False
+            finally:
+                if narrowed:
+                    self.pool.load(narrowed_slots, np.stack(narrowed))
+                try:
+                    self.save(ctx)  # the files written so far are current: the record says so
+                except SwapError:
+                    if not failed:
+                        raise  # else the chunk's own error (naming its file) is the one to report
+        return sum(len(v) for v in by_ctx.values())
+
+    def _widths(self, ctx: Context, chunks: dict[int, np.ndarray]) -> dict[int, int]:
+        """Widths for the complete, not yet compressed chunks among `chunks` (index -> data)."""
+        C = self.pool.shape.tokens
+        fresh = {i: x for i, x in chunks.items() if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C}
+        if not fresh or not self.compression.on:
+            return {}
+        n = ctx.kv_tokens // C
+        density = ctx.table.density.chunk_density(C, n) if ctx.table.density is not None else None
+        return choose_widths(self.compression, density, {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
+
+    def restore(self, ctx: Context, n_tokens: int, how: Restore | None = None) -> RestoreReport:
+        """Bring the chunks of ctx's first n_tokens into memory (ctx must be pinned)."""
+        how = how or self.lifecycle.restore
+        report = restore(self.engine, self.pool, self.swap, self.reader, ctx, n_tokens, self.costs, self.claim,
+                         recompute_only=how is Restore.RECOMPUTE, read_only=how is Restore.READ)
+        self.counts.read += report.chunks_read
+        self.counts.recomputed += report.chunks_recomputed
+        self.counts.bad_files += len(report.bad_files)
+        return report
+
+    def swap_out(self, ctx: Context) -> int:
+        """Every chunk of ctx to flash (written unless current, or dropped under Evict.DROP); returns
+        the slots freed."""
+        chunks = [(ctx, i) for i in ctx.chunks_in_memory()]
+        if self.lifecycle.evict is not Evict.DROP:
+            self.write(chunks)
+        return self._free(chunks)
+
+    def swap_out_idle(self, max_chunks: int) -> int:
+        if not self.lifecycle.ahead or self.lifecycle.evict is Evict.DROP:
+            return 0
+        return self.write(self._unwritten(max_chunks))
+
+    def flush(self) -> None:
+        while self.write(self._unwritten(64)):
+            pass
+
+    def _unwritten(self, n: int) -> list:
+        return [(c, i) for c, i in eviction_order(self.contexts.values()) if c.disk[i] is None][:n]
+
+    def close(self) -> None:
+        self.reader.close()
