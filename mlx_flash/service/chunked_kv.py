@@ -76,7 +76,7 @@ class ChunkTable:
     def rows(self, start: int, end: int):
         """Pool rows of tokens [start, end): a slice when they are consecutive, else an index array."""
         rows = self.pool.rows(self.slots, end)[start:]
-        if rows.size and rows[-1] - rows[0] == rows.size - 1:
+        if rows.size and bool(np.all(np.diff(rows) == 1)):  # every step, not just the ends: [0, 10, 2] is no run
             return slice(int(rows[0]), int(rows[-1]) + 1)
         return self.pool.ops.index(rows)
 

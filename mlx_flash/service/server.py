@@ -188,6 +188,7 @@ class Server:
             job.loop.call_soon_threadsafe(job.out.put_nowait, item)
 
         svc, req = self.svc, job.req
+        made = None  # a context this request made: removed again if the request fails before its first token
         try:
             if job.explicit:
                 ctx, whole = job.explicit, False
@@ -196,13 +197,14 @@ class Server:
                 ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
                 ctx, n = svc.match(ids, job.owner)
                 if ctx is None:
-                    ctx = svc.new_context(owner=job.owner)
+                    ctx = made = svc.new_context(owner=job.owner)
                 elif n < svc.get(ctx, job.owner).kv_tokens:
-                    ctx = svc.fork(ctx, n, job.owner)
+                    ctx = made = svc.fork(ctx, n, job.owner)
                 whole = True
             job.context = ctx
             steps = svc.call(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
             for step in steps:
+                made = None
                 if job.cancel.is_set():
                     steps.close()
                     break
@@ -218,6 +220,13 @@ class Server:
             put(oa.ApiError(400, str(e), code=code))
         except Exception as e:  # a bug: the request fails with 500, the server stays up
             put(oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+        else:
+            made = None
+        if made is not None:
+            try:
+                svc.delete(made, job.owner)
+            except FlashError:
+                pass
         put(_DONE)
 
     async def _items(self, job: _Job, first):

@@ -75,6 +75,17 @@ def test_chunked_kv_equals_contiguous_cache_bit_for_bit(engine):
         assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
 
 
+def test_rows_are_a_slice_only_when_every_row_follows_the_last():
+    ops = mlx_flash.backends.get_backend("mlx")
+    pool = ChunkPool(ops, ChunkShape(1, 1, 4, 16), 12)
+    t = ChunkTable(pool)
+    t.slots = [0, 10, 2]  # the ends are 35 rows apart, as a run of 35 would be, but slot 1 is not ours
+    got = np.asarray(t.rows(0, 35))
+    assert got.tolist() == list(range(16)) + list(range(160, 176)) + [32, 33, 34]
+    t.slots = [3, 4, 5]
+    assert t.rows(5, 40) == slice(53, 88)
+
+
 def test_allocator_frees_and_refuses():
     ops = mlx_flash.backends.get_backend("mlx")
     pool = ChunkPool(ops, ChunkShape(2, 1, 4, 4), 3)

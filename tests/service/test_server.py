@@ -1,0 +1,515 @@
+"""`python -m mlx_flash.serve` as a real subprocess on a loopback port: the openai package and curl
+against it, one-line OpenAI-style errors for bad requests (the server stays up), explicit contexts,
+API keys scoping contexts, 8 concurrent streaming clients (MLX_FLASH_SOAK=1: 60 s instead of 15 s)
+under the memory limit, and a client that disconnects mid-stream."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOST = "127.0.0.1"  # loopback only
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+SOAK_S = 60.0 if os.environ.get("MLX_FLASH_SOAK") == "1" else 15.0
+pytestmark = pytest.mark.slow
+
+
+# ---- a server subprocess ---------------------------------------------------------------------------
+class Srv:
+    def __init__(self, proc, port, directory, log):
+        self.proc, self.port, self.directory, self.log = proc, port, directory, log
+        self.base = f"http://{HOST}:{port}"
+        self.model = None
+
+    def log_text(self) -> str:
+        with open(self.log, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def request(self, method, path, body=None, headers=None, key=None, timeout=120):
+        """-> (status, headers, parsed JSON or raw text). body: dict/list (JSON) or bytes (as is)."""
+        h = dict(headers or {})
+        if key is not None:
+            h["Authorization"] = f"Bearer {key}"
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        if body is not None:
+            h.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            raw = r.read().decode()
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError:
+                data = raw
+            return r.status, r.headers, data
+        finally:
+            conn.close()
+
+    def stats(self, key=None) -> dict:
+        status, _, data = self.request("GET", "/v1/stats", key=key)
+        assert status == 200, data
+        return data
+
+    def healthy(self) -> bool:
+        try:
+            return self.request("GET", "/health", timeout=5)[0] == 200
+        except OSError:
+            return False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _start(store_dir, directory, *extra, key=None, kv_budget="30MB") -> Srv:
+    os.makedirs(directory, exist_ok=True)
+    for attempt in range(3):  # the free port may be taken between the probe and the bind
+        port = _free_port()
+        log = os.path.join(directory, f"server-{port}.log")
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mlx_flash.serve", "--model", store_dir, "--host", HOST, "--port", str(port),
+                 "--kv-budget", kv_budget, "--service-dir", os.path.join(directory, "svc"), *extra],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        srv = Srv(proc, port, directory, log)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not srv.healthy():
+            time.sleep(0.2)
+        if srv.healthy():
+            status, _, models = srv.request("GET", "/v1/models", key=key)
+            assert status == 200, models
+            srv.model = models["data"][0]["id"]
+            return srv
+        _stop(srv)
+        if "cannot serve" not in srv.log_text() or attempt == 2:
+            pytest.fail(f"the server did not come up:\n{srv.log_text()}")
+    raise AssertionError("unreachable")
+
+
+def _stop(srv: Srv) -> int:
+    if srv.proc.poll() is None:
+        srv.proc.terminate()  # SIGTERM: aiohttp shuts down gracefully (the service flushes its chunks)
+        try:
+            srv.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait(10)
+    return srv.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(store_dir, tmp_path_factory):
+    srv = _start(store_dir, str(tmp_path_factory.mktemp("server")))
+    yield srv
+    rc = _stop(srv)
+    assert rc == 0, f"the server exited with {rc}:\n{srv.log_text()[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def keyed(store_dir, tmp_path_factory):
+    srv = _start(store_dir, str(tmp_path_factory.mktemp("keyed")), "--api-key", "k1", "--api-key", "k2", key="k1")
+    yield srv
+    _stop(srv)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat_body(messages, **kw):
+    return {"messages": messages, "temperature": 0, "max_tokens": kw.pop("max_tokens", 20), **kw}
+
+
+def sse_events(text: str) -> list:
+    """The `data:` payloads of a server-sent event stream, [DONE] last."""
+    return [ln[len("data: "):] for ln in text.splitlines() if ln.startswith("data: ")]
+
+
+# ---- 1. the openai package ---------------------------------------------------------------------------
+def test_openai_chat_paris(server, client):
+    r = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20)
+    assert "Paris" in r.choices[0].message.content, r
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "stop"
+    assert r.id.startswith("chatcmpl-") and r.model == server.model
+    u = r.usage
+    assert u.prompt_tokens > 0 and u.completion_tokens > 0
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert 0 <= u.prompt_tokens_details.cached_tokens < u.prompt_tokens
+
+
+def test_openai_stream_equals_non_stream(server, client):
+    whole = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20)
+    stream = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id != whole.id
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None, last
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert last.usage.completion_tokens == whole.usage.completion_tokens == len(deltas)
+
+
+def test_openai_raw_completion(server, client):
+    r = client.completions.create(model=server.model, prompt="The capital of France is", temperature=0, max_tokens=8)
+    assert r.choices[0].text.startswith(" Paris"), r
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert r.usage.completion_tokens == 8
+
+
+def test_openai_cached_tokens_on_second_turn(server, client):
+    """A stateless client re-sending the conversation plus a new turn continues the context in place:
+    cached_tokens equals every token the context held."""
+    system = {"role": "system", "content": "You are a geography teacher. (cached-tokens test)"}
+    msgs = [system, *FRANCE]
+    raw = client.chat.completions.with_raw_response.create(model=server.model, messages=msgs, temperature=0,
+                                                           max_tokens=20)
+    first, ctx = raw.parse(), raw.headers.get("X-Context-Id")
+    assert ctx and first.usage.prompt_tokens_details.cached_tokens == 0
+    status, _, listed = server.request("GET", "/v1/contexts")
+    held = {d["id"]: d["tokens"] for d in listed["data"]}
+    assert held[ctx] == first.usage.prompt_tokens + first.usage.completion_tokens - 1  # all but the last token
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And of Germany?"}]
+    raw = client.chat.completions.with_raw_response.create(model=server.model, messages=msgs, temperature=0,
+                                                           max_tokens=20)
+    second = raw.parse()
+    assert raw.headers.get("X-Context-Id") == ctx  # continued in place, not forked
+    assert second.usage.prompt_tokens_details.cached_tokens == held[ctx] > 0
+    assert second.usage.prompt_tokens > held[ctx]
+    status, _, d = server.request("GET", f"/v1/contexts/{ctx}")
+    assert status == 200 and d["tokens"] == second.usage.prompt_tokens + second.usage.completion_tokens - 1
+    assert d["messages"] == 5  # system, user, assistant, user, assistant
+
+
+# ---- 2. curl ---------------------------------------------------------------------------------------
+def curl(server, body, *extra):
+    if shutil.which("curl") is None:
+        pytest.skip("no curl binary on PATH")
+    r = subprocess.run(["curl", "-sS", "--max-time", "120", *extra, "-H", "Content-Type: application/json",
+                        "-d", json.dumps(body), server.base + "/v1/chat/completions"],
+                       capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_curl_chat(server):
+    out = json.loads(curl(server, chat_body(FRANCE)))
+    assert out["object"] == "chat.completion"
+    assert "Paris" in out["choices"][0]["message"]["content"]
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+def test_curl_stream(server):
+    events = sse_events(curl(server, chat_body(FRANCE, stream=True), "-N"))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert "Paris" in text, text
+    assert len({c["id"] for c in chunks}) == 1
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(chunks) - 1
+
+
+# ---- 3. bad requests -------------------------------------------------------------------------------
+CHAT = "/v1/chat/completions"
+BAD = {
+    "malformed_json": ("POST", CHAT, b'{"messages": [', {}, 400, "not valid JSON"),
+    "json_array": ("POST", CHAT, b"[1, 2]", {}, 400, "JSON object"),
+    "messages_not_a_list": ("POST", CHAT, {"messages": "hi"}, {}, 400, "messages"),
+    "message_not_an_object": ("POST", CHAT, {"messages": ["hi"]}, {}, 400, "role"),
+    "content_int": ("POST", CHAT, {"messages": [{"role": "user", "content": 5}]}, {}, 400, "content"),
+    "bad_role": ("POST", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, {}, 400, "role"),
+    "negative_max_tokens": ("POST", CHAT, chat_body(FRANCE, max_tokens=-1), {}, 400, "max_tokens"),
+    "max_tokens_string": ("POST", CHAT, chat_body(FRANCE, max_tokens="10"), {}, 400, "max_tokens"),
+    "temperature_hot": ("POST", CHAT, chat_body(FRANCE, temperature="hot"), {}, 400, "temperature"),
+    "temperature_out_of_range": ("POST", CHAT, chat_body(FRANCE, temperature=5.0), {}, 400, "temperature"),
+    "temperature_nan": ("POST", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', {},
+                        400, "temperature"),
+    "top_p_zero": ("POST", CHAT, chat_body(FRANCE, top_p=0), {}, 400, "top_p"),
+    "unknown_model": ("POST", CHAT, chat_body(FRANCE, model="gpt-9"), {}, 404, "gpt-9"),
+    "unknown_field": ("POST", CHAT, chat_body(FRANCE, tempertaure=0.5), {}, 400, "tempertaure"),
+    "n_two": ("POST", CHAT, chat_body(FRANCE, n=2), {}, 400, "n"),
+    "empty_prompt": ("POST", "/v1/completions", {"prompt": ""}, {}, 400, "prompt"),
+    "unknown_context_field": ("POST", CHAT, chat_body(FRANCE, context_id="no-such-context"), {}, 404,
+                              "no-such-context"),
+    "unknown_context_header": ("POST", CHAT, chat_body(FRANCE), {"X-Context-Id": "no-such-context"}, 404,
+                               "no-such-context"),
+    "context_bad_field": ("POST", "/v1/contexts", {"system": "x", "extra": 1}, {}, 400, "system"),
+    "get_on_post_route": ("GET", CHAT, None, {}, 405, "Method Not Allowed"),
+    "unknown_route": ("GET", "/v1/nope", None, {}, 404, "Not Found"),
+    "unknown_context_get": ("GET", "/v1/contexts/no-such-context", None, {}, 404, "no-such-context"),
+}
+
+
+def assert_api_error(status, data, want_status, needle):
+    assert status == want_status, (status, data)
+    assert isinstance(data, dict) and isinstance(data.get("error"), dict), data
+    msg = data["error"]["message"]
+    assert isinstance(msg, str) and msg and "\n" not in msg, msg
+    assert needle in msg, msg
+    assert "type" in data["error"] and "code" in data["error"]
+    return data["error"]
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_request(server, case):
+    method, path, body, headers, want, needle = BAD[case]
+    status, _, data = server.request(method, path, body=body, headers=headers)
+    assert_api_error(status, data, want, needle)
+    assert server.healthy()
+
+
+def test_prompt_longer_than_the_context(server):
+    st = server.stats()
+    limit = st["kv"]["slots"] * st["kv"]["chunk_tokens"]  # 30 MB: fewer tokens than the model's context
+    before = {d["id"] for d in server.request("GET", "/v1/contexts")[2]["data"]}
+    text = "hello " * 9000
+    assert len(text.split()) > limit
+    for path, body in ((CHAT, chat_body([{"role": "user", "content": text}])),
+                       ("/v1/completions", {"prompt": text, "max_tokens": 4})):
+        status, _, data = server.request("POST", path, body=body)
+        err = assert_api_error(status, data, 400, "tokens")
+        assert f"fewer than {limit}" in err["message"] and err["code"] == "context_length_exceeded", err
+    after = {d["id"] for d in server.request("GET", "/v1/contexts")[2]["data"]}
+    assert after == before  # a refused request leaves no context behind
+    assert server.healthy()
+    r = server.request("POST", CHAT, chat_body(FRANCE))
+    assert r[0] == 200 and "Paris" in r[2]["choices"][0]["message"]["content"]
+
+
+# ---- 4. explicit contexts ----------------------------------------------------------------------------
+def test_explicit_context_lifecycle(server, client):
+    status, headers, data = server.request("POST", "/v1/contexts", {"system": "You are a helpful assistant."})
+    assert status == 200 and data["object"] == "context", data
+    ctx = data["id"]
+    assert headers["X-Context-Id"] == ctx
+    r1 = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20,
+                                        extra_body={"context_id": ctx})
+    assert "Paris" in r1.choices[0].message.content
+    assert r1.usage.prompt_tokens_details.cached_tokens == 0
+    # Only the new turn is sent; the header names the context this time.
+    raw = client.chat.completions.with_raw_response.create(
+        model=server.model, messages=[{"role": "user", "content": "And of Germany?"}], temperature=0, max_tokens=20,
+        extra_headers={"X-Context-Id": ctx})
+    r2 = raw.parse()
+    assert raw.headers.get("X-Context-Id") == ctx
+    assert r2.usage.prompt_tokens_details.cached_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+    assert r2.usage.prompt_tokens > r1.usage.prompt_tokens + r1.usage.completion_tokens
+    listed = {d["id"]: d for d in server.request("GET", "/v1/contexts")[2]["data"]}
+    assert listed[ctx]["messages"] == 5  # system, two turns of user and assistant
+    assert listed[ctx]["tokens"] == r2.usage.prompt_tokens + r2.usage.completion_tokens - 1
+    status, _, d = server.request("GET", f"/v1/contexts/{ctx}")
+    assert status == 200 and d == listed[ctx]
+    status, _, d = server.request("DELETE", f"/v1/contexts/{ctx}")
+    assert status == 200 and d == {"id": ctx, "object": "context", "deleted": True}
+    assert ctx not in {d["id"] for d in server.request("GET", "/v1/contexts")[2]["data"]}
+    for method, path, body in (("POST", CHAT, chat_body(FRANCE, context_id=ctx)), ("GET", f"/v1/contexts/{ctx}", None),
+                               ("DELETE", f"/v1/contexts/{ctx}", None)):
+        status, _, data = server.request(method, path, body)
+        assert_api_error(status, data, 404, ctx)
+
+
+def test_explicit_context_raw_completion_appends(server):
+    ctx = server.request("POST", "/v1/contexts", {})[2]["id"]
+    s1, _, a = server.request("POST", "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4,
+                                                          "temperature": 0, "context_id": ctx})
+    assert s1 == 200 and a["choices"][0]["text"].startswith(" Paris"), a
+    s2, _, b = server.request("POST", "/v1/completions", {"prompt": " The capital of Italy is", "max_tokens": 4,
+                                                          "temperature": 0, "context_id": ctx})
+    assert s2 == 200 and b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, b
+    assert server.request("DELETE", f"/v1/contexts/{ctx}")[0] == 200
+
+
+# ---- 5. API keys -----------------------------------------------------------------------------------
+def test_api_keys_required(keyed):
+    assert keyed.healthy()  # /health answers without a key
+    for key in (None, "wrong", ""):
+        for method, path, body in (("POST", CHAT, chat_body(FRANCE)), ("GET", "/v1/models", None),
+                                   ("GET", "/v1/contexts", None), ("POST", "/v1/contexts", {}),
+                                   ("GET", "/v1/stats", None)):
+            status, _, data = keyed.request(method, path, body, key=key)
+            err = assert_api_error(status, data, 401, "API key")
+            assert err["type"] == "authentication_error"
+    openai = pytest.importorskip("openai")
+    bad = openai.OpenAI(base_url=keyed.base + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=keyed.model, messages=FRANCE, max_tokens=4)
+    good = openai.OpenAI(base_url=keyed.base + "/v1", api_key="k2", max_retries=0, timeout=120)
+    assert [m.id for m in good.models.list().data] == [keyed.model]
+
+
+def test_api_keys_scope_explicit_contexts(keyed):
+    status, _, data = keyed.request("POST", "/v1/contexts", {"system": "You are a helpful assistant."}, key="k1")
+    assert status == 200
+    ctx = data["id"]
+    assert ctx in {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k1")[2]["data"]}
+    assert ctx not in {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k2")[2]["data"]}
+    for method, path, body, headers in (("GET", f"/v1/contexts/{ctx}", None, {}),
+                                        ("DELETE", f"/v1/contexts/{ctx}", None, {}),
+                                        ("POST", CHAT, chat_body(FRANCE, context_id=ctx), {}),
+                                        ("POST", CHAT, chat_body(FRANCE), {"X-Context-Id": ctx})):
+        status, _, data = keyed.request(method, path, body, headers, key="k2")
+        assert_api_error(status, data, 404, "no context")
+    status, _, data = keyed.request("POST", CHAT, chat_body(FRANCE, context_id=ctx), key="k1")
+    assert status == 200 and "Paris" in data["choices"][0]["message"]["content"]
+    assert keyed.request("GET", f"/v1/contexts/{ctx}", key="k1")[2]["messages"] == 3  # k2 changed nothing
+    assert keyed.request("DELETE", f"/v1/contexts/{ctx}", key="k1")[0] == 200
+
+
+def test_api_keys_scope_prefix_matching(keyed):
+    body = chat_body([{"role": "user", "content": "What is the capital of Spain?"}], max_tokens=8)
+    s1, h1, a = keyed.request("POST", CHAT, body, key="k1")
+    s2, h2, b = keyed.request("POST", CHAT, body, key="k1")
+    assert s1 == s2 == 200
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # k1's own context is matched
+    s3, h3, c = keyed.request("POST", CHAT, body, key="k2")
+    assert s3 == 200 and c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, c
+    assert h3["X-Context-Id"] not in (h1["X-Context-Id"], h2["X-Context-Id"])
+    assert c["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+    k1 = {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k1")[2]["data"]}
+    k2 = {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k2")[2]["data"]}
+    assert h3["X-Context-Id"] in k2 and not k1 & k2
+
+
+# ---- 6. concurrency --------------------------------------------------------------------------------
+WORDS = ["banana", "river", "orange", "tiger", "pencil", "cloud", "silver", "garden"]
+
+
+def _vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_concurrent_streaming_clients(server):
+    openai = pytest.importorskip("openai")
+    deadline = time.monotonic() + SOAK_S
+    results = {w: [] for w in WORDS}  # per word: (id, text, completion_tokens, chunks)
+    errors = []
+    start = threading.Barrier(len(WORDS))
+
+    def client_loop(word):
+        cl = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        start.wait()
+        try:
+            while time.monotonic() < deadline:
+                stream = cl.chat.completions.create(
+                    model=server.model, messages=[{"role": "user", "content": f"Repeat the word {word}."}],
+                    temperature=0, max_tokens=6, stream=True, stream_options={"include_usage": True})
+                chunks = list(stream)
+                ids = {c.id for c in chunks}
+                if len(ids) != 1:
+                    errors.append(f"{word}: ids {ids} within one stream")
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                n = sum(1 for c in chunks if c.choices)
+                use = chunks[-1].usage
+                results[word].append((chunks[0].id, text, use.completion_tokens if use else None, n))
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            errors.append(f"{word}: {type(e).__name__}: {e}")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client_loop, args=(w,), daemon=True) for w in WORDS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(SOAK_S + 300)
+    elapsed = time.monotonic() - t0
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not errors, errors
+    done = sum(len(r) for r in results.values())
+    all_ids = [rid for r in results.values() for rid, *_ in r]
+    assert len(set(all_ids)) == len(all_ids), "a response id was reused across streams"
+    for word, runs in results.items():
+        assert runs, f"the {word} client completed no request"
+        for rid, text, used, n in runs:
+            assert word in text.lower(), (word, text)
+            assert used == n, (word, text, used, n)  # every token of this stream came to this stream
+        print(f"  {word}: {len(runs)} requests, {len({t for _, t, _, _ in runs})} distinct text(s): {runs[0][1]!r}")
+    st = server.stats()
+    peak = _vm_hwm(server.proc.pid)
+    limit = st["memory"]["limit"]
+    print(f"\nconcurrency: {done} streaming requests from {len(WORDS)} clients in {elapsed:.1f} s; "
+          f"server peak RSS {peak / 2**20:.1f} MiB (limit {limit / 2**20:.1f} MiB); "
+          f"{st['contexts']['total']} contexts ({st['contexts']['swapped']} swapped), "
+          f"chunks written {st['kv']['chunks_written']}, read {st['kv']['chunks_read']}, "
+          f"recomputed {st['kv']['chunks_recomputed']}")
+    assert limit and peak < limit
+    assert st["queue"]["waiting"] == 0 and st["kv"]["bad_swap_files"] == 0
+    assert server.healthy()
+
+
+def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
+    """Stateless clients asking the same questions in turn: each request forks the last context of
+    its question, the 10-chunk pool (8 MB) fills, chunks of other contexts are evicted, read back and
+    their slots reused, so a context's chunks sit in scattered slots; every greedy answer stays the
+    first answer to its own question (no other context's KV is read or overwritten)."""
+    srv = _start(store_dir, str(tmp_path), kv_budget="8MB")
+    try:
+        for _ in range(4):
+            status, _, data = srv.request("POST", CHAT, chat_body(FRANCE))
+            assert status == 200 and "Paris" in data["choices"][0]["message"]["content"]
+        first = {}
+        for turn in range(2):
+            for word in WORDS:
+                status, _, data = srv.request("POST", CHAT, chat_body(
+                    [{"role": "user", "content": f"Repeat the word {word}."}], max_tokens=6))
+                assert status == 200, data
+                text = data["choices"][0]["message"]["content"]
+                assert text == first.setdefault(word, text), (turn, word, text, first[word])
+        st = srv.stats()
+        assert st["kv"]["slots_free"] == 0 and st["kv"]["chunks_written"] > 0, st["kv"]  # eviction happened
+    finally:
+        _stop(srv)
+
+
+# ---- 7. a client that disconnects mid-stream ---------------------------------------------------------
+def test_client_disconnect_mid_stream(server):
+    body = chat_body([{"role": "user", "content": "Write a very long story about a dragon and a knight."}],
+                     max_tokens=400, stream=True)
+    conn = http.client.HTTPConnection(HOST, server.port, timeout=120)
+    conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    ctx = r.headers["X-Context-Id"]
+    line = r.readline()  # the first event (chunked transfer decoded)
+    assert line.startswith(b"data: "), line
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    t0 = time.monotonic()
+    while True:  # /v1/stats waits for the engine: it answers once the generation has stopped
+        st = server.stats()
+        if not st["queue"]["busy"] or time.monotonic() - t0 > 30:
+            break
+        time.sleep(0.1)
+    waited = time.monotonic() - t0
+    assert not st["queue"]["busy"], st["queue"]
+    status, _, d = server.request("GET", f"/v1/contexts/{ctx}")
+    assert status == 200
+    print(f"\ndisconnect: the engine was free {waited:.2f} s later; the context kept {d['tokens']} tokens")
+    assert d["tokens"] < 150, d  # stopped long before max_tokens=400
+    status, _, data = server.request("POST", CHAT, chat_body(FRANCE))
+    assert status == 200 and "Paris" in data["choices"][0]["message"]["content"]
+    assert server.healthy()
