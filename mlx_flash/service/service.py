@@ -302,8 +302,13 @@ class Service:
         s.cached_tokens += report.cached_tokens
 
     # ---- where chunks live (kv_memory.py) --------------------------------------------------------
-    def bring_back(self, ctx_id: str, how: Restore | None = None, owner: str = "") -> RestoreReport:
-        """Bring every chunk of a context into memory now (how: the lifecycle's way, or one forced)."""
+    def bring_back(self, ctx_id: str, how: Restore | str | None = None, owner: str = "") -> RestoreReport:
+        """Bring every chunk of a context into memory now: how = None (the lifecycle's way, by default
+        reading and recomputing at once), "read" or "recompute" only."""
+        try:
+            how = Restore(how) if how is not None else None
+        except ValueError:
+            raise ConfigError(f"how {how!r} is not one of: {', '.join(r.value for r in Restore)}") from None
         ctx = self.get(ctx_id, owner)
         ctx.pinned = True
         try:

@@ -513,3 +513,30 @@ def test_client_disconnect_mid_stream(server):
     status, _, data = server.request("POST", CHAT, chat_body(FRANCE))
     assert status == 200 and "Paris" in data["choices"][0]["message"]["content"]
     assert server.healthy()
+
+
+# ---- exactness through the server --------------------------------------------------------------------
+@pytest.mark.parametrize("stateless", [False, True])
+def test_three_turns_through_the_server_equal_one_run(server, client, engines, store_dir, stateless):
+    """Three turns (an explicit context given only the new turn, or a stateless client re-sending the
+    growing history) give the answers one engine run over the whole conversation gives (MLX, as the
+    server runs it), and the later turns reuse the held prefix."""
+    engine = engines(store_dir, "mlx")
+    turns = ["What is the capital of France?", "And of Germany?", "Name a river that flows through it."]
+    history, ctx = [], None
+    if not stateless:
+        status, _, made = server.request("POST", "/v1/contexts", {})
+        assert status == 200, made
+        ctx = made["id"]
+    for k, t in enumerate(turns):
+        history.append({"role": "user", "content": t})
+        body = chat_body(history if stateless else [history[-1]], max_tokens=16)
+        out = client.chat.completions.create(model=server.model, extra_body={"context_id": ctx} if ctx else None,
+                                             **body)
+        text = out.choices[0].message.content
+        assert text == engine.generate(history, max_tokens=16), (k, text)
+        cached = out.usage.prompt_tokens_details.cached_tokens
+        # later turns reuse what the context holds (a stateless first turn may already share the
+        # default system prompt's whole chunks with another conversation: a fork)
+        assert cached > 0 if k else (stateless or cached == 0), (k, cached)
+        history.append({"role": "assistant", "content": text})
