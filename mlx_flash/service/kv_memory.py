@@ -72,8 +72,8 @@ class KVMemory:
             raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens) "
                                     f"cannot hold {n} more chunks: the contexts in use hold the rest")
         if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
-            ctxs = list(dict.fromkeys(c for c, _ in victims))
-            victims = [(c, i) for c in ctxs for i in c.chunks_in_memory()]
+            ctxs = {c.id: c for c, _ in victims}
+            victims = [(c, i) for c in ctxs.values() for i in c.chunks_in_memory()]
         if self.lifecycle.evict is not Evict.DROP:
             self.write(victims)
         self._free(victims)

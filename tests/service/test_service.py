@@ -206,3 +206,22 @@ def test_restart_restores_contexts_with_identical_output(engines, store_dir, tmp
     expect = engine.generate(c.messages[:-1], max_tokens=20)
     assert out == expect and ref
     svc2.close()
+
+
+@pytest.mark.parametrize("name", ["whole-context swap", "LMK", "vLLM-SQ"])
+def test_baseline_lifecycles_keep_answers(engines, store_dir, tmp_path, name):
+    """The benchmark's baselines (whole-context eviction, dropping and recomputing, static 8-bit
+    chunks) under a budget that forces their eviction path still answer each call."""
+    from mlx_flash.service.trace_bench import VARIANTS
+
+    v = next(x for x in VARIANTS if x.name == name)
+    engine = engines(store_dir, "torch")
+    svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget=6 * 737280, lifecycle=v.lifecycle,
+                            kv_compression=v.compression)
+    ids = [svc.new_context() for _ in range(3)]
+    for c in ids + ids:
+        assert answer(svc, c, "What is the capital of France?", max_tokens=6)
+    s = svc.stats()
+    assert s.chunks_read + s.chunks_recomputed > 0
+    assert (s.chunks_written == 0) == (name == "LMK")
+    svc.close()
