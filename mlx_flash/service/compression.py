@@ -141,6 +141,8 @@ def assign_widths(density: np.ndarray, errors: np.ndarray, budget_bits: float) -
     for i in range(m):
         nxt = np.full(U + 1, np.inf)
         for j, u in enumerate(units):
+            if u > U:
+                continue
             cand = np.full(U + 1, np.inf)
             cand[u:] = best[:U + 1 - u] + cost[i, j]
             take = cand < nxt

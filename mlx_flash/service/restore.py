@@ -106,6 +106,8 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
             path = swap.chunk_path(ctx.id, i)
             if j not in files:
                 problem = f"{path}: missing"
+            elif files[j].size < HEADER + payload_bytes(shape, ctx.widths[i]):
+                problem = f"{path}: truncated ({files[j].size} bytes)"
             elif read_error:
                 problem = read_error
             else:

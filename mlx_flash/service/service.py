@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from .context import Context
 from .kv_memory import KVMemory
 from .lifecycle import Lifecycle, Restore
 from .restore import RestoreReport
-from .swap_files import SwapDir
+from .swap_files import SwapDir, SwapError
 
 DEFAULT_CHUNK = 16
 
@@ -275,9 +276,15 @@ class Service:
             caches = ctx.table.caches()
             steps = self.engine.stream_tokens(ids, caches, **sampling)
             text = []
-            for step in steps:
-                text.append(step.text)
-                yield step
+            failed = True  # an error (not the caller closing the stream early) leaves the chat as it was
+            try:
+                for step in steps:
+                    text.append(step.text)
+                    yield step
+                failed = False
+            except GeneratorExit:
+                failed = False
+                raise
         finally:
             if caches is not None:
                 sampled = self.engine.last.tokens
@@ -285,14 +292,19 @@ class Service:
                 ctx.table.tokens = min(caches[0].offset, len(ids) + max(0, len(sampled) - 1))
                 ctx.table.truncate(ctx.table.tokens)
                 ctx.mark_changed(n)
-                if history is not None:
+                if history is not None and not failed:
                     ctx.messages = history + [{"role": "assistant", "content": "".join(text)}]
                 self._count_call(report)
             report.evicted_chunks = self.kv.counts.evicted - before.evicted
             report.written_chunks = self.kv.counts.written - before.written
             ctx.last_used = time.monotonic()
             ctx.pinned = False
-            self._save(ctx)
+            ok = sys.exc_info()[0] is None
+            try:
+                self._save(ctx)
+            except SwapError:
+                if ok:
+                    raise  # else the error already on its way (naming the file that failed first) is the one
 
     def _count_call(self, report: CallReport) -> None:
         s = self._stats

@@ -82,8 +82,8 @@ class SwapDir:
                 if not isinstance(record, dict) or record.get("id") != name:
                     raise ValueError("its id does not match its folder")
                 found[name] = record
-            except (OSError, ValueError) as e:
-                problems.append(f"context {name}: its record is unreadable ({e})")
+            except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past Python's limit
+                problems.append(f"context {name}: its record is unreadable ({type(e).__name__}: {str(e)[:120]})")
         return found, problems
 
     def remove(self, ctx_id: str) -> None:

@@ -64,6 +64,7 @@ def test_widths_meet_the_budget_and_minimise_weighted_error():
     assert assign_widths(d2, err, 48)[3] == 2
     assert assign_widths(d, err, 10) == [2] * 12  # below 2 bits each: all at 2
     assert assign_widths(d, err, 1000) == [8] * 12
+    assert assign_widths(d[:1], err[:1], 4) == [4] and assign_widths(d[:1], err[:1], 2) == [2]  # budgets below 8 bits
 
 
 def test_tolerance_widths_average_at_most_the_ratio():
