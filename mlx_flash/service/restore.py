@@ -12,31 +12,38 @@ never used.
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .swap_files import HEADER, chunk_data, payload_bytes
+from .swap_files import HEADER, chunk_data, file_bytes, payload_bytes
 
 
 @dataclass
 class LoadCosts:
-    """Seconds per token of recompute and per byte of swap-in, as measured (moving averages)."""
+    """Seconds per token of recompute and per byte of swap-in (read, checked and placed), as
+    measured: every prefill the service runs updates the first, every restore both (moving
+    averages). The defaults only serve until the first call."""
 
     recompute_s_per_token: float = 2e-3
     read_s_per_byte: float = 1e-9  # 1 GB/s until measured
+    pass_s: float = 0.0  # what any forward pass costs whatever its length (one decode step, measured)
 
-    def update(self, recompute_s: float, tokens: int, read_s: float, nbytes: int) -> None:
+    def update(self, recompute_s: float, tokens: int, read_s: float, nbytes: int, step_s: float = 0.0) -> None:
         if tokens:
             self.recompute_s_per_token = 0.5 * self.recompute_s_per_token + 0.5 * recompute_s / tokens
         if nbytes:
             self.read_s_per_byte = 0.5 * self.read_s_per_byte + 0.5 * read_s / nbytes
+        if step_s:
+            self.pass_s = 0.5 * self.pass_s + 0.5 * step_s if self.pass_s else step_s
 
     def recompute_count(self, missing: int, chunk_tokens: int, chunk_bytes: int) -> int:
-        """How many of `missing` chunks to recompute so reading the rest takes as long."""
+        """How many of `missing` chunks to recompute so reading the rest takes as long (a linear
+        cost per side, as the paper fits; recomputing anything costs a pass first)."""
         rc, io = chunk_tokens * self.recompute_s_per_token, chunk_bytes * self.read_s_per_byte
-        return min(range(missing + 1), key=lambda k: max(k * rc, (missing - k) * io))
+        return min(range(missing + 1), key=lambda k: max(k * rc + (self.pass_s if k else 0.0), (missing - k) * io))
 
 
 @dataclass
@@ -78,7 +85,9 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
     table, shape, C = ctx.table, pool.shape, pool.shape.tokens
     to_read = [i for i in missing[k:] if ctx.disk[i] is not None]
     # Start the reads, then recompute the leading chunks while they run.
-    buf = np.empty((len(to_read), HEADER + shape.nbytes), np.uint8)
+    row = file_bytes(shape, 0)  # the widest file; page-aligned rows, so whole-block reads land in place
+    mem = mmap.mmap(-1, max(1, len(to_read) * row))
+    buf = np.frombuffer(mem, np.uint8)[:len(to_read) * row].reshape(len(to_read), row)
     files, ranges, t_read = {}, [], time.perf_counter()
     for j, i in enumerate(to_read):
         try:
@@ -86,7 +95,7 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         except OSError:
             continue  # no file: recomputed once the reads are in
         files[j] = f
-        ranges.append((f, 0, min(f.size, HEADER + payload_bytes(shape, ctx.widths[i])), buf[j]))
+        ranges.append((f, 0, min(f.size, file_bytes(shape, ctx.widths[i])), buf[j]))
     batch = reader.submit(ranges, priority=0) if ranges else None
     pending = set(to_read)
     recompute = [i for i in missing if i not in pending]
@@ -100,7 +109,6 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                 batch.wait()
             except Exception as e:  # a short read (truncated file) or an I/O error: recompute them
                 read_error = f"{ctx.id}: reading swapped chunks failed ({e})"
-        read_s = time.perf_counter() - t_read
         good_slots, good_data = [], []
         for j, i in enumerate(to_read):
             path = swap.chunk_path(ctx.id, i)
@@ -123,6 +131,8 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         if good_slots:
             pool.load(good_slots, np.stack(good_data))
         report.chunks_read = len(good_slots)
+        # a read's cost includes checking and placing it: that part runs on this thread, not beside it
+        read_s = time.perf_counter() - t_read
         costs.update(0.0, 0, read_s, sum(payload_bytes(shape, ctx.widths[i]) for i in to_read))
         for f in files.values():
             reader.close_file(f)

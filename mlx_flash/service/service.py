@@ -295,6 +295,10 @@ class Service:
                 if history is not None and not failed:
                     ctx.messages = history + [{"role": "assistant", "content": "".join(text)}]
                 self._count_call(report)
+                last = self.engine.last
+                if last.prefill_s > 0:  # a measured prefill is what a recompute costs; a decode step, a pass
+                    step = float(np.median([t.wall_ms for t in last.steps[1:]])) / 1e3 if len(last.steps) > 1 else 0
+                    self.kv.costs.update(last.prefill_s, last.prompt_tokens - last.cached_tokens, 0.0, 0, step)
             report.evicted_chunks = self.kv.counts.evicted - before.evicted
             report.written_chunks = self.kv.counts.written - before.written
             ctx.last_used = time.monotonic()

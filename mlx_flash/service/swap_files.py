@@ -28,7 +28,7 @@ from .chunk_pool import ChunkShape
 from .compression import decode, encode, packed_bytes
 
 MAGIC = b"MLXFKV1\n"
-HEADER = 4096  # the payload starts block-aligned, for direct I/O
+HEADER = 4096  # the payload starts block-aligned, and files end on a block, for direct I/O
 # magic, version, layers, kv_heads, head_dim, C, n_tokens, width (0: float32), crc, payload bytes
 _FIELDS = struct.Struct("<8sIIIIIIIIQ")
 VERSION = 2
@@ -105,8 +105,9 @@ class SwapDir:
         crc = zlib.crc32(payload)
         header = _FIELDS.pack(MAGIC, VERSION, shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, n_tokens,
                               width, crc, payload.nbytes).ljust(HEADER, b"\0")
+        pad = bytes(file_bytes(shape, width) - HEADER - payload.nbytes)
         os.makedirs(self.folder(ctx_id), exist_ok=True)
-        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload)])
+        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad])
         return crc
 
     def chunk_problem(self, path: str, header: bytes, payload: np.ndarray, shape: ChunkShape, n_tokens: int,
@@ -130,6 +131,12 @@ class SwapDir:
 
 def payload_bytes(shape: ChunkShape, width: int) -> int:
     return packed_bytes(shape.array_shape, width) if width else shape.nbytes
+
+
+def file_bytes(shape: ChunkShape, width: int) -> int:
+    """A chunk file's size: header and payload padded to whole 4 KiB blocks, so a direct read of the
+    whole file lands straight in an aligned buffer."""
+    return -(-(HEADER + payload_bytes(shape, width)) // HEADER) * HEADER
 
 
 def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int) -> np.ndarray:

@@ -160,13 +160,13 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
     """One context at (nearly) the model's whole context, swapped to flash: seconds until it is ready
     again by the pipeline, by reading only, and by recomputing it all (re-prefill)."""
     shutil.rmtree(directory, ignore_errors=True)
-    tokens = tokens or engine.model_context - 2
+    tokens = tokens or engine.model_context - 8
     shape_bytes = engine.args.num_hidden_layers * 2 * engine.args.num_key_value_heads * engine.args.head_dim * 4 * 16
     svc = Service(engine, directory=directory, kv_budget=(-(-tokens // 16) + 2) * shape_bytes)
     try:
         ids = engine.tokenizer.encode(corpus)[:tokens]
         ctx = svc.new_context()
-        list(svc.call(ctx, engine.tokenizer.decode(ids), max_tokens=1))
+        list(svc.call(ctx, engine.tokenizer.decode(ids), max_tokens=4))  # a few steps: the costs the split uses
         out = {"tokens": svc.get(ctx).kv_tokens}
         for how in (Restore.PIPELINE, Restore.READ, Restore.RECOMPUTE):
             svc.swap_out(ctx)

@@ -11,7 +11,7 @@ from mlx_flash.service.chunk_pool import ChunkShape
 from mlx_flash.service.compression import (Compression, DensityTracker, Scheme, assign_widths, choose_widths,
                                            attention_columns_ref, decode, dequantize, encode, lossy,
                                            packed_bytes, quantize)
-from mlx_flash.service.swap_files import SwapDir, chunk_data, payload_bytes
+from mlx_flash.service.swap_files import SwapDir, chunk_data, file_bytes, payload_bytes
 
 
 def test_options_parse_and_refuse():
@@ -106,8 +106,8 @@ def test_swap_file_round_trip_at_each_width(tmp_path, width):
     swap = SwapDir(str(tmp_path))
     crc = swap.write_chunk("abcdefgh12", 3, shape, 16, x, width)
     raw = np.fromfile(swap.chunk_path("abcdefgh12", 3), np.uint8)
-    header, payload = bytes(raw[:4096]), raw[4096:]
-    assert payload.size == payload_bytes(shape, width)
+    assert raw.size == file_bytes(shape, width) and raw.size % 4096 == 0  # whole blocks, for direct reads
+    header, payload = bytes(raw[:4096]), raw[4096:4096 + payload_bytes(shape, width)]
     assert swap.chunk_problem("f", header, payload, shape, 16, width, crc) is None
     y = chunk_data(payload, shape, width)
     assert np.array_equal(y, x if width == 0 else lossy(x, width))
