@@ -22,6 +22,27 @@ from mlx_flash.service.trace_bench import (PATTERNS, VARIANTS, TraceConfig, buil
                                            run_trace)
 
 
+def plot(rows, names, patterns, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    w = 0.8 / len(names)
+    for k, name in enumerate(names):
+        vals = [next(x for x in rows if x["variant"] == name and x["pattern"] == pt)["switch_mean_ms"]
+                for pt in patterns]
+        ax.bar(np.arange(len(patterns)) + k * w, vals, w, label=name)
+    ax.set_xticks(np.arange(len(patterns)) + w * (len(names) - 1) / 2, patterns)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean context switching latency (ms, log)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(loc="lower center", ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None)
@@ -36,7 +57,20 @@ def main() -> int:
     p.add_argument("--dir", default=None, help="service directory for the runs (default: a temporary one)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--from-json", default=None, help="reprint the table and plot of an earlier run's --json")
     a = p.parse_args()
+    if a.from_json:
+        with open(a.from_json) as fh:
+            old = json.load(fh)
+        rows = old["rows"]
+        names = list(dict.fromkeys(r["variant"] for r in rows))
+        patterns = list(dict.fromkeys(r["pattern"] for r in rows))
+        for r in rows:
+            print(f"{r['pattern']:9s} {r['variant']:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft "
+                  f"{r['ttft_mean_ms']:8.1f} ms")
+        if a.plot:
+            plot(rows, names, patterns, a.plot)
+        return 0
     names = a.variants.split(",")
     variants = [v for v in VARIANTS if v.name in names]
     if len(variants) != len(names):
@@ -85,24 +119,7 @@ def main() -> int:
         with open(a.json, "w") as fh:
             json.dump({"config": vars(cfg), "rows": rows, "full_context": full}, fh, indent=1)
     if a.plot and rows:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-
-        fig, ax = plt.subplots(figsize=(9, 4))
-        w = 0.8 / len(variants)
-        for k, v in enumerate(variants):
-            vals = [next(x for x in rows if x["variant"] == v.name and x["pattern"] == pt)["switch_mean_ms"]
-                    for pt in patterns]
-            ax.bar(np.arange(len(patterns)) + k * w, vals, w, label=v.name)
-        ax.set_xticks(np.arange(len(patterns)) + w * (len(variants) - 1) / 2, patterns)
-        ax.set_yscale("log")
-        ax.set_ylabel("mean context switching latency (ms, log)")
-        ax.legend(fontsize=7, ncol=2)
-        ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        plot(rows, [v.name for v in variants], patterns, a.plot)
     return 0
 
 
