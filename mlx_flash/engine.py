@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, ContextLengthError
 from .ffn_source import FFNSource
 from .models.cache import make_caches
 from .sampling import check_sampling, sample
@@ -104,10 +104,10 @@ class Engine:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
         n = caches[0].offset + len(ids)
         if n > self.model_context:
-            raise ConfigError(f"{n} tokens exceed the model's context of {self.model_context} tokens")
+            raise ContextLengthError(f"{n} tokens exceed the model's context of {self.model_context} tokens")
         room = caches[0].capacity
         if room is not None and n > room:
-            raise ConfigError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
+            raise ContextLengthError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
                               f"{self.model_context})")
         with self.ops.inference():
             out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
@@ -164,7 +164,7 @@ class Engine:
             raise ConfigError("the prompt encodes to zero tokens")
         limit = self.context_limit if caches is None else min(self.model_context, caches[0].capacity or self.model_context)
         if len(ids) >= limit:
-            raise ConfigError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
         max_tokens = min(max_tokens, limit - len(ids))
         cached = caches[0].offset if caches is not None else 0
         if not 0 <= cached < len(ids):

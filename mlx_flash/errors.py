@@ -39,6 +39,11 @@ class ContextNotFoundError(FlashError):
     """A service call names a context id that this service (for this API key) does not hold."""
 
 
+class ContextLengthError(ConfigError):
+    """A prompt (with what a context already holds) longer than the model's context or the KV that
+    holds it."""
+
+
 class MemoryBudgetError(ConfigError):
     """A memory limit this model cannot run under, refused before anything is read; the message
     names the minimum (or what the limit lacks)."""

@@ -61,14 +61,13 @@ def main(argv=None) -> int:
               flush=True)
         try:
             web.run_app(server.app(), host=args.host, port=args.port, print=None, handle_signals=True)
+        except OSError as e:  # the port is taken, the address is not ours
+            raise FlashError(f"cannot serve on {args.host}:{args.port} ({e.strerror or e})") from None
         finally:
             svc.close()
             engine.close()
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # the port is taken, the address is not ours
-        print(f"error: cannot serve on {args.host}:{args.port} ({e.strerror or e})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from ..errors import ConfigError, ContextNotFoundError, FlashError, MemoryBudgetError
+from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError
 from ..memory import peak_rss, process_rss
 from . import openai_api as oa
 
@@ -209,15 +209,15 @@ class Server:
                     steps.close()
                     break
                 put(step)
-            last = svc.last
-            put((last.prompt_tokens, last.cached_tokens))
+            put(oa.usage(svc.last.prompt_tokens, svc.engine.last.generated_tokens, svc.last.cached_tokens))
         except ContextNotFoundError as e:
             put(oa.ApiError(404, str(e), "context_id", "context_not_found"))
         except MemoryBudgetError as e:
             put(oa.ApiError(503, str(e), code="kv_budget_full", kind="server_error"))
-        except (ConfigError, FlashError) as e:
-            code = "context_length_exceeded" if "tokens" in str(e) else None
-            put(oa.ApiError(400, str(e), code=code))
+        except ContextLengthError as e:
+            put(oa.ApiError(400, str(e), code="context_length_exceeded"))
+        except FlashError as e:
+            put(oa.ApiError(400, str(e)))
         except Exception as e:  # a bug: the request fails with 500, the server stays up
             put(oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
         else:
@@ -236,16 +236,15 @@ class Server:
             item = await job.out.get()
 
     async def _collect(self, request, job: _Job, first):
-        text, finish, n, use = [], None, 0, None
+        text, finish, use = [], None, None
         async for item in self._items(job, first):
             if isinstance(item, oa.ApiError):
                 return _error(item)
-            if isinstance(item, tuple):
-                use = oa.usage(item[0], n, item[1])
+            if isinstance(item, dict):  # the usage, last
+                use = item
                 continue
             text.append(item.text)
             finish = item.finish_reason or finish
-            n += 1
             if request.transport is None or request.transport.is_closing():
                 job.cancel.set()
         rid = oa.new_id(job.req.chat)
@@ -256,7 +255,7 @@ class Server:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Context-Id": job.context})
         await resp.prepare(request)
-        rid, model, n, opened = oa.new_id(job.req.chat), self.opt.model_name, 0, False
+        rid, model, opened = oa.new_id(job.req.chat), self.opt.model_name, False
 
         async def send(obj):
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -266,11 +265,10 @@ class Server:
                 if isinstance(item, oa.ApiError):
                     await send(item.body())
                     break
-                if isinstance(item, tuple):
+                if isinstance(item, dict):  # the usage, last
                     if job.req.include_usage:
-                        await send(oa.chunk(job.req, rid, model, None, None, use=oa.usage(item[0], n, item[1])))
+                        await send(oa.chunk(job.req, rid, model, None, None, use=item))
                     continue
-                n += 1
                 await send(oa.chunk(job.req, rid, model, item.text, item.finish_reason, first=not opened))
                 opened = True
             await resp.write(b"data: [DONE]\n\n")

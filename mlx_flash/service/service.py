@@ -2,8 +2,8 @@
 
     svc = mlx_flash.Service(engine, directory=..., kv_budget="25%")
     ctx = svc.new_context(system="You are terse.")
-    for step in svc.call(ctx, "What is the capital of France?"):   # or a list of messages
-        print(step.text, end="")
+    for step in svc.call(ctx, [{"role": "user", "content": "What is the capital of France?"}]):
+        print(step.text, end="")                                      # (a str: a raw completion)
     svc.delete(ctx)
 
 A context's KV lives in chunks of C tokens (chunk_pool.py) drawn from one pool of `kv_budget`
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -32,9 +32,9 @@ import numpy as np
 from ..budget import parse_budget
 from ..config import default_cache_dir
 from ..engine import GenerationStep
-from ..errors import ConfigError, ContextNotFoundError, MemoryBudgetError
-from ..sampling import check_sampling
+from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, MemoryBudgetError
 from ..memory import process_rss
+from ..sampling import check_sampling
 from ..units import fmt
 from .chunk_pool import ChunkPool, ChunkShape
 from .chunked_kv import ChunkTable
@@ -247,7 +247,7 @@ class Service:
             raise ConfigError("the prompt encodes to zero tokens")
         limit = self.max_tokens
         if len(ids) >= limit:
-            raise ConfigError(f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
+            raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
                               f"(the model's context {self.engine.model_context}, the KV budget "
                               f"{self.pool.n_slots * self.shape.tokens} tokens)")
         return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,

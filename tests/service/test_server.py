@@ -540,3 +540,30 @@ def test_three_turns_through_the_server_equal_one_run(server, client, engines, s
         # default system prompt's whole chunks with another conversation: a fork)
         assert cached > 0 if k else (stateless or cached == 0), (k, cached)
         history.append({"role": "assistant", "content": text})
+
+
+def test_contexts_survive_a_server_restart(store_dir, tmp_path, engines):
+    """A conversation held by an explicit context, the server stopped (SIGTERM: it writes its
+    chunks) and started again on the same directory: the context is listed, its next turn reuses
+    every token it held (cached_tokens) and answers as one engine run over the conversation."""
+    engine = engines(store_dir, "mlx")
+    srv = _start(store_dir, str(tmp_path))
+    status, _, made = srv.request("POST", "/v1/contexts", {})
+    ctx = made["id"]
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    status, _, out = srv.request("POST", "/v1/chat/completions", {**chat_body(history[-1:]), "context_id": ctx})
+    assert status == 200, out
+    history.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
+    held = next(c["tokens"] for c in srv.request("GET", "/v1/contexts")[2]["data"] if c["id"] == ctx)
+    assert _stop(srv) == 0
+    srv = _start(store_dir, str(tmp_path))
+    try:
+        listed = {c["id"]: c for c in srv.request("GET", "/v1/contexts")[2]["data"]}
+        assert ctx in listed and listed[ctx]["tokens"] == held and listed[ctx]["chunks_in_memory"] == 0
+        history.append({"role": "user", "content": "And of Germany?"})
+        status, _, out = srv.request("POST", "/v1/chat/completions", {**chat_body(history[-1:]), "context_id": ctx})
+        assert status == 200, out
+        assert out["choices"][0]["message"]["content"] == engine.generate(history, max_tokens=20)
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == held
+    finally:
+        _stop(srv)
