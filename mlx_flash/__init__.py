@@ -17,15 +17,16 @@ Public API:
   coalesce_gap            the gap below which a profile's disk is cheaper to read through than to skip
   FlashError and subclasses: typed errors with one-line messages
 
-Commands: python -m mlx_flash.chat, python -m mlx_flash.convert, python -m mlx_flash.verify,
-python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -convert, -verify, -profile-disk).
+Commands: python -m mlx_flash.chat, python -m mlx_flash.serve, python -m mlx_flash.convert,
+python -m mlx_flash.verify, python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -serve,
+-convert, -verify, -profile-disk).
 """
 
 from .api import load, load_config
 from .config import EngineConfig
 from .convert import convert
-from .errors import (ConfigError, ContextNotFoundError, FlashError, MemoryBudgetError, ModelFileError, ModelNotFoundError, StoreError,
-                     UnsupportedModelError)
+from .errors import (ConfigError, ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError,
+                     ModelFileError, ModelNotFoundError, StoreError, UnsupportedModelError)
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .service import Service
 from .stats import expert_cache_stats, memory_plan
@@ -33,7 +34,7 @@ from .store.disk_profile import best_threads, coalesce_gap, default_profile, pro
 
 __version__ = "0.1.0"
 __all__ = ["load", "load_config", "Service", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
-           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ContextNotFoundError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
+           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ContextLengthError", "ContextNotFoundError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
            "StoreError", "UnsupportedModelError"]
 
 
