@@ -209,7 +209,9 @@ class Server:
                     steps.close()
                     break
                 put(step)
-            put(oa.usage(svc.last.prompt_tokens, svc.engine.last.generated_tokens, svc.last.cached_tokens))
+            # completion tokens: every token sampled, a closing end-of-sequence token included (the
+            # context holds them all but the last, which is what cached_tokens then reuses)
+            put(oa.usage(svc.last.prompt_tokens, len(svc.engine.last.tokens), svc.last.cached_tokens))
         except ContextNotFoundError as e:
             put(oa.ApiError(404, str(e), "context_id", "context_not_found"))
         except MemoryBudgetError as e:
