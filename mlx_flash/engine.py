@@ -108,7 +108,7 @@ class Engine:
         room = caches[0].capacity
         if room is not None and n > room:
             raise ContextLengthError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
-                              f"{self.model_context})")
+                                     f"{self.model_context})")
         with self.ops.inference():
             out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
                                       all_logits)
@@ -162,7 +162,8 @@ class Engine:
         stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
-        limit = self.context_limit if caches is None else min(self.model_context, caches[0].capacity or self.model_context)
+        limit = self.context_limit if caches is None else min(self.model_context,
+                                                              caches[0].capacity or self.model_context)
         if len(ids) >= limit:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
         max_tokens = min(max_tokens, limit - len(ids))
