@@ -26,7 +26,7 @@ port=$("$py" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); pri
 MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.serve --port "$port" --service-dir "$work/service" \
   >"$work/serve.log" 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$py" - "$port" <<'PY' || { cat "$work/serve.log"; exit 1; }
 import json, sys, time, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
