@@ -1,6 +1,6 @@
 """LLMS: the engine as a service holding many app contexts (paper §3-§4).
 
-    svc = mlx_flash.Service(engine, directory=..., kv_budget="25%")
+    svc = mlx_flash.Service(engine, directory=..., kv_budget="500MB")
     ctx = svc.new_context(system="You are terse.")
     for step in svc.call(ctx, [{"role": "user", "content": "What is the capital of France?"}]):
         print(step.text, end="")                                      # (a str: a raw completion)

@@ -49,7 +49,7 @@ def check_id(ctx_id: str) -> str:
 
 class SwapDir:
     def __init__(self, directory: str):
-        self.root = os.path.join(os.path.abspath(directory), "contexts")
+        self.root = os.path.join(os.path.abspath(os.path.expanduser(directory)), "contexts")
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
