@@ -75,7 +75,9 @@ class ChunkTable:
 
     def rows(self, start: int, end: int):
         """Pool rows of tokens [start, end): a slice when they are consecutive, else an index array."""
-        rows = self.pool.rows(self.slots, end)[start:]
+        first = start // self.chunk_tokens  # only the chunks [start, end) touches: a decode step's write is one row
+        base = first * self.chunk_tokens
+        rows = self.pool.rows(self.slots[first:self.chunks_for(end)], end - base)[start - base:]
         if rows.size and bool(np.all(np.diff(rows) == 1)):  # every step, not just the ends: [0, 10, 2] is no run
             return slice(int(rows[0]), int(rows[-1]) + 1)
         return self.pool.ops.index(rows)
