@@ -28,7 +28,7 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "auto", *, m
          precision: str = "auto", threads: int | None = None, progress: bool = True,
          flash: FlashOptions | None = None, experts: ExpertOptions | None = None, io: IOOptions | None = None,
          device: str | None = None, torch_dtype: str = "float32", prefill_chunk: int = 512,
-         verify_checksums: bool = False, cache_dir: str = "") -> Engine:
+         verify_checksums: bool = False, cache_dir: str = "", batch: bool = False) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -41,16 +41,19 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "auto", *, m
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
+    batch: the engine is for engine.generate_batch (throughput mode): ffn="auto" then reads whole FFN
+        layers once per step for a whole batch when the model does not fit, instead of sparse reads.
     """
     cfg = EngineConfig(backend=backend, ffn=ffn, memory_budget=memory_budget, weights_budget=weights_budget,
                        context=context, precision=precision, threads=threads,
                        device=device, torch_dtype=torch_dtype, prefill_chunk=prefill_chunk,
                        verify_checksums=verify_checksums, cache_dir=cache_dir, flash=flash, experts=experts, io=io)
-    return load_config(model, cfg, progress)
+    return load_config(model, cfg, progress, batch)
 
 
-def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> Engine:
-    """load() for a whole EngineConfig (the chat builds one from its flags)."""
+def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, batch: bool = False) -> Engine:
+    """load() for a whole EngineConfig (the chat builds one from its flags). batch: for the throughput
+    mode (generate_batch), ffn="auto" streams whole FFN layers when the model does not fit."""
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress)
@@ -65,7 +68,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True) -> 
                         model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
     # (a weights_budget below what the FFN needs is refused by the FFN's planner, with its minimum)
     plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget)
-    cfg = resolve_ffn(cfg, store, plan)
+    cfg = resolve_ffn(cfg, store, plan, batch)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
     slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),
                                                     cfg.io.mode.value, cfg.io.threads, progress)) if streamed else None

@@ -249,7 +249,24 @@ class Engine:
         return "".join(s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
                                                             speculative))
 
+    def generate_batch(self, prompts, max_tokens=256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                       seed: int | None = None, stop=None, policy=None, progress: bool = False) -> list[str]:
+        """Throughput mode (FlexGen, mlx_flash/offload): every prompt's completion, in prompt order.
+        prompts: strings (raw completions) or message lists; max_tokens: one budget or one per
+        prompt; sampling as generate() (each sequence samples as it would alone, from `seed`).
+        policy: an offload.Policy, or None to choose one by the cost model and LP search; the stats
+        of the run (tokens/s, the policy, its predicted and measured time) are in `last_batch`."""
+        from .offload.run import run_batch
+
+        seqs, self.last_batch = run_batch(self, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy,
+                                          progress)
+        return [s.text for s in seqs]
+
     # ---- stats ----------------------------------------------------------------------------------
+    def io_bytes(self) -> int:
+        """Bytes read from flash since load (FFN reads and streamed layers)."""
+        return self._io_counters()[2]
+
     def _io_counters(self):
         s, ls = self.ffn.stats(), self.layer_slots
         if ls is None:

@@ -105,6 +105,10 @@ class FFNSource(ABC):
     """What both kinds share: counters, forgetting, closing. A source with nothing to count or
     forget inherits these."""
 
+    # True when a dense source's layer(i, x) is the same weights whatever x is (resident, or read
+    # whole): a batch's micro-batches then share one call per layer (offload/schedule.py)
+    same_for_every_input: bool = False
+
     def stats(self) -> FFNStats:
         return FFNStats()
 

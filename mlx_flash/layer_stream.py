@@ -41,6 +41,7 @@ class LayerSlots:
         self.files = {f: pool.open(store.file_path(f)) for f, _, _ in self.regions.values()}
         self.bytes_read = self.reads = 0
         self.wait_seconds = 0.0
+        self.read_ahead = True  # off: each layer read when reached (the throughput mode's no-overlap ablation)
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +73,8 @@ class LayerSlots:
     def prefetch_after(self, layer: int) -> None:
         """Start reading the streamed layer after `layer` (the first one after the last: the next
         token's) into its slot, unless that slot is the one `layer` computes from."""
+        if not self.read_ahead:
+            return
         nxt = self.order[(self.order.index(layer) + 1) % len(self.order)]
         s = self.slot_of[nxt]
         if s == self.slot_of[layer] or self.holds[s] == nxt or s in self.pending:

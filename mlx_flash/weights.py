@@ -200,6 +200,8 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
 class ResidentFFN(LayerSource):
     """All FFN bundles read once at load time (through `pool`) and kept as backend weights."""
 
+    same_for_every_input = True
+
     def __init__(self, ops, store: Store, pool):
         layout = store.manifest.ffn
         reader = FFNReader(pool, store.file_path(layout.file), layout)
@@ -218,6 +220,8 @@ class StreamedFFN(LayerSource):
     """Each call reads layer i's bundle region through the pool and decodes it (nothing kept).
     Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes into backend weights),
     bytes_read, reads."""
+
+    same_for_every_input = True
 
     def __init__(self, ops, store: Store, pool):
         self.ops = ops

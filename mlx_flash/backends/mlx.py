@@ -166,7 +166,9 @@ class MLXOps:
         return mx.array(call.kernel.down(h, call.slab, call.idx, call.count)).reshape(shape)
 
     def tokens(self, ids) -> mx.array:
-        return mx.array(np.asarray(ids, dtype=np.int32).reshape(1, -1))
+        """Token ids [T] (one sequence) or [B, T] -> an int array [1 or B, T]."""
+        a = np.asarray(ids, dtype=np.int32)
+        return mx.array(a.reshape(1, -1) if a.ndim < 2 else a)
 
     def index(self, ids) -> mx.array:
         """A 1-D integer array to index with (x[:, idx] gathers, x[:, idx] = y scatters)."""
@@ -206,12 +208,26 @@ class MLXOps:
     def layer_norm(self, x, weight, bias, eps: float):
         return mx.fast.layer_norm(x, weight, bias, eps)
 
-    def rope(self, x, dims: int, traditional: bool, base: float, offset: int, scale: float = 1.0):
+    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0):
+        """offset: the first token's position, one int, or int numpy [B], one per row of a batch."""
+        if isinstance(offset, np.ndarray):
+            offset = mx.array(offset.astype(np.int32))
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
 
-    def sdpa(self, q, k, v, scale: float, causal: bool):
-        """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]; causal aligns the last query with the last key."""
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if causal else None)
+    def sdpa(self, q, k, v, scale: float, mask=None):
+        """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]. mask: None, "causal" (the last query aligned with the last
+        key) or a boolean mask from `mask` [B, 1, T, S] (True: attend)."""
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    def mask(self, keep: np.ndarray):
+        """A boolean numpy mask as sdpa takes it."""
+        return mx.array(keep)
+
+    def positions(self, offset, T: int):
+        """Token positions [1 or B, T] from `offset` (an int, or int numpy [B] per row)."""
+        if isinstance(offset, np.ndarray):
+            return mx.array((offset[:, None] + np.arange(T)).astype(np.int32))
+        return mx.arange(offset, offset + T)[None]
 
     def attention_columns(self, q, k, scale: float):
         """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
@@ -240,9 +256,6 @@ class MLXOps:
 
     def transpose(self, x, axes):
         return x.transpose(axes)
-
-    def arange(self, start: int, stop: int):
-        return mx.arange(start, stop)[None]
 
     def zeros(self, shape, like):
         return mx.zeros(shape, dtype=like.dtype)

@@ -25,6 +25,7 @@ from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
 from . import cpu_threads
+from .torch_quant import dequantize, unpack_bits
 
 try:
     import torch
@@ -53,32 +54,6 @@ class Weight:
     quant: QuantSpec | None = None
     # "stored": the kernel's view of q's memory (checked once at load)
     matrix: StoredMatrix | None = None
-
-
-def unpack_bits(packed: "torch.Tensor", bits: int) -> "torch.Tensor":
-    """uint32 words -> integer codes, lowest bits first (MLX's packing), [..., n*32/bits] (uint8 for
-    2/4/8 bits, int32 otherwise)."""
-    if 8 % bits == 0:  # 2/4/8 bits: work on the words' bytes (little-endian), 8x less data than int64
-        per = 8 // bits
-        b = packed.contiguous().view(torch.uint8)
-        shifts = torch.arange(per, dtype=torch.uint8, device=packed.device) * bits
-        codes = (b.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-        return codes.reshape(*packed.shape[:-1], packed.shape[-1] * 32 // bits)
-    per = 32 // bits
-    shifts = torch.arange(per, dtype=torch.int64, device=packed.device) * bits
-    words = packed.to(torch.int64) & 0xFFFFFFFF
-    codes = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per).to(torch.int32)
-
-
-def dequantize(packed, scales, biases, quant: QuantSpec, dtype) -> "torch.Tensor":
-    codes = unpack_bits(packed, quant.bits)
-    g = quant.group_size
-    shape = codes.shape
-    c = codes.reshape(*shape[:-1], shape[-1] // g, g).to(torch.float32)
-    # bias + code * scale in one pass (the same float32 products and sums as written out)
-    w = torch.addcmul(biases.to(torch.float32).unsqueeze(-1), c, scales.to(torch.float32).unsqueeze(-1))
-    return w.reshape(shape).to(dtype)
 
 
 class TorchOps:
@@ -251,7 +226,9 @@ class TorchOps:
         return torch.from_numpy(k.down(h.numpy(), call.slab, call.idx, call.count)).to(self.act_dtype).reshape(shape)
 
     def tokens(self, ids):
-        return torch.as_tensor(np.asarray(ids, dtype=np.int64).reshape(1, -1), device=self.device)
+        """Token ids [T] (one sequence) or [B, T] -> an int array [1 or B, T]."""
+        a = np.asarray(ids, dtype=np.int64)
+        return torch.as_tensor(a.reshape(1, -1) if a.ndim < 2 else a, device=self.device)
 
     def index(self, ids):
         """A 1-D integer array to index with (x[:, idx] gathers, x[:, idx] = y scatters)."""
@@ -291,10 +268,15 @@ class TorchOps:
     def layer_norm(self, x, weight, bias, eps: float):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
-    def rope(self, x, dims: int, traditional: bool, base: float, offset: int, scale: float = 1.0):
-        """Same semantics as mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd]."""
+    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0):
+        """Same semantics as mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd] from
+        position `offset` (an int, or int numpy [B]: one per row of a batch)."""
         T = x.shape[-2]
-        rot = self._rope_table(dims, base, scale, offset + T, x.device)[offset:offset + T]  # complex [T, dims/2]
+        if isinstance(offset, np.ndarray):
+            tab = self._rope_table(dims, base, scale, int(offset.max()) + T, x.device)
+            rot = tab[torch.from_numpy(offset[:, None] + np.arange(T)).to(x.device)][:, None]  # [B, 1, T, dims/2]
+        else:
+            rot = self._rope_table(dims, base, scale, offset + T, x.device)[offset:offset + T]  # complex [T, dims/2]
         xr, rest = x[..., :dims], x[..., dims:]
         if traditional:  # pairs (0,1), (2,3), ... are (real, imag) of one complex number
             z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], dims // 2, 2).contiguous())
@@ -321,12 +303,12 @@ class TorchOps:
         """Context for model calls: no autograd bookkeeping."""
         return torch.inference_mode()
 
-    def sdpa(self, q, k, v, scale: float, causal: bool):
+    def sdpa(self, q, k, v, scale: float, mask=None):
+        """mask: None, "causal" or a boolean mask from `mask` [B, 1, T, S] (True: attend)."""
         T, S = q.shape[-2], k.shape[-2]
-        mask = None
-        if causal and T > 1:
+        if isinstance(mask, str):
             # Lower-right alignment (as mx.fast): query t sees keys up to S - T + t.
-            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
@@ -355,8 +337,15 @@ class TorchOps:
     def transpose(self, x, axes):
         return x.permute(*axes)
 
-    def arange(self, start: int, stop: int):
-        return torch.arange(start, stop, device=self.device)[None]
+    def mask(self, keep: np.ndarray):
+        """A boolean numpy mask as sdpa takes it."""
+        return torch.from_numpy(keep).to(self.device)
+
+    def positions(self, offset, T: int):
+        """Token positions [1 or B, T] from `offset` (an int, or int numpy [B] per row)."""
+        if isinstance(offset, np.ndarray):
+            return torch.from_numpy(offset[:, None] + np.arange(T)).to(self.device)
+        return torch.arange(offset, offset + T, device=self.device)[None]
 
     def zeros(self, shape, like):
         return torch.zeros(shape, dtype=like.dtype, device=like.device)

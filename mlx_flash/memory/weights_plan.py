@@ -54,9 +54,10 @@ def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
     return sorted(regions)[min(keep, len(sizes)):]
 
 
-def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
+def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineConfig:
     """ffn="auto" made concrete: resident when the whole model as stored fits the weights' share of the
-    limit, else exact streaming (a dense FFN: hybrid sparse with every neuron computed; MoE: streamed
+    limit, else exact streaming (a dense FFN: hybrid sparse with every neuron computed, or, for the
+    throughput mode (`batch`), whole layers read once per step for the whole batch; MoE: streamed
     experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
     fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
     if cfg.ffn is FFNMode.RESIDENT and not fits:
@@ -67,7 +68,7 @@ def resolve_ffn(cfg: EngineConfig, store, plan) -> EngineConfig:
         return cfg
     if fits:
         return replace(cfg, ffn=FFNMode.RESIDENT)
-    if store.manifest.ffn.n_experts:
+    if store.manifest.ffn.n_experts or batch:
         return replace(cfg, ffn=FFNMode.STREAM)
     return replace(cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID,
                                                          predictor=PredictorKind.DENSE))

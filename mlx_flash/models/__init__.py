@@ -9,7 +9,12 @@ moe.py's). Each module provides:
   expert_parts(config, layer) -> [dict]         MoE only: ffn_parts of each expert, in expert order
   ModelArgs.from_dict(config)
   build(ops, args, get) -> weights               resident (non-FFN) weights as backend objects
-  forward(ops, args, weights, tokens, caches, ffn, all_logits) -> logits
+  embed(ops, args, weights, tokens, caches) -> h              the residual stream [B, T, D]
+  block(ops, args, weights["layers"][i], i, h, cache, ffn) -> h   layer i
+  head(ops, args, weights, h, all_logits) -> logits
+  forward(ops, args, weights, tokens, caches, ffn, all_logits) -> logits   embed, every block, head
+The pieces let the throughput mode (mlx_flash/offload) run one layer over many micro-batches before
+the next; forward is the same graph in one call.
 """
 
 import importlib

@@ -10,15 +10,20 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
                    update-and-fetch: append k, v [B, Hkv, T, hd] after `offset` and return every held
                    key and value [B, Hkv, offset + T, hd] as backend arrays; offset grows by T
   trim(n)          forget the last n tokens (rejected speculative drafts, a shorter shared prefix)
+  positions()      the position of each sequence's next token, for RoPE and learned positions: an
+                   int (one sequence: `offset`), or int numpy [B] (a batch: one per row)
+  mask(ops, T)     after update, the attention mask of the T new queries, as ops.sdpa takes it:
+                   None or "causal" for one sequence, a boolean [B, 1, T, S] for a padded batch
   observe(ops, q, keys, scale)
                    the graph shows a cache each layer's queries and all its keys after update (a
                    no-op unless the cache measures attention, as KV compression does)
   state(ops) -> (keys, values)
                    the held keys and values as float32 numpy [B, Hkv, offset, hd], for saving and tests
 
-Members: `KVCache` here (one sequence, one growing buffer per layer) and the service's chunked
+Members: `KVCache` here (one sequence, one growing buffer per layer), the service's chunked
 cache (mlx_flash/service/chunked_kv.py: fixed-size chunks of every layer from a preallocated pool,
-swappable one chunk at a time). The throughput mode reuses the chunked one.
+swappable one chunk at a time) and `BatchKV` (models/batch_cache.py: B sequences' caches, of any
+member, run as one batch).
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ class LayerKV(ABC):
 
     def observe(self, ops, q, keys, scale: float) -> None:
         """Queries [B, Hq, T, hd] and every held key after update(): nothing to do by default."""
+
+    def positions(self):
+        """The next token's position: `offset` for one sequence."""
+        return self.offset
+
+    def mask(self, ops, T: int):
+        """One sequence's T new queries see every held key up to their own position."""
+        return "causal" if T > 1 else None
 
     @abstractmethod
     def state(self, ops):

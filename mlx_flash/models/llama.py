@@ -114,8 +114,10 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     def heads(t, n):  # [B, T, n * hd] -> [B, n, T, hd]
         return ops.transpose(ops.reshape(t, (B, T, n, hd)), (0, 2, 1, 3))
 
+    offset = cache.positions()
+
     def rope(t):
-        return ops.rope(t, hd, args.rope_traditional, args.rope_theta, cache.offset, args.rope_scale)
+        return ops.rope(t, hd, args.rope_traditional, args.rope_theta, offset, args.rope_scale)
 
     qkv = linear(ops, x, lw["qkv"])
     if lw["q_norm"] is None:  # q and k rotated together as Hq + Hk heads: one rope instead of two
@@ -133,7 +135,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
         q, k = rope(q), rope(k)
     k, v = cache.update(ops, k, heads(v, Hk))
     cache.observe(ops, q, k, hd ** -0.5)
-    o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
+    o = ops.sdpa(q, k, v, hd ** -0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 
@@ -160,15 +162,30 @@ def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
     return ops.linear(hidden, fw.down)
 
 
+def embed(ops, args: ModelArgs, w: dict, tokens, caches):
+    """tokens [B, T] -> the residual stream h [B, T, D]."""
+    return ops.embedding(w["embed"], tokens)
+
+
+def block(ops, args: ModelArgs, lw: dict, i: int, h, cache, ffn: LayerSource):
+    """Layer i on h [B, T, D]: attention with its cache, then the FFN `ffn.layer(i, x)` supplies."""
+    eps = args.rms_norm_eps
+    h = h + attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), cache)
+    x = ops.rms_norm(h, lw["ffn_norm"], eps)
+    return h + mlp(ops, args, ffn.layer(i, x), x)
+
+
+def head(ops, args: ModelArgs, w: dict, h, all_logits: bool = False):
+    """h [B, T, D] -> logits [B, T or 1, vocab]."""
+    if not all_logits:
+        h = ops.last_token(h)
+    return ops.linear(ops.rms_norm(h, w["norm"], args.rms_norm_eps), w["head"])
+
+
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: LayerSource, all_logits: bool = False):
     """tokens [B, T] -> logits [B, T or 1, vocab]. `ffn.layer(i, x)` supplies layer i's FFN weights
     for FFN input x: resident, freshly read from the bundle file, or only the rows x needs."""
-    eps = args.rms_norm_eps
-    h = ops.embedding(w["embed"], tokens)
+    h = embed(ops, args, w, tokens, caches)
     for i, lw in enumerate(w["layers"]):
-        h = h + attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), caches[i])
-        x = ops.rms_norm(h, lw["ffn_norm"], eps)
-        h = h + mlp(ops, args, ffn.layer(i, x), x)
-    if not all_logits:
-        h = ops.last_token(h)
-    return ops.linear(ops.rms_norm(h, w["norm"], eps), w["head"])
+        h = block(ops, args, lw, i, h, caches[i], ffn)
+    return head(ops, args, w, h, all_logits)

@@ -1,5 +1,5 @@
 """mixtral uses the mixture-of-experts graph (see moe.py); this module exists so importlib finds it by model_type."""
 
-from .moe import ModelArgs, build, canonical_tensors, expert_parts, ffn_parts, forward, normalize_config
+from .moe import ModelArgs, block, build, canonical_tensors, embed, expert_parts, ffn_parts, forward, head, normalize_config
 
-__all__ = ["ModelArgs", "build", "canonical_tensors", "expert_parts", "ffn_parts", "forward", "normalize_config"]
+__all__ = ["ModelArgs", "block", "build", "canonical_tensors", "embed", "expert_parts", "ffn_parts", "forward", "head", "normalize_config"]

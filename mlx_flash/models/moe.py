@@ -183,13 +183,19 @@ def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn: ExpertSource):
     return ops.reshape(out, (B, T, D))
 
 
+embed, head = llama.embed, llama.head
+
+
+def block(ops, args: ModelArgs, lw: dict, i: int, h, cache, ffn: ExpertSource):
+    """Layer i on h [B, T, D]: attention with its cache, then the experts `ffn.experts` supplies."""
+    eps = args.rms_norm_eps
+    h = h + llama.attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), cache)
+    return h + moe_block(ops, args, lw, i, ops.rms_norm(h, lw["ffn_norm"], eps), ffn)
+
+
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: ExpertSource, all_logits: bool = False):
     """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.experts(i, ids)` supplies layer i's experts."""
-    eps = args.rms_norm_eps
-    h = ops.embedding(w["embed"], tokens)
+    h = embed(ops, args, w, tokens, caches)
     for i, lw in enumerate(w["layers"]):
-        h = h + llama.attention(ops, args, lw, ops.rms_norm(h, lw["attn_norm"], eps), caches[i])
-        h = h + moe_block(ops, args, lw, i, ops.rms_norm(h, lw["ffn_norm"], eps), ffn)
-    if not all_logits:
-        h = ops.last_token(h)
-    return ops.linear(ops.rms_norm(h, w["norm"], eps), w["head"])
+        h = block(ops, args, lw, i, h, caches[i], ffn)
+    return head(ops, args, w, h, all_logits)

@@ -108,7 +108,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     q, k, v = split(ops.linear(x, lw["q"])), split(ops.linear(x, lw["k"])), split(ops.linear(x, lw["v"]))
     k, v = cache.update(ops, k, v)
     cache.observe(ops, q, k, hd ** -0.5)
-    o = ops.sdpa(q, k, v, scale=hd ** -0.5, causal=T > 1)
+    o = ops.sdpa(q, k, v, hd ** -0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 
 
@@ -127,28 +127,41 @@ def mlp(ops, args: ModelArgs, fw: FFNWeights, x, fc2_bias):
     return ops.linear(hidden, fw.down) + fc2_bias
 
 
-def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: LayerSource, all_logits: bool = False):
-    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.layer(i, x)` supplies layer i's FFN weights."""
-    eps, pre = args.layer_norm_eps, args.do_layer_norm_before
-    offset = caches[0].offset
+def embed(ops, args: ModelArgs, w: dict, tokens, caches):
+    """tokens [B, T] -> the residual stream h [B, T, D]: token and learned position embeddings."""
     T = tokens.shape[1]
     h = ops.embedding(w["embed"], tokens)
     if w["project_in"] is not None:
         h = ops.linear(h, w["project_in"])
-    h = h + ops.embedding(w["positions"], ops.arange(offset + POSITION_OFFSET, offset + POSITION_OFFSET + T))
-    for i, lw in enumerate(w["layers"]):
-        x = ops.layer_norm(h, *lw["attn_ln"], eps) if pre else h
-        h = h + attention(ops, args, lw, x, caches[i])
-        if not pre:
-            h = ops.layer_norm(h, *lw["attn_ln"], eps)
-        x = ops.layer_norm(h, *lw["ffn_ln"], eps) if pre else h
-        h = h + mlp(ops, args, ffn.layer(i, x), x, lw["fc2_bias"])
-        if not pre:
-            h = ops.layer_norm(h, *lw["ffn_ln"], eps)
+    return h + ops.embedding(w["positions"], ops.positions(caches[0].positions() + POSITION_OFFSET, T))
+
+
+def block(ops, args: ModelArgs, lw: dict, i: int, h, cache, ffn: LayerSource):
+    """Layer i on h [B, T, D] (layer norms before or after each half, as the config says)."""
+    eps, pre = args.layer_norm_eps, args.do_layer_norm_before
+    x = ops.layer_norm(h, *lw["attn_ln"], eps) if pre else h
+    h = h + attention(ops, args, lw, x, cache)
+    if not pre:
+        h = ops.layer_norm(h, *lw["attn_ln"], eps)
+    x = ops.layer_norm(h, *lw["ffn_ln"], eps) if pre else h
+    h = h + mlp(ops, args, ffn.layer(i, x), x, lw["fc2_bias"])
+    return h if pre else ops.layer_norm(h, *lw["ffn_ln"], eps)
+
+
+def head(ops, args: ModelArgs, w: dict, h, all_logits: bool = False):
+    """h [B, T, D] -> logits [B, T or 1, vocab]."""
     if not all_logits:
         h = ops.last_token(h)
     if w["final_ln"] is not None:
-        h = ops.layer_norm(h, *w["final_ln"], eps)
+        h = ops.layer_norm(h, *w["final_ln"], args.layer_norm_eps)
     if w["project_out"] is not None:
         h = ops.linear(h, w["project_out"])
     return ops.linear(h, w["head"])
+
+
+def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: LayerSource, all_logits: bool = False):
+    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.layer(i, x)` supplies layer i's FFN weights."""
+    h = embed(ops, args, w, tokens, caches)
+    for i, lw in enumerate(w["layers"]):
+        h = block(ops, args, lw, i, h, caches[i], ffn)
+    return head(ops, args, w, h, all_logits)

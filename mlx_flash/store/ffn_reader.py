@@ -2,8 +2,8 @@
 buffer (so direct I/O reads straight into it). I/O only: numpy views, no framework arrays.
 
 With `prefetch`, two buffers alternate: when layer i is handed out, the read of the next layer
-(i + 1, or layer 0 of the next token after the last) starts into the other buffer, so reading it
-overlaps computing layer i. The caller must be done with layer i's rows before asking for layer
+(i + 1, or layer 0 of the next token after the last; with `order`, the next layer of that list,
+cyclically) starts into the other buffer, so reading it overlaps computing layer i. The caller must be done with layer i's rows before asking for layer
 i + 2 (the buffer is refilled then); the CPU kernel computes when a linear is called, so a layer's
 products are done when the next layer is asked for.
 """
@@ -20,8 +20,10 @@ from .reader_pool import ReaderPool
 
 
 class FFNReader:
-    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout, prefetch: bool = False):
+    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout, prefetch: bool = False,
+                 order: list[int] | None = None):
         self.pool = pool
+        self.order = list(order) if order is not None else list(range(len(layout.layer_offsets)))
         self.layout = layout
         self.file = pool.open(path)
         self._mems = [mmap.mmap(-1, max(layout.layer_nbytes, 1)) for _ in range(2 if prefetch else 1)]
@@ -52,7 +54,8 @@ class FFNReader:
             self._finish(b)
         self._last = b
         if self.prefetch:
-            nxt = ((layer + 1) % len(self.layout.layer_offsets), skip_rows)
+            at = self.order.index(layer) if layer in self.order else -1
+            nxt = (self.order[(at + 1) % len(self.order)], skip_rows)
             other = 1 - b
             if self._holds[other] != nxt:
                 self._finish(other)

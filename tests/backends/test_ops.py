@@ -45,7 +45,38 @@ def test_sdpa_gqa_causal(ops, T, S):
     k = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
     v = rng.standard_normal((1, 2, S, 8)).astype(np.float32)
     (qm, qt), (km, kt), (vm, vt) = both(ops, q), both(ops, k), both(ops, v)
-    close(ops[0].sdpa(qm, km, vm, 0.3, causal=T > 1), ops[1].sdpa(qt, kt, vt, 0.3, causal=T > 1), ops)
+    mask = "causal" if T > 1 else None
+    close(ops[0].sdpa(qm, km, vm, 0.3, mask), ops[1].sdpa(qt, kt, vt, 0.3, mask), ops)
+
+
+@pytest.mark.parametrize("traditional", [True, False])
+def test_rope_per_row_offsets_equal_each_row_alone(ops, traditional):
+    x = rng.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    offsets = np.array([0, 7, 130])
+    for o in ops:
+        got = o.to_numpy(o.rope(o.array(x), 16, traditional, 10000.0, offsets))
+        for b, off in enumerate(offsets):
+            alone = o.to_numpy(o.rope(o.array(x[b:b + 1]), 16, traditional, 10000.0, int(off)))
+            np.testing.assert_allclose(got[b:b + 1], alone, atol=1e-6)
+        pos = o.to_numpy(o.positions(offsets, 4))
+        np.testing.assert_array_equal(pos, offsets[:, None] + np.arange(4))
+
+
+def test_sdpa_boolean_mask_equals_unpadded_rows(ops):
+    """Right-padded keys hidden by a mask give each row what its own keys give alone."""
+    lengths, T = [3, 9], 2
+    q = rng.standard_normal((2, 6, T, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 9, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 9, 8)).astype(np.float32)
+    keep = np.zeros((2, 1, T, 9), bool)
+    for b, n in enumerate(lengths):
+        keep[b, 0] = np.arange(9)[None, :] <= np.arange(T)[:, None] + n - T
+    for o in ops:
+        got = o.to_numpy(o.sdpa(o.array(q), o.array(k), o.array(v), 0.3, o.mask(keep)))
+        for b, n in enumerate(lengths):
+            alone = o.to_numpy(o.sdpa(o.array(q[b:b + 1]), o.array(k[b:b + 1, :, :n]), o.array(v[b:b + 1, :, :n]),
+                                      0.3, "causal"))
+            np.testing.assert_allclose(got[b:b + 1], alone, atol=1e-5)
 
 
 def test_norms_and_activations(ops):

@@ -1,0 +1,155 @@
+"""Throughput mode end to end: the workload measured, the machine described (room under the one
+memory limit, disk profile, a calibration run of one layer), the policy searched or given, the
+weights placed as it says, the batch run, and the prediction set beside the measurement."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+from ..config import FFNMode
+from ..errors import ConfigError
+from ..memory import process_rss
+from ..memory.process_plan import RUNTIME_SLACK, ModelShape
+from ..store.disk_profile import default_profile
+from ..store.stream_pool import stream_pool
+from ..units import fmt
+from .batch_generate import BatchStats, encode_all, generate_batch
+from .calibration import measure_compute
+from .cost_model import Machine, Workload
+from .placed_ffn import PlacedFFN
+from .policy import Policy
+from .search import Choice, describe, search
+from .sequence import SamplingOptions
+
+
+@dataclass
+class BatchRun(BatchStats):
+    predicted_s: float = 0.0
+    predicted_tokens_per_s: float = 0.0
+    memory_planned: int = 0
+    room: int = 0
+    compute: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The policy, its prediction and the measurement side by side."""
+        return (f"policy {json.dumps(self.policy)}: predicted {self.predicted_s:.1f} s ({self.predicted_tokens_per_s:.1f} tok/s), "
+                f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
+                f"{self.generated_tokens} tokens; placement holds {fmt(self.memory_planned)} of {fmt(self.room)}")
+
+
+def read_bps(engine) -> float:
+    """Flash read throughput for whole-layer reads: the disk profile's best large-chunk rate."""
+    prof = default_profile(engine.config.cache_dir)
+    return max(max(row.values()) for row in prof["throughput"].values())
+
+
+def streams_layers(engine) -> bool:
+    """Whether the engine reads dense FFN layers whole (ffn stream): the placement the policy sets."""
+    return engine.config.ffn is FFNMode.STREAM and not engine.store.manifest.ffn.n_experts
+
+
+def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
+    lay = engine.store.manifest.ffn
+    L = engine.args.num_hidden_layers
+    streamed = streams_layers(engine)
+    limit = engine.memory_plan.get("limit") or 0
+    # the room: what the limit leaves beside this process now and the runtime's slack; placing
+    # layers needs a second pair of read buffers
+    room = limit - process_rss() - RUNTIME_SLACK[engine.config.backend.value] - (2 * lay.layer_nbytes if streamed else 0)
+    slots = engine.layer_slots
+    attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
+    compute = measure_compute(engine, workload.prompt, workload.prompt + workload.generate // 2, max_rows)
+    return Machine(room=room, ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
+                   read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
+                   shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
+
+
+def choose(engine, workload: Workload, policy: Policy | None, kv_bits=(0,)) -> tuple[Machine, Choice]:
+    """The machine and the policy (searched when None), checked against the room."""
+    rows = min(workload.sequences, 32) if policy is None else policy.gpu_batch
+    m = describe_machine(engine, workload, rows)
+    if policy is None:
+        c = search(m, workload, kv_bits)
+    else:
+        policy.check(m.n_layers)
+        if not streams_layers(engine) and policy.resident_layers:
+            raise ConfigError("policy: resident_layers places FFN layers of a model read whole from flash (ffn stream); "
+                              "this engine's FFN is already placed")
+        c = describe(m, workload, policy)
+    if not streams_layers(engine):
+        c = replace(c, policy=replace(c.policy, resident_layers=0))
+    return m, c
+
+
+def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy: Policy | None,
+              progress: bool, on_done=None, kv_bits=(0,)) -> tuple[list, BatchRun]:
+    if engine.config.ffn is FFNMode.SPARSE:
+        raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
+                          "when it fits); a sparse FFN follows one sequence's neurons")
+    stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
+    opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
+    work = encode_all(engine, prompts, max_tokens)
+    workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work),
+                        generate=max(n for _, n in work))
+    m, c = choose(engine, workload, policy, kv_bits)
+    p = c.policy
+    run = BatchRun(predicted_s=c.seconds, predicted_tokens_per_s=c.tokens_per_s, memory_planned=c.memory,
+                   room=m.room, compute=asdict(m.compute))
+    saved_ffn, slots = engine.ffn, engine.layer_slots
+    if streams_layers(engine):
+        lay = engine.store.manifest.ffn
+        engine.ffn = PlacedFFN(engine.ops, engine.store, stream_pool(engine.config.cache_dir, lay.layer_nbytes,
+                                                                     engine.config.io.mode.value,
+                                                                     engine.config.io.threads),
+                               p.resident_layers, p.overlap)
+    if slots is not None:
+        slots.read_ahead = p.overlap
+    bar = _progress_bar(len(work), progress)
+    t0 = time.perf_counter()
+    try:
+        seqs, stats = generate_batch(engine, work, opts, p, on_done=_chain(on_done, bar),
+                                     on_token=(lambda n: _tick(bar, n, t0)) if bar else None)
+    finally:
+        if engine.ffn is not saved_ffn:
+            engine.ffn.close()
+            engine.ffn = saved_ffn
+        if slots is not None:
+            slots.read_ahead = True
+        if bar:
+            bar.close()
+    for f in vars(stats):
+        setattr(run, f, getattr(stats, f))
+    if progress:
+        print(run.line(), file=sys.stderr)
+    return seqs, run
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="seq", desc="sequences", file=sys.stderr)
+    bar.tokens = 0
+    return bar
+
+
+def _tick(bar, n: int, t0: float) -> None:
+    bar.tokens += n
+    bar.set_postfix_str(f"{bar.tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s", refresh=False)
+    bar.refresh()
+
+
+def _chain(on_done, bar):
+    if on_done is None and bar is None:
+        return None
+
+    def done(seq):
+        if bar is not None:
+            bar.update(1)
+        if on_done is not None:
+            on_done(seq)
+    return done
