@@ -15,7 +15,7 @@ import numpy as np
 from .errors import ConfigError, ContextLengthError
 from .ffn_source import FFNSource
 from .models.cache import make_caches
-from .sampling import check_sampling, sample
+from .sampling import check_sampling, partial_stop, sample
 from .speculative import accepted_prefix, ngram_draft
 
 
@@ -207,7 +207,7 @@ class Engine:
             if finish is None and n + 1 == max_tokens:
                 text += detok.finalize()
                 finish = "length"
-            safe = len(text) if finish else len(text) - _partial_stop(text, stops)
+            safe = len(text) if finish else len(text) - partial_stop(text, stops)
             summary.decode_s += time.perf_counter() - t_start
             yield GenerationStep(text[emitted:safe], token, stats, finish)
             emitted = max(emitted, safe)
@@ -291,13 +291,3 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
-
-def _partial_stop(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

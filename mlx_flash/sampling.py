@@ -34,3 +34,14 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, rng
         mask[keep] = p[keep]
         p = mask / mask.sum()
     return int(rng.choice(p.size, p=p))
+
+
+def partial_stop(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

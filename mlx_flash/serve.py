@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens when a request gives none (default: 256)")
     p.add_argument("--queue-limit", type=int, default=16,
                    help="requests that may wait for the engine; more get 503 with Retry-After (default: 16)")
+    p.add_argument("--max-batch", type=int, default=32,
+                   help="requests decoded together (continuous batching: one pass of the weights per token for "
+                        "all of them); more wait their turn (default: 32)")
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
     return p.parse_args(argv)
 
@@ -55,8 +58,8 @@ def main(argv=None) -> int:
         from .service.server import Server, ServerOptions
 
         Compression.parse(args.kv_compression)  # a bad option is refused before the model loads
-        if args.queue_limit < 1 or args.chunk_tokens < 1 or args.max_tokens < 0:
-            raise FlashError("--queue-limit and --chunk-tokens must be >= 1, --max-tokens >= 0")
+        if args.queue_limit < 1 or args.chunk_tokens < 1 or args.max_batch < 1 or args.max_tokens < 0:
+            raise FlashError("--queue-limit, --chunk-tokens and --max-batch must be >= 1, --max-tokens >= 0")
 
         engine = load_config(args.model, from_arguments(EngineConfig, args))
         name = args.model_name or os.path.basename(engine.store.path.rstrip(os.sep))
@@ -65,7 +68,7 @@ def main(argv=None) -> int:
         for line in svc.problems:
             print(f"warning: {line}", file=sys.stderr)
         server = Server(svc, ServerOptions(model_name=name, api_keys=keys, queue_limit=args.queue_limit,
-                                           max_tokens_default=args.max_tokens))
+                                           max_tokens_default=args.max_tokens, max_batch=args.max_batch))
         print(f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
               flush=True)
         try:

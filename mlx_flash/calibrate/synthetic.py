@@ -27,6 +27,13 @@ SHAPES = {
                    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_traditional": False,
                    "tie_word_embeddings": False, "max_position_embeddings": 4096, "sliding_window": None,
                    "bos_token_id": 1, "eos_token_id": 2},
+    # Mistral-7B: Llama-2-7B's layout with grouped-query attention (32/8 heads) and a wider FFN: its KV
+    # cache is a quarter of Llama-2's per token, the shape of today's 7-8B dense models.
+    "mistral-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "head_dim": 128,
+                   "rms_norm_eps": 1e-5, "rope_theta": 1e6, "rope_traditional": False,
+                   "tie_word_embeddings": False, "max_position_embeddings": 32768, "sliding_window": None,
+                   "bos_token_id": 1, "eos_token_id": 2},
     # Mixtral-8x7B: 32 layers, d_model 4096, 8 experts of 14336 neurons, top-2, GQA 32/8 heads.
     "mixtral-8x7b": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 8 * 14336,
                      "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import sample
+from ..sampling import partial_stop, sample
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Sequence:
     finish_reason: str | None = None
     ended_on_eos: bool = False
     reported: bool = False  # handed to the caller's on_done
+    emitted: int = 0  # characters of text handed out by delta()
 
     @property
     def done(self) -> bool:
@@ -66,3 +67,11 @@ class Sequence:
             self.text += self.detok.finalize()
             self.finish_reason = "length"
         return token
+
+    def delta(self, opts: SamplingOptions) -> str:
+        """The text made since the last delta, less a tail that may still turn out to start a stop
+        string (all of it once the sequence is done): what a stream shows after each token."""
+        safe = len(self.text) if self.done else len(self.text) - partial_stop(self.text, list(opts.stop))
+        out = self.text[self.emitted:safe]
+        self.emitted = max(self.emitted, safe)
+        return out

@@ -13,16 +13,17 @@ is forked copy-on-write into a new context, and no match starts a new one. Eithe
 response's `X-Context-Id` header names the context used, and `usage.prompt_tokens_details.
 cached_tokens` counts the prompt tokens served from it.
 
-One worker thread runs the engine; requests wait their turn in arrival order (an asyncio lock is
-FIFO). While `queue_limit` requests already wait, a new one gets 503 with Retry-After, as does a
-request the KV budget cannot hold right now. A client that disconnects stops its generation at the
-next token. Idle time writes chunks to flash ahead of need (Service.swap_out_idle).
+One engine thread (engine_loop.py) runs the service with continuous batching: up to `max_batch`
+requests decode together, one batched pass of the weights per token for all of them, joining and
+leaving between steps; more wait their turn in arrival order. While `queue_limit` requests already
+wait, a new one gets 503 with Retry-After, as does a request the KV budget cannot hold right now. A
+client that disconnects stops its generation at the next token. Idle time writes chunks to flash
+ahead of need (Service.swap_out_idle).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import json
 import threading
@@ -30,12 +31,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError
+from ..errors import ConfigError, ContextNotFoundError
 from ..memory import peak_rss, process_rss
 from . import openai_api as oa
-
-IDLE_SWAP_S = 0.5  # how often an idle server writes a few chunks ahead
-_DONE = object()
+from .engine_loop import DONE, EngineLoop
 
 
 @dataclass
@@ -45,6 +44,7 @@ class ServerOptions:
     queue_limit: int = 16
     max_tokens_default: int = 256
     max_body_bytes: int = 8 << 20
+    max_batch: int = 32  # requests decoded together
 
 
 @dataclass
@@ -57,15 +57,15 @@ class _Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     context: str = ""
 
+    def put(self, item) -> None:
+        """Hand an item to the request's coroutine (from the engine thread)."""
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
 
 class Server:
     def __init__(self, service, options: ServerOptions):
         self.svc, self.opt = service, options
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlx-flash-engine")
-        self.turn = asyncio.Lock()
-        self.waiting = 0
-        self.busy = False
-        self._idle_task = None
+        self.engine = EngineLoop(service, options.max_batch)
         self._keys = {hashlib.sha256(k.encode()).hexdigest()[:32]: k for k in options.api_keys}
 
     def app(self) -> web.Application:
@@ -97,26 +97,10 @@ class Server:
             return _error(oa.ApiError(e.status, e.reason or "error", code=str(e.status)))
 
     async def _start(self, app) -> None:
-        self._idle_task = asyncio.create_task(self._idle())
+        self.engine.start()
 
     async def _stop(self, app) -> None:
-        if self._idle_task:
-            self._idle_task.cancel()
-        await asyncio.get_running_loop().run_in_executor(self.pool, self.svc.flush)
-        self.pool.shutdown(wait=True)
-
-    async def _idle(self) -> None:
-        """Ahead-of-time swap-out while no request runs or waits."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(IDLE_SWAP_S)
-            if self.busy or self.waiting:
-                continue
-            try:
-                async with self.turn:
-                    await loop.run_in_executor(self.pool, self.svc.swap_out_idle, 4)
-            except FlashError:
-                pass  # a full disk: the chunks stay in memory; a request will meet the error by name
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
 
     def _owner(self, request) -> str:
         if not self._keys:
@@ -136,24 +120,9 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise oa.ApiError(400, f"the request body is not valid JSON ({e})") from None
 
-    async def _take_turn(self) -> None:
-        """Wait for the engine's thread in arrival order (FIFO); 503 when too many already wait."""
-        if self.waiting >= self.opt.queue_limit:
-            raise oa.ApiError(503, f"{self.waiting} requests are already waiting; retry later", code="overloaded",
-                              kind="server_error")
-        self.waiting += 1
-        try:
-            await self.turn.acquire()
-        finally:
-            self.waiting -= 1
-
     async def _on_worker(self, fn, *args):
-        """Run fn on the engine's thread in its turn."""
-        await self._take_turn()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-        finally:
-            self.turn.release()
+        """Run fn on the engine's thread, between decode steps."""
+        return await self.engine.run(fn, *args)
 
     # ---- generation -----------------------------------------------------------------------------
     async def chat(self, request):
@@ -169,11 +138,11 @@ class Server:
             raise oa.ApiError(404, f"model {req.model!r} does not exist (this server runs {self.opt.model_name!r})",
                               "model", "model_not_found")
         explicit = req.context_id or request.headers.get("X-Context-Id")
+        if self.engine.queued >= self.opt.queue_limit:
+            raise oa.ApiError(503, f"{self.engine.queued} requests are already waiting; retry later", code="overloaded",
+                              kind="server_error")
         job = _Job(req, owner, explicit, asyncio.get_running_loop(), asyncio.Queue())
-        await self._take_turn()
-        self.busy = True
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._run, job)
-        fut.add_done_callback(lambda _: (setattr(self, "busy", False), self.turn.release()))
+        self.engine.submit(job)
         try:
             first = await job.out.get()
             if isinstance(first, oa.ApiError):
@@ -182,58 +151,9 @@ class Server:
         finally:
             job.cancel.set()  # a disconnect (or any exit) stops the generation at its next token
 
-    def _run(self, job: _Job) -> None:
-        """On the engine's thread: pick the context, generate, hand each step to the request's queue."""
-        def put(item):
-            job.loop.call_soon_threadsafe(job.out.put_nowait, item)
-
-        svc, req = self.svc, job.req
-        made = None  # a context this request made: removed again if the request fails before its first token
-        try:
-            if job.explicit:
-                ctx, whole = job.explicit, False
-                svc.get(ctx, job.owner)
-            else:
-                ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
-                ctx, n = svc.match(ids, job.owner)
-                if ctx is None:
-                    ctx = made = svc.new_context(owner=job.owner)
-                elif n < svc.get(ctx, job.owner).kv_tokens:
-                    ctx = made = svc.fork(ctx, n, job.owner)
-                whole = True
-            job.context = ctx
-            steps = svc.call(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
-            for step in steps:
-                made = None
-                if job.cancel.is_set():
-                    steps.close()
-                    break
-                put(step)
-            # completion tokens: every token sampled, a closing end-of-sequence token included (the
-            # context holds them all but the last, which is what cached_tokens then reuses)
-            put(oa.usage(svc.last.prompt_tokens, len(svc.engine.last.tokens), svc.last.cached_tokens))
-        except ContextNotFoundError as e:
-            put(oa.ApiError(404, str(e), "context_id", "context_not_found"))
-        except MemoryBudgetError as e:
-            put(oa.ApiError(503, str(e), code="kv_budget_full", kind="server_error"))
-        except ContextLengthError as e:
-            put(oa.ApiError(400, str(e), code="context_length_exceeded"))
-        except FlashError as e:
-            put(oa.ApiError(400, str(e)))
-        except Exception as e:  # a bug: the request fails with 500, the server stays up
-            put(oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
-        else:
-            made = None
-        if made is not None:
-            try:
-                svc.delete(made, job.owner)
-            except FlashError:
-                pass
-        put(_DONE)
-
     async def _items(self, job: _Job, first):
         item = first
-        while item is not _DONE:
+        while item is not DONE:
             yield item
             item = await job.out.get()
 
@@ -301,7 +221,8 @@ class Server:
                    "chunks_recomputed": s.chunks_recomputed, "bad_swap_files": s.bad_swap_files},
             "calls": {"total": s.calls, "cache_hits": s.cache_hits, "prompt_tokens": s.prompt_tokens,
                       "cached_tokens": s.cached_tokens},
-            "queue": {"waiting": self.waiting, "busy": self.busy, "limit": self.opt.queue_limit}})
+            "queue": {"waiting": self.engine.queued, "running": len(self.engine.active), "busy": self.engine.busy,
+                      "limit": self.opt.queue_limit, "max_batch": self.opt.max_batch}})
 
     async def create_context(self, request):
         owner = self._owner(request)

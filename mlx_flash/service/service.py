@@ -24,7 +24,7 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass, field
+
 from typing import Iterator
 
 import numpy as np
@@ -42,44 +42,10 @@ from .compression import Compression, DensityTracker
 from .context import Context
 from .kv_memory import KVMemory
 from .lifecycle import Lifecycle, Restore
-from .restore import RestoreReport
+from .reports import CallReport, ServiceStats
 from .swap_files import SwapDir, SwapError
 
 DEFAULT_CHUNK = 16
-
-
-@dataclass
-class CallReport:
-    """What one call cost: switch_s is the time until the context was ready to prefill its new
-    tokens (making room, reading and recomputing its chunks), the paper's switching latency."""
-
-    context: str = ""
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV the context already held
-    switch_s: float = 0.0
-    evicted_chunks: int = 0
-    written_chunks: int = 0
-    restore: RestoreReport = field(default_factory=RestoreReport)
-
-
-@dataclass
-class ServiceStats:
-    kv_budget: int
-    chunk_tokens: int
-    chunk_bytes: int
-    slots: int
-    slots_free: int
-    contexts: int
-    contexts_resident: int  # every chunk in memory
-    contexts_swapped: int  # at least one chunk only on flash
-    calls: int = 0
-    cache_hits: int = 0  # calls that reused at least one held token
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    chunks_written: int = 0
-    chunks_read: int = 0
-    chunks_recomputed: int = 0
-    bad_swap_files: int = 0
 
 
 class Service:
@@ -230,6 +196,14 @@ class Service:
         chat and the whole chat goes through the chat template. whole=True: `prompt` is the whole
         text or chat instead (a stateless client's request). Only the tokens the context does not
         hold are prefilled. Errors in the arguments raise before the first step."""
+        ctx, ids, history = self.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
+        return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                                 top_k=top_k, seed=seed, stop=stop, speculative=speculative))
+
+    def prepare(self, ctx_id: str, prompt, owner: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
+                whole: bool) -> tuple[Context, list[int], list | None]:
+        """A call's checks and tokens: (the context, the call's whole token sequence, the chat
+        history it makes, None for a raw completion). Raises before anything changes."""
         ctx = self.get(ctx_id, owner)
         if ctx.pinned:
             raise ConfigError(f"context {ctx_id} is in use")
@@ -250,8 +224,7 @@ class Service:
             raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
                               f"(the model's context {self.engine.model_context}, the KV budget "
                               f"{self.pool.n_slots * self.shape.tokens} tokens)")
-        return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                                 top_k=top_k, seed=seed, stop=stop, speculative=speculative))
+        return ctx, ids, history
 
     @property
     def max_tokens(self) -> int:
@@ -259,56 +232,73 @@ class Service:
         return min(self.engine.model_context, self.pool.n_slots * self.shape.tokens)
 
     def _run(self, ctx: Context, ids: list[int], history, sampling: dict) -> Iterator[GenerationStep]:
+        caches, text, failed = None, [], True
+        report = self.last = self.new_report(ctx, ids)
+        try:
+            caches = self.open_call(ctx, ids, report)
+            steps = self.engine.stream_tokens(ids, caches, **sampling)
+            try:
+                for step in steps:
+                    text.append(step.text)
+                    yield step
+                failed = False
+            except GeneratorExit:  # the caller closing the stream early is no failure
+                failed = False
+                raise
+        finally:
+            self.close_call(ctx, ids, history, caches, self.engine.last, "".join(text), failed, report)
+
+    def new_report(self, ctx: Context, ids: list[int]) -> CallReport:
+        return CallReport(context=ctx.id, prompt_tokens=len(ids), moves_before=self.kv.counts.copy())
+
+    def open_call(self, ctx: Context, ids: list[int], report: CallReport) -> list:
+        """Pin the context, bring back the KV of its longest common prefix with ids, forget the rest,
+        make room for the call's first chunks; returns the caches to run ids on (holding that
+        prefix). `report` gets the switch."""
         t0 = time.perf_counter()
-        report = self.last = CallReport(context=ctx.id, prompt_tokens=len(ids))
         n = min(_common_prefix(ids, ctx.held()), len(ids) - 1)
         ctx.pinned = True
-        caches = None
-        before = self.kv.counts.copy()
         try:
             report.restore = self.kv.restore(ctx, n)
             ctx.table.truncate(n)
             ctx.mark_changed(n)
             ctx.sequence = ctx.sequence[:n]
             self.kv.make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots))
-            report.cached_tokens = n
-            report.switch_s = time.perf_counter() - t0
-            caches = ctx.table.caches()
-            steps = self.engine.stream_tokens(ids, caches, **sampling)
-            text = []
-            failed = True  # an error (not the caller closing the stream early) leaves the chat as it was
-            try:
-                for step in steps:
-                    text.append(step.text)
-                    yield step
-                failed = False
-            except GeneratorExit:
-                failed = False
-                raise
-        finally:
-            if caches is not None:
-                sampled = self.engine.last.tokens
-                ctx.sequence = ids + sampled
-                ctx.table.tokens = min(caches[0].offset, len(ids) + max(0, len(sampled) - 1))
-                ctx.table.truncate(ctx.table.tokens)
-                ctx.mark_changed(n)
-                if history is not None and not failed:
-                    ctx.messages = history + [{"role": "assistant", "content": "".join(text)}]
-                self._count_call(report)
-                last = self.engine.last
-                if last.prefill_s > 0:  # a measured prefill is what a recompute costs; a decode step, a pass
-                    step = float(np.median([t.wall_ms for t in last.steps[1:]])) / 1e3 if len(last.steps) > 1 else 0
-                    self.kv.costs.update(last.prefill_s, last.prompt_tokens - last.cached_tokens, 0.0, 0, step)
-            report.evicted_chunks = self.kv.counts.evicted - before.evicted
-            report.written_chunks = self.kv.counts.written - before.written
-            ctx.last_used = time.monotonic()
+        except BaseException:
             ctx.pinned = False
-            ok = sys.exc_info()[0] is None
-            try:
-                self._save(ctx)
-            except SwapError:
-                if ok:
-                    raise  # else the error already on its way (naming the file that failed first) is the one
+            raise
+        report.cached_tokens = n
+        report.switch_s = time.perf_counter() - t0
+        return ctx.table.caches()
+
+    def close_call(self, ctx: Context, ids: list[int], history, caches, summary, text: str, failed: bool,
+                   report: CallReport) -> None:
+        """After a call (caches None: it failed before them): the context holds ids and every sampled
+        token but the last (summary.tokens), the chat gains the answer unless the call failed, the
+        record is written, the context unpinned."""
+        if caches is not None:
+            sampled = summary.tokens
+            ctx.sequence = ids + sampled
+            ctx.table.tokens = min(caches[0].offset, len(ids) + max(0, len(sampled) - 1))
+            ctx.table.truncate(ctx.table.tokens)
+            ctx.mark_changed(report.cached_tokens)
+            if history is not None and not failed:
+                ctx.messages = history + [{"role": "assistant", "content": text}]
+            self._count_call(report)
+            if summary.prefill_s > 0:  # a measured prefill is what a recompute costs; a decode step, a pass
+                step = float(np.median([t.wall_ms for t in summary.steps[1:]])) / 1e3 if len(summary.steps) > 1 else 0
+                self.kv.costs.update(summary.prefill_s, summary.prompt_tokens - summary.cached_tokens, 0.0, 0, step)
+        before = report.moves_before
+        report.evicted_chunks = self.kv.counts.evicted - before.evicted
+        report.written_chunks = self.kv.counts.written - before.written
+        ctx.last_used = time.monotonic()
+        ctx.pinned = False
+        ok = sys.exc_info()[0] is None
+        try:
+            self._save(ctx)
+        except SwapError:
+            if ok:
+                raise  # else the error already on its way (naming the file that failed first) is the one
 
     def _count_call(self, report: CallReport) -> None:
         s = self._stats

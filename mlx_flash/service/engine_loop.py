@@ -1,0 +1,206 @@
+"""The server's engine thread: the only thread that touches the Service, running a continuous
+batch (running_batch.py) and, between its steps, everything else asked of the service.
+
+Requests arrive as jobs; up to `max_batch` run at once, the rest wait their turn in arrival order
+(FIFO) and join the batch between decode steps as others leave. Other work (context CRUD, stats)
+is a function run between steps. Each job's steps, its usage and an end marker go to its asyncio
+queue on the event loop's thread. With nothing to do for IDLE_SWAP_S, the loop writes a few chunks
+ahead of need (Service.swap_out_idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import queue
+import threading
+import traceback
+
+from ..errors import ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError
+from . import openai_api as oa
+from .running_batch import RunningBatch
+
+IDLE_SWAP_S = 0.5
+DONE = object()  # the end of a job's items
+
+
+class EngineLoop:
+    def __init__(self, service, max_batch: int = 32):
+        self.svc = service
+        self.batch = RunningBatch(service, max_batch)
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: collections.deque = collections.deque()  # jobs not yet started, in arrival order
+        self.active: dict = {}  # BatchedCall -> job
+        self.queued = 0  # jobs submitted and not started (read by the event loop for 503s)
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="mlx-flash-engine", daemon=True)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Finish running calls, write every chunk without a swap file, end the thread."""
+        done = self.call(self._shutdown)
+        done.result()
+        self.thread.join()
+
+    def call(self, fn, *args) -> concurrent.futures.Future:
+        """Run fn(*args) on the engine thread between steps."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.inbox.put((fn, args, fut))
+        return fut
+
+    async def run(self, fn, *args):
+        return await asyncio.wrap_future(self.call(fn, *args))
+
+    def submit(self, job) -> None:
+        self.queued += 1
+        self.inbox.put(job)
+
+    # ---- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._turn()
+            except Exception as e:  # a bug: the running requests fail with 500, the loop goes on
+                traceback.print_exc()
+                for call, job in list(self.active.items()):
+                    self.batch.finish(call, failed=True)
+                    job.put(api_error(e))
+                    self._end(call, job)
+
+    def _turn(self) -> None:
+        """Take what arrived, start waiting jobs while the batch has room, run one decode step."""
+        idle = not self.batch.calls and not self.waiting
+        try:
+            item = self.inbox.get(timeout=IDLE_SWAP_S) if idle else self.inbox.get_nowait()
+        except queue.Empty:
+            item = None
+            if idle:
+                self._swap_ahead()
+                return
+        while item is not None:
+            self._take(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                item = None
+        while self.waiting and not self.batch.full and not self._stop.is_set():
+            self.queued -= 1
+            self._begin(self.waiting.popleft())
+        if self.batch.calls:
+            self._step()
+
+    def _take(self, item) -> None:
+        if isinstance(item, tuple):
+            fn, args, fut = item
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # handed to the awaiting request
+                fut.set_exception(e)
+        else:
+            self.waiting.append(item)
+
+    def _swap_ahead(self) -> None:
+        try:
+            self.svc.swap_out_idle(4)
+        except FlashError:
+            pass  # a full disk: the chunks stay in memory; a request will meet the error by name
+
+    def _begin(self, job) -> None:
+        """Pick the job's context and start its call; errors end the job with an OpenAI error."""
+        svc, req = self.svc, job.req
+        made = None  # a context this request made: removed again if the request fails before its first token
+        try:
+            if job.explicit:
+                ctx, whole = job.explicit, False
+                svc.get(ctx, job.owner)
+            else:
+                ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
+                ctx, n = svc.match(ids, job.owner)
+                if ctx is None:
+                    ctx = made = svc.new_context(owner=job.owner)
+                elif n < svc.get(ctx, job.owner).kv_tokens:
+                    ctx = made = svc.fork(ctx, n, job.owner)
+                whole = True
+            job.context = ctx
+            call, step = self.batch.start(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
+        except Exception as e:
+            if made is not None:
+                try:
+                    svc.delete(made, job.owner)
+                except FlashError:
+                    pass
+            job.put(api_error(e))
+            job.put(DONE)
+            return
+        if step is not None:
+            job.put(step)
+        if call in self.batch.calls:
+            self.active[call] = job
+        else:
+            self._end(call, job)
+
+    def _step(self) -> None:
+        for call, job in list(self.active.items()):
+            if job.cancel.is_set():  # the client went away: it stops here, its context keeps what it got
+                self.batch.finish(call)
+                self._end(call, job)
+        if not self.batch.calls:
+            return
+        try:
+            results = self.batch.step()
+        except Exception as e:  # a failed pass fails every call in it; the server stays up
+            for call, job in list(self.active.items()):
+                self.batch.finish(call, failed=True)
+                job.put(api_error(e))
+                self._end(call, job)
+            return
+        for call, step in results:
+            job = self.active.get(call)
+            if job is None:
+                continue
+            if step is not None:
+                job.put(step)
+            if call.error is not None:
+                job.put(api_error(call.error))
+            if call not in self.batch.calls:
+                self._end(call, job)
+
+    def _end(self, call, job) -> None:
+        self.active.pop(call, None)
+        # completion tokens: every token sampled, a closing end-of-sequence token included (the
+        # context holds them all but the last, which is what cached_tokens then reuses)
+        job.put(oa.usage(call.report.prompt_tokens, len(call.seq.tokens), call.report.cached_tokens))
+        job.put(DONE)
+
+    def _shutdown(self) -> None:
+        for call, job in list(self.active.items()):
+            self.batch.finish(call)
+            self._end(call, job)
+        while self.waiting:
+            job = self.waiting.popleft()
+            job.put(oa.ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
+            job.put(DONE)
+        self.svc.flush()
+        self._stop.set()
+
+
+def api_error(e: Exception) -> oa.ApiError:
+    """The OpenAI error a failed call answers with."""
+    if isinstance(e, ContextNotFoundError):
+        return oa.ApiError(404, str(e), "context_id", "context_not_found")
+    if isinstance(e, MemoryBudgetError):
+        return oa.ApiError(503, str(e), code="kv_budget_full", kind="server_error")
+    if isinstance(e, ContextLengthError):
+        return oa.ApiError(400, str(e), code="context_length_exceeded")
+    if isinstance(e, FlashError):
+        return oa.ApiError(400, str(e))
+    return oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
