@@ -217,9 +217,9 @@ class ResidentFFN(LayerSource):
 
 
 class StreamedFFN(LayerSource):
-    """Each call reads layer i's bundle region through the pool and decodes it (nothing kept).
-    Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes into backend weights),
-    bytes_read, reads."""
+    """Each call reads layer i's bundle region through the pool and decodes it (nothing kept), but
+    for layers `place` holds. Counters: io_seconds (blocked on reads), mem_seconds (decoding bytes
+    into backend weights), bytes_read, reads."""
 
     same_for_every_input = True
 
@@ -229,18 +229,35 @@ class StreamedFFN(LayerSource):
         self.layout = store.manifest.ffn
         self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch=True)
         self.mem_seconds = 0.0
+        self.held: dict[int, FFNWeights] = {}
 
     def layer(self, i: int, x=None) -> FFNWeights:
+        w = self.held.get(i)
+        if w is not None:
+            return w
         rows = self.reader.read_layer(i)
         t = time.perf_counter()
         w = bundle_weights(self.ops, self.layout, rows)
         self.mem_seconds += time.perf_counter() - t
         return w
 
+    def place(self, resident: int, read_ahead: bool = True) -> int:
+        """Hold the first `resident` layers' FFNs in memory as stored (a throughput policy's weight
+        placement; each in a buffer of its own, its weights views of it) and read the others, each
+        next one's read started when a layer is handed out unless `read_ahead` is off (the
+        no-overlap ablation). Returns the bytes held."""
+        n = len(self.layout.layer_offsets)
+        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout, self.reader.read_layer(i).copy())
+                     for i in range(resident)}
+        self.reader.order = list(range(resident, n)) or list(range(n))
+        self.reader.prefetch = read_ahead
+        return resident * self.layout.layer_nbytes
+
     def stats(self) -> FFNStats:
         r = self.reader
         return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads)
 
     def close(self) -> None:
+        self.held = {}
         self.reader.close()
         self.pool.close()

@@ -2,7 +2,7 @@
 
     python tools/perplexity.py [--model PATH] [--backend mlx|torch] [--text FILE | --corpus wikipedia]
                                [--ffn resident|stream|sparse] [--predictor-recall R]
-                               [--context 512] [--tokens 4096] [--json OUT]
+                               [--score-window 512] [--tokens 4096] [--kv-bits 4] [--json OUT]
 """
 
 import argparse
@@ -25,8 +25,11 @@ def main() -> int:
     src.add_argument("--text", default=None, help="a UTF-8 text file")
     src.add_argument("--corpus", default="wikipedia", choices=("wikipedia", "austen"),
                      help="a fetched corpus (tools/fetch_data.py); default: wikipedia")
-    p.add_argument("--context", type=int, default=512, help="tokens per window (default 512)")
+    p.add_argument("--score-window", dest="window", type=int, default=512, help="tokens per window, each scored from an empty cache "
+                   "(default 512; --context is the engine's KV plan)")
     p.add_argument("--tokens", type=int, default=4096, help="score the first N tokens (default 4096)")
+    p.add_argument("--kv-bits", type=int, choices=(0, 4), default=0,
+                   help="hold the KV cache at 4 bits, as the throughput mode's kv_bits policy does (default 0: exact)")
     p.add_argument("--json", default=None, help="also write the result as JSON here")
     a = p.parse_args()
     try:
@@ -37,7 +40,7 @@ def main() -> int:
             text = fh.read()
         cfg = from_arguments(EngineConfig, a)
         engine = load_config(a.model, cfg)
-        r = perplexity(engine, text, a.context, a.tokens, progress=True)
+        r = perplexity(engine, text, a.window, a.tokens, progress=True, kv_bits=a.kv_bits)
     except (FlashError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -47,7 +50,8 @@ def main() -> int:
                  down_only=f.down_only)
     r.update(backend=cfg.backend.value, torch_dtype=cfg.torch_dtype.value, ffn=cfg.ffn.value,
              text=os.path.basename(path), store=engine.store.path, precision=engine.store.manifest.ffn.precision)
-    print(f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.context}, {cfg.backend.value})")
+    print(f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.window}, {cfg.backend.value}"
+          f"{', KV at 4 bits' if a.kv_bits else ''})")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(r, fh, indent=1)

@@ -18,7 +18,10 @@ def token_nlls(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return logz - z[np.arange(len(targets)), targets]
 
 
-def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, progress: bool = False) -> dict:
+def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, progress: bool = False,
+               kv_bits: int = 0) -> dict:
+    """kv_bits 4: every window's KV cache held at 4 bits, as the throughput mode's policy.kv_bits
+    holds it (offload/quantized_kv.py), to measure that approximation's cost."""
     if context < 2:
         raise ConfigError(f"context must be >= 2 (got {context})")
     ids = engine.tokenizer.encode(text)[:max_tokens]
@@ -32,8 +35,13 @@ def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, pr
         window = ids[s:s + context]
         if len(window) < 2:
             break
-        logits = engine.logits(window)
+        if kv_bits:
+            from ..offload.quantized_kv import make_row_caches
+
+            logits = engine.prefill(window, make_row_caches(engine, kv_bits, len(window)), all_logits=True)
+        else:
+            logits = engine.logits(window)
         nll += float(token_nlls(logits[:-1], np.asarray(window[1:])).sum())
         count += len(window) - 1
     return {"perplexity": math.exp(nll / count), "nll": nll / count, "tokens": len(ids), "scored": count,
-            "context": context}
+            "context": context, "kv_bits": kv_bits}

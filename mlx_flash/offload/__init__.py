@@ -7,7 +7,6 @@
   cost_model.py      a block's time and memory under a policy, from measured speeds
   calibration.py     the compute speeds, measured on one layer of the loaded model
   search.py          the LP over placement for each batch shape, the best policy
-  placed_ffn.py      the policy's weight placement (resident FFN layers, the rest read per step)
   quantized_kv.py    per-sequence KV caches, exact or group-wise 4-bit
   run.py             all of it for engine.generate_batch and `python -m mlx_flash.batch`
 """

@@ -56,6 +56,7 @@ class Machine:
     """What the block's placement can use and how fast it moves and computes."""
 
     room: int  # bytes the policy may place: the limit less the runtime and the engine's fixed weights
+    weights_room: int  # of those, what the memory plan's weights share leaves for resident FFN layers
     ffn_layer_bytes: int  # one layer's FFN as stored
     n_layers: int
     read_bps: float  # flash reads of whole layers, bytes/s (the disk profile)
@@ -71,8 +72,13 @@ def kv_bytes(shape: ModelShape, tokens: int, kv_bits: int) -> int:
     """KV of `tokens` tokens in every layer, exact (float32) or at kv_bits with float16 scale/bias."""
     if not kv_bits:
         return kv_bytes_per_token(shape) * tokens
-    n = 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens
-    return n * kv_bits // 8 + 2 * 2 * n // min(KV_GROUP, shape.head_dim)
+    n = shape.layers * shape.kv_heads * shape.head_dim * tokens  # keys (and as many values)
+    # codes of both; a float16 scale and bias per channel and 16-token block of keys, per group of values
+    return 2 * n * kv_bits // 8 + 4 * n // 16 + 4 * n // min(KV_GROUP, shape.head_dim)
+
+
+def fits(m: Machine, w: Workload, p: Policy) -> bool:
+    return memory_bytes(m, w, p) <= m.room and p.resident_layers * m.ffn_layer_bytes <= m.weights_room
 
 
 def memory_bytes(m: Machine, w: Workload, p: Policy) -> int:

@@ -13,13 +13,13 @@ from ..config import FFNMode
 from ..errors import ConfigError
 from ..memory import process_rss
 from ..memory.process_plan import RUNTIME_SLACK, ModelShape
+from ..memory.weights_plan import copied_vectors
+from ..sparse.planner import stored_resident_bytes
 from ..store.disk_profile import default_profile
-from ..store.stream_pool import stream_pool
 from ..units import fmt
 from .batch_generate import BatchStats, encode_all, generate_batch
 from .calibration import measure_compute
 from .cost_model import Machine, Workload
-from .placed_ffn import PlacedFFN
 from .policy import Policy
 from .search import Choice, describe, search
 from .sequence import SamplingOptions
@@ -55,14 +55,17 @@ def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     lay = engine.store.manifest.ffn
     L = engine.args.num_hidden_layers
     streamed = streams_layers(engine)
-    limit = engine.memory_plan.get("limit") or 0
-    # the room: what the limit leaves beside this process now and the runtime's slack; placing
-    # layers needs a second pair of read buffers
-    room = limit - process_rss() - RUNTIME_SLACK[engine.config.backend.value] - (2 * lay.layer_nbytes if streamed else 0)
+    plan = engine.memory_plan
+    # the room: what the limit leaves beside this process now (the model loaded) and the runtime's slack
+    room = (plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]
     slots = engine.layer_slots
     attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
+    # the weights' share of the plan, less what the loaded weights already hold there
+    held = (stored_resident_bytes(engine.store) - sum(attn) + (slots.nbytes if slots is not None else 0)
+            + (2 * lay.layer_nbytes if streamed else 0) + copied_vectors(engine.store))
+    weights_room = max(0, plan.get("weights_budget", room) - held)
     compute = measure_compute(engine, workload.prompt, workload.prompt + workload.generate // 2, max_rows)
-    return Machine(room=room, ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
+    return Machine(room=room, weights_room=weights_room, ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
                    read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
                    shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
 
@@ -98,13 +101,10 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     p = c.policy
     run = BatchRun(predicted_s=c.seconds, predicted_tokens_per_s=c.tokens_per_s, memory_planned=c.memory,
                    room=m.room, compute=asdict(m.compute))
-    saved_ffn, slots = engine.ffn, engine.layer_slots
-    if streams_layers(engine):
-        lay = engine.store.manifest.ffn
-        engine.ffn = PlacedFFN(engine.ops, engine.store, stream_pool(engine.config.cache_dir, lay.layer_nbytes,
-                                                                     engine.config.io.mode.value,
-                                                                     engine.config.io.threads),
-                               p.resident_layers, p.overlap)
+    slots = engine.layer_slots
+    placed = streams_layers(engine)  # a StreamedFFN (ffn stream, dense): the policy places its layers
+    if placed:
+        engine.ffn.place(p.resident_layers, p.overlap)
     if slots is not None:
         slots.read_ahead = p.overlap
     bar = _progress_bar(len(work), progress)
@@ -113,9 +113,8 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
         seqs, stats = generate_batch(engine, work, opts, p, on_done=_chain(on_done, bar),
                                      on_token=(lambda n: _tick(bar, n, t0)) if bar else None)
     finally:
-        if engine.ffn is not saved_ffn:
-            engine.ffn.close()
-            engine.ffn = saved_ffn
+        if placed:
+            engine.ffn.place(0, True)  # held layers go: the memory is the next run's to plan
         if slots is not None:
             slots.read_ahead = True
         if bar:

@@ -22,7 +22,8 @@ from scipy.optimize import linprog
 
 from ..errors import MemoryBudgetError
 from ..units import fmt
-from .cost_model import Machine, Workload, block_seconds, memory_bytes, minimum_bytes, run_seconds, tokens_per_s
+from .cost_model import (Machine, Workload, block_seconds, fits, memory_bytes, minimum_bytes, run_seconds,
+                         tokens_per_s)
 from .policy import Policy
 from .schedule import Order
 
@@ -60,7 +61,7 @@ def resident_share(m: Machine, w: Workload, p: Policy) -> float | None:
         A = [[-rd * pre_reads, -1, 0], [-rd * reads, 0, -1]]
         b = [-pre_c - (rd + attn) * pre_reads, -dec_c - (rd + attn) * reads]
     A.append([L * m.ffn_layer_bytes, 0, 0])
-    b.append(free)
+    b.append(min(free, m.weights_room))
     res = linprog(c=[0, L, L * G], A_ub=A, b_ub=b, bounds=[(0, 1), (0, None), (0, None)], method="highs")
     if not res.success:
         return None
@@ -88,7 +89,7 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
                 if share is None:
                     continue
                 p = replace(p, resident_layers=min(m.n_layers, int(share * m.n_layers + 1e-9)))
-                while p.resident_layers and memory_bytes(m, w, p) > m.room:
+                while p.resident_layers and not fits(m, w, p):
                     p = replace(p, resident_layers=p.resident_layers - 1)
                 c = Choice(p, tokens_per_s(m, w, p), run_seconds(m, w, p), memory_bytes(m, w, p))
                 if best is None or c.seconds < best.seconds * 0.999:
@@ -99,7 +100,12 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
 
 
 def describe(m: Machine, w: Workload, p: Policy) -> Choice:
-    """The cost model's view of a given policy (for --policy runs and ablations)."""
+    """The cost model's view of a given policy (for --policy runs and ablations); refuses one that does
+    not fit the room."""
+    if not fits(m, w, p):
+        raise MemoryBudgetError(f"policy {p} needs {fmt(memory_bytes(m, w, p))} ({fmt(p.resident_layers * m.ffn_layer_bytes)} "
+                                f"of resident layers); the memory budget leaves {fmt(max(m.room, 0))} "
+                                f"({fmt(max(m.weights_room, 0))} for weights)")
     return Choice(p, tokens_per_s(m, w, p), run_seconds(m, w, p), memory_bytes(m, w, p))
 
 

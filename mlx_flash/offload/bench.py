@@ -1,0 +1,113 @@
+"""One measured configuration of the throughput benchmark (tools/bench_throughput.py runs each in a
+process of its own, inside a memory cgroup when asked, and reads the JSON it prints).
+
+Modes (FlexGen §6's comparisons on this platform):
+  single    one sequence at a time with today's exact streaming (each FFN layer the budget cannot
+            hold read whole every token, as ffn="stream"), `single_sequences` of the prompts
+  row       batched, each micro-batch walking every layer: streamed layers re-read per micro-batch
+  flexgen   the zig-zag block schedule with the policy the LP search chooses
+  naive     the zig-zag schedule with a fixed policy, no search (the ablation)
+  no-overlap the searched policy with reads not overlapped with compute (the ablation)
+Tokens/s counts generated tokens over the whole run, prefill included (FlexGen's measure); the
+decode-only rate and the prefill time are reported beside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..memory import peak_rss
+from .policy import Policy
+from .schedule import Order
+
+MODES = ("single", "row", "flexgen", "naive", "no-overlap")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    mode: str
+    store: str | None  # None: the default model
+    backend: str = "torch"
+    memory_budget: str = "auto"
+    weights_budget: str | None = None
+    sequences: int = 32
+    prompt: int = 128
+    generate: int = 32
+    single_sequences: int = 4  # sequences the single mode runs (its rate does not depend on how many)
+    kv_bits: int = 0
+    policy: str | None = None  # JSON for the naive mode (default: one micro-batch of the block)
+
+
+def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> list[str]:
+    """n prompts of about `length` tokens each: windows of real text at random places."""
+    ids = tokenizer.encode(text[: max(200_000, 40 * length * n)], add_special_tokens=False)
+    rng = np.random.default_rng(seed)
+    out = []
+    for start in rng.integers(0, len(ids) - length - 1, n):
+        window = ids[int(start):int(start) + length]
+        s = tokenizer.decode(window)
+        while len(tokenizer.encode(s)) > length and len(window) > 1:  # re-encoding may merge differently
+            window = window[:-1]
+            s = tokenizer.decode(window)
+        out.append(s)
+    return out
+
+
+def run_config(cfg: BenchConfig, text: str) -> dict:
+    from ..api import load
+
+    t_load = time.perf_counter()
+    engine = load(cfg.store, backend=cfg.backend, memory_budget=cfg.memory_budget, weights_budget=cfg.weights_budget,
+                  batch=True, progress=False)
+    load_s = time.perf_counter() - t_load
+    prompts = prompt_texts(engine.tokenizer, text, cfg.sequences, cfg.prompt)
+    row = {"mode": cfg.mode, "store": cfg.store or "default", "backend": cfg.backend, "ffn": engine.config.ffn.value,
+           "load_s": load_s, "memory_limit": engine.memory_plan.get("limit")}
+    with engine:
+        if cfg.mode == "single":
+            row.update(_single(engine, prompts[:cfg.single_sequences], cfg.generate))
+        else:
+            row.update(_batched(engine, prompts, cfg))
+    row["peak_rss"] = peak_rss()
+    return row
+
+
+def _single(engine, prompts, generate: int) -> dict:
+    io0 = engine.io_bytes()
+    tokens = prefill = decode = 0.0
+    for p in prompts:
+        for _ in engine.stream_generate(p, max_tokens=generate):
+            pass
+        s = engine.last
+        tokens += s.generated_tokens
+        prefill += s.prefill_s
+        decode += s.decode_s
+    return {"sequences": len(prompts), "generated_tokens": int(tokens), "prefill_s": prefill, "decode_s": decode,
+            "seconds": prefill + decode, "tokens_per_s": tokens / (prefill + decode),
+            "decode_tokens_per_s": tokens / decode if decode else 0.0, "bytes_read": engine.io_bytes() - io0}
+
+
+def _batched(engine, prompts, cfg: BenchConfig) -> dict:
+    from .run import choose, run_batch
+    from .batch_generate import encode_all
+    from .cost_model import Workload
+
+    kv = (0, 4) if cfg.kv_bits else (0,)
+    policy = None
+    if cfg.mode in ("row", "no-overlap"):  # the searched policy's batch shape, one thing changed
+        work = encode_all(engine, prompts, cfg.generate)
+        w = Workload(len(work), max(len(i) for i, _ in work), cfg.generate)
+        best = choose(engine, w, None, kv)[1].policy
+        policy = replace(best, order=Order.ROW) if cfg.mode == "row" else replace(best, overlap=False)
+    elif cfg.mode == "naive":
+        policy = Policy.from_json(cfg.policy) if cfg.policy else Policy(gpu_batch=min(cfg.sequences, 32))
+    seqs, run = run_batch(engine, prompts, cfg.generate, 0.0, 1.0, 0, None, None, policy, False, kv_bits=kv)
+    return {"sequences": run.sequences, "generated_tokens": run.generated_tokens, "prefill_s": run.prefill_s,
+            "decode_s": run.decode_s, "seconds": run.seconds, "tokens_per_s": run.tokens_per_s,
+            "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,
+            "bytes_read": run.bytes_read, "policy": run.policy, "predicted_s": run.predicted_s,
+            "predicted_tokens_per_s": run.predicted_tokens_per_s, "memory_planned": run.memory_planned,
+            "room": run.room, "compute": run.compute}
