@@ -5,6 +5,8 @@ Public API:
   FlashOptions            options of the sparse FFN (LLM in a flash): load(..., flash=FlashOptions(...))
   ExpertOptions           options of streamed experts (EdgeMoE): load(..., experts=ExpertOptions(...))
   IOOptions               how FFN bytes are read: load(..., io=IOOptions(...))
+  Policy                  a throughput policy (batch shape, weights held, KV width, order) for
+                          engine.generate_batch(prompts, ..., policy=Policy(...)) (FlexGen)
   Service                 many chat contexts on one engine, their KV in chunks swapped to flash (LLMS)
   EngineConfig            every option of load() in one dataclass (load_config(model, config))
   memory_plan             how an engine's memory budget was split (bytes)
@@ -17,9 +19,9 @@ Public API:
   coalesce_gap            the gap below which a profile's disk is cheaper to read through than to skip
   FlashError and subclasses: typed errors with one-line messages
 
-Commands: python -m mlx_flash.chat, python -m mlx_flash.serve, python -m mlx_flash.convert,
-python -m mlx_flash.verify, python -m mlx_flash.profile_disk (console scripts mlx-flash-chat, -serve,
--convert, -verify, -profile-disk).
+Commands: python -m mlx_flash.chat, python -m mlx_flash.serve, python -m mlx_flash.batch,
+python -m mlx_flash.convert, python -m mlx_flash.verify, python -m mlx_flash.profile_disk (console
+scripts mlx-flash-chat, -serve, -batch, -convert, -verify, -profile-disk).
 """
 
 from .api import load, load_config
@@ -27,13 +29,14 @@ from .config import EngineConfig
 from .convert import convert
 from .errors import (ConfigError, ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError,
                      ModelFileError, ModelNotFoundError, StoreError, UnsupportedModelError)
+from .offload import Policy
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .service import Service
 from .stats import expert_cache_stats, memory_plan
 from .store.disk_profile import best_threads, coalesce_gap, default_profile, profile_disk
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_config", "Service", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
+__all__ = ["load", "load_config", "Policy", "Service", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
            "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ContextLengthError", "ContextNotFoundError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
            "StoreError", "UnsupportedModelError"]
 

@@ -1,5 +1,8 @@
-"""B sequences of different lengths run as one batch: `BatchKV`, a member of the KV-cache protocol
-(models/cache.py) made of one cache per sequence.
+"""B sequences of different lengths run as one batch, two members of the KV-cache protocol
+(models/cache.py): `BatchKV`, made of one cache per sequence, and `BlockKV`, one buffer for all.
+
+Both give each row its own RoPE position (`positions`), return keys right-padded to the longest
+row with a `mask` hiding the padding, and drop rows that leave (`keep`).
 
 Each row keeps its own cache (a `KVCache`, a service context's `ChunkedKV`, ...), so a sequence's
 keys and values are exactly what it would hold running alone, and a sequence can join or leave the
@@ -7,7 +10,12 @@ batch between steps by building a new `BatchKV` over other rows (nothing to copy
 left-padded batch buffer). A step writes row b's new keys into row b, then returns every row's keys
 right-padded to the longest row; `mask` hides the padding, `positions` gives each row its own RoPE
 position. The padding costs one copy of the held keys per layer and step: the price of rows that
-stay independent.
+stay independent (the server's contexts, each in its own chunks).
+
+`BlockKV` holds the rows in one preallocated buffer [B, Hkv, capacity, hd] (the throughput mode's
+micro-batches, whose members stay together until they finish): a step writes each row's new keys
+at its own length and hands the graph a view of the buffer, no copy; a row that leaves costs one
+compaction of the buffer.
 """
 
 from __future__ import annotations
@@ -57,13 +65,8 @@ class BatchKV(LayerKV):
                 ops.concatenate([padded(vv) for _, vv in outs], axis=0))
 
     def mask(self, ops, T: int):
-        """Row b's query t sees its own keys up to its position: key j iff j <= length_b - T + t."""
-        if (self._lengths == self._lengths[0]).all():  # no padding: every row sees what it would alone
-            return LayerKV.mask(self, ops, T)
-        S = int(self._lengths.max())
-        last = self._lengths[:, None] - T + np.arange(T)[None, :]  # [B, T]
-        keep = np.arange(S)[None, None, :] <= last[:, :, None]  # [B, T, S]
-        return ops.mask(keep[:, None])
+        """Row b's query t sees its own keys up to its position (no padding: what it would alone)."""
+        return padded_mask(ops, self._lengths, T)
 
     def observe(self, ops, q, keys, scale: float) -> None:
         """Each row's queries and its own (unpadded) keys."""
@@ -74,8 +77,83 @@ class BatchKV(LayerKV):
         for r in self.rows:
             r.trim(n)
 
+    def keep(self, ops, idx: list[int]) -> None:
+        """Only rows idx stay (in that order)."""
+        self.rows = [self.rows[i] for i in idx]
+        self._lengths = self._lengths[idx]
+
     def state(self, ops):
         raise NotImplementedError("a batch's state is its rows' states: call state() on each of BatchKV.rows")
+
+
+def padded_mask(ops, lengths: np.ndarray, T: int):
+    """The mask of right-padded rows after an update of T tokens: row b's query t sees key j iff
+    j <= lengths[b] - T + t; one sequence's mask when no row is padded."""
+    if (lengths == lengths[0]).all():
+        return "causal" if T > 1 else None
+    last = lengths[:, None] - T + np.arange(T)[None, :]  # [B, T]
+    keep = np.arange(int(lengths.max()))[None, None, :] <= last[:, :, None]  # [B, T, S]
+    return ops.mask(keep[:, None])
+
+
+class BlockKV(LayerKV):
+    holds = "the block's KV buffer holds"
+
+    def __init__(self, ops, rows: list[LayerKV], capacity: int):
+        """The rows' held keys and values copied into one buffer with room for `capacity` tokens."""
+        if not rows:
+            raise ValueError("a batch needs at least one sequence")
+        states = [r.state(ops) for r in rows]
+        H, D = states[0][0].shape[1], states[0][0].shape[3]
+        self.lengths = np.array([st[0].shape[2] for st in states], np.int64)
+        if capacity < self.lengths.max():
+            raise ValueError(f"capacity {capacity} is below a row's {self.lengths.max()} tokens")
+        self.capacity = capacity
+        keys = np.zeros((len(rows), H, capacity, D), np.float32)
+        values = np.zeros((len(rows), H, capacity, D), np.float32)
+        for b, (k, v) in enumerate(states):
+            keys[b, :, :k.shape[2]], values[b, :, :v.shape[2]] = k[0], v[0]
+        self.keys, self.values = ops.array(keys), ops.array(values)
+
+    @property
+    def offset(self) -> int:
+        return int(self.lengths.max())
+
+    def positions(self) -> np.ndarray:
+        return self.lengths.copy()
+
+    def update(self, ops, k, v):
+        B, _, T, _ = k.shape
+        L = self.lengths
+        if int(L.max()) + T > self.capacity:
+            raise ValueError(f"{int(L.max()) + T} tokens exceed the block's {self.capacity}")
+        if (L == L[0]).all():
+            self.keys[:, :, int(L[0]):int(L[0]) + T, :] = k
+            self.values[:, :, int(L[0]):int(L[0]) + T, :] = v
+        else:
+            for b in range(B):
+                n = int(L[b])
+                self.keys[b, :, n:n + T, :] = k[b]
+                self.values[b, :, n:n + T, :] = v[b]
+        self.lengths = L + T
+        S = int(self.lengths.max())
+        return self.keys[:, :, :S, :], self.values[:, :, :S, :]
+
+    def mask(self, ops, T: int):
+        return padded_mask(ops, self.lengths, T)
+
+    def trim(self, n: int) -> None:
+        self._check_trim(n)
+        self.lengths = self.lengths - n
+
+    def keep(self, ops, idx: list[int]) -> None:
+        """Only rows idx stay (in that order): one compaction of the buffer."""
+        sel = ops.index(idx)
+        self.keys, self.values = ops.take_rows(self.keys, sel), ops.take_rows(self.values, sel)
+        self.lengths = self.lengths[idx]
+
+    def state(self, ops):
+        raise NotImplementedError("a block's rows have different lengths: read BlockKV.keys[b, :, :lengths[b]]")
 
 
 def batch_caches(per_sequence: list[list[LayerKV]]) -> list[BatchKV]:

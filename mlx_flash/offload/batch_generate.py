@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError, ContextLengthError
-from ..models.batch_cache import batch_caches
+from ..models.batch_cache import BlockKV, batch_caches
 from ..sampling import check_sampling
 from .policy import Policy
 from .quantized_kv import make_row_caches
@@ -100,17 +100,20 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
             on_token(made)
         t0 = time.perf_counter()
         _finish(block, on_done)
-        while any(not s.done for s in block):
-            live = [s for s in block if not s.done]
-            groups = [live[i:i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
-            batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g]),
-                                  batch_caches([s.caches for s in g])) for g in groups]
+        live = [s for s in block if not s.done]
+        groups = [_Group(engine, live[i:i + policy.gpu_batch], policy.kv_bits)
+                  for i in range(0, len(live), policy.gpu_batch)]
+        while groups:
+            made = sum(len(g.seqs) for g in groups)
+            batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]), g.caches) for g in groups]
             for g, logits in zip(groups, run_block(engine, batches, policy.order)):
-                for b, s in enumerate(g):
+                for b, s in enumerate(g.seqs):
                     s.take(logits[b, -1], opts, eos)
+                g.drop_finished(engine.ops)
+            groups = [g for g in groups if g.seqs]
             _finish(block, on_done)
             if on_token:
-                on_token(len(live))
+                on_token(made)
         stats.decode_s += time.perf_counter() - t0
         for s in block:
             s.caches = None  # the block's KV is freed before the next block's
@@ -118,6 +121,29 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
         done.extend(block)
     stats.bytes_read = engine.io_bytes() - io0
     return done, stats
+
+
+class _Group:
+    """A micro-batch: its sequences and one batch cache per layer, exact rows in one buffer
+    (BlockKV), 4-bit rows each in its own cache (BatchKV over QuantizedKV)."""
+
+    def __init__(self, engine, seqs: list[Sequence], kv_bits: int):
+        self.seqs = seqs
+        if kv_bits:
+            self.caches = batch_caches([s.caches for s in seqs])
+        else:
+            cap = max(len(s.ids) + s.max_tokens for s in seqs)
+            self.caches = [BlockKV(engine.ops, [s.caches[i] for s in seqs], cap) for i in range(len(seqs[0].caches))]
+            for s in seqs:
+                s.caches = None  # their rows are in the block's buffers now
+
+    def drop_finished(self, ops) -> None:
+        keep = [b for b, s in enumerate(self.seqs) if not s.done]
+        if len(keep) < len(self.seqs):
+            self.seqs = [self.seqs[b] for b in keep]
+            if keep:
+                for c in self.caches:
+                    c.keep(ops, keep)
 
 
 def _prefill(engine, block: list[Sequence], policy: Policy, opts: SamplingOptions, eos) -> None:
