@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 NOTEBOOKS = ["01_quickstart.ipynb", "02_flash_budget.ipynb", "03_moe_experts.ipynb", "04_disk_profile.ipynb",
-             "05_service.ipynb"]
+             "05_service.ipynb", "06_batch.ipynb"]
 CELL_TIMEOUT = 600  # seconds; a whole notebook takes under ~2 minutes on the 2-core test machine
 KERNEL = "mlx-flash-tests"
 REQUIRE = os.environ.get("MLX_FLASH_REQUIRE_DATA") == "1"
