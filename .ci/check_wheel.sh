@@ -46,3 +46,17 @@ PY
 kill "$server"
 wait "$server" 2>/dev/null || true
 echo "wheel server check: ok"
+# The batch command from the same wheel (MLX, no torch): two prompts in, two results out, the
+# first " Paris"; a second run finds both done.
+printf '%s\n' '{"id": "fr", "prompt": "The capital of France is"}' \
+  '{"id": "chat", "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 6}' >"$work/in.jsonl"
+MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.batch "$work/in.jsonl" "$work/out.jsonl" --max-tokens 8 \
+  2>"$work/batch.log" || { cat "$work/batch.log"; exit 1; }
+"$py" - "$work/out.jsonl" <<'PY' || { cat "$work/batch.log"; exit 1; }
+import json, sys
+rows = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+print(f"wheel batch: {rows['fr']['text']!r}")
+assert set(rows) == {"fr", "chat"} and rows["fr"]["text"].startswith(" Paris"), rows
+PY
+MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.batch "$work/in.jsonl" "$work/out.jsonl" 2>&1 | grep -q "0 to run"
+echo "wheel batch check: ok"

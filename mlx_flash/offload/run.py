@@ -32,12 +32,14 @@ class BatchRun(BatchStats):
     memory_planned: int = 0
     room: int = 0
     compute: dict = field(default_factory=dict)
+    weights: str = ""  # where the weights are: "resident" (loaded so), or "placed" by the policy
 
     def line(self) -> str:
         """The policy, its prediction and the measurement side by side."""
         return (f"policy {json.dumps(self.policy)}: predicted {self.predicted_s:.1f} s ({self.predicted_tokens_per_s:.1f} tok/s), "
                 f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
-                f"{self.generated_tokens} tokens; placement holds {fmt(self.memory_planned)} of {fmt(self.room)}")
+                f"{self.generated_tokens} tokens; the policy holds {fmt(self.memory_planned)} of {fmt(self.room)}"
+                + ("; the whole model resident" if self.weights == "resident" else ""))
 
 
 def read_bps(engine) -> float:
@@ -100,7 +102,8 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     m, c = choose(engine, workload, policy, kv_bits)
     p = c.policy
     run = BatchRun(predicted_s=c.seconds, predicted_tokens_per_s=c.tokens_per_s, memory_planned=c.memory,
-                   room=m.room, compute=asdict(m.compute))
+                   room=m.room, compute=asdict(m.compute),
+                   weights="placed" if streams_layers(engine) else "resident")
     slots = engine.layer_slots
     placed = streams_layers(engine)  # a StreamedFFN (ffn stream, dense): the policy places its layers
     if placed:
