@@ -133,7 +133,11 @@ class _Group:
             self.caches = batch_caches([s.caches for s in seqs])
         else:
             cap = max(len(s.ids) + s.max_tokens for s in seqs)
-            self.caches = [BlockKV(engine.ops, [s.caches[i] for s in seqs], cap) for i in range(len(seqs[0].caches))]
+            self.caches = []
+            for i in range(len(seqs[0].caches)):  # layer by layer, each sequence's rows freed once copied
+                self.caches.append(BlockKV(engine.ops, [s.caches[i] for s in seqs], cap))
+                for s in seqs:
+                    s.caches[i] = None
             for s in seqs:
                 s.caches = None  # their rows are in the block's buffers now
 

@@ -24,6 +24,8 @@ from .policy import Policy
 from .search import Choice, describe, search
 from .sequence import SamplingOptions
 
+ROOM_SHARE = 0.9  # of what the limit leaves, what a policy may plan for
+
 
 @dataclass
 class BatchRun(BatchStats):
@@ -57,16 +59,17 @@ def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     lay = engine.store.manifest.ffn
     L = engine.args.num_hidden_layers
     streamed = streams_layers(engine)
+    compute = measure_compute(engine, workload.prompt, workload.prompt + workload.generate // 2, max_rows)
     plan = engine.memory_plan
-    # the room: what the limit leaves beside this process now (the model loaded) and the runtime's slack
-    room = (plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]
+    # the room: what the limit leaves beside this process now (the model loaded, a pass run) and the
+    # runtime's slack, less a margin for the allocators' fragmentation
+    room = int(((plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]) * ROOM_SHARE)
     slots = engine.layer_slots
     attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
     # the weights' share of the plan, less what the loaded weights already hold there
     held = (stored_resident_bytes(engine.store) - sum(attn) + (slots.nbytes if slots is not None else 0)
             + (2 * lay.layer_nbytes if streamed else 0) + copied_vectors(engine.store))
     weights_room = max(0, plan.get("weights_budget", room) - held)
-    compute = measure_compute(engine, workload.prompt, workload.prompt + workload.generate // 2, max_rows)
     return Machine(room=room, weights_room=weights_room, ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
                    read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
                    shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
