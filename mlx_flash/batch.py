@@ -110,6 +110,8 @@ def main(argv=None) -> int:
         if args.max_tokens < 1:
             raise ConfigError("--max-tokens must be >= 1")
         jobs = read_jobs(args.input, args.max_tokens)
+        if not jobs:
+            raise ConfigError(f"{args.input}: no prompts (one JSON object per line)")
         finished = done_ids(args.output)
         todo = [j for j in jobs if json.dumps(j["id"]) not in finished]
         print(f"{len(jobs)} prompts in {args.input}, {len(jobs) - len(todo)} already in {args.output}, "

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory.process_plan import ModelShape, kv_bytes_per_token, work_bytes
-from .policy import KV_GROUP, Policy
+from .policy import KEY_BLOCK, KV_GROUP, Policy
 from .schedule import Order
 
 _F32 = 4
@@ -68,13 +68,15 @@ class Machine:
         return self.attn_read_bytes[i] if self.attn_read_bytes else 0
 
 
-def kv_bytes(shape: ModelShape, tokens: int, kv_bits: int) -> int:
-    """KV of `tokens` tokens in every layer, exact (float32) or at kv_bits with float16 scale/bias."""
+def kv_bytes(shape: ModelShape, tokens: int, kv_bits: int, sequences: int = 1) -> int:
+    """KV of `tokens` tokens (of `sequences` sequences) in every layer, exact (float32) or at kv_bits
+    with float16 scales and biases, each sequence's last, incomplete key block kept as float32."""
     if not kv_bits:
         return kv_bytes_per_token(shape) * tokens
     n = shape.layers * shape.kv_heads * shape.head_dim * tokens  # keys (and as many values)
     # codes of both; a float16 scale and bias per channel and 16-token block of keys, per group of values
-    return 2 * n * kv_bits // 8 + 4 * n // 16 + 4 * n // min(KV_GROUP, shape.head_dim)
+    tails = sequences * shape.layers * shape.kv_heads * KEY_BLOCK * shape.head_dim * _F32
+    return 2 * n * kv_bits // 8 + 4 * n // KEY_BLOCK + 4 * n // min(KV_GROUP, shape.head_dim) + tails
 
 
 def fits(m: Machine, w: Workload, p: Policy) -> bool:
@@ -87,8 +89,8 @@ def memory_bytes(m: Machine, w: Workload, p: Policy) -> int:
     hidden = p.block_size * w.prompt * s.d_model * _F32 * 2  # residual stream + its norm, between layers
     work = work_bytes(s, w.prompt, w.prompt + w.generate)  # one sequence's prefill pass
     work = max(work, p.gpu_batch * work_bytes(s, 1, w.prompt + w.generate))
-    return (p.resident_layers * m.ffn_layer_bytes + kv_bytes(s, p.block_size * (w.prompt + w.generate), p.kv_bits)
-            + hidden + work)
+    kv = kv_bytes(s, p.block_size * (w.prompt + w.generate), p.kv_bits, p.block_size)
+    return p.resident_layers * m.ffn_layer_bytes + kv + hidden + work
 
 
 def minimum_bytes(m: Machine, w: Workload) -> int:

@@ -18,7 +18,8 @@ from ..errors import ConfigError
 from .schedule import Order
 
 KV_BITS = (0, 4)  # 0: the activation dtype (exact)
-KV_GROUP = 64
+KV_GROUP = 64  # values: a scale and bias per this many channels of a token
+KEY_BLOCK = 16  # keys: a scale and bias per channel and this many tokens
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,7 @@ import numpy as np
 from ..memory.process_plan import ModelShape
 from ..models.cache import KVCache, LayerKV
 from ..service.compression import dequantize, quantize
-from .policy import KV_GROUP
-
-KEY_BLOCK = 16  # tokens per key quantization group (per channel)
+from .policy import KEY_BLOCK, KV_GROUP
 
 
 class QuantizedKV(LayerKV):

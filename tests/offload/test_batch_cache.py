@@ -1,0 +1,327 @@
+"""BatchKV (rows of different lengths as one batch: right-padded keys, a per-row mask and per-row
+positions) against references built by hand, a tiny random llama run batched against each row
+alone, and the 4-bit per-sequence KV (QuantizedKV): round-trip error and size."""
+
+import numpy as np
+import pytest
+
+import mlx_flash
+from mlx_flash.backends import get_backend
+from mlx_flash.memory.process_plan import ModelShape
+from mlx_flash.models.batch_cache import BatchKV, BlockKV, batch_caches
+from mlx_flash.models.cache import KVCache
+from mlx_flash.offload.cost_model import kv_bytes
+from mlx_flash.offload.quantized_kv import QuantizedKV, make_row_caches
+from mlx_flash.offload.schedule import MicroBatch, Order, run_block
+
+H, HD = 2, 8
+BACKENDS = ["torch", "mlx"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def ops(request):
+    return get_backend(request.param)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def filled(ops, rng, lengths, capacity=None):
+    """One KVCache per row, row b holding lengths[b] random tokens; and their numpy keys/values."""
+    rows, held = [], []
+    for n in lengths:
+        c = KVCache(capacity)
+        k, v = rand(rng, 1, H, n, HD), rand(rng, 1, H, n, HD)
+        c.update(ops, ops.array(k), ops.array(v))
+        rows.append(c)
+        held.append((k, v))
+    return rows, held
+
+
+def reference_mask(lengths, T):
+    """keep[b, 0, t, j]: row b (lengths[b] tokens after the update) query t sees key j."""
+    S = max(lengths)
+    keep = np.zeros((len(lengths), 1, T, S), bool)
+    for b, n in enumerate(lengths):
+        for t in range(T):
+            pos = n - T + t  # the query's own position
+            for j in range(S):
+                keep[b, 0, t, j] = j <= pos
+    return keep
+
+
+def make(kind, ops, rows, room=64):
+    """A batch cache of `kind` over the rows: BatchKV (each row its own cache) or BlockKV (one buffer)."""
+    return BatchKV(rows) if kind == "BatchKV" else BlockKV(ops, rows, room)
+
+
+KINDS = ["BatchKV", "BlockKV"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("T", [1, 3])
+def test_update_returns_right_padded_keys_and_values(ops, kind, T):
+    rng = np.random.default_rng(0)
+    lengths = [3, 7, 5, 1]
+    rows, held = filled(ops, rng, lengths)
+    b = make(kind, ops, rows)
+    assert b.offset == 7
+    np.testing.assert_array_equal(b.positions(), np.array(lengths))  # before the step: each row's own offset
+    assert b.positions().dtype == np.int64
+    k, v = rand(rng, 4, H, T, HD), rand(rng, 4, H, T, HD)
+    keys, values = b.update(ops, ops.array(k), ops.array(v))
+    keys, values = ops.to_numpy(keys), ops.to_numpy(values)
+    S = max(lengths) + T
+    assert keys.shape == values.shape == (4, H, S, HD)
+    for r, n in enumerate(lengths):
+        want_k = np.concatenate([held[r][0][0], k[r]], axis=1)  # [H, n + T, HD]: its old keys, then its new ones
+        want_v = np.concatenate([held[r][1][0], v[r]], axis=1)
+        np.testing.assert_array_equal(keys[r, :, :n + T], want_k)
+        np.testing.assert_array_equal(values[r, :, :n + T], want_v)
+        assert not keys[r, :, n + T:].any() and not values[r, :, n + T:].any()  # the padding is zeros
+        if kind == "BatchKV":  # each row's own cache took only its own tokens
+            assert rows[r].offset == n + T
+            np.testing.assert_array_equal(rows[r].state(ops)[0][0], want_k)
+    np.testing.assert_array_equal(b.positions(), np.array(lengths) + T)
+    assert b.offset == max(lengths) + T
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_mask_equals_the_reference(ops, kind, T):
+    rng = np.random.default_rng(1)
+    lengths = [6, 2, 9, 9]
+    b = make(kind, ops, filled(ops, rng, lengths)[0])
+    b.update(ops, ops.array(rand(rng, 4, H, T, HD)), ops.array(rand(rng, 4, H, T, HD)))
+    got = ops.to_numpy(b.mask(ops, T)).astype(bool)
+    want = reference_mask([n + T for n in lengths], T)
+    assert got.shape == want.shape == (4, 1, T, max(lengths) + T)
+    np.testing.assert_array_equal(got, want)
+    # every query sees itself and at least one key; no row sees past its own length
+    assert got.any(axis=-1).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_of_one_length_need_no_mask(ops, kind):
+    rng = np.random.default_rng(2)
+    for T, want in ((1, None), (3, "causal")):
+        b = make(kind, ops, filled(ops, rng, [4, 4, 4])[0])
+        b.update(ops, ops.array(rand(rng, 3, H, T, HD)), ops.array(rand(rng, 3, H, T, HD)))
+        assert b.mask(ops, T) == want  # as one sequence: no padding to hide
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keep_drops_rows_that_leave(ops, kind):
+    """A row that finishes leaves; the others keep their keys, positions and mask."""
+    rng = np.random.default_rng(9)
+    lengths = [4, 9, 2, 6]
+    rows, held = filled(ops, rng, lengths)
+    b = make(kind, ops, rows)
+    k, v = rand(rng, 4, H, 1, HD), rand(rng, 4, H, 1, HD)
+    b.update(ops, ops.array(k), ops.array(v))
+    b.keep(ops, [3, 1])  # rows 0 and 2 finished; the order given is the new order
+    np.testing.assert_array_equal(b.positions(), [7, 10])
+    k2, v2 = rand(rng, 2, H, 1, HD), rand(rng, 2, H, 1, HD)
+    keys, values = b.update(ops, ops.array(k2), ops.array(v2))
+    keys = ops.to_numpy(keys)
+    assert keys.shape == (2, H, 11, HD)
+    for new, old in ((0, 3), (1, 1)):
+        n = lengths[old]
+        want = np.concatenate([held[old][0][0], k[old], k2[new]], axis=1)
+        np.testing.assert_array_equal(keys[new, :, :n + 2], want)
+    np.testing.assert_array_equal(ops.to_numpy(b.mask(ops, 1)).astype(bool), reference_mask([8, 11], 1))
+
+
+def test_one_row_is_that_rows_cache(ops):
+    rng = np.random.default_rng(3)
+    rows, held = filled(ops, rng, [5])
+    k, v = rand(rng, 1, H, 2, HD), rand(rng, 1, H, 2, HD)
+    keys, _ = BatchKV(rows).update(ops, ops.array(k), ops.array(v))
+    np.testing.assert_array_equal(ops.to_numpy(keys), np.concatenate([held[0][0], k], axis=2))
+
+
+def test_trim_capacity_state_and_batch_caches(ops):
+    rng = np.random.default_rng(4)
+    rows, _ = filled(ops, rng, [3, 6])
+    rows[0].capacity = 40
+    rows[1].capacity = 24
+    b = BatchKV(rows)
+    assert b.capacity == 24
+    b.trim(2)
+    assert [r.offset for r in rows] == [1, 4]
+    with pytest.raises(NotImplementedError):
+        b.state(ops)
+    with pytest.raises(ValueError):
+        BatchKV([])
+    per_seq = [[KVCache() for _ in range(3)] for _ in range(2)]
+    layers = batch_caches(per_seq)
+    assert len(layers) == 3
+    for i, bk in enumerate(layers):
+        assert bk.rows == [per_seq[0][i], per_seq[1][i]]
+
+
+def test_block_kv_holds_its_capacity_and_no_more(ops):
+    rng = np.random.default_rng(10)
+    rows, _ = filled(ops, rng, [3, 6])
+    with pytest.raises(ValueError):
+        BlockKV(ops, rows, 5)  # below a row's tokens
+    with pytest.raises(ValueError):
+        BlockKV(ops, [], 8)
+    b = BlockKV(ops, rows, 8)
+    assert b.capacity == 8 and b.offset == 6
+    b.update(ops, ops.array(rand(rng, 2, H, 2, HD)), ops.array(rand(rng, 2, H, 2, HD)))
+    with pytest.raises(ValueError):
+        b.update(ops, ops.array(rand(rng, 2, H, 1, HD)), ops.array(rand(rng, 2, H, 1, HD)))
+    b.trim(1)
+    np.testing.assert_array_equal(b.positions(), [4, 7])
+    with pytest.raises(NotImplementedError):
+        b.state(ops)
+    assert [r.offset for r in rows] == [3, 6]  # the rows were copied, not written
+
+
+# ---- a tiny random model, batched against each row alone --------------------------------------------
+
+@pytest.fixture(params=BACKENDS)
+def tiny(request, tiny_store):
+    store, _ = tiny_store("llama")
+    with mlx_flash.load(store, backend=request.param, ffn="resident", progress=False) as e:
+        yield e
+
+
+def prompts_of(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 96, size=n).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("kind,kv_bits", [("BatchKV", 0), ("BatchKV", 4), ("BlockKV", 0)])
+def test_batched_rows_give_each_rows_logits_alone(tiny, kind, kv_bits):
+    """Rows of 1..30 tokens decoded as one batch (exact rows in one BlockKV buffer, or each row in its
+    own cache, exact or 4-bit), with a multi-token step and two rows leaving part way: each row's
+    logits are those of the same row run alone with the same kind of cache."""
+    e = tiny
+    lengths = [3, 17, 9, 30, 1]
+    prompts = prompts_of(lengths)
+    rng = np.random.default_rng(5)
+    batched = [make_row_caches(e, kv_bits, 64) for _ in prompts]
+    single = [make_row_caches(e, kv_bits, 64) for _ in prompts]
+    for ids, cb, cs in zip(prompts, batched, single):  # each prompt prefilled alone, twice
+        np.testing.assert_array_equal(e.forward(ids, cb), e.forward(ids, cs))
+    L = e.args.num_hidden_layers
+    block = [BlockKV(e.ops, [c[i] for c in batched], 64) for i in range(L)] if kind == "BlockKV" else None
+    live = list(range(len(prompts)))
+    for n, T in enumerate((1, 1, 3, 1, 1)):  # decode steps, a three-token step, and decode again
+        if n == 3:  # rows 0 and 3 finish and leave the batch
+            live = [1, 2, 4]
+            if block:
+                for c in block:
+                    c.keep(e.ops, [1, 2, 4])
+        caches = block or batch_caches([batched[r] for r in live])
+        assert caches[0].positions().tolist() == [single[r][0].offset for r in live]
+        step = rng.integers(3, 96, size=(len(live), T)).tolist()
+        [logits] = run_block(e, [MicroBatch(e.ops.tokens(step), caches, all_logits=True)], Order.ZIGZAG)
+        assert logits.shape == (len(live), T, 96)
+        for b, r in enumerate(live):
+            ref = e.forward(step[b], single[r], all_logits=True)
+            np.testing.assert_allclose(logits[b], ref, atol=1e-4, rtol=0)
+    assert [single[r][0].offset for r in live] == [lengths[r] + 7 for r in live]
+
+
+@pytest.mark.parametrize("order", list(Order))
+def test_micro_batches_in_either_order_give_each_rows_logits(tiny, order):
+    e = tiny
+    lengths = [4, 11, 2, 23, 7, 15]
+    prompts = prompts_of(lengths, seed=1)
+    batched = [make_row_caches(e, 0, 64) for _ in prompts]
+    single = [make_row_caches(e, 0, 64) for _ in prompts]
+    for ids, cb, cs in zip(prompts, batched, single):
+        e.forward(ids, cb)
+        e.forward(ids, cs)
+    nxt = [[int(t)] for t in np.random.default_rng(6).integers(3, 96, size=len(lengths))]
+    groups = [[0, 1, 2], [3, 4], [5]]  # three micro-batches of a block
+    mbs = [MicroBatch(e.ops.tokens([nxt[r] for r in g]), batch_caches([batched[r] for r in g])) for g in groups]
+    outs = run_block(e, mbs, order)
+    for g, logits in zip(groups, outs):
+        assert logits.shape == (len(g), 1, 96)
+        for b, r in enumerate(g):
+            np.testing.assert_allclose(logits[b, -1], e.forward(nxt[r], single[r])[-1], atol=1e-4, rtol=0)
+
+
+# ---- QuantizedKV -------------------------------------------------------------------------------------
+
+def test_quantized_kv_round_trip_error_is_small(ops):
+    rng = np.random.default_rng(7)
+    heads, hd, cap = 3, 64, 96
+    q = QuantizedKV(cap, heads, hd, bits=4)
+    ks, vs = [], []
+    for T in (10, 1, 1, 21, 7, 1):  # prefill, then decode steps and chunks, crossing block boundaries
+        k = rand(rng, 1, heads, T, hd) * 2 + 0.5
+        v = rand(rng, 1, heads, T, hd)
+        keys, values = q.update(ops, ops.array(k), ops.array(v))
+        ks.append(k)
+        vs.append(v)
+        want_k, want_v = np.concatenate(ks, axis=2), np.concatenate(vs, axis=2)
+        keys, values = ops.to_numpy(keys), ops.to_numpy(values)
+        assert keys.shape == values.shape == want_k.shape == (1, heads, q.offset, hd)
+        for got, want in ((keys, want_k), (values, want_v)):
+            err = np.abs(got - want)
+            span = float(want.max() - want.min())
+            # 4 bits: 15 steps across a group's range, half a step at most, plus float16 scale rounding
+            assert err.max() < span / 15, (err.max(), span)
+            assert err.mean() < span / 60
+    assert q.offset == 41
+    sk, sv = q.state(ops)
+    np.testing.assert_array_equal(sk, keys)
+    np.testing.assert_array_equal(sv, values)
+    with pytest.raises(ValueError):
+        q.update(ops, ops.array(rand(rng, 1, heads, cap, hd)), ops.array(rand(rng, 1, heads, cap, hd)))
+    with pytest.raises(ValueError):
+        q.update(ops, ops.array(rand(rng, 2, heads, 1, hd)), ops.array(rand(rng, 2, heads, 1, hd)))
+
+
+@pytest.mark.parametrize("start,drop", [(41, 9), (32, 1), (20, 4)])
+def test_quantized_kv_trim_then_update_equals_the_tokens_fed_directly(ops, start, drop):
+    """Forgetting tokens of the unquantized tail (a rejected draft) and writing others holds what a
+    cache fed the kept and new tokens holds; forgetting into a quantized block is refused."""
+    rng = np.random.default_rng(8)
+    heads, hd = 2, 64
+    k, v = rand(rng, 1, heads, start, hd), rand(rng, 1, heads, start, hd)
+    nk, nv = rand(rng, 1, heads, 5, hd), rand(rng, 1, heads, 5, hd)
+    a, b = QuantizedKV(64, heads, hd), QuantizedKV(64, heads, hd)
+    a.update(ops, ops.array(k), ops.array(v))
+    a.trim(drop)
+    assert a.offset == start - drop
+    a.update(ops, ops.array(nk), ops.array(nv))
+    b.update(ops, ops.array(k[:, :, :start - drop]), ops.array(v[:, :, :start - drop]))
+    b.update(ops, ops.array(nk), ops.array(nv))
+    for x, y in zip(a.state(ops), b.state(ops)):
+        np.testing.assert_array_equal(x, y)
+    c = QuantizedKV(64, heads, hd)
+    c.update(ops, ops.array(k), ops.array(v))
+    with pytest.raises(ValueError):
+        c.trim(start - (start - 1) // 16 * 16 + 1)  # back into a block quantized before the last one
+
+
+def test_quantized_kv_is_under_a_fifth_of_float32():
+    heads, hd, cap = 3, 64, 512
+    q = QuantizedKV(cap, heads, hd, bits=4)
+    f32 = 2 * heads * cap * hd * 4
+    assert q.nbytes < f32 / 5, (q.nbytes, f32)
+
+
+def test_the_cost_model_does_not_underestimate_4_bit_kv():
+    """cost_model.kv_bytes plans the batch's memory: what QuantizedKV really allocates must not exceed it."""
+    shape = ModelShape(layers=30, d_model=576, heads=9, kv_heads=3, head_dim=64, ffn_width=1536, vocab=49152)
+    for tokens in (160, 512, 2048):
+        held = shape.layers * QuantizedKV(tokens, shape.kv_heads, shape.head_dim, 4).nbytes
+        planned = kv_bytes(shape, tokens, 4)
+        assert held <= planned * 1.02, (tokens, held, planned)
+
+
+def test_make_row_caches(tiny):
+    e = tiny
+    exact = make_row_caches(e, 0, 50)
+    quant = make_row_caches(e, 4, 50)
+    assert len(exact) == len(quant) == e.args.num_hidden_layers
+    assert all(isinstance(c, KVCache) and c.capacity == 50 for c in exact)
+    assert all(isinstance(c, QuantizedKV) and c.capacity == 50 for c in quant)
