@@ -86,7 +86,7 @@ def fits(m: Machine, w: Workload, p: Policy) -> bool:
 def memory_bytes(m: Machine, w: Workload, p: Policy) -> int:
     """What the policy holds at its peak (see the module docstring)."""
     s = m.shape
-    hidden = p.block_size * w.prompt * s.d_model * _F32 * 2  # residual stream + its norm, between layers
+    hidden = p.block_size * w.prompt * s.d_model * _F32 * 3  # residual stream, its norm and the layer's output
     work = work_bytes(s, w.prompt, w.prompt + w.generate)  # one sequence's prefill pass
     work = max(work, p.gpu_batch * work_bytes(s, 1, w.prompt + w.generate))
     kv = kv_bytes(s, p.block_size * (w.prompt + w.generate), p.kv_bits, p.block_size)

@@ -24,7 +24,7 @@ from .policy import Policy
 from .search import Choice, describe, search
 from .sequence import SamplingOptions
 
-ROOM_SHARE = 0.9  # of what the limit leaves, what a policy may plan for
+ROOM_SHARE = 0.8  # of what the limit leaves, what a policy may plan for (allocators keep freed memory)
 
 
 @dataclass
