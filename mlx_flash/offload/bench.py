@@ -24,6 +24,7 @@ from .policy import Policy
 from .schedule import Order
 
 MODES = ("single", "row", "flexgen", "naive", "no-overlap")
+NAIVE_BATCH = 8  # the fixed policy of the no-search ablation: blocks of 8 sequences, nothing held
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class BenchConfig:
     generate: int = 32
     single_sequences: int = 4  # sequences the single mode runs (its rate does not depend on how many)
     kv_bits: int = 0
-    policy: str | None = None  # JSON for the naive mode (default: one micro-batch of the block)
+    policy: str | None = None  # JSON for the naive mode (default: blocks of NAIVE_BATCH, one micro-batch each)
 
 
 def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> list[str]:
@@ -103,7 +104,7 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
         best = choose(engine, w, None, kv)[1].policy
         policy = replace(best, order=Order.ROW) if cfg.mode == "row" else replace(best, overlap=False)
     elif cfg.mode == "naive":
-        policy = Policy.from_json(cfg.policy) if cfg.policy else Policy(gpu_batch=min(cfg.sequences, 32))
+        policy = Policy.from_json(cfg.policy) if cfg.policy else Policy(gpu_batch=min(cfg.sequences, NAIVE_BATCH))
     seqs, run = run_batch(engine, prompts, cfg.generate, 0.0, 1.0, 0, None, None, policy, False, kv_bits=kv)
     return {"sequences": run.sequences, "generated_tokens": run.generated_tokens, "prefill_s": run.prefill_s,
             "decode_s": run.decode_s, "seconds": run.seconds, "tokens_per_s": run.tokens_per_s,
