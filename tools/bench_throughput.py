@@ -62,10 +62,14 @@ def plot(rows, path, title):
     fig, ax = plt.subplots(figsize=(8, 4))
     names = [LABELS.get(r["label"], r["label"]) for r in ok]
     ax.barh(names, [r["tokens_per_s"] for r in ok], label="measured")
-    pred = [r.get("predicted_tokens_per_s") or 0 for r in ok]
-    ax.scatter(pred, names, color="k", marker="|", s=300, label="cost model", zorder=3)
+    pred = [(r["predicted_tokens_per_s"], n) for r, n in zip(ok, names) if r.get("predicted_tokens_per_s")]
+    if pred:
+        ax.scatter([p for p, _ in pred], [n for _, n in pred], color="k", marker="|", s=300, label="cost model",
+                   zorder=3)
     ax.set_xlabel("generated tokens/s (prefill included)")
-    ax.set_title(title, fontsize=9)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=8)
     ax.invert_yaxis()
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
