@@ -84,7 +84,6 @@ def test_every_sequence_equals_its_run_alone(case, schedule):
     for k, (tokens, text, finish) in enumerate(refs):
         s = by_index[k]
         assert s.text == text and s.finish_reason == finish, k
-        assert 1 <= len(s.tokens) <= max_tokens
     assert stats.sequences == len(prompts)
     assert stats.generated_tokens == sum(s.generated for s in seqs)
     assert stats.blocks == -(-len(prompts) // policy.block_size)
