@@ -17,6 +17,8 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
   observe(ops, q, keys, scale)
                    the graph shows a cache each layer's queries and all its keys after update (a
                    no-op unless the cache measures attention, as KV compression does)
+  prefetch()       start bringing the held keys in for the next update (a cache on flash reads ahead
+                   while another micro-batch computes; nothing to do for one in memory)
   state(ops) -> (keys, values)
                    the held keys and values as float32 numpy [B, Hkv, offset, hd], for saving and tests
 
@@ -50,6 +52,9 @@ class LayerKV(ABC):
 
     def observe(self, ops, q, keys, scale: float) -> None:
         """Queries [B, Hq, T, hd] and every held key after update(): nothing to do by default."""
+
+    def prefetch(self) -> None:
+        """Held keys and values are in memory: nothing to read ahead."""
 
     def positions(self):
         """The next token's position: `offset` for one sequence."""

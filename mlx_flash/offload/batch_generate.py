@@ -6,7 +6,8 @@ of it through layer i before layer i + 1 (each with its own prompt length, as a 
 row, so its KV is exactly what a single run computes), then decoded step by step in micro-batches
 of policy.gpu_batch rows (models/batch_cache.BatchKV: each row keeps its own cache and position),
 in the policy's order (offload/schedule.py). A sequence that finishes leaves its micro-batch; the
-block ends when all have.
+block ends when all have. The sequences of the block's last policy.kv_on_flash micro-batches keep
+their KV in files on flash (offload/kv_spill.py), removed when the block ends.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError, ContextLengthError
+from ..memory.process_plan import ModelShape
 from ..models.batch_cache import BlockKV, batch_caches
 from ..sampling import check_sampling
 from .policy import Policy
+from .kv_spill import SpilledKV, SpillFolder, spilled_rows
 from .quantized_kv import make_row_caches
 from .schedule import MicroBatch, run_block
 from .sequence import SamplingOptions, Sequence
@@ -86,50 +89,77 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
     done: list[Sequence] = []
     eos = set(engine.tokenizer.eos_token_ids)
     for start in range(0, len(work), policy.block_size):
-        block = [Sequence(index=start + k, ids=ids, max_tokens=n,
-                          caches=make_row_caches(engine, policy.kv_bits, len(ids) + n),
-                          detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
-                 for k, (ids, n) in enumerate(work[start:start + policy.block_size])]
-        stats.blocks += 1
-        stats.prompt_tokens += sum(len(s.ids) for s in block)
-        t0 = time.perf_counter()
-        _prefill(engine, block, policy, opts, eos)
-        stats.prefill_s += time.perf_counter() - t0
-        made = sum(len(s.tokens) for s in block)
-        if on_token:
-            on_token(made)
-        t0 = time.perf_counter()
-        _finish(block, on_done)
-        live = [s for s in block if not s.done]
-        groups = [_Group(engine, live[i:i + policy.gpu_batch], policy.kv_bits)
-                  for i in range(0, len(live), policy.gpu_batch)]
-        while groups:
-            made = sum(len(g.seqs) for g in groups)
-            batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]), g.caches) for g in groups]
-            for g, logits in zip(groups, run_block(engine, batches, policy.order)):
-                for b, s in enumerate(g.seqs):
-                    s.take(logits[b, -1], opts, eos)
-                g.drop_finished(engine.ops)
-            groups = [g for g in groups if g.seqs]
-            _finish(block, on_done)
+        with SpillFolder(engine.config.cache_dir) if policy.kv_on_flash else _NoSpill() as folder:
+            block = [Sequence(index=start + k, ids=ids, max_tokens=n,
+                              caches=_row_caches(engine, policy, k, folder, len(ids) + n),
+                              detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
+                     for k, (ids, n) in enumerate(work[start:start + policy.block_size])]
+            stats.blocks += 1
+            stats.prompt_tokens += sum(len(s.ids) for s in block)
+            t0 = time.perf_counter()
+            _prefill(engine, block, policy, opts, eos)
+            stats.prefill_s += time.perf_counter() - t0
+            made = sum(len(s.tokens) for s in block)
             if on_token:
                 on_token(made)
-        stats.decode_s += time.perf_counter() - t0
-        for s in block:
-            s.caches = None  # the block's KV is freed before the next block's
-        stats.generated_tokens += sum(s.generated for s in block)
-        done.extend(block)
+            t0 = time.perf_counter()
+            _finish(block, on_done)
+            groups = []
+            for on_flash in (False, True):
+                live = [s for k, s in enumerate(block) if not s.done and policy.on_flash(k) is on_flash]
+                groups += [_Group(engine, live[i:i + policy.gpu_batch], policy.kv_bits, on_flash)
+                           for i in range(0, len(live), policy.gpu_batch)]
+            while groups:
+                made = sum(len(g.seqs) for g in groups)
+                batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]), g.caches) for g in groups]
+                for g, logits in zip(groups, run_block(engine, batches, policy.order)):
+                    for b, s in enumerate(g.seqs):
+                        s.take(logits[b, -1], opts, eos)
+                    g.drop_finished(engine.ops)
+                groups = [g for g in groups if g.seqs]
+                _finish(block, on_done)
+                if on_token:
+                    on_token(made)
+            stats.decode_s += time.perf_counter() - t0
+            for s in block:
+                s.caches = None  # the block's KV is freed before the next block's
+            stats.generated_tokens += sum(s.generated for s in block)
+            done.extend(block)
     stats.bytes_read = engine.io_bytes() - io0
     return done, stats
 
 
+class _NoSpill:
+    """The spill folder of a policy that keeps all KV in memory: none."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _row_caches(engine, policy: Policy, k: int, folder: SpillFolder | None, tokens: int) -> list:
+    """Sequence k of a block's per-layer caches: in memory (exact or 4-bit), or in a file on flash."""
+    if not policy.on_flash(k):
+        return make_row_caches(engine, policy.kv_bits, tokens)
+    shape = ModelShape.from_config(engine.store.config)
+    f = folder.file(shape.layers, shape.kv_heads, shape.head_dim, tokens)
+    return [SpilledKV(folder, [f], i, [0]) for i in range(shape.layers)]
+
+
 class _Group:
     """A micro-batch: its sequences and one batch cache per layer, exact rows in one buffer
-    (BlockKV), 4-bit rows each in its own cache (BatchKV over QuantizedKV)."""
+    (BlockKV), 4-bit rows each in its own cache (BatchKV over QuantizedKV), rows on flash in their
+    files (SpilledKV)."""
 
-    def __init__(self, engine, seqs: list[Sequence], kv_bits: int):
+    def __init__(self, engine, seqs: list[Sequence], kv_bits: int, on_flash: bool = False):
         self.seqs = seqs
-        if kv_bits:
+        if on_flash:
+            self.caches = [spilled_rows([s.caches[i] for s in seqs]) for i in range(len(seqs[0].caches))]
+            for s in seqs:
+                s.caches = None
+        elif kv_bits:
             self.caches = batch_caches([s.caches for s in seqs])
         else:
             cap = max(len(s.ids) + s.max_tokens for s in seqs)

@@ -3,21 +3,23 @@ from the bandwidths and compute speed measured on this machine and a policy.
 
 Per layer, a block's prefill computes every sequence's prompt (`compute.prefill(P)` each) and its
 decode step computes every micro-batch (`compute.decode(gpu_batch)` each); a streamed layer also
-reads its FFN (`read_s`). With overlap, a streamed layer takes the longer of the two (the read of
+reads its FFN (`read_s`), and a block whose last micro-batches keep their KV on flash reads their
+held KV every layer and step (and writes their prompts' KV in prefill). With overlap, a streamed layer takes the longer of the two (the read of
 layer i + 1 runs while layer i computes), without it their sum; in the row order every micro-batch
 reads each streamed layer again. Resident layers only compute.
 
     block time = sum over layers (prefill layer time + G x decode layer time)
     tokens/s   = block size x G / block time
 
-Memory (bytes, all inside the process limit): resident FFN layers as stored, the block's KV cache
-(float32, or 4-bit codes and float16 scales), the block's hidden states between layers, and the
-work buffers of one micro-batch's pass.
+Memory (bytes, all inside the process limit): resident FFN layers as stored, the KV cache of the
+block's sequences held in memory (float32, or 4-bit codes and float16 scales) and, when some are on
+flash, one micro-batch's layer of it read in and assembled (twice: the next one is read ahead), the
+block's hidden states between layers, and the work buffers of one micro-batch's pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..memory.process_plan import ModelShape, kv_bytes_per_token, work_bytes
 from .policy import KEY_BLOCK, KV_GROUP, Policy
@@ -89,19 +91,36 @@ def memory_bytes(m: Machine, w: Workload, p: Policy) -> int:
     hidden = p.block_size * w.prompt * s.d_model * _F32 * 3  # residual stream, its norm and the layer's output
     work = work_bytes(s, w.prompt, w.prompt + w.generate)  # one sequence's prefill pass
     work = max(work, p.gpu_batch * work_bytes(s, 1, w.prompt + w.generate))
-    kv = kv_bytes(s, p.block_size * (w.prompt + w.generate), p.kv_bits, p.block_size)
+    held = p.block_size - flash_rows(p)
+    kv = kv_bytes(s, held * (w.prompt + w.generate), p.kv_bits, held) if held else 0
+    if p.kv_on_flash:  # the micro-batch computing and the one read ahead: held keys read, then assembled
+        kv += 4 * p.gpu_batch * (w.prompt + w.generate) * kv_bytes_per_token(s) // s.layers
     return p.resident_layers * m.ffn_layer_bytes + kv + hidden + work
 
 
+def flash_rows(p: Policy) -> int:
+    """Sequences of a full block whose KV is on flash."""
+    return p.kv_on_flash * p.gpu_batch
+
+
+def kv_flash_seconds(m: Machine, w: Workload, p: Policy) -> tuple[float, float]:
+    """(prefill, decode step) seconds of one layer's KV traffic to flash: the prompts' KV written, the
+    held KV read (at its mean length over the run)."""
+    per_token = kv_bytes_per_token(m.shape) / m.shape.layers / m.read_bps
+    rows = flash_rows(p)
+    return rows * w.prompt * per_token, rows * (w.prompt + w.generate / 2) * per_token
+
+
 def minimum_bytes(m: Machine, w: Workload) -> int:
-    """The least any policy needs: one sequence, nothing resident, exact KV."""
-    return memory_bytes(m, w, Policy())
+    """The least any policy needs: one sequence, nothing resident, its exact KV in memory or on flash."""
+    return min(memory_bytes(m, w, Policy()), memory_bytes(m, w, Policy(kv_on_flash=1)))
 
 
-def layer_seconds(compute: float, read: float, p: Policy, reads_per_layer: int) -> float:
+def layer_seconds(compute: float, read: float, p: Policy, reads_per_layer: int, kv: float = 0.0) -> float:
+    """One layer's time: its compute and its reads (weights once per read, the KV on flash once)."""
+    read = read * reads_per_layer + kv
     if not read:
         return compute
-    read *= reads_per_layer
     return max(compute, read) if p.overlap else compute + read
 
 
@@ -110,11 +129,12 @@ def block_seconds(m: Machine, w: Workload, p: Policy) -> tuple[float, float]:
     mbs = -(-p.block_size // p.gpu_batch)
     pre_c = p.block_size * m.compute.prefill(w.prompt)
     dec_c = mbs * m.compute.decode(p.gpu_batch)
+    kv_pre, kv_dec = kv_flash_seconds(m, w, p)
     pre = dec = 0.0
     for i in range(m.n_layers):
         rd = ((m.ffn_layer_bytes if i >= p.resident_layers else 0) + m.attn_read(i)) / m.read_bps
-        pre += layer_seconds(pre_c, rd, p, p.block_size if p.order is Order.ROW else 1)
-        dec += layer_seconds(dec_c, rd, p, mbs if p.order is Order.ROW else 1)
+        pre += layer_seconds(pre_c, rd, p, p.block_size if p.order is Order.ROW else 1, kv_pre)
+        dec += layer_seconds(dec_c, rd, p, mbs if p.order is Order.ROW else 1, kv_dec)
     return pre, dec * w.generate
 
 
@@ -128,7 +148,8 @@ def run_seconds(m: Machine, w: Workload, p: Policy) -> float:
     full, rest = divmod(w.sequences, p.block_size)
     t = full * sum(block_seconds(m, w, p))
     if rest:
-        part = Policy(min(p.gpu_batch, rest), -(-rest // min(p.gpu_batch, rest)), p.resident_layers, p.kv_bits,
-                      p.order, p.overlap)
+        gb = min(p.gpu_batch, rest)
+        nb = -(-rest // gb)
+        part = replace(p, gpu_batch=gb, num_batches=nb, kv_on_flash=min(p.kv_on_flash, nb))
         t += sum(block_seconds(m, w, part))
     return t

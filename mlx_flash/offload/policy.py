@@ -5,7 +5,8 @@ same fields as JSON for experiments.
 Two tiers on this platform: compute memory (inside the process's memory limit) and flash. Weights
 are placed by layer: the first `resident_layers` layers' FFNs stay in memory as stored, the rest are
 read once per layer and step (once per micro-batch in the row order). KV caches stay in memory, at
-float or (`kv_bits` 4) group-wise 4-bit. Activations of a block (its hidden states between layers)
+float or (`kv_bits` 4) group-wise 4-bit, except the last `kv_on_flash` micro-batches' (exact KV),
+which live in files on flash between their turns (offload/kv_spill.py). Activations of a block (its hidden states between layers)
 always stay in memory: they are a few rows per sequence.
 """
 
@@ -30,6 +31,7 @@ class Policy:
     kv_bits: int = 0  # KV cache: 0 exact, 4 group-wise 4-bit (an approximation)
     order: Order = Order.ZIGZAG
     overlap: bool = True  # read the next layer while computing this one
+    kv_on_flash: int = 0  # micro-batches of a block whose KV is on flash between their turns
 
     def __post_init__(self):
         if self.gpu_batch < 1 or self.num_batches < 1:
@@ -39,12 +41,20 @@ class Policy:
             raise ConfigError(f"policy: resident_layers must be >= 0 (got {self.resident_layers})")
         if self.kv_bits not in KV_BITS:
             raise ConfigError(f"policy: kv_bits must be one of {KV_BITS} (got {self.kv_bits})")
+        if not 0 <= self.kv_on_flash <= self.num_batches:
+            raise ConfigError(f"policy: kv_on_flash must be in 0..num_batches={self.num_batches} (got {self.kv_on_flash})")
+        if self.kv_on_flash and self.kv_bits:
+            raise ConfigError("policy: KV on flash is kept exact; kv_on_flash needs kv_bits 0")
         if not isinstance(self.order, Order):
             raise ConfigError(f"policy: order must be an Order (got {self.order!r})")
 
     @property
     def block_size(self) -> int:
         return self.gpu_batch * self.num_batches
+
+    def on_flash(self, k: int) -> bool:
+        """Whether sequence k of a block (micro-batch k // gpu_batch) keeps its KV on flash."""
+        return k >= (self.num_batches - self.kv_on_flash) * self.gpu_batch
 
     def check(self, n_layers: int) -> "Policy":
         """Refuse a placement of more layers than the model has."""

@@ -52,15 +52,32 @@ def run_block(engine, batches: list[MicroBatch], order: Order) -> list:
     """Run every micro-batch through the model; its logits [B, T or 1, vocab] as float32 numpy, one
     array per micro-batch, in order."""
     ops, module, args, w = engine.ops, engine.module, engine.args, engine.weights
+    L = args.num_hidden_layers
     with ops.inference():
         if order is Order.ROW:
-            return [ops.to_numpy(module.forward(ops, args, w, mb.tokens, mb.caches, engine.ffn, mb.all_logits))
-                    for mb in batches]
+            out = []
+            for mb in batches:
+                mb.caches[0].prefetch()
+                h = module.embed(ops, args, w, mb.tokens, mb.caches)
+                for i in range(L):
+                    if i + 1 < L:
+                        mb.caches[i + 1].prefetch()  # a cache on flash reads ahead while layer i computes
+                    h = module.block(ops, args, w["layers"][i], i, h, mb.caches[i], engine.ffn)
+                    ops.materialize(h)
+                out.append(ops.to_numpy(module.head(ops, args, w, h, mb.all_logits)))
+            return out
         ffn = LayerOnce(engine.ffn) if engine.ffn.same_for_every_input else engine.ffn
+        batches[0].caches[0].prefetch()
         hs = [module.embed(ops, args, w, mb.tokens, mb.caches) for mb in batches]
-        for i in range(args.num_hidden_layers):
+        for i in range(L):
             lw = w["layers"][i]  # a streamed layer: read now (if not read ahead), the next one's read started
             for k, mb in enumerate(batches):
+                nxt = (batches[k + 1].caches[i] if k + 1 < len(batches)
+                       else batches[0].caches[i + 1] if i + 1 < L else None)
+                if nxt is not None:
+                    nxt.prefetch()  # the next micro-batch's KV, if on flash, is read while this one computes
                 hs[k] = module.block(ops, args, lw, i, hs[k], mb.caches[i], ffn)
-            ops.materialize(*hs)  # layer i's weights are done with before a read may refill their buffer
+                # computed now, so layer i's weights are done with before a read may refill their buffer and a
+                # spilled micro-batch's keys are freed before the next one's arrive
+                ops.materialize(hs[k])
         return [ops.to_numpy(module.head(ops, args, w, h, mb.all_logits)) for h, mb in zip(hs, batches)]

@@ -2,12 +2,13 @@
 linear program over the share of the weights held in memory, then the best policy by the cost
 model's tokens/s.
 
-The LP (scipy.optimize.linprog), per enumerated point, variables w (the share of each layer's FFN
+The enumeration also covers the KV of none, half or all of a block's micro-batches on flash (exact
+KV only). The LP (scipy.optimize.linprog), per enumerated point, variables w (the share of each layer's FFN
 bytes in memory), t_pre, t_dec (one layer's prefill and decode-step time):
 
     minimize   L x t_pre + L x G x t_dec
-    subject to t_pre >= prefill compute,   t_pre >= (1 - w) x read   (sum of both without overlap)
-               t_dec >= decode compute,    t_dec >= (1 - w) x read x reads per layer
+    subject to t_pre >= prefill compute,   t_pre >= (1 - w) x read + KV written   (sum without overlap)
+               t_dec >= decode compute,    t_dec >= (1 - w) x read x reads per layer + KV read
                w x L x layer bytes + KV(block) + activations(block) <= room,   0 <= w <= 1
 
 Placement is by whole layers, so w becomes floor(w x L) resident layers (the memory constraint still
@@ -22,8 +23,8 @@ from scipy.optimize import linprog
 
 from ..errors import MemoryBudgetError
 from ..units import fmt
-from .cost_model import (Machine, Workload, block_seconds, fits, memory_bytes, minimum_bytes, run_seconds,
-                         tokens_per_s)
+from .cost_model import (Machine, Workload, block_seconds, fits, kv_flash_seconds, memory_bytes, minimum_bytes,
+                         run_seconds, tokens_per_s)
 from .policy import Policy
 from .schedule import Order
 
@@ -48,6 +49,7 @@ def resident_share(m: Machine, w: Workload, p: Policy) -> float | None:
     pre_reads = p.block_size if p.order is Order.ROW else 1
     pre_c = p.block_size * m.compute.prefill(w.prompt)
     dec_c = mbs * m.compute.decode(p.gpu_batch)
+    kv_pre, kv_dec = kv_flash_seconds(m, w, p)
     fixed = memory_bytes(m, w, replace(p, resident_layers=0))
     free = m.room - fixed
     if free < 0:
@@ -56,10 +58,10 @@ def resident_share(m: Machine, w: Workload, p: Policy) -> float | None:
     # t >= (1 - w) rd n + attn n  <=>  -rd n w - t <= -(rd + attn) n ; without overlap compute adds in
     if p.overlap:
         A = [[0, -1, 0], [-rd * pre_reads, -1, 0], [0, 0, -1], [-rd * reads, 0, -1]]
-        b = [-pre_c, -(rd + attn) * pre_reads, -dec_c, -(rd + attn) * reads]
+        b = [-pre_c, -(rd + attn) * pre_reads - kv_pre, -dec_c, -(rd + attn) * reads - kv_dec]
     else:
         A = [[-rd * pre_reads, -1, 0], [-rd * reads, 0, -1]]
-        b = [-pre_c - (rd + attn) * pre_reads, -dec_c - (rd + attn) * reads]
+        b = [-pre_c - (rd + attn) * pre_reads - kv_pre, -dec_c - (rd + attn) * reads - kv_dec]
     A.append([L * m.ffn_layer_bytes, 0, 0])
     b.append(min(free, m.weights_room))
     res = linprog(c=[0, L, L * G], A_ub=A, b_ub=b, bounds=[(0, 1), (0, None), (0, None)], method="highs")
@@ -83,8 +85,9 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
         for nb in SIZES:
             if gb * nb > w.sequences * 2 - 1 and nb > 1:  # no block much larger than the work
                 break
-            for bits in kv_bits:
-                p = Policy(gpu_batch=gb, num_batches=nb, kv_bits=bits, order=order, overlap=overlap)
+            for bits, spilled in _kv_placements(kv_bits, nb):
+                p = Policy(gpu_batch=gb, num_batches=nb, kv_bits=bits, order=order, overlap=overlap,
+                           kv_on_flash=spilled)
                 share = resident_share(m, w, p)
                 if share is None:
                     continue
@@ -97,6 +100,13 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
     if best is None:
         raise MemoryBudgetError(f"no policy fits the {fmt(m.room)} the memory budget leaves for the batch")
     return best
+
+
+def _kv_placements(kv_bits, num_batches: int):
+    """(kv_bits, micro-batches on flash) to try: exact KV in memory, half or all of it on flash."""
+    for bits in kv_bits:
+        for spilled in sorted({0, num_batches // 2, num_batches}) if not bits else (0,):
+            yield bits, spilled
 
 
 def describe(m: Machine, w: Workload, p: Policy) -> Choice:

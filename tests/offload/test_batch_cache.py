@@ -1,6 +1,8 @@
 """BatchKV (rows of different lengths as one batch: right-padded keys, a per-row mask and per-row
-positions) against references built by hand, a tiny random llama run batched against each row
+positions; BlockKV and the spilled SpilledKV alike) against references built by hand, a tiny random llama run batched against each row
 alone, and the 4-bit per-sequence KV (QuantizedKV): round-trip error and size."""
+
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from mlx_flash.memory.process_plan import ModelShape
 from mlx_flash.models.batch_cache import BatchKV, BlockKV, batch_caches
 from mlx_flash.models.cache import KVCache
 from mlx_flash.offload.cost_model import kv_bytes
+from mlx_flash.offload.kv_spill import SpilledKV, SpillFolder
 from mlx_flash.offload.quantized_kv import QuantizedKV, make_row_caches
 from mlx_flash.offload.schedule import MicroBatch, Order, run_block
 
@@ -51,17 +54,38 @@ def reference_mask(lengths, T):
     return keep
 
 
-def make(kind, ops, rows, room=64):
-    """A batch cache of `kind` over the rows: BatchKV (each row its own cache) or BlockKV (one buffer)."""
-    return BatchKV(rows) if kind == "BatchKV" else BlockKV(ops, rows, room)
+@pytest.fixture
+def make(tmp_path):
+    """make(kind, ops, rows, room): a batch cache of `kind` over the rows: BatchKV (each row its own
+    cache), BlockKV (one buffer) or SpilledKV (each row in a file on flash)."""
+    with SpillFolder(str(tmp_path)) as folder:
+        def build(kind, ops, rows, room=64):
+            if kind == "BatchKV":
+                return BatchKV(rows)
+            if kind == "BlockKV":
+                return BlockKV(ops, rows, room)
+            return spilled(ops, folder, rows, room)
+        yield build
+    assert not os.listdir(tmp_path)  # the folder and its files are gone
 
 
-KINDS = ["BatchKV", "BlockKV"]
+def spilled(ops, folder, rows, room, layer=0):
+    """The rows' held keys and values written into spill files (at `layer`), as one SpilledKV."""
+    files = []
+    for r in rows:
+        k, v = r.state(ops)
+        f = folder.file(layer + 1, k.shape[1], k.shape[3], room)
+        f.write(layer, 0, k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
+        files.append(f)
+    return SpilledKV(folder, files, layer, [r.offset for r in rows])
+
+
+KINDS = ["BatchKV", "BlockKV", "SpilledKV"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("T", [1, 3])
-def test_update_returns_right_padded_keys_and_values(ops, kind, T):
+def test_update_returns_right_padded_keys_and_values(ops, make, kind, T):
     rng = np.random.default_rng(0)
     lengths = [3, 7, 5, 1]
     rows, held = filled(ops, rng, lengths)
@@ -70,6 +94,8 @@ def test_update_returns_right_padded_keys_and_values(ops, kind, T):
     np.testing.assert_array_equal(b.positions(), np.array(lengths))  # before the step: each row's own offset
     assert b.positions().dtype == np.int64
     k, v = rand(rng, 4, H, T, HD), rand(rng, 4, H, T, HD)
+    if T > 1:
+        b.prefetch()  # a spilled cache reads its rows ahead; the update takes what was read
     keys, values = b.update(ops, ops.array(k), ops.array(v))
     keys, values = ops.to_numpy(keys), ops.to_numpy(values)
     S = max(lengths) + T
@@ -89,7 +115,7 @@ def test_update_returns_right_padded_keys_and_values(ops, kind, T):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("T", [1, 2, 4])
-def test_mask_equals_the_reference(ops, kind, T):
+def test_mask_equals_the_reference(ops, make, kind, T):
     rng = np.random.default_rng(1)
     lengths = [6, 2, 9, 9]
     b = make(kind, ops, filled(ops, rng, lengths)[0])
@@ -103,7 +129,7 @@ def test_mask_equals_the_reference(ops, kind, T):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_rows_of_one_length_need_no_mask(ops, kind):
+def test_rows_of_one_length_need_no_mask(ops, make, kind):
     rng = np.random.default_rng(2)
     for T, want in ((1, None), (3, "causal")):
         b = make(kind, ops, filled(ops, rng, [4, 4, 4])[0])
@@ -112,7 +138,7 @@ def test_rows_of_one_length_need_no_mask(ops, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_keep_drops_rows_that_leave(ops, kind):
+def test_keep_drops_rows_that_leave(ops, make, kind):
     """A row that finishes leaves; the others keep their keys, positions and mask."""
     rng = np.random.default_rng(9)
     lengths = [4, 9, 2, 6]
@@ -120,6 +146,7 @@ def test_keep_drops_rows_that_leave(ops, kind):
     b = make(kind, ops, rows)
     k, v = rand(rng, 4, H, 1, HD), rand(rng, 4, H, 1, HD)
     b.update(ops, ops.array(k), ops.array(v))
+    b.prefetch()  # a read ahead of rows that then leave is not used
     b.keep(ops, [3, 1])  # rows 0 and 2 finished; the order given is the new order
     np.testing.assert_array_equal(b.positions(), [7, 10])
     k2, v2 = rand(rng, 2, H, 1, HD), rand(rng, 2, H, 1, HD)
@@ -161,6 +188,25 @@ def test_trim_capacity_state_and_batch_caches(ops):
         assert bk.rows == [per_seq[0][i], per_seq[1][i]]
 
 
+def test_spilled_kv_holds_its_capacity_and_reads_back_its_state(ops, tmp_path):
+    rng = np.random.default_rng(11)
+    rows, held = filled(ops, rng, [5])
+    with SpillFolder(str(tmp_path)) as folder:
+        b = spilled(ops, folder, rows, 8, layer=1)
+        assert b.capacity == 8 and b.offset == 5 and b.positions() == 5  # one row: an int, as one sequence
+        k, v = b.state(ops)
+        np.testing.assert_array_equal(k, held[0][0])
+        np.testing.assert_array_equal(v, held[0][1])
+        b.update(ops, ops.array(rand(rng, 1, H, 3, HD)), ops.array(rand(rng, 1, H, 3, HD)))
+        with pytest.raises(ValueError):
+            b.update(ops, ops.array(rand(rng, 1, H, 1, HD)), ops.array(rand(rng, 1, H, 1, HD)))
+        b.trim(2)
+        assert b.offset == 6
+        with pytest.raises(ValueError):
+            SpilledKV(folder, [], 0, [])
+    assert not os.listdir(tmp_path)
+
+
 def test_block_kv_holds_its_capacity_and_no_more(ops):
     rng = np.random.default_rng(10)
     rows, _ = filled(ops, rng, [3, 6])
@@ -194,10 +240,10 @@ def prompts_of(lengths, seed=0):
     return [rng.integers(3, 96, size=n).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("kind,kv_bits", [("BatchKV", 0), ("BatchKV", 4), ("BlockKV", 0)])
-def test_batched_rows_give_each_rows_logits_alone(tiny, kind, kv_bits):
-    """Rows of 1..30 tokens decoded as one batch (exact rows in one BlockKV buffer, or each row in its
-    own cache, exact or 4-bit), with a multi-token step and two rows leaving part way: each row's
+@pytest.mark.parametrize("kind,kv_bits", [("BatchKV", 0), ("BatchKV", 4), ("BlockKV", 0), ("SpilledKV", 0)])
+def test_batched_rows_give_each_rows_logits_alone(tiny, tmp_path, kind, kv_bits):
+    """Rows of 1..30 tokens decoded as one batch (exact rows in one BlockKV buffer or in files on
+    flash, or each row in its own cache, exact or 4-bit), with a multi-token step and two rows leaving part way: each row's
     logits are those of the same row run alone with the same kind of cache."""
     e = tiny
     lengths = [3, 17, 9, 30, 1]
@@ -208,7 +254,12 @@ def test_batched_rows_give_each_rows_logits_alone(tiny, kind, kv_bits):
     for ids, cb, cs in zip(prompts, batched, single):  # each prompt prefilled alone, twice
         np.testing.assert_array_equal(e.forward(ids, cb), e.forward(ids, cs))
     L = e.args.num_hidden_layers
-    block = [BlockKV(e.ops, [c[i] for c in batched], 64) for i in range(L)] if kind == "BlockKV" else None
+    folder = SpillFolder(str(tmp_path))
+    block = None
+    if kind == "BlockKV":
+        block = [BlockKV(e.ops, [c[i] for c in batched], 64) for i in range(L)]
+    elif kind == "SpilledKV":
+        block = [spilled(e.ops, folder, [c[i] for c in batched], 64, layer=i) for i in range(L)]
     live = list(range(len(prompts)))
     for n, T in enumerate((1, 1, 3, 1, 1)):  # decode steps, a three-token step, and decode again
         if n == 3:  # rows 0 and 3 finish and leave the batch
@@ -225,6 +276,7 @@ def test_batched_rows_give_each_rows_logits_alone(tiny, kind, kv_bits):
             ref = e.forward(step[b], single[r], all_logits=True)
             np.testing.assert_allclose(logits[b], ref, atol=1e-4, rtol=0)
     assert [single[r][0].offset for r in live] == [lengths[r] + 7 for r in live]
+    folder.close()
 
 
 @pytest.mark.parametrize("order", list(Order))

@@ -191,11 +191,14 @@ def layer_calls(seqs, policy: Policy) -> int:
 
 @pytest.mark.parametrize("policy", [Policy(3, 2, resident_layers=10), Policy(6, 1, resident_layers=30),
                                     Policy(2, 3, order=Order.ROW, overlap=False),
-                                    Policy(2, 2, resident_layers=5, overlap=False)], ids=str)
+                                    Policy(2, 2, resident_layers=5, overlap=False),
+                                    Policy(3, 2, resident_layers=4, kv_on_flash=1),
+                                    Policy(2, 3, order=Order.ROW, kv_on_flash=3)], ids=str)
 def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     """ffn="stream": the policy holds its first layers and reads the others from the store, once per
-    layer and block pass (zig-zag) or once per micro-batch (row): the tokens do not change, and the
-    bytes read are what the order says."""
+    layer and block pass (zig-zag) or once per micro-batch (row), and keeps the KV of its last
+    kv_on_flash micro-batches in files on flash: the tokens do not change, the bytes read are what
+    the order says, and the spill files are gone after the run."""
     e, prompts, refs = streamed
     seqs, stats = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, policy, False)
     assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs
@@ -205,6 +208,7 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     # (a read started ahead at the end of one run may be the next run's first)
     assert abs(stats.bytes_read - want) <= layer, (stats.bytes_read / layer, want / layer)
     assert not e.ffn.held  # the placement is undone after the run
+    assert not [n for n in os.listdir(e.config.cache_dir) if n.startswith("kv-spill-")]
 
 
 def test_the_streamed_engine_runs_alone_exactly_after_a_batch(streamed):

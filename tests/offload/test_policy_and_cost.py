@@ -86,6 +86,9 @@ def test_policy_round_trips_through_what_it_prints(p):
     ('{"num_batches": -2}', "gpu_batch and num_batches must be >= 1"),
     ('{"resident_layers": -1}', "resident_layers must be >= 0"),
     ('{"kv_bits": 8}', "kv_bits must be one of (0, 4)"),
+    ('{"num_batches": 2, "kv_on_flash": 3}', "kv_on_flash must be in 0..num_batches=2 (got 3)"),
+    ('{"kv_on_flash": -1}', "kv_on_flash must be in 0..num_batches=1"),
+    ('{"kv_on_flash": 1, "kv_bits": 4}', "kv_on_flash needs kv_bits 0"),
 ])
 def test_bad_policy_json_is_one_config_error_line(text, words):
     with pytest.raises(ConfigError) as e:
@@ -162,13 +165,39 @@ def test_tokens_per_s_and_run_seconds_follow_the_block_time():
 
 def test_memory_grows_with_the_block_and_4_bit_kv_holds_under_a_fifth():
     m = MACHINES["balanced"]
-    assert minimum_bytes(m, WORK) == memory_bytes(m, WORK, Policy())
+    assert minimum_bytes(m, WORK) == min(memory_bytes(m, WORK, Policy()), memory_bytes(m, WORK, Policy(kv_on_flash=1)))
     small, big = memory_bytes(m, WORK, Policy(4, 2)), memory_bytes(m, WORK, Policy(4, 8))
     assert big > small
     tokens = 1000
     assert kv_bytes(SHAPE, tokens, 0) == 2 * SHAPE.layers * SHAPE.kv_heads * SHAPE.head_dim * 4 * tokens
     assert kv_bytes(SHAPE, tokens, 4) < kv_bytes(SHAPE, tokens, 0) / 5
     assert memory_bytes(m, WORK, Policy(8, 8, kv_bits=4)) < memory_bytes(m, WORK, Policy(8, 8))
+
+
+def test_kv_on_flash_trades_memory_for_reads():
+    """Each micro-batch whose KV moves to flash frees its KV but for one micro-batch's layer in
+    flight, and adds its KV's reads to every layer and step: slower where reads cost, never faster."""
+    kv_mb = kv_bytes(SHAPE, 8 * (WORK.prompt + WORK.generate), 0)  # one micro-batch of 8 rows, all layers
+    for name, m in MACHINES.items():
+        mems = [memory_bytes(m, WORK, Policy(8, 4, kv_on_flash=s)) for s in range(5)]
+        assert all(b < a for a, b in zip(mems, mems[1:])), name
+        assert mems[0] - mems[4] > 3 * kv_mb  # four micro-batches' KV, less the in-flight buffers
+        times = [total(m, WORK, Policy(8, 4, kv_on_flash=s)) for s in range(5)]
+        assert all(b >= a for a, b in zip(times, times[1:])), name
+    rb = MACHINES["read-bound"]
+    assert total(rb, WORK, Policy(8, 4, 30, kv_on_flash=4)) > 1.5 * total(rb, WORK, Policy(8, 4, 30))
+
+
+def test_search_puts_kv_on_flash_when_reads_are_cheap_and_memory_is_not():
+    """Compute-bound and a room too small for a large block's KV: the search keeps the large block and
+    moves its KV to flash; with ample room it keeps the KV in memory."""
+    w = Workload(sequences=256, prompt=100, generate=32)
+    fast = dict(read_bps=1e12, layer_bytes=LAYER_BYTES)
+    room = memory_bytes(machine(**fast), w, Policy(32, 8, kv_on_flash=8))
+    c = search(machine(room=room, **fast), w)
+    assert c.policy.kv_on_flash > 0 and c.memory <= room
+    assert not fits(machine(room=room, **fast), w, replace(c.policy, kv_on_flash=0))
+    assert search(machine(room=64 * GB, **fast), w).policy.kv_on_flash == 0
 
 
 # ---- the search --------------------------------------------------------------------------------------
@@ -194,8 +223,9 @@ def test_search_returns_a_policy_that_fits_the_room(name):
             assert c.seconds == pytest.approx(run_seconds(m, WORK, p))
             assert c.tokens_per_s == pytest.approx(tokens_per_s(m, WORK, p))
             assert c == describe(m, WORK, p)
-            # no worse than the simplest policy (one sequence at a time, nothing resident)
-            assert c.seconds <= run_seconds(m, WORK, Policy())
+            # no worse than the simplest policy that fits (one sequence at a time, nothing resident)
+            simplest = Policy() if fits(m, WORK, Policy()) else Policy(kv_on_flash=1)
+            assert c.seconds <= run_seconds(m, WORK, simplest)
         # allowing 4-bit KV only adds candidates
         assert search(m, WORK, (0, 4)).seconds <= search(m, WORK, (0,)).seconds
 
