@@ -26,6 +26,7 @@ from .policy import Policy
 from .kv_spill import SpilledKV, SpillFolder, spilled_rows
 from .quantized_kv import make_row_caches
 from .schedule import MicroBatch, run_block
+from .sparse_attention import with_top_k
 from .sequence import SamplingOptions, Sequence
 
 
@@ -111,7 +112,8 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
                            for i in range(0, len(live), policy.gpu_batch)]
             while groups:
                 made = sum(len(g.seqs) for g in groups)
-                batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]), g.caches) for g in groups]
+                batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]),
+                                      with_top_k(g.caches, policy.attention_keep)) for g in groups]
                 for g, logits in zip(groups, run_block(engine, batches, policy.order)):
                     for b, s in enumerate(g.seqs):
                         s.take(logits[b, -1], opts, eos)
@@ -188,7 +190,8 @@ def _prefill(engine, block: list[Sequence], policy: Policy, opts: SamplingOption
         todo = [s for s in block if s.prefilled < len(s.ids)]
         if not todo:
             return
-        batches = [MicroBatch(engine.ops.tokens(s.ids[s.prefilled:s.prefilled + chunk]), s.caches) for s in todo]
+        batches = [MicroBatch(engine.ops.tokens(s.ids[s.prefilled:s.prefilled + chunk]),
+                              with_top_k(s.caches, policy.attention_keep)) for s in todo]
         for s, logits in zip(todo, run_block(engine, batches, policy.order)):
             s.prefilled = min(len(s.ids), s.prefilled + chunk)
             if s.prefilled == len(s.ids):

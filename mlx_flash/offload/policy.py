@@ -6,7 +6,8 @@ Two tiers on this platform: compute memory (inside the process's memory limit) a
 are placed by layer: the first `resident_layers` layers' FFNs stay in memory as stored, the rest are
 read once per layer and step (once per micro-batch in the row order). KV caches stay in memory, at
 float or (`kv_bits` 4) group-wise 4-bit, except the last `kv_on_flash` micro-batches' (exact KV),
-which live in files on flash between their turns (offload/kv_spill.py). Activations of a block (its hidden states between layers)
+which live in files on flash between their turns (offload/kv_spill.py). `attention_keep` below 1
+is top-k sparse attention (offload/sparse_attention.py), an approximation. Activations of a block (its hidden states between layers)
 always stay in memory: they are a few rows per sequence.
 """
 
@@ -32,6 +33,7 @@ class Policy:
     order: Order = Order.ZIGZAG
     overlap: bool = True  # read the next layer while computing this one
     kv_on_flash: int = 0  # micro-batches of a block whose KV is on flash between their turns
+    attention_keep: float = 1.0  # top-k sparse attention: each query's top share of keys (1.0: exact)
 
     def __post_init__(self):
         if self.gpu_batch < 1 or self.num_batches < 1:
@@ -45,6 +47,8 @@ class Policy:
             raise ConfigError(f"policy: kv_on_flash must be in 0..num_batches={self.num_batches} (got {self.kv_on_flash})")
         if self.kv_on_flash and self.kv_bits:
             raise ConfigError("policy: KV on flash is kept exact; kv_on_flash needs kv_bits 0")
+        if not 0.0 < self.attention_keep <= 1.0:
+            raise ConfigError(f"policy: attention_keep must be in (0, 1] (got {self.attention_keep})")
         if not isinstance(self.order, Order):
             raise ConfigError(f"policy: order must be an Order (got {self.order!r})")
 
@@ -90,6 +94,10 @@ class Policy:
                     out[k] = Order(v)
                 except ValueError:
                     raise ConfigError(f"policy: order must be one of {[o.value for o in Order]} (got {v!r})") from None
+            elif k == "attention_keep":
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise ConfigError(f"policy: attention_keep must be a number (got {v!r})")
+                out[k] = float(v)
             elif k == "overlap":
                 if not isinstance(v, bool):
                     raise ConfigError(f"policy: overlap must be true or false (got {v!r})")

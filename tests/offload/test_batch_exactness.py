@@ -19,6 +19,7 @@ under load: 43 s against 3.8 s for the same 64 tokens).
 """
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -215,3 +216,18 @@ def test_the_streamed_engine_runs_alone_exactly_after_a_batch(streamed):
     e, prompts, refs = streamed
     run_batch(e, prompts[:2], 8, 0.0, 1.0, 0, None, None, Policy(2, 1, resident_layers=12), False)
     assert alone(e, prompts[1], 8)[0] == refs[1]
+
+
+def test_sparse_attention_runs_over_every_kind_of_block_cache(streamed):
+    """attention_keep wraps a block's caches in memory, on flash and at 4 bits: a share that keeps
+    every key leaves the greedy tokens as they were; a small one runs, and changes them."""
+    e, prompts, refs = streamed
+    for base in (Policy(3, 2), Policy(3, 2, kv_on_flash=1), Policy(2, 3, kv_bits=4)):
+        seqs, _ = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, replace(base, attention_keep=0.999999), False)
+        got = [s.tokens for s in sorted(seqs, key=lambda s: s.index)]
+        if not base.kv_bits:
+            assert got == refs, base
+        seqs, _ = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, replace(base, attention_keep=0.05), False)
+        sparse = [s.tokens for s in sorted(seqs, key=lambda s: s.index)]
+        assert all(len(t) == len(r) or t[-1] in e.tokenizer.eos_token_ids for t, r in zip(sparse, refs))
+        assert sparse != refs, base

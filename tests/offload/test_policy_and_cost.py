@@ -60,7 +60,8 @@ def test_policy_from_json_keeps_defaults_for_fields_left_out():
 
 
 @pytest.mark.parametrize("p", [Policy(), Policy(32, 1), Policy(8, 4, order=Order.ROW),
-                               Policy(2, 16, resident_layers=7, kv_bits=4, overlap=False)])
+                               Policy(2, 16, resident_layers=7, kv_bits=4, overlap=False),
+                               Policy(4, 4, kv_on_flash=2, attention_keep=0.25)])
 def test_policy_round_trips_through_what_it_prints(p):
     assert Policy.from_json(str(p)) == p
     assert p.to_dict()["order"] == p.order.value
@@ -89,6 +90,10 @@ def test_policy_round_trips_through_what_it_prints(p):
     ('{"num_batches": 2, "kv_on_flash": 3}', "kv_on_flash must be in 0..num_batches=2 (got 3)"),
     ('{"kv_on_flash": -1}', "kv_on_flash must be in 0..num_batches=1"),
     ('{"kv_on_flash": 1, "kv_bits": 4}', "kv_on_flash needs kv_bits 0"),
+    ('{"attention_keep": 0}', "attention_keep must be in (0, 1] (got 0.0)"),
+    ('{"attention_keep": 1.5}', "attention_keep must be in (0, 1]"),
+    ('{"attention_keep": "all"}', "attention_keep must be a number"),
+    ('{"attention_keep": false}', "attention_keep must be a number"),
 ])
 def test_bad_policy_json_is_one_config_error_line(text, words):
     with pytest.raises(ConfigError) as e:
