@@ -11,14 +11,14 @@ versions of its own, so it is kept out of this package's environment. Set that o
 
     python3.11 -m venv /tmp/mlxlm-venv && /tmp/mlxlm-venv/bin/pip install "mlx[cpu]" mlx-lm
 
-mlx-lm reads a model directory that this tool builds once from the GGUF (default: the package's
-SmolLM2-135M-Instruct Q4_1) into <cache>/peers/: config.json from the GGUF metadata (llama; the
-GGUF keeps llama.cpp's q/k row order, so rope_traditional is true, as our converter sets it),
-the Q4_1 blocks as mlx-lm's quantized layout (affine 4-bit, group 32: the same numbers, as mx.load
-reads them; the GGUF's 8-bit embedding as an 8-bit layer), scales, biases and norms at
---mlx-lm-dtype (float32 by default: MLX's CPU quantized_matmul is ~80x slower on float16), and the
-tokenizer our converter builds from the GGUF. Before timing, both engines greedy-complete
---check-prompt and the tool compares the tokens.
+mlx-lm reads a model directory built once from the GGUF (default: the package's
+SmolLM2-135M-Instruct Q4_1) into <cache>/peers/ by mlx_flash/convert/mlx_lm_dir.py: config.json
+from the GGUF metadata (llama; the GGUF keeps llama.cpp's q/k row order, so rope_traditional is
+true, as our converter sets it), the Q4_1 blocks as mlx-lm's quantized layout (affine 4-bit, group
+32: the same numbers, as mx.load reads them; the GGUF's 8-bit embedding as an 8-bit layer), scales,
+biases and norms at --mlx-lm-dtype (float32 by default: MLX's CPU quantized_matmul is ~80x slower
+on float16), and the tokenizer our converter builds from the GGUF. Before timing, both engines
+greedy-complete --check-prompt and the tool compares the tokens.
 
 Prompts: --prompts pieces of the Wikipedia corpus (tools/fetch_data.py), ~100-128 tokens each,
 raw completions; mlx-lm gets the token ids our tokenizer makes of them. Each engine and batch size
@@ -30,7 +30,6 @@ tokens generated. The load average is printed: on a shared machine the rates mov
 """
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -42,19 +41,10 @@ import time
 import mlx_flash
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.config import default_cache_dir
-from mlx_flash.convert.gguf_tokenizer import save_gguf_tokenizer
+from mlx_flash.convert.mlx_lm_dir import build_peer_dir
 from mlx_flash.default_model import default_model_path
-from mlx_flash.errors import FlashError, ModelFileError, first_paragraph
+from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.offload import Policy
-
-PEER_FORMAT = 1  # bump when the model directory this tool writes changes
-
-# GGUF tensor names (llama.cpp) -> the HF names mlx-lm's llama reads; {i} is the layer.
-LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
-               "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 # Runs under --mlx-lm-python: argv[1] a request JSON, argv[2] where to write the results JSON.
 PEER_WORKER = r'''
@@ -134,92 +124,6 @@ if req["sequential"]:
     out["rows"].append(row)
 json.dump(out, open(sys.argv[2], "w"))
 '''
-
-
-def meta_value(v):
-    """An mx.load GGUF metadata value as a plain Python value."""
-    if hasattr(v, "item") and getattr(v, "size", 2) == 1:
-        return v.item()
-    return v.tolist() if hasattr(v, "tolist") else v
-
-
-def peer_config(meta: dict, names: set, quant: dict, gguf: str) -> dict:
-    """mlx-lm's config.json (llama) from the GGUF's metadata."""
-    arch = meta_value(meta.get("general.architecture", ""))
-    if arch != "llama":
-        raise ModelFileError(f"{gguf}: architecture {arch!r}; this tool builds mlx-lm directories of llama GGUFs only")
-
-    def m(key, default=None):
-        v = meta.get(f"llama.{key}")
-        return default if v is None else meta_value(v)
-
-    heads = int(m("attention.head_count"))
-    d = int(m("embedding_length"))
-    eos = meta_value(meta.get("tokenizer.ggml.eos_token_id"))
-    bos = meta_value(meta.get("tokenizer.ggml.bos_token_id"))
-    n_vocab = m("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    return {
-        "model_type": "llama", "hidden_size": d, "num_hidden_layers": int(m("block_count")),
-        "intermediate_size": int(m("feed_forward_length")), "num_attention_heads": heads,
-        "num_key_value_heads": int(m("attention.head_count_kv", heads)),
-        "head_dim": int(m("attention.key_length", d // heads)),
-        "rms_norm_eps": float(m("attention.layer_norm_rms_epsilon", 1e-5)),
-        "vocab_size": int(n_vocab), "rope_theta": float(m("rope.freq_base", 10000.0)),
-        # llama.cpp's converter permutes q/k rows for the interleaved RoPE: rotate them as stored
-        "rope_traditional": True,
-        "max_position_embeddings": int(m("context_length", 4096)),
-        "tie_word_embeddings": "lm_head.weight" not in names, "hidden_act": "silu",
-        "bos_token_id": None if bos is None else int(bos), "eos_token_id": None if eos is None else int(eos),
-        "quantization": quant,
-    }
-
-
-def hf_name(name: str) -> str:
-    base, _, suffix = name.rpartition(".")
-    if base.startswith("blk."):
-        _, layer, part = base.split(".", 2)
-        if part in LAYER_NAMES:
-            return f"model.layers.{layer}.{LAYER_NAMES[part]}.{suffix}"
-    elif base in GLOBAL_NAMES:
-        return f"{GLOBAL_NAMES[base]}.{suffix}"
-    raise ModelFileError(f"GGUF tensor {name!r} has no place in mlx-lm's llama")
-
-
-def build_peer_dir(gguf: str, cache_dir: str, dtype: str) -> str:
-    """mlx-lm's model directory for `gguf` (built once into cache_dir/peers/, keyed by the file)."""
-    import mlx.core as mx
-
-    st = os.stat(gguf)
-    key = hashlib.sha256(f"{os.path.abspath(gguf)}|{st.st_size}|{int(st.st_mtime)}|{dtype}|{PEER_FORMAT}".encode())
-    name = os.path.splitext(os.path.basename(gguf))[0]
-    out = os.path.join(cache_dir, "peers", f"{name}-mlxlm-{dtype}-{key.hexdigest()[:12]}")
-    if os.path.isfile(os.path.join(out, "config.json")):
-        return out
-    print(f"building mlx-lm's model directory {out}", file=sys.stderr)
-    weights, meta = mx.load(gguf, return_metadata=True)
-    tensors, bits = {}, {}
-    for k, v in weights.items():
-        name = hf_name(k)
-        if v.dtype == mx.uint32:  # packed words: Q4_0 / Q4_1 / Q8_0 come as weight/scales/biases
-            scales = weights.get(k.rsplit(".", 1)[0] + ".scales")
-            if scales is None:
-                raise ModelFileError(f"{gguf}: tensor {k} is packed in a form other than weight/scales/biases")
-            bits[name.rsplit(".", 1)[0]] = v.shape[-1] // scales.shape[-1]  # words per group of 32 = bits
-        tensors[name] = v if v.dtype == mx.uint32 else v.astype(getattr(mx, dtype))
-    # the most common width for all, and the layers of another width (SmolLM2's Q4_1 GGUF keeps its
-    # embedding at 8 bits) by name, as mlx-lm's per-layer quantization config reads them
-    common = max(set(bits.values()), key=list(bits.values()).count)
-    quant = {"group_size": 32, "bits": common}
-    quant.update({base: {"group_size": 32, "bits": b} for base, b in sorted(bits.items()) if b != common})
-    config = peer_config(meta, set(tensors), quant, gguf)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(out))
-    mx.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
-    save_gguf_tokenizer(gguf, tmp)
-    with open(os.path.join(tmp, "config.json"), "w") as fh:
-        json.dump(config, fh, indent=1)
-    os.replace(tmp, out)
-    return out
 
 
 def corpus_prompts(engine, count: int, lo: int, hi: int) -> list[str]:

@@ -23,26 +23,21 @@ differing chunk (= token) and character are reported. Memory: /v1/stats after th
 the server process's peak RSS, against memory.limit). --repeat N: N fresh servers per client count;
 the table shows the run of median tokens/s, and the best run with its ratio to 1 client's best. The
 server's CPU seconds over each run and the machine's load average are kept: other processes on the
-same cores slow every figure. Only the standard library's http.client talks to the server (the
-openai package is not needed).
+same cores slow every figure. The server subprocess and the streaming clients are
+mlx_flash/service/load_client.py (the standard library's http.client; no openai package needed).
 """
 
 import argparse
-import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 from mlx_flash.errors import first_paragraph
+from mlx_flash.service.load_client import Server, concurrent, stream_chat, warm
 
-HOST = "127.0.0.1"
 PROMPTS = [
     "Explain how a refrigerator keeps food cold.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -65,184 +60,10 @@ PROMPTS = [
     "Why do cats purr?",
     "What should I pack for a week of camping in the mountains?",
 ]
-WARMUP = "Say something friendly about the number {}."
 
 
 def prompt(i: int) -> str:
     return PROMPTS[i] if i < len(PROMPTS) else f"{PROMPTS[i % len(PROMPTS)]} (Question {i + 1}.)"
-
-
-# ---- a server subprocess ---------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def request(port: int, method: str, path: str, body=None, timeout: float = 600):
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read() or b"null")
-    finally:
-        conn.close()
-
-
-class Server:
-    """`python -m mlx_flash.serve` on a free loopback port with a fresh service directory."""
-
-    def __init__(self, args, directory: str, clients: int):
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-        extra = ["--backend", args.backend, "--memory-budget", args.memory_budget, "--max-batch", str(args.max_batch),
-                 "--queue-limit", str(max(16, clients + 1))]
-        if args.model:
-            extra += ["--model", args.model]
-        if args.kv_budget:
-            extra += ["--kv-budget", args.kv_budget]
-        for arg in args.server_arg:
-            extra += arg.split()
-        for _ in range(3):  # the free port may be taken between the probe and the bind
-            self.port = free_port()
-            self.log = os.path.join(directory, "server.log")
-            with open(self.log, "w") as out:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "mlx_flash.serve", "--host", HOST, "--port", str(self.port),
-                     "--service-dir", os.path.join(directory, "svc"), *extra],
-                    stdout=out, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + args.start_timeout
-            while time.monotonic() < deadline and self.proc.poll() is None and not self.healthy():
-                time.sleep(0.2)
-            if self.healthy():
-                return
-            self.stop()
-            if "cannot serve" not in self.log_text():
-                break
-        raise RuntimeError(f"the server did not come up:\n{self.log_text()[-3000:]}")
-
-    def log_text(self) -> str:
-        with open(self.log, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-
-    def healthy(self) -> bool:
-        try:
-            return request(self.port, "GET", "/health", timeout=5)[0] == 200
-        except OSError:
-            return False
-
-    def cpu_s(self):
-        """The server process's CPU seconds so far (user + system, Linux), None elsewhere."""
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def stats(self) -> dict:
-        status, data = request(self.port, "GET", "/v1/stats")
-        if status != 200:
-            raise RuntimeError(f"/v1/stats answered {status}: {data}")
-        return data
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: aiohttp shuts down gracefully
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-# ---- a streaming client ----------------------------------------------------------------------------
-def stream_chat(port: int, text: str, max_tokens: int, barrier=None, timeout: float = 600) -> dict:
-    """One streamed chat completion: its chunks' texts, the usage, time to first token and end (s,
-    perf_counter; `start` is when the request went out)."""
-    body = json.dumps({"messages": [{"role": "user", "content": text}], "stream": True, "temperature": 0,
-                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}}).encode()
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    out = {"prompt": text, "deltas": [], "usage": None, "finish_reason": None, "error": None}
-    try:
-        conn.connect()
-    except OSError as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    if barrier is not None:
-        barrier.wait()  # every client, connected or not, so that none waits for ever
-    out["start"] = time.perf_counter()
-    try:
-        if out["error"] is not None:
-            raise ConnectionError(out["error"])
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            out["error"] = f"HTTP {r.status}: {r.read().decode(errors='replace')[:300]}"
-        while out["error"] is None:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:]
-            if payload == b"[DONE]":
-                break
-            obj = json.loads(payload)
-            if "error" in obj:
-                out["error"] = obj["error"].get("message")
-                continue
-            if obj.get("usage"):
-                out["usage"] = obj["usage"]
-            for ch in obj.get("choices") or []:
-                content = ch.get("delta", {}).get("content")
-                if content is not None:
-                    if "first" not in out:
-                        out["first"] = time.perf_counter()
-                    out["deltas"].append(content)
-                out["finish_reason"] = ch.get("finish_reason") or out["finish_reason"]
-        out["end"] = time.perf_counter()
-    except (OSError, ValueError) as e:  # a refused or dropped connection, a malformed event
-        out["error"] = out["error"] or f"{type(e).__name__}: {e}"
-        out["end"] = time.perf_counter()
-    finally:
-        conn.close()
-    out["text"] = "".join(out["deltas"])
-    out["tokens"] = (out["usage"] or {}).get("completion_tokens", 0)
-    out["ttft_s"] = out["first"] - out["start"] if "first" in out else None
-    return out
-
-
-def concurrent(port: int, texts: list, max_tokens: int) -> tuple:
-    """All texts streamed at once, one thread each, released together: (results, barrier time)."""
-    barrier = threading.Barrier(len(texts) + 1)
-    results = [None] * len(texts)
-
-    def client(i):
-        results[i] = stream_chat(port, texts[i], max_tokens, barrier)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(texts))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return results, t0
-
-
-def warm(port: int, clients: int) -> None:
-    stream_chat(port, WARMUP.format(0), 8)
-    if clients > 1:
-        concurrent(port, [WARMUP.format(i + 1) for i in range(clients)], 8)
 
 
 def compare(text: str, ref: str, deltas: list, ref_deltas: list) -> dict:
@@ -255,8 +76,21 @@ def compare(text: str, ref: str, deltas: list, ref_deltas: list) -> dict:
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
+def server_flags(args, clients: int) -> list:
+    """The server's flags for a run of `clients` clients (its queue holds them all)."""
+    flags = ["--backend", args.backend, "--memory-budget", args.memory_budget, "--max-batch", str(args.max_batch),
+             "--queue-limit", str(max(16, clients + 1))]
+    if args.model:
+        flags += ["--model", args.model]
+    if args.kv_budget:
+        flags += ["--kv-budget", args.kv_budget]
+    for arg in args.server_arg:
+        flags += arg.split()
+    return flags
+
+
 def references(args, base: str, n: int) -> list:
-    with Server(args, os.path.join(base, "reference"), 1) as srv:
+    with Server(os.path.join(base, "reference"), server_flags(args, 1), args.start_timeout) as srv:
         warm(srv.port, 1)
         refs = []
         for i in range(n):
@@ -270,7 +104,7 @@ def references(args, base: str, n: int) -> list:
 
 
 def run(args, base: str, clients: int, refs: list) -> dict:
-    with Server(args, os.path.join(base, f"c{clients}"), clients) as srv:
+    with Server(os.path.join(base, f"c{clients}"), server_flags(args, clients), args.start_timeout) as srv:
         warm(srv.port, clients)
         cpu0, load0 = srv.cpu_s(), load_average()
         results, t0 = concurrent(srv.port, [prompt(i) for i in range(clients)], args.max_tokens)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..models.batch_cache import padded_mask
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool
 
@@ -130,3 +131,76 @@ class ChunkedKV(LayerKV):
         return (np.array(ops.to_numpy(pool.keys[self.layer][:, idx, :]))[None],
                 np.array(ops.to_numpy(pool.values[self.layer][:, idx, :]))[None])
 
+
+
+class ChunkedBatchKV(LayerKV):
+    """One layer of several sequences' chunked caches in one pool, run as one batch (the server's
+    continuous batching): a step scatters every row's new keys with one indexed write and gathers
+    every row's held keys, right-padded to the longest row, with one indexed read of the pool (the
+    padding points at pool row 0 and is hidden by the mask). BatchKV over the same rows gathers
+    each row apart, then pads and concatenates: B reads and a copy of everything per layer and step.
+    Each row's keys and values are the ones it holds alone, so attention computes the same numbers."""
+
+    holds = ChunkedKV.holds
+
+    def __init__(self, rows: list[ChunkedKV]):
+        if not rows:
+            raise ValueError("a batch needs at least one sequence")
+        pool, layer = rows[0].table.pool, rows[0].layer
+        if any(r.table.pool is not pool or r.layer != layer for r in rows):
+            raise ValueError("a chunked batch's rows share one pool and one layer")
+        self.rows, self.pool, self.layer = list(rows), pool, layer
+        self.capacity = rows[0].capacity
+        self._lengths = np.array([r.offset for r in rows], np.int64)
+
+    @property
+    def offset(self) -> int:
+        return int(max(r.offset for r in self.rows))
+
+    def positions(self) -> np.ndarray:
+        return np.array([r.offset for r in self.rows], np.int64)
+
+    def update(self, ops, k, v):
+        B, H, T, D = k.shape
+        new = []
+        for r in self.rows:
+            t, end = r.table, r.offset + T
+            t.make_writable(r.offset, end)
+            t.reserve(end)
+            new.append(self.pool.rows(t.slots, end)[r.offset:])
+            r.offset = end
+        keys, values = self.pool.keys[self.layer], self.pool.values[self.layer]
+        idx = ops.index(np.concatenate(new))  # row b's T new tokens, b after b
+        keys[:, idx, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
+        values[:, idx, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
+        self._lengths = np.array([r.offset for r in self.rows], np.int64)
+        S = int(self._lengths.max())
+        held = np.zeros((B, S), np.int64)  # padding: pool row 0, masked
+        for b, r in enumerate(self.rows):
+            held[b, :r.offset] = self.pool.rows(r.table.slots, r.offset)
+        idx = ops.index(held)
+
+        def gather(pool_arr):
+            g = ops.reshape(pool_arr[:, idx, :], (pool_arr.shape[0], B, S, pool_arr.shape[2]))
+            return ops.transpose(g, (1, 0, 2, 3))
+
+        return gather(keys), gather(values)
+
+    def mask(self, ops, T: int):
+        return padded_mask(ops, self._lengths, T)
+
+    def observe(self, ops, q, keys, scale: float) -> None:
+        for b, (r, n) in enumerate(zip(self.rows, self._lengths)):
+            r.observe(ops, q[b:b + 1], keys[b:b + 1, :, :int(n)], scale)
+
+    def trim(self, n: int) -> None:
+        for r in self.rows:
+            r.trim(n)
+
+    def state(self, ops):
+        raise NotImplementedError("a batch's state is its rows' states: call state() on each row")
+
+
+def chunked_batch_caches(per_sequence: list[list[ChunkedKV]]) -> list[ChunkedBatchKV]:
+    """Per-layer batch caches from each sequence's per-layer chunked caches ([sequence][layer])."""
+    return [ChunkedBatchKV([caches[i] for caches in per_sequence]) for i in range(len(per_sequence[0]))]

@@ -2,8 +2,8 @@
 
 A call joins when `start` prefills its new tokens alone (its context's chunks, as Service.call
 does) and samples its first token; from then on every `step` runs one batched decode pass over all
-joined calls (the throughput mode's graph pieces and `BatchKV` over each context's chunked cache,
-offload/schedule.py), so N clients cost one pass of the weights per token instead of N. A call
+joined calls (the throughput mode's graph pieces, offload/schedule.py, with `ChunkedBatchKV`: every
+context's chunks read with one gather of the pool per layer), so N clients cost one pass of the weights per token instead of N. A call
 leaves when it finishes, is cancelled, or its context cannot grow within the KV budget; `finish`
 then writes its context back exactly as Service.call would. One thread drives a RunningBatch (the
 server's engine loop), as one thread drives a Service.
@@ -18,9 +18,9 @@ import numpy as np
 
 from ..engine import GenerationStep, GenerationSummary, TokenStats
 from ..errors import MemoryBudgetError
-from ..models.batch_cache import batch_caches
 from ..offload.schedule import MicroBatch, Order, run_block
 from ..offload.sequence import SamplingOptions, Sequence
+from .chunked_kv import chunked_batch_caches
 from .context import Context
 from .reports import CallReport
 
@@ -103,7 +103,7 @@ class RunningBatch:
         if ready:
             t0 = time.perf_counter()
             batch = MicroBatch(engine.ops.tokens([[c.seq.tokens[-1]] for c in ready]),
-                               batch_caches([c.caches for c in ready]))
+                               chunked_batch_caches([c.caches for c in ready]))
             logits = run_block(engine, [batch], Order.ZIGZAG)[0]
             wall = (time.perf_counter() - t0) * 1e3
             eos = set(engine.tokenizer.eos_token_ids)

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from mlx_flash.service.load_client import stop_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST = "127.0.0.1"  # loopback only
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -101,14 +103,7 @@ def _start(store_dir, directory, *extra, key=None, kv_budget="30MB") -> Srv:
 
 
 def _stop(srv: Srv) -> int:
-    if srv.proc.poll() is None:
-        srv.proc.terminate()  # SIGTERM: aiohttp shuts down gracefully (the service flushes its chunks)
-        try:
-            srv.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            srv.proc.wait(10)
-    return srv.proc.returncode
+    return stop_process(srv.proc)
 
 
 @pytest.fixture(scope="module")
