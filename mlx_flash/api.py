@@ -8,6 +8,7 @@ from .backends import get_backend
 from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
+from .memory.allocator import map_large_arrays, return_free_memory
 from .memory.process_plan import check_backend_room
 from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
 from .sparse.planner import model_bytes
@@ -55,6 +56,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     """load() for a whole EngineConfig (the chat builds one from its flags). batch: for the throughput
     mode (generate_batch), ffn="auto" streams whole FFN layers when the model does not fit."""
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
+    map_large_arrays()  # freed large arrays leave the process's RSS (memory/allocator.py)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress)
     check_backend_room(limit, cfg.backend.value, process_rss())
@@ -63,7 +65,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     args = module.ModelArgs.from_dict(store.config)
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
-    _return_free_memory()
+    return_free_memory()
     plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
                         model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
     # (a weights_budget below what the FFN needs is refused by the FFN's planner, with its minimum)
@@ -84,7 +86,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
         print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
     engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store,
                     {**plan.account(), **account}, kv_tokens=plan.kv_tokens, layer_slots=slots)
-    _return_free_memory()
+    return_free_memory()
     return engine
 
 
@@ -117,12 +119,3 @@ def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = N
     return get_backend("mlx", device=cfg.device, threads=cfg.threads)
 
 
-def _return_free_memory() -> None:
-    """Converting weights at load frees large temporaries that glibc keeps in its arenas; hand them
-    back to the OS so the process's RSS shows what the engine holds (a no-op without glibc)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
