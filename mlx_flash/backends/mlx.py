@@ -293,6 +293,11 @@ class MLXOps:
         """Entries idx (an int array) of the last axis."""
         return mx.take(x, idx, axis=-1)
 
+    def take_tokens(self, x, idx):
+        """Entries idx (an int array) of axis 1: tokens of a KV array [H, N, hd] (as x[:, idx] reads
+        them; a torch index_select is ~6x faster than the indexing for the server's gathers)."""
+        return mx.take(x, idx, axis=1)
+
     def take_rows(self, x, idx):
         """Rows idx of x [N, ...]."""
         return mx.take(x, idx, axis=0)

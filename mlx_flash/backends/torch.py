@@ -379,6 +379,11 @@ class TorchOps:
         """Entries idx (an int array) of the last axis."""
         return torch.index_select(x, -1, idx)
 
+    def take_tokens(self, x, idx):
+        """Entries idx (an int array) of axis 1: tokens of a KV array [H, N, hd] (as x[:, idx] reads
+        them; a torch index_select is ~6x faster than the indexing for the server's gathers)."""
+        return torch.index_select(x, 1, idx)
+
     def take_rows(self, x, idx):
         """Rows idx of x [N, ...]."""
         return torch.index_select(x, 0, idx)

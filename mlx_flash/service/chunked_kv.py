@@ -113,7 +113,9 @@ class ChunkedKV(LayerKV):
         values[:, new, :] = v[0]
         self.offset = end
         idx = t.fetch_index(end)
-        return keys[:, idx, :][None], values[:, idx, :][None]
+        if isinstance(idx, slice):
+            return keys[:, idx, :][None], values[:, idx, :][None]
+        return ops.take_tokens(keys, idx)[None], ops.take_tokens(values, idx)[None]
 
     def trim(self, n: int) -> None:
         self._check_trim(n)
@@ -139,17 +141,20 @@ class ChunkedBatchKV(LayerKV):
     every row's held keys, right-padded to the longest row, with one indexed read of the pool (the
     padding points at pool row 0 and is hidden by the mask). BatchKV over the same rows gathers
     each row apart, then pads and concatenates: B reads and a copy of everything per layer and step.
-    Each row's keys and values are the ones it holds alone, so attention computes the same numbers."""
+    Each row's keys and values are the ones it holds alone, so attention computes the same numbers.
+    The layers of one step share their pool rows (`StepRows`): the tables are the same for every
+    layer, so the rows are worked out once per step."""
 
     holds = ChunkedKV.holds
 
-    def __init__(self, rows: list[ChunkedKV]):
+    def __init__(self, rows: list[ChunkedKV], step: "StepRows | None" = None):
         if not rows:
             raise ValueError("a batch needs at least one sequence")
         pool, layer = rows[0].table.pool, rows[0].layer
         if any(r.table.pool is not pool or r.layer != layer for r in rows):
             raise ValueError("a chunked batch's rows share one pool and one layer")
         self.rows, self.pool, self.layer = list(rows), pool, layer
+        self.step = step or StepRows()
         self.capacity = rows[0].capacity
         self._lengths = np.array([r.offset for r in rows], np.int64)
 
@@ -162,26 +167,16 @@ class ChunkedBatchKV(LayerKV):
 
     def update(self, ops, k, v):
         B, H, T, D = k.shape
-        new = []
+        new, held, S = self.step.rows(ops, self.rows, T)
         for r in self.rows:
-            t, end = r.table, r.offset + T
-            t.make_writable(r.offset, end)
-            t.reserve(end)
-            new.append(self.pool.rows(t.slots, end)[r.offset:])
-            r.offset = end
+            r.offset += T
         keys, values = self.pool.keys[self.layer], self.pool.values[self.layer]
-        idx = ops.index(np.concatenate(new))  # row b's T new tokens, b after b
-        keys[:, idx, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
-        values[:, idx, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
+        keys[:, new, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
+        values[:, new, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
         self._lengths = np.array([r.offset for r in self.rows], np.int64)
-        S = int(self._lengths.max())
-        held = np.zeros((B, S), np.int64)  # padding: pool row 0, masked
-        for b, r in enumerate(self.rows):
-            held[b, :r.offset] = self.pool.rows(r.table.slots, r.offset)
-        idx = ops.index(held)
 
         def gather(pool_arr):
-            g = ops.reshape(pool_arr[:, idx, :], (pool_arr.shape[0], B, S, pool_arr.shape[2]))
+            g = ops.reshape(ops.take_tokens(pool_arr, held), (pool_arr.shape[0], B, S, pool_arr.shape[2]))
             return ops.transpose(g, (1, 0, 2, 3))
 
         return gather(keys), gather(values)
@@ -201,6 +196,34 @@ class ChunkedBatchKV(LayerKV):
         raise NotImplementedError("a batch's state is its rows' states: call state() on each row")
 
 
+class StepRows:
+    """The pool rows of one batched step, shared by its layers: (the new tokens' rows, the held
+    tokens' rows right-padded to S, S), worked out when the first layer asks."""
+
+    def __init__(self):
+        self._key, self._value = None, None
+
+    def rows(self, ops, rows: list[ChunkedKV], T: int):
+        key = (tuple(id(r.table) for r in rows), tuple(r.offset for r in rows), T)
+        if key != self._key:
+            pool = rows[0].table.pool
+            new, ends = [], []
+            for r in rows:
+                t, end = r.table, r.offset + T
+                t.make_writable(r.offset, end)  # a table's chunks serve every layer: once per step
+                t.reserve(end)
+                new.append(pool.rows(t.slots, end)[r.offset:])
+                ends.append(end)
+            S = max(ends)
+            held = np.zeros((len(rows), S), np.int64)  # padding: pool row 0, masked
+            for b, (r, end) in enumerate(zip(rows, ends)):
+                held[b, :end] = pool.rows(r.table.slots, end)
+            self._key, self._value = key, (ops.index(np.concatenate(new)), ops.index(held), S)
+        return self._value
+
+
 def chunked_batch_caches(per_sequence: list[list[ChunkedKV]]) -> list[ChunkedBatchKV]:
-    """Per-layer batch caches from each sequence's per-layer chunked caches ([sequence][layer])."""
-    return [ChunkedBatchKV([caches[i] for caches in per_sequence]) for i in range(len(per_sequence[0]))]
+    """Per-layer batch caches from each sequence's per-layer chunked caches ([sequence][layer]),
+    sharing one step's pool rows."""
+    step = StepRows()
+    return [ChunkedBatchKV([caches[i] for caches in per_sequence], step) for i in range(len(per_sequence[0]))]
