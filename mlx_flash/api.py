@@ -58,7 +58,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     map_large_arrays()  # freed large arrays leave the process's RSS (memory/allocator.py)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
-                       progress)
+                       progress, cfg.cache_dir)
     check_backend_room(limit, cfg.backend.value, process_rss())
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)

@@ -1,7 +1,9 @@
 """`python -m mlx_flash.chat`: interactive chat (or a one-shot answer) streaming tokens as they come.
 
 Commands inside the REPL: /reset (forget the conversation), /stats (speed of the last answer),
-/quit. Ctrl-C stops the current answer, not the REPL. Piped stdin is read line by line. The
+/quit. Ctrl-C stops the current answer, not the REPL; a turn that fails (a line that is not UTF-8,
+a read error) prints one line and the conversation goes on; a conversation that outgrows the
+context drops its oldest turns, saying so. Piped stdin is read line by line. The
 conversation is a context of an in-process service (mlx_flash.Service): each turn prefills only
 its own tokens, the earlier turns' KV is kept.
 """
@@ -102,11 +104,14 @@ def format_stats(engine) -> str:
 
 
 def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
+    import io
     import tempfile
 
     from .service import Service
 
     interactive = inp.isatty()
+    if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
+        inp.reconfigure(errors="surrogateescape")
     with tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp, Service(engine, directory=tmp) as svc:
         _converse(engine, svc, args, inp, out, interactive)
 
@@ -142,7 +147,61 @@ def _converse(engine, svc, args, inp, out, interactive: bool) -> None:
         if line.startswith("/"):
             print(f"unknown command {line.split()[0]}; {HELP}", file=out)
             continue
-        stream_answer(svc.call(ctx, [{"role": "user", "content": line}], **sampling(args)), out)
+        if not _is_utf8(line):
+            print("error: that line is not valid UTF-8; nothing was sent", file=out)
+            continue
+        try:
+            ctx = _turn(svc, ctx, line, args, out)
+        except (FlashError, OSError) as e:  # the turn fails, the session goes on
+            print(f"\nerror: {_one_line(e)}", file=out)
+
+
+def _is_utf8(line: str) -> bool:
+    try:
+        line.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # surrogateescape kept the undecodable bytes as lone surrogates
+        return False
+
+
+def _one_line(e: FlashError | OSError) -> str:
+    text = str(e) if isinstance(e, FlashError) else f"{e.filename or ''}: {e.strerror or e}"
+    return " ".join(text.split())
+
+
+def _turn(svc, ctx: str, line: str, args, out) -> str:
+    """One user turn answered in context ctx; returns the context the conversation goes on in. A
+    conversation that would leave the answer too little room (less than --max-tokens, or half the
+    context) goes on in a new context holding the most recent turns that leave it, saying so."""
+    message = {"role": "user", "content": line}
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history = [m for m in svc.get(ctx).messages if m["role"] != "system"]
+    limit = svc.max_tokens
+    room = min(args.max_tokens, limit // 2)
+
+    def fits(kept) -> bool:
+        return len(svc.engine.encode_prompt(system + kept + [message])) + room <= limit
+
+    if not history or fits(history):
+        return _answer(svc, ctx, [message], False, args, out)
+    dropped = next((d for d in range(2, len(history), 2) if fits(history[d:])), len(history))  # whole turns
+    new = svc.new_context(system=args.system)
+    try:
+        _answer(svc, new, system + history[dropped:] + [message], True, args, out,
+                note=f"(the conversation outgrew the context: its oldest {-(-dropped // 2)} turn(s) were dropped)")
+    except BaseException:
+        svc.delete(new)
+        raise
+    svc.delete(ctx)
+    return new
+
+
+def _answer(svc, ctx: str, prompt, whole: bool, args, out, note: str = "") -> str:
+    steps = svc.call(ctx, prompt, whole=whole, **sampling(args))  # raises before anything changes
+    if note:
+        print(note, file=out)
+    stream_answer(steps, out)
+    return ctx
 
 
 def main(argv=None) -> int:

@@ -67,7 +67,9 @@ class EngineConfig:
     torch_dtype: TorchDtype = option(TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast "
                                      "int4 kernel; approximate)")
     prefill_chunk: int = option(512, "prompt tokens per forward pass during prefill")
-    verify_checksums: bool = option(False, "recompute the sha256 of every store file when opening it")
+    verify_checksums: bool = option(False, "hash every store file again when opening it (otherwise each file is "
+                                           "hashed once and stamped, and hashed again only when it changed)",
+                                    flag="--verify")
     cache_dir: str = option("", "where converted stores and the disk profile live (default: $MLX_FLASH_CACHE or "
                             "~/.cache/mlx_flash)")
     flash: FlashOptions = option(None, "LLM-in-a-flash options", kind=FlashOptions, factory=FlashOptions)

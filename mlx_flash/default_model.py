@@ -45,5 +45,5 @@ def resolve_store(model: str | None, cache_dir: str, precision: str = "source", 
     if not is_store(out):
         if progress:
             print(f"converting {source} into {out} (first use)", file=sys.stderr)
-        convert(source, out, precision=precision, force=os.path.exists(out), progress=progress)
+        convert(source, out, precision=precision, force=True, progress=progress, reuse=True)
     return out

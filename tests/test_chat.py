@@ -73,10 +73,8 @@ def test_cli_truncated_store_and_edited_manifest(tiny_store):
     assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "ffn_bundles.bin", "truncated")
     with open(bundles, "r+b") as fh:
         fh.truncate(size)
-    mpath = os.path.join(store, "manifest.json")
-    m = json.loads(open(mpath).read())
-    m["tensors"]["model.embed_tokens.weight"]["offset"] += 10**9
-    open(mpath, "w").write(json.dumps(m))
+    tiny_models.edit_manifest(store, lambda m: m["tensors"]["model.embed_tokens.weight"].__setitem__(
+        "offset", m["tensors"]["model.embed_tokens.weight"]["offset"] + 10**9))
     assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "resident.safetensors",
                           "model.embed_tokens.weight", "past the end")
 
@@ -84,3 +82,40 @@ def test_cli_truncated_store_and_edited_manifest(tiny_store):
 def test_cli_usage_error():
     r = chat("--raw")
     assert r.returncode == 2 and "--raw needs --prompt" in r.stderr
+
+
+def test_repl_survives_a_line_that_is_not_utf8(store_dir):
+    """Case 5 of the hardening probe: one undecodable line ended the session."""
+    r = subprocess.run([sys.executable, "-m", "mlx_flash.chat", "--model", store_dir, "--backend", "torch",
+                        "--max-tokens", "20"], input=b"caf\xe9 \xff\xfe?\nWhat is the capital of France?\n",
+                       capture_output=True, timeout=300, cwd=ROOT)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr.decode()
+    assert "error: that line is not valid UTF-8; nothing was sent" in out
+    assert "Paris" in out.split("not valid UTF-8")[1]  # the next turn is answered
+
+
+def test_repl_drops_the_oldest_turns_when_the_conversation_outgrows_the_context(store_dir):
+    turns = [f"Tell me one fact about the number {n}, in a long sentence about mathematics." for n in range(12)]
+    r = chat("--model", store_dir, "--backend", "torch", "--max-tokens", "24", "--context", "256",
+             stdin="\n".join(turns + ["What is the capital of France?"]) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert "outgrew the context: its oldest" in r.stdout
+    assert "Paris" in r.stdout.split("outgrew the context")[-1]
+    assert "Traceback" not in r.stderr
+
+
+def test_a_flipped_block_in_the_bundles_is_refused_before_any_answer(tiny_store):
+    """Case 1: 64 KiB flipped in the middle of ffn_bundles.bin, size unchanged, answered garbage."""
+    store, _ = tiny_store("llama")
+    assert chat("--model", store, "--prompt", "x", "--raw", "--max-tokens", "2").returncode == 0  # stamped
+    bundles = os.path.join(store, "ffn_bundles.bin")
+    size = os.path.getsize(bundles)
+    n = min(64 << 10, size // 2)
+    with open(bundles, "r+b") as fh:
+        fh.seek(size // 2 - n // 2)
+        block = fh.read(n)
+        fh.seek(size // 2 - n // 2)
+        fh.write(bytes(b ^ 0x5A for b in block))
+    assert os.path.getsize(bundles) == size
+    assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "ffn_bundles.bin", "sha256 mismatch")

@@ -48,7 +48,7 @@ def test_every_documented_option_is_a_chat_flag():
         ["--backend", "torch", "--ffn", "sparse", "--memory-budget", "300MB", "--sparse-mode", "window",
          "--window", "3", "--predictor", "gate", "--predictor-recall", "0.9", "--down-only", "--expert-policy",
          "lfu", "--expert-preload", "2", "--io-mode", "buffered", "--io-threads", "4", "--torch-dtype", "bfloat16",
-         "--threads", "2", "--prefill-chunk", "64", "--verify-checksums"]))
+         "--threads", "2", "--prefill-chunk", "64", "--verify"]))
     assert cfg.flash == FlashOptions(mode="window", window=3, predictor="gate", recall=0.9, down_only=True)
     assert cfg.experts == ExpertOptions(policy="lfu", preload=2) and cfg.io == IOOptions(mode="buffered", threads=4)
     assert (cfg.memory_budget, cfg.threads, cfg.prefill_chunk, cfg.verify_checksums) == ("300MB", 2, 64, True)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import tiny_models
+
 from mlx_flash.verify import main
 
 
@@ -39,16 +41,11 @@ def truncate(store):
 
 
 def drop_layer_count(store):
-    path = os.path.join(store, "manifest.json")
-    with open(path) as fh:
-        m = json.load(fh)
-    del m["config"]["num_hidden_layers"]
-    with open(path, "w") as fh:
-        json.dump(m, fh)
+    tiny_models.edit_manifest(store, lambda m: m["config"].pop("num_hidden_layers"))
 
 
 @pytest.mark.parametrize("damage, says", [(corrupt, "sha256 mismatch"), (truncate, "truncated or replaced"),
-                                          (drop_layer_count, "manifest is malformed")])
+                                          (drop_layer_count, "config.num_hidden_layers = None: is missing")])
 def test_a_bad_store_fails_with_one_line(tiny_store, capsys, damage, says):
     store, _ = tiny_store("llama")
     damage(store)

@@ -19,7 +19,6 @@ FFN precision (`precision`):
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 
@@ -29,12 +28,14 @@ from ..progress import byte_bar, step
 from ..quant_spec import QuantSpec
 from ..store.bundles import pack_layer, plan_fields
 from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest, sha256_file
+from ..store.atomic_dir import atomic_dir, output_lock
 from ..store.safetensors_io import write_safetensors
+from ..store.store import is_store
 from .sources import SourceModel, read_source
 
 PRECISIONS = ("source", "source-neuron", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:
@@ -56,43 +57,34 @@ def _release() -> None:
 
 
 def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
-            down_bits: int = 8, force: bool = False, progress: bool = True) -> str:
+            down_bits: int = 8, force: bool = False, progress: bool = True, reuse: bool = False) -> str:
     """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
     `out_dir` (must not exist unless `force`); returns out_dir, which load() takes as its model.
     `precision` of the FFN bundles: "source" (the source's bytes, lossless), "source-neuron" (down
     re-quantized along d_model at `down_bits`), "f16", "q4" or "q8" (see the module's docstring). The
-    store is written atomically (`python -m mlx_flash.convert`)."""
+    store is written atomically, one converter at a time (store/atomic_dir.py); `reuse`: a valid
+    store already at out_dir (another converter's, finished while this one waited) is kept
+    (`python -m mlx_flash.convert`)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
     if down_bits not in (2, 3, 4, 6, 8):
         raise ConfigError(f"down_bits must be one of 2, 3, 4, 6, 8 (got {down_bits})")
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and not force:
-        raise ConfigError(f"{out_dir}: already exists (pass --force to replace it)")
-    with step(f"reading {os.path.basename(source.rstrip('/'))}", progress):
-        src = read_source(source)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        manifest = _write_store(src, tmp, precision, group_size, down_bits, progress)
-        with open(os.path.join(tmp, MANIFEST_NAME + ".tmp"), "w") as fh:
-            fh.write(manifest.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(os.path.join(tmp, MANIFEST_NAME + ".tmp"), os.path.join(tmp, MANIFEST_NAME))
+    with output_lock(out_dir, progress):  # a second converter into out_dir waits here, then sees its result
         if os.path.exists(out_dir):
-            old = tmp + ".old"
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            if reuse and is_store(out_dir):
+                return out_dir
+            if not force:
+                raise ConfigError(f"{out_dir}: already exists (pass --force to replace it)")
+        with step(f"reading {os.path.basename(source.rstrip('/'))}", progress):
+            src = read_source(source)
+        with atomic_dir(out_dir, progress, locked=True) as tmp:
+            manifest = _write_store(src, tmp, precision, group_size, down_bits, progress)
+            with open(os.path.join(tmp, MANIFEST_NAME + ".tmp"), "w") as fh:
+                fh.write(manifest.to_json())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(os.path.join(tmp, MANIFEST_NAME + ".tmp"), os.path.join(tmp, MANIFEST_NAME))
     return out_dir
 
 
@@ -150,9 +142,10 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     with step("building the tokenizer", progress):
         src.save_tokenizer(tmp)
     files = {}
-    paths = [os.path.join(tmp, name) for name in (RESIDENT_FILE, FFN_FILE)]
+    names = sorted(os.listdir(tmp))  # the tensors' files and the tokenizer's: every byte the engine reads
+    paths = [os.path.join(tmp, name) for name in names]
     with byte_bar(sum(map(os.path.getsize, paths)), "checksums", progress) as bar:
-        for name, p in zip((RESIDENT_FILE, FFN_FILE), paths):
+        for name, p in zip(names, paths):
             files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p, bar)}
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
 

@@ -1,24 +1,145 @@
-"""Write a directory all at once: into a hidden sibling that replaces `out_dir` only when the
-writing finished, so a crash or Ctrl-C never leaves a half-written directory under the real name."""
+"""Write a directory all at once, one writer at a time.
+
+`atomic_dir(out)` writes into a hidden sibling `.OUT.partial-PID` that replaces `out` only when the
+writing finished, so a crash or Ctrl-C never leaves a half-written directory under the real name.
+Around it:
+
+- an exclusive lock (`.OUT.lock`, flock) held from before the caller looks at `out` until it is in
+  place: a second writer into the same path waits for the first (saying so once), then sees its
+  result, so two conversions never clobber each other;
+- partial directories of writers that died (SIGKILL, power loss: their PID is gone) are removed
+  when the next writer starts in the same folder; SIGTERM is turned into an exit that removes this
+  writer's own partial directory first;
+- a write that fails (full disk, no permission) is one line naming the path.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
 import shutil
-from contextlib import contextmanager
+import signal
+import sys
+import threading
+from contextlib import contextmanager, nullcontext
+
+from ..errors import FlashError
+
+_PARTIAL = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
+
+
+class OutputError(FlashError):
+    """An output directory could not be written (full disk, permissions)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_dead_partials(parent: str) -> list[str]:
+    """Remove the partial directories in `parent` whose writer's process is gone; their names."""
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = _PARTIAL.match(name)
+        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 @contextmanager
-def atomic_dir(out_dir: str):
-    """with atomic_dir(out) as tmp: write into tmp; on success tmp becomes out (replacing it)."""
-    out_dir = os.path.abspath(out_dir)
-    tmp = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+def output_lock(out_dir: str, progress: bool = True):
+    """Hold the exclusive lock of `out_dir` (waiting for another holder, said once on stderr)."""
+    path = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.lock")
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OutputError(f"{out_dir}: cannot create its lock ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            if progress:
+                print(f"waiting for another writer of {out_dir} (pid {holder}) to finish", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the holder before us may have removed the lock file: then lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     try:
-        yield tmp
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
-    except BaseException:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        try:
+            os.unlink(path)  # while held: a waiter that opened it sees it gone and retries
+        except OSError:
+            pass
+        os.close(fd)
+
+
+@contextmanager
+def _terminate_as_exit():
+    """SIGTERM raises SystemExit (so `finally` blocks clean up) while inside; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
+    """with atomic_dir(out) as tmp: write into tmp; on success tmp becomes out (replacing it). The
+    lock is held throughout (`locked`: the caller holds output_lock already, having looked at
+    `out` under it)."""
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{parent}: cannot create it ({e.strerror})") from None
+    with (nullcontext() if locked else output_lock(out_dir, progress)), _terminate_as_exit():
+        remove_dead_partials(parent)
+        tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        try:
+            os.makedirs(tmp)
+            yield tmp
+            if os.path.exists(out_dir):
+                old = tmp + ".old"
+                os.replace(out_dir, old)
+                os.replace(tmp, out_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out_dir)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise OutputError(f"{e.filename or out_dir}: {what}") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

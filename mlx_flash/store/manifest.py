@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import StoreError
 from ..quant_spec import QuantSpec
+from .schema import MANIFEST, SchemaError, check, check_config_arithmetic
+from .verified import sha256_file, verify_files  # noqa: F401  (sha256_file: the converters hash with it)
 
 FORMAT_NAME = "mlx_flash.store"
 FORMAT_VERSION = 1
@@ -31,6 +33,13 @@ ALIGNMENT = 4096
 DTYPE_SIZES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4, "int32": 4, "uint8": 1, "int8": 1,
 }
+
+
+SEAL = "seal"  # the manifest's own checksum (Manifest.to_json); manifests written before it have none
+
+
+def seal_of(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, indent=1, sort_keys=True).encode()).hexdigest()
 
 
 def _prod(shape) -> int:
@@ -177,7 +186,10 @@ class Manifest:
 
     # ---- serialization -------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        """The manifest as JSON, sealed: `seal` is the sha256 of the rest in this canonical form, so a
+        flipped byte anywhere in the manifest is caught at open like one in the files it lists."""
+        d = asdict(self)
+        return json.dumps({**d, SEAL: seal_of(d)}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Manifest":
@@ -185,14 +197,26 @@ class Manifest:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise StoreError(f"{where}: manifest is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise StoreError(f"{where}: manifest nests deeper than any manifest does") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+            found = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise StoreError(f"{where}: not an mlx_flash store manifest (format={found!r})")
+        if SEAL in d:
+            sealed = d.pop(SEAL)
+            if sealed != seal_of(d):
+                raise StoreError(f"{where}: its seal does not match its content (the manifest is corrupt or was "
+                                 "edited; convert the model again)")
+        version = d.get("format_version")
+        if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
+            raise StoreError(f"{where}: store format version {version} is not supported (this build reads version "
+                             f"{FORMAT_VERSION}); convert the model again")
         try:
-            if d.get("format") != FORMAT_NAME:
-                raise StoreError(f"{where}: not an mlx_flash store manifest (format={d.get('format')!r})")
-            if d.get("format_version") != FORMAT_VERSION:
-                raise StoreError(
-                    f"{where}: store format version {d.get('format_version')} is not supported "
-                    f"(this build reads version {FORMAT_VERSION}); convert the model again"
-                )
+            check(MANIFEST, d)
+            check_config_arithmetic(d["config"])
+        except SchemaError as e:
+            raise StoreError(f"{where}: manifest field {e}") from None
+        try:
             ffn = d["ffn"]
             return cls(
                 config=d["config"],
@@ -223,11 +247,16 @@ class Manifest:
             raise StoreError(f"{where}: manifest is missing or mangles a required entry ({e})") from None
 
     # ---- validation ----------------------------------------------------------------------------
-    def validate(self, store_dir: str, verify_checksums: bool = False, progress: bool = False) -> None:
+    def validate(self, store_dir: str, verify_checksums: bool = False, progress: bool = False,
+                 cache_dir: str | None = None) -> None:
         """Check every file exists with its recorded size and every byte range is in range and
-        disjoint from the others; optionally recompute sha256 of every file."""
+        disjoint from the others, then every file's sha256: each hashed once and stamped in
+        `cache_dir` (store/verified.py), every one hashed again when `verify_checksums`."""
+        root = os.path.realpath(store_dir)
         for name, info in self.files.items():
             path = os.path.join(store_dir, name)
+            if os.path.dirname(os.path.realpath(path)) != root:  # a link that leaves the store
+                raise StoreError(f"{path}: is a link to a file outside the store")
             if not os.path.isfile(path):
                 raise StoreError(f"{path}: file listed in the manifest is missing")
             size = os.path.getsize(path)
@@ -277,14 +306,7 @@ class Manifest:
             for (a0, a1, an), (b0, b1, bn) in zip(rs, rs[1:]):
                 if b0 < a1:
                     raise StoreError(f"{os.path.join(store_dir, fname)}: {an} and {bn} overlap at byte {b0}")
-        if verify_checksums:
-            from ..progress import byte_bar
-
-            with byte_bar(sum(i["size"] for i in self.files.values()), "verifying checksums", progress) as bar:
-                for name, info in self.files.items():
-                    path = os.path.join(store_dir, name)
-                    if sha256_file(path, bar) != info["sha256"]:
-                        raise StoreError(f"{path}: sha256 mismatch (file is corrupt or was modified)")
+        verify_files(store_dir, self.files, cache_dir, force=verify_checksums, progress=progress)
 
     def _check_expert_table(self, store_dir, ranges) -> None:
         f = self.ffn
@@ -308,16 +330,3 @@ class Manifest:
                 f"past the end of the file ({size} bytes)"
             )
         ranges[file].append((offset, offset + nbytes, what))
-
-
-def sha256_file(path: str, bar=None, chunk: int = 1 << 22) -> str:
-    """The file's sha256; `bar` (a tqdm bar), if given, advances by the bytes hashed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            b = fh.read(chunk)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
-            if bar is not None:
-                bar.update(len(b))

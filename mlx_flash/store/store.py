@@ -91,9 +91,10 @@ def is_store(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
-def open_store(path: str, verify_checksums: bool = False, progress: bool = False) -> Store:
-    """Validate the whole manifest (files, sizes, offsets in range, no overlaps; sha256 on request,
-    with a progress bar when `progress`)."""
+def open_store(path: str, verify_checksums: bool = False, progress: bool = False, cache_dir: str | None = None) -> Store:
+    """Validate the whole manifest (its schema, files, sizes, offsets in range, no overlaps) and
+    every file's sha256: hashed once and stamped in `cache_dir` (default: the engine's), all of them
+    again when `verify_checksums` (store/verified.py), with a progress bar when `progress`."""
     if not os.path.exists(path):
         raise ModelNotFoundError(f"{path}: no such store directory")
     mpath = os.path.join(path, MANIFEST_NAME)
@@ -101,5 +102,9 @@ def open_store(path: str, verify_checksums: bool = False, progress: bool = False
         raise StoreError(f"{path}: not a store (no {MANIFEST_NAME}; convert the model with python -m mlx_flash.convert)")
     with open(mpath, encoding="utf-8", errors="replace") as fh:
         manifest = Manifest.from_json(fh.read(), mpath)
-    manifest.validate(path, verify_checksums=verify_checksums, progress=progress)
+    if cache_dir is None:
+        from ..config import default_cache_dir
+
+        cache_dir = default_cache_dir()
+    manifest.validate(path, verify_checksums=verify_checksums, progress=progress, cache_dir=cache_dir)
     return Store(os.path.abspath(path), manifest)
