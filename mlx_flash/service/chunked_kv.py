@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.batch_cache import padded_mask
+from ..models.batch_cache import BatchKV
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool
 
@@ -135,7 +135,7 @@ class ChunkedKV(LayerKV):
 
 
 
-class ChunkedBatchKV(LayerKV):
+class ChunkedBatchKV(BatchKV):
     """One layer of several sequences' chunked caches in one pool, run as one batch (the server's
     continuous batching): a step scatters every row's new keys with one indexed write and gathers
     every row's held keys, right-padded to the longest row, with one indexed read of the pool (the
@@ -143,27 +143,18 @@ class ChunkedBatchKV(LayerKV):
     each row apart, then pads and concatenates: B reads and a copy of everything per layer and step.
     Each row's keys and values are the ones it holds alone, so attention computes the same numbers.
     The layers of one step share their pool rows (`StepRows`): the tables are the same for every
-    layer, so the rows are worked out once per step."""
+    layer, so the rows are worked out once per step. Positions, mask and the rest are BatchKV's."""
 
     holds = ChunkedKV.holds
 
     def __init__(self, rows: list[ChunkedKV], step: "StepRows | None" = None):
-        if not rows:
-            raise ValueError("a batch needs at least one sequence")
+        super().__init__(rows)
         pool, layer = rows[0].table.pool, rows[0].layer
         if any(r.table.pool is not pool or r.layer != layer for r in rows):
             raise ValueError("a chunked batch's rows share one pool and one layer")
-        self.rows, self.pool, self.layer = list(rows), pool, layer
+        self.pool, self.layer = pool, layer
         self.step = step or StepRows()
-        self.capacity = rows[0].capacity
         self._lengths = np.array([r.offset for r in rows], np.int64)
-
-    @property
-    def offset(self) -> int:
-        return int(max(r.offset for r in self.rows))
-
-    def positions(self) -> np.ndarray:
-        return np.array([r.offset for r in self.rows], np.int64)
 
     def update(self, ops, k, v):
         B, H, T, D = k.shape
@@ -180,20 +171,6 @@ class ChunkedBatchKV(LayerKV):
             return ops.transpose(g, (1, 0, 2, 3))
 
         return gather(keys), gather(values)
-
-    def mask(self, ops, T: int):
-        return padded_mask(ops, self._lengths, T)
-
-    def observe(self, ops, q, keys, scale: float) -> None:
-        for b, (r, n) in enumerate(zip(self.rows, self._lengths)):
-            r.observe(ops, q[b:b + 1], keys[b:b + 1, :, :int(n)], scale)
-
-    def trim(self, n: int) -> None:
-        for r in self.rows:
-            r.trim(n)
-
-    def state(self, ops):
-        raise NotImplementedError("a batch's state is its rows' states: call state() on each row")
 
 
 class StepRows:
