@@ -62,7 +62,13 @@ def remove_dead_partials(parent: str) -> list[str]:
 @contextmanager
 def output_lock(out_dir: str, progress: bool = True):
     """Hold the exclusive lock of `out_dir` (waiting for another holder, said once on stderr)."""
-    path = os.path.join(os.path.dirname(out_dir), f".{os.path.basename(out_dir)}.lock")
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    try:
+        os.makedirs(parent, exist_ok=True)  # the lock lives beside the output: its folder comes first
+    except OSError as e:
+        raise OutputError(f"{parent}: cannot create it ({e.strerror})") from None
+    path = os.path.join(parent, f".{os.path.basename(out_dir)}.lock")
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

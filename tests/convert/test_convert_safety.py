@@ -112,3 +112,13 @@ def test_an_output_that_cannot_be_written_is_one_line(source, tmp_path):
     r = subprocess.run(CONVERT + [source, str(blocker / "store")], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
     assert "file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_output_in_a_folder_that_does_not_exist_yet(source, tmp_path):
+    """The converter makes the output's folder (and its lock) first: the default model's first use
+    converts into a cache folder that does not exist yet."""
+    out = tmp_path / "new" / "deeper" / "store"
+    r = subprocess.run(CONVERT + [source, str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    open_store(str(out))
+    assert leftovers(str(out.parent), "store") == []
