@@ -208,10 +208,14 @@ class MLXOps:
     def layer_norm(self, x, weight, bias, eps: float):
         return mx.fast.layer_norm(x, weight, bias, eps)
 
-    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0):
-        """offset: the first token's position, one int, or int numpy [B], one per row of a batch."""
+    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0, freqs=None):
+        """offset: the first token's position, one int, or int numpy [B], one per row of a batch.
+        freqs: inverse frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
         if isinstance(offset, np.ndarray):
             offset = mx.array(offset.astype(np.int32))
+        if freqs is not None:  # mx.fast.rope takes each pair's period (1 / inverse frequency)
+            return mx.fast.rope(x, dims, traditional=traditional, base=None, scale=scale, offset=offset,
+                                freqs=mx.array((1.0 / freqs).astype(np.float32)))
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
 
     def sdpa(self, q, k, v, scale: float, mask=None):

@@ -25,6 +25,7 @@ from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
 from . import cpu_threads
+from . import torch_scores
 from .torch_quant import dequantize, unpack_bits
 
 try:
@@ -268,15 +269,16 @@ class TorchOps:
     def layer_norm(self, x, weight, bias, eps: float):
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
-    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0):
+    def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0, freqs=None):
         """Same semantics as mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd] from
-        position `offset` (an int, or int numpy [B]: one per row of a batch)."""
+        position `offset` (an int, or int numpy [B]: one per row of a batch); freqs: inverse
+        frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
         T = x.shape[-2]
         if isinstance(offset, np.ndarray):
-            tab = self._rope_table(dims, base, scale, int(offset.max()) + T, x.device)
+            tab = self._rope_table(dims, base, scale, int(offset.max()) + T, x.device, freqs)
             rot = tab[torch.from_numpy(offset[:, None] + np.arange(T)).to(x.device)][:, None]  # [B, 1, T, dims/2]
         else:
-            rot = self._rope_table(dims, base, scale, offset + T, x.device)[offset:offset + T]  # complex [T, dims/2]
+            rot = self._rope_table(dims, base, scale, offset + T, x.device, freqs)[offset:offset + T]  # [T, dims/2]
         xr, rest = x[..., :dims], x[..., dims:]
         if traditional:  # pairs (0,1), (2,3), ... are (real, imag) of one complex number
             z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], dims // 2, 2).contiguous())
@@ -287,13 +289,14 @@ class TorchOps:
             out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
         return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
-    def _rope_table(self, dims, base, scale, length, device):
+    def _rope_table(self, dims, base, scale, length, device, freqs=None):
         """exp(i * position * freq) [positions, dims/2], computed in float64 once, grown by doubling."""
-        key = (dims, base, scale, device)
+        key = (dims, base, scale, device, None if freqs is None else freqs.tobytes())
         tab = self._rope_tables.get(key)
         if tab is None or tab.shape[0] < length:
             n = max(length, 2 * tab.shape[0] if tab is not None else 1024)
-            inv = base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+            inv = (base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims) if freqs is None
+                   else torch.from_numpy(np.asarray(freqs, np.float64)))
             ang = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None, :]
             tab = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(device)
             self._rope_tables[key] = tab
@@ -312,36 +315,9 @@ class TorchOps:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
-    def attention_columns(self, q, k, scale: float):
-        """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
-        sdpa's), summed over heads and queries. q [1, Hq, T, hd], k [1, Hkv, S, hd] -> [S] float32
-        (KV compression's information density; reference: service/compression.py)."""
-        _, Hq, T, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        qg = q.float().reshape(Hkv, (Hq // Hkv) * T, hd)
-        s = (qg @ k[0].float().transpose(1, 2)) * scale
-        if T > 1:
-            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-            s = s.masked_fill(~mask.repeat(Hq // Hkv, 1)[None], float("-inf"))
-        return torch.softmax(s, dim=-1).sum(dim=(0, 1))
-
-    def top_k_mask(self, q, k, scale: float, mask, keep: float):
-        """Each query's top `keep` share of the keys it may see, as a bool mask [B, Hq, T, S] for sdpa
-        (top-k sparse attention; reference: offload/sparse_attention.top_k_mask_reference)."""
-        B, Hq, T, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        qg = q.float().reshape(B, Hkv, (Hq // Hkv) * T, hd)
-        s = ((qg @ k.float().transpose(2, 3)) * scale).reshape(B, Hq, T, S)
-        if mask is None:
-            vis = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
-        elif isinstance(mask, str):
-            vis = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)[None, None]
-        else:
-            vis = mask
-        s = s.masked_fill(~vis, float("-inf"))
-        n = torch.clamp(torch.ceil(vis.sum(dim=-1, keepdim=True).float() * keep), min=1).long()
-        thr = torch.gather(torch.sort(s, dim=-1).values, -1, (S - n).expand(B, Hq, T, 1))
-        return (s >= thr) & vis
+    # attention scores for KV compression and top-k sparse attention (backends/torch_scores.py)
+    attention_columns = torch_scores.attention_columns
+    top_k_mask = torch_scores.top_k_mask
 
     silu = staticmethod(lambda x: F.silu(x))
     relu = staticmethod(lambda x: F.relu(x))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, LayerSource
 from .common import ArgsFromDict, linear
+from .rope import SCALINGS, rope_frequencies
 
 LAYER = "model.layers.{}."
 
@@ -30,6 +31,7 @@ class ModelArgs(ArgsFromDict):
     rope_theta: float = 10000.0
     rope_traditional: bool = False
     rope_scale: float = 1.0
+    rope_scaling: dict | None = None  # "llama3" or "yarn" frequencies (models/rope.py)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     sliding_window: int | None = None  # not implemented: the engine refuses contexts longer than it
@@ -70,10 +72,21 @@ def normalize_config(hf: dict, where: str) -> dict:
         raise UnsupportedModelError(f"{where}: hidden_act {act!r} is not supported for {hf['model_type']}")
     scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        cfg["rope_scale"] = 1.0 / float(scaling["factor"])
-    elif kind not in (None, "default"):
-        raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported yet")
+    try:
+        if kind == "linear":
+            cfg["rope_scale"] = 1.0 / float(scaling["factor"])
+        elif kind == "llama3":
+            cfg["rope_scaling"] = {"rope_type": kind, **{k: float(scaling[k]) for k in (
+                "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+        elif kind == "yarn":
+            cfg["rope_scaling"] = {"rope_type": kind, **{k: scaling[k] for k in (
+                "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                "attention_factor", "truncate") if scaling.get(k) is not None}}
+        elif kind not in (None, "default"):
+            raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported (supported: "
+                                        f"{', '.join(SCALINGS)})")
+    except (KeyError, TypeError, ValueError) as e:
+        raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} lacks or mangles a field ({e})") from None
     return cfg
 
 
@@ -115,9 +128,11 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
         return ops.transpose(ops.reshape(t, (B, T, n, hd)), (0, 2, 1, 3))
 
     offset = cache.positions()
+    freqs, factor = rope_frequencies(hd, args.rope_theta, args.rope_scaling, args.max_position_embeddings)
 
     def rope(t):
-        return ops.rope(t, hd, args.rope_traditional, args.rope_theta, offset, args.rope_scale)
+        t = ops.rope(t, hd, args.rope_traditional, args.rope_theta, offset, args.rope_scale, freqs)
+        return t * factor if factor != 1.0 else t  # YaRN: queries and keys both scaled
 
     qkv = linear(ops, x, lw["qkv"])
     if lw["q_norm"] is None:  # q and k rotated together as Hq + Hk heads: one rope instead of two
