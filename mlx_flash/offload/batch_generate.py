@@ -22,8 +22,8 @@ from ..errors import ConfigError, ContextLengthError
 from ..memory.process_plan import ModelShape
 from ..models.batch_cache import BlockKV, batch_caches
 from ..sampling import check_sampling
-from .policy import Policy
 from .kv_spill import SpilledKV, SpillFolder, spilled_rows
+from .policy import Policy
 from .quantized_kv import make_row_caches
 from .schedule import MicroBatch, run_block
 from .sparse_attention import with_top_k
