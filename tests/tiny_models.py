@@ -44,6 +44,10 @@ def hf_config(family: str, **over):
                 kw.update(head_dim=16, norm_topk_prob=True)
             cls = {"qwen2_moe": tf.Qwen2MoeConfig, "qwen3_moe": tf.Qwen3MoeConfig, "olmoe": tf.OlmoeConfig}[family]
             cfg = cls(**{**common, **kw, **over})
+    elif family == "gemma3_text":  # six layers: five sliding (a window of 8) and one full
+        kw = dict(intermediate_size=96, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                  query_pre_attn_scalar=16, rms_norm_eps=1e-6)
+        cfg = tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 6, **kw, **over})
     else:
         cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
                "qwen3": tf.Qwen3Config}[family]

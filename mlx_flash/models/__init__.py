@@ -1,7 +1,7 @@
 """Model graphs, one file per architecture family, written once against the backend op set.
 
 A model module is found by its HF `model_type` with importlib (`model_module`; mistral.py, qwen2.py
-and qwen3.py reuse llama.py's graph; mixtral.py, qwen2_moe.py, qwen3_moe.py and olmoe.py reuse
+and qwen3.py reuse llama.py's graph, gemma3.py gemma3_text.py's; mixtral.py, qwen2_moe.py, qwen3_moe.py and olmoe.py reuse
 moe.py's). Each module provides:
   normalize_config(hf_config, where) -> dict     the store's config for this architecture
   canonical_tensors(tensors, config, where)     HF checkpoint names -> canonical names
@@ -21,7 +21,8 @@ import importlib
 
 from ..errors import UnsupportedModelError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "moefied_llama")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3", "opt", "mixtral", "qwen2_moe",
+                         "qwen3_moe", "olmoe", "moefied_llama")
 
 
 def model_module(model_type: str, where: str):
