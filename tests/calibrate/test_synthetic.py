@@ -47,7 +47,7 @@ def test_store_validates_and_replay_reads_the_missing_rows(tmp_path, small_shape
 
 def test_moe_shape_store_validates_with_routers_and_qk_norms(tmp_path, monkeypatch):
     shape = dict(synthetic.SHAPES["qwen3-30b-a3b"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, num_experts=4, moe_intermediate_size=32,
+                 num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                  intermediate_size=4 * 32, vocab_size=50)
     monkeypatch.setitem(synthetic.SHAPES, "small-moe", shape)
     store = open_store(synthetic.make_synthetic_store(str(tmp_path / "syn"), "small-moe"), verify_checksums=True)
