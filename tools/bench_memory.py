@@ -8,6 +8,7 @@ one table, JSON and a plot.
                                  [--sparse 0.5,0.1] [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32] [--runs 1]
                                  [--json OUT] [--plot OUT.png]
     python tools/bench_memory.py --no-limit [--backends mlx,torch] [--tokens 16] [--runs 3]
+    python tools/bench_memory.py --kept [--backends mlx,torch] [--model M]
 
 Limits: a percentage is of the weights an engine reads (the GGUF for the peer, the converted store
 for ours) plus that engine's floor; bytes ("2GB", "1.5GiB") are the same for every engine; both are
@@ -34,6 +35,13 @@ the GGUF itself. TTFT: from the start of the engine's load to the first token (i
 an mmap load defers its reads to the prompt's pass; prefill tokens/s: the prompt's pass alone;
 decode tokens/s: the forward passes after the first token (TOKENS - 1).
 
+--kept: memory_budget against the peak RSS it allows, per backend, on the default model (or --model):
+the number a refusal of a 1 MB budget names (what the process reaches before it can plan), the
+minimum a refusal at that number names, and a one-shot chat answer (`python -m mlx_flash.chat
+--prompt ... --max-tokens 32`) at the minimum and at twice it; each row's peak is the process's
+VmHWM as its parent reads it (ru_maxrss), the refused rows' included. With root and a cgroup memory
+controller each run also goes in a cgroup of the budget's size (OOM kills counted).
+
 --no-limit: the memory of a user's first minutes, no cgroup: RSS after load + TOKENS tokens, peak RSS
 and the heavy frameworks imported, per engine/mode, each in a fresh process (median of --runs).
 
@@ -55,6 +63,7 @@ from mlx_flash.config import default_cache_dir
 from mlx_flash.default_model import default_model_path, resolve_store
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
 from mlx_flash.memory import available_memory
+from mlx_flash.memory.budget_kept import kept_rows
 from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
 from mlx_flash.tokenizer import Tokenizer
 
@@ -294,6 +303,33 @@ def no_limit(a) -> None:
         print(note)
 
 
+def kept(a) -> None:
+    try:
+        own_memory_cgroup()
+        cgroups = True
+    except FlashError as e:
+        cgroups = False
+        print(f"no cgroups ({e}): peak RSS only", file=sys.stderr)
+    rows = kept_rows(a.backends, a.model, cgroups)
+    print("| budget | backend | run | peak RSS | peak / budget |" + (" OOM kills |" if cgroups else ""))
+    print("|---|---|---|---|---|" + ("---|" if cgroups else ""))
+    for r in rows:
+        outcome = (f"answered ({r['tokens']} tokens)" if r["code"] == 0 else
+                   "refused, naming it" if r["code"] == 2 else f"exit {r['code']}")
+        peak = f"{r['peak'] / MB:.1f} MB" if r["peak"] else "-"
+        share = f"{r['peak'] / r['budget']:.0%}" if r["peak"] else "-"
+        print(f"| {r['budget'] / MB:.1f} MB | {r['backend']} | {r['what']}: {outcome} | {peak} | {share} |"
+              + (f" {r['oom_kills']} |" if cgroups else ""))
+    over = [r for r in rows if r["peak"] and r["peak"] > r["budget"]]
+    for r in over:
+        print(f"over the budget: {r['backend']} at {r['budget'] / MB:.1f} MB peaked at {r['peak'] / MB:.1f} MB")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"version": git_version(), "model": a.model or "default", "rows": rows}, fh, indent=1)
+    if over:
+        raise FlashError(f"{len(over)} run(s) over their memory budget")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="GGUF (or store / HF dir: ours only; default: the default model)")
@@ -312,6 +348,8 @@ def main() -> int:
     p.add_argument("--json", default=None, metavar="OUT", help="write every row and run as JSON")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="tokens/s against the limit, a line per engine/mode")
     p.add_argument("--no-limit", action="store_true", help="RSS after load + tokens and peak RSS, no cgroup")
+    p.add_argument("--kept", action="store_true",
+                   help="peak RSS at the stated minimum memory budget and twice it, per backend (see above)")
     p.add_argument("--from-json", default=None, metavar="IN", help="print the table (and --plot) of an earlier --json")
     a = p.parse_args()
     a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]
@@ -326,6 +364,8 @@ def main() -> int:
         p.error("--tokens must be at least 2 (the first comes from the prompt's pass)")
     if a.from_json:
         return exit_status(lambda: replot(a.from_json, a.plot))
+    if a.kept:
+        return exit_status(lambda: kept(a))
     return exit_status(lambda: no_limit(a) if a.no_limit else limited(a))
 
 

@@ -10,8 +10,10 @@ already holds). RUNTIME_SLACK: what a backend allocates on its first forward pas
 floor (thread pools, allocator caches: MLX's buffer cache is capped at MLX_CACHE_LIMIT by the
 backend), measured on a 24 KB model. KV cache: `kv_tokens` tokens of every layer's keys and values
 in float32. Work buffers: the activations of one prefill chunk (attention scores included).
-A limit that cannot hold the floor, the work buffers, 128 tokens of KV and the weights' minimum is
-refused, naming the minimum.
+A limit that cannot hold the floor, the slack, the work buffers of a 16-token chunk, 128 tokens of
+KV and the weights' minimum is refused, naming the minimum: one number for a model and backend
+whatever limit was tried, and a run given that number is planned (the floor is measured again in
+every process: the named minimum carries FLOOR_JITTER for it, rounded up).
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
 # What importing a backend's framework adds to RSS (measured: torch 2.13 CPU 196 MB, MLX 6 MB), checked
 # before the import so that a limit torch alone would break is refused instead of OOM-killed.
 BACKEND_IMPORT = {"mlx": ("mlx.core", 8 << 20), "torch": ("torch", 200 << 20)}
+# What the process reaches between the backend's import and the plan: parsing tokenizer.json peaks
+# 46 MB above the RSS before it (the default model's 49k-token tokenizer, 3.5 MB of JSON; 19 MB of it
+# stays). A limit below the import plus this is refused before the import too: planning at it would
+# first push the process over it (measured: a 61 MB limit on MLX peaked at 91 MB before its refusal,
+# a 255 MB one on torch at 279 MB).
+BEFORE_PLAN = 48 << 20
+# The floor is measured in each process and moves between runs (at most 0.5 MB over eight runs of the
+# default model per backend, 2 to 16 threads): the minimum a refusal names carries this much more, so
+# that a run given that number is planned, not refused by a floor a little higher than the last.
+FLOOR_JITTER = 2 << 20
 MLX_CACHE_LIMIT = 32 << 20
 MIN_KV_TOKENS = 128
 AUTO_KV_SHARE = 0.10  # "auto" context: the model's whole context, or what this share of the limit holds
@@ -100,13 +112,24 @@ class ProcessPlan:
 
 
 def check_backend_room(limit: MemoryLimit, backend: str, rss: int) -> None:
-    """Refuse a limit that importing the backend's framework (not imported yet) would exceed."""
+    """Refuse a limit that the process would pass before it can plan: importing the backend's
+    framework (when not imported yet) and loading the tokenizer (BEFORE_PLAN)."""
     import sys
 
     module, cost = BACKEND_IMPORT[backend]
-    if module not in sys.modules and limit.bytes < rss + cost:
-        raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} is below the {fmt(rss + cost)} this process holds "
-                                f"once {backend} is imported ({fmt(rss)} now + about {fmt(cost)} for {module})")
+    cost = 0 if module in sys.modules else cost
+    if limit.bytes < rss + cost + BEFORE_PLAN:  # (named with FLOOR_JITTER: RSS now moves between runs too)
+        raise MemoryBudgetError(
+            f"memory budget {fmt(limit.bytes)} is below the {fmt(_stated(rss + cost + BEFORE_PLAN))} this process "
+            f"reaches on {backend} before it can plan any model ({fmt(rss)} now"
+            + (f" + about {fmt(cost)} for {module}" if cost else "")
+            + f" + about {fmt(BEFORE_PLAN)} loading a tokenizer); the minimum for a model is more")
+
+
+def _stated(n: int) -> int:
+    """A minimum as a refusal names it: with FLOOR_JITTER, rounded up to what fmt() writes (0.1 MB),
+    so that the number written back as a limit is not below the minimum."""
+    return -(-(n + FLOOR_JITTER) // 100_000) * 100_000
 
 
 def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape, context_limit: int,
@@ -120,31 +143,35 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     if context:
         if context > context_limit:
             raise ConfigError(f"context {context} is more than the model's {context_limit} tokens")
-        kv_tokens = context
+        target = context
     else:
-        kv_tokens = min(context_limit, max(MIN_KV_TOKENS, int(limit.bytes * AUTO_KV_SHARE) // per_tok))
+        target = min(context_limit, max(MIN_KV_TOKENS, int(limit.bytes * AUTO_KV_SHARE) // per_tok))
+    # the least KV the plan may keep: an explicit context whole, else MIN_KV_TOKENS
+    least = context or min(target, MIN_KV_TOKENS)
+    smallest_chunk = min(prefill_chunk, 16)
+
+    def left(chunk_, tokens):
+        return limit.bytes - floor - slack - per_tok * tokens - work_bytes(shape, chunk_, tokens)
+
+    # The minimum depends on the model and backend alone (not on the limit tried): the least KV, the
+    # buffers of the smallest chunk over it, the weights' minimum.
+    minimum = floor + slack + per_tok * least + work_bytes(shape, smallest_chunk, least) + weights_minimum
+    if limit.bytes < minimum:
+        raise MemoryBudgetError(  # (FLOOR_JITTER keeps the two numbers apart as fmt() writes them)
+            f"memory budget {fmt(limit.bytes)} is below the minimum {fmt(_stated(minimum))} for this model on this "
+            f"backend (runtime {fmt(floor + slack)} measured, KV cache {fmt(per_tok * least)} for {least} tokens, "
+            f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, weights {fmt(weights_minimum)} at the least, "
+            f"{fmt(FLOOR_JITTER)} for the runtime's run-to-run difference)")
     chunk, notes = prefill_chunk, []
-    kv_min = per_tok * (kv_tokens if context else min(kv_tokens, MIN_KV_TOKENS))
-
-    def left(chunk_, kv_):
-        return limit.bytes - floor - slack - kv_ - work_bytes(shape, chunk_, kv_tokens)
-
-    while chunk > MIN_CHUNK and work_bytes(shape, chunk, kv_tokens) > WORK_SHARE * limit.bytes:
+    while chunk > MIN_CHUNK and work_bytes(shape, chunk, target) > WORK_SHARE * limit.bytes:
         chunk //= 2
-    while chunk > 16 and left(chunk, kv_min) < weights_minimum:  # smaller prefill chunks before refusing
+    while chunk > smallest_chunk and left(chunk, least) < weights_minimum:  # smaller chunks before less KV
         chunk //= 2
     if chunk != prefill_chunk:
         notes.append(f"prefill chunk {prefill_chunk} -> {chunk} tokens to fit")
-    work = work_bytes(shape, chunk, kv_tokens)
-    minimum = floor + slack + kv_min + work + weights_minimum
-    if limit.bytes < minimum:
-        raise MemoryBudgetError(
-            f"memory budget {fmt(limit.bytes)} is below the minimum {fmt(minimum)} for this model on this backend "
-            f"(runtime {fmt(floor + slack)} measured, KV cache {fmt(kv_min)} for {kv_min // per_tok} tokens, "
-            f"buffers {fmt(work)}, weights {fmt(weights_minimum)} at the least)")
-    if not context:  # auto: shrink the KV target until the weights' minimum fits
-        while kv_tokens > MIN_KV_TOKENS and left(chunk, per_tok * kv_tokens) < weights_minimum:
-            kv_tokens = max(MIN_KV_TOKENS, kv_tokens // 2)
-    kv, work = per_tok * kv_tokens, work_bytes(shape, chunk, kv_tokens)
-    return ProcessPlan(limit=limit, floor=floor, slack=slack, kv_tokens=kv_tokens, kv_bytes=kv, prefill_chunk=chunk,
-                       work_bytes=work, weights_budget=left(chunk, kv), notes=notes)
+    kv_tokens = target
+    while kv_tokens > least and left(chunk, kv_tokens) < weights_minimum:  # auto: the KV target shrinks to fit
+        kv_tokens = max(least, kv_tokens // 2)
+    return ProcessPlan(limit=limit, floor=floor, slack=slack, kv_tokens=kv_tokens, kv_bytes=per_tok * kv_tokens,
+                       prefill_chunk=chunk, work_bytes=work_bytes(shape, chunk, kv_tokens),
+                       weights_budget=left(chunk, kv_tokens), notes=notes)

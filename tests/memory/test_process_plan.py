@@ -5,7 +5,7 @@ import pytest
 
 from mlx_flash.errors import ConfigError, MemoryBudgetError
 from mlx_flash.memory.limit import MemoryLimit
-from mlx_flash.memory.process_plan import (MIN_KV_TOKENS, RUNTIME_SLACK, ModelShape, kv_bytes_per_token,
+from mlx_flash.memory.process_plan import (FLOOR_JITTER, MIN_KV_TOKENS, RUNTIME_SLACK, ModelShape, kv_bytes_per_token,
                                            plan_process, work_bytes)
 
 LLAMA_7B = ModelShape.from_config({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
@@ -55,13 +55,37 @@ def test_explicit_context_is_planned_or_refused():
         plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=2048)
 
 
-def test_a_backend_import_that_would_break_the_limit_is_refused(monkeypatch):
+def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_import(monkeypatch):
     import sys
 
-    from mlx_flash.memory.process_plan import BACKEND_IMPORT, check_backend_room
+    from mlx_flash.memory.process_plan import BACKEND_IMPORT, BEFORE_PLAN, check_backend_room
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    cost = BACKEND_IMPORT["torch"][1]
-    with pytest.raises(ConfigError, match=r"below the 300\.0 MB this process holds once torch is imported"):
-        check_backend_room(MemoryLimit(250 * MB, "given"), "torch", 300 * MB - cost)
-    check_backend_room(MemoryLimit(400 * MB, "given"), "torch", 300 * MB - cost)
+    before = 300 * MB - BACKEND_IMPORT["torch"][1] - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
+    # (the refusal names it with FLOOR_JITTER, rounded up: 302.1 MB)
+    with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"):
+        check_backend_room(MemoryLimit(250 * MB, "given"), "torch", before)
+    check_backend_room(MemoryLimit(300 * MB, "given"), "torch", before)
+
+
+def _named_minimum(limit: int, floor: int) -> int | None:
+    import re
+
+    try:
+        plan_process(MemoryLimit(limit, "given"), floor, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    except MemoryBudgetError as e:
+        return int(float(re.search(r"below the minimum ([0-9.]+) MB", str(e)).group(1)) * MB)
+    return None
+
+
+def test_the_named_minimum_is_one_number_and_a_limit_at_it_is_planned():
+    # the same minimum whichever limit was refused (it once grew with the limit's auto KV target)
+    named = {_named_minimum(n * MB, 100 * MB) for n in (10, 500, 1000, 1190)}
+    assert len(named) == 1 and None not in named, named
+    minimum = named.pop()
+    # planned at that number, with the floor a little higher in the new process (FLOOR_JITTER)
+    plan = plan_process(MemoryLimit(minimum, "given"), 100 * MB + FLOOR_JITTER, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    assert plan.weights_budget >= 1000 * MB and plan.kv_tokens == MIN_KV_TOKENS
+    a = plan.account()
+    assert a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["weights_budget"] == minimum
+    assert _named_minimum(minimum - 3 * MB, 100 * MB) == minimum  # and a limit just below is refused naming it

@@ -1,0 +1,65 @@
+"""memory_budget kept, measured: the chat's peak RSS (the kernel's VmHWM of the process, read by its
+parent) against the budget, on the default model, for each backend. A budget below what the process
+reaches before it can plan is refused naming that number; at that number the planner refuses naming
+the model's minimum, without passing the budget on the way; at the minimum and at twice it a short
+answer comes with the peak within the budget. Each run is a fresh process (a backend's import, a
+tokenizer and the plan's floor are part of what is measured)."""
+
+import re
+import sys
+
+import pytest
+
+from mlx_flash.memory.budget_kept import BEFORE_PLAN, MINIMUM, chat_at
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux")]
+
+MB = 10**6
+
+
+def chat(backend: str, budget: int, store_dir: str) -> tuple[int, str, int]:
+    """(exit status, stderr without the peak line, peak RSS bytes) of a one-shot chat at `budget` bytes."""
+    r = chat_at(backend, budget, store_dir)
+    assert r["peak"] is not None, r["stderr"][-2000:]
+    return r["code"], r["stderr"], r["peak"]
+
+
+def refusal(backend: str, budget: int, store_dir: str, pattern: str) -> tuple[int, int]:
+    """(the number a refusal at `budget` names, the refused process's peak)."""
+    code, err, peak = chat(backend, budget, store_dir)
+    # one line (a fresh store's first use may print its checksum progress before it)
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("verifying checksums")]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+    m = re.search(pattern, lines[0])
+    assert m, lines[0]
+    return int(float(m.group(1)) * MB), peak
+
+
+@pytest.fixture(scope="module")
+def minimum(store_dir):
+    """backend -> (what it reaches before planning, the model's minimum, the peak of the run refused
+    at the first), each as the refusals name them."""
+    out = {}
+    for b in ("mlx", "torch"):
+        before, _ = refusal(b, 1_000_000, store_dir, BEFORE_PLAN)
+        least, peak = refusal(b, before, store_dir, MINIMUM)
+        out[b] = before, least, peak
+    return out
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_the_refusal_names_the_minimum_and_keeps_the_budget(minimum, backend):
+    before, least, peak = minimum[backend]
+    assert least > before
+    assert peak <= before, f"{backend}: refused at {before / MB:.1f} MB after peaking at {peak / MB:.1f} MB"
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+@pytest.mark.parametrize("times", [1, 2])
+def test_peak_rss_within_the_budget(minimum, store_dir, backend, times):
+    budget = times * minimum[backend][1]
+    code, err, peak = chat(backend, budget, store_dir)
+    assert code == 0, err[-2000:]
+    assert re.search(r"generated [1-9][0-9]* tok", err), err[-2000:]
+    assert peak <= budget, f"{backend} at {budget / MB:.1f} MB: peak RSS {peak / MB:.1f} MB"
