@@ -68,8 +68,10 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     return_free_memory()
     plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
                         model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
-    # (a weights_budget below what the FFN needs is refused by the FFN's planner, with its minimum)
-    plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget)
+    # (below what a streamed FFN holds it is refused here; below what a sparse or expert FFN needs, by
+    # that FFN's planner, with its own minimum: a sparse FFN may hold less than one whole layer's reads)
+    plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget,
+                                         weights_minimum(store) if cfg.ffn is FFNMode.STREAM else 0)
     cfg = resolve_ffn(cfg, store, plan, batch)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
     slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),

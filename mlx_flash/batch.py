@@ -19,6 +19,7 @@ import sys
 from .config import EngineConfig
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
+from .sampling import check_int, check_sampling_flags
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -107,8 +108,8 @@ def main(argv=None) -> int:
         from .offload import Policy
 
         policy = Policy.from_json(args.policy) if args.policy is not None else None
-        if args.max_tokens < 1:
-            raise ConfigError("--max-tokens must be >= 1")
+        check_int("--max-tokens", args.max_tokens, low=1)
+        check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)  # run_batch does not check them
         jobs = read_jobs(args.input, args.max_tokens)
         if not jobs:
             raise ConfigError(f"{args.input}: no prompts (one JSON object per line)")

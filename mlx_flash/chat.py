@@ -14,9 +14,10 @@ import argparse
 import sys
 
 from .config import EngineConfig
-from .errors import FlashError, first_paragraph
+from .errors import ConfigError, FlashError, first_paragraph
 from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
+from .sampling import check_int, check_sampling_flags
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -204,10 +205,21 @@ def _answer(svc, ctx: str, prompt, whole: bool, args, out, note: str = "") -> st
     return ctx
 
 
+def check_flags(args) -> None:
+    """The answer's flags, refused before the model loads (stream_generate refuses them only after)."""
+    check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)
+    check_int("--max-tokens", args.max_tokens, low=1)
+    check_int("--speculative", args.speculative, low=0)
+    if args.speculative and args.temp != 0:
+        raise ConfigError(f"--speculative {args.speculative} needs --temp 0 (got {args.temp})")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         from .api import load_config
+
+        check_flags(args)
 
         engine = load_config(args.model, from_arguments(EngineConfig, args))
         with engine:

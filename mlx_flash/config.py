@@ -10,7 +10,7 @@ from enum import Enum
 
 from .convert.converter import PRECISIONS
 from .errors import ConfigError
-from .options import ExpertOptions, FlashOptions, IOOptions, _check_enums, option
+from .options import ExpertOptions, FlashOptions, IOOptions, _check_enums, check_threads, option
 from .sparse.selectors import PredictorKind
 
 
@@ -43,15 +43,16 @@ class EngineConfig:
                           "the rest read every token; MoE: streamed experts), resident (in memory), stream (read "
                           "from the bundle file every layer; MoE: experts read when routed into a cache) or sparse "
                           "(LLM in a flash: only the rows each token needs)")
-    memory_budget: str = option("auto", "the cap on this process's peak RSS, everything included (runtime, "
-                                "weights, caches, KV cache, buffers): auto (all the memory available to the "
-                                "process, its cgroup limit or else the machine's available memory, less 5% "
-                                "(at least 64 MB)), a share of that available memory (60%) or bytes (2GB, "
-                                "1.5GiB). A budget that cannot hold the model's minimum is refused, naming it")
-    weights_budget: str | None = option(None, "what weights, predictors, read buffers and FFN row / expert caches "
-                                        "may hold, as a share of the fully resident model's bytes (50%) or "
-                                        "bytes; default: all that --memory-budget leaves after the runtime, KV "
-                                        "cache and buffers (more than that is refused)", kind=str)
+    memory_budget: str | float = option("auto", "the cap on this process's peak RSS, everything included (runtime, "
+                                        "weights, caches, KV cache, buffers): auto (all the memory available to the "
+                                        "process, its cgroup limit or else the machine's available memory, less 5% "
+                                        "(at least 64 MB)), a share of that available memory (60%) or bytes (2GB, "
+                                        "1.5GiB). A budget that cannot hold the model's minimum is refused, naming it")
+    weights_budget: str | float | None = option(None, "what weights, predictors, read buffers and FFN row / "
+                                                "expert caches may hold, as a share of the fully resident model's "
+                                                "bytes (50%) or bytes; default: all that --memory-budget leaves "
+                                                "after the runtime, KV cache and buffers (more than that is refused)",
+                                                kind=str)
     context: int = option(0, "tokens the KV cache is planned for (0: the model's context, or as many as 10% of "
                           "the memory budget holds, at least 128); longer conversations are refused, naming it")
     precision: str = option("auto", "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
@@ -60,9 +61,9 @@ class EngineConfig:
                             "q4, q8, or auto (the default: source-neuron for a sparse FFN whose predictor selects "
                             "neurons approximately, where blocks would read far more for the same quality; source "
                             "otherwise)")
-    threads: int | None = option(None, "CPU threads of the quantized-matmul kernel (both backends on a CPU; torch's "
-                                 "own ops then run on one) or of torch on CUDA (default: the CPUs this process may "
-                                 "use)", kind=int)
+    threads: int | None = option(None, "CPU threads (1-256) of the quantized-matmul kernel (both backends on a "
+                                 "CPU; torch's own ops then run on one) or of torch on CUDA (default: the CPUs this "
+                                 "process may use)", kind=int)
     device: str | None = option(None, "backend device: cpu or gpu (mlx), cpu or cuda (torch)", kind=str)
     torch_dtype: TorchDtype = option(TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast "
                                      "int4 kernel; approximate)")
@@ -85,11 +86,13 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 (got {self.context})")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1 (got {self.threads})")
+        check_threads("threads", self.threads)
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown (choose one of: auto, {', '.join(PRECISIONS)})")
+        # A directory given is checked for writing too; the default one only for its shape: a load that
+        # writes nothing there (a store directory, resident) must not fail on a read-only home.
         self.cache_dir = self.cache_dir or default_cache_dir()
+        check_cache_dir(self.cache_dir, writable=self.cache_dir != default_cache_dir())
 
     def store_precision(self) -> str:
         """The precision a GGUF/HF source is converted at for this configuration ("auto" resolved)."""
@@ -98,6 +101,23 @@ class EngineConfig:
         approximate = self.ffn is FFNMode.SPARSE and self.flash.mode.needs_predictor \
             and self.flash.predictor not in (PredictorKind.DENSE, PredictorKind.STATISTICAL)
         return "source-neuron" if approximate else "source"
+
+
+def check_cache_dir(path: str, writable: bool) -> None:
+    """Refuse `path` unless it is, or can be made, a directory (that this user may write in, with
+    `writable`): stores, stamps and the disk profile are written there long after load() starts,
+    where an OSError would name no option."""
+    if "\0" in path:
+        raise ConfigError(f"cache_dir {path!r} holds a NUL character")
+    if os.path.lexists(path) and not os.path.isdir(path):  # a broken link included
+        raise ConfigError(f"cache_dir {path!r} is not a directory (a file or a broken link)")
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):  # the nearest existing ancestor is where mkdir would start
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"cache_dir {path!r} cannot be made: {existing!r} is not a directory")
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cache_dir {path!r} is not writable ({existing!r} denies this user)")
 
 
 def _group(value, cls, name: str):

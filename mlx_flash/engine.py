@@ -15,7 +15,7 @@ import numpy as np
 from .errors import ConfigError, ContextLengthError
 from .ffn_source import FFNSource
 from .models.cache import make_caches
-from .sampling import check_sampling, partial_stop, sample
+from .sampling import check_generation, check_sampling, check_seed, partial_stop, sample, shown, stop_strings
 from .speculative import accepted_prefix, ngram_draft
 
 
@@ -131,13 +131,11 @@ class Engine:
     # ---- generation -----------------------------------------------------------------------------
     def encode_prompt(self, prompt) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
-            for m in prompt:
-                if "role" not in m or "content" not in m:
-                    raise ConfigError("each chat message needs 'role' and 'content'")
-            return self.tokenizer.apply_chat_template(list(prompt))
-        raise ConfigError("prompt must be a string or a list of {'role', 'content'} messages")
+            return self.tokenizer.encode(unicode_text("the prompt", prompt))
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.apply_chat_template([_message(k, m) for k, m in enumerate(prompt)])
+        raise ConfigError(f"prompt must be a string or a non-empty list of {{'role', 'content'}} messages "
+                          f"(got {shown(prompt)})")
 
     def stream_generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: int | None = None, stop=None,
@@ -154,12 +152,8 @@ class Engine:
         """stream_generate over token ids. `caches` (KV-cache protocol, models/cache.py) may already
         hold a prefix of `ids` (their offset; fewer than len(ids)): only the rest is prefilled. None:
         fresh caches. The caches end holding ids and every generated token but the last."""
-        check_sampling(temperature, top_p, top_k)
-        if speculative < 0 or (speculative and temperature != 0):
-            raise ConfigError("speculative decoding needs speculative >= 1 draft tokens and temperature 0")
-        if max_tokens < 0:
-            raise ConfigError(f"max_tokens must be >= 0 (got {max_tokens})")
-        stops = [s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s]
+        check_generation(max_tokens, temperature, top_p, top_k, seed, stop, speculative)
+        stops = stop_strings(stop)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
         limit = self.context_limit if caches is None else min(self.model_context,
@@ -256,8 +250,14 @@ class Engine:
         prompt; sampling as generate() (each sequence samples as it would alone, from `seed`).
         policy: an offload.Policy, or None to choose one by the cost model and LP search; the stats
         of the run (tokens/s, the policy, its predicted and measured time) are in `last_batch`."""
+        from .offload import Policy
         from .offload.run import run_batch
 
+        check_sampling(temperature, top_p, top_k)
+        check_seed("seed", seed)
+        stop_strings(stop)
+        if policy is not None and not isinstance(policy, Policy):
+            raise ConfigError(f"policy must be a mlx_flash.Policy or None (got {shown(policy)})")
         seqs, self.last_batch = run_batch(self, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy,
                                           progress)
         return [s.text for s in seqs]
@@ -291,3 +291,23 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
+
+def unicode_text(what: str, text: str) -> str:
+    """`text` if it can be encoded: a lone surrogate (from undecodable bytes) cannot, and the
+    tokenizer would fail on it with a type error that does not name it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return text
+
+
+def _message(k: int, m: dict) -> dict:
+    """Chat message k checked: string 'role' and 'content' (what a chat template renders)."""
+    for key in ("role", "content"):
+        if key not in m:
+            raise ConfigError(f"each chat message needs 'role' and 'content' (message {k} has no {key!r})")
+        if not isinstance(m[key], str):
+            raise ConfigError(f"message {k}: {key!r} must be a string (got {shown(m[key])})")
+        unicode_text(f"message {k} {key!r}", m[key])
+    return m

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
+import reprlib
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -44,11 +46,40 @@ def parse_enum(cls, value, what: str):
 
 
 def _check_enums(obj) -> None:
-    """Turn string values of enum fields into the enum (frozen dataclasses included)."""
+    """Turn string values of enum fields into the enum (frozen dataclasses included), after checking
+    every plain field's type (a "3" where an int goes would fail later, with a message naming nothing)."""
+    _check_types(obj)
     for f in dataclasses.fields(obj):
         if isinstance(f.default, Enum):
-            what = (f.metadata.get("flag") or f.name).lstrip("-").replace("-", "_")
-            object.__setattr__(obj, f.name, parse_enum(type(f.default), getattr(obj, f.name), what))
+            object.__setattr__(obj, f.name, parse_enum(type(f.default), getattr(obj, f.name), _name(f)))
+
+
+def _name(f) -> str:
+    return (f.metadata.get("flag") or f.name).lstrip("-").replace("-", "_")
+
+
+# The plain types an annotation may name, and what each accepts: any integral or real number (numpy's
+# included) but never a bool where a number goes, since True is an int to Python but not to a user.
+_PLAIN = {"int": numbers.Integral, "float": numbers.Real, "str": str, "bool": bool, "None": type(None)}
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "True or False", "None": "None"}
+
+
+def _check_types(obj) -> None:
+    """Each field whose annotation is made of plain types (`int | None`, `str | float`) holds one of them."""
+    for f in dataclasses.fields(obj):
+        kinds = [k.strip() for k in str(f.type).split("|")]  # annotations are strings (__future__ annotations)
+        if not all(k in _PLAIN for k in kinds):
+            continue  # an enum or an option group: checked by its own parser
+        value = getattr(obj, f.name)
+        if not any(_is(value, k) for k in kinds):
+            raise ConfigError(f"{_name(f)} must be {' or '.join(_WORDS[k] for k in kinds)} "
+                              f"(got {reprlib.repr(value)})")
+
+
+def _is(value, kind: str) -> bool:
+    if kind in ("int", "float") and isinstance(value, bool):
+        return False
+    return isinstance(value, _PLAIN[kind])
 
 
 @dataclass(frozen=True)
@@ -107,13 +138,22 @@ class ExpertOptions:
 class IOOptions:
     mode: ReadMode = option(ReadMode.DIRECT, "how streamed FFN bytes are read: direct (bypassing the page cache) "
                             "or buffered", flag="--io-mode")
-    threads: int | None = option(None, "reader threads (default: the best count for the read size, from the "
-                                 "disk profile)", flag="--io-threads", kind=int)
+    threads: int | None = option(None, "reader threads, 1-256 (default: the best count for the read size, "
+                                 "from the disk profile)", flag="--io-threads", kind=int)
 
     def __post_init__(self):
         _check_enums(self)
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"io threads must be >= 1 (got {self.threads})")
+        check_threads("io threads", self.threads)
+
+
+# More threads than this is a typo, not a tuning: starting them fails ("can't start new thread") long
+# after the options were taken, or the machine thrashes.
+MAX_THREADS = 256
+
+
+def check_threads(what: str, n: int | None) -> None:
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise ConfigError(f"{what} must be in 1-{MAX_THREADS} (got {n})")
 
 
 # ---- command lines -------------------------------------------------------------------------------

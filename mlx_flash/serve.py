@@ -11,9 +11,11 @@ import argparse
 import os
 import sys
 
+from .budget import parse_budget
 from .config import EngineConfig
-from .errors import FlashError, first_paragraph
+from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
+from .sampling import check_int
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +48,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_flags(args) -> None:
+    """The server's own flags, refused by name before the model loads."""
+    for flag, value in (("--queue-limit", args.queue_limit), ("--chunk-tokens", args.chunk_tokens),
+                        ("--max-batch", args.max_batch)):
+        check_int(flag, value, low=1)
+    check_int("--max-tokens", args.max_tokens, low=0)
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0-65535 (got {args.port})")
+    if args.kv_budget is not None:  # its form only: a share is of a limit known once the model is planned
+        parse_budget(args.kv_budget, 1 << 62, "--kv-budget")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     keys = tuple(args.api_key) + tuple(k for k in os.environ.get("MLX_FLASH_API_KEYS", "").split(",") if k)
@@ -58,8 +72,7 @@ def main(argv=None) -> int:
         from .service.server import Server, ServerOptions
 
         Compression.parse(args.kv_compression)  # a bad option is refused before the model loads
-        if args.queue_limit < 1 or args.chunk_tokens < 1 or args.max_batch < 1 or args.max_tokens < 0:
-            raise FlashError("--queue-limit, --chunk-tokens and --max-batch must be >= 1, --max-tokens >= 0")
+        check_flags(args)
 
         engine = load_config(args.model, from_arguments(EngineConfig, args))
         name = args.model_name or os.path.basename(engine.store.path.rstrip(os.sep))

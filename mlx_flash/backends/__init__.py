@@ -18,8 +18,41 @@ def get_backend(name: str = "mlx", **kwargs):
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r} is unknown (choose one of: {', '.join(BACKENDS)})")
     mod = importlib.import_module(f"mlx_flash.backends.{name}")
+    device = kwargs.get("device")
+    # Checked here: the frameworks refuse a bad device with an assert or errors that name no option.
+    if device is not None and name == "mlx":
+        _check_mlx_device(device)
+    elif device is not None:
+        _check_torch_device(mod.torch, device)
     cls = mod.MLXOps if name == "mlx" else mod.TorchOps
     return cls(**kwargs)
+
+
+def _check_mlx_device(device) -> None:
+    if device not in ("cpu", "gpu"):
+        raise ConfigError(f"device {device!r} is unknown for backend mlx (choose cpu or gpu)")
+    import mlx.core as mx
+
+    if device == "gpu" and not mx.is_available(mx.gpu):
+        raise ConfigError(f"device 'gpu': MLX {mx.__version__} has no GPU here (Metal on a Mac, or MLX's CUDA "
+                          "build on an NVIDIA GPU); use device cpu")
+
+
+def _check_torch_device(torch, device) -> None:
+    """cpu, cuda or cuda:N, where torch has that CUDA device (torch None: not installed, which
+    TorchOps reports)."""
+    if torch is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is unknown for backend torch (choose cpu, cuda or cuda:N)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: torch {torch.__version__} sees no CUDA device here; use device cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
 
 
 def cpu_threads() -> int:

@@ -31,10 +31,10 @@ import numpy as np
 
 from ..budget import parse_budget
 from ..config import default_cache_dir
-from ..engine import GenerationStep
+from ..engine import GenerationStep, unicode_text
 from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, MemoryBudgetError
 from ..memory import process_rss
-from ..sampling import check_sampling
+from ..sampling import check_generation, check_int, check_sampling
 from ..units import fmt
 from .chunk_pool import ChunkPool, ChunkShape
 from .chunked_kv import ChunkTable
@@ -86,7 +86,7 @@ class Service:
         if kv_budget is None:
             want = plan.get("kv_cache") or 64 * self.shape.nbytes
             return min(want, room) if room is not None else want
-        want = parse_budget(kv_budget, limit or 0)
+        want = parse_budget(kv_budget, limit or 0, "KV budget")
         if room is not None and want > room:
             raise MemoryBudgetError(f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
                                     f"{fmt(limit)} with the model loaded)")
@@ -196,6 +196,7 @@ class Service:
         chat and the whole chat goes through the chat template. whole=True: `prompt` is the whole
         text or chat instead (a stateless client's request). Only the tokens the context does not
         hold are prefilled. Errors in the arguments raise before the first step."""
+        check_generation(max_tokens, temperature, top_p, top_k, seed, stop, speculative)
         ctx, ids, history = self.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
         return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                                  top_k=top_k, seed=seed, stop=stop, speculative=speculative))
@@ -208,12 +209,11 @@ class Service:
         if ctx.pinned:
             raise ConfigError(f"context {ctx_id} is in use")
         check_sampling(temperature, top_p, top_k)
-        if not isinstance(max_tokens, int) or max_tokens < 0:
-            raise ConfigError(f"max_tokens must be an integer >= 0 (got {max_tokens!r})")
+        check_int("max_tokens", max_tokens, low=0)
         history = None
         if isinstance(prompt, str):
             base = [] if whole else ctx.sequence
-            ids = base + self.engine.tokenizer.encode(prompt, add_special_tokens=not base)
+            ids = base + self.engine.tokenizer.encode(unicode_text("the prompt", prompt), add_special_tokens=not base)
         else:
             history = ([] if whole else ctx.messages) + list(_messages(prompt))
             ids = self.engine.encode_prompt(history)
