@@ -19,6 +19,7 @@ import json
 import os
 
 from ..errors import ModelFileError
+from .gguf_header import check_gguf_header
 
 # Token types in `tokenizer.ggml.token_type` (llama.cpp's llama_token_type).
 CONTROL, USER_DEFINED = 3, 4
@@ -56,6 +57,7 @@ def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer f
     (values and their GGUF types); a file without a vocabulary is refused, saying `why` it is needed."""
     from gguf import GGUFReader
 
+    check_gguf_header(path)
     try:
         reader = GGUFReader(path)
     except (OSError, ValueError, KeyError) as e:
@@ -68,7 +70,38 @@ def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer f
 
 def read_tokenizer_metadata(path: str) -> dict:
     """The `tokenizer.*` and `general.architecture` fields of a GGUF as plain Python values."""
-    return {k: f.contents() for k, f in tokenizer_fields(path).items()}
+    meta = {}
+    for k, f in tokenizer_fields(path).items():
+        try:
+            meta[k] = f.contents()
+        except (ValueError, IndexError, TypeError) as e:  # UnicodeDecodeError: a string that is not UTF-8
+            raise ModelFileError(f"{path}: GGUF metadata {k} is unreadable ({str(e)[:80]})") from None
+    for key, ok, what in _TYPES:
+        if f"tokenizer.ggml.{key}" in meta and not ok(meta[f"tokenizer.ggml.{key}"]):
+            raise ModelFileError(f"{path}: GGUF metadata tokenizer.ggml.{key} = "
+                                 f"{str(meta[f'tokenizer.ggml.{key}'])[:40]!r} is not {what}")
+    if not meta["tokenizer.ggml.tokens"]:
+        raise ModelFileError(f"{path}: GGUF metadata tokenizer.ggml.tokens is empty")
+    return meta
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _list_of(kind):
+    return lambda v: isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool) for x in v)
+
+
+# What the builders below compute with: metadata read as whatever type the file says is checked
+# against these first, so a mangled file is one named error, not a TypeError deep in the build.
+_TYPES = (
+    ("tokens", _list_of(str), "a list of strings"), ("merges", _list_of(str), "a list of strings"),
+    ("token_type", _list_of(int), "a list of integers"), ("model", lambda v: isinstance(v, str), "a string"),
+    ("pre", lambda v: isinstance(v, str), "a string"),
+    *((f"{k}_token_id", lambda v: _int(v) and 0 <= v < 1 << 32, "a token id")
+      for k in ("bos", "eos", "unknown", "padding")),
+)
 
 
 def _special(meta: dict, key: str) -> str | None:
@@ -114,8 +147,13 @@ def byte_level_bpe(meta: dict, path: str):
         if not sep:
             raise ModelFileError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
         pairs.append((a, b))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
-                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
+                                   continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                                   byte_fallback=False))
+    except Exception as e:  # the Rust library raises its own exception type (a merge of unknown tokens)
+        raise ModelFileError(f"{path}: tokenizer.ggml vocabulary and merges do not make a BPE tokenizer "
+                             f"({str(e).splitlines()[0][:100]})") from None
     rule = SPLIT_RULES.get(str(meta.get("tokenizer.ggml.pre", "")))
     if rule is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

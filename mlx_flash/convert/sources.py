@@ -21,6 +21,7 @@ from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..models import model_module
 from ..quant_spec import QuantSpec
 from .gguf_blocks import GROUP
+from .gguf_header import check_gguf_header
 from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
 from .tensor_source import ArrayTensors, GGUFTensors, SourceTensors
 
@@ -77,7 +78,10 @@ _GGUF_MOE_ARCHS = {"qwen3moe": "qwen3_moe"}
 def _gguf_name(name: str) -> str | None:
     base, _, suffix = name.rpartition(".")  # suffix: weight / bias / scales / biases
     if base.startswith("blk."):
-        _, layer, part = base.split(".", 2)
+        pieces = base.split(".", 2)
+        if len(pieces) != 3 or not (pieces[1].isascii() and pieces[1].isdigit()):
+            return None  # not blk.<layer>.<role>: a name of no known role
+        _, layer, part = pieces
         hf = _GGUF_LAYER_NAMES.get(part) or _GGUF_EXPERT_NAMES.get(part)
         if hf is None:
             return None
@@ -105,6 +109,7 @@ def read_gguf(path: str) -> SourceModel:
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelFileError(f"{path}: not a GGUF file (bad magic bytes)")
+    check_gguf_header(path)
     try:
         reader = GGUFReader(path)
         meta = _gguf_metadata(reader)
@@ -128,24 +133,57 @@ def read_gguf(path: str) -> SourceModel:
     missing = [f"{arch}.{k}" for k in required if m(k) is None]
     if missing:
         raise ModelFileError(f"{path}: GGUF metadata lacks {', '.join(missing)}")
-    n_heads = int(m("attention.head_count"))
-    d_model = int(m("embedding_length"))
+
+    def count(key, lo=1, hi=1 << 24, default=None) -> int:
+        # metadata is read as whatever type the file says: a count must be a sane integer before
+        # anything divides by it or sizes an array with it
+        value = m(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ModelFileError(f"{path}: GGUF metadata {arch}.{key} = {str(value)[:40]!r} is not an integer "
+                                 f"in {lo}..{hi}")
+        return value
+
+    def number(key, default) -> float:
+        value = m(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ModelFileError(f"{path}: GGUF metadata {arch}.{key} = {str(value)[:40]!r} is not a positive number")
+        return float(value)
+
+    n_heads = count("attention.head_count", hi=1 << 16)
+    d_model = count("embedding_length")
+    n_kv = count("attention.head_count_kv", hi=n_heads, default=n_heads)
+    if n_heads % n_kv:
+        raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count_kv {n_kv} does not divide "
+                             f"head_count {n_heads}")
+    if m("attention.key_length") is None and d_model % n_heads:
+        raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide "
+                             f"embedding_length {d_model}")
     tensors = GGUFTensors(path, reader, _gguf_name)
     del reader  # its memory map of the whole file is not needed past the tensor table
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
+    # 0: no vocabulary (a file read for its tensors alone; conversion refuses it when building the tokenizer)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 <= vocab <= 1 << 24:
+        raise ModelFileError(f"{path}: GGUF vocabulary size {str(vocab)[:40]!r} ({arch}.vocab_size or the number of "
+                             "tokenizer.ggml.tokens) is not an integer in 0..16777216")
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        value = meta.get(key)
+        bad = isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (vocab or 1 << 24)
+        if value is not None and bad:
+            raise ModelFileError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a token id of the "
+                                 f"vocabulary ({vocab} tokens)")
     hf_config = {
         "model_type": model_type,
         "hidden_size": d_model,
-        "intermediate_size": int(m("feed_forward_length", 0)),
-        "num_hidden_layers": int(m("block_count")),
+        "intermediate_size": count("feed_forward_length", lo=0, default=0),
+        "num_hidden_layers": count("block_count", hi=1 << 16),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": int(m("attention.head_count_kv", n_heads)),
-        "head_dim": int(m("attention.key_length", d_model // n_heads)),
-        "rms_norm_eps": float(m("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(m("rope.freq_base", 10000.0)),
+        "num_key_value_heads": n_kv,
+        "head_dim": count("attention.key_length", hi=1 << 14, default=d_model // n_heads),
+        "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": number("rope.freq_base", 10000.0),
         "rope_traditional": arch in _GGUF_INTERLEAVED_ROPE,
-        "max_position_embeddings": int(m("context_length", 4096)),
-        "vocab_size": int(vocab),
+        "max_position_embeddings": count("context_length", hi=1 << 26, default=4096),
+        "vocab_size": vocab,
         "tie_word_embeddings": "lm_head.weight" not in tensors,
         "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -172,7 +210,13 @@ def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
     missing = [f"{arch}.{k}" for k in keys.values() if m(k) is None]
     if missing:
         raise ModelFileError(f"{path}: GGUF metadata lacks {', '.join(missing)}")
-    cfg = {hf: int(m(k)) for hf, k in keys.items()}
+    cfg = {}
+    for hf, k in keys.items():
+        value = m(k)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 24:
+            raise ModelFileError(f"{path}: GGUF metadata {arch}.{k} = {str(value)[:40]!r} is not an integer in "
+                                 "1..16777216")
+        cfg[hf] = value
     cfg["norm_topk_prob"] = True
     for name, n in tensors.stacks().items():
         if n != cfg["num_experts"]:

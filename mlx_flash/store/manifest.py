@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import StoreError
 from ..quant_spec import QuantSpec
+from .consistency import check_against_config, check_ffn_fields
 from .schema import MANIFEST, SchemaError, check, check_config_arithmetic
 from .verified import sha256_file, verify_files  # noqa: F401  (sha256_file: the converters hash with it)
 
@@ -283,6 +284,9 @@ class Manifest:
                 end = fl.offset + fl.nbytes
             if end > bundle_bytes:
                 raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {bundle_bytes}")
+        for fields, quant, down_rows in ([(f.fields, f.quant, f.down_rows)]
+                                         + [(x.fields, x.quant, x.down_rows) for x in f.expert_formats]):
+            check_ffn_fields(store_dir, self.ffn, fields, quant, down_rows)
         if f.block > 1:  # a block's fields: [block, ...] per-neuron rows, down as [d_model, ...]
             for fl in f.fields:
                 lead = f.d_model if fl.name.startswith("down.") else f.block
@@ -301,6 +305,7 @@ class Manifest:
                 self._check_range(store_dir, ranges, f.file, off, f.layer_nbytes, f"FFN layer {layer} bundles")
         if f.expert_table:
             self._check_expert_table(store_dir, ranges)
+        check_against_config(store_dir, self)
         for fname, rs in ranges.items():
             rs.sort()
             for (a0, a1, an), (b0, b1, bn) in zip(rs, rs[1:]):

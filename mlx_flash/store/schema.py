@@ -127,6 +127,20 @@ class MapOf(Checker):
 
 
 @dataclass
+class Either(Checker):
+    """One of two forms (a token id or a list of them)."""
+
+    first: Checker
+    second: Checker
+
+    def check(self, value, path):
+        try:
+            self.first.check(value, path)
+        except SchemaError:
+            self.second.check(value, path)
+
+
+@dataclass
 class Maybe(Checker):
     inner: Checker
 
@@ -186,7 +200,19 @@ CONFIG = Obj(
      "rope_theta": Num(0, open_lo=True), "rope_scale": Num(0, open_lo=True), "max_position_embeddings": Int(1, 1 << 26),
      "num_experts": Int(1, COUNT), "num_experts_per_tok": Int(1, COUNT), "moe_intermediate_size": Int(1, DIM),
      "shared_expert_intermediate_size": Int(0, DIM), "word_embed_proj_dim": Int(1, DIM),
-     "sliding_window": Maybe(Int(1, 1 << 26)), "tie_word_embeddings": Bool(), "rope_traditional": Bool()},
+     "sliding_window": Maybe(Int(1, 1 << 26)), "tie_word_embeddings": Bool(), "rope_traditional": Bool(),
+     "bos_token_id": Maybe(Either(Int(0, DIM), ListOf(Int(0, DIM), 64))),
+     "eos_token_id": Maybe(Either(Int(0, DIM), ListOf(Int(0, DIM), 64))),
+     # RoPE scalings (models/rope.py) and Gemma 3's layer kinds, windows and scales (models/gemma3_text.py)
+     "rope_scaling": Maybe(Obj({"rope_type": OneOf(("llama3", "yarn"))},
+                               {"factor": Num(1, 1 << 20), "low_freq_factor": Num(0, 1 << 20, open_lo=True),
+                                "high_freq_factor": Num(0, 1 << 20, open_lo=True),
+                                "original_max_position_embeddings": Num(1, 1 << 26), "beta_fast": Num(0, 1e6, open_lo=True),
+                                "beta_slow": Num(0, 1e6, open_lo=True), "mscale": Num(0, 1e6), "mscale_all_dim": Num(0, 1e6),
+                                "attention_factor": Num(0, 1e6, open_lo=True), "truncate": Bool()})),
+     "layer_types": ListOf(OneOf(("sliding_attention", "full_attention")), COUNT),
+     "window": Int(1, 1 << 26), "rope_local_theta": Num(0, open_lo=True),
+     "query_pre_attn_scalar": Num(0, 1 << 30, open_lo=True)},
     open=True)
 MANIFEST = Obj(
     {"format": Str(), "format_version": Int(0, 1 << 20), "config": CONFIG,
@@ -197,9 +223,18 @@ MANIFEST = Obj(
     {"source": Obj({}, open=True)})  # where the store came from: shown, never computed with
 
 
+# Keys the families' ModelArgs take without a default (models/*.py; OPT's: ffn_dim). Every family's
+# normalize_config writes them, so a store without one was edited; listed here because store/
+# imports no model code (tests/test_layering.py).
+FAMILY_REQUIRED = ("intermediate_size", "num_key_value_heads", "head_dim")
+
+
 def check_config_arithmetic(config: dict, path: str = "config") -> None:
-    """What the graphs divide by: heads must split the width (unless head_dim is given) and the kv
-    heads must split the heads."""
+    """The keys the family's arguments need (FAMILY_REQUIRED), and what the graphs divide by: heads
+    must split the width (unless head_dim is given) and the kv heads must split the heads."""
+    for key in (("ffn_dim",) if config["model_type"] == "opt" else FAMILY_REQUIRED):
+        if key not in config:
+            raise SchemaError(f"{path}.{key}", None, f"is missing (a {config['model_type']} model needs it)")
     heads = config["num_attention_heads"]
     if "head_dim" not in config and config["hidden_size"] % heads:
         raise SchemaError(f"{path}.num_attention_heads", heads,
@@ -207,6 +242,17 @@ def check_config_arithmetic(config: dict, path: str = "config") -> None:
     kv = config.get("num_key_value_heads", heads)
     if heads % kv:
         raise SchemaError(f"{path}.num_key_value_heads", kv, f"must divide num_attention_heads {heads}")
+    types = config.get("layer_types")
+    if types is not None and len(types) != config["num_hidden_layers"]:
+        raise SchemaError(f"{path}.layer_types", types, f"must name each of the {config['num_hidden_layers']} layers")
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if key not in scaling:
+                raise SchemaError(f"{path}.rope_scaling.{key}", None, "is missing (llama3 scaling needs it)")
+        if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+            raise SchemaError(f"{path}.rope_scaling.high_freq_factor", scaling["high_freq_factor"],
+                              f"must be above low_freq_factor {scaling['low_freq_factor']}")
     if config.get("num_experts_per_tok", 0) > config.get("num_experts", COUNT):
         raise SchemaError(f"{path}.num_experts_per_tok", config["num_experts_per_tok"],
                           f"must be at most num_experts {config['num_experts']}")

@@ -130,3 +130,19 @@ def test_the_schema_accepts_what_the_converter_writes(tiny):
     check(MANIFEST, d)
     with pytest.raises(SchemaError):
         check(MANIFEST, [])
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("rope_scaling", {"rope_type": "llama3", "factor": 0}, ["rope_scaling.factor = 0"]),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, ["rope_scaling.low_freq_factor", "is missing"]),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64}, ["high_freq_factor = 4.0", "above low_freq_factor"]),
+    ("rope_scaling", {"rope_type": "dynamic"}, ["rope_scaling.rope_type = 'dynamic'"]),
+    ("layer_types", ["sliding_attention"], ["layer_types", "each of the 2 layers"]),
+    ("layer_types", ["full_attention", "local"], ["layer_types[1] = 'local'"]),
+    ("window", 0, ["config.window = 0"]),
+])
+def test_scaling_and_layer_kinds_are_checked(tiny, field, value, words):
+    """Fields models/rope.py and models/gemma3_text.py compute with (a zero factor would divide by zero)."""
+    edit(tiny, lambda m: m["config"].__setitem__(field, value))
+    refused(tiny, *words)
