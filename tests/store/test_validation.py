@@ -114,3 +114,18 @@ def test_bad_block(tiny, block, message):
     edit_manifest(tiny, lambda m: m["ffn"].__setitem__("block", block))
     with pytest.raises(StoreError, match=message):
         open_store(tiny)
+
+
+def test_a_missing_tokenizer_is_one_line_naming_it(tiny):
+    """Case 10 of the hardening probe: a missing tokenizer.json gave five lines without naming it. The
+    tokenizer's files are in the manifest now; a store from before (not listing them) names it too."""
+    import mlx_flash
+    from mlx_flash.errors import ModelFileError
+
+    os.remove(os.path.join(tiny, "tokenizer.json"))
+    with pytest.raises(StoreError, match=r"tokenizer\.json: file listed in the manifest is missing"):
+        open_store(tiny)
+    edit_manifest(tiny, lambda m: m["files"].pop("tokenizer.json"))
+    with pytest.raises(ModelFileError, match=r"no tokenizer\.json") as e:
+        mlx_flash.load(tiny, progress=False)
+    assert "\n" not in str(e.value)
