@@ -8,7 +8,7 @@ from .backends import get_backend
 from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
-from .memory.allocator import map_large_arrays, return_free_memory
+from .memory.allocator import return_free_memory
 from .memory.process_plan import check_backend_room
 from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
 from .sparse.planner import model_bytes
@@ -56,7 +56,6 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     """load() for a whole EngineConfig (the chat builds one from its flags). batch: for the throughput
     mode (generate_batch), ffn="auto" streams whole FFN layers when the model does not fit."""
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
-    map_large_arrays()  # freed large arrays leave the process's RSS (memory/allocator.py)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress, cfg.cache_dir)
     check_backend_room(limit, cfg.backend.value, process_rss())
@@ -68,10 +67,11 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     return_free_memory()
     plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
                         model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
-    # (below what a streamed FFN holds it is refused here; below what a sparse or expert FFN needs, by
-    # that FFN's planner, with its own minimum: a sparse FFN may hold less than one whole layer's reads)
+    # (below what a streamed dense FFN holds it is refused here; below what a sparse or expert FFN needs,
+    # by that FFN's planner, with its own minimum: neither holds one whole layer's reads)
     plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget,
-                                         weights_minimum(store) if cfg.ffn is FFNMode.STREAM else 0)
+                                         weights_minimum(store) if cfg.ffn is FFNMode.STREAM
+                                         and not store.manifest.ffn.n_experts else 0)
     cfg = resolve_ffn(cfg, store, plan, batch)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
     slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError, ContextLengthError
+from ..memory.allocator import return_free_memory
 from ..memory.process_plan import ModelShape
 from ..models.batch_cache import BlockKV, batch_caches
 from ..sampling import check_sampling
@@ -100,6 +101,7 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
             t0 = time.perf_counter()
             _prefill(engine, block, policy, opts, eos)
             stats.prefill_s += time.perf_counter() - t0
+            return_free_memory()  # the prefill's activations, freed, leave the process (memory/allocator.py)
             made = sum(len(s.tokens) for s in block)
             if on_token:
                 on_token(made)
@@ -125,6 +127,7 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
             stats.decode_s += time.perf_counter() - t0
             for s in block:
                 s.caches = None  # the block's KV is freed before the next block's
+            return_free_memory()  # and leaves the process, so the next block's reuses none of its holes
             stats.generated_tokens += sum(s.generated for s in block)
             done.extend(block)
     stats.bytes_read = engine.io_bytes() - io0
