@@ -1,5 +1,6 @@
-"""What the fuzz and bad-input tests share: a time limit per case that a hang cannot escape, and a
-tiny random llama store with a chat template (so message prompts go through one)."""
+"""What the fuzz and bad-input tests share: a time limit per case that a hang cannot escape, the
+printed counts, and a tiny random llama store with a chat template (so message prompts go through
+one)."""
 
 import contextlib
 import faulthandler
@@ -32,6 +33,13 @@ def time_limit(seconds: int = CASE_SECONDS):
         signal.alarm(0)
         faulthandler.cancel_dump_traceback_later()
         signal.signal(signal.SIGALRM, old)
+
+
+def report(what: str, tally, seconds: float) -> None:
+    """A fuzz test's counts by outcome (collections.Counter), printed (visible with pytest -s)."""
+    print(f"\n[fuzz] {what}: {sum(tally.values())} cases in {seconds:.1f} s")
+    for k, v in sorted(tally.items()):
+        print(f"[fuzz]   {v:5d}  {k}")
 
 
 def templated_store(root) -> str:

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mlx_flash.convert.sources import read_source  # noqa: E402
-from fuzz_helpers import time_limit  # noqa: E402
+from fuzz_helpers import report, time_limit  # noqa: E402
 from mlx_flash.errors import FlashError  # noqa: E402
 
 FULL = os.environ.get("MLX_FLASH_FUZZ") == "full"
@@ -201,12 +201,6 @@ def fuzz(path: str, n: int, what: str) -> collections.Counter:
 
     run()
     return tally
-
-
-def report(what: str, tally: collections.Counter, seconds: float) -> None:
-    print(f"\n[fuzz] {what}: {sum(tally.values())} cases in {seconds:.1f} s")
-    for k, v in sorted(tally.items()):
-        print(f"[fuzz]   {v:5d}  {k}")
 
 
 META_VALUES = [0, 1, 2, 3, 5, 7, 63, 4096, 2 ** 31 - 1, 2 ** 32 - 1, 2 ** 40, 2 ** 63 - 1, -1, -(2 ** 31), 0.0, -1.0,

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tiny_models  # noqa: E402
-from fuzz_helpers import time_limit  # noqa: E402
+from fuzz_helpers import report, time_limit  # noqa: E402
 from mlx_flash.errors import FlashError, StoreError  # noqa: E402
 from mlx_flash.store import open_store  # noqa: E402
 from mlx_flash.store.manifest import SEAL  # noqa: E402
@@ -256,12 +256,6 @@ def fuzz_bytes(bases: list[str], n: int) -> collections.Counter:
 
     run()
     return tally
-
-
-def report(what: str, tally: collections.Counter, seconds: float) -> None:
-    print(f"\n[fuzz] {what}: {sum(tally.values())} cases in {seconds:.1f} s")
-    for k, v in sorted(tally.items()):
-        print(f"[fuzz]   {v:5d}  {k}")
 
 
 def test_manifest_mutations(base_stores):
