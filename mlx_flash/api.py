@@ -6,7 +6,7 @@ import sys
 
 from .backends import get_backend
 from .budget import weights_budget
-from .config import Backend, EngineConfig, FFNMode
+from .config import Backend, EngineConfig, FFNMode, default_cache_dir
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
 from .memory.allocator import return_free_memory
 from .memory.process_plan import check_backend_room
@@ -58,7 +58,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress, cfg.cache_dir)
-    check_backend_room(limit, cfg.backend.value, process_rss())
+    check_backend_room(limit, cfg.backend.value, process_rss(), cfg.cache_dir or default_cache_dir())
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)

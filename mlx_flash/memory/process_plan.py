@@ -25,8 +25,9 @@ from ..units import fmt
 from .limit import MemoryLimit
 
 RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
-# What importing a backend's framework adds to RSS (measured: torch 2.13 CPU 196 MB, MLX 6 MB), checked
-# before the import so that a limit torch alone would break is refused instead of OOM-killed.
+# What importing a backend's framework adds to RSS (torch 2.13 CPU: 208 MB on one machine, about 60 MB
+# more on another; MLX 6 MB), checked before the import so that a limit the import alone would break is
+# refused instead of OOM-killed; measured on this machine (import_cost.py) when a limit is near it.
 BACKEND_IMPORT = {"mlx": ("mlx.core", 8 << 20), "torch": ("torch", 200 << 20)}
 # What the process reaches between the backend's import and the plan: parsing tokenizer.json peaks
 # 46 MB above the RSS before it (the default model's 49k-token tokenizer, 3.5 MB of JSON; 19 MB of it
@@ -111,18 +112,28 @@ class ProcessPlan:
                 f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes))
 
 
-def check_backend_room(limit: MemoryLimit, backend: str, rss: int) -> None:
+def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: str) -> None:
     """Refuse a limit that the process would pass before it can plan: importing the backend's
-    framework (when not imported yet) and loading the tokenizer (BEFORE_PLAN)."""
+    framework (when not imported yet; measured on this machine when the limit is close enough for
+    the estimate to matter: memory/import_cost.py) and loading the tokenizer (BEFORE_PLAN)."""
     import sys
 
+    from .import_cost import ImportKilled, measured_import_cost
+
     module, cost = BACKEND_IMPORT[backend]
-    cost = 0 if module in sys.modules else cost
+    how = "about"
+    if module in sys.modules:
+        cost = 0
+    elif limit.bytes < rss + BEFORE_PLAN + FLOOR_JITTER + 2 * cost:
+        try:
+            cost, how = measured_import_cost(module, cost, cache_dir), "measured here:"
+        except ImportKilled as e:
+            raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} does not hold importing {module}: {e}") from None
     if limit.bytes < rss + cost + BEFORE_PLAN:  # (named with FLOOR_JITTER: RSS now moves between runs too)
         raise MemoryBudgetError(
             f"memory budget {fmt(limit.bytes)} is below the {fmt(_stated(rss + cost + BEFORE_PLAN))} this process "
             f"reaches on {backend} before it can plan any model ({fmt(rss)} now"
-            + (f" + about {fmt(cost)} for {module}" if cost else "")
+            + (f" + {how} {fmt(cost)} for {module}" if cost else "")
             + f" + about {fmt(BEFORE_PLAN)} loading a tokenizer); the minimum for a model is more")
 
 

@@ -25,34 +25,34 @@ def chat(backend: str, budget: int, store_dir: str) -> tuple[int, str, int]:
     return r["code"], r["stderr"], r["peak"]
 
 
-def refusal(backend: str, budget: int, store_dir: str, pattern: str) -> tuple[int, int]:
-    """(the number a refusal at `budget` names, the refused process's peak)."""
+def refusal(backend: str, budget: int, store_dir: str, pattern: str) -> tuple[int, int, str]:
+    """(the number a refusal at `budget` names, the refused process's peak, the refusal)."""
     code, err, peak = chat(backend, budget, store_dir)
     # one line (a fresh store's first use may print its checksum progress before it)
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("verifying checksums")]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
     m = re.search(pattern, lines[0])
     assert m, lines[0]
-    return int(float(m.group(1)) * MB), peak
+    return int(float(m.group(1)) * MB), peak, lines[0]
 
 
 @pytest.fixture(scope="module")
 def minimum(store_dir):
     """backend -> (what it reaches before planning, the model's minimum, the peak of the run refused
-    at the first), each as the refusals name them."""
+    at the first, the two refusals), each as the refusals name them."""
     out = {}
     for b in ("mlx", "torch"):
-        before, _ = refusal(b, 1_000_000, store_dir, BEFORE_PLAN)
-        least, peak = refusal(b, before, store_dir, MINIMUM)
-        out[b] = before, least, peak
+        before, _, first = refusal(b, 1_000_000, store_dir, BEFORE_PLAN)
+        least, peak, second = refusal(b, before, store_dir, MINIMUM)
+        out[b] = before, least, peak, f"{first}\n{second}"
     return out
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_the_refusal_names_the_minimum_and_keeps_the_budget(minimum, backend):
-    before, least, peak = minimum[backend]
+    before, least, peak, said = minimum[backend]
     assert least > before
-    assert peak <= before, f"{backend}: refused at {before / MB:.1f} MB after peaking at {peak / MB:.1f} MB"
+    assert peak <= before, f"{backend}: refused at {before / MB:.1f} MB after peaking at {peak / MB:.1f} MB\n{said}"
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])

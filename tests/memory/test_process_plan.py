@@ -55,17 +55,24 @@ def test_explicit_context_is_planned_or_refused():
         plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=2048)
 
 
-def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_import(monkeypatch):
+def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_import(monkeypatch, tmp_path):
     import sys
 
+    from mlx_flash.memory import import_cost
     from mlx_flash.memory.process_plan import BACKEND_IMPORT, BEFORE_PLAN, check_backend_room
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    before = 300 * MB - BACKEND_IMPORT["torch"][1] - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
+    cost = 230 * MB  # what the child measures on this imagined machine (more than the estimate)
+    monkeypatch.setattr(import_cost, "measured_import_cost", lambda module, estimate, cache: cost)
+    before = 300 * MB - cost - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
     # (the refusal names it with FLOOR_JITTER, rounded up: 302.1 MB)
-    with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"):
-        check_backend_room(MemoryLimit(250 * MB, "given"), "torch", before)
-    check_backend_room(MemoryLimit(300 * MB, "given"), "torch", before)
+    with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"
+                                          r".*measured here: 230\.0 MB for torch"):
+        check_backend_room(MemoryLimit(299 * MB, "given"), "torch", before, str(tmp_path))
+    check_backend_room(MemoryLimit(300 * MB, "given"), "torch", before, str(tmp_path))
+    # far above it the estimate is enough: nothing is measured
+    monkeypatch.setattr(import_cost, "measured_import_cost", lambda *a: pytest.fail("measured"))
+    check_backend_room(MemoryLimit(300 * MB + 3 * BACKEND_IMPORT["torch"][1], "given"), "torch", before, str(tmp_path))
 
 
 def _named_minimum(limit: int, floor: int) -> int | None:
