@@ -18,6 +18,6 @@ setup(
     package_dir={"mlx_flash.kernels": "kernels"},
     ext_modules=[Extension("mlx_flash.kernels._qmatmul", language="c++", extra_compile_args=CXX_FLAGS,
                            sources=[f"kernels/cpu/{f}.cpp" for f in ("qmatmul", "qmatmul_portable", "qmatmul_avx2",
-                                                                     "qmatmul_avx512")],
-                           depends=["kernels/cpu/qmatmul.h"])],
+                                                                     "qmatmul_avx512", "blockmatmul", "blockmatmul_x86")],
+                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h"])],
 )

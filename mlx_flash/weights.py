@@ -12,9 +12,11 @@ import time
 import numpy as np
 
 from .backends import owner
-from .errors import StoreError
+from .errors import ConfigError, StoreError
 from .ffn_source import FFNStats, FFNWeights, LayerSource
+from .kernels.blockmatmul import BlockMatrix
 from .kernels.qmatmul import KERNEL_BITS, StoredMatrix
+from .quant_spec import BLOCKS
 from .store.bundles import NUMPY_DTYPES, unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
@@ -134,10 +136,18 @@ def neuron_arrays(layout: FFNLayout, rows: np.ndarray, fields=None) -> tuple[dic
     return out, layout.block == 1 and not layout.down_rows
 
 
+def has_blocks(layout: FFNLayout) -> bool:
+    """Whether some FFN matrix is kept in a GGUF block type (in any layer)."""
+    return any(q is not None and q.is_block for quant in [layout.quant, *layout.layer_quant] for q in quant.values())
+
+
 def in_place(ops, layout: FFNLayout) -> bool:
-    """Whether bundle rows of this layout can be multiplied where they lie (bundle_views): blocks of
-    neurons quantized at a width the CPU kernel reads, without per-neuron biases, on a backend
-    whose linears run that kernel."""
+    """Whether bundle rows of this layout are multiplied where they lie (bundle_views): always for
+    GGUF block types (the block kernel reads them nowhere else); for affine ones, blocks of neurons
+    quantized at a width the CPU kernel reads, without per-neuron biases, on a backend whose linears
+    run that kernel."""
+    if has_blocks(layout):
+        return True
     roles = ("gate", "up", "down") if layout.gated else ("up", "down")
     return (layout.block > 1 and not layout.n_experts and not layout.down_rows and ops.in_place_kernel
             and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)
@@ -145,47 +155,57 @@ def in_place(ops, layout: FFNLayout) -> bool:
             and not any(f.name.endswith(".bias") for f in layout.fields))
 
 
-def bundle_views(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
+def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWeights:
     """Backend weights that read a layer's bundles where they lie ([n, bundle_bytes] rows, C-contiguous):
-    gate and up as blocks of rows (one per bundle), down as a matrix whose groups are the bundles.
-    No byte is copied; the weights are valid while `rows` holds this layer."""
+    gate and up as blocks of rows (one per bundle), down as a matrix whose groups are the bundles;
+    `quant`: this layer's (FFNLayout.quant_of). No byte is copied; the weights are valid while
+    `rows` holds this layer."""
     nb, bb = rows.shape
     f = {x.name: x for x in layout.fields}
+    if any(x.endswith(".bias") for x in f):
+        raise ConfigError("FFN bundles with per-neuron biases are not multiplied in place")
 
     def rows_of(role):  # [blocks, block rows, groups, words per group] and scales/biases views
-        q, w, s = layout.quant[role], f[f"{role}.weight"], f[f"{role}.scales"]
+        q, w = quant[role], f[f"{role}.weight"]
+        if q.is_block:  # row n: bundle n // block, row n % block of its field
+            return ops.kernel_weight(BlockMatrix.in_buffer(rows, w.offset, q.kind, nb * layout.block, layout.d_model,
+                                                           layout.block, bb, w.shape[-1], BLOCKS[q.kind].nbytes), q)
+        s = f[f"{role}.scales"]
         groups, wpg, ss = s.shape[-1], q.group_size * q.bits // 32, s.nbytes // (layout.block * s.shape[-1])
         dt = NUMPY_DTYPES[s.dtype]
         views = [np.ndarray((nb, layout.block, groups, wpg), np.uint32, rows, w.offset,
                             (bb, w.shape[-1] * 4, wpg * 4, 4))]
         views += [np.ndarray((nb, layout.block, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
                   for p in ("scales", "biases")]
-        return views, q, s.dtype == "bfloat16"
+        return ops.kernel_weight(StoredMatrix(*views, q.bits, q.group_size, True, s.dtype == "bfloat16"), q)
 
     def down():  # row d, group b: bundle b's slice of row d
-        q, w, s = layout.quant["down"], f["down.weight"], f["down.scales"]
+        q, w = quant["down"], f["down.weight"]
+        if q.is_block:
+            return ops.kernel_weight(BlockMatrix.in_buffer(rows, w.offset, q.kind, layout.d_model, nb * layout.block,
+                                                           layout.d_model, 0, w.shape[-1], bb), q)
+        s = f["down.scales"]
         D, wpg, ss = w.shape[0], w.shape[1], s.nbytes // s.shape[0]
         dt = NUMPY_DTYPES[s.dtype]
         views = [np.ndarray((1, D, nb, wpg), np.uint32, rows, w.offset, (0, wpg * 4, bb, 4))]
         views += [np.ndarray((1, D, nb), dt, rows, f[f"down.{p}"].offset, (0, ss, bb)) for p in ("scales", "biases")]
-        return views, q, s.dtype == "bfloat16"
-
-    def weight(made):
-        (w, s, b), q, bf16 = made
-        return ops.kernel_weight(StoredMatrix(w, s, b, q.bits, q.group_size, True, bf16), q)
+        return ops.kernel_weight(StoredMatrix(*views, q.bits, q.group_size, True, s.dtype == "bfloat16"), q)
 
     if not layout.gated:
-        return FFNWeights(up=weight(rows_of("up")), down=weight(down()))
-    return FFNWeights(gate_up=(weight(rows_of("gate")), weight(rows_of("up"))), down=weight(down()))
+        return FFNWeights(up=rows_of("up"), down=down())
+    return FFNWeights(gate_up=(rows_of("gate"), rows_of("up")), down=down())
 
 
-def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray) -> FFNWeights:
-    """[n, bundle_bytes] bundle rows -> backend weights: gate_up and down for gated FFNs (gate and
-    up rows fused), up and down otherwise (see neuron_arrays for down's orientation). Where the
-    layout allows (in_place), views of the rows themselves (bundle_views): valid while `rows` holds
-    this layer."""
-    if in_place(ops, layout) and rows.flags.c_contiguous:
-        return bundle_views(ops, layout, rows)
+def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray, layer: int = 0) -> FFNWeights:
+    """[n, bundle_bytes] bundle rows of `layer` -> backend weights: gate_up and down for gated FFNs
+    (gate and up rows fused), up and down otherwise (see neuron_arrays for down's orientation).
+    Where the layout allows (in_place), views of the rows themselves (bundle_views): valid while
+    `rows` holds this layer."""
+    if in_place(ops, layout):
+        if has_blocks(layout) and not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows)
+        if rows.flags.c_contiguous:
+            return bundle_views(ops, layout, rows, layout.quant_of(layer))
     arrays, transposed = neuron_arrays(layout, rows)
     d, ddt = linear_parts(arrays, "down")
     down = ops.weight(d, layout.quant.get("down"), transposed=transposed, dtypes=ddt)
@@ -206,7 +226,7 @@ class ResidentFFN(LayerSource):
         layout = store.manifest.ffn
         reader = FFNReader(pool, store.file_path(layout.file), layout)
         own = in_place(ops, layout)  # weights that are views need each layer in a buffer of its own
-        self.layers = [bundle_weights(ops, layout, reader.read_layer(i).copy() if own else reader.read_layer(i))
+        self.layers = [bundle_weights(ops, layout, reader.read_layer(i).copy() if own else reader.read_layer(i), i)
                        for i in range(len(layout.layer_offsets))]
 
     def layer(self, i: int, x=None) -> FFNWeights:
@@ -237,7 +257,7 @@ class StreamedFFN(LayerSource):
             return w
         rows = self.reader.read_layer(i)
         t = time.perf_counter()
-        w = bundle_weights(self.ops, self.layout, rows)
+        w = bundle_weights(self.ops, self.layout, rows, i)
         self.mem_seconds += time.perf_counter() - t
         return w
 
@@ -247,7 +267,7 @@ class StreamedFFN(LayerSource):
         next one's read started when a layer is handed out unless `read_ahead` is off (the
         no-overlap ablation). Returns the bytes held."""
         n = len(self.layout.layer_offsets)
-        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout, self.reader.read_layer(i).copy())
+        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout, self.reader.read_layer(i).copy(), i)
                      for i in range(resident)}
         self.reader.order = list(range(resident, n)) or list(range(n))
         self.reader.prefetch = read_ahead

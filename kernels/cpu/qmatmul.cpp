@@ -31,6 +31,7 @@
 
 #include <unistd.h>
 
+#include "gguf_blocks.h"
 #include "qmatmul.h"
 
 using namespace mf;
@@ -155,14 +156,27 @@ std::mutex g_call_mu;  // one matmul at a time uses the pool
 
 }  // namespace
 
+namespace mf {
+
+void run_parts(int parts, void (*fn)(void*, int), void* arg) {
+  std::lock_guard<std::mutex> lock(g_call_mu);
+  if (g_pool.workers() < parts - 1) g_pool.resize(parts - 1);
+  g_pool.run(parts, [&](int part) { fn(arg, part); });
+}
+
+int current_isa() { return g_isa; }
+
+}  // namespace mf
+
 #define MF_EXPORT __attribute__((visibility("default")))
 
 extern "C" {
 
 // Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
 // library whose number differs from its own (a checkout updated without reinstalling).
-// 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products)
-MF_EXPORT int mf_abi_version() { return 4; }
+// 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products);
+// 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul
+MF_EXPORT int mf_abi_version() { return 5; }
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }
@@ -295,10 +309,51 @@ PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids) -> None: mf_blockmatmul
+// (blockmatmul.cpp) on buffers x [T, K] and out [T, N]; w, layout (4 int64) and the ids: addresses
+// (0 for none) of arrays the caller keeps alive and checked (mlx_flash.kernels.qmatmul.BlockMatrix).
+PyObject* py_blockmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "blockmatmul takes 11 arguments");
+    return nullptr;
+  }
+  long long v[11] = {0};
+  for (int i : {1, 2, 3, 4, 5, 7, 8, 9, 10}) {
+    v[i] = PyLong_AsLongLong(args[i]);
+    if (v[i] == -1 && PyErr_Occurred()) return nullptr;
+  }
+  const int64_t T = v[1], K = v[2], N = v[5];
+  if (T < 0 || K < 1 || N < 1) {
+    PyErr_SetString(PyExc_ValueError, "blockmatmul: T must be >= 0 and K, N >= 1");
+    return nullptr;
+  }
+  Py_buffer xb, yb;
+  if (!float_buffer(args[0], &xb, T * K, "x", false)) return nullptr;
+  if (!float_buffer(args[6], &yb, T * N, "out", true)) {
+    PyBuffer_Release(&xb);
+    return nullptr;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mf_blockmatmul(static_cast<const float*>(xb.buf), T, K, reinterpret_cast<const uint8_t*>(v[3]), (int)v[4], N,
+                      static_cast<float*>(yb.buf), (int)v[7], reinterpret_cast<const int64_t*>(v[8]),
+                      reinterpret_cast<const int32_t*>(v[9]), reinterpret_cast<const int32_t*>(v[10]));
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&xb);
+  PyBuffer_Release(&yb);
+  if (rc != 0) {
+    PyErr_Format(PyExc_ValueError, "the CPU block kernel refused its arguments (code %d)", rc);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef qmatmul_methods[] = {
     {"qmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_qmatmul)), METH_FASTCALL,
      "qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, out, threads, layout, row_ids, "
      "group_ids)"},
+    {"blockmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_blockmatmul)), METH_FASTCALL,
+     "blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

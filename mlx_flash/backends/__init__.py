@@ -88,3 +88,13 @@ def leaves(tree):
             yield from leaves(getattr(tree, f.name))
     elif tree is not None and hasattr(tree, "shape"):
         yield tree
+
+
+def block_matrix(raw, quant, transposed: bool):
+    """The CPU block kernel's view of a stored GGUF block-type weight (rows of whole blocks, as the
+    store holds them: never dequantized as a whole), shared by both backends."""
+    from ..kernels.blockmatmul import BlockMatrix
+
+    if transposed:
+        raise ConfigError(f"{quant.kind} weights are stored with rows as outputs; a transposed one cannot be built")
+    return BlockMatrix(raw, quant.kind)

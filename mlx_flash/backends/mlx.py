@@ -20,7 +20,7 @@ from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 from ..memory.process_plan import MLX_CACHE_LIMIT
 
-from . import cpu_threads
+from . import block_matrix, cpu_threads
 
 NAME = "mlx"
 
@@ -99,6 +99,9 @@ class MLXOps:
         if quant is None:
             return Weight(self.array(parts["weight"], dtypes.get("weight")), None, None,
                           self._opt(parts, "bias", dtypes), None, transposed)
+        if quant.is_block:  # GGUF block rows: the CPU block kernel (on a GPU too: no Metal kernel yet)
+            matrix = block_matrix(parts["weight"], quant, transposed)
+            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix)
         if not self.on_gpu and quant.bits in KERNEL_BITS:
             stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
                       np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
@@ -193,6 +196,9 @@ class MLXOps:
         return y + w.bias if w.bias is not None else y
 
     def embedding(self, w: Weight, ids: mx.array) -> mx.array:
+        if w.quant is not None and w.quant.is_block:
+            self.host_syncs += 1
+            return mx.array(w.matrix.rows(np.array(ids))).astype(self.act_dtype)
         if w.stored is not None:
             self.host_syncs += 1
             words, scales, biases, bf16 = w.stored

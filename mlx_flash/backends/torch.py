@@ -24,7 +24,7 @@ from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
-from . import cpu_threads
+from . import block_matrix, cpu_threads
 from . import torch_scores
 from .torch_quant import dequantize, unpack_bits
 
@@ -127,6 +127,12 @@ class TorchOps:
             # stored rows themselves, so copying it into the other layout would only cost time.
             w = (w.t() if transposed else w).to(self.mm_dtype)
             return Weight("dense", w, None, 0, w.shape[0], bias)
+        if quant.is_block:  # GGUF block rows: the CPU block kernel, float32 activations
+            if not self.stored_kernel:
+                raise ConfigError(f"{quant.kind} weights run on the CPU block kernel, with float32 activations; "
+                                  f"this torch backend ({self.describe()}) has no kernel for them yet")
+            matrix = block_matrix(parts["weight"], quant, transposed)
+            return Weight("stored", None, None, quant.group_size, matrix.n_out, bias, (matrix.raw,), quant, matrix)
         if self.stored_kernel and quant.bits in KERNEL_BITS:
             return self._stored(parts, quant, transposed, dtypes, bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
@@ -162,7 +168,11 @@ class TorchOps:
 
     def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
         """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
-        e.g. inside a layer's bundles): no tensor of it exists, so it cannot be looked up as an embedding."""
+        e.g. inside a layer's bundles, or a BlockMatrix of GGUF block rows): no tensor of it exists, so
+        it cannot be looked up as an embedding."""
+        if not self.stored_kernel:
+            raise ConfigError(f"{quant.kind or f'{quant.bits}-bit'} weights laid out in bundles run on the CPU kernel, "
+                              f"with float32 activations; this torch backend ({self.describe()}) has none")
         return Weight("stored", None, None, quant.group_size, matrix.n_out, None, None, quant, matrix)
 
     @staticmethod
@@ -260,6 +270,9 @@ class TorchOps:
             return F.embedding(ids, w.w)
         if w.q is None:
             return F.embedding(ids, w.w).to(self.act_dtype)
+        if w.quant.is_block:
+            i = ids.cpu().numpy()
+            return torch.from_numpy(w.matrix.rows(i.reshape(-1)).reshape(*i.shape, -1)).to(self.act_dtype)
         packed, scales, biases = w.q
         return dequantize(packed[ids], scales[ids], biases[ids], w.quant, self.act_dtype)
 

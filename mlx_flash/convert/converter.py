@@ -25,7 +25,8 @@ import numpy as np
 from ..errors import ConfigError, ModelFileError
 from ..models import model_module
 from ..progress import byte_bar, step
-from ..quant_spec import QuantSpec
+from ..kernels.gguf_blocks_ref import dequantize as dequantize_blocks
+from ..quant_spec import BLOCKS, QuantSpec
 from ..store.bundles import pack_layer, plan_fields
 from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest, sha256_file
 from ..store.atomic_dir import atomic_dir, output_lock
@@ -35,7 +36,7 @@ from .sources import SourceModel, read_source
 
 PRECISIONS = ("source", "source-neuron", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
-CONVERTER_VERSION = 6
+CONVERTER_VERSION = 7
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:
@@ -117,11 +118,14 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                                     adjacent=_fused_runs(mod, cfg))
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
-    layer_offsets, fields, bundle_bytes, ffn_quant, block = [], None, 0, None, 1
+    layer_offsets, fields, bundle_bytes, ffn_quant, block, layer_quant = [], None, 0, None, 1, []
     d_model = cfg["hidden_size"]
+    widths = _block_widths(src, mod, cfg, precision)
     with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
         for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
             parts, lq, blk = _layer_parts(src, _ffn_groups(mod, cfg, layer), precision, group_size, down_bits)
+            parts = [_padded(p, widths) for p in parts]
+            layer_quant.append(lq)
             if fields is None:
                 fields, bundle_bytes = plan_fields(parts)
                 ffn_quant, block = lq, blk
@@ -138,7 +142,8 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
     n_neurons = cfg["intermediate_size"]
     ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
                     bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
-                    precision=precision, n_experts=int(cfg.get("num_experts", 0)), block=block)
+                    precision=precision, n_experts=int(cfg.get("num_experts", 0)), block=block,
+                    layer_quant=layer_quant if any(q != ffn_quant for q in layer_quant) else [])
     with step("building the tokenizer", progress):
         src.save_tokenizer(tmp)
     files = {}
@@ -148,6 +153,34 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
         for name, p in zip(names, paths):
             files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p, bar)}
     return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
+
+
+def _block_widths(src: SourceModel, mod, cfg: dict, precision: str) -> dict[str, int]:
+    """Field name -> bytes per row of that bundle field, for the FFN matrices kept in GGUF block types
+    whose type differs between layers (a Q4_K_M file mixes Q4_K and Q6_K down projections): the
+    widest type's, so every layer's bundles share one layout (a narrower layer's rows are padded with
+    zeros and decoded with its own type, FFNLayout.layer_quant). Empty when no type varies."""
+    if precision != "source" or cfg.get("num_experts"):
+        return {}
+    seen: dict[str, set] = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for role, base in mod.ffn_parts(cfg, layer).items():
+            spec = src.quant.get(base)
+            if spec is not None and spec.is_block:
+                blk = BLOCKS[spec.kind]
+                seen.setdefault(f"{role}.weight", set()).add(blk.nbytes if role == "down" else blk.row_bytes(cfg["hidden_size"]))
+    return {name: max(w) for name, w in seen.items() if len(w) > 1}
+
+
+def _padded(part: tuple, widths: dict[str, int]) -> tuple:
+    """A bundle part whose rows are padded with zeros to its field's width (see _block_widths)."""
+    name, arr, dtype = part
+    width = widths.get(name)
+    if width is None or arr.shape[-1] == width:
+        return part
+    out = np.zeros((*arr.shape[:-1], width), dtype=arr.dtype)
+    out[..., :arr.shape[-1]] = arr
+    return name, out, dtype
 
 
 def _fused_runs(mod, cfg: dict) -> list[list[str]]:
@@ -197,7 +230,9 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
         spec = src.quant.get(base)
         stored = {s: src.tensors.take(f"{base}.{s}") for s in ("weight", "scales", "biases")
                   if f"{base}.{s}" in src.tensors}
-        if spec is not None:
+        if spec is not None and spec.is_block:
+            dense = mx.array(dequantize_blocks(np.array(stored["weight"]), spec.kind))
+        elif spec is not None:
             dense = mx.dequantize(stored["weight"], stored["scales"], stored["biases"],
                                   group_size=spec.group_size, bits=spec.bits)
         else:
@@ -206,7 +241,7 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
             dense = dense.T  # [D, F] -> [F, D]: column i of down becomes row i
         target = _target_quant(precision, spec, group_size)
         if role == "down" and precision == "source-neuron" and spec is not None:
-            target = QuantSpec(bits=down_bits, group_size=spec.group_size)
+            target = QuantSpec(bits=down_bits, group_size=group_size if spec.is_block else spec.group_size)
         if target is None:  # float rows
             dt = mx.float16 if precision == "f16" else dense.dtype
             arr, name = to_storage(mx.contiguous(dense.astype(dt)))

@@ -17,10 +17,11 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..models import model_module
 from ..quant_spec import QuantSpec
-from .gguf_blocks import GROUP
 from .gguf_header import check_gguf_header
 from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
 from .tensor_source import ArrayTensors, GGUFTensors, SourceTensors
@@ -67,6 +68,14 @@ _GGUF_LAYER_NAMES = {
 _GGUF_EXPERT_NAMES = {"ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
                       "ffn_down_exps": "mlp.experts.{}.down_proj"}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Architectures whose layers name their norms apart from llama's (Gemma 3: a norm before and after
+# each block); these override _GGUF_LAYER_NAMES.
+_GGUF_ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
+                                     "post_attention_norm": "post_attention_layernorm",
+                                     "post_ffw_norm": "post_feedforward_layernorm"}}
+# Architectures whose GGUF norm weights are stored as 1 + w (llama.cpp's converter adds the 1 that
+# HF's Gemma norms add at run time); they are read back as w, as transformers' GGUF loader does.
+_GGUF_NORM_PLUS_ONE = {"gemma3"}
 # llama.cpp permutes q/k rows of these architectures for the interleaved ("traditional") RoPE layout
 # (qwen3moe, like qwen2/qwen3, is stored as HF has it and rotated in halves: llama.cpp's NEOX rope).
 _GGUF_INTERLEAVED_ROPE = {"llama", "mistral"}
@@ -75,20 +84,26 @@ _GGUF_INTERLEAVED_ROPE = {"llama", "mistral"}
 _GGUF_MOE_ARCHS = {"qwen3moe": "qwen3_moe"}
 
 
-def _gguf_name(name: str) -> str | None:
+def _gguf_name(name: str, arch: str = "") -> str | None:
     base, _, suffix = name.rpartition(".")  # suffix: weight / bias / scales / biases
     if base.startswith("blk."):
         pieces = base.split(".", 2)
         if len(pieces) != 3 or not (pieces[1].isascii() and pieces[1].isdigit()):
             return None  # not blk.<layer>.<role>: a name of no known role
         _, layer, part = pieces
-        hf = _GGUF_LAYER_NAMES.get(part) or _GGUF_EXPERT_NAMES.get(part)
+        hf = (_GGUF_ARCH_LAYER_NAMES.get(arch, {}).get(part) or _GGUF_LAYER_NAMES.get(part)
+              or _GGUF_EXPERT_NAMES.get(part))
         if hf is None:
             return None
         return f"model.layers.{layer}.{hf}.{suffix}"
     if base in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[base]}.{suffix}"
     return None
+
+
+def _minus_one(name: str, a: np.ndarray) -> np.ndarray:
+    """A norm weight stored as 1 + w, read back as w (float32, as transformers' GGUF loader does)."""
+    return a - np.float32(1) if name.endswith("norm.weight") and a.dtype == np.float32 else a
 
 
 def _gguf_metadata(reader) -> dict:
@@ -158,7 +173,8 @@ def read_gguf(path: str) -> SourceModel:
     if m("attention.key_length") is None and d_model % n_heads:
         raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide "
                              f"embedding_length {d_model}")
-    tensors = GGUFTensors(path, reader, _gguf_name)
+    adjust = _minus_one if arch in _GGUF_NORM_PLUS_ONE else None
+    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, arch), adjust)
     del reader  # its memory map of the whole file is not needed past the tensor table
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     # 0: no vocabulary (a file read for its tensors alone; conversion refuses it when building the tokenizer)
@@ -191,10 +207,15 @@ def read_gguf(path: str) -> SourceModel:
     }
     if moe:
         hf_config.update(_gguf_moe_config(path, arch, m, tensors))
+    if m("attention.sliding_window") is not None:
+        hf_config["sliding_window"] = count("attention.sliding_window", hi=1 << 26)
+    if arch == "gemma3":  # the query scale llama.cpp uses: 1/sqrt(head_dim), d_model/heads for 27B (62 layers)
+        hf_config["query_pre_attn_scalar"] = (d_model // n_heads if hf_config["num_hidden_layers"] == 62
+                                              else hf_config["head_dim"])
     if m("rope.scaling.type") not in (None, "none"):
         raise UnsupportedModelError(f"{path}: RoPE scaling {m('rope.scaling.type')!r} is not supported yet")
     config = mod.normalize_config(hf_config, path)
-    quant = {base: QuantSpec(bits=bits, group_size=GROUP) for base, bits in tensors.quant_bits().items()}
+    quant = tensors.quant_specs()
 
     def save_tokenizer(out_dir: str) -> None:
         save_gguf_tokenizer(path, out_dir)

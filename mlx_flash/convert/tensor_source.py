@@ -5,8 +5,9 @@ without reading it; `take(name)` reads it and hands it over (the source keeps no
 memory goes when the converter drops it); `name in tensors`. Two implementations:
   ArrayTensors  a dict of lazily loaded `mx.array`s (safetensors through `mx.load`, which reads a
                 tensor's bytes only when it is evaluated); `take` pops the entry
-  GGUFTensors   a GGUF file read by offset (`os.preadv`), block quantizations turned into affine
-                triples block by block (gguf_blocks); a stack of experts (a 3-D tensor, experts
+  GGUFTensors   a GGUF file read by offset (`os.preadv`), Q4_0/Q4_1/Q8_0 turned into affine
+                triples block by block (gguf_blocks), the other block types (quant_spec.BLOCKS) kept
+                as the file has them (uint8 rows of whole blocks); a stack of experts (a 3-D tensor, experts
                 outermost) is one tensor per expert, each its own byte range of the stack
 """
 
@@ -18,7 +19,12 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
+from ..quant_spec import BLOCKS, QuantSpec
 from .gguf_blocks import BLOCK_TYPES, GROUP, PLAIN_TYPES, affine_shapes, decode_blocks
+
+# GGML type numbers of the block types kept as the file has them (raw rows of whole blocks).
+KEPT_TYPES = {b.ggml_type: b for b in BLOCKS.values()}
+SUPPORTED = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32"
 
 # mx dtype names (str(dtype) after "mlx.core.") that a store holds as they are.
 _STORAGE = ("float32", "float16", "bfloat16", "uint32", "int32", "uint8", "int8")
@@ -76,13 +82,15 @@ class ArrayTensors(SourceTensors):
 
 class GGUFTensors(SourceTensors):
     """reader: an open `gguf.GGUFReader` (its metadata and tensor table; its memory map is not
-    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role). A
+    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role); adjust:
+    (canonical name, array) -> the array kept, for plain tensors an architecture stores shifted. A
     canonical name holding "{}" names a stack (a MoE layer's experts, a 3-D tensor, experts
     outermost): expert e is the tensor named with e in place of "{}", the e-th equal byte range of
     the stack, so one expert is read without the others."""
 
-    def __init__(self, path: str, reader, rename):
+    def __init__(self, path: str, reader, rename, adjust=None):
         self.path = path
+        self._adjust = adjust  # (canonical name, plain array) -> the array the store keeps, or None
         self._entries = {}  # canonical name -> (file offset, bytes, ggml type, numpy shape, part)
         self._stacks = {}  # GGUF name of a stack -> its number of experts
         unknown = []
@@ -93,13 +101,16 @@ class GGUFTensors(SourceTensors):
                 continue
             ne = [int(x) for x in t.shape]  # ne[0] is the fastest-varying axis: numpy shape reversed
             ttype = int(t.tensor_type)
-            if ttype not in BLOCK_TYPES and ttype not in PLAIN_TYPES:
+            if ttype not in BLOCK_TYPES and ttype not in PLAIN_TYPES and ttype not in KEPT_TYPES:
                 raise UnsupportedModelError(
-                    f"{path}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: Q4_0, Q4_1, Q8_0, "
-                    "F16, BF16, F32 (k-quants are not supported yet)")
-            if ttype in BLOCK_TYPES and (not canon.endswith(".weight") or ne[0] % GROUP):
+                    f"{path}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: {SUPPORTED}")
+            per_block = GROUP if ttype in BLOCK_TYPES else KEPT_TYPES[ttype].weights if ttype in KEPT_TYPES else 0
+            if per_block and (not canon.endswith(".weight") or ne[0] % per_block or len(ne) < 2):
                 raise ModelFileError(f"{path}: tensor {t.name} is block-quantized but is not a weight matrix "
-                                     f"with rows a multiple of {GROUP}")
+                                     f"with rows a multiple of {per_block}")
+            if ttype in KEPT_TYPES and "{}" in canon:
+                raise UnsupportedModelError(f"{path}: tensor {t.name}: experts in {KEPT_TYPES[ttype].name} are not "
+                                            "supported yet (dense FFNs and attention are)")
             for name, where in self._slices(t, canon, ne):
                 self._add(name, where)
         if unknown:
@@ -142,13 +153,19 @@ class GGUFTensors(SourceTensors):
     def _index(self):
         return self._entries
 
-    def quant_bits(self) -> dict[str, int]:
-        """Linear base name -> bits, for every block-quantized tensor."""
-        return {n[: -len(".weight")]: BLOCK_TYPES[e[2]].bits for n, e in self._entries.items()
-                if e[4] == "weight"}
+    def quant_specs(self) -> dict[str, QuantSpec]:
+        """Linear base name -> its quantization, for every block-quantized tensor: an affine triple
+        (Q4_0, Q4_1, Q8_0) or a block type kept as stored."""
+        out = {n[: -len(".weight")]: QuantSpec(bits=BLOCK_TYPES[e[2]].bits, group_size=GROUP)
+               for n, e in self._entries.items() if e[4] == "weight"}
+        out.update({n[: -len(".weight")]: QuantSpec.block(KEPT_TYPES[e[2]].name)
+                    for n, e in self._entries.items() if e[4] is None and e[2] in KEPT_TYPES})
+        return out
 
     def spec(self, name):
         off, n, ttype, shape, part = self._entries[name]
+        if ttype in KEPT_TYPES:  # rows of whole blocks, as the file has them
+            return [*shape[:-1], KEPT_TYPES[ttype].row_bytes(shape[-1])], "uint8"
         if part is None:
             return list(shape), PLAIN_TYPES[ttype][1]
         s = affine_shapes(BLOCK_TYPES[ttype], shape[:-1], shape[-1])[part]
@@ -166,9 +183,11 @@ class GGUFTensors(SourceTensors):
             return self._pending.pop(name)
         off, n, ttype, shape, part = self._entries[name]
         raw = self._read(off, n, name)
+        if ttype in KEPT_TYPES:
+            return raw.reshape(self.spec(name)[0])
         if part is None:
-            dtype = PLAIN_TYPES[ttype][0]
-            return raw.view(dtype).reshape(shape)
+            a = raw.view(PLAIN_TYPES[ttype][0]).reshape(shape)
+            return self._adjust(name, a) if self._adjust is not None else a
         parts = decode_blocks(BLOCK_TYPES[ttype], raw.reshape(*shape[:-1], -1), shape[-1])
         base = name.rsplit(".", 1)[0]
         for p, a in parts.items():

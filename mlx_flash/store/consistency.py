@@ -7,6 +7,7 @@ instead of failing as a shape error inside a matmul at load or at the first toke
 from __future__ import annotations
 
 from ..errors import StoreError
+from ..quant_spec import BLOCKS
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # The parts of a linear a bundle field may hold (weights.PARTS): `<matrix>.<part>`.
@@ -27,7 +28,8 @@ def check_ffn_fields(store_dir: str, ffn, fields, quant, down_rows: bool) -> Non
         if k not in matrices:
             raise StoreError(f"{store_dir}: FFN quantization names {k!r}, which is not a matrix of this FFN")
     for matrix in matrices:
-        need = {"weight"} | ({"scales", "biases"} if quant.get(matrix) else set())
+        q = quant.get(matrix)
+        need = {"weight"} | ({"scales", "biases"} if q is not None and not q.is_block else set())
         have = {n.partition(".")[2] for n in names if n.startswith(matrix + ".")} - {"bias"}
         if have != need:
             raise StoreError(f"{store_dir}: FFN bundles hold {sorted(have)} of {matrix} but its quantization "
@@ -49,6 +51,37 @@ def check_ffn_fields(store_dir: str, ffn, fields, quant, down_rows: bool) -> Non
         if fl.shape != shape or fl.dtype not in dtypes:
             raise StoreError(f"{store_dir}: FFN bundle field {fl.name} is {fl.dtype} {fl.shape} but d_model "
                              f"{d} ({q or 'float rows'}) needs {' or '.join(dtypes)} {shape}")
+
+
+def check_block_fields(store_dir: str, ffn) -> None:
+    """FFN matrices kept in GGUF block types: each layer's quantization (ffn.layer_quant, one per
+    layer, or ffn.quant for all) names the same matrices as ffn.quant, the affine ones alike, and a
+    block type's rows fit its uint8 field: gate/up rows of d_model weights, the down matrix's one block
+    per d_model row, with bundles of one block of neurons."""
+    layers = ffn.layer_quant or [ffn.quant]
+    if ffn.layer_quant and len(ffn.layer_quant) != len(ffn.layer_offsets):
+        raise StoreError(f"{store_dir}: ffn.layer_quant lists {len(ffn.layer_quant)} layers, not "
+                         f"{len(ffn.layer_offsets)}")
+    fields = {fl.name: fl for fl in ffn.fields}
+    for layer, quant in enumerate(layers):
+        if set(quant) != set(ffn.quant):
+            raise StoreError(f"{store_dir}: FFN layer {layer} quantizes {sorted(quant)}, not {sorted(ffn.quant)}")
+        for matrix, q in quant.items():
+            base = ffn.quant[matrix]
+            if q is None or not q.is_block or base is None or not base.is_block:
+                if q != base:
+                    raise StoreError(f"{store_dir}: FFN layer {layer} quantizes {matrix} as {q}, the layout as {base}")
+                continue
+            blk, fl = BLOCKS[q.kind], fields.get(f"{matrix}.weight")
+            need = blk.nbytes if matrix == "down" else blk.row_bytes(ffn.d_model)
+            if matrix == "down" and ffn.block != blk.weights:
+                raise StoreError(f"{store_dir}: FFN down in {q.kind} needs bundles of {blk.weights} neurons "
+                                 f"(the layout has {ffn.block})")
+            if matrix != "down" and ffn.d_model % blk.weights:
+                raise StoreError(f"{store_dir}: FFN {matrix} in {q.kind} needs d_model a multiple of {blk.weights}")
+            if fl is None or fl.dtype != "uint8" or len(fl.shape) != 2 or fl.shape[1] < need:
+                raise StoreError(f"{store_dir}: FFN bundle field {matrix}.weight cannot hold {q.kind} rows of "
+                                 f"{need} bytes (layer {layer})")
 
 
 def check_against_config(store_dir: str, manifest) -> None:
@@ -84,8 +117,9 @@ def check_against_config(store_dir: str, manifest) -> None:
     for name, t in manifest.tensors.items():
         if name not in want:
             continue
-        quantized = manifest.quant.get(name[: -len(".weight")]) is not None
-        if t.dtype not in (("uint32",) if quantized else FLOAT_DTYPES):
+        q = manifest.quant.get(name[: -len(".weight")])
+        quantized = q is not None
+        if t.dtype not in ((("uint8",) if q.is_block else ("uint32",)) if quantized else FLOAT_DTYPES):
             raise StoreError(f"{store_dir}: tensor {name} is stored as {t.dtype}, which is not a "
                              f"{'quantized weight' if quantized else 'float'} dtype")
         if logical_shape(manifest, name) not in want[name]:
@@ -100,4 +134,6 @@ def logical_shape(manifest, name: str) -> list[int]:
     q = manifest.quant.get(name[: -len(".weight")]) if name.endswith(".weight") else None
     if q is None or not t.shape:
         return list(t.shape)
+    if q.is_block:  # rows of whole blocks
+        return [*t.shape[:-1], t.shape[-1] // BLOCKS[q.kind].nbytes * BLOCKS[q.kind].weights]
     return [*t.shape[:-1], t.shape[-1] * 32 // q.bits]

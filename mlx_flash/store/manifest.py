@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import StoreError
 from ..quant_spec import QuantSpec
-from .consistency import check_against_config, check_ffn_fields
+from .consistency import check_against_config, check_block_fields, check_ffn_fields
 from .schema import MANIFEST, SchemaError, check, check_config_arithmetic
 from .verified import sha256_file, verify_files  # noqa: F401  (sha256_file: the converters hash with it)
 
@@ -124,6 +124,10 @@ class FFNLayout:
     # matrix [D, Fe] in the linear's own orientation (quantized along Fe), not Fe down columns.
     down_rows: bool = False
     block: int = 1  # neurons per bundle (see above)
+    # Per layer, when the matrices' quantization differs between layers (GGUF block types of a mixed
+    # file, e.g. Q4_K and Q6_K down projections): that layer's `quant`; `fields` are the widest
+    # type's, a narrower layer's rows padded. Empty: every layer is `quant`.
+    layer_quant: list[dict[str, QuantSpec | None]] = field(default_factory=list)
 
     def __post_init__(self):
         if self.block < 1 or self.n_neurons % self.block:
@@ -133,6 +137,10 @@ class FFNLayout:
                              f"of whole blocks of {self.block}")
         if self.down_rows and self.block != 1:
             raise ValueError("ffn.down_rows (whole-expert down matrices) needs bundles of one neuron")
+
+    def quant_of(self, layer: int) -> dict[str, QuantSpec | None]:
+        """The quantization of each matrix of this layer (see layer_quant)."""
+        return self.layer_quant[layer] if self.layer_quant else self.quant
 
     @property
     def n_rows(self) -> int:
@@ -238,6 +246,8 @@ class Manifest:
                     expert_table=ffn.get("expert_table", []),
                     down_rows=bool(ffn.get("down_rows", False)),
                     block=int(ffn.get("block", 1)),
+                    layer_quant=[{k: (QuantSpec(**v) if v else None) for k, v in q.items()}
+                                 for q in ffn.get("layer_quant", [])],
                 ),
                 files=d["files"],
                 source=d.get("source", {}),
@@ -287,6 +297,7 @@ class Manifest:
         for fields, quant, down_rows in ([(f.fields, f.quant, f.down_rows)]
                                          + [(x.fields, x.quant, x.down_rows) for x in f.expert_formats]):
             check_ffn_fields(store_dir, self.ffn, fields, quant, down_rows)
+        check_block_fields(store_dir, self.ffn)
         if f.block > 1:  # a block's fields: [block, ...] per-neuron rows, down as [d_model, ...]
             for fl in f.fields:
                 lead = f.d_model if fl.name.startswith("down.") else f.block

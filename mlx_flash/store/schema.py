@@ -17,6 +17,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..quant_spec import BLOCKS
+
 BIG = 1 << 50  # bytes and offsets: a petabyte
 DIM = 1 << 24  # widths, counts of neurons, vocabulary
 COUNT = 1 << 16  # layers, heads, experts
@@ -179,7 +181,8 @@ def check(schema: Checker, value, path: str = "") -> None:
 
 DTYPES = ("float32", "float16", "bfloat16", "uint32", "int32", "uint8", "int8")
 SHAPE = ListOf(Int(0, BIG), max_len=8)
-QUANT = Obj({"bits": OneOf((2, 3, 4, 5, 6, 8)), "group_size": OneOf((16, 32, 64, 128, 256))})
+QUANT = Obj({"bits": OneOf((0, 2, 3, 4, 5, 6, 8)), "group_size": OneOf((16, 32, 64, 128, 256))},
+            {"kind": Maybe(OneOf(tuple(BLOCKS)))})  # (QuantSpec checks that bits and kind agree)
 FIELD = Obj({"name": Str(), "offset": Int(0, BIG), "dtype": OneOf(DTYPES), "shape": ListOf(Int(1, DIM), 8, 1)})
 EXPERT_FORMAT = Obj({"precision": Str(), "bundle_bytes": Int(1, BIG), "fields": ListOf(FIELD, 1 << 10),
                      "quant": MapOf(Maybe(QUANT))}, {"down_rows": Bool()})
@@ -189,7 +192,7 @@ FFN = Obj(
      "precision": Str()},
     {"n_experts": Int(0, COUNT), "expert_formats": ListOf(EXPERT_FORMAT, 64),
      "expert_table": ListOf(ListOf(ListOf(Int(0, BIG), 2, 2), COUNT), COUNT), "down_rows": Bool(),
-     "block": Int(1, 1 << 12)})
+     "block": Int(1, 1 << 12), "layer_quant": ListOf(MapOf(Maybe(QUANT)), COUNT)})
 # The normalized config every family writes (models/*.normalize_config): what the graphs and the
 # planners compute with. Other keys of a family are checked by its own ModelArgs.
 CONFIG = Obj(

@@ -66,12 +66,38 @@ def test_default_model_reads_as_mx_load(default_gguf):
 
 
 def test_unsupported_type_is_named(tmp_path):
-    rng = np.random.default_rng(1)
     path = tmp_path / "k.gguf"
-    _write(path, {"blk.0.ffn_up.weight": (rng.standard_normal((4, 256)).astype(np.float32),
-                                          gguf.GGMLQuantizationType.Q5_0)})
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight has GGML type Q5_0"):
+    w = gguf.GGUFWriter(str(path), "llama")
+    raw = np.random.default_rng(1).integers(0, 256, (4, 84), dtype=np.uint8)  # Q2_K: 84 bytes per 256 weights
+    w.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight has GGML type Q2_K; supported: .*Q4_K"):
         GGUFTensors(str(path), _reader(path), _gguf_name)
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_kept_block_types_are_the_files_bytes(tmp_path, kind):
+    from mlx_flash.convert.gguf_quantize import quantize_k
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((6, 512)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    raw = gguf.quants.quantize(w, qtype) if kind in ("Q5_0", "Q5_1") else quantize_k(w, kind)
+    path = tmp_path / "k.gguf"
+    g = gguf.GGUFWriter(str(path), "llama")
+    g.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=qtype)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    src = GGUFTensors(str(path), _reader(path), _gguf_name)
+    base = "model.layers.0.mlp.up_proj"
+    assert src.quant_specs()[base].kind == kind
+    assert src.spec(base + ".weight") == ([6, raw.shape[1]], "uint8")
+    assert np.array_equal(src.take_numpy(base + ".weight"), raw)
 
 
 def test_take_hands_over_each_part_once(tmp_path):
@@ -81,7 +107,7 @@ def test_take_hands_over_each_part_once(tmp_path):
                                           gguf.GGMLQuantizationType.Q4_1)})
     src = GGUFTensors(str(path), _reader(path), _gguf_name)
     base = "model.layers.0.mlp.up_proj"
-    assert src.quant_bits() == {base: 4}
+    assert {b: (q.bits, q.kind) for b, q in src.quant_specs().items()} == {base: (4, None)}
     assert src.spec(base + ".scales") == ([8, 2], "float16")
     first = src.take_numpy(base + ".scales")  # decodes the triple, keeps the other two parts
     assert set(src._pending) == {base + ".weight", base + ".biases"}
@@ -117,7 +143,7 @@ def test_each_expert_of_a_stack_is_read_alone_as_gguf_dequantizes_it(tmp_path, q
     bits = BLOCK_TYPES[int(q)].bits
     for e in range(E):
         base = f"model.layers.0.mlp.experts.{e}.down_proj"
-        assert src.quant_bits()[base] == bits
+        assert src.quant_specs()[base].bits == bits
         assert src.spec(base + ".weight") == ([D, 4 * F * bits // 32], "uint32")
         triple = [src.take_numpy(f"{base}.{p}") for p in ("weight", "scales", "biases")]
         assert np.array_equal(_affine(*triple, bits), want[e]), f"expert {e}"

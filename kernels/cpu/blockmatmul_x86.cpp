@@ -1,0 +1,218 @@
+// AVX-512 and AVX2 loops of the CPU block kernel (blockmatmul.cpp). Compiled without -m flags: the
+// functions carry target attributes and are called only on CPUs that report the instructions.
+//
+// Every block type is read as groups of 16 weights w = a * code + b (code 0..63, a and b floats of
+// the group: Q5_0 a = d, b = -16 d; Q5_1 a = d, b = m; Q4_K / Q5_K a = d * sc, b = -dmin * m of the
+// group's sub-block of 32; Q6_K a = d * sc, b = -32 a of its sub-block of 16), so a row's product is
+//   sum over groups of  a * sum(code * x) + b * sum(x)
+// with the codes widened to float and multiplied, never dequantized, and sum(x) per 16 inputs
+// computed once per product (BlockProblem.xsum16). The codes come out of the packed bytes with SSE
+// byte operations shared by both paths; the paths differ in vector width (16 or 8 floats).
+#include "gguf_blocks.h"
+
+#if MF_X86
+
+namespace mf {
+
+#define MF_SSE inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+// Bytes 0x10 where bit j of the low 16 bits of `bits` is set (byte j), else 0: a fifth code bit.
+MF_SSE __m128i fifth_bits(uint32_t bits) {
+  const __m128i v = _mm_set1_epi16((short)(bits & 0xFFFF));
+  const __m128i sel = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, (char)128, 1, 2, 4, 8, 16, 32, 64, (char)128);
+  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(sel, bit), bit), _mm_set1_epi8(0x10));
+}
+
+MF_SSE __m128i low4(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(0x0F)); }
+MF_SSE __m128i high4(__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)); }
+// Bits s and s+1 of each byte, as bits 4 and 5.
+MF_SSE __m128i two_bits(__m128i v, int s) {
+  return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, s), _mm_set1_epi8(3)), 4);
+}
+MF_SSE __m128i one_bit(__m128i v, int s) {
+  return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, s), _mm_set1_epi8(1)), 4);
+}
+MF_SSE __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+MF_SSE float f16c_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The groups of 16 weights of block `blk` (see the top of the file): codes[g], a[g], b[g].
+template <int TYPE>
+MF_SSE void groups16(const uint8_t* blk, __m128i* codes, float* a, float* b) {
+  auto f = [&](int g, __m128i c, float a_, float b_) {  // (inlined: no intrinsic inside)
+    codes[g] = c;
+    a[g] = a_;
+    b[g] = b_;
+  };
+  if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {
+    const float d = f16c_at(blk);
+    const float off = TYPE == Q5_1 ? f16c_at(blk + 2) : -16.f * d;
+    const uint8_t* after = blk + (TYPE == Q5_1 ? 4 : 2);
+    const uint32_t qh = u32_at(after);
+    const __m128i qs = load16(after + 4);
+    f(0, _mm_or_si128(low4(qs), fifth_bits(qh)), d, off);
+    f(1, _mm_or_si128(high4(qs), fifth_bits(qh >> 16)), d, off);
+  } else if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+    const float d = f16c_at(blk), dmin = f16c_at(blk + 2);
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (TYPE == Q5_K ? 48 : 16);
+    for (int c = 0; c < 4; c++) {
+      int sc0, m0, sc1, m1;
+      scale_min_k4(2 * c, blk + 4, &sc0, &m0);
+      scale_min_k4(2 * c + 1, blk + 4, &sc1, &m1);
+      const float a0 = d * (float)sc0, b0 = -(dmin * (float)m0), a1 = d * (float)sc1, b1 = -(dmin * (float)m1);
+      for (int l = 0; l < 32; l += 16) {
+        const __m128i q = load16(qs + 32 * c + l);
+        __m128i lo = low4(q), hi = high4(q);
+        if constexpr (TYPE == Q5_K) {
+          const __m128i h = load16(qh + l);
+          lo = _mm_or_si128(lo, one_bit(h, 2 * c));
+          hi = _mm_or_si128(hi, one_bit(h, 2 * c + 1));
+        }
+        f(4 * c + l / 16, lo, a0, b0);
+        f(4 * c + 2 + l / 16, hi, a1, b1);
+      }
+    }
+  } else if constexpr (TYPE == Q6_K) {
+    const float d = f16c_at(blk + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int h = 0; h < 2; h++) {
+      const uint8_t* ql = blk + 64 * h;
+      const uint8_t* qh = blk + 128 + 32 * h;
+      for (int l = 0; l < 32; l += 16) {
+        const int is = l / 16;
+        const __m128i A = load16(ql + l), B = load16(ql + l + 32), H = load16(qh + l);
+        const __m128i q[4] = {_mm_or_si128(low4(A), two_bits(H, 0)), _mm_or_si128(low4(B), two_bits(H, 2)),
+                              _mm_or_si128(high4(A), two_bits(H, 4)), _mm_or_si128(high4(B), two_bits(H, 6))};
+        for (int r = 0; r < 4; r++) {
+          const float a = d * (float)sc[8 * h + is + 2 * r];
+          f(8 * h + 2 * r + is, q[r], a, -32.f * a);
+        }
+      }
+    }
+  }
+}
+
+constexpr int TILE = 4;  // tokens per pass over a row's blocks
+
+// ---- AVX-512 -------------------------------------------------------------------------------------
+template <int TYPE>
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline void rows512(const BlockProblem& p,
+                                                                                             int64_t n0, int64_t n1) {
+  constexpr int QK = block_weights(TYPE), G = QK / 16;
+  const int64_t blocks = p.K / QK, g16 = p.K / 16;
+  for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
+    const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
+    for (int64_t n = n0; n < n1; n++) {
+      const int64_t rb = p.row_ids ? p.row_ids[n / p.rpb] : n / p.rpb;
+      const uint8_t* row = p.w + rb * p.wb + (n % p.rpb) * p.wr;
+      // two accumulators per token (even and odd groups) and the offsets' sum as a vector: no long
+      // dependency chain of FMAs per token
+      __m512 acc[TILE][2], offv[TILE];
+      float off[TILE] = {0.f, 0.f, 0.f, 0.f};
+      for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = offv[t] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < blocks; g++) {
+        const int64_t gid = p.group_ids ? p.group_ids[g] : g;
+        __m128i codes[G];
+        float a[G], b[G];
+        groups16<TYPE>(row + gid * p.wg, codes, a, b);
+        for (int k = 0; k < G; k += 2) {
+          const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes[k]));
+          const __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes[k + 1]));
+          const __m512 a0 = _mm512_set1_ps(a[k]), a1 = _mm512_set1_ps(a[k + 1]);
+          const int64_t xi = g * QK + 16 * k;
+          for (int t = 0; t < tn; t++) {
+            const float* x = p.x + (t0 + t) * p.K + xi;
+            acc[t][0] = _mm512_fmadd_ps(a0, _mm512_mul_ps(c0, _mm512_loadu_ps(x)), acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(a1, _mm512_mul_ps(c1, _mm512_loadu_ps(x + 16)), acc[t][1]);
+          }
+        }
+        for (int t = 0; t < tn; t++) {
+          const float* xs = p.xsum16 + (t0 + t) * g16 + g * G;
+          if constexpr (G == 16) {
+            offv[t] = _mm512_fmadd_ps(_mm512_loadu_ps(b), _mm512_loadu_ps(xs), offv[t]);
+          } else {
+            for (int k = 0; k < G; k++) off[t] += b[k] * xs[k];
+          }
+        }
+      }
+      for (int t = 0; t < tn; t++)
+        p.y[(t0 + t) * p.N + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), offv[t])) + off[t];
+    }
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void block_rows_avx512(const BlockProblem& p, int64_t n0,
+                                                                                int64_t n1) {
+  switch (p.type) {
+    case Q5_0: return rows512<Q5_0>(p, n0, n1);
+    case Q5_1: return rows512<Q5_1>(p, n0, n1);
+    case Q4_K: return rows512<Q4_K>(p, n0, n1);
+    case Q5_K: return rows512<Q5_K>(p, n0, n1);
+    case Q6_K: return rows512<Q6_K>(p, n0, n1);
+  }
+}
+
+// ---- AVX2 ----------------------------------------------------------------------------------------
+template <int TYPE>
+MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
+  constexpr int QK = block_weights(TYPE), G = QK / 16;
+  const int64_t blocks = p.K / QK, g16 = p.K / 16;
+  for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
+    const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
+    for (int64_t n = n0; n < n1; n++) {
+      const int64_t rb = p.row_ids ? p.row_ids[n / p.rpb] : n / p.rpb;
+      const uint8_t* row = p.w + rb * p.wb + (n % p.rpb) * p.wr;
+      __m256 acc[TILE][2], offv[TILE];
+      float off[TILE] = {0.f, 0.f, 0.f, 0.f};
+      for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = offv[t] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < blocks; g++) {
+        const int64_t gid = p.group_ids ? p.group_ids[g] : g;
+        __m128i codes[G];
+        float a[G], b[G];
+        groups16<TYPE>(row + gid * p.wg, codes, a, b);
+        for (int k = 0; k < G; k++) {
+          const __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[k]));
+          const __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes[k], 8)));
+          const __m256 va = _mm256_set1_ps(a[k]);
+          const int64_t xi = g * QK + 16 * k;
+          for (int t = 0; t < tn; t++) {
+            const float* x = p.x + (t0 + t) * p.K + xi;
+            const __m256 s = _mm256_fmadd_ps(c1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(x)));
+            acc[t][k & 1] = _mm256_fmadd_ps(va, s, acc[t][k & 1]);
+          }
+        }
+        for (int t = 0; t < tn; t++) {
+          const float* xs = p.xsum16 + (t0 + t) * g16 + g * G;
+          if constexpr (G == 16) {
+            offv[t] = _mm256_fmadd_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(xs), offv[t]);
+            offv[t] = _mm256_fmadd_ps(_mm256_loadu_ps(b + 8), _mm256_loadu_ps(xs + 8), offv[t]);
+          } else {
+            for (int k = 0; k < G; k++) off[t] += b[k] * xs[k];
+          }
+        }
+      }
+      for (int t = 0; t < tn; t++)
+        p.y[(t0 + t) * p.N + n] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), offv[t])) + off[t];
+    }
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void block_rows_avx2(const BlockProblem& p, int64_t n0, int64_t n1) {
+  switch (p.type) {
+    case Q5_0: return rows256<Q5_0>(p, n0, n1);
+    case Q5_1: return rows256<Q5_1>(p, n0, n1);
+    case Q4_K: return rows256<Q4_K>(p, n0, n1);
+    case Q5_K: return rows256<Q5_K>(p, n0, n1);
+    case Q6_K: return rows256<Q6_K>(p, n0, n1);
+  }
+}
+
+}  // namespace mf
+
+#endif  // MF_X86
