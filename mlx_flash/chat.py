@@ -223,8 +223,14 @@ def main(argv=None) -> int:
 
         engine = load_config(args.model, from_arguments(EngineConfig, args))
         with engine:
+            templated = engine.tokenizer.has_chat_template
+            if args.prompt is None and not templated:
+                raise ConfigError("this model has no chat template (a base model, not a chat one), so there is no "
+                                  "conversation to hold: pass --prompt TEXT, which it continues as plain text")
+            if args.prompt is not None and not templated and not args.raw:
+                print("(this model has no chat template: the prompt is continued as plain text)", file=sys.stderr)
             if args.prompt is not None:
-                prompt = args.prompt if args.raw else (
+                prompt = args.prompt if args.raw or not templated else (
                     ([{"role": "system", "content": args.system}] if args.system else [])
                     + [{"role": "user", "content": args.prompt}])
                 stream_answer(engine.stream_generate(prompt, **sampling(args)))

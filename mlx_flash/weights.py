@@ -136,17 +136,12 @@ def neuron_arrays(layout: FFNLayout, rows: np.ndarray, fields=None) -> tuple[dic
     return out, layout.block == 1 and not layout.down_rows
 
 
-def has_blocks(layout: FFNLayout) -> bool:
-    """Whether some FFN matrix is kept in a GGUF block type (in any layer)."""
-    return any(q is not None and q.is_block for quant in [layout.quant, *layout.layer_quant] for q in quant.values())
-
-
 def in_place(ops, layout: FFNLayout) -> bool:
     """Whether bundle rows of this layout are multiplied where they lie (bundle_views): always for
     GGUF block types (the block kernel reads them nowhere else); for affine ones, blocks of neurons
     quantized at a width the CPU kernel reads, without per-neuron biases, on a backend whose linears
     run that kernel."""
-    if has_blocks(layout):
+    if layout.has_blocks:
         return True
     roles = ("gate", "up", "down") if layout.gated else ("up", "down")
     return (layout.block > 1 and not layout.n_experts and not layout.down_rows and ops.in_place_kernel
@@ -202,7 +197,7 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray, layer: int = 0) -> 
     Where the layout allows (in_place), views of the rows themselves (bundle_views): valid while
     `rows` holds this layer."""
     if in_place(ops, layout):
-        if has_blocks(layout) and not rows.flags.c_contiguous:
+        if layout.has_blocks and not rows.flags.c_contiguous:
             rows = np.ascontiguousarray(rows)
         if rows.flags.c_contiguous:
             return bundle_views(ops, layout, rows, layout.quant_of(layer))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import EngineConfig, FFNMode
-from ..errors import MemoryBudgetError
+from ..errors import ConfigError, MemoryBudgetError
 from ..sparse.modes import SparseMode
 from ..sparse.planner import model_bytes, stored_resident_bytes
 from ..sparse.selectors import PredictorKind
@@ -64,11 +64,16 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
         raise MemoryBudgetError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
                                 f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
                                 "use ffn auto or stream, or a larger memory budget")
+    blocks = store.manifest.ffn.has_blocks
+    if cfg.ffn is FFNMode.SPARSE and blocks:
+        raise ConfigError(f"{store.path}: ffn sparse is not supported for FFNs kept in GGUF k-quant / Q5 block "
+                          "types yet (their bundles hold 256 neurons; the sparse kernels read affine groups): use "
+                          "ffn auto, resident or stream, or convert with --precision source-neuron")
     if cfg.ffn is not FFNMode.AUTO:
         return cfg
     if fits:
         return replace(cfg, ffn=FFNMode.RESIDENT)
-    if store.manifest.ffn.n_experts or batch:
+    if store.manifest.ffn.n_experts or batch or blocks:  # (block types: exact dense streaming, see above)
         return replace(cfg, ffn=FFNMode.STREAM)
     return replace(cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID,
                                                          predictor=PredictorKind.DENSE))

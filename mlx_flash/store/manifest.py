@@ -138,6 +138,11 @@ class FFNLayout:
         if self.down_rows and self.block != 1:
             raise ValueError("ffn.down_rows (whole-expert down matrices) needs bundles of one neuron")
 
+    @property
+    def has_blocks(self) -> bool:
+        """Whether some matrix is kept in a GGUF block type (in any layer)."""
+        return any(q is not None and q.is_block for quant in [self.quant, *self.layer_quant] for q in quant.values())
+
     def quant_of(self, layer: int) -> dict[str, QuantSpec | None]:
         """The quantization of each matrix of this layer (see layer_quant)."""
         return self.layer_quant[layer] if self.layer_quant else self.quant
