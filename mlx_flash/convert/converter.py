@@ -66,6 +66,7 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     store is written atomically, one converter at a time (store/atomic_dir.py); `reuse`: a valid
     store already at out_dir (another converter's, finished while this one waited) is kept
     (`python -m mlx_flash.convert`)."""
+    source, out_dir = os.fspath(source), os.fspath(out_dir)  # (paths as str or os.PathLike)
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is unknown (choose one of: {', '.join(PRECISIONS)})")
     if down_bits not in (2, 3, 4, 6, 8):
