@@ -9,6 +9,7 @@ import os
 import sys
 
 from .convert import CONVERTER_VERSION, convert
+from .convert.sources import gguf_parts
 from .errors import ModelNotFoundError
 from .store import is_store
 
@@ -36,8 +37,10 @@ def resolve_store(model: str | None, cache_dir: str, precision: str = "source", 
         raise ModelNotFoundError(f"{source}: no such file or directory")
     if os.path.isdir(source) and is_store(source):
         return source
-    st = os.stat(source)
-    key = hashlib.sha256(f"{source}|{st.st_size}|{int(st.st_mtime)}|{precision}|{CONVERTER_VERSION}".encode()).hexdigest()[:12]
+    files = gguf_parts(source) if os.path.isfile(source) else [source]  # a split GGUF: all its parts
+    source = files[0]
+    stats = "|".join(f"{os.stat(f).st_size}|{int(os.stat(f).st_mtime)}" for f in files)
+    key = hashlib.sha256(f"{source}|{stats}|{precision}|{CONVERTER_VERSION}".encode()).hexdigest()[:12]
     name = os.path.basename(source.rstrip("/"))
     if os.path.isfile(source):  # a directory's name has no extension, even with dots in it
         name = os.path.splitext(name)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from typing import Callable
@@ -118,7 +119,28 @@ def _gguf_metadata(reader) -> dict:
     return meta
 
 
-def read_gguf(path: str) -> SourceModel:
+_SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def gguf_parts(path: str) -> list[str]:
+    """The files of a split GGUF (llama.cpp's gguf-split: `<name>-00001-of-00003.gguf`; any part's
+    path names them all), in order; [path] for a whole file."""
+    m = _SPLIT.match(path)
+    if not m:
+        return [path]
+    count = int(m.group(3))
+    if not 1 <= count <= 9999 or not 1 <= int(m.group(2)) <= count:
+        raise ModelFileError(f"{path}: a split GGUF's name must number its part within 1..N (-00001-of-0000N)")
+    parts = [f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    missing = [os.path.basename(p) for p in parts if not os.path.isfile(p)]
+    if missing:
+        raise ModelFileError(f"{path}: {len(missing)} of the {count} parts of this split GGUF are missing "
+                             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    return parts
+
+
+def _open_gguf(path: str):
+    """(gguf reader, metadata) of one GGUF file, or one line naming what is wrong with it."""
     from gguf import GGUFReader
 
     with open(path, "rb") as fh:
@@ -127,12 +149,24 @@ def read_gguf(path: str) -> SourceModel:
     check_gguf_header(path)
     try:
         reader = GGUFReader(path)
-        meta = _gguf_metadata(reader)
+        return reader, _gguf_metadata(reader)
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         why = str(e)
         if "cannot reshape" in why:  # the reader's view of a tensor's data came out short
             why = "a tensor's data lies past the end of the file: truncated download?"
         raise ModelFileError(f"{path}: unreadable GGUF ({why})") from None
+
+
+def read_gguf(path: str) -> SourceModel:
+    parts = gguf_parts(path)
+    path = parts[0]  # the model's metadata and vocabulary are in the first part
+    opened = [_open_gguf(p) for p in parts]
+    reader, meta = opened[0]
+    for i, (p, (_, pmeta)) in enumerate(zip(parts, opened)):
+        count, no = pmeta.get("split.count"), pmeta.get("split.no")
+        if len(parts) > 1 and (count != len(parts) or no != i):
+            raise ModelFileError(f"{p}: its split metadata (split.no {no}, split.count {count}) does not make it "
+                                 f"part {i + 1} of {len(parts)}")
     arch = str(meta.get("general.architecture", ""))
 
     def m(key, default=None):
@@ -174,8 +208,9 @@ def read_gguf(path: str) -> SourceModel:
         raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide "
                              f"embedding_length {d_model}")
     adjust = _minus_one if arch in _GGUF_NORM_PLUS_ONE else None
-    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, arch), adjust)
-    del reader  # its memory map of the whole file is not needed past the tensor table
+    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, arch), adjust,
+                          [(p, r) for p, (r, _) in zip(parts[1:], opened[1:])])
+    del reader, opened  # their memory maps of the files are not needed past the tensor tables
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     # 0: no vocabulary (a file read for its tensors alone; conversion refuses it when building the tokenizer)
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 <= vocab <= 1 << 24:
@@ -221,7 +256,8 @@ def read_gguf(path: str) -> SourceModel:
         save_gguf_tokenizer(path, out_dir)
 
     return SourceModel(config, tensors, quant, save_tokenizer,
-                       {"kind": "gguf", "file": os.path.basename(path), "size": os.path.getsize(path)})
+                       {"kind": "gguf", "file": os.path.basename(path), "size": sum(map(os.path.getsize, parts)),
+                        **({"parts": len(parts)} if len(parts) > 1 else {})})
 
 
 def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:

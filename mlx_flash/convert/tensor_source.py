@@ -88,13 +88,14 @@ class GGUFTensors(SourceTensors):
     outermost): expert e is the tensor named with e in place of "{}", the e-th equal byte range of
     the stack, so one expert is read without the others."""
 
-    def __init__(self, path: str, reader, rename, adjust=None):
+    def __init__(self, path: str, reader, rename, adjust=None, parts=()):
         self.path = path
         self._adjust = adjust  # (canonical name, plain array) -> the array the store keeps, or None
         self._entries = {}  # canonical name -> (file offset, bytes, ggml type, numpy shape, part)
+        self._file = {}  # canonical name -> the file it lies in (a split GGUF's part)
         self._stacks = {}  # GGUF name of a stack -> its number of experts
         unknown = []
-        for t in reader.tensors:
+        for file, t in [(path, t) for t in reader.tensors] + [(p, t) for p, r in parts for t in r.tensors]:
             canon = rename(t.name)
             if canon is None:
                 unknown.append(t.name)
@@ -112,13 +113,17 @@ class GGUFTensors(SourceTensors):
                 raise UnsupportedModelError(f"{path}: tensor {t.name}: experts in {KEPT_TYPES[ttype].name} are not "
                                             "supported yet (dense FFNs and attention are)")
             for name, where in self._slices(t, canon, ne):
+                if name in self._file:
+                    raise ModelFileError(f"{file}: tensor {t.name} appears twice (in this file or another part)")
                 self._add(name, where)
+                self._file[name] = file
         if unknown:
             raise UnsupportedModelError(f"{path}: GGUF tensors with no known role: {', '.join(sorted(unknown)[:5])}")
-        self._size = os.path.getsize(path)
+        sizes = {f: os.path.getsize(f) for f in {path, *(p for p, _ in parts)}}
         for name, (off, n, *_rest) in self._entries.items():
-            if off < 0 or n < 0 or off + n > self._size:
-                raise ModelFileError(f"{path}: tensor {name} lies outside the file (truncated download?)")
+            file = self._file_of(name)
+            if off < 0 or n < 0 or off + n > sizes[file]:
+                raise ModelFileError(f"{file}: tensor {name} lies outside the file (truncated download?)")
         self._pending: dict[str, np.ndarray] = {}  # decoded parts of the last triple not yet taken
 
     def _slices(self, t, canon: str, ne: list[int]):
@@ -195,18 +200,24 @@ class GGUFTensors(SourceTensors):
                 self._pending[f"{base}.{p}"] = a
         return parts[part]
 
+    def _file_of(self, name: str) -> str:
+        """The file holding tensor `name` (a triple's parts: its weight's)."""
+        base, _, part = name.rpartition(".")
+        return self._file.get(name) or self._file[f"{base}.weight"]
+
     def _read(self, off: int, n: int, name: str) -> np.ndarray:
         buf = np.empty(n, dtype=np.uint8)
+        path = self._file_of(name)
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
             try:
                 got = os.preadv(fd, [buf], off)
             finally:
                 os.close(fd)
         except OSError as e:
-            raise ModelFileError(f"{self.path}: cannot read tensor {name} ({e.strerror})") from None
+            raise ModelFileError(f"{path}: cannot read tensor {name} ({e.strerror})") from None
         if got != n:
-            raise ModelFileError(f"{self.path}: tensor {name} is cut short ({got} of {n} bytes; truncated download?)")
+            raise ModelFileError(f"{path}: tensor {name} is cut short ({got} of {n} bytes; truncated download?)")
         return buf
 
 

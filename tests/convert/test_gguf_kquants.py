@@ -127,3 +127,40 @@ def test_logits_equal_transformers_reading_the_same_file(gemma3_gguf, gemma3_sto
                 ref = _transformers_logits(gemma3_gguf, ids)
             err = np.abs(ours - ref).max() / np.abs(ref).max()
             assert err < 1e-5, f"{backend}: relative logit error {err:.2e} against transformers"
+
+
+def test_a_split_file_converts_as_the_whole_one(gemma3_gguf, gemma3_store, tmp_path):
+    """llama.cpp's gguf-split layout (`-00001-of-0000N.gguf`, split.* metadata): any part's path names
+    the model; the store is the whole file's, tensor for tensor; a missing part is named."""
+    import os
+
+    reader = gguf.GGUFReader(gemma3_gguf)
+    w = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "gemma3", split_max_tensors=30)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        w.add_key_value(key, field.contents(), vtype,
+                        sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    parts = sorted(p for p in os.listdir(tmp_path) if p.endswith(".gguf"))
+    assert len(parts) > 2 and parts[1].endswith(f"-00002-of-{len(parts):05d}.gguf"), parts
+    split = convert(str(tmp_path / parts[1]), str(tmp_path / "store"), progress=False)
+    a, b = open_store(split, False, False), open_store(gemma3_store, False, False)
+    assert a.manifest.quant == b.manifest.quant and a.manifest.ffn.layer_quant == b.manifest.ffn.layer_quant
+    ra, rb = a.read_resident(()), b.read_resident(())
+    assert ra.keys() == rb.keys()
+    assert all(np.array_equal(np.asarray(ra[k][0]), np.asarray(rb[k][0])) for k in ra)
+    with open(os.path.join(split, "ffn_bundles.bin"), "rb") as fa, \
+            open(os.path.join(gemma3_store, "ffn_bundles.bin"), "rb") as fb:
+        assert fa.read() == fb.read()
+    os.remove(tmp_path / parts[-1])
+    from mlx_flash.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match=rf"1 of the {len(parts)} parts of this split GGUF are missing"):
+        convert(str(tmp_path / parts[0]), str(tmp_path / "store2"), progress=False)
