@@ -99,6 +99,8 @@ def _gguf_name(name: str, arch: str = "") -> str | None:
         return f"model.layers.{layer}.{hf}.{suffix}"
     if base in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[base]}.{suffix}"
+    if name == "rope_freqs.weight":  # read into the config, not stored (_gguf_rope_scaling)
+        return name
     return None
 
 
@@ -247,8 +249,9 @@ def read_gguf(path: str) -> SourceModel:
     if arch == "gemma3":  # the query scale llama.cpp uses: 1/sqrt(head_dim), d_model/heads for 27B (62 layers)
         hf_config["query_pre_attn_scalar"] = (d_model // n_heads if hf_config["num_hidden_layers"] == 62
                                               else hf_config["head_dim"])
-    if m("rope.scaling.type") not in (None, "none"):
-        raise UnsupportedModelError(f"{path}: RoPE scaling {m('rope.scaling.type')!r} is not supported yet")
+    scaling = _gguf_rope_scaling(path, m, tensors)
+    if scaling:
+        hf_config["rope_scaling"] = scaling
     config = mod.normalize_config(hf_config, path)
     quant = tensors.quant_specs()
 
@@ -258,6 +261,30 @@ def read_gguf(path: str) -> SourceModel:
     return SourceModel(config, tensors, quant, save_tokenizer,
                        {"kind": "gguf", "file": os.path.basename(path), "size": sum(map(os.path.getsize, parts)),
                         **({"parts": len(parts)} if len(parts) > 1 else {})})
+
+
+def _gguf_rope_scaling(path: str, m, tensors: GGUFTensors) -> dict | None:
+    """The HF rope_scaling of a GGUF: its rope_freqs tensor (llama.cpp writes Llama 3.x's "llama3"
+    scaling as each pair's divisor; taken out of the tensors, it becomes {"rope_type": "factors"}),
+    or its rope.scaling.* metadata ("linear", "yarn")."""
+    kind = m("rope.scaling.type")
+    if "rope_freqs.weight" in tensors:
+        if kind not in (None, "none"):
+            raise ModelFileError(f"{path}: both a rope_freqs tensor and rope.scaling.type {kind!r}: which applies?")
+        factors = tensors.pop_numpy("rope_freqs.weight")
+        if factors.dtype != np.float32 or factors.ndim != 1:
+            raise ModelFileError(f"{path}: rope_freqs is {factors.dtype} {list(factors.shape)}, not a float32 vector")
+        return {"rope_type": "factors", "factors": [float(f) for f in factors]}
+    if kind in (None, "none"):
+        return None
+    factor = m("rope.scaling.factor")
+    if kind == "linear":
+        return {"type": "linear", "factor": factor}
+    if kind == "yarn":
+        return {"rope_type": "yarn", "factor": factor,
+                "original_max_position_embeddings": m("rope.scaling.original_context_length")}
+    raise UnsupportedModelError(f"{path}: RoPE scaling {kind!r} is not supported (supported: linear, yarn, and "
+                                "Llama 3.x's rope_freqs)")
 
 
 def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:

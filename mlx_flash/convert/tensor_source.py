@@ -200,6 +200,12 @@ class GGUFTensors(SourceTensors):
                 self._pending[f"{base}.{p}"] = a
         return parts[part]
 
+    def pop_numpy(self, name: str) -> np.ndarray:
+        """A plain tensor read and removed from the source (one the converter turns into config)."""
+        a = self.take_numpy(name)
+        del self._entries[name], self._file[name]
+        return a
+
     def _file_of(self, name: str) -> str:
         """The file holding tensor `name` (a triple's parts: its weight's)."""
         base, _, part = name.rpartition(".")

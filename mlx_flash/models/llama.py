@@ -82,6 +82,11 @@ def normalize_config(hf: dict, where: str) -> dict:
             cfg["rope_scaling"] = {"rope_type": kind, **{k: scaling[k] for k in (
                 "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                 "attention_factor", "truncate") if scaling.get(k) is not None}}
+        elif kind == "factors":  # a GGUF's rope_freqs: llama.cpp's per-pair divisors (Llama 3.x files)
+            factors = [float(f) for f in scaling["factors"]]
+            if len(factors) != cfg["head_dim"] // 2 or not all(0 < f < float("inf") for f in factors):
+                raise ValueError(f"{len(factors)} factors for {cfg['head_dim'] // 2} pairs, each positive and finite")
+            cfg["rope_scaling"] = {"rope_type": kind, "factors": factors}
         elif kind not in (None, "default"):
             raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported (supported: "
                                         f"{', '.join(SCALINGS)})")

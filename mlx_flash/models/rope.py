@@ -1,4 +1,5 @@
-"""RoPE frequency scalings beyond a plain base (Llama 3.x's "llama3", YaRN's "yarn"), as numbers the
+"""RoPE frequency scalings beyond a plain base (Llama 3.x's "llama3", YaRN's "yarn", and "factors": the
+per-pair divisors a Llama 3.x GGUF carries as its rope_freqs tensor), as numbers the
 graph hands to ops.rope once per model: the inverse frequency of each rotated pair of features and
 an attention factor that multiplies the rotated queries and keys (YaRN's mscale; 1 otherwise).
 
@@ -14,7 +15,7 @@ import math
 
 import numpy as np
 
-SCALINGS = ("linear", "llama3", "yarn")
+SCALINGS = ("linear", "llama3", "yarn", "factors")
 
 
 def plain_inverse_frequencies(dims: int, base: float) -> np.ndarray:
@@ -72,7 +73,8 @@ def rope_frequencies(dims: int, base: float, scaling: dict | None, max_positions
     graph asks every layer and step)."""
     if not scaling:
         return None, 1.0
-    return _frequencies(dims, base, tuple(sorted(scaling.items())), max_positions)
+    key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in scaling.items()))  # hashable
+    return _frequencies(dims, base, key, max_positions)
 
 
 @functools.lru_cache(maxsize=16)
@@ -83,4 +85,6 @@ def _frequencies(dims: int, base: float, items: tuple, max_positions: int):
         return llama3_inverse_frequencies(dims, base, scaling), 1.0
     if kind == "yarn":
         return yarn_inverse_frequencies(dims, base, scaling, max_positions)
+    if kind == "factors":  # each pair's frequency divided by its factor (a GGUF's rope_freqs tensor)
+        return plain_inverse_frequencies(dims, base) / np.asarray(scaling["factors"], np.float64), 1.0
     return None, 1.0
