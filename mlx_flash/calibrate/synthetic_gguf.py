@@ -31,8 +31,11 @@ from ..config import default_cache_dir
 from ..errors import ConfigError
 from .synthetic import QK_NORM_TYPES, SHAPES
 
-# quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names
-QUANTS = {"Q4_1": ("Q4_1", "MOSTLY_Q4_1"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+# quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names. Q4_K_M is a
+# mix, as llama.cpp's quantizer makes it (tensor_type): Q4_K, with Q6_K for the output matrix and for
+# attn_v and ffn_down in the layers llama.cpp gives more bits.
+QUANTS = {"Q4_1": ("Q4_1", "MOSTLY_Q4_1"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+          "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M")}
 WEIGHT_RANGE = 0.02  # a block's weights span about [-WEIGHT_RANGE, WEIGHT_RANGE] before jitter
 SCALE_JITTER = 0.25  # each block's scale is the nominal one times 1 +- this (uniform)
 _CHUNK = 16 << 20  # bytes of blocks generated at once
@@ -50,12 +53,48 @@ def _scales(rng, n: int, nominal: float) -> np.ndarray:
     return (nominal * (1 + SCALE_JITTER * (2 * u - 1))).astype(np.float16)
 
 
+def more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_type(quant: str, name: str, layers: int) -> str:
+    """The block type of tensor `name` in a file of `quant` (the mix's rule for Q4_K_M)."""
+    if quant != "Q4_K_M":
+        return QUANTS[quant][0]
+    if name == "output.weight":
+        return "Q6_K"
+    if name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down"):
+        return "Q6_K" if more_bits(int(name.split(".")[1]), layers) else "Q4_K"
+    return "Q4_K"
+
+
+def _k_blocks(rng, kind: str, n: int) -> np.ndarray:
+    """Random Q4_K / Q6_K blocks whose weights are centred, |w| <= about WEIGHT_RANGE.
+    Q4_K: w = d sc q - dmin m with dmin = d, sc in 4..8 and m = round(7.5 sc) (so w ~ d sc (q - 7.5));
+    Q6_K: w = d sc (q - 32), sc in 8..16."""
+    from ..convert.gguf_quantize import _pack_scales_k4
+
+    out = np.frombuffer(rng.bytes(n * (144 if kind == "Q4_K" else 210)), np.uint8).reshape(n, -1).copy()
+    if kind == "Q4_K":
+        d = _scales(rng, n, WEIGHT_RANGE / (8 * 7.5)).view(np.uint8).reshape(n, 2)
+        sc = rng.integers(4, 9, (n, 8))
+        out[:, 0:2], out[:, 2:4] = d, d
+        out[:, 4:16] = _pack_scales_k4(sc, np.rint(7.5 * sc).astype(np.int64))
+    else:
+        out[:, 192:208] = rng.integers(8, 17, (n, 16)).astype(np.int8).view(np.uint8)
+        out[:, 208:210] = _scales(rng, n, WEIGHT_RANGE / (16 * 32)).view(np.uint8).reshape(n, 2)
+    return out
+
+
 def random_blocks(rng, quant: str, n: int) -> np.ndarray:
     """[n, block bytes] uint8: `n` random blocks of `quant` in llama.cpp's layout, each block's
     weights symmetric about 0 (a shared offset would add the same vector to every output row).
     Q4_0 (18 B: f16 d, 32 nibbles q): w = d (q - 8), q in 1..15 (a drawn 0 becomes 8, a zero weight);
     Q4_1 (20 B: f16 d, f16 m, 32 nibbles q): w = d q + m with m = -7.5 d;
     Q8_0 (34 B: f16 d, 32 int8 q): w = d q, q in -127..127 (a drawn -128 becomes 0)."""
+    if quant in ("Q4_K", "Q6_K"):
+        return _k_blocks(rng, quant, n)
     if quant == "Q8_0":
         d, width, nq = _scales(rng, n, WEIGHT_RANGE / 128), 34, 32
         head = d.view(np.uint8).reshape(n, 2)
@@ -226,13 +265,14 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
         tokenizer = default_model_path()
     tok = tokenizer_fields(tokenizer) if isinstance(tokenizer, str) else tokenizer
     cfg["vocab_size"] = len(tok["tokenizer.ggml.tokens"][0])
-    qtype = GGMLQuantizationType[QUANTS[quant][0]]
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
     plan = plan_tensors(cfg)
+    types = {name: tensor_type(quant, name, cfg["num_hidden_layers"]) for name, _, kind in plan if kind == "quant"}
+    sizes = {t: GGML_QUANT_SIZES[GGMLQuantizationType[t]] for t in set(types.values())}  # (block, block bytes)
     for name, shp, kind in plan:
-        if kind == "quant" and shp[-1] % block:
-            raise ConfigError(f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {quant} block ({block})")
-    nbytes = [_tensor_bytes(shp, kind, block, block_bytes) for _, shp, kind in plan]
+        if kind == "quant" and shp[-1] % sizes[types[name]][0]:
+            raise ConfigError(f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {types[name]} block "
+                              f"({sizes[types[name]][0]})")
+    nbytes = [_tensor_bytes(shp, kind, *(sizes[types[name]] if kind == "quant" else (1, 1))) for name, shp, kind in plan]
 
     path = os.path.abspath(path or default_path(shape, quant, layers))
     folder = os.path.dirname(path)
@@ -250,8 +290,9 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
     _add_metadata(w, cfg, shape, quant, seed, tok)
     for (name, shp, kind), n in zip(plan, nbytes):
         if kind == "quant":  # a byte shape [.., out, in / block * block bytes]; gguf-py turns it into elements
+            block, block_bytes = sizes[types[name]]
             w.add_tensor_info(name, (*shp[:-1], shp[-1] // block * block_bytes), np.dtype(np.uint8), n,
-                              raw_dtype=qtype)
+                              raw_dtype=GGMLQuantizationType[types[name]])
         else:
             w.add_tensor_info(name, shp, np.dtype(np.float32), n)
 
@@ -270,10 +311,11 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
             for (name, shp, kind), n in zip(plan, nbytes):
                 assert fh.tell() - start == offset, name  # tensor infos hold these offsets
                 if kind == "quant":
+                    block_bytes = sizes[types[name]][1]
                     left = n // block_bytes
                     while left:
                         k = min(left, _CHUNK // block_bytes)
-                        fh.write(random_blocks(rng, quant, k).data)
+                        fh.write(random_blocks(rng, types[name], k).data)
                         left -= k
                         bar.update(k * block_bytes)
                 else:  # a router, or a norm of ones (activations stay in range)

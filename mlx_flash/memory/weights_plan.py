@@ -68,7 +68,8 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
     if cfg.ffn is FFNMode.SPARSE and blocks:
         raise ConfigError(f"{store.path}: ffn sparse is not supported for FFNs kept in GGUF k-quant / Q5 block "
                           "types yet (their bundles hold 256 neurons; the sparse kernels read affine groups): use "
-                          "ffn auto, resident or stream, or convert with --precision source-neuron")
+                          "ffn auto, resident or stream, or convert with --precision q8 or f16 (affine or float rows "
+                          "the sparse kernels read; README \"Model coverage\")")
     if cfg.ffn is not FFNMode.AUTO:
         return cfg
     if fits:

@@ -218,3 +218,50 @@ def test_moe_logits_match_llama_cpp(tmp_path, small_moe, tokenizer):
     # swapped hardly move them at this scale, where silu is near linear: the test above catches that).
     assert np.abs(got - want).max() < 0.1 * want.std()
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.fixture
+def small_k(monkeypatch):
+    """A Llama shape whose rows are whole k-quant super-blocks (256): d_model 256, d_ff 512, 4 layers."""
+    shape = dict(synthetic.SHAPES["llama-2-7b"], hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    monkeypatch.setitem(synthetic.SHAPES, "small-k", shape)
+    return "small-k"
+
+
+def test_q4_k_m_mixes_types_as_llama_cpp_and_converts_keeping_them(tmp_path, small_k, tokenizer):
+    """Q4_K_M: Q4_K everywhere but the output matrix and, in llama.cpp's more-bits layers (here 2
+    and 3 of 4), attn_v and ffn_down in Q6_K; weights small and centred; the store keeps each
+    tensor's type (the FFN's per layer); logits finite, and llama.cpp's when it is installed."""
+    import mlx_flash
+    from mlx_flash.convert import convert
+    from mlx_flash.store import open_store
+
+    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "k.gguf"), small_k, "Q4_K_M", seed=2, progress=False,
+                                               tokenizer=tokenizer)
+    r = GGUFReader(path)
+    types = {t.name: t.tensor_type.name for t in r.tensors if t.tensor_type != GGMLQuantizationType.F32}
+    six = {n for n, t in types.items() if t == "Q6_K"}
+    assert six == {"output.weight", "blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.3.attn_v.weight",
+                   "blk.3.ffn_down.weight"}
+    assert set(types.values()) == {"Q4_K", "Q6_K"}
+    for t in r.tensors:
+        if t.tensor_type != GGMLQuantizationType.F32:
+            w = dequantize(t.data, t.tensor_type)
+            assert np.abs(w).max() <= 0.0251 and 0.008 < w.std() < 0.014 and abs(w.mean()) < 5e-4, t.name
+    store = convert(path, str(tmp_path / "store"), progress=False)
+    m = open_store(store).manifest
+    assert [q["down"].kind for q in m.ffn.layer_quant] == ["Q4_K", "Q4_K", "Q6_K", "Q6_K"]
+    assert m.quant["lm_head"].kind == "Q6_K" and m.quant["model.layers.3.self_attn.v_proj"].kind == "Q6_K"
+    with mlx_flash.load(store, progress=False) as engine:
+        ids = engine.tokenizer.encode("The capital of France is")
+        got = np.asarray(engine.logits(ids), np.float32)
+    assert np.isfinite(got).all() and 0.05 < got.std() < 10
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=2, verbose=False, logits_all=True)
+    llm.eval(ids)
+    want = np.array(llm.scores[:len(ids)])
+    del llm
+    # llama.cpp quantizes activations to 8 bits for k-quant matmuls (Q8_K): a few % of the spread
+    assert np.abs(got - want).max() < 0.1 * want.std()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
