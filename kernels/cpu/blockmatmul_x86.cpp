@@ -105,6 +105,7 @@ template <int TYPE>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline void rows512(const BlockProblem& p,
                                                                                              int64_t n0, int64_t n1) {
   constexpr int QK = block_weights(TYPE), G = QK / 16;
+  constexpr bool PAIRED = TYPE != Q6_K;  // groups 2j and 2j + 1 share their scale (sub-blocks of 32)
   const int64_t blocks = p.K / QK, g16 = p.K / 16;
   for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
     const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
@@ -128,8 +129,13 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline 
           const int64_t xi = g * QK + 16 * k;
           for (int t = 0; t < tn; t++) {
             const float* x = p.x + (t0 + t) * p.K + xi;
-            acc[t][0] = _mm512_fmadd_ps(a0, _mm512_mul_ps(c0, _mm512_loadu_ps(x)), acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(a1, _mm512_mul_ps(c1, _mm512_loadu_ps(x + 16)), acc[t][1]);
+            if constexpr (PAIRED) {  // one scale for both groups: scale their sum once
+              const __m512 s = _mm512_fmadd_ps(c1, _mm512_loadu_ps(x + 16), _mm512_mul_ps(c0, _mm512_loadu_ps(x)));
+              acc[t][(k >> 1) & 1] = _mm512_fmadd_ps(a0, s, acc[t][(k >> 1) & 1]);
+            } else {
+              acc[t][0] = _mm512_fmadd_ps(a0, _mm512_mul_ps(c0, _mm512_loadu_ps(x)), acc[t][0]);
+              acc[t][1] = _mm512_fmadd_ps(a1, _mm512_mul_ps(c1, _mm512_loadu_ps(x + 16)), acc[t][1]);
+            }
           }
         }
         for (int t = 0; t < tn; t++) {
@@ -162,6 +168,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void block_rows_avx512
 template <int TYPE>
 MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
   constexpr int QK = block_weights(TYPE), G = QK / 16;
+  constexpr bool PAIRED = TYPE != Q6_K;  // groups 2j and 2j + 1 share their scale (sub-blocks of 32)
   const int64_t blocks = p.K / QK, g16 = p.K / 16;
   for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
     const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
@@ -176,15 +183,23 @@ MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
         __m128i codes[G];
         float a[G], b[G];
         groups16<TYPE>(row + gid * p.wg, codes, a, b);
-        for (int k = 0; k < G; k++) {
+        for (int k = 0; k < G; k += 2) {
           const __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[k]));
           const __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes[k], 8)));
-          const __m256 va = _mm256_set1_ps(a[k]);
+          const __m256 c2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[k + 1]));
+          const __m256 c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes[k + 1], 8)));
+          const __m256 va = _mm256_set1_ps(a[k]), vb = _mm256_set1_ps(a[k + 1]);
           const int64_t xi = g * QK + 16 * k;
           for (int t = 0; t < tn; t++) {
             const float* x = p.x + (t0 + t) * p.K + xi;
             const __m256 s = _mm256_fmadd_ps(c1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(c0, _mm256_loadu_ps(x)));
-            acc[t][k & 1] = _mm256_fmadd_ps(va, s, acc[t][k & 1]);
+            const __m256 u = _mm256_fmadd_ps(c3, _mm256_loadu_ps(x + 24), _mm256_mul_ps(c2, _mm256_loadu_ps(x + 16)));
+            if constexpr (PAIRED) {  // one scale for both groups: scale their sum once
+              acc[t][(k >> 1) & 1] = _mm256_fmadd_ps(va, _mm256_add_ps(s, u), acc[t][(k >> 1) & 1]);
+            } else {
+              acc[t][0] = _mm256_fmadd_ps(va, s, acc[t][0]);
+              acc[t][1] = _mm256_fmadd_ps(vb, u, acc[t][1]);
+            }
           }
         }
         for (int t = 0; t < tn; t++) {
