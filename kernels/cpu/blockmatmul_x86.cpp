@@ -34,6 +34,10 @@ MF_SSE __m128i one_bit(__m128i v, int s) {
   return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, s), _mm_set1_epi8(1)), 4);
 }
 MF_SSE __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+// The low 8 codes as floats, less `shift`.
+MF_SSE __m256 widen8(__m128i c, __m256i shift) {
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(c), shift));
+}
 
 MF_SSE float f16c_at(const uint8_t* p) {
   uint16_t h;
@@ -106,6 +110,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline 
                                                                                              int64_t n0, int64_t n1) {
   constexpr int QK = block_weights(TYPE), G = QK / 16;
   constexpr bool PAIRED = TYPE != Q6_K;  // groups 2j and 2j + 1 share their scale (sub-blocks of 32)
+  constexpr bool SIGNED = TYPE == Q5_0;  // w = d (q - 16): the 16 comes off the codes, not as an offset
   const int64_t blocks = p.K / QK, g16 = p.K / 16;
   for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
     const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
@@ -115,7 +120,7 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline 
       // two accumulators per token (even and odd groups) and the offsets' sum as a vector: no long
       // dependency chain of FMAs per token
       __m512 acc[TILE][2], offv[TILE];
-      float off[TILE] = {0.f, 0.f, 0.f, 0.f};
+      float off[TILE][2] = {};
       for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = offv[t] = _mm512_setzero_ps();
       for (int64_t g = 0; g < blocks; g++) {
         const int64_t gid = p.group_ids ? p.group_ids[g] : g;
@@ -123,8 +128,9 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline 
         float a[G], b[G];
         groups16<TYPE>(row + gid * p.wg, codes, a, b);
         for (int k = 0; k < G; k += 2) {
-          const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes[k]));
-          const __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes[k + 1]));
+          const __m512i shift = _mm512_set1_epi32(SIGNED ? 16 : 0);  // Q5_0: codes - 16, no offset term
+          const __m512 c0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(codes[k]), shift));
+          const __m512 c1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(codes[k + 1]), shift));
           const __m512 a0 = _mm512_set1_ps(a[k]), a1 = _mm512_set1_ps(a[k + 1]);
           const int64_t xi = g * QK + 16 * k;
           for (int t = 0; t < tn; t++) {
@@ -143,12 +149,13 @@ __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline 
           if constexpr (G == 16) {
             offv[t] = _mm512_fmadd_ps(_mm512_loadu_ps(b), _mm512_loadu_ps(xs), offv[t]);
           } else {
-            for (int k = 0; k < G; k++) off[t] += b[k] * xs[k];
+            if constexpr (!SIGNED)  // two chains, not one: a block's offsets do not wait on the last block's
+              for (int k = 0; k < G; k++) off[t][k & 1] += b[k] * xs[k];
           }
         }
       }
       for (int t = 0; t < tn; t++)
-        p.y[(t0 + t) * p.N + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), offv[t])) + off[t];
+        p.y[(t0 + t) * p.N + n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), offv[t])) + (off[t][0] + off[t][1]);
     }
   }
 }
@@ -169,6 +176,7 @@ template <int TYPE>
 MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
   constexpr int QK = block_weights(TYPE), G = QK / 16;
   constexpr bool PAIRED = TYPE != Q6_K;  // groups 2j and 2j + 1 share their scale (sub-blocks of 32)
+  constexpr bool SIGNED = TYPE == Q5_0;  // w = d (q - 16): the 16 comes off the codes, not as an offset
   const int64_t blocks = p.K / QK, g16 = p.K / 16;
   for (int64_t t0 = 0; t0 < p.T; t0 += TILE) {
     const int tn = (int)(p.T - t0 < TILE ? p.T - t0 : TILE);
@@ -176,7 +184,7 @@ MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
       const int64_t rb = p.row_ids ? p.row_ids[n / p.rpb] : n / p.rpb;
       const uint8_t* row = p.w + rb * p.wb + (n % p.rpb) * p.wr;
       __m256 acc[TILE][2], offv[TILE];
-      float off[TILE] = {0.f, 0.f, 0.f, 0.f};
+      float off[TILE][2] = {};
       for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = offv[t] = _mm256_setzero_ps();
       for (int64_t g = 0; g < blocks; g++) {
         const int64_t gid = p.group_ids ? p.group_ids[g] : g;
@@ -184,10 +192,9 @@ MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
         float a[G], b[G];
         groups16<TYPE>(row + gid * p.wg, codes, a, b);
         for (int k = 0; k < G; k += 2) {
-          const __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[k]));
-          const __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes[k], 8)));
-          const __m256 c2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[k + 1]));
-          const __m256 c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes[k + 1], 8)));
+          const __m256i shift = _mm256_set1_epi32(SIGNED ? 16 : 0);  // Q5_0: codes - 16, no offset term
+          const __m256 c0 = widen8(codes[k], shift), c1 = widen8(_mm_srli_si128(codes[k], 8), shift);
+          const __m256 c2 = widen8(codes[k + 1], shift), c3 = widen8(_mm_srli_si128(codes[k + 1], 8), shift);
           const __m256 va = _mm256_set1_ps(a[k]), vb = _mm256_set1_ps(a[k + 1]);
           const int64_t xi = g * QK + 16 * k;
           for (int t = 0; t < tn; t++) {
@@ -208,12 +215,13 @@ MF_SSE void rows256(const BlockProblem& p, int64_t n0, int64_t n1) {
             offv[t] = _mm256_fmadd_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(xs), offv[t]);
             offv[t] = _mm256_fmadd_ps(_mm256_loadu_ps(b + 8), _mm256_loadu_ps(xs + 8), offv[t]);
           } else {
-            for (int k = 0; k < G; k++) off[t] += b[k] * xs[k];
+            if constexpr (!SIGNED)  // two chains, not one: a block's offsets do not wait on the last block's
+              for (int k = 0; k < G; k++) off[t][k & 1] += b[k] * xs[k];
           }
         }
       }
       for (int t = 0; t < tn; t++)
-        p.y[(t0 + t) * p.N + n] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), offv[t])) + off[t];
+        p.y[(t0 + t) * p.N + n] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), offv[t])) + (off[t][0] + off[t][1]);
     }
   }
 }
