@@ -104,13 +104,13 @@ class GGUFTensors(SourceTensors):
             ttype = int(t.tensor_type)
             if ttype not in BLOCK_TYPES and ttype not in PLAIN_TYPES and ttype not in KEPT_TYPES:
                 raise UnsupportedModelError(
-                    f"{path}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: {SUPPORTED}")
+                    f"{file}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: {SUPPORTED}")
             per_block = GROUP if ttype in BLOCK_TYPES else KEPT_TYPES[ttype].weights if ttype in KEPT_TYPES else 0
             if per_block and (not canon.endswith(".weight") or ne[0] % per_block or len(ne) < 2):
-                raise ModelFileError(f"{path}: tensor {t.name} is block-quantized but is not a weight matrix "
+                raise ModelFileError(f"{file}: tensor {t.name} is block-quantized but is not a weight matrix "
                                      f"with rows a multiple of {per_block}")
             if ttype in KEPT_TYPES and "{}" in canon:
-                raise UnsupportedModelError(f"{path}: tensor {t.name}: experts in {KEPT_TYPES[ttype].name} are not "
+                raise UnsupportedModelError(f"{file}: tensor {t.name}: experts in {KEPT_TYPES[ttype].name} are not "
                                             "supported yet (dense FFNs and attention are)")
             for name, where in self._slices(t, canon, ne):
                 if name in self._file:
