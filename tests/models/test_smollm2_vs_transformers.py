@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from greedy import greedy_tokens, hf_references
+
 torch = pytest.importorskip("torch")
 
 PROMPT_TOKENS, GREEDY_STEPS = 64, 32
@@ -25,24 +27,7 @@ def prompts(wiki_text, engines, store_dir):
 
 @pytest.fixture(scope="module")
 def references(hf_reference, prompts):
-    out = []
-    for ids in prompts:
-        with torch.no_grad():
-            logits = hf_reference(torch.tensor([ids])).logits[0].numpy()
-            greedy = hf_reference.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS, do_sample=False,
-                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        out.append((ids, logits, greedy[0, len(ids):].tolist()))
-    return out
-
-
-def greedy(engine, ids, steps):
-    caches = engine.new_caches()
-    logits = engine.prefill(ids, caches)
-    out = []
-    for _ in range(steps):
-        out.append(int(np.argmax(logits)))
-        logits = engine.forward([out[-1]], caches)[-1]
-    return out
+    return hf_references(hf_reference, prompts, GREEDY_STEPS)
 
 
 # (ffn, backend, store fixture, max |logit diff| bound). Measured on the first prompt: default store
@@ -63,7 +48,7 @@ def test_matches_transformers(request, references, engines, store_name, bound, b
         logits = engine.logits(ids)
         diff = float(np.abs(logits - ref_logits).max())
         assert diff < bound, f"max |logit diff| {diff:.4f} >= {bound}"
-        assert greedy(engine, ids, GREEDY_STEPS) == ref_greedy
+        assert greedy_tokens(engine, ids, GREEDY_STEPS) == ref_greedy
 
 
 @pytest.mark.slow
