@@ -1,4 +1,5 @@
-"""What importing a backend's framework adds to this process's peak RSS, measured on this machine.
+"""What importing a backend's framework (and starting the backend) adds to this process's peak RSS,
+measured on this machine.
 
 Why measured and not a constant: the cost differs between machines running the same wheel (torch
 2.13 CPU: 208 MB on one, about 60 MB more on another), and a guess low by tens of MB lets a limit
@@ -22,13 +23,21 @@ import subprocess
 import sys
 
 FILE = "import_cost.json"
-# The child: its RSS before the import (numpy in, as in the caller) and its peak after, in bytes.
+# The child: its RSS before the import (numpy and this package's API in, as in the caller) and its peak
+# after importing a module, or after starting a backend ("backend:NAME": the framework's import and
+# what the backend sets up when it starts, all of which the caller goes through before it plans).
 _CHILD = ("import importlib, re, sys\n"
           "import numpy\n"
+          "import mlx_flash.api\n"
           "def field(k):\n"
           "    return int(re.search(k + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024\n"
           "before = field('VmRSS')\n"
-          "importlib.import_module(sys.argv[1])\n"
+          "what = sys.argv[1]\n"
+          "if what.startswith('backend:'):\n"
+          "    from mlx_flash.backends import get_backend\n"
+          "    get_backend(what[len('backend:'):])\n"
+          "else:\n"
+          "    importlib.import_module(what)\n"
           "print(field('VmHWM') - before)\n")
 
 
@@ -36,12 +45,12 @@ class ImportKilled(Exception):
     """The trial import was killed by a signal (out of memory inside a cgroup, most likely)."""
 
 
-def _key(module: str) -> str:
+def _key(what: str, module: str) -> str:
     try:
         version = importlib.metadata.version(module.split(".")[0])
     except importlib.metadata.PackageNotFoundError:
         version = "?"
-    return f"{module} {version} {sys.executable} {platform.machine()} {os.cpu_count()}"
+    return f"{what} {version} {sys.executable} {platform.machine()} {os.cpu_count()}"
 
 
 def _read(path: str) -> dict:
@@ -53,23 +62,25 @@ def _read(path: str) -> dict:
         return {}  # a cache that cannot be read is measured again
 
 
-def measured_import_cost(module: str, estimate: int, cache_dir: str) -> int:
-    """Peak RSS bytes that importing `module` adds, measured once per machine (see the module
-    docstring); `estimate` where it cannot be measured (no /proc, the child failed to import: the
-    caller's own import then says why). Raises ImportKilled when the child was killed."""
+def measured_import_cost(module: str, estimate: int, cache_dir: str, backend: str | None = None) -> int:
+    """Peak RSS bytes that importing `module` adds (with `backend`: starting that backend, whose
+    framework `module` is), measured once per machine (see the module docstring); `estimate` where
+    it cannot be measured (no /proc, the child failed: the caller's own import then says why).
+    Raises ImportKilled when the child was killed."""
     if not os.path.isfile("/proc/self/status"):
         return estimate
+    what = f"backend:{backend}" if backend else module
     path = os.path.join(cache_dir, FILE)
-    key = _key(module)
+    key = _key(what, module)
     kept = _read(path)
     if isinstance(kept.get(key), int):
         return kept[key]
     try:
-        r = subprocess.run([sys.executable, "-c", _CHILD, module], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-c", _CHILD, what], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
         return estimate
     if r.returncode < 0 or r.returncode == 128 + signal.SIGKILL:
-        raise ImportKilled(f"a trial import of {module} in a child process was killed ({r.returncode})")
+        raise ImportKilled(f"a trial import of {module} in a child process was killed (status {r.returncode})")
     try:
         cost = int(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -126,7 +126,7 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: st
         cost = 0
     elif limit.bytes < rss + BEFORE_PLAN + FLOOR_JITTER + 2 * cost:
         try:
-            cost, how = measured_import_cost(module, cost, cache_dir), "measured here:"
+            cost, how = measured_import_cost(module, cost, cache_dir, backend), "measured here:"
         except ImportKilled as e:
             raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} does not hold importing {module}: {e}") from None
     if limit.bytes < rss + cost + BEFORE_PLAN:  # (named with FLOOR_JITTER: RSS now moves between runs too)

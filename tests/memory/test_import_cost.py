@@ -39,3 +39,12 @@ def test_a_module_that_does_not_import_falls_back_to_the_estimate(tmp_path, monk
     _module(tmp_path, monkeypatch, "broken_module", "raise ImportError('no')\n")
     assert measured_import_cost("broken_module", 777, str(tmp_path / "cache")) == 777
     assert not (tmp_path / "cache" / FILE).exists()
+
+
+def test_a_backend_is_measured_started_not_only_imported(tmp_path):
+    """backend=: the child starts the backend (the framework's import and what the backend sets up),
+    what the caller goes through before it plans; kept under its own key."""
+    cost = measured_import_cost("mlx.core", 1, str(tmp_path), backend="mlx")
+    assert 0 < cost < 200 * MB
+    kept = json.loads((tmp_path / FILE).read_text())
+    assert [k.split()[0] for k in kept] == ["backend:mlx"] and list(kept.values()) == [cost]

@@ -63,7 +63,7 @@ def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_im
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     cost = 230 * MB  # what the child measures on this imagined machine (more than the estimate)
-    monkeypatch.setattr(import_cost, "measured_import_cost", lambda module, estimate, cache: cost)
+    monkeypatch.setattr(import_cost, "measured_import_cost", lambda module, estimate, cache, backend: cost)
     before = 300 * MB - cost - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
     # (the refusal names it with FLOOR_JITTER, rounded up: 302.1 MB)
     with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"
