@@ -96,6 +96,10 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
 
     cfg = src.config
     mod = model_module(cfg["model_type"], "config")
+    # The tokenizer first: a vocabulary that cannot be built here (a sentencepiece one without
+    # transformers) is refused before minutes of tensors are written.
+    with step("building the tokenizer", progress):
+        src.save_tokenizer(tmp)
     n_layers = cfg["num_hidden_layers"]
     ffn_tensors = set()
     for layer in range(n_layers):
@@ -145,8 +149,6 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                     bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
                     precision=precision, n_experts=int(cfg.get("num_experts", 0)), block=block,
                     layer_quant=layer_quant if any(q != ffn_quant for q in layer_quant) else [])
-    with step("building the tokenizer", progress):
-        src.save_tokenizer(tmp)
     files = {}
     names = sorted(os.listdir(tmp))  # the tensors' files and the tokenizer's: every byte the engine reads
     paths = [os.path.join(tmp, name) for name in names]

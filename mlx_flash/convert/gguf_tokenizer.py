@@ -195,13 +195,26 @@ def save_through_transformers(path: str, out_dir: str, why: str, directory: str,
     tok.save_pretrained(out_dir)
 
 
+def check_vocabulary_buildable(path: str, kind: str) -> None:
+    """Refuse, before any conversion work, a vocabulary of `kind` (tokenizer.ggml.model) that needs
+    transformers when it is not installed: the message save_gguf_tokenizer would give at its end."""
+    import importlib.util
+
+    if kind and kind != "gpt2" and importlib.util.find_spec("transformers") is None:
+        raise ModelFileError(f"{path}: {_why(kind)} needs transformers, which is not installed ({INSTALL_HF})")
+
+
+def _why(kind: str) -> str:
+    return f"a {kind!r} vocabulary (only byte-level BPE is built without it)"
+
+
 def save_gguf_tokenizer(path: str, out_dir: str) -> None:
     """Write tokenizer.json + tokenizer_config.json for the GGUF at `path` into `out_dir`."""
     meta = read_tokenizer_metadata(path)
     kind = str(meta.get("tokenizer.ggml.model", ""))
     if kind != "gpt2":
-        save_through_transformers(path, out_dir, f"a {kind!r} vocabulary (only byte-level BPE is built without it)",
-                                  os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+        save_through_transformers(path, out_dir, _why(kind), os.path.dirname(os.path.abspath(path)),
+                                  gguf_file=os.path.basename(path))
         return
     byte_level_bpe(meta, path).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:

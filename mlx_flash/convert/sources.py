@@ -24,7 +24,7 @@ from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..models import model_module
 from ..quant_spec import QuantSpec
 from .gguf_header import check_gguf_header
-from .gguf_tokenizer import save_gguf_tokenizer, save_through_transformers
+from .gguf_tokenizer import check_vocabulary_buildable, save_gguf_tokenizer, save_through_transformers
 from .tensor_source import ArrayTensors, GGUFTensors, SourceTensors
 
 TOKENIZER_FILES = (
@@ -113,7 +113,8 @@ def _gguf_metadata(reader) -> dict:
     """Every metadata field but the vocabulary arrays (large, read by gguf_tokenizer) as plain values."""
     meta = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                                             "tokenizer.ggml.model"):
             continue
         meta[key] = field.contents()
     if "tokenizer.ggml.tokens" in reader.fields:
@@ -170,6 +171,7 @@ def read_gguf(path: str) -> SourceModel:
             raise ModelFileError(f"{p}: its split metadata (split.no {no}, split.count {count}) does not make it "
                                  f"part {i + 1} of {len(parts)}")
     arch = str(meta.get("general.architecture", ""))
+    check_vocabulary_buildable(path, str(meta.get("tokenizer.ggml.model", "")))
 
     def m(key, default=None):
         return meta.get(f"{arch}.{key}", default)
