@@ -59,10 +59,6 @@ class BlockMatrix:
         self._call = qmatmul.module_function("blockmatmul")
         self._w = (raw.ctypes.data, self.block.ggml_type, self.n_out)
 
-    @property
-    def nbytes(self) -> int:
-        return self.n_out * self.block.row_bytes(self.k_in)
-
     def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given), as StoredMatrix."""
         if x.ndim != 2 or x.shape[1] != self.k_in:

@@ -9,8 +9,7 @@ import numpy as np
 
 from mlx_flash.quant_spec import BLOCKS, GgufBlock
 
-BY_TYPE = {b.ggml_type: b for b in BLOCKS.values()}
-__all__ = ["BLOCKS", "BY_TYPE", "GgufBlock", "dequantize", "block_matmul_ref"]
+__all__ = ["BLOCKS", "GgufBlock", "dequantize", "block_matmul_ref"]
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
