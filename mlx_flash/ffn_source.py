@@ -20,9 +20,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Iterator
 
 import numpy as np
+
+
+class GateActivation(Enum):
+    """What a gated FFN applies to its gate: h = act(x·gate) * (x·up). A family's graph names it; the
+    backend's sparse FFN applies it to the kernel's products with the same op the resident graph uses."""
+
+    SILU = "silu"  # SwiGLU (Llama, Mistral, Qwen)
+    GELU_TANH = "gelu_tanh"  # GeGLU with the tanh approximation (Gemma 3)
+
+    def apply(self, ops, gate):
+        """act(gate) with the backend's op: the one place both the graphs and the sparse FFN take it."""
+        return ops.silu(gate) if self is GateActivation.SILU else ops.gelu(gate, approximate=True)
 
 
 @dataclass
@@ -33,7 +46,7 @@ class FFNWeights:
 
     mask    [.., F] 0/1 per token and neuron: neurons a token does not use are zeroed (None: all used)
     rows    neuron ids of down's rows when gate_up covers every neuron but down only some (None: same)
-    hidden  the activations silu(gate)·up already computed from this x by the selector (None: compute)
+    hidden  the activations act(gate)·up already computed from this x by the selector (None: compute)
     sparse  a SparseCall: the whole FFN is the backend's sparse kernel over a slab (the fields above
             unused)
     """

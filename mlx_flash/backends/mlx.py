@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, dequantize_rows, library
+from ..ffn_source import GateActivation
 from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 from ..memory.process_plan import MLX_CACHE_LIMIT
@@ -66,16 +67,16 @@ class MLXOps:
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
-        from . import leaves, owner
+        from . import covered_bytes, leaves, owner
 
-        seen = {}
+        arrays, ranges = {}, []
         for a in leaves(tree):
             if isinstance(a, mx.array):
-                seen[id(a)] = a.nbytes
+                arrays[id(a)] = a.nbytes
             elif isinstance(a, np.ndarray):
                 base = owner(a)
-                seen[base.ctypes.data] = max(base.nbytes, seen.get(base.ctypes.data, 0))
-        return sum(seen.values())
+                ranges.append((base.ctypes.data, base.nbytes))
+        return sum(arrays.values()) + covered_bytes(ranges)
 
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True) -> mx.array:
@@ -134,10 +135,11 @@ class MLXOps:
         return np.array(x.astype(mx.float32))
 
     # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
-    def sparse_kernel(self, spec):
+    def sparse_kernel(self, spec, act: GateActivation):
         """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec; None: no kernel applies):
-        Metal on the GPU, the CPU kernel otherwise. Chosen once, at load."""
-        if spec is None:
+        Metal on the GPU (SwiGLU only: it fuses silu; other gates take the reference path), the CPU
+        kernel otherwise. Chosen once, at load."""
+        if spec is None or (self.on_gpu and act is not GateActivation.SILU):
             return None
         if self.on_gpu:
             from ..kernels.metal_sparse import MetalSparseFFN
@@ -145,10 +147,11 @@ class MLXOps:
             return MetalSparseFFN(spec)
         return CpuSparseFFN(spec, self.kernel_threads)
 
-    def sparse_ffn(self, call, x: mx.array) -> mx.array:
-        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall). On the CPU
-        two host round trips per layer: x out and the activations back (MLX's own silu, so a step
-        equals the resident model's to the bit), the activations out and y back."""
+    def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
+        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall), the gate
+        through `act`. On the CPU two host round trips per layer: x out and the products back (MLX's own
+        activation, so a step equals the resident model's to the bit), the activations out and y back.
+        The Metal kernel fuses SwiGLU; sparse_kernel gives other gates none (the reference path)."""
         shape = x.shape
         if self.on_gpu:  # the slab crosses once per call (mx.array copies host memory)
             k, T = call.kernel, x.size // shape[-1]
@@ -162,7 +165,7 @@ class MLXOps:
         self.host_syncs += 2
         x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, shape[-1]), dtype=np.float32))
         g, u = call.kernel.products(x2, call.slab, call.idx, call.count)
-        h = self.silu(mx.array(g)) * mx.array(u)
+        h = act.apply(self, mx.array(g)) * mx.array(u)
         if call.mask is not None:
             h = h * mx.array(call.mask)
         h = np.ascontiguousarray(np.asarray(h, dtype=np.float32))

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
+from ..ffn_source import GateActivation
 from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
@@ -92,20 +93,17 @@ class TorchOps:
     def held_bytes(self, tree) -> int:
         """Bytes of memory the tensors of a weights tree hold as this backend keeps them (a float32
         copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
-        from . import leaves, owner
+        from . import covered_bytes, leaves, owner
 
-        seen = {}  # memory start -> bytes; a torch tensor and a numpy view of one buffer count once
+        ranges = []  # a torch tensor and a numpy view of one buffer count once
         for t in leaves(tree):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
-                ptr, n = s.data_ptr(), s.nbytes()
+                ranges.append((s.data_ptr(), s.nbytes()))
             elif isinstance(t, np.ndarray):
                 base = owner(t)
-                ptr, n = base.ctypes.data, base.nbytes
-            else:
-                continue
-            seen[ptr] = max(n, seen.get(ptr, 0))
-        return sum(seen.values())
+                ranges.append((base.ctypes.data, base.nbytes))
+        return covered_bytes(ranges)
 
     # ---- conversion at the compute edge ----------------------------------------------------------
     def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True):
@@ -205,10 +203,11 @@ class TorchOps:
         return x.detach().to(torch.float32).cpu().numpy()
 
     # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
-    def sparse_kernel(self, spec):
+    def sparse_kernel(self, spec, act: GateActivation):
         """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec; None: no kernel applies):
-        CUDA on an NVIDIA GPU (built at first use), the CPU kernel otherwise. Chosen once, at load."""
-        if spec is None:
+        CUDA on an NVIDIA GPU (built at first use; SwiGLU only: it fuses silu, other gates take the
+        reference path), the CPU kernel otherwise. Chosen once, at load."""
+        if spec is None or (self.device.type == "cuda" and act is not GateActivation.SILU):
             return None
         if self.device.type == "cuda":
             from ..kernels.cuda_sparse import CudaSparseFFN
@@ -216,8 +215,10 @@ class TorchOps:
             return CudaSparseFFN(spec)
         return CpuSparseFFN(spec, self.kernel_threads)
 
-    def sparse_ffn(self, call, x):
-        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall)."""
+    def sparse_ffn(self, call, x, act: GateActivation):
+        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall), the gate
+        through `act`. The CUDA kernel fuses SwiGLU; sparse_kernel gives other gates none (the
+        reference path)."""
         shape = x.shape
         k = call.kernel
         if self.device.type == "cuda":  # the slab crosses once per call
@@ -231,7 +232,7 @@ class TorchOps:
             return k.down(h, slab, idx, count).to(self.act_dtype).reshape(shape)
         x2 = x.reshape(-1, shape[-1]).to(torch.float32).contiguous().numpy()
         g, u = (torch.from_numpy(a) for a in k.products(x2, call.slab, call.idx, call.count))
-        h = self.silu(g) * u  # torch's own silu: a step equals the resident model's to the bit
+        h = act.apply(self, g) * u  # torch's own activation: a step equals the resident model's to the bit
         if call.mask is not None:
             h *= torch.from_numpy(call.mask)
         return torch.from_numpy(k.down(h.numpy(), call.slab, call.idx, call.count)).to(self.act_dtype).reshape(shape)

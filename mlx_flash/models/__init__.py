@@ -7,6 +7,8 @@ moe.py's). Each module provides:
   canonical_tensors(tensors, config, where)     HF checkpoint names -> canonical names
   ffn_parts(config, layer) -> dict               role ("gate", "up", "down") -> linear name
   expert_parts(config, layer) -> [dict]         MoE only: ffn_parts of each expert, in expert order
+  GATE_ACTIVATION, ffn_hidden(ops, args, fw, x)  gated dense families: the gate's activation
+                                                 (ffn_source.GateActivation) and the FFN's activations
   ModelArgs.from_dict(config)
   build(ops, args, get) -> weights               resident (non-FFN) weights as backend objects
   embed(ops, args, weights, tokens, caches) -> h              the residual stream [B, T, D]

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError, UnsupportedModelError
-from ..ffn_source import FFNWeights, LayerSource
+from ..errors import UnsupportedModelError
+from ..ffn_source import FFNWeights, GateActivation, LayerSource
 from .common import ArgsFromDict, linear
 from .rope import rope_frequencies
 
@@ -187,18 +187,24 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache, sliding: bool):
     return linear(ops, o, lw["o"])
 
 
+GATE_ACTIVATION = GateActivation.GELU_TANH  # GeGLU
+
+
+def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
+    """GeGLU activations gelu_tanh(gate) * up [.., F] from bundle-form weights (gate|up rows fused [2F, D])."""
+    gate_up = linear(ops, x, fw.gate_up)
+    n = gate_up.shape[-1] // 2
+    gate, up = ops.split(gate_up, [n, n])
+    return GATE_ACTIVATION.apply(ops, gate) * up
+
+
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
-    """GeGLU from bundle-form weights (gate|up rows fused [2F, D]); a sparse FFN source may zero
-    neurons (fw.mask) or give down for some of them (fw.rows), as for llama."""
+    """GeGLU from bundle-form weights; a sparse FFN source may zero neurons (fw.mask), give down for
+    some of them (fw.rows), hand over activations it computed (fw.hidden) or the whole FFN to the
+    backend's sparse kernel (fw.sparse), as for llama."""
     if fw.sparse is not None:
-        raise ConfigError("Gemma 3's FFN (GeGLU) has no sparse kernel yet: load it with ffn='resident' or 'stream'")
-    if fw.hidden is not None:
-        hidden = fw.hidden
-    else:
-        gate_up = linear(ops, x, fw.gate_up)
-        n = gate_up.shape[-1] // 2
-        gate, up = ops.split(gate_up, [n, n])
-        hidden = ops.gelu(gate, approximate=True) * up
+        return ops.sparse_ffn(fw.sparse, x, GATE_ACTIVATION)
+    hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
     if fw.rows is not None:
         hidden = ops.take(hidden, fw.rows)
     if fw.mask is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
-from ..ffn_source import FFNWeights, LayerSource
+from ..ffn_source import FFNWeights, GateActivation, LayerSource
 from .common import ArgsFromDict, linear
 from .rope import SCALINGS, rope_frequencies
 
@@ -159,12 +159,15 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 
+GATE_ACTIVATION = GateActivation.SILU  # SwiGLU
+
+
 def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
     """SwiGLU activations silu(gate) * up [.., F] from bundle-form weights (gate|up rows fused [2F, D])."""
     gate_up = linear(ops, x, fw.gate_up)
     n = gate_up.shape[-1] // 2
     gate, up = ops.split(gate_up, [n, n])
-    return ops.silu(gate) * up
+    return GATE_ACTIVATION.apply(ops, gate) * up
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
@@ -173,7 +176,7 @@ def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
     down's order) while gate|up cover all of them, and may hand over activations it already computed
     from x (fw.hidden), or hand the whole FFN to the backend's sparse kernel (fw.sparse)."""
     if fw.sparse is not None:
-        return ops.sparse_ffn(fw.sparse, x)
+        return ops.sparse_ffn(fw.sparse, x, GATE_ACTIVATION)
     hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
     if fw.rows is not None:
         hidden = ops.take(hidden, fw.rows)

@@ -76,9 +76,9 @@ def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, c
     if not opts.mode.needs_predictor:
         return DenseSlabFFN(ops, store, pool, plan), account
     # Whole-bundle rows of a layout the kernels read: decode steps compute on the cache's slots.
-    kernel = None
-    if opts.kernel is SparseKernel.AUTO and not opts.down_only:
-        kernel = ops.sparse_kernel(spec_of(lay))
+    kernel, spec = None, spec_of(lay)  # (a spec only for gated FFNs: their module names the gate's activation)
+    if opts.kernel is SparseKernel.AUTO and not opts.down_only and spec is not None:
+        kernel = ops.sparse_kernel(spec, module.GATE_ACTIVATION)
     return CachedRowsFFN(ops, store, pool, plan, *row_source(ops, store, pool, opts, selector, progress),
                          selector, kernel), account
 
