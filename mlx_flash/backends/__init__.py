@@ -73,6 +73,18 @@ def owner(a):
     return a
 
 
+def covered_bytes(ranges) -> int:
+    """Bytes covered by (start, nbytes) memory ranges, overlaps counted once: a tensor that views part
+    of a buffer another leaf owns (torch.from_numpy of a slice) adds nothing."""
+    total, end = 0, None
+    for start, n in sorted(ranges):
+        if end is None or start >= end:
+            total, end = total + n, start + n
+        elif start + n > end:
+            total, end = total + start + n - end, start + n
+    return total
+
+
 def leaves(tree):
     """Every array-like leaf of a weights tree (dicts, lists, tuples and dataclasses such as Weight)."""
     import dataclasses

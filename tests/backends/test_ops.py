@@ -159,3 +159,18 @@ def test_unknown_backend_and_dtype():
         get_backend("jax")
     with pytest.raises(ConfigError, match="torch dtype 'int3' is unknown"):
         get_backend("torch", dtype="int3")
+
+
+def test_held_bytes_count_views_inside_one_buffer_once(ops):
+    """A tensor that views part of a buffer another leaf owns (torch.from_numpy of a slice: its
+    storage starts mid-buffer) holds no memory of its own; a separate buffer does."""
+    from mlx_flash.backends import covered_bytes
+
+    buf = np.zeros(4096, dtype=np.uint8)
+    apart = np.zeros(100, dtype=np.uint8)
+    assert covered_bytes([(0, 10), (5, 10), (20, 5), (21, 2)]) == 20
+    t = ops[1]
+    tree = {"whole": buf, "slice": torch.from_numpy(buf[1024:2048]), "again": torch.from_numpy(buf[1024:1536]),
+            "apart": apart}
+    assert t.held_bytes(tree) == 4096 + 100
+    assert ops[0].held_bytes({"whole": buf, "view": buf[100:200], "apart": apart}) == 4096 + 100
