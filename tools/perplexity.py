@@ -21,7 +21,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
     add_arguments(p, EngineConfig)  # the engine's options, as the chat has them
-    p.set_defaults(**{"EngineConfig.weights_budget": "100%"})  # quality only: the whole model fits
+    p.set_defaults(**{"EngineConfig.weights_budget": "200%"})  # quality only: the whole model fits, with its buffers
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="a UTF-8 text file")
     src.add_argument("--corpus", default="wikipedia", choices=("wikipedia", "austen"),

@@ -107,7 +107,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
             for role, base in group.items():
                 names = [base + s for s in (".weight", ".scales", ".biases")]
                 if base + ".weight" not in src.tensors:
-                    raise ModelFileError(f"{src.description}: tensor {base}.weight is missing")
+                    raise ModelFileError(f"{src.name}: tensor {base}.weight is missing")
                 if role != "down":
                     names.append(base + ".bias")  # one bias value per neuron travels in its bundle
                 ffn_tensors.update(n for n in names if n in src.tensors)
@@ -135,7 +135,7 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
                 fields, bundle_bytes = plan_fields(parts)
                 ffn_quant, block = lq, blk
             elif [(p[0], list(p[1].shape[1:]), p[2]) for p in parts] != [(f.name, f.shape, f.dtype) for f in fields]:
-                raise ModelFileError(f"{src.description}: FFN of layer {layer} differs in shape or type from layer 0")
+                raise ModelFileError(f"{src.name}: FFN of layer {layer} differs in shape or type from layer 0")
             packed = pack_layer(fields, bundle_bytes, {p[0]: p[1] for p in parts})
             pad = -fh.tell() % ALIGNMENT
             fh.write(b"\0" * pad)
@@ -163,15 +163,17 @@ def _block_widths(src: SourceModel, mod, cfg: dict, precision: str) -> dict[str,
     whose type differs between layers (a Q4_K_M file mixes Q4_K and Q6_K down projections): the
     widest type's, so every layer's bundles share one layout (a narrower layer's rows are padded with
     zeros and decoded with its own type, FFNLayout.layer_quant). Empty when no type varies."""
-    if precision != "source" or cfg.get("num_experts"):
+    if precision != "source":
         return {}
     seen: dict[str, set] = {}
     for layer in range(cfg["num_hidden_layers"]):
-        for role, base in mod.ffn_parts(cfg, layer).items():
-            spec = src.quant.get(base)
-            if spec is not None and spec.is_block:
-                blk = BLOCKS[spec.kind]
-                seen.setdefault(f"{role}.weight", set()).add(blk.nbytes if role == "down" else blk.row_bytes(cfg["hidden_size"]))
+        for group in _ffn_groups(mod, cfg, layer):  # the dense FFN, or each expert
+            for role, base in group.items():
+                spec = src.quant.get(base)
+                if spec is not None and spec.is_block:
+                    blk = BLOCKS[spec.kind]
+                    width = blk.nbytes if role == "down" else blk.row_bytes(cfg["hidden_size"])
+                    seen.setdefault(f"{role}.weight", set()).add(width)
     return {name: max(w) for name, w in seen.items() if len(w) > 1}
 
 
@@ -254,7 +256,8 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
                 arr, name = to_storage(stored[s])
                 parts.append((f"{role}.{s}", arr, name))
         else:
-            sdt = stored["scales"].dtype if spec is not None else mx.float16
+            # block types carry their scales inside the blocks: the affine copy's are float16
+            sdt = stored["scales"].dtype if spec is not None and not spec.is_block else mx.float16
             if not mx.issubdtype(sdt, mx.floating):
                 sdt = mx.float16
             qw, qs, qb = mx.quantize(mx.contiguous(dense.astype(sdt)), group_size=target.group_size, bits=target.bits)

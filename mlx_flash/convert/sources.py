@@ -42,6 +42,11 @@ class SourceModel:
     save_tokenizer: Callable[[str], None]
     description: dict
 
+    @property
+    def name(self) -> str:
+        """The source as a message names it: its file or directory."""
+        return str(self.description.get("file") or self.description.get("dir") or self.description)
+
 
 def read_source(path: str) -> SourceModel:
     if not os.path.exists(path):

@@ -65,11 +65,6 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
                                 f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
                                 "use ffn auto or stream, or a larger memory budget")
     blocks = store.manifest.ffn.has_blocks
-    if cfg.ffn is FFNMode.SPARSE and blocks:
-        raise ConfigError(f"{store.path}: ffn sparse is not supported for FFNs kept in GGUF k-quant / Q5 block "
-                          "types yet (their bundles hold 256 neurons; the sparse kernels read affine groups): use "
-                          "ffn auto, resident or stream, or convert with --precision q8 or f16 (affine or float rows "
-                          "the sparse kernels read; README \"Model coverage\")")
     if cfg.ffn is not FFNMode.AUTO:
         return cfg
     if fits:

@@ -25,7 +25,7 @@ class DenseSlabFFN(SparseSource):
     def layer(self, i: int, x) -> FFNWeights:
         rows = self.read_slab(i, decode=x.shape[-2] == 1)
         t = time.perf_counter()
-        w = bundle_weights(self.ops, self.layout, rows)
+        w = bundle_weights(self.ops, self.layout, rows, i)
         self.extra.mem_seconds += time.perf_counter() - t
         return w
 

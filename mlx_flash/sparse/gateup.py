@@ -1,7 +1,7 @@
-"""The paper's alternative predictor, for SwiGLU: the FFN's own gate (and up) projection, kept
-resident in 4 bits. A neuron is active when |silu(x·gate)·(x·up)| exceeds its layer's calibrated
-threshold, the same definition the low-rank predictors are trained on, so this is the selection
-they approximate. When the store's gate/up rows are 4-bit already (the default GGUF store) the
+"""The paper's alternative predictor, for gated FFNs (SwiGLU, GeGLU): the FFN's own gate (and up)
+projection, kept resident in 4 bits. A neuron is active when |act(x·gate)·(x·up)| exceeds its
+layer's calibrated threshold, the same definition the low-rank predictors are trained on, so this
+is the selection they approximate. When the store's gate/up rows are 4-bit already (the default GGUF store) the
 resident copy is the model's own weights and the selection is exact; for float rows it is the
 4-bit rounding of them. Selected neurons are then computed from their streamed rows as stored.
 """
@@ -41,7 +41,11 @@ def _four_bit(parts: dict, dtypes: dict, quant: QuantSpec | None):
     if quant is not None and quant.bits == 4:
         return parts, dtypes, quant
     w = parts["weight"]
-    if quant is not None:  # other bit widths: back to floats first
+    if quant is not None and quant.is_block:  # GGUF block types: their values, then 4 bits
+        from ..kernels.gguf_blocks_ref import dequantize
+
+        w = dequantize(np.asarray(w), quant.kind)
+    elif quant is not None:  # other bit widths: back to floats first
         import mlx.core as mx
 
         w = np.array(mx.dequantize(mx.array(w), mx.array(parts["scales"]), mx.array(parts["biases"]),
@@ -57,7 +61,7 @@ class GateUpSelector:
         from tqdm import tqdm
 
         if not layout.gated:
-            raise ConfigError("predictor 'gate' needs a gated (SwiGLU) FFN; this model's FFN has no gate "
+            raise ConfigError("predictor 'gate' needs a gated (SwiGLU, GeGLU) FFN; this model's FFN has no gate "
                               "projection (use 'lowrank' or 'dense')")
         self.ops, self.module, self.args = ops, module, args
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
@@ -67,7 +71,7 @@ class GateUpSelector:
             members, quants = [], []
             for role in ("gate", "up"):
                 parts, dts = linear_parts(arrays, role)
-                parts, dts, q = _four_bit(parts, dts, layout.quant.get(role))
+                parts, dts, q = _four_bit(parts, dts, layout.quant_of(i).get(role))
                 members.append((parts, dts))
                 quants.append(q)
             w = fused_weight(ops, members, quants)

@@ -48,7 +48,7 @@ class BundleRows:
         return rows
 
     def weights(self, layer: int, rows: np.ndarray, selection: Selection, row_ids=None) -> FFNWeights:
-        return bundle_weights(self.ops, self.layout, rows)
+        return bundle_weights(self.ops, self.layout, rows, layer)
 
 
 class DownRows:

@@ -164,3 +164,87 @@ def test_a_split_file_converts_as_the_whole_one(gemma3_gguf, gemma3_store, tmp_p
 
     with pytest.raises(ModelFileError, match=rf"1 of the {len(parts)} parts of this split GGUF are missing"):
         convert(str(tmp_path / parts[0]), str(tmp_path / "store2"), progress=False)
+
+
+def test_q8_converts_block_types_to_rows_the_sparse_ffn_reads(gemma3_gguf, gemma3_store, tmp_path):
+    """`--precision q8` (named, lossy: the block values re-quantized to affine 8-bit) turns the Q5_0 /
+    Q4_K / Q6_K FFN into one-neuron bundles the sparse kernel reads; its logits stay within the
+    8-bit rounding of the file's, and a sparse FFN with every neuron active equals its resident run."""
+    import mlx_flash
+
+    q8 = convert(gemma3_gguf, str(tmp_path / "q8"), precision="q8", progress=False)
+    lay = open_store(q8, False, False).manifest.ffn
+    assert (lay.block, lay.has_blocks) == (1, False)
+    assert {q.bits for q in lay.quant.values()} == {8} and not lay.layer_quant
+    with mlx_flash.load(gemma3_store, backend="torch", progress=False) as e:
+        ids = e.tokenizer.encode(TEXT)[:20]
+        want = np.asarray(e.logits(ids))
+
+    def steps(engine):  # token by token: decode steps, the sparse kernel's path
+        caches = engine.new_caches()
+        return np.stack([np.asarray(engine.forward([t], caches)).reshape(-1) for t in ids])
+
+    with mlx_flash.load(q8, backend="torch", ffn="resident", progress=False) as e:
+        assert np.abs(np.asarray(e.logits(ids)) - want).max() / np.abs(want).max() < 1e-2
+        dense = steps(e)
+    with mlx_flash.load(q8, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
+                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) as e:
+        assert e.ffn.stats().sparse_kernel == "cpu"
+        assert np.array_equal(steps(e), dense)
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_sparse_modes_on_block_types_equal_resident(gemma3_store, backend):
+    """ffn="sparse" over bundles of whole super-blocks (256 neurons; Q4_K and Q6_K layers mixed): every
+    exact mode, rows through the reference path (the sparse kernels read affine groups), equals the
+    resident model bit for bit; each layer's rows are read in that layer's type."""
+    import mlx_flash
+    from greedy import greedy
+
+    ids = list(range(5, 25))
+    with mlx_flash.load(gemma3_store, backend=backend, ffn="resident", progress=False) as e:
+        want = greedy(e, ids, 6)
+    for mode in ("naive", "hybrid", "window", "all"):
+        with mlx_flash.load(gemma3_store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
+                            io=mlx_flash.IOOptions(mode="buffered"),
+                            flash=mlx_flash.FlashOptions(mode=mode, predictor="dense")) as e:
+            got = greedy(e, ids, 6)
+            assert e.ffn.stats().sparse_kernel in ("", "reference"), mode
+        assert got[0] == want[0] and np.array_equal(got[1], want[1]), mode
+
+
+def test_gate_predictor_reads_block_gate_rows(gemma3_store, tmp_path):
+    """The gate predictor over a block-type FFN (Q5_0 gate/up rows, GeGLU) takes the rows' values
+    into its 4-bit copy: at threshold 0 it selects every neuron with a nonzero activation, so the
+    sparse FFN equals the resident one; at a high threshold it selects fewer and the output moves."""
+    import json
+    import shutil
+
+    import mlx_flash
+    from greedy import greedy
+    from mlx_flash.sparse.predictor import LayerPredictor, Predictors
+
+    store = shutil.copytree(gemma3_store, str(tmp_path / "store"))
+    lay = open_store(store, False, False).manifest.ffn
+    n = len(lay.layer_offsets)
+
+    def thresholds(t):
+        Predictors([LayerPredictor(np.zeros((lay.d_model, 2), np.float32), np.zeros((2, lay.n_neurons), np.float32),
+                                   np.zeros(lay.n_neurons, np.float32), 0.0) for _ in range(n)], 0.5, [t] * n).save(store)
+        meta = json.load(open(f"{store}/predictors.json"))
+        assert meta["magnitude_thresholds"] == [t] * n
+
+    ids = list(range(5, 25))
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False) as e:
+        want = greedy(e, ids, 4)[1]
+    runs = {}
+    for t in (0.0, 1e3):
+        thresholds(t)
+        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
+                            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
+                            io=mlx_flash.IOOptions(mode="buffered")) as e:
+            runs[t] = greedy(e, ids, 4)[1]
+            st = e.ffn.stats()
+        runs[t, "active"] = st.rows_active / (st.decode_layer_steps * st.neurons)
+    assert np.array_equal(runs[0.0], want) and runs[0.0, "active"] > 0.99
+    assert runs[1e3, "active"] < 0.5 and np.abs(runs[1e3] - want).max() > 1e-3
