@@ -64,7 +64,7 @@ def tensor_type(quant: str, name: str, layers: int) -> str:
         return QUANTS[quant][0]
     if name == "output.weight":
         return "Q6_K"
-    if name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down"):
+    if name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down", "ffn_down_exps"):
         return "Q6_K" if more_bits(int(name.split(".")[1]), layers) else "Q4_K"
     return "Q4_K"
 

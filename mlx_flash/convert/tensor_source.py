@@ -109,9 +109,6 @@ class GGUFTensors(SourceTensors):
             if per_block and (not canon.endswith(".weight") or ne[0] % per_block or len(ne) < 2):
                 raise ModelFileError(f"{file}: tensor {t.name} is block-quantized but is not a weight matrix "
                                      f"with rows a multiple of {per_block}")
-            if ttype in KEPT_TYPES and "{}" in canon:
-                raise UnsupportedModelError(f"{file}: tensor {t.name}: experts in {KEPT_TYPES[ttype].name} are not "
-                                            "supported yet (dense FFNs and attention are)")
             for name, where in self._slices(t, canon, ne):
                 if name in self._file:
                     raise ModelFileError(f"{file}: tensor {t.name} appears twice (in this file or another part)")

@@ -29,7 +29,7 @@ def expert_weights(ops, layout, layer: int, expert: int, buf: np.ndarray) -> FFN
     """One expert's bundle rows (at the start of `buf`, in its own format) -> backend weights."""
     sub = layout.expert_layout(layer, expert)
     n = layout.expert_rows * sub.bundle_bytes
-    return bundle_weights(ops, sub, buf[:n].reshape(layout.expert_rows, sub.bundle_bytes))
+    return bundle_weights(ops, sub, buf[:n].reshape(layout.expert_rows, sub.bundle_bytes), layer)
 
 
 def read_expert(pool, file, layout, layer: int, expert: int, buf: np.ndarray):
@@ -41,11 +41,12 @@ class ResidentExperts(ExpertSource):
     def __init__(self, ops, store, pool):
         lay = store.manifest.ffn
         f = pool.open(store.file_path(lay.file))
-        buf = np.empty(lay.expert_nbytes, np.uint8)
         self.layers = []
         for i in range(len(lay.layer_offsets)):
             row = []
             for e in range(lay.n_experts):
+                # a buffer per expert: weights that view their rows (block types) keep it alive
+                buf = np.empty(lay.expert_nbytes, np.uint8)
                 read_expert(pool, f, lay, i, e, buf)
                 row.append(expert_weights(ops, lay, i, e, buf))
             self.layers.append(row)
