@@ -105,9 +105,88 @@ MF_SSE void groups16(const uint8_t* blk, __m128i* codes, float* a, float* b) {
 constexpr int TILE = 4;  // tokens per pass over a row's blocks
 
 // ---- AVX-512 -------------------------------------------------------------------------------------
+#define MF_512 inline __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline))
+
+// One token (a decode step): the accumulators are named registers. The tiled loop below indexes
+// them by a run-time token, which keeps them in memory: every block's FMA then waits on a store and
+// a reload, about 7 cycles a block whatever the decoding costs.
+template <int TYPE>
+MF_512 void rows512_one(const BlockProblem& p, int64_t n0, int64_t n1) {
+  constexpr int QK = block_weights(TYPE), G = QK / 16;
+  constexpr bool PAIRED = TYPE != Q6_K;
+  constexpr bool SIGNED = TYPE == Q5_0;
+  const int64_t blocks = p.K / QK;
+  const __m512i shift = _mm512_set1_epi32(SIGNED ? 16 : 0);
+  for (int64_t n = n0; n < n1; n++) {
+    const int64_t rb = p.row_ids ? p.row_ids[n / p.rpb] : n / p.rpb;
+    const uint8_t* row = p.w + rb * p.wb + (n % p.rpb) * p.wr;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), offv = _mm512_setzero_ps();
+    float off0 = 0.f, off1 = 0.f;
+    for (int64_t g = 0; g < blocks; g++) {
+      const int64_t gid = p.group_ids ? p.group_ids[g] : g;
+      const float* x = p.x + g * QK;
+      if constexpr (TYPE == Q5_0 || TYPE == Q5_1) {
+        // one group of 32 with one scale: the fifth code bits go straight into lane masks (weight
+        // j's is bit j of qh), one masked add (Q5_1: low4 + 16) or subtract (Q5_0: the code less
+        // 16 where the bit is clear) per 16 weights instead of the byte shuffles of groups16
+        const uint8_t* blk = row + gid * p.wg;
+        constexpr int OFF = SIGNED ? 2 : 4;
+        const uint32_t qh = u32_at(blk + OFF);
+        const __m128i qs = load16(blk + OFF + 4);
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        __m512i i0 = _mm512_cvtepu8_epi32(low4(qs)), i1 = _mm512_cvtepu8_epi32(high4(qs));
+        if constexpr (SIGNED) {
+          i0 = _mm512_mask_sub_epi32(i0, _cvtu32_mask16(~qh & 0xFFFF), i0, sixteen);
+          i1 = _mm512_mask_sub_epi32(i1, _cvtu32_mask16(~qh >> 16), i1, sixteen);
+        } else {
+          i0 = _mm512_mask_add_epi32(i0, _cvtu32_mask16(qh & 0xFFFF), i0, sixteen);
+          i1 = _mm512_mask_add_epi32(i1, _cvtu32_mask16(qh >> 16), i1, sixteen);
+        }
+        const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_loadu_ps(x + 16),
+                                         _mm512_mul_ps(_mm512_cvtepi32_ps(i0), _mm512_loadu_ps(x)));
+        if (g & 1)
+          acc1 = _mm512_fmadd_ps(_mm512_set1_ps(f16c_at(blk)), s, acc1);
+        else
+          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(f16c_at(blk)), s, acc0);
+        if constexpr (!SIGNED) {  // the block's offset m times the sum of its 32 inputs
+          const float m = f16c_at(blk + 2) * (p.xsum16[2 * g] + p.xsum16[2 * g + 1]);
+          if (g & 1) off1 += m; else off0 += m;
+        }
+        continue;
+      }
+      __m128i codes[G];
+      float a[G], b[G];
+      groups16<TYPE>(row + gid * p.wg, codes, a, b);
+      for (int k = 0; k < G; k += 2) {
+        const __m512 c0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(codes[k]), shift));
+        const __m512 c1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(codes[k + 1]), shift));
+        if constexpr (PAIRED) {
+          const __m512 s = _mm512_fmadd_ps(c1, _mm512_loadu_ps(x + 16 * k + 16), _mm512_mul_ps(c0, _mm512_loadu_ps(x + 16 * k)));
+          if ((k >> 1) & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), s, acc1);
+          else
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), s, acc0);
+        } else {
+          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), _mm512_mul_ps(c0, _mm512_loadu_ps(x + 16 * k)), acc0);
+          acc1 = _mm512_fmadd_ps(_mm512_set1_ps(a[k + 1]), _mm512_mul_ps(c1, _mm512_loadu_ps(x + 16 * k + 16)), acc1);
+        }
+      }
+      const float* xs = p.xsum16 + g * G;
+      if constexpr (G == 16) {
+        offv = _mm512_fmadd_ps(_mm512_loadu_ps(b), _mm512_loadu_ps(xs), offv);
+      } else if constexpr (!SIGNED) {
+        off0 += b[0] * xs[0];
+        off1 += b[1] * xs[1];
+      }
+    }
+    p.y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), offv)) + (off0 + off1);
+  }
+}
+
 template <int TYPE>
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline)) inline void rows512(const BlockProblem& p,
                                                                                              int64_t n0, int64_t n1) {
+  if (p.T == 1) return rows512_one<TYPE>(p, n0, n1);
   constexpr int QK = block_weights(TYPE), G = QK / 16;
   constexpr bool PAIRED = TYPE != Q6_K;  // groups 2j and 2j + 1 share their scale (sub-blocks of 32)
   constexpr bool SIGNED = TYPE == Q5_0;  // w = d (q - 16): the 16 comes off the codes, not as an offset
