@@ -34,7 +34,8 @@ BEGIN, END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 # type -> how the store keeps it, stored bytes per 32 weights, file bytes per 32 weights
 AFFINE = {"Q8_0": (8, 36, 34), "Q4_0": (4, 20, 18), "Q4_1": (4, 20, 20)}
 FLOATS = {"F32": 128, "F16": 64, "BF16": 64}
-# test file -> (what it checks, the family a test id names: a regex on the id or a fixed family)
+# test file, or file::test-name prefix -> (what it checks, the family a test id names: a regex on the
+# id or a fixed family)
 FAMILY_TESTS = {
     "tests/models/test_tiny_families.py": ("tiny random model vs transformers, resident and streamed FFN",
                                            r"(llama|mistral|qwen2|qwen3|opt)-"),
@@ -42,8 +43,15 @@ FAMILY_TESTS = {
     "tests/moe/test_moe_models.py": ("tiny random MoE vs transformers", r"(mixtral|qwen2_moe|qwen3_moe|olmoe)"),
     "tests/models/test_rope_scaling.py": ("RoPE llama3 / yarn vs transformers past the original context",
                                           r"(llama3|yarn)"),
-    "tests/convert/test_gguf_kquants.py": ("tiny Gemma 3 Q4_K_M-style GGUF vs transformers on the same file",
-                                           "gemma3 GGUF"),
+    "tests/convert/test_gguf_kquants.py::test_logits_equal_transformers": (
+        "tiny Gemma 3 Q4_K_M-style GGUF vs transformers on the same file", "gemma3 GGUF"),
+    "tests/convert/test_gguf_kquants.py::test_sparse_modes_on_block_types": (
+        "tiny Gemma 3 Q4_K_M-style GGUF: every exact sparse FFN mode = resident", "gemma3 GGUF, sparse FFN"),
+    "tests/sparse/test_sparse_geglu.py::test_all_active": ("tiny random model, q8: sparse kernel (GeGLU) = resident",
+                                                          "gemma3_text, sparse FFN"),
+    "tests/moe/test_block_experts.py::test_streamed": (
+        "tiny Qwen3-MoE Q4_K_M GGUF: k-quant experts streamed = resident, within float16 of dequantized",
+        "qwen3_moe GGUF"),
     "tests/convert/test_gguf_rope_freqs.py": ("Llama 3.x GGUF rope_freqs vs transformers", "llama3 GGUF"),
     "tests/models/test_smollm2_vs_transformers.py": ("real SmolLM2-135M Q4_1: 32 greedy tokens = transformers",
                                                      "llama (real file)"),
@@ -160,7 +168,7 @@ def family_rows() -> list[dict]:
     """Runs the family tests once (pytest, a JUnit report) and reports each family x backend."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
-        files = [f for f in FAMILY_TESTS if os.path.exists(os.path.join(ROOT, f))]
+        files = sorted({f.split("::")[0] for f in FAMILY_TESTS if os.path.exists(os.path.join(ROOT, f.split("::")[0]))})
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not os.path.exists(report):
@@ -169,10 +177,12 @@ def family_rows() -> list[dict]:
         rows: dict[tuple, dict] = {}
         for c in cases:
             path = c.get("classname", "").replace(".", "/") + ".py"
-            if path not in FAMILY_TESTS:
-                continue
-            how, fam = FAMILY_TESTS[path]
             name = c.get("name", "")
+            key = next((k for k in FAMILY_TESTS if k == path or (k.startswith(path + "::")
+                                                                 and name.startswith(k.split("::")[1]))), None)
+            if key is None:
+                continue
+            how, fam = FAMILY_TESTS[key]
             found = re.search(fam, name) if fam.startswith("(") else None
             family = found.group(1) if found else (None if fam.startswith("(") else fam)
             family = LABELS.get(family, family)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import EngineConfig, FFNMode
-from ..errors import ConfigError, MemoryBudgetError
+from ..errors import MemoryBudgetError
 from ..sparse.modes import SparseMode
 from ..sparse.planner import model_bytes, stored_resident_bytes
 from ..sparse.selectors import PredictorKind
