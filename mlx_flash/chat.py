@@ -38,9 +38,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default=None, help="answer this one prompt and exit")
     p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
     p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
+    p.add_argument("--pipeline", action="store_true",
+                   help="run the model split by layers across the ranks `mlx.launch --backend ring` started: "
+                        "rank 0 answers, the others run their layers (with --prompt; README \"Pipeline across "
+                        "machines\")")
+    p.add_argument("--pipeline-timeout", type=float, default=30.0,
+                   help="with --pipeline: seconds rank 0 waits for the other ranks before it names them and exits")
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
         p.error("--raw needs --prompt")
+    if args.pipeline and args.prompt is None:
+        p.error("--pipeline needs --prompt (the REPL's conversation is not split across ranks yet)")
+    if args.pipeline and args.speculative:
+        p.error("--pipeline cannot draft tokens (--speculative): the other ranks' caches are not rolled back")
     return args
 
 
@@ -221,7 +231,18 @@ def main(argv=None) -> int:
 
         check_flags(args)
 
-        engine = load_config(args.model, from_arguments(EngineConfig, args))
+        cfg = from_arguments(EngineConfig, args)
+        if args.pipeline:
+            from .distributed.launch import join
+
+            engine, status = join(args.model, cfg, args.pipeline_timeout)
+            if engine is None:  # a rank other than 0: it served its layers until rank 0 stopped
+                return status
+            if args.verbose:
+                print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" for r, s in enumerate(status)),
+                      file=sys.stderr)
+        else:
+            engine = load_config(args.model, cfg)
         with engine:
             templated = engine.tokenizer.has_chat_template
             if args.prompt is None and not templated:

@@ -82,13 +82,17 @@ class Engine:
         self.memory_plan = dict(memory_plan or {})  # how the planner split memory_budget (mlx_flash.memory_plan)
         self.kv_tokens = kv_tokens  # tokens the memory plan holds KV for (None: the model's context)
         self.layer_slots = layer_slots  # streamed layers' buffers (layer_stream.LayerSlots) or None
+        self.pipeline = None  # rank 0 of a model split across ranks (distributed.pipeline.Pipeline), or None
         self.last = GenerationSummary()
 
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self):
         """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows)."""
         self.ffn.reset()
-        return make_caches(self.args.num_hidden_layers, self.context_limit)
+        caches = make_caches(self.args.num_hidden_layers, self.context_limit)
+        if self.pipeline is not None:  # every rank makes its own layers' caches
+            self.pipeline.new_sequence(caches)
+        return caches
 
     @property
     def model_context(self) -> int:
@@ -110,8 +114,11 @@ class Engine:
             raise ContextLengthError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
                                      f"{self.model_context})")
         with self.ops.inference():
-            out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
-                                      all_logits)
+            if self.pipeline is None:
+                out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
+                                          all_logits)
+            else:
+                out = self.pipeline.forward(self.ops.tokens(ids), caches, all_logits)
             return self.ops.to_numpy(out)[0]
 
     def prefill(self, ids, caches, all_logits: bool = False) -> np.ndarray:
@@ -281,6 +288,8 @@ class Engine:
                           mem_ms=mem * 1e3, bytes_read=io1[2] - io0[2], reads=io1[3] - io0[3])
 
     def close(self) -> None:
+        if self.pipeline is not None:  # the other ranks leave their serving loops
+            self.pipeline.stop()
         self.ffn.close()
         if self.layer_slots is not None:
             self.layer_slots.close()

@@ -1,0 +1,34 @@
+"""One rank of a pipelined greedy run (tests/distributed/test_pipeline.py): rank 0 writes the greedy
+tokens, every step's logits and the layer ranges to OUT; the other ranks serve their layers.
+
+    python greedy_rank.py STORE BACKEND OUT STEPS     (with MLX_RANK and MLX_HOSTFILE set)
+"""
+
+import sys
+
+import numpy as np
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 1183, 30, 216, 2683, 33]
+
+
+def main() -> int:
+    import mlx_flash
+    from mlx_flash.distributed.launch import join
+
+    model, backend, out, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    engine, status = join(model, mlx_flash.EngineConfig(backend=backend))
+    if engine is None:
+        return status
+    with engine:
+        caches = engine.new_caches()
+        logits = [engine.prefill(PROMPT, caches)]
+        toks = []
+        for _ in range(n):
+            toks.append(int(np.argmax(logits[-1])))
+            logits.append(engine.forward([toks[-1]], caches)[-1])
+    np.savez(out, tokens=np.array(toks), logits=np.stack(logits), stages=np.array([[s.start, s.stop] for s in status]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

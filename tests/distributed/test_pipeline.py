@@ -1,0 +1,126 @@
+"""A model split by layers across ranks of an MLX ring on this machine (loopback): the plan gives every
+rank a contiguous range by its memory; greedy tokens and every step's logits of 2 and 3 ranks equal
+the single-process run, on both compute backends; a rank that dies mid-generation is named by rank 0,
+which exits non-zero; a rank that stalls is named within the timeout."""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import mlx_flash
+from mlx_flash.distributed.stages import plan_stages
+from mlx_flash.errors import ConfigError
+from greedy_rank import PROMPT
+from ring import start_ranks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 12
+
+
+def test_stages_follow_each_ranks_room():
+    even = plan_stages([10] * 30, [1000, 1000])
+    assert [len(s) for s in even] == [15, 15] and even[0].start == 0 and even[-1].stop == 30
+    assert [len(s) for s in plan_stages([10] * 30, [1000, 2000])] == [10, 20]
+    # rank 0 also holds the embeddings and head: its room for layers is what they leave
+    assert [len(s) for s in plan_stages([10] * 30, [1500, 1000], rank0_fixed=500)] == [15, 15]
+    three = plan_stages([10] * 7, [1, 1, 100])
+    assert [len(s) for s in three] == [1, 1, 5]  # every rank runs at least one layer
+    assert [s.start for s in three[1:]] == [s.stop for s in three[:-1]]
+
+
+def test_impossible_stages_are_refused():
+    with pytest.raises(ConfigError, match="at least 3 layers"):
+        plan_stages([10, 10], [1, 1, 1])
+    with pytest.raises(ConfigError, match="rank 0 has no memory left for layers"):
+        plan_stages([10] * 4, [100, 100], rank0_fixed=200)
+
+
+def single_process(store_dir, backend):
+    with mlx_flash.load(store_dir, backend=backend, progress=False) as e:
+        caches = e.new_caches()
+        logits = [e.prefill(PROMPT, caches)]
+        toks = []
+        for _ in range(STEPS):
+            toks.append(int(np.argmax(logits[-1])))
+            logits.append(e.forward([toks[-1]], caches)[-1])
+    return toks, np.stack(logits)
+
+
+def run_ranks(n, store_dir, backend, tmp_path):
+    out = str(tmp_path / f"out-{n}-{backend}.npz")
+    procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS)], tmp_path,
+                        env={"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    results = [p.communicate(timeout=300) for p in procs]
+    for r, (p, (_, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
+    return np.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, tmp_path):
+    want_tokens, want_logits = single_process(store_dir, backend)
+    got = run_ranks(ranks, store_dir, backend, tmp_path)
+    stages = got["stages"]
+    assert len(stages) == ranks and stages[0][0] == 0 and all(b > a for a, b in stages)
+    assert got["tokens"].tolist() == want_tokens
+    assert np.array_equal(got["logits"], want_logits)
+
+
+def _chat_ranks(n, store_dir, tmp_path, *extra):
+    return start_ranks(n, ["-m", "mlx_flash.chat", "--model", store_dir, "--pipeline", "--prompt",
+                           "Write a long story about a lighthouse keeper.", "--max-tokens", "400", *extra], tmp_path)
+
+
+def _wait_for_text(proc, seconds=120):
+    """Block until rank 0 has streamed some of its answer."""
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    end, seen = time.time() + seconds, b""
+    while time.time() < end and len(seen) < 40:
+        try:
+            seen += os.read(fd, 4096)
+        except BlockingIOError:
+            time.sleep(0.05)
+    os.set_blocking(fd, True)
+    assert len(seen) >= 40, "rank 0 produced no answer"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
+def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_dir, tmp_path):
+    procs = _chat_ranks(2, store_dir, tmp_path)
+    try:
+        _wait_for_text(procs[0])
+        t = time.time()
+        procs[1].send_signal(signal.SIGKILL)
+        _, err = procs[0].communicate(timeout=60)
+        took = time.time() - t
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode not in (0, None)
+    assert "rank 1" in err and took < 30, (took, err[-500:])
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
+def test_a_stalled_rank_is_named_within_the_timeout(store_dir, tmp_path):
+    procs = _chat_ranks(2, store_dir, tmp_path, "--pipeline-timeout", "5")
+    try:
+        _wait_for_text(procs[0])
+        t = time.time()
+        procs[1].send_signal(signal.SIGSTOP)
+        _, err = procs[0].communicate(timeout=60)
+        took = time.time() - t
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode not in (0, None)
+    assert "no answer from rank 1 within 5 s" in err and 4 < took < 30, (took, err[-500:])
