@@ -39,9 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
     p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
     p.add_argument("--pipeline", action="store_true",
-                   help="run the model split by layers across the ranks `mlx.launch --backend ring` started: "
-                        "rank 0 answers, the others run their layers (with --prompt; README \"Pipeline across "
-                        "machines\")")
+                   help="run the model split by layers across the ranks mlx.launch (MLX's ring) or torchrun "
+                        "(gloo) started: rank 0 answers, the others run their layers (with --prompt; README "
+                        "\"Pipeline across machines\")")
     p.add_argument("--pipeline-timeout", type=float, default=30.0,
                    help="with --pipeline: seconds rank 0 waits for the other ranks before it names them and exits")
     args = p.parse_args(argv)

@@ -2,14 +2,14 @@
 from every rank's memory, then rank 0 gets an Engine whose model calls go round the ranks and every
 other rank serves its layers until rank 0 stops.
 
-    mlx.launch --backend ring -n 2 python -m mlx_flash.chat --pipeline --prompt "..."     (one machine)
-    mlx.launch --backend ring --hosts h1,h2 python -m mlx_flash.chat --pipeline --prompt "..."
+    mlx.launch --backend ring -n 2 -- python -m mlx_flash.chat --pipeline --prompt "..."     (one machine)
+    mlx.launch --backend ring --hosts h1,h2 -- python -m mlx_flash.chat --pipeline --prompt "..."
+    torchrun --nproc-per-node 2 -m mlx_flash.chat --pipeline --backend torch --prompt "..."   (gloo)
 
 Every rank opens its own copy of the store (each machine converts or copies it to its own cache);
 rank 0 refuses a rank whose copy differs from its own (the manifest's checksums). Not done yet: each
 rank still loads every layer (the plan decides which layers it runs, not yet what it holds), the
-REPL and the server (their contexts' KV lives on every rank), the throughput mode, and the torch
-backend's gloo transport.
+REPL and the server (their contexts' KV lives on every rank) and the throughput mode.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ConfigError
 from .pipeline import Pipeline, serve
 from .stages import plan_stages
-from .transport import MLXRing
+from .transport import open_transport
 
 MIB = 1 << 20
 
@@ -61,7 +61,7 @@ def join(model, cfg, timeout: float = 30.0):
     once rank 0 stops them or the pipeline breaks."""
     from ..api import load_config
 
-    t = MLXRing()
+    t = open_transport()
     if cfg.threads is None:  # ranks sharing a machine share its cores (a waiting rank polls its socket)
         from dataclasses import replace
 
@@ -87,4 +87,7 @@ def join(model, cfg, timeout: float = 30.0):
         engine.pipeline = Pipeline(engine, t, stages, timeout)
         return engine, stages
     with engine:
-        return None, serve(engine, t, stages)
+        status = serve(engine, t, stages)
+    if status == 0:
+        t.close()
+    return None, status

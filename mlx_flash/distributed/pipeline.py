@@ -92,7 +92,8 @@ class Pipeline:
             try:
                 self._round([STOP, 0, 0, 0, 0, -1])
             except PipelineFault:
-                pass
+                return
+        self.t.close()
 
     # ---- one message round the ring ----------------------------------------------------------------
     def _seq_of(self, caches) -> int:

@@ -5,14 +5,18 @@ engine (no home-made transport). A `Transport` is the one protocol the pipeline 
   send(array, dst)             a float32 / int32 numpy array to a neighbouring rank
   recv(shape, dtype, src)      the array of that shape and type a neighbour sends
   all_gather(values)           int [k] from every rank -> [size, k], in rank order (int32 range)
+  close()                      leave the group
 
 A peer that dies mid-call raises `PeerLostError` naming the peer this rank was talking to.
 `MLXRing` is MLX's ring backend (`mlx.launch --backend ring`): sends go to ring neighbours only, which
-is all a pipeline needs (rank r to r + 1, the last rank back to rank 0).
+is all a pipeline needs (rank r to r + 1, the last rank back to rank 0). `TorchGloo` is
+torch.distributed's gloo backend (`torchrun`). `open_transport` takes the one whose launcher started
+this process; either carries either compute backend's hidden states (numpy on the wire's edge).
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -40,6 +44,9 @@ class Transport(ABC):
 
     @abstractmethod
     def all_gather(self, values: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None:
+        """Leave the group (after the last message)."""
 
 
 class MLXRing(Transport):
@@ -80,3 +87,55 @@ class MLXRing(Transport):
                                              stream=self.stream)
         self.mx.eval(out)
         return np.array(out).astype(np.int64).reshape(self.size, -1)
+
+
+class TorchGloo(Transport):
+    """torch.distributed over gloo, started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        if not dist.is_initialized():
+            try:
+                dist.init_process_group("gloo")
+            except (RuntimeError, ValueError) as e:
+                raise FlashError(f"no torch.distributed group: start every rank with torchrun: {e}") from None
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def send(self, array: np.ndarray, dst: int) -> None:
+        try:
+            self.dist.send(self.torch.from_numpy(np.ascontiguousarray(array)), dst)
+        except RuntimeError as e:
+            raise PeerLostError(dst, f"sending to it failed ({e})") from None
+
+    def recv(self, shape: tuple, dtype, src: int) -> np.ndarray:
+        out = np.empty(tuple(shape), dtype=np.float32 if np.dtype(dtype) == np.float32 else np.int32)
+        try:
+            self.dist.recv(self.torch.from_numpy(out), src)
+        except RuntimeError as e:
+            raise PeerLostError(src, f"receiving from it failed ({e})") from None
+        return out
+
+    def all_gather(self, values: np.ndarray) -> np.ndarray:
+        v = self.torch.from_numpy(np.asarray(values, dtype=np.int64).reshape(-1).copy())
+        parts = [self.torch.zeros_like(v) for _ in range(self.size)]
+        self.dist.all_gather(parts, v)
+        return np.stack([p.numpy() for p in parts])
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def open_transport() -> Transport:
+    """The transport of the launcher that started this process: mlx.launch (MLX_RANK) or torchrun
+    (TORCHELASTIC_RUN_ID / RANK and WORLD_SIZE)."""
+    if "MLX_RANK" in os.environ:
+        return MLXRing()
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return TorchGloo()
+    raise FlashError("--pipeline runs under a launcher that starts every rank: `mlx.launch --backend ring "
+                     "--hosts h1,h2 -- python -m mlx_flash.chat --pipeline ...` or `torchrun --nnodes 2 ... -m "
+                     "mlx_flash.chat --pipeline ...`")

@@ -50,10 +50,10 @@ def single_process(store_dir, backend):
     return toks, np.stack(logits)
 
 
-def run_ranks(n, store_dir, backend, tmp_path):
+def run_ranks(n, store_dir, backend, tmp_path, launcher="ring"):
     out = str(tmp_path / f"out-{n}-{backend}.npz")
     procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS)], tmp_path,
-                        env={"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                        env={"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}, launcher=launcher)
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
@@ -61,20 +61,21 @@ def run_ranks(n, store_dir, backend, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["mlx", "torch"])
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, tmp_path):
+@pytest.mark.parametrize("backend,ranks,launcher", [("mlx", 2, "ring"), ("mlx", 3, "ring"), ("torch", 2, "ring"),
+                                                    ("torch", 3, "ring"), ("torch", 2, "gloo"), ("mlx", 3, "gloo")])
+def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, launcher, tmp_path):
     want_tokens, want_logits = single_process(store_dir, backend)
-    got = run_ranks(ranks, store_dir, backend, tmp_path)
+    got = run_ranks(ranks, store_dir, backend, tmp_path, launcher)
     stages = got["stages"]
     assert len(stages) == ranks and stages[0][0] == 0 and all(b > a for a, b in stages)
     assert got["tokens"].tolist() == want_tokens
     assert np.array_equal(got["logits"], want_logits)
 
 
-def _chat_ranks(n, store_dir, tmp_path, *extra):
+def _chat_ranks(n, store_dir, tmp_path, *extra, launcher="ring"):
     return start_ranks(n, ["-m", "mlx_flash.chat", "--model", store_dir, "--pipeline", "--prompt",
-                           "Write a long story about a lighthouse keeper.", "--max-tokens", "400", *extra], tmp_path)
+                           "Write a long story about a lighthouse keeper.", "--max-tokens", "400", *extra], tmp_path,
+                       launcher=launcher)
 
 
 def _wait_for_text(proc, seconds=120):
@@ -93,8 +94,9 @@ def _wait_for_text(proc, seconds=120):
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
-def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_dir, tmp_path):
-    procs = _chat_ranks(2, store_dir, tmp_path)
+@pytest.mark.parametrize("launcher", ["ring", "gloo"])
+def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_dir, tmp_path, launcher):
+    procs = _chat_ranks(2, store_dir, tmp_path, launcher=launcher)
     try:
         _wait_for_text(procs[0])
         t = time.time()
