@@ -83,8 +83,15 @@ MF_SSE void groups16(const uint8_t* blk, __m128i* codes, float* a, float* b) {
       }
     }
   } else if constexpr (TYPE == Q6_K) {
-    const float d = f16c_at(blk + 208);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    // group g's scale is sc[g] (the loop below names it 8h + is + 2r): all sixteen converted at once
+    const __m128i sc16 = load16(blk + 192);
+    const __m256 dv = _mm256_set1_ps(f16c_at(blk + 208)), m32 = _mm256_set1_ps(-32.f);
+    const __m256 a0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc16)));
+    const __m256 a1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc16, 8))));
+    _mm256_storeu_ps(a, a0);
+    _mm256_storeu_ps(a + 8, a1);
+    _mm256_storeu_ps(b, _mm256_mul_ps(m32, a0));
+    _mm256_storeu_ps(b + 8, _mm256_mul_ps(m32, a1));
     for (int h = 0; h < 2; h++) {
       const uint8_t* ql = blk + 64 * h;
       const uint8_t* qh = blk + 128 + 32 * h;
@@ -93,10 +100,7 @@ MF_SSE void groups16(const uint8_t* blk, __m128i* codes, float* a, float* b) {
         const __m128i A = load16(ql + l), B = load16(ql + l + 32), H = load16(qh + l);
         const __m128i q[4] = {_mm_or_si128(low4(A), two_bits(H, 0)), _mm_or_si128(low4(B), two_bits(H, 2)),
                               _mm_or_si128(high4(A), two_bits(H, 4)), _mm_or_si128(high4(B), two_bits(H, 6))};
-        for (int r = 0; r < 4; r++) {
-          const float a = d * (float)sc[8 * h + is + 2 * r];
-          f(8 * h + 2 * r + is, q[r], a, -32.f * a);
-        }
+        for (int r = 0; r < 4; r++) codes[8 * h + 2 * r + is] = q[r];
       }
     }
   }
@@ -151,6 +155,51 @@ MF_512 void rows512_one(const BlockProblem& p, int64_t n0, int64_t n1) {
         if constexpr (!SIGNED) {  // the block's offset m times the sum of its 32 inputs
           const float m = f16c_at(blk + 2) * (p.xsum16[2 * g] + p.xsum16[2 * g + 1]);
           if (g & 1) off1 += m; else off0 += m;
+        }
+        continue;
+      }
+      if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
+        // the eight 6-bit scales and minimums unpacked with word operations (ggml's layout: bytes
+        // 0-3 scales 0-3 and 4-7 minimums 0-3 in their low six bits, their top two bits and bytes
+        // 8-11 the rest), converted to floats eight at a time instead of one by one
+        const uint8_t* blk = row + gid * p.wg;
+        uint32_t u[4];
+        std::memcpy(u, blk + 4, 12);
+        constexpr uint32_t K1 = 0x3f3f3f3f, K2 = 0x0f0f0f0f, K3 = 0x03030303;
+        u[3] = ((u[2] >> 4) & K2) | (((u[1] >> 6) & K3) << 4);
+        const uint32_t mins_low = u[1] & K1;
+        u[1] = (u[2] & K2) | (((u[0] >> 6) & K3) << 4);
+        u[2] = mins_low;
+        u[0] &= K1;
+        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(f16c_at(blk)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u)))));
+        const __m256 mn = _mm256_mul_ps(_mm256_set1_ps(f16c_at(blk + 2)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + 2)))));
+        alignas(32) float a8[8];
+        _mm256_store_ps(a8, sc);
+        // the minimums: sub-block j's times the sum of its 32 inputs (two sums of 16), subtracted
+        const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        offv = _mm512_fnmadd_ps(_mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(mn)),
+                                _mm512_loadu_ps(p.xsum16 + g * G), offv);
+        const uint8_t* qh = blk + 16;
+        const uint8_t* qs = blk + (TYPE == Q5_K ? 48 : 16);
+        for (int c = 0; c < 4; c++) {
+          const __m128i q0 = load16(qs + 32 * c), q1 = load16(qs + 32 * c + 16);
+          __m128i l0 = low4(q0), l1 = low4(q1), h0 = high4(q0), h1 = high4(q1);
+          if constexpr (TYPE == Q5_K) {
+            const __m128i b0 = load16(qh), b1 = load16(qh + 16);
+            l0 = _mm_or_si128(l0, one_bit(b0, 2 * c));
+            l1 = _mm_or_si128(l1, one_bit(b1, 2 * c));
+            h0 = _mm_or_si128(h0, one_bit(b0, 2 * c + 1));
+            h1 = _mm_or_si128(h1, one_bit(b1, 2 * c + 1));
+          }
+          const float* xc = x + 64 * c;
+          const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l1)), _mm512_loadu_ps(xc + 16),
+                                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l0)), _mm512_loadu_ps(xc)));
+          const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h1)), _mm512_loadu_ps(xc + 48),
+                                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h0)), _mm512_loadu_ps(xc + 32)));
+          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(a8[2 * c]), lo, acc0);
+          acc1 = _mm512_fmadd_ps(_mm512_set1_ps(a8[2 * c + 1]), hi, acc1);
         }
         continue;
       }
