@@ -43,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(gloo) started: rank 0 answers, the others run their layers (with --prompt; README "
                         "\"Pipeline across machines\")")
     p.add_argument("--pipeline-timeout", type=float, default=30.0,
-                   help="with --pipeline: seconds rank 0 waits for the other ranks before it names them and exits")
+                   help="with --pipeline: seconds rank 0 waits for one step round the ranks before it names them "
+                        "and exits; make it longer than the slowest step, a prefill chunk (default: 30)")
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
         p.error("--raw needs --prompt")

@@ -19,6 +19,8 @@ import hashlib
 import numpy as np
 
 from ..errors import ConfigError
+from ..store.manifest import MANIFEST_NAME
+from ..store.safetensors_io import tensor_layer
 from .pipeline import Pipeline, serve
 from .stages import plan_stages
 from .transport import open_transport
@@ -35,7 +37,7 @@ def _host_id() -> int:
 
 def _store_digest(store) -> np.ndarray:
     """Eight int32 words of the sha256 of the store's manifest (which seals every file's checksum)."""
-    with open(store.file_path("manifest.json"), "rb") as fh:
+    with open(store.file_path(MANIFEST_NAME), "rb") as fh:
         d = hashlib.sha256(fh.read()).digest()
     return np.frombuffer(d[:32], dtype=">u4").astype(np.int64) >> 1  # 31-bit words: int32 on the wire
 
@@ -44,15 +46,14 @@ def _layer_bytes(store) -> tuple[list[int], int]:
     """Each layer's bytes as stored (attention tensors and FFN bundles) and the rest (embeddings,
     head, norms), from the manifest."""
     m = store.manifest
-    n = m.config["num_hidden_layers"]
-    per = [m.ffn.layer_nbytes] * n
+    per = [m.ffn.layer_nbytes] * m.config["num_hidden_layers"]
     rest = 0
     for name, t in m.tensors.items():
-        parts = name.split(".")
-        if "layers" in parts and parts[parts.index("layers") + 1].isdigit():
-            per[int(parts[parts.index("layers") + 1])] += t.nbytes
-        else:
+        layer = tensor_layer(name)
+        if layer is None:
             rest += t.nbytes
+        else:
+            per[layer] += t.nbytes
     return per, rest
 
 

@@ -83,23 +83,28 @@ class MLXRing(Transport):
         v = np.asarray(values, dtype=np.int64)
         if np.any(np.abs(v) >= 2 ** 31):
             raise ValueError("all_gather carries int32 values (send sizes in MiB)")
-        out = self.mx.distributed.all_gather(self.mx.array(v.astype(np.int32).reshape(1, -1)), group=self.group,
-                                             stream=self.stream)
-        self.mx.eval(out)
+        try:
+            out = self.mx.distributed.all_gather(self.mx.array(v.astype(np.int32).reshape(1, -1)), group=self.group,
+                                                 stream=self.stream)
+            self.mx.eval(out)
+        except RuntimeError as e:
+            raise FlashError(f"a rank left the group while the ranks exchanged their plans ({e})") from None
         return np.array(out).astype(np.int64).reshape(self.size, -1)
 
 
 class TorchGloo(Transport):
     """torch.distributed over gloo, started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
 
-    def __init__(self):
+    def __init__(self, timeout: float = 60.0):
+        import datetime
+
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
         if not dist.is_initialized():
-            try:
-                dist.init_process_group("gloo")
+            try:  # a collective whose peer is gone fails after `timeout`, not gloo's default 30 minutes
+                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
             except (RuntimeError, ValueError) as e:
                 raise FlashError(f"no torch.distributed group: start every rank with torchrun: {e}") from None
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
@@ -121,7 +126,10 @@ class TorchGloo(Transport):
     def all_gather(self, values: np.ndarray) -> np.ndarray:
         v = self.torch.from_numpy(np.asarray(values, dtype=np.int64).reshape(-1).copy())
         parts = [self.torch.zeros_like(v) for _ in range(self.size)]
-        self.dist.all_gather(parts, v)
+        try:
+            self.dist.all_gather(parts, v)
+        except RuntimeError as e:
+            raise FlashError(f"a rank left the group while the ranks exchanged their plans ({e})") from None
         return np.stack([p.numpy() for p in parts])
 
     def close(self) -> None:

@@ -22,8 +22,9 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def start_ranks(n: int, argv: list[str], tmp, env: dict | None = None, launcher: str = "ring") -> list[subprocess.Popen]:
-    """n processes of `python argv...`, ranks 0..n-1 of one group over loopback."""
+def start_ranks(n: int, argv, tmp, env: dict | None = None, launcher: str = "ring") -> list[subprocess.Popen]:
+    """n processes of `python argv...` (argv: a list, or rank -> list), ranks 0..n-1 of one group over
+    loopback."""
     if launcher == "ring":
         hostfile = os.path.join(str(tmp), "hosts.json")
         with open(hostfile, "w") as fh:
@@ -36,6 +37,6 @@ def start_ranks(n: int, argv: list[str], tmp, env: dict | None = None, launcher:
     procs = []
     for r in range(n):
         e = {**os.environ, **(env or {}), **group(r)}
-        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, *(argv(r) if callable(argv) else argv)], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     return procs

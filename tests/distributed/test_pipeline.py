@@ -126,3 +126,17 @@ def test_a_stalled_rank_is_named_within_the_timeout(store_dir, tmp_path):
             p.kill()
     assert procs[0].returncode not in (0, None)
     assert "no answer from rank 1 within 5 s" in err and 4 < took < 30, (took, err[-500:])
+
+
+@pytest.mark.slow
+def test_a_rank_with_another_store_is_refused(store_dir, tiny_store, tmp_path):
+    """Every rank must hold the same store (the manifests' digests are compared at start): a rank
+    given another model is refused in one line on every rank, and no rank hangs."""
+    other, _ = tiny_store("llama")
+    argv = lambda r: ["-m", "mlx_flash.chat", "--model", store_dir if r == 0 else other, "--pipeline",  # noqa: E731
+                      "--prompt", "Hello", "--max-tokens", "4"]
+    procs = start_ranks(2, argv, tmp_path)
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 2, err[-500:]
+        assert "rank 1's copy of the store differs from rank 0's" in err and "Traceback" not in err
