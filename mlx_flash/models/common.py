@@ -17,3 +17,12 @@ def linear(ops, x, w):
     if isinstance(w, tuple):
         return ops.concatenate([ops.linear(x, part) for part in w], axis=-1)
     return ops.linear(x, w)
+
+
+def gated_hidden(ops, act, gate_up, x):
+    """A gated FFN's activations act(gate) * up [.., F] from gate and up rows fused [2F, D]; `act`
+    is the family's ffn_source.GateActivation."""
+    both = linear(ops, x, gate_up)
+    n = both.shape[-1] // 2
+    gate, up = ops.split(both, [n, n])
+    return act.apply(ops, gate) * up

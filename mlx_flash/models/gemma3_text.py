@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .common import ArgsFromDict, linear
+from .common import ArgsFromDict, gated_hidden, linear
 from .rope import rope_frequencies
 
 LAYER = "model.layers.{}."
@@ -192,10 +192,7 @@ GATE_ACTIVATION = GateActivation.GELU_TANH  # GeGLU
 
 def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
     """GeGLU activations gelu_tanh(gate) * up [.., F] from bundle-form weights (gate|up rows fused [2F, D])."""
-    gate_up = linear(ops, x, fw.gate_up)
-    n = gate_up.shape[-1] // 2
-    gate, up = ops.split(gate_up, [n, n])
-    return GATE_ACTIVATION.apply(ops, gate) * up
+    return gated_hidden(ops, GATE_ACTIVATION, fw.gate_up, x)
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):

@@ -19,14 +19,11 @@ def main() -> int:
     engine, status = join(model, mlx_flash.EngineConfig(backend=backend))
     if engine is None:
         return status
+    from greedy import greedy
+
     with engine:
-        caches = engine.new_caches()
-        logits = [engine.prefill(PROMPT, caches)]
-        toks = []
-        for _ in range(n):
-            toks.append(int(np.argmax(logits[-1])))
-            logits.append(engine.forward([toks[-1]], caches)[-1])
-    np.savez(out, tokens=np.array(toks), logits=np.stack(logits), stages=np.array([[s.start, s.stop] for s in status]))
+        toks, logits = greedy(engine, PROMPT, n)
+    np.savez(out, tokens=np.array(toks), logits=logits, stages=np.array([[s.start, s.stop] for s in status]))
     return 0
 
 

@@ -14,6 +14,7 @@ import pytest
 import mlx_flash
 from mlx_flash.distributed.stages import plan_stages
 from mlx_flash.errors import ConfigError
+from greedy import greedy
 from greedy_rank import PROMPT
 from ring import start_ranks
 
@@ -41,19 +42,14 @@ def test_impossible_stages_are_refused():
 
 def single_process(store_dir, backend):
     with mlx_flash.load(store_dir, backend=backend, progress=False) as e:
-        caches = e.new_caches()
-        logits = [e.prefill(PROMPT, caches)]
-        toks = []
-        for _ in range(STEPS):
-            toks.append(int(np.argmax(logits[-1])))
-            logits.append(e.forward([toks[-1]], caches)[-1])
-    return toks, np.stack(logits)
+        return greedy(e, PROMPT, STEPS)
 
 
 def run_ranks(n, store_dir, backend, tmp_path, launcher="ring"):
     out = str(tmp_path / f"out-{n}-{backend}.npz")
     procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS)], tmp_path,
-                        env={"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}, launcher=launcher)
+                        env={"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])},
+                        launcher=launcher)
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
@@ -92,20 +88,26 @@ def _wait_for_text(proc, seconds=120):
     assert len(seen) >= 40, "rank 0 produced no answer"
 
 
+def _signal_rank_1_mid_answer(procs, sig):
+    """Send `sig` to rank 1 once rank 0 has streamed part of its answer: (seconds until rank 0 ended,
+    its stderr)."""
+    try:
+        _wait_for_text(procs[0])
+        t = time.time()
+        procs[1].send_signal(sig)
+        _, err = procs[0].communicate(timeout=60)
+        return time.time() - t, err
+    finally:
+        for p in procs:
+            p.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
 @pytest.mark.parametrize("launcher", ["ring", "gloo"])
 def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_dir, tmp_path, launcher):
     procs = _chat_ranks(2, store_dir, tmp_path, launcher=launcher)
-    try:
-        _wait_for_text(procs[0])
-        t = time.time()
-        procs[1].send_signal(signal.SIGKILL)
-        _, err = procs[0].communicate(timeout=60)
-        took = time.time() - t
-    finally:
-        for p in procs:
-            p.kill()
+    took, err = _signal_rank_1_mid_answer(procs, signal.SIGKILL)
     assert procs[0].returncode not in (0, None)
     assert "rank 1" in err and took < 30, (took, err[-500:])
     assert "Traceback" not in err
@@ -115,15 +117,7 @@ def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_d
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
 def test_a_stalled_rank_is_named_within_the_timeout(store_dir, tmp_path):
     procs = _chat_ranks(2, store_dir, tmp_path, "--pipeline-timeout", "5")
-    try:
-        _wait_for_text(procs[0])
-        t = time.time()
-        procs[1].send_signal(signal.SIGSTOP)
-        _, err = procs[0].communicate(timeout=60)
-        took = time.time() - t
-    finally:
-        for p in procs:
-            p.kill()
+    took, err = _signal_rank_1_mid_answer(procs, signal.SIGSTOP)
     assert procs[0].returncode not in (0, None)
     assert "no answer from rank 1 within 5 s" in err and 4 < took < 30, (took, err[-500:])
 
