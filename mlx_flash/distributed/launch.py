@@ -7,14 +7,16 @@ other rank serves its layers until rank 0 stops.
     torchrun --nproc-per-node 2 -m mlx_flash.chat --pipeline --backend torch --prompt "..."   (gloo)
 
 Every rank opens its own copy of the store (each machine converts or copies it to its own cache);
-rank 0 refuses a rank whose copy differs from its own (the manifest's checksums). Not done yet: each
-rank still loads every layer (the plan decides which layers it runs, not yet what it holds), the
-REPL and the server (their contexts' KV lives on every rank) and the throughput mode.
+a rank whose copy differs from rank 0's is refused (the manifests' digests). Each rank then cuts the
+store of its own layers (store/stage.py) and loads only that, so its memory plan holds or streams
+only its layers. Not done yet: the REPL and the server (their contexts' KV lives on every rank) and
+the throughput mode.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
@@ -57,10 +59,17 @@ def _layer_bytes(store) -> tuple[list[int], int]:
     return per, rest
 
 
-def join(model, cfg, timeout: float = 30.0):
+def join(model, cfg, timeout: float = 30.0, progress: bool = True):
     """On rank 0: (its Engine, every rank's layer range). On the others: (None, their exit status),
-    once rank 0 stops them or the pipeline breaks."""
+    once rank 0 stops them or the pipeline breaks. Before loading, the ranks compare their stores'
+    digests and exchange their memory limits; each then cuts the store of its own layers (cached
+    under `<cache>/stages/`) and loads that, planned under its own limit."""
+    from ..config import default_cache_dir
+    from ..default_model import resolve_store
     from ..api import load_config
+    from ..memory import resolve_limit
+    from ..store import open_store
+    from ..store.stage import cut_stage
 
     t = open_transport()
     if cfg.threads is None:  # ranks sharing a machine share its cores (a waiting rank polls its socket)
@@ -71,19 +80,22 @@ def join(model, cfg, timeout: float = 30.0):
         hosts = t.all_gather(np.array([_host_id()]))[:, 0]
         here = int((hosts == hosts[t.rank]).sum())
         cfg = replace(cfg, threads=max(1, cpu_threads() // here))
-    engine = load_config(model, cfg)
-    try:
-        digests = t.all_gather(_store_digest(engine.store))
-        rooms = t.all_gather(np.array([engine.memory_plan.get("weights_budget", 0) // MIB]))[:, 0] * MIB
-        differ = [r for r in range(t.size) if not np.array_equal(digests[r], digests[0])]
-        if differ:
-            raise ConfigError(f"rank {differ[0]}'s copy of the store differs from rank 0's (manifest checksums): "
-                              "give every rank the same store")
-        per, rest = _layer_bytes(engine.store)
-        stages = plan_stages(per, list(rooms), rank0_fixed=rest)
-    except BaseException:
-        engine.close()
-        raise
+    limit = resolve_limit(cfg.memory_budget)
+    store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
+                       progress, cfg.cache_dir)
+    digests = t.all_gather(_store_digest(store))
+    limits = t.all_gather(np.array([limit.bytes // MIB]))[:, 0] * MIB
+    differ = [r for r in range(t.size) if not np.array_equal(digests[r], digests[0])]
+    if differ:
+        raise ConfigError(f"rank {differ[0]}'s copy of the store differs from rank 0's (manifest checksums): "
+                          "give every rank the same store")
+    per, rest = _layer_bytes(store)
+    # every stage store carries the embeddings and head (each graph builds them): off every rank's room
+    stages = plan_stages(per, [max(int(x) - rest, 0) for x in limits])
+    mine = stages[t.rank]
+    digest = "".join(f"{int(w):08x}" for w in digests[0][:2])
+    path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages", f"{digest}-{mine.start}-{mine.stop}")
+    engine = load_config(cut_stage(store, mine, path, progress), cfg)
     if t.rank == 0:
         engine.pipeline = Pipeline(engine, t, stages, timeout)
         return engine, stages

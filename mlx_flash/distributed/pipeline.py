@@ -144,7 +144,7 @@ def serve(engine, transport: Transport, stages: list[range]) -> int:
     status (0 after STOP; 1 when the upstream neighbour was lost, after telling rank 0 which)."""
     r, size = transport.rank, transport.size
     prev, nxt = r - 1, (r + 1) % size
-    mine = stages[r]
+    mine = range(len(stages[r]))  # the engine holds this rank's stage alone, its layers numbered from 0
     seqs: OrderedDict[int, list] = OrderedDict()
     while True:
         try:

@@ -72,6 +72,10 @@ class Store:
             out[layer] = (ts[0].file, start, end - start)
         return out
 
+    def read_bytes(self, file: str, offset: int, nbytes: int) -> np.ndarray:
+        """`nbytes` bytes of one of the store's files from `offset` (uint8)."""
+        return self._read(file, offset, nbytes)
+
     def _read(self, file: str, offset: int, nbytes: int) -> np.ndarray:
         buf = np.empty(nbytes, dtype=np.uint8)
         with open(self.file_path(file), "rb") as fh:

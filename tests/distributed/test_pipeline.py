@@ -15,7 +15,7 @@ import mlx_flash
 from mlx_flash.distributed.stages import plan_stages
 from mlx_flash.errors import ConfigError
 from greedy import greedy
-from greedy_rank import PROMPT
+from greedy_rank import PROMPT, TINY_PROMPT
 from ring import start_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,9 +45,9 @@ def single_process(store_dir, backend):
         return greedy(e, PROMPT, STEPS)
 
 
-def run_ranks(n, store_dir, backend, tmp_path, launcher="ring"):
+def run_ranks(n, store_dir, backend, tmp_path, launcher="ring", *extra):
     out = str(tmp_path / f"out-{n}-{backend}.npz")
-    procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS)], tmp_path,
+    procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS), *extra], tmp_path,
                         env={"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])},
                         launcher=launcher)
     results = [p.communicate(timeout=300) for p in procs]
@@ -66,6 +66,18 @@ def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, launcher
     assert len(stages) == ranks and stages[0][0] == 0 and all(b > a for a, b in stages)
     assert got["tokens"].tolist() == want_tokens
     assert np.array_equal(got["logits"], want_logits)
+
+
+@pytest.mark.slow
+def test_a_gemma_pipeline_keeps_each_layers_attention_kind(tiny_store, tmp_path):
+    """Gemma 3's sliding and full layers (a per-layer config list, cut with the layers): 2 ranks
+    equal one process past the window."""
+    store, _ = tiny_store("gemma3_text")
+    with mlx_flash.load(store, backend="mlx", progress=False) as e:
+        want_tokens, want_logits = greedy(e, TINY_PROMPT, STEPS)
+    got = run_ranks(2, store, "mlx", tmp_path, "ring", "tiny")
+    assert [list(s) for s in got["stages"]] == [[0, 3], [3, 6]]
+    assert got["tokens"].tolist() == want_tokens and np.array_equal(got["logits"], want_logits)
 
 
 def _chat_ranks(n, store_dir, tmp_path, *extra, launcher="ring"):
