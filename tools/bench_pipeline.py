@@ -1,0 +1,122 @@
+"""A model split across ranks, each inside its own memory limit, against one process inside one such
+limit: decode tokens/s of the chat (`python -m mlx_flash.chat --pipeline --prompt ... --verbose`),
+each rank in a fresh memory cgroup of --limit, the page cache dropped before each run; the layer
+ranges and every rank's memory plan line printed.
+
+    python tools/bench_pipeline.py [--model STORE_OR_GGUF] [--ranks 2] [--limit 2GB] [--tokens 8]
+                                   [--backend mlx] [--launcher ring|gloo] [--json OUT]
+
+The ranks run on this machine over loopback (distributed.local gives them the environment
+mlx.launch or torchrun would); they share its cores and its drive, so the ratio measures what
+splitting the memory buys, not what more machines add. Root and a cgroup memory controller needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+
+from mlx_flash.budget import parse_budget
+from mlx_flash.distributed.local import rank_envs
+from mlx_flash.errors import exit_status, first_paragraph
+from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache
+from mlx_flash.units import fmt
+
+PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."
+DECODE = re.compile(r"generated (\d+) tok at ([0-9.]+) tok/s")
+
+
+def chat_cmd(a, pipeline: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "mlx_flash.chat", "--prompt", PROMPT, "--max-tokens", str(a.tokens), "--verbose",
+           "--backend", a.backend]
+    if a.model:
+        cmd += ["--model", a.model]
+    return cmd + (["--pipeline", "--pipeline-timeout", "600"] if pipeline else [])
+
+
+def decode_rate(stderr: str) -> float | None:
+    found = DECODE.findall(stderr)
+    return float(found[-1][1]) if found else None
+
+
+def plan_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(("memory:", "pipeline:"))]
+
+
+def one_process(a, limit: int) -> dict:
+    drop_page_cache()
+    with MemoryCgroup(limit) as cg:
+        r = cg.run(chat_cmd(a, False), timeout=3600)
+    return {"config": "one process", "tok_s": decode_rate(r.stderr), "peaks": [r.peak], "oom_kills": r.oom_kills,
+            "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:]}
+
+
+def pipeline(a, limit: int) -> dict:
+    drop_page_cache()
+    runs = [None] * a.ranks
+    with tempfile.TemporaryDirectory() as tmp:
+        envs = rank_envs(a.ranks, tmp, a.launcher)
+        groups = [MemoryCgroup(limit, name=f"mlx_flash_rank{r}") for r in range(a.ranks)]
+        try:
+            def run(r):
+                runs[r] = groups[r].run(chat_cmd(a, True), timeout=3600, env={**os.environ, **envs[r]})
+
+            threads = [threading.Thread(target=run, args=(r,)) for r in range(a.ranks)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for g in groups:
+                g.close()
+    return {"config": f"{a.ranks} ranks ({a.launcher})", "tok_s": decode_rate(runs[0].stderr),
+            "peaks": [r.peak for r in runs], "oom_kills": sum(r.oom_kills for r in runs),
+            "plans": [line for r in runs for line in plan_lines(r.stderr)], "returncodes": [r.returncode for r in runs],
+            "tail": runs[0].stderr[-400:]}
+
+
+def run(a) -> None:
+    limit = parse_budget(a.limit, 1 << 40, "--limit")
+    rows = [one_process(a, limit), pipeline(a, limit)]
+    base = rows[0]["tok_s"]
+    print(f"\n{a.tokens} greedy tokens, each process in its own {fmt(limit)} memory cgroup, {a.backend} backend")
+    print(f"{'config':<22}{'decode tok/s':>14}{'vs one':>9}  peaks per cgroup            OOM kills  exit codes")
+    for row in rows:
+        rate = row["tok_s"]
+        ratio = f"{rate / base:.2f}x" if rate and base else "-"
+        peaks = ", ".join(fmt(p) for p in row["peaks"])
+        print(f"{row['config']:<22}{rate if rate is not None else '-':>14}{ratio:>9}  {peaks:<28}{row['oom_kills']:>9}"
+              f"  {row['returncodes']}")
+    for row in rows:
+        print(f"\n{row['config']}:")
+        for line in row["plans"]:
+            print("  " + line)
+        if row["tok_s"] is None:
+            print("  (no answer) " + row["tail"])
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"limit": limit, "tokens": a.tokens, "backend": a.backend, "rows": rows}, fh, indent=1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
+    p.add_argument("--model", default=None, help="store dir or GGUF (default: the default model)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--limit", default="2GB", help="each process's memory cgroup (default 2GB)")
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--backend", default="mlx", choices=("mlx", "torch"))
+    p.add_argument("--launcher", default="ring", choices=("ring", "gloo"))
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    if a.ranks < 2:
+        p.error("--ranks must be at least 2")
+    return exit_status(lambda: run(a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
