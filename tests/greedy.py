@@ -38,3 +38,17 @@ def hf_references(model, prompts, steps):
                                     attention_mask=torch.ones(1, len(ids), dtype=torch.long))
         out.append((ids, logits, tokens[0, len(ids):].tolist()))
     return out
+
+
+def kernel_and_reference_runs(open_engine, prompt, n):
+    """{"auto": ..., "reference": ...}: greedy runs (greedy()) of a sparse engine opened by
+    `open_engine(kernel)` through the backend's sparse kernel and through the reference path, each
+    checked to have used that path on a partial selection."""
+    runs = {}
+    for kernel in ("auto", "reference"):
+        with open_engine(kernel) as e:
+            runs[kernel] = greedy(e, prompt, n)
+            st = e.ffn.stats()
+            assert st.sparse_kernel == ("cpu" if kernel == "auto" else "reference")
+            assert 0 < st.rows_active < st.decode_layer_steps * st.neurons
+    return runs

@@ -8,7 +8,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
-from greedy import greedy
+from greedy import greedy, kernel_and_reference_runs
 
 pytest.importorskip("torch")
 
@@ -38,13 +38,8 @@ def test_all_active_geglu_kernel_equals_resident(gemma_q8, backend):
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_partial_geglu_selection_kernel_equals_reference_path(gemma_q8, backend):
-    runs = {}
-    for kernel in ("auto", "reference"):
-        with sparse(gemma_q8, backend, predictor="statistical", statistical_active=0.5, kernel=kernel) as e:
-            runs[kernel] = greedy(e, PROMPT, 10)
-            st = e.ffn.stats()
-            assert st.sparse_kernel == ("cpu" if kernel == "auto" else "reference")
-            assert 0 < st.rows_active < st.decode_layer_steps * st.neurons
+    runs = kernel_and_reference_runs(
+        lambda kernel: sparse(gemma_q8, backend, predictor="statistical", statistical_active=0.5, kernel=kernel), PROMPT, 10)
     assert runs["auto"][0] == runs["reference"][0]
     np.testing.assert_allclose(runs["auto"][1], runs["reference"][1], rtol=0, atol=1e-4)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mlx_flash
-from greedy import greedy
+from greedy import greedy, kernel_and_reference_runs
 
 PROMPT = [1, 504, 3458, 282, 4649, 314]  # a fixed token prompt: no tokenizer in the comparison
 
@@ -35,12 +35,7 @@ def test_partial_selection_kernel_equals_reference_path(store_dir, backend):
     selections on both paths, so the same tokens, and logits equal up to float32 summation order
     (the kernel adds the active blocks in neuron order, as the resident model does; the reference
     path multiplies the cache's rows in slot order)."""
-    runs = {}
-    for kernel in ("auto", "reference"):
-        with load(store_dir, backend, predictor="statistical", statistical_active=0.5, kernel=kernel) as e:
-            runs[kernel] = greedy(e, PROMPT, 12)
-            st = e.ffn.stats()
-            assert st.sparse_kernel == ("cpu" if kernel == "auto" else "reference")
-            assert 0 < st.rows_active < st.decode_layer_steps * st.neurons
+    runs = kernel_and_reference_runs(
+        lambda kernel: load(store_dir, backend, predictor="statistical", statistical_active=0.5, kernel=kernel), PROMPT, 12)
     assert runs["auto"][0] == runs["reference"][0]
     np.testing.assert_allclose(runs["auto"][1], runs["reference"][1], rtol=0, atol=1e-2)
