@@ -60,6 +60,10 @@ class Pipeline:
         self.next_seq = 0
         self.broken: str | None = None
         self.round_trips = 0
+        # one watchdog for the pipeline's life: armed with a deadline for each round, not a thread each
+        self._deadline: float | None = None
+        self._cv = threading.Condition()
+        threading.Thread(target=self._watch, daemon=True).start()
 
     # ---- the model call ---------------------------------------------------------------------------
     def forward(self, tokens, caches, all_logits: bool):
@@ -108,9 +112,9 @@ class Pipeline:
         if self.broken is not None:
             raise PipelineFault(self.broken)
         last = self.t.size - 1
-        done = threading.Event()
-        watchdog = threading.Thread(target=self._watch, args=(done,), daemon=True)
-        watchdog.start()
+        with self._cv:
+            self._deadline = time.monotonic() + self.timeout
+            self._cv.notify()
         try:
             self.t.send(np.asarray(header, dtype=np.int32), 1)
             if payload is not None:
@@ -124,15 +128,17 @@ class Pipeline:
             self.broken = f"pipeline stopped: {err}"
             raise PipelineFault(self.broken) from None
         finally:
-            done.set()
+            with self._cv:
+                self._deadline = None
         self.round_trips += 1
         return out
 
-    def _watch(self, done: threading.Event) -> None:
-        """A stalled rank never answers and never drops its connection: after `timeout` seconds rank 0
-        names the ranks it waited on and exits, rather than hang."""
-        if done.wait(self.timeout):
-            return
+    def _watch(self) -> None:
+        """A stalled rank never answers and never drops its connection: when a round outlives its
+        deadline (`timeout` seconds), rank 0 names the ranks it waited on and exits, rather than hang."""
+        with self._cv:
+            while self._deadline is None or time.monotonic() < self._deadline:
+                self._cv.wait(None if self._deadline is None else self._deadline - time.monotonic())
         ranks = "rank 1" if self.t.size == 2 else f"ranks 1-{self.t.size - 1}"
         print(f"error: pipeline stopped: no answer from {ranks} within {self.timeout:g} s (a rank stalled or "
               "its machine stopped answering)", file=sys.stderr, flush=True)
