@@ -19,7 +19,7 @@ from .options import ExpertOptions, FlashOptions, IOOptions
 from .store import open_store
 from .store.reader_pool import ReaderPool
 from .models import model_module
-from .store.stream_pool import stream_pool
+from .store.stream_pool import stream_pool, stream_pools_bytes
 from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
 
@@ -66,7 +66,8 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return_free_memory()
     plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
-                        model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk)
+                        model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk,
+                        stream_pools_bytes(cfg.cache_dir or default_cache_dir(), cfg.io.threads))
     # (below what a streamed dense FFN holds it is refused here; below what a sparse or expert FFN needs,
     # by that FFN's planner, with its own minimum: neither holds one whole layer's reads)
     plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget,

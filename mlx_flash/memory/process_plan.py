@@ -3,13 +3,16 @@ weights (the runtime floor, measured), the KV cache, the work buffers of a forwa
 weights; the weights' share then goes to the FFN planners (sparse/planner.py, moe/planner.py), or
 decides resident vs streamed FFN for ffn="auto".
 
-    limit = floor + runtime slack + KV cache + work buffers + weights budget
+    limit = floor + runtime slack + KV cache + work buffers + reader buffers + weights budget
 
 floor: this process's RSS when planning (interpreter, frameworks, tokenizer, anything the caller
 already holds). RUNTIME_SLACK: what a backend allocates on its first forward passes beyond the
 floor (thread pools, allocator caches: MLX's buffer cache is capped at MLX_CACHE_LIMIT by the
 backend), measured on a 24 KB model. KV cache: `kv_tokens` tokens of every layer's keys and values
 in float32. Work buffers: the activations of one prefill chunk (attention scores included).
+Reader buffers: what the reader pools of streamed weights hold (their threads' scratch buffers and
+stacks: store/reader_pool.py), counted whether or not the plan streams, so that the minimum is one
+number (at the minimum the weights stream).
 A limit that cannot hold the floor, the slack, the work buffers of a 16-token chunk, 128 tokens of
 KV and the weights' minimum is refused, naming the minimum: one number for a model and backend
 whatever limit was tried, and a run given that number is planned (the floor is measured again in
@@ -97,18 +100,20 @@ class ProcessPlan:
     prefill_chunk: int
     work_bytes: int
     weights_budget: int  # what the weights, predictors, read buffers and caches may hold
+    reader_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
     def account(self) -> dict:
         return {"limit": self.limit.bytes, "limit_meaning": self.limit.how, "runtime_floor": self.floor,
                 "runtime_slack": self.slack, "kv_tokens": self.kv_tokens, "kv_cache": self.kv_bytes,
                 "prefill_chunk": self.prefill_chunk, "work_buffers": self.work_bytes,
+                "reader_buffers": self.reader_bytes,
                 "weights_budget": self.weights_budget}
 
     def line(self, weights: str) -> str:
         """One line for stderr: the limit and where it goes; `weights` says what the weights' share holds."""
         return (f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
-                f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)} + weights "
+                f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)} + readers {fmt(self.reader_bytes)} + weights "
                 f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes))
 
 
@@ -145,10 +150,11 @@ def _stated(n: int) -> int:
 
 def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape, context_limit: int,
                  weights_minimum: int,
-                 context: int = 0, prefill_chunk: int = 512) -> ProcessPlan:
+                 context: int = 0, prefill_chunk: int = 512, readers: int = 0) -> ProcessPlan:
     """Split `limit` (see the module docstring). context: KV tokens to plan for (0: auto, the model's
     context or what AUTO_KV_SHARE of the limit holds, at least MIN_KV_TOKENS); weights_minimum: the least the weights need
-    (resident tensors and one streamed layer's buffers), to refuse early with the minimum."""
+    (resident tensors and one streamed layer's buffers), to refuse early with the minimum; readers: the
+    reader pools' bytes (see the module docstring)."""
     slack = RUNTIME_SLACK[backend]
     per_tok = kv_bytes_per_token(shape)
     if context:
@@ -162,16 +168,16 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     smallest_chunk = min(prefill_chunk, 16)
 
     def left(chunk_, tokens):
-        return limit.bytes - floor - slack - per_tok * tokens - work_bytes(shape, chunk_, tokens)
+        return limit.bytes - floor - slack - readers - per_tok * tokens - work_bytes(shape, chunk_, tokens)
 
     # The minimum depends on the model and backend alone (not on the limit tried): the least KV, the
     # buffers of the smallest chunk over it, the weights' minimum.
-    minimum = floor + slack + per_tok * least + work_bytes(shape, smallest_chunk, least) + weights_minimum
+    minimum = floor + slack + readers + per_tok * least + work_bytes(shape, smallest_chunk, least) + weights_minimum
     if limit.bytes < minimum:
         raise MemoryBudgetError(  # (FLOOR_JITTER keeps the two numbers apart as fmt() writes them)
             f"memory budget {fmt(limit.bytes)} is below the minimum {fmt(_stated(minimum))} for this model on this "
             f"backend (runtime {fmt(floor + slack)} measured, KV cache {fmt(per_tok * least)} for {least} tokens, "
-            f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, weights {fmt(weights_minimum)} at the least, "
+            f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, readers {fmt(readers)}, weights {fmt(weights_minimum)} at the least, "
             f"{fmt(FLOOR_JITTER)} for the runtime's run-to-run difference)")
     chunk, notes = prefill_chunk, []
     while chunk > MIN_CHUNK and work_bytes(shape, chunk, target) > WORK_SHARE * limit.bytes:
@@ -185,4 +191,4 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
         kv_tokens = max(least, kv_tokens // 2)
     return ProcessPlan(limit=limit, floor=floor, slack=slack, kv_tokens=kv_tokens, kv_bytes=per_tok * kv_tokens,
                        prefill_chunk=chunk, work_bytes=work_bytes(shape, chunk, kv_tokens),
-                       weights_budget=left(chunk, kv_tokens), notes=notes)
+                       weights_budget=left(chunk, kv_tokens), reader_bytes=readers, notes=notes)

@@ -22,6 +22,7 @@ KiB, MiB = 1024, 1024 * 1024
 CHUNKS = [4 * KiB, 8 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB]
 THREADS = [1, 2, 4, 8, 16, 32, 64]
 PROFILE_NAME = "disk_profile.json"
+QUICK_THREADS = [1, 4, 16]  # the first-use probe's thread counts
 
 
 def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
@@ -136,6 +137,16 @@ def best_threads(profile: dict, chunk: int) -> int:
     return int(max(profile["throughput"], key=lambda t: profile["throughput"][t][near]))
 
 
+def most_threads(cache_dir: str) -> int:
+    """The most reader threads a pool sized by this machine's profile can get (for the memory plan,
+    before any pool exists): the largest count the saved profile measured, else the quick probe's."""
+    try:
+        with open(os.path.join(cache_dir, PROFILE_NAME)) as fh:
+            return max(int(t) for t in json.load(fh)["throughput"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return max(QUICK_THREADS)  # no profile yet (the probe runs when a pool is first made), or unreadable
+
+
 def save_profile(profile: dict, path: str) -> None:
     with open(path + ".tmp", "w") as fh:
         json.dump(profile, fh, indent=1)
@@ -180,7 +191,7 @@ def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, 
             return json.load(fh)
     os.makedirs(cache_dir, exist_ok=True)
     scratch = os.path.join(probe_dir or cache_dir, ".probe.bin")
-    chunks, threads, seconds = [4 * KiB, 64 * KiB, 1 * MiB], [1, 4, 16], 0.25
+    chunks, threads, seconds = [4 * KiB, 64 * KiB, 1 * MiB], QUICK_THREADS, 0.25
     detail = (f"first use: a 256 MiB scratch file, {len(chunks) * len(threads)} points of {seconds} s; saved to "
               f"{path}; python -m mlx_flash.profile_disk makes a full profile")
     with step("measuring this disk's random reads", progress, detail):

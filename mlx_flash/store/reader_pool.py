@@ -16,6 +16,12 @@ How a batch is read:
 
 Several batches can be in flight; lower `priority` values are served first (the engine gives the
 batch it is blocked on priority 0 and prefetches a larger number).
+
+Memory: the workers' scratch buffers share SCRATCH_BYTES (a read is cut at a worker's share, at most
+`max_chunk`), so a pool holds at most `pool_bytes(threads)` whatever its thread count; the process
+planner counts that for each pool a streaming engine opens. (Before the cap, each worker held a
+whole `max_chunk`: 32 reader threads in two pools took 52 MB more than one, and a run at the planned
+minimum passed its limit.)
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from .pool_file import PoolClosedError, PoolFile, ReadError, _check_dest, _check
 from .read_plan import BLOCK, plan_reads
 
 MODES = ("direct", "buffered")
+SCRATCH_BYTES = 4 << 20  # all the workers' scratch buffers together (4 workers: 1 MiB each)
+# What a worker thread holds beside its scratch (its stack's touched pages, the interpreter's thread
+# state), rounded up from measurements of 45 to 50 KB a thread (64 threads in two pools against 1; 32 in one).
+THREAD_BYTES = 128 << 10
 _preadv = os.preadv  # module-level so fault tests can put a failing read underneath the workers
 
 
@@ -106,7 +116,7 @@ class ReaderPool:
             raise ValueError(f"threads must be >= 1 (got {threads})")
         self.mode = mode
         self.coalesce_gap = max(0, int(coalesce_gap))
-        self.max_chunk = max(BLOCK, int(max_chunk) // BLOCK * BLOCK)
+        self.max_chunk = max(BLOCK, min(int(max_chunk), SCRATCH_BYTES // threads) // BLOCK * BLOCK)
         self._files: list[PoolFile] = []
         self._queue: list[_Job] = []
         self._cv = threading.Condition()
@@ -116,6 +126,12 @@ class ReaderPool:
         self._workers = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(threads)]
         for w in self._workers:
             w.start()
+
+    @staticmethod
+    def pool_bytes(threads: int, max_chunk: int = 1 << 20) -> int:
+        """The most a pool of `threads` workers (made with `max_chunk`) holds: their scratch
+        buffers and threads."""
+        return threads * (min(max_chunk, SCRATCH_BYTES // threads) + 2 * BLOCK + THREAD_BYTES)
 
     @property
     def threads(self) -> int:

@@ -62,4 +62,5 @@ def test_peak_rss_within_the_budget(minimum, store_dir, backend, times):
     code, err, peak = chat(backend, budget, store_dir)
     assert code == 0, err[-2000:]
     assert re.search(r"generated [1-9][0-9]* tok", err), err[-2000:]
-    assert peak <= budget, f"{backend} at {budget / MB:.1f} MB: peak RSS {peak / MB:.1f} MB"
+    plan = "\n".join(line for line in err.splitlines() if line.startswith("memory: "))
+    assert peak <= budget, f"{backend} at {budget / MB:.1f} MB: peak RSS {peak / MB:.1f} MB\n{plan}"

@@ -22,9 +22,10 @@ def test_shape_and_kv_of_a_7b():
 
 
 def test_split_adds_up_to_the_limit():
-    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, readers=9 * MB)
     a = plan.account()
-    parts = a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["weights_budget"]
+    parts = (a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["reader_buffers"]
+             + a["weights_budget"])
     assert parts == 2000 * MB
     assert plan.weights_budget >= 1000 * MB
     assert plan.kv_tokens == 200 * MB // kv_bytes_per_token(LLAMA_7B)  # auto: 10% of the limit

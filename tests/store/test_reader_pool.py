@@ -227,3 +227,25 @@ def test_rows_with_fields_into_a_row_matrix_equal_pread(data_file, picks, mode, 
         pool.submit_rows(pool.open(path), offs, 40, rows.reshape(-1), dest, row_bytes=width).wait()
     for slot, (i, k) in enumerate(picks):
         assert rows[slot, k * 40:(k + 1) * 40].tobytes() == payload[i * 200 + k * 40:i * 200 + (k + 1) * 40]
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="RSS read from /proc")
+def test_many_threads_hold_at_most_pool_bytes(tmp_path):
+    """Every worker reads through its scratch buffer (the ranges start off the block grid): the pool's
+    growth in RSS stays within pool_bytes(threads), however many threads (each worker used to hold a
+    whole max_chunk)."""
+    from mlx_flash.memory import process_rss
+
+    threads, size = 32, 8 << 20
+    path = tmp_path / "big.bin"
+    payload = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    path.write_bytes(payload.tobytes())
+    ranges = [(1 + (i * 4096) % (size // 2), size // 2) for i in range(4 * threads)]
+    dests = [np.ones(n, dtype=np.uint8) for _, n in ranges]  # touched before the baseline
+    before = process_rss()
+    with ReaderPool(threads=threads, mode="buffered") as pool:
+        f = pool.open(str(path))
+        pool.read([(f, off, n, d) for (off, n), d in zip(ranges, dests)])
+        grown = process_rss() - before
+    assert all(np.array_equal(d, payload[off:off + n]) for (off, n), d in zip(ranges, dests))
+    assert grown <= ReaderPool.pool_bytes(threads), (grown, ReaderPool.pool_bytes(threads))
