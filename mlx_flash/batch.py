@@ -17,6 +17,7 @@ import os
 import sys
 
 from .config import EngineConfig
+from .distributed.flags import add_pipeline_arguments
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 from .sampling import check_int, check_sampling_flags
@@ -40,7 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-bits", type=int, choices=(0, 4), default=0,
                    help="let the search hold KV caches at 4 bits (an approximation: +0.3%% perplexity measured "
                         "on Wikipedia text with the default model); 0 keeps them exact (default)")
-    return p.parse_args(argv)
+    add_pipeline_arguments(p, "reads the prompts and writes the answers")
+    args = p.parse_args(argv)
+    if args.pipeline and args.policy is not None:
+        p.error("--pipeline takes no --policy: micro-batches flow through the ranks instead of one process's schedule")
+    return args
 
 
 def read_jobs(path: str, max_tokens: int) -> list[dict]:
@@ -104,22 +109,27 @@ def done_ids(path: str) -> set:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from .api import load_config
+        from .distributed.launch import load_for
+        from .distributed.transport import launcher_rank
         from .offload import Policy
 
         policy = Policy.from_json(args.policy) if args.policy is not None else None
         check_int("--max-tokens", args.max_tokens, low=1)
         check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)  # run_batch does not check them
-        jobs = read_jobs(args.input, args.max_tokens)
-        if not jobs:
-            raise ConfigError(f"{args.input}: no prompts (one JSON object per line)")
-        finished = done_ids(args.output)
-        todo = [j for j in jobs if json.dumps(j["id"]) not in finished]
-        print(f"{len(jobs)} prompts in {args.input}, {len(jobs) - len(todo)} already in {args.output}, "
-              f"{len(todo)} to run", file=sys.stderr)
-        if not todo:
-            return 0
-        engine = load_config(args.model, from_arguments(EngineConfig, args), batch=True)
+        todo = []
+        if not args.pipeline or launcher_rank() == 0:  # the other ranks of a pipeline never see the prompts
+            jobs = read_jobs(args.input, args.max_tokens)
+            if not jobs:
+                raise ConfigError(f"{args.input}: no prompts (one JSON object per line)")
+            finished = done_ids(args.output)
+            todo = [j for j in jobs if json.dumps(j["id"]) not in finished]
+            print(f"{len(jobs)} prompts in {args.input}, {len(jobs) - len(todo)} already in {args.output}, "
+                  f"{len(todo)} to run", file=sys.stderr)
+            if not todo and not args.pipeline:  # (a pipeline's rank 0 joins anyway, to stop the others)
+                return 0
+        engine, status = load_for(args, from_arguments(EngineConfig, args), batch=True)
+        if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
+            return status
         with engine, open(args.output, "a", encoding="utf-8") as out:
             def write(seq):
                 job = todo[seq.index]
@@ -129,8 +139,10 @@ def main(argv=None) -> int:
 
             from .offload.run import run_batch
 
-            run_batch(engine, [j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp, args.top_p,
-                      args.top_k, args.seed, None, policy, True, on_done=write, kv_bits=(0, 4) if args.kv_bits else (0,))
+            if todo:
+                run_batch(engine, [j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp, args.top_p,
+                          args.top_k, args.seed, None, policy, True, on_done=write,
+                          kv_bits=(0, 4) if args.kv_bits else (0,))
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

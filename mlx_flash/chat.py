@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from .config import EngineConfig
+from .distributed.flags import add_pipeline_arguments
 from .errors import ConfigError, FlashError, first_paragraph
 from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
@@ -38,13 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default=None, help="answer this one prompt and exit")
     p.add_argument("--raw", action="store_true", help="with --prompt: plain completion, no chat template")
     p.add_argument("--verbose", action="store_true", help="print speed stats after one-shot answers")
-    p.add_argument("--pipeline", action="store_true",
-                   help="run the model split by layers across the ranks mlx.launch (MLX's ring) or torchrun "
-                        "(gloo) started: rank 0 answers, the others run their layers (with --prompt; README "
-                        "\"Pipeline across machines\")")
-    p.add_argument("--pipeline-timeout", type=float, default=30.0,
-                   help="with --pipeline: seconds rank 0 waits for one step round the ranks before it names them "
-                        "and exits; make it longer than the slowest step, a prefill chunk (default: 30)")
+    add_pipeline_arguments(p, "answers")
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
         p.error("--raw needs --prompt")
@@ -228,22 +223,14 @@ def check_flags(args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from .api import load_config
+        from .distributed.launch import load_for
 
         check_flags(args)
 
         cfg = from_arguments(EngineConfig, args)
-        if args.pipeline:
-            from .distributed.launch import join
-
-            engine, status = join(args.model, cfg, args.pipeline_timeout)
-            if engine is None:  # a rank other than 0: it served its layers until rank 0 stopped
-                return status
-            if args.verbose:
-                print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" for r, s in enumerate(status)),
-                      file=sys.stderr)
-        else:
-            engine = load_config(args.model, cfg)
+        engine, status = load_for(args, cfg)
+        if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
+            return status
         with engine:
             templated = engine.tokenizer.has_chat_template
             if args.prompt is None and not templated:

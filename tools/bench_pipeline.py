@@ -1,10 +1,13 @@
 """A model split across ranks, each inside its own memory limit, against one process inside one such
 limit: decode tokens/s of the chat (`python -m mlx_flash.chat --pipeline --prompt ... --verbose`),
 each rank in a fresh memory cgroup of --limit, the page cache dropped before each run; the layer
-ranges and every rank's memory plan line printed.
+ranges and every rank's memory plan line printed. With --batch N: the throughput mode instead
+(`python -m mlx_flash.batch`, N prompts of --tokens tokens each), micro-batches flowing through the
+ranks against one process given the same total memory (--ranks times --limit), tokens/s of the
+whole run, prefill included.
 
     python tools/bench_pipeline.py [--model STORE_OR_GGUF] [--ranks 2] [--limit 2GB] [--tokens 8]
-                                   [--backend mlx] [--launcher ring|gloo] [--json OUT]
+                                   [--backend mlx] [--launcher ring|gloo] [--batch N] [--json OUT]
 
 The ranks run on this machine over loopback (distributed.local gives them the environment
 mlx.launch or torchrun would); they share its cores and its drive, so the ratio measures what
@@ -28,20 +31,39 @@ from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache
 from mlx_flash.units import fmt
 
 PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."
+TOPICS = ["a lighthouse keeper", "the first snow", "a lost map", "an old clock", "a river town", "a night train",
+          "a garden in spring", "a chess match", "a mountain pass", "a bakery at dawn", "a quiet library",
+          "a storm at sea", "a market day", "a forgotten song", "a desert well", "a city bridge"]
 DECODE = re.compile(r"generated (\d+) tok at ([0-9.]+) tok/s")
+THROUGHPUT = re.compile(r"(?:measured [0-9.]+ s|in [0-9.]+ s) \(([0-9.]+) tok/s\)")
 
 
 def chat_cmd(a, pipeline: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "mlx_flash.chat", "--prompt", PROMPT, "--max-tokens", str(a.tokens), "--verbose",
-           "--backend", a.backend]
+    if a.batch:
+        cmd = [sys.executable, "-m", "mlx_flash.batch", a.prompts, a.outputs[pipeline], "--max-tokens", str(a.tokens),
+               "--backend", a.backend]
+    else:
+        cmd = [sys.executable, "-m", "mlx_flash.chat", "--prompt", PROMPT, "--max-tokens", str(a.tokens), "--verbose",
+               "--backend", a.backend]
     if a.model:
         cmd += ["--model", a.model]
     return cmd + (["--pipeline", "--pipeline-timeout", "600"] if pipeline else [])
 
 
-def decode_rate(stderr: str) -> float | None:
-    found = DECODE.findall(stderr)
-    return float(found[-1][1]) if found else None
+def write_prompts(path: str, n: int) -> None:
+    with open(path, "w") as fh:
+        for k in range(n):
+            topic = TOPICS[k % len(TOPICS)]
+            fh.write(json.dumps({"id": k, "messages": [{"role": "user", "content": f"Write a short story about {topic}."}]})
+                     + "\n")
+
+
+def decode_rate(stderr: str, batch: bool) -> float | None:
+    """The chat's decode rate, or the throughput mode's tokens/s of the whole run."""
+    found = (THROUGHPUT if batch else DECODE).findall(stderr)
+    if not found:
+        return None
+    return float(found[-1] if batch else found[-1][1])
 
 
 def plan_lines(stderr: str) -> list[str]:
@@ -52,7 +74,7 @@ def one_process(a, limit: int) -> dict:
     drop_page_cache()
     with MemoryCgroup(limit) as cg:
         r = cg.run(chat_cmd(a, False), timeout=3600)
-    return {"config": "one process", "tok_s": decode_rate(r.stderr), "peaks": [r.peak], "oom_kills": r.oom_kills,
+    return {"config": "one process", "tok_s": decode_rate(r.stderr, bool(a.batch)), "peaks": [r.peak], "oom_kills": r.oom_kills,
             "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:]}
 
 
@@ -74,7 +96,7 @@ def pipeline(a, limit: int) -> dict:
         finally:
             for g in groups:
                 g.close()
-    return {"config": f"{a.ranks} ranks ({a.launcher})", "tok_s": decode_rate(runs[0].stderr),
+    return {"config": f"{a.ranks} ranks ({a.launcher})", "tok_s": decode_rate(runs[0].stderr, bool(a.batch)),
             "peaks": [r.peak for r in runs], "oom_kills": sum(r.oom_kills for r in runs),
             "plans": [line for r in runs for line in plan_lines(r.stderr)], "returncodes": [r.returncode for r in runs],
             "tail": runs[0].stderr[-400:]}
@@ -82,10 +104,24 @@ def pipeline(a, limit: int) -> dict:
 
 def run(a) -> None:
     limit = parse_budget(a.limit, 1 << 40, "--limit")
-    rows = [one_process(a, limit), pipeline(a, limit)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if a.batch:
+            a.prompts = os.path.join(tmp, "prompts.jsonl")
+            a.outputs = {False: os.path.join(tmp, "one.jsonl"), True: os.path.join(tmp, "ranks.jsonl")}
+            write_prompts(a.prompts, a.batch)
+        # the throughput mode compares at the same total memory: one process gets every rank's limit
+        rows = [one_process(a, limit * (a.ranks if a.batch else 1)), pipeline(a, limit)]
+        if a.batch:
+            texts = [sorted(open(a.outputs[k]).read().splitlines()) for k in (False, True)]
+            print(f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
+                  f"({len(texts[1])} of {a.batch})")
     base = rows[0]["tok_s"]
-    print(f"\n{a.tokens} greedy tokens, each process in its own {fmt(limit)} memory cgroup, {a.backend} backend")
-    print(f"{'config':<22}{'decode tok/s':>14}{'vs one':>9}  peaks per cgroup            OOM kills  exit codes")
+    if a.batch:
+        print(f"\n{a.batch} prompts, {a.tokens} greedy tokens each; each rank in its own {fmt(limit)} memory cgroup, "
+              f"one process in {fmt(limit * a.ranks)}; {a.backend} backend")
+    else:
+        print(f"\n{a.tokens} greedy tokens, each process in its own {fmt(limit)} memory cgroup, {a.backend} backend")
+    print(f"{'config':<22}{'tok/s' if a.batch else 'decode tok/s':>14}{'vs one':>9}  peaks per cgroup            OOM kills  exit codes")
     for row in rows:
         rate = row["tok_s"]
         ratio = f"{rate / base:.2f}x" if rate and base else "-"
@@ -100,7 +136,8 @@ def run(a) -> None:
             print("  (no answer) " + row["tail"])
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"limit": limit, "tokens": a.tokens, "backend": a.backend, "rows": rows}, fh, indent=1)
+            json.dump({"limit": limit, "tokens": a.tokens, "backend": a.backend, "batch": a.batch, "rows": rows}, fh,
+                      indent=1)
 
 
 def main() -> int:
@@ -111,6 +148,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--backend", default="mlx", choices=("mlx", "torch"))
     p.add_argument("--launcher", default="ring", choices=("ring", "gloo"))
+    p.add_argument("--batch", type=int, default=0,
+                   help="N prompts through the throughput mode (python -m mlx_flash.batch) instead of one chat answer")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.ranks < 2:

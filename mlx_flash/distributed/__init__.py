@@ -1,3 +1,4 @@
 """A model split by layers across processes or machines over the framework's own distributed engine
 (pipeline.py: the protocol; stages.py: which layers each rank runs; transport.py: the wire;
-launch.py: joining from a process mlx.launch started)."""
+launch.py: joining from a process mlx.launch or torchrun started; batch.py: the throughput mode's
+micro-batches through the ranks; flags.py: the commands' --pipeline flags)."""

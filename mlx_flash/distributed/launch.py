@@ -9,14 +9,16 @@ other rank serves its layers until rank 0 stops.
 Every rank opens its own copy of the store (each machine converts or copies it to its own cache);
 a rank whose copy differs from rank 0's is refused (the manifests' digests). Each rank then cuts the
 store of its own layers (store/stage.py) and loads only that, so its memory plan holds or streams
-only its layers. Not done yet: the REPL and the server (their contexts' KV lives on every rank) and
-the throughput mode.
+only its layers. The throughput mode (`python -m mlx_flash.batch --pipeline`, engine.generate_batch)
+sends micro-batches through the ranks (distributed/batch.py). Not done yet: the REPL and the server
+(their contexts' KV would live on every rank).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
 import numpy as np
 
@@ -59,7 +61,23 @@ def _layer_bytes(store) -> tuple[list[int], int]:
     return per, rest
 
 
-def join(model, cfg, timeout: float = 30.0, progress: bool = True):
+def load_for(args, cfg, batch: bool = False):
+    """The engine a command's flags ask for: (engine, None); on a pipeline's rank other than 0, once
+    rank 0 stopped it, (None, its exit status). args: model, pipeline, pipeline_timeout, verbose."""
+    from ..api import load_config
+
+    if not args.pipeline:
+        return load_config(args.model, cfg, batch=batch), None
+    engine, status = join(args.model, cfg, args.pipeline_timeout, batch=batch)
+    if engine is None:
+        return None, status
+    if getattr(args, "verbose", False) or batch:
+        print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" for r, s in enumerate(status)),
+              file=sys.stderr)
+    return engine, None
+
+
+def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool = False):
     """On rank 0: (its Engine, every rank's layer range). On the others: (None, their exit status),
     once rank 0 stops them or the pipeline breaks. Before loading, the ranks compare their stores'
     digests and exchange their memory limits; each then cuts the store of its own layers (cached
@@ -95,9 +113,11 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True):
     mine = stages[t.rank]
     digest = "".join(f"{int(w):08x}" for w in digests[0][:2])
     path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages", f"{digest}-{mine.start}-{mine.stop}")
-    engine = load_config(cut_stage(store, mine, path, progress), cfg)
+    engine = load_config(cut_stage(store, mine, path, progress), cfg, batch=batch)
+    # the KV each rank's plan holds for its layers, in tokens: a batch across ranks must fit the least
+    kv_tokens = t.all_gather(np.array([engine.kv_tokens or engine.model_context]))[:, 0].tolist()
     if t.rank == 0:
-        engine.pipeline = Pipeline(engine, t, stages, timeout)
+        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens)
         return engine, stages
     with engine:
         status = serve(engine, t, stages)

@@ -2,16 +2,24 @@
 states pass between ranks over a Transport; rank 0 owns the tokenizer, embeddings, head and sampling
 and is an ordinary Engine to every caller (chat, server, API) whose model call goes round the ring.
 
-Every message is a header (int32 [HEADER]: command, sequence, batch, tokens, all-logits, faulty
-rank) and, for a forward step, the hidden state [B, T, D] float32 (exact: the backends compute in
-float32, or in a type float32 holds exactly). Rank 0 sends to rank 1; each rank runs its layers and
-sends on; the last rank sends back to rank 0, so every command is acknowledged by the message that
-comes round, which is also how rank 0 learns that every rank is alive:
+Every message is a header (int32 [HEADER]: command, sequence, rows, tokens, all-logits, faulty
+rank), and for a forward step the rows' sequence numbers (int32 [rows]) and their hidden state
+[rows, T, D] float32 (exact: the backends compute in float32, or in a type float32 holds exactly).
+Rank 0 sends to rank 1; each rank runs its layers and sends on; the last rank sends back to rank 0,
+so every command is acknowledged by the message that comes round, which is also how rank 0 learns
+that every rank is alive:
 
   NEW_SEQ  a new sequence: every rank makes KV caches for its layers under this sequence number
-  FORWARD  run your layers on the hidden state of these tokens with that sequence's caches
+  FORWARD  run your layers on these rows' hidden states, each row with its sequence's caches (one
+           row: that sequence's caches; several: a batch over them, models/batch_cache.BatchKV)
+  FREE     that sequence is done: drop its caches
   STOP     leave the serving loop
   FAULT    a rank lost its upstream neighbour (header[5] names it): passed on to rank 0, which reports it
+
+Several messages may be in flight at once (`submit` / `collect`): while rank 1 runs micro-batch k,
+rank 0 runs its layers for micro-batch k + 1 (FlexGen §4.4; distributed/batch.py). Every rank sends
+through an Outbox thread, so that it goes on receiving while a send waits. Messages come back in the
+order they were sent.
 
 A rank that dies is named by the rank that loses its connection to it; a stage that stalls makes
 rank 0 give up after `timeout` seconds, naming the ranks it waited on.
@@ -23,16 +31,19 @@ import os
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 
 from ..errors import FlashError
-from .transport import PeerLostError, Transport
+from ..models.batch_cache import batch_caches
+from .transport import Outbox, PeerLostError, Transport
 
 HEADER = 6
-FORWARD, NEW_SEQ, STOP, FAULT = 1, 2, 3, 4
-MAX_SEQS = 16  # sequences whose caches every rank keeps (least recently used dropped first)
+FORWARD, NEW_SEQ, STOP, FAULT, FREE = 1, 2, 3, 4, 5
+# Sequences whose caches every rank keeps when nobody frees them (a chat's answers): least recently
+# used dropped first. The throughput mode frees each sequence as it finishes.
+MAX_SEQS = 256
 
 
 class PipelineFault(FlashError):
@@ -49,36 +60,71 @@ def run_layers(engine, layers: range, h: np.ndarray, caches) -> np.ndarray:
         return np.asarray(ops.to_numpy(x), dtype=np.float32)
 
 
+def rows_caches(rows: list):
+    """The per-layer caches a step of these sequences runs with: one sequence's own, or a batch."""
+    return rows[0] if len(rows) == 1 else batch_caches(rows)
+
+
 class Pipeline:
     """Rank 0's side: the model call of its Engine (Engine.forward calls `forward`)."""
 
-    def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0):
+    def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0,
+                 kv_tokens: list[int] | None = None):
         if transport.rank != 0:
             raise ValueError("the Pipeline object is rank 0's; other ranks run serve()")
         self.engine, self.t, self.stages, self.timeout = engine, transport, stages, timeout
+        # tokens of KV each rank's memory plan holds (None: not exchanged): a batch must fit them all
+        self.kv_tokens = kv_tokens
         self.seqs: OrderedDict[int, object] = OrderedDict()  # sequence number -> rank 0's caches (kept alive)
         self.next_seq = 0
         self.broken: str | None = None
         self.round_trips = 0
-        # one watchdog for the pipeline's life: armed with a deadline for each round, not a thread each
+        self.outbox = Outbox(transport)
+        # what each message in flight brings back, oldest first: ("echo",), ("logits", all_logits), or
+        # ("ready", logits) in a pipeline of one rank
+        self.inflight: deque = deque()
+        # one watchdog for the pipeline's life: armed with a deadline while rank 0 waits, not a thread each
         self._deadline: float | None = None
         self._cv = threading.Condition()
         threading.Thread(target=self._watch, daemon=True).start()
 
     # ---- the model call ---------------------------------------------------------------------------
     def forward(self, tokens, caches, all_logits: bool):
+        """One sequence's step, round the ranks and back (nothing else in flight)."""
+        self.submit(tokens, [caches], all_logits)
+        return self.collect()
+
+    def submit(self, tokens, rows: list, all_logits: bool = False) -> None:
+        """Start a step of `rows` (each a sequence's caches from new_caches(); tokens [rows, T]): rank
+        0's layers run now, the others' as the message goes round; collect() returns its logits."""
         e, ops = self.engine, self.engine.ops
         mod = e.module
-        seq = self._seq_of(caches)
+        ids = np.asarray([self._seq_of(c) for c in rows], dtype=np.int32)
+        caches = rows_caches(rows)
         h = mod.embed(ops, e.args, e.weights, tokens, caches)
         for i in self.stages[0]:
             h = mod.block(ops, e.args, e.weights["layers"][i], i, h, caches[i], e.ffn)
-        if self.t.size > 1:
-            x = np.asarray(ops.to_numpy(h), dtype=np.float32)
-            B, T, D = x.shape
-            # (rank 0's caches of the other ranks' layers stay empty: those ranks hold them)
-            h = ops.array(self._round([FORWARD, seq, B, T, int(all_logits), -1], x))
-        return mod.head(ops, e.args, e.weights, h, all_logits)
+        if self.t.size == 1:
+            self.inflight.append(("ready", mod.head(ops, e.args, e.weights, h, all_logits)))
+            return
+        x = np.asarray(ops.to_numpy(h), dtype=np.float32)
+        B, T, _ = x.shape
+        # (rank 0's caches of the other ranks' layers stay empty: those ranks hold them)
+        self._post([FORWARD, 0, B, T, int(all_logits), -1], ids, x)
+        self.inflight.append(("logits", all_logits))
+
+    def collect(self):
+        """The logits [rows, T or 1, vocab] of the oldest step submitted (framework array)."""
+        while self.inflight and self.inflight[0][0] == "echo":
+            self.inflight.popleft()
+            self._take()
+        if not self.inflight:
+            raise FlashError("no step in flight to collect")
+        kind, value = self.inflight.popleft()
+        if kind == "ready":
+            return value
+        e = self.engine
+        return e.module.head(e.ops, e.args, e.weights, e.ops.array(self._take()), value)
 
     def new_sequence(self, caches) -> None:
         """Caches for a new sequence: every rank makes its own under a new number."""
@@ -90,16 +136,33 @@ class Pipeline:
         if self.t.size > 1:
             self._round([NEW_SEQ, seq, 0, 0, 0, -1])
 
+    def free(self, caches) -> None:
+        """That sequence is done: every rank drops its caches (the echo is collected with the next step's)."""
+        seq = self._seq_of(caches)
+        del self.seqs[seq]
+        if self.t.size > 1:
+            self._post([FREE, seq, 0, 0, 0, -1])
+            self.inflight.append(("echo", None))
+
+    def drain(self) -> None:
+        """Take back every message still in flight (their logits, if any, are dropped)."""
+        while self.inflight:
+            kind, _ = self.inflight.popleft()
+            if kind != "ready":
+                self._take()
+
     def stop(self) -> None:
         """Every other rank leaves its serving loop (best effort: a broken pipeline has nobody to tell)."""
         if self.t.size > 1 and self.broken is None:
             try:
+                self.drain()
                 self._round([STOP, 0, 0, 0, 0, -1])
             except PipelineFault:
-                return
+                pass
+        self.outbox.close()
         self.t.close()
 
-    # ---- one message round the ring ----------------------------------------------------------------
+    # ---- messages round the ring ------------------------------------------------------------------
     def _seq_of(self, caches) -> int:
         for seq, c in self.seqs.items():
             if c is caches:
@@ -108,7 +171,24 @@ class Pipeline:
         raise FlashError("these KV caches were not made by this engine's new_caches() (a pipeline keeps each "
                          "rank's caches under the sequence new_caches() started)")
 
-    def _round(self, header: list[int], payload: np.ndarray | None = None) -> np.ndarray | None:
+    def _round(self, header: list[int]) -> None:
+        """A command round the ring and back, with nothing else in flight."""
+        if self.inflight:
+            raise FlashError(f"{len(self.inflight)} step(s) still in flight: collect them first")
+        self._post(header)
+        self._take()
+
+    def _post(self, header: list[int], ids: np.ndarray | None = None, payload: np.ndarray | None = None) -> None:
+        if self.broken is not None:
+            raise PipelineFault(self.broken)
+        arrays = [np.asarray(header, dtype=np.int32)] + ([ids, payload] if payload is not None else [])
+        try:
+            self.outbox.put(arrays, 1)
+        except PeerLostError as err:
+            self._break(err)
+
+    def _take(self) -> np.ndarray | None:
+        """The next message back from the last rank: its hidden state, if it carries one."""
         if self.broken is not None:
             raise PipelineFault(self.broken)
         last = self.t.size - 1
@@ -116,25 +196,30 @@ class Pipeline:
             self._deadline = time.monotonic() + self.timeout
             self._cv.notify()
         try:
-            self.t.send(np.asarray(header, dtype=np.int32), 1)
-            if payload is not None:
-                self.t.send(payload, 1)
             back = self.t.recv((HEADER,), np.int32, last)
             if back[0] == FAULT:
                 raise PeerLostError(int(back[5]), f"lost (its downstream neighbour, rank {int(back[5]) + 1}, "
                                     "could not receive from it)")
-            out = self.t.recv(payload.shape, np.float32, last) if payload is not None else None
+            out = None
+            if back[0] == FORWARD:
+                B, T = int(back[2]), int(back[3])
+                self.t.recv((B,), np.int32, last)
+                out = self.t.recv((B, T, self.engine.args.hidden_size), np.float32, last)
         except PeerLostError as err:
-            self.broken = f"pipeline stopped: {err}"
-            raise PipelineFault(self.broken) from None
+            self._break(err)
         finally:
             with self._cv:
                 self._deadline = None
         self.round_trips += 1
         return out
 
+    def _break(self, err: PeerLostError):
+        self.broken = f"pipeline stopped: {err}"
+        self.inflight.clear()
+        raise PipelineFault(self.broken) from None
+
     def _watch(self) -> None:
-        """A stalled rank never answers and never drops its connection: when a round outlives its
+        """A stalled rank never answers and never drops its connection: when a wait outlives its
         deadline (`timeout` seconds), rank 0 names the ranks it waited on and exits, rather than hang."""
         with self._cv:
             while self._deadline is None or time.monotonic() < self._deadline:
@@ -152,37 +237,49 @@ def serve(engine, transport: Transport, stages: list[range]) -> int:
     prev, nxt = r - 1, (r + 1) % size
     mine = range(len(stages[r]))  # the engine holds this rank's stage alone, its layers numbered from 0
     seqs: OrderedDict[int, list] = OrderedDict()
-    while True:
-        try:
-            header = transport.recv((HEADER,), np.int32, prev)
-            cmd, seq, B, T = (int(v) for v in header[:4])
-            payload = transport.recv((B, T, engine.args.hidden_size), np.float32, prev) if cmd == FORWARD else None
-        except PeerLostError:
-            _tell_downstream(transport, nxt, prev)
-            return 1
-        if cmd == FORWARD:
-            caches = seqs.get(seq)
-            if caches is None:
-                caches = seqs[seq] = engine.new_caches()
-            seqs.move_to_end(seq)
-            payload = run_layers(engine, mine, payload, caches)
-        elif cmd == NEW_SEQ:
-            seqs[seq] = engine.new_caches()
+    outbox = Outbox(transport)
+    try:
+        while True:
+            try:
+                header = transport.recv((HEADER,), np.int32, prev)
+                cmd, seq, B, T = (int(v) for v in header[:4])
+                if cmd == FORWARD:
+                    ids = transport.recv((B,), np.int32, prev)
+                    payload = transport.recv((B, T, engine.args.hidden_size), np.float32, prev)
+            except PeerLostError:
+                _tell_downstream(outbox, nxt, prev)
+                return 1
+            out = [header]
+            if cmd == FORWARD:
+                rows = []
+                for i in ids.tolist():
+                    if i not in seqs:
+                        seqs[i] = engine.new_caches()
+                    seqs.move_to_end(i)
+                    rows.append(seqs[i])
+                out += [ids, run_layers(engine, mine, payload, rows_caches(rows))]
+            elif cmd == NEW_SEQ:
+                seqs[seq] = engine.new_caches()
+            elif cmd == FREE:
+                seqs.pop(seq, None)
             while len(seqs) > MAX_SEQS:
                 seqs.popitem(last=False)
-        try:
-            transport.send(np.asarray(header, dtype=np.int32), nxt)
-            if payload is not None:
-                transport.send(payload, nxt)
-        except PeerLostError:
-            return 1  # the downstream rank is gone: rank 0 learns it from its own neighbour
-        if cmd in (STOP, FAULT):
-            return 0 if cmd == STOP else 1
+            try:
+                outbox.put(out, nxt)
+                if cmd in (STOP, FAULT):
+                    outbox.flush()
+            except PeerLostError:
+                return 1  # the downstream rank is gone: rank 0 learns it from its own neighbour
+            if cmd in (STOP, FAULT):
+                return 0 if cmd == STOP else 1
+    finally:
+        outbox.close()
 
 
-def _tell_downstream(transport: Transport, nxt: int, lost: int) -> None:
+def _tell_downstream(outbox: Outbox, nxt: int, lost: int) -> None:
     try:
-        transport.send(np.asarray([FAULT, 0, 0, 0, 0, lost], dtype=np.int32), nxt)
+        outbox.put([np.asarray([FAULT, 0, 0, 0, 0, lost], dtype=np.int32)], nxt)
+        outbox.flush()
     except PeerLostError:
         pass
     time.sleep(0.5)  # let the message leave before this process ends

@@ -17,6 +17,8 @@ this process; either carries either compute backend's hidden states (numpy on th
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -62,18 +64,29 @@ class MLXRing(Transport):
             raise FlashError("no MLX distributed group: start every rank with `mlx.launch --backend ring "
                              f"--hosts ...` (or `-n N` on one machine): {e}") from None
         self.rank, self.size = self.group.rank(), self.group.size()
-        self.stream = mx.cpu  # the ring backend runs on the CPU stream
+        self.stream = mx.cpu  # the ring backend runs on the CPU
+        self._local = threading.local()
+
+    def _thread_stream(self):
+        """A CPU stream of this thread's own. Sends (from an Outbox thread) and receives must not share
+        one: ops on a stream run in order, so a send queued behind a receive that waits for the peer
+        would wait with it, and the peer likewise. (MLX streams belong to the thread that made them.)"""
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            s = self._local.stream = self.mx.new_stream(self.mx.cpu)
+        return s
 
     def send(self, array: np.ndarray, dst: int) -> None:
         try:
-            self.mx.eval(self.mx.distributed.send(self.mx.array(array), dst, group=self.group, stream=self.stream))
+            self.mx.eval(self.mx.distributed.send(self.mx.array(array), dst, group=self.group,
+                                                  stream=self._thread_stream()))
         except RuntimeError as e:
             raise PeerLostError(dst, f"sending to it failed ({e})") from None
 
     def recv(self, shape: tuple, dtype, src: int) -> np.ndarray:
         like = self.mx.zeros(tuple(shape), dtype=self.mx.float32 if np.dtype(dtype) == np.float32 else self.mx.int32)
         try:
-            out = self.mx.distributed.recv_like(like, src, group=self.group, stream=self.stream)
+            out = self.mx.distributed.recv_like(like, src, group=self.group, stream=self._thread_stream())
             self.mx.eval(out)
         except RuntimeError as e:
             raise PeerLostError(src, f"receiving from it failed ({e})") from None
@@ -135,6 +148,66 @@ class TorchGloo(Transport):
     def close(self) -> None:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+class Outbox:
+    """A rank's sends, in order, on a thread of their own, so that the rank goes on receiving while a
+    send waits for its receiver. With several messages in flight round a ring, every rank can be
+    sending at once; gloo's send waits for the matching receive, so blocking sends would deadlock.
+    A send that fails is raised by the next put() or flush()."""
+
+    def __init__(self, transport: Transport):
+        self.t = transport
+        self._q: queue.Queue = queue.Queue()
+        self.error: PeerLostError | None = None
+        self._thread = threading.Thread(target=self._run, name="mlx-flash-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, arrays: list, dst: int) -> None:
+        """Send `arrays` to `dst` after everything put before them."""
+        if self.error is not None:
+            raise self.error
+        self._q.put((arrays, dst))
+
+    def flush(self) -> None:
+        """Wait until everything put has been sent (raises the first failure)."""
+        self._q.join()
+        if self.error is not None:
+            raise self.error
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread after what was put (not waiting past `timeout` on a send to a peer that
+        stopped answering: the thread is a daemon)."""
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    arrays, dst = item
+                    try:
+                        for a in arrays:
+                            self.t.send(a, dst)
+                    except PeerLostError as e:
+                        self.error = e
+                    except Exception as e:  # noqa: BLE001 - a send that failed otherwise must not vanish
+                        self.error = PeerLostError(dst, f"sending to it failed ({type(e).__name__}: {e})")
+            finally:
+                self._q.task_done()
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it (0 outside a launcher), before the group is joined."""
+    for var in ("MLX_RANK", "RANK"):
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return 0
 
 
 def open_transport() -> Transport:

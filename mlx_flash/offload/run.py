@@ -100,6 +100,8 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
     opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
     work = encode_all(engine, prompts, max_tokens)
+    if engine.pipeline is not None:
+        return _pipelined(engine, work, opts, policy, progress, on_done)
     workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work),
                         generate=max(n for _, n in work))
     m, c = choose(engine, workload, policy, kv_bits)
@@ -127,6 +129,26 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
             bar.close()
     for f in vars(stats):
         setattr(run, f, getattr(stats, f))
+    if progress:
+        print(run.line(), file=sys.stderr)
+    return seqs, run
+
+
+def _pipelined(engine, work, opts, policy, progress: bool, on_done):
+    """A model split across ranks: micro-batches flow through them (distributed/batch.py)."""
+    from ..distributed.batch import pipelined_batch
+
+    if policy is not None:
+        raise ConfigError("a policy places weights and KV in one process; across ranks the micro-batches "
+                          "flow through the pipeline instead: leave the policy out")
+    bar = _progress_bar(len(work), progress)
+    t0 = time.perf_counter()
+    try:
+        seqs, run = pipelined_batch(engine, work, opts, on_done=_chain(on_done, bar),
+                                    on_token=(lambda n: _tick(bar, n, t0)) if bar else None)
+    finally:
+        if bar:
+            bar.close()
     if progress:
         print(run.line(), file=sys.stderr)
     return seqs, run

@@ -3,6 +3,7 @@ rank a contiguous range by its memory; greedy tokens and every step's logits of 
 the single-process run, on both compute backends; a rank that dies mid-generation is named by rank 0,
 which exits non-zero; a rank that stalls is named within the timeout."""
 
+import json
 import os
 import signal
 import sys
@@ -146,3 +147,41 @@ def test_a_rank_with_another_store_is_refused(store_dir, tiny_store, tmp_path):
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 2, err[-500:]
         assert "rank 1's copy of the store differs from rank 0's" in err and "Traceback" not in err
+
+
+BATCH = [("Write a haiku about rain.", 12), ("List three prime numbers.", 1), ("Who wrote Hamlet?", 16),
+         ("Name a color of the sky.", 9), ("What is the boiling point of water?", 14)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,ranks,launcher", [("torch", 2, "gloo"), ("mlx", 3, "ring")])
+def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backend, ranks, launcher, tmp_path):
+    """The throughput mode across ranks (`python -m mlx_flash.batch --pipeline`, micro-batches in
+    flight on every rank, sequences of different lengths leaving as they finish, one after a single
+    token): every answer equals one process's generate_batch."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"id": k, "messages": [{"role": "user", "content": p}], "max_tokens": n})
+                               + "\n" for k, (p, n) in enumerate(BATCH)))
+    out = tmp_path / "out.jsonl"
+    procs = start_ranks(ranks, ["-m", "mlx_flash.batch", str(prompts), str(out), "--model", store_dir, "--backend",
+                                backend, "--pipeline"], tmp_path, launcher=launcher)
+    results = [p.communicate(timeout=300) for p in procs]
+    for r, (p, (_, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
+    assert f"pipeline batch: {ranks} ranks, {ranks} micro-batches in flight" in results[0][1]
+    got = {d["id"]: d["text"] for d in map(json.loads, out.read_text().splitlines())}
+    want = engines(store_dir, backend).generate_batch([[{"role": "user", "content": p}] for p, _ in BATCH],
+                                                      [n for _, n in BATCH])
+    assert [got[k] for k in range(len(BATCH))] == want
+
+
+def test_a_batch_whose_kv_a_rank_cannot_hold_is_refused():
+    from types import SimpleNamespace
+
+    from mlx_flash.distributed.batch import check_kv_room
+    from mlx_flash.errors import MemoryBudgetError
+
+    work = [([1] * 100, 50), ([1] * 200, 50)]  # 400 tokens of KV
+    check_kv_room(SimpleNamespace(kv_tokens=[400, 1000]), work)
+    with pytest.raises(MemoryBudgetError, match="needs KV for 400 tokens.*rank 1's memory plan holds 399"):
+        check_kv_room(SimpleNamespace(kv_tokens=[1000, 399]), work)
