@@ -21,6 +21,7 @@ from .store.bundles import NUMPY_DTYPES, unpack_rows
 from .store.ffn_reader import FFNReader
 from .store.manifest import FFNLayout
 from .store.safetensors_io import tensor_layer
+from .store.stage import dropped_tensors
 from .store.store import Store
 
 
@@ -90,6 +91,7 @@ def resident_getter(ops, store: Store, slots=None):
     None for absent optional tensors. The layers of `slots` (streamed) are views of their slot."""
     arrays = _Tensors(store.read_resident(slots.order if slots is not None else ()), slots)
     quant = store.manifest.quant
+    dropped = dropped_tensors(store)  # an inner pipeline stage's: embeddings, head (its blocks never read them)
 
     def parts_of(name):
         if name + ".weight" not in arrays:
@@ -105,7 +107,7 @@ def resident_getter(ops, store: Store, slots=None):
         if name in arrays:
             a, dtype = arrays[name]
             return ops.array(a, dtype)
-        if optional:
+        if optional or name in dropped or name + ".weight" in dropped:
             return None
         raise StoreError(f"{store.path}: tensor {name} is missing from the store")
 

@@ -108,12 +108,14 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
         raise ConfigError(f"rank {differ[0]}'s copy of the store differs from rank 0's (manifest checksums): "
                           "give every rank the same store")
     per, rest = _layer_bytes(store)
-    # every stage store carries the embeddings and head (each graph builds them): off every rank's room
-    stages = plan_stages(per, [max(int(x) - rest, 0) for x in limits])
+    # rank 0 alone holds the embeddings and head (it embeds and samples): off its room only
+    stages = plan_stages(per, [int(x) for x in limits], rank0_fixed=rest)
     mine = stages[t.rank]
     digest = "".join(f"{int(w):08x}" for w in digests[0][:2])
-    path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages", f"{digest}-{mine.start}-{mine.stop}")
-    engine = load_config(cut_stage(store, mine, path, progress), cfg, batch=batch)
+    outer = t.rank == 0
+    path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages",
+                        f"{digest}-{mine.start}-{mine.stop}" + ("" if outer else "-inner"))
+    engine = load_config(cut_stage(store, mine, path, progress, outer), cfg, batch=batch)
     # the KV each rank's plan holds for its layers, in tokens: a batch across ranks must fit the least
     kv_tokens = t.all_gather(np.array([engine.kv_tokens or engine.model_context]))[:, 0].tolist()
     if t.rank == 0:

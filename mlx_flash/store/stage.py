@@ -1,9 +1,11 @@
 """A pipeline stage's store: the layers one rank runs, cut out of a whole store as a store of its own
 (layers renumbered from 0, the config's per-layer lists sliced to them), so the rank's loader and
 memory planner see only what that rank holds or streams. Bytes are copied as stored (resident
-tensors keep their order, so fused groups stay back to back; FFN layers keep their bundles); the
-embeddings, final norm and head come along (every model graph builds them). The cut is written
-atomically and checksummed like any store."""
+tensors keep their order, so fused groups stay back to back; FFN layers keep their bundles). The
+tensors outside the layers (embeddings, final norm, head) come along to the stage that runs them
+(`outer`: rank 0, which embeds and samples); an inner stage drops them, names them in
+source["stage"]["dropped"], and its weights getter gives None for them (a block reads only its own
+layer's weights). The cut is written atomically and checksummed like any store."""
 
 from __future__ import annotations
 
@@ -33,8 +35,15 @@ def stage_config(config: dict, layers: range) -> dict:
     return out
 
 
-def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False) -> str:
-    """The store of `layers` of `store` at out_dir (kept when a valid one is there already)."""
+def dropped_tensors(store: Store) -> frozenset:
+    """The tensors an inner stage's cut left out (see the module docstring); empty for other stores."""
+    stage = store.manifest.source.get("stage")
+    return frozenset(stage.get("dropped", ())) if isinstance(stage, dict) else frozenset()
+
+
+def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False, outer: bool = True) -> str:
+    """The store of `layers` of `store` at out_dir (kept when a valid one is there already); outer:
+    with the tensors outside the layers."""
     m = store.manifest
     n = m.config["num_hidden_layers"]
     if not (0 <= layers.start < layers.stop <= n):
@@ -49,7 +58,8 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False)
         for name, t in sorted(m.tensors.items(), key=lambda kv: (kv[1].file, kv[1].offset)):
             layer = tensor_layer(name)
             if layer is None:
-                kept[name] = name
+                if outer:
+                    kept[name] = name
             elif layers.start <= layer < layers.stop:
                 kept[_renamed(name, layers.start)] = name
         with atomic_dir(out_dir, progress, locked=True) as tmp:
@@ -64,12 +74,14 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False)
             for base, q in m.quant.items():
                 layer = tensor_layer(base + ".weight")
                 if layer is None:
-                    quant[base] = q
+                    if outer:
+                        quant[base] = q
                 elif layers.start <= layer < layers.stop:
                     quant[_renamed(base, layers.start)] = q
             files = {f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": sha256_file(os.path.join(tmp, f))}
                      for f in sorted(os.listdir(tmp))}
-            source = {**m.source, "stage": {"layers": [layers.start, layers.stop], "of": n}}
+            dropped = sorted(name for name in m.tensors if tensor_layer(name) is None and not outer)
+            source = {**m.source, "stage": {"layers": [layers.start, layers.stop], "of": n, "dropped": dropped}}
             manifest = Manifest(config=stage_config(m.config, layers), tensors=entries, quant=quant, ffn=ffn,
                                 files=files, source=source)
             with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
