@@ -229,23 +229,39 @@ def test_rows_with_fields_into_a_row_matrix_equal_pread(data_file, picks, mode, 
         assert rows[slot, k * 40:(k + 1) * 40].tobytes() == payload[i * 200 + k * 40:i * 200 + (k + 1) * 40]
 
 
+_POOL_RSS = """
+import sys
+import numpy as np
+from mlx_flash.memory import process_rss
+from mlx_flash.store.reader_pool import ReaderPool
+
+path, threads, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+payload = np.fromfile(path, dtype=np.uint8)
+ranges = [(1 + (i * 4096) % (size // 2), size // 2) for i in range(4 * threads)]
+dests = [np.ones(n, dtype=np.uint8) for _, n in ranges]  # touched before the baseline
+before = process_rss()
+with ReaderPool(threads=threads, mode="buffered") as pool:
+    f = pool.open(path)
+    pool.read([(f, off, n, d) for (off, n), d in zip(ranges, dests)])
+    grown = process_rss() - before
+assert all(np.array_equal(d, payload[off:off + n]) for (off, n), d in zip(ranges, dests))
+print(grown)
+"""
+
+
 @pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="RSS read from /proc")
 def test_many_threads_hold_at_most_pool_bytes(tmp_path):
     """Every worker reads through its scratch buffer (the ranges start off the block grid): the pool's
     growth in RSS stays within pool_bytes(threads), however many threads (each worker used to hold a
-    whole max_chunk)."""
-    from mlx_flash.memory import process_rss
+    whole max_chunk). Measured in a fresh process, whose RSS nothing else moves."""
+    import subprocess
+    import sys
 
     threads, size = 32, 8 << 20
     path = tmp_path / "big.bin"
-    payload = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
-    path.write_bytes(payload.tobytes())
-    ranges = [(1 + (i * 4096) % (size // 2), size // 2) for i in range(4 * threads)]
-    dests = [np.ones(n, dtype=np.uint8) for _, n in ranges]  # touched before the baseline
-    before = process_rss()
-    with ReaderPool(threads=threads, mode="buffered") as pool:
-        f = pool.open(str(path))
-        pool.read([(f, off, n, d) for (off, n), d in zip(ranges, dests)])
-        grown = process_rss() - before
-    assert all(np.array_equal(d, payload[off:off + n]) for (off, n), d in zip(ranges, dests))
+    path.write_bytes(np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes())
+    r = subprocess.run([sys.executable, "-c", _POOL_RSS, str(path), str(threads), str(size)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    grown = int(r.stdout.split()[-1])
     assert grown <= ReaderPool.pool_bytes(threads), (grown, ReaderPool.pool_bytes(threads))
