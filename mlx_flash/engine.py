@@ -86,12 +86,14 @@ class Engine:
         self.last = GenerationSummary()
 
     # ---- model calls ----------------------------------------------------------------------------
-    def new_caches(self):
-        """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows)."""
+    def new_caches(self, tokens: int | None = None):
+        """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows),
+        for at most `tokens` tokens (default: the context limit; the buffers grow as it fills)."""
         self.ffn.reset()
-        caches = make_caches(self.args.num_hidden_layers, self.context_limit)
+        tokens = min(tokens or self.context_limit, self.context_limit)
+        caches = make_caches(self.args.num_hidden_layers, tokens)
         if self.pipeline is not None:  # every rank makes its own layers' caches
-            self.pipeline.new_sequence(caches)
+            self.pipeline.new_sequence(caches, tokens)
         return caches
 
     @property

@@ -61,7 +61,7 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
     run = PipelineBatchRun(sequences=len(work), prompt_tokens=sum(len(ids) for ids, _ in work), ranks=p.t.size,
                            micro_batches=m, policy={"pipeline_ranks": p.t.size, "micro_batches": m})
     eos = set(engine.tokenizer.eos_token_ids)
-    seqs = [Sequence(index=k, ids=ids, max_tokens=n, caches=engine.new_caches(),
+    seqs = [Sequence(index=k, ids=ids, max_tokens=n, caches=engine.new_caches(len(ids) + n),  # KV sized to it
                      detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
             for k, (ids, n) in enumerate(work)]
     chunk = engine.config.prefill_chunk

@@ -72,9 +72,24 @@ def load_for(args, cfg, batch: bool = False):
     if engine is None:
         return None, status
     if getattr(args, "verbose", False) or batch:
-        print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" for r, s in enumerate(status)),
-              file=sys.stderr)
+        held = engine.pipeline.held_ffn_layers
+        print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" + (f" ({held[r]} FFN layers held)"
+                                                                                    if batch else "")
+                                       for r, s in enumerate(status)), file=sys.stderr)
     return engine, None
+
+
+def _place_ffn(engine) -> int:
+    """Throughput mode on a rank whose FFN layers stream whole: hold as many of them as the weights'
+    share of its plan leaves room for (each step of every micro-batch reads the others). Returns how
+    many it holds."""
+    from ..offload.run import streams_layers, weights_room
+
+    if not streams_layers(engine):
+        return 0
+    n = min(engine.args.num_hidden_layers, weights_room(engine) // engine.store.manifest.ffn.layer_nbytes)
+    engine.ffn.place(n)
+    return n
 
 
 def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool = False):
@@ -116,10 +131,12 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages",
                         f"{digest}-{mine.start}-{mine.stop}" + ("" if outer else "-inner"))
     engine = load_config(cut_stage(store, mine, path, progress, outer), cfg, batch=batch)
-    # the KV each rank's plan holds for its layers, in tokens: a batch across ranks must fit the least
-    kv_tokens = t.all_gather(np.array([engine.kv_tokens or engine.model_context]))[:, 0].tolist()
+    held = _place_ffn(engine) if batch else 0
+    # the KV each rank's plan holds for its layers, in tokens (a batch across ranks must fit the least),
+    # and the FFN layers each holds
+    kv_tokens, held_layers = t.all_gather(np.array([engine.kv_tokens or engine.model_context, held])).T.tolist()
     if t.rank == 0:
-        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens)
+        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens, held_layers)
         return engine, stages
     with engine:
         status = serve(engine, t, stages)

@@ -9,7 +9,8 @@ Rank 0 sends to rank 1; each rank runs its layers and sends on; the last rank se
 so every command is acknowledged by the message that comes round, which is also how rank 0 learns
 that every rank is alive:
 
-  NEW_SEQ  a new sequence: every rank makes KV caches for its layers under this sequence number
+  NEW_SEQ  a new sequence of at most `tokens` tokens: every rank makes KV caches for its layers under
+           this sequence number
   FORWARD  run your layers on these rows' hidden states, each row with its sequence's caches (one
            row: that sequence's caches; several: a batch over them, models/batch_cache.BatchKV)
   FREE     that sequence is done: drop its caches
@@ -69,7 +70,7 @@ class Pipeline:
     """Rank 0's side: the model call of its Engine (Engine.forward calls `forward`)."""
 
     def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0,
-                 kv_tokens: list[int] | None = None):
+                 kv_tokens: list[int] | None = None, held_ffn_layers: list[int] | None = None):
         if transport.rank != 0:
             raise ValueError("the Pipeline object is rank 0's; other ranks run serve()")
         self.engine, self.t, self.stages, self.timeout = engine, transport, stages, timeout
@@ -79,6 +80,8 @@ class Pipeline:
         self.next_seq = 0
         self.broken: str | None = None
         self.round_trips = 0
+        # FFN layers each rank holds in the throughput mode (the others stream whole)
+        self.held_ffn_layers = held_ffn_layers or [0] * transport.size
         self.outbox = Outbox(transport)
         # what each message in flight brings back, oldest first: ("echo",), ("logits", all_logits), or
         # ("ready", logits) in a pipeline of one rank
@@ -126,15 +129,16 @@ class Pipeline:
         e = self.engine
         return e.module.head(e.ops, e.args, e.weights, e.ops.array(self._take()), value)
 
-    def new_sequence(self, caches) -> None:
-        """Caches for a new sequence: every rank makes its own under a new number."""
+    def new_sequence(self, caches, tokens: int) -> None:
+        """Caches for a new sequence of at most `tokens` tokens: every rank makes its own under a new
+        number."""
         seq = self.next_seq
         self.next_seq += 1
         self.seqs[seq] = caches
         while len(self.seqs) > MAX_SEQS:
             self.seqs.popitem(last=False)
         if self.t.size > 1:
-            self._round([NEW_SEQ, seq, 0, 0, 0, -1])
+            self._round([NEW_SEQ, seq, 0, tokens, 0, -1])
 
     def free(self, caches) -> None:
         """That sequence is done: every rank drops its caches (the echo is collected with the next step's)."""
@@ -259,7 +263,7 @@ def serve(engine, transport: Transport, stages: list[range]) -> int:
                     rows.append(seqs[i])
                 out += [ids, run_layers(engine, mine, payload, rows_caches(rows))]
             elif cmd == NEW_SEQ:
-                seqs[seq] = engine.new_caches()
+                seqs[seq] = engine.new_caches(T)  # (T: the tokens the sequence may hold)
             elif cmd == FREE:
                 seqs.pop(seq, None)
             while len(seqs) > MAX_SEQS:

@@ -11,6 +11,7 @@ from ..errors import MemoryBudgetError
 from ..sparse.modes import SparseMode
 from ..sparse.planner import model_bytes, stored_resident_bytes
 from ..sparse.selectors import PredictorKind
+from ..store.stage import dropped_tensors
 from ..units import fmt
 
 
@@ -80,9 +81,12 @@ def weights_line(cfg: EngineConfig, store, account: dict) -> str:
     lay = store.manifest.ffn
     if cfg.ffn is FFNMode.RESIDENT:
         return f"the whole model resident ({fmt(model_bytes(store))} as stored)"
-    attn = "attention and embeddings resident"
+    # (an inner pipeline stage holds no embeddings: store/stage.py)
+    inner = bool(dropped_tensors(store))
+    embeddings = "" if inner else "embeddings and "
+    attn = "attention resident" if inner else "attention and embeddings resident"
     if account["streamed_layers"]:
-        attn = (f"embeddings and {len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
+        attn = (f"{embeddings}{len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
                 f"{account['streamed_layers']} layers' attention read when they compute")
     if "expert_slots" in account:
         return (f"{attn}, {account['expert_slots']} of {len(lay.layer_offsets) * lay.n_experts} "

@@ -55,6 +55,17 @@ def streams_layers(engine) -> bool:
     return engine.config.ffn is FFNMode.STREAM and not engine.store.manifest.ffn.n_experts
 
 
+def weights_room(engine, default: int = 0) -> int:
+    """The weights' share of the memory plan (`default` when there is none), less what the loaded
+    weights already hold there: what placing FFN layers in memory may take."""
+    lay = engine.store.manifest.ffn
+    slots = engine.layer_slots
+    attn = sum(slots.regions[i][2] for i in slots.regions) if slots is not None else 0
+    held = (stored_resident_bytes(engine.store) - attn + (slots.nbytes if slots is not None else 0)
+            + (2 * lay.layer_nbytes if streams_layers(engine) else 0) + copied_vectors(engine.store))
+    return max(0, engine.memory_plan.get("weights_budget", default) - held)
+
+
 def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     lay = engine.store.manifest.ffn
     L = engine.args.num_hidden_layers
@@ -66,11 +77,7 @@ def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     room = int(((plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]) * ROOM_SHARE)
     slots = engine.layer_slots
     attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
-    # the weights' share of the plan, less what the loaded weights already hold there
-    held = (stored_resident_bytes(engine.store) - sum(attn) + (slots.nbytes if slots is not None else 0)
-            + (2 * lay.layer_nbytes if streamed else 0) + copied_vectors(engine.store))
-    weights_room = max(0, plan.get("weights_budget", room) - held)
-    return Machine(room=room, weights_room=weights_room, ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
+    return Machine(room=room, weights_room=weights_room(engine, room), ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
                    read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
                    shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
 

@@ -5,6 +5,7 @@ which exits non-zero; a rank that stalls is named within the timeout."""
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -154,8 +155,11 @@ BATCH = [("Write a haiku about rain.", 12), ("List three prime numbers.", 1), ("
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,ranks,launcher", [("torch", 2, "gloo"), ("mlx", 3, "ring")])
-def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backend, ranks, launcher, tmp_path):
+@pytest.mark.parametrize("backend,ranks,launcher,extra", [
+    ("torch", 2, "gloo", ()), ("mlx", 3, "ring", ()),
+    # FFN layers read whole, each rank holding the few its weights' share leaves room for
+    ("torch", 2, "gloo", ("--ffn", "stream", "--weights-budget", "70%"))])
+def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backend, ranks, launcher, extra, tmp_path):
     """The throughput mode across ranks (`python -m mlx_flash.batch --pipeline`, micro-batches in
     flight on every rank, sequences of different lengths leaving as they finish, one after a single
     token): every answer equals one process's generate_batch."""
@@ -164,11 +168,14 @@ def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backen
                                + "\n" for k, (p, n) in enumerate(BATCH)))
     out = tmp_path / "out.jsonl"
     procs = start_ranks(ranks, ["-m", "mlx_flash.batch", str(prompts), str(out), "--model", store_dir, "--backend",
-                                backend, "--pipeline"], tmp_path, launcher=launcher)
+                                backend, "--pipeline", *extra], tmp_path, launcher=launcher)
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
     assert f"pipeline batch: {ranks} ranks, {ranks} micro-batches in flight" in results[0][1]
+    if extra:
+        held = [int(n) for n in re.findall(r"\((\d+) FFN layers held\)", results[0][1])]
+        assert len(held) == ranks and 0 < sum(held) < 30, results[0][1][-2000:]
     got = {d["id"]: d["text"] for d in map(json.loads, out.read_text().splitlines())}
     want = engines(store_dir, backend).generate_batch([[{"role": "user", "content": p}] for p, _ in BATCH],
                                                       [n for _, n in BATCH])
