@@ -4,10 +4,12 @@ each rank in a fresh memory cgroup of --limit, the page cache dropped before eac
 ranges and every rank's memory plan line printed. With --batch N: the throughput mode instead
 (`python -m mlx_flash.batch`, N prompts of --tokens tokens each), micro-batches flowing through the
 ranks against one process given the same total memory (--ranks times --limit), tokens/s of the
-whole run, prefill included.
+whole run, prefill included. With --gguf FILE (not with --batch), llama.cpp decodes the same file
+and prompt in one cgroup of --limit beside them.
 
     python tools/bench_pipeline.py [--model STORE_OR_GGUF] [--ranks 2] [--limit 2GB] [--tokens 8]
-                                   [--backend mlx] [--launcher ring|gloo] [--batch N] [--json OUT]
+                                   [--backend mlx] [--launcher ring|gloo] [--batch N] [--gguf FILE]
+                                   [--json OUT]
 
 The ranks run on this machine over loopback (distributed.local gives them the environment
 mlx.launch or torchrun would); they share its cores and its drive, so the ratio measures what
@@ -102,6 +104,26 @@ def pipeline(a, limit: int) -> dict:
             "tail": runs[0].stderr[-400:]}
 
 
+def llama_cpp(a, limit: int) -> dict:
+    """llama.cpp (llama-cpp-python, mmap) on the same file and prompt in one cgroup of `limit`: the
+    peer's decode rate (tools/bench_memory_run.py, which imports nothing of this package)."""
+    from mlx_flash.default_model import resolve_store
+    from mlx_flash.tokenizer import Tokenizer
+
+    ids = Tokenizer(resolve_store(a.model or a.gguf, "", "source", False)).encode(PROMPT)
+    drop_page_cache()
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
+    with MemoryCgroup(limit, name="mlx_flash_peer") as cg:
+        r = cg.run([sys.executable, runner, "llama.cpp", a.gguf, "mmap", str(a.tokens), ",".join(map(str, ids))],
+                   timeout=3600)
+    try:
+        rate = json.loads(r.stdout.strip().splitlines()[-1])["decode_tps"]
+    except (ValueError, IndexError, KeyError):
+        rate = None
+    return {"config": "llama.cpp (mmap)", "tok_s": rate, "peaks": [r.peak], "oom_kills": r.oom_kills, "plans": [],
+            "returncodes": [r.returncode], "tail": (r.stderr or r.stdout)[-400:]}
+
+
 def run(a) -> None:
     limit = parse_budget(a.limit, 1 << 40, "--limit")
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,6 +133,8 @@ def run(a) -> None:
             write_prompts(a.prompts, a.batch)
         # the throughput mode compares at the same total memory: one process gets every rank's limit
         rows = [one_process(a, limit * (a.ranks if a.batch else 1)), pipeline(a, limit)]
+        if a.gguf and not a.batch:
+            rows.append(llama_cpp(a, limit))
         if a.batch:
             texts = [sorted(open(a.outputs[k]).read().splitlines()) for k in (False, True)]
             print(f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
@@ -150,6 +174,9 @@ def main() -> int:
     p.add_argument("--launcher", default="ring", choices=("ring", "gloo"))
     p.add_argument("--batch", type=int, default=0,
                    help="N prompts through the throughput mode (python -m mlx_flash.batch) instead of one chat answer")
+    p.add_argument("--gguf", default=None,
+                   help="the model's GGUF file: llama.cpp (llama-cpp-python, mmap) decodes it too, in one cgroup of "
+                        "--limit (not with --batch)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.ranks < 2:
