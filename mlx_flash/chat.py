@@ -15,7 +15,7 @@ import sys
 
 from .config import EngineConfig
 from .distributed.flags import add_pipeline_arguments
-from .errors import ConfigError, FlashError, first_paragraph
+from .errors import ConfigError, FlashError, PipelineFault, first_paragraph
 from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
 from .sampling import check_int, check_sampling_flags
@@ -43,8 +43,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
         p.error("--raw needs --prompt")
-    if args.pipeline and args.prompt is None:
-        p.error("--pipeline needs --prompt (the REPL's conversation is not split across ranks yet)")
     if args.pipeline and args.speculative:
         p.error("--pipeline cannot draft tokens (--speculative): the other ranks' caches are not rolled back")
     return args
@@ -119,6 +117,12 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     interactive = inp.isatty()
     if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
         inp.reconfigure(errors="surrogateescape")
+    if engine.pipeline is not None:  # a model split across ranks: each conversation's KV on every rank
+        from .distributed.conversations import PipelineConversations
+
+        with PipelineConversations(engine) as conversations:
+            _converse(engine, conversations, args, inp, out, interactive)
+        return
     with tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp, Service(engine, directory=tmp) as svc:
         _converse(engine, svc, args, inp, out, interactive)
 
@@ -159,6 +163,8 @@ def _converse(engine, svc, args, inp, out, interactive: bool) -> None:
             continue
         try:
             ctx = _turn(svc, ctx, line, args, out)
+        except PipelineFault:  # the ranks are gone: no later turn could be answered
+            raise
         except (FlashError, OSError) as e:  # the turn fails, the session goes on
             print(f"\nerror: {_one_line(e)}", file=out)
 

@@ -49,6 +49,10 @@ class MemoryBudgetError(ConfigError):
     names the minimum (or what the limit lacks)."""
 
 
+class PipelineFault(FlashError):
+    """A rank of a model split across ranks died or stalled: the pipeline cannot go on."""
+
+
 def exit_status(body) -> int:
     """Run a command-line tool's body: 0 when it returns, 1 with one `error: ...` line on stderr
     (and no traceback) when it raises a FlashError."""

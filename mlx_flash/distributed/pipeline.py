@@ -14,6 +14,8 @@ that every rank is alive:
   FORWARD  run your layers on these rows' hidden states, each row with its sequence's caches (one
            row: that sequence's caches; several: a batch over them, models/batch_cache.BatchKV)
   FREE     that sequence is done: drop its caches
+  TRIM     that sequence keeps its first `tokens` tokens (a conversation whose next prompt differs
+           from what its caches hold past there)
   STOP     leave the serving loop
   FAULT    a rank lost its upstream neighbour (header[5] names it): passed on to rank 0, which reports it
 
@@ -36,19 +38,15 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
-from ..errors import FlashError
+from ..errors import FlashError, PipelineFault
 from ..models.batch_cache import batch_caches
 from .transport import Outbox, PeerLostError, Transport
 
 HEADER = 6
-FORWARD, NEW_SEQ, STOP, FAULT, FREE = 1, 2, 3, 4, 5
+FORWARD, NEW_SEQ, STOP, FAULT, FREE, TRIM = 1, 2, 3, 4, 5, 6
 # Sequences whose caches every rank keeps when nobody frees them (a chat's answers): least recently
 # used dropped first. The throughput mode frees each sequence as it finishes.
 MAX_SEQS = 256
-
-
-class PipelineFault(FlashError):
-    """A rank died or stalled: the pipeline cannot go on."""
 
 
 def run_layers(engine, layers: range, h: np.ndarray, caches) -> np.ndarray:
@@ -118,9 +116,7 @@ class Pipeline:
 
     def collect(self):
         """The logits [rows, T or 1, vocab] of the oldest step submitted (framework array)."""
-        while self.inflight and self.inflight[0][0] == "echo":
-            self.inflight.popleft()
-            self._take()
+        self._take_echoes()
         if not self.inflight:
             raise FlashError("no step in flight to collect")
         kind, value = self.inflight.popleft()
@@ -147,6 +143,14 @@ class Pipeline:
         if self.t.size > 1:
             self._post([FREE, seq, 0, 0, 0, -1])
             self.inflight.append(("echo", None))
+
+    def trim(self, caches, keep: int) -> None:
+        """That sequence's caches keep their first `keep` tokens, on every rank (nothing in flight)."""
+        seq = self._seq_of(caches)
+        for c in caches:
+            c.trim(c.offset - keep)
+        if self.t.size > 1:
+            self._round([TRIM, seq, 0, keep, 0, -1])
 
     def drain(self) -> None:
         """Take back every message still in flight (their logits, if any, are dropped)."""
@@ -176,11 +180,18 @@ class Pipeline:
                          "rank's caches under the sequence new_caches() started)")
 
     def _round(self, header: list[int]) -> None:
-        """A command round the ring and back, with nothing else in flight."""
+        """A command round the ring and back, with no step in flight (freed sequences' echoes are
+        taken first)."""
+        self._take_echoes()
         if self.inflight:
             raise FlashError(f"{len(self.inflight)} step(s) still in flight: collect them first")
         self._post(header)
         self._take()
+
+    def _take_echoes(self) -> None:
+        while self.inflight and self.inflight[0][0] == "echo":
+            self.inflight.popleft()
+            self._take()
 
     def _post(self, header: list[int], ids: np.ndarray | None = None, payload: np.ndarray | None = None) -> None:
         if self.broken is not None:
@@ -266,6 +277,9 @@ def serve(engine, transport: Transport, stages: list[range]) -> int:
                 seqs[seq] = engine.new_caches(T)  # (T: the tokens the sequence may hold)
             elif cmd == FREE:
                 seqs.pop(seq, None)
+            elif cmd == TRIM and seq in seqs:
+                for c in seqs[seq]:
+                    c.trim(c.offset - T)  # (T: the tokens it keeps)
             while len(seqs) > MAX_SEQS:
                 seqs.popitem(last=False)
             try:

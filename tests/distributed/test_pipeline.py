@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -192,3 +193,19 @@ def test_a_batch_whose_kv_a_rank_cannot_hold_is_refused():
     check_kv_room(SimpleNamespace(kv_tokens=[400, 1000]), work)
     with pytest.raises(MemoryBudgetError, match="needs KV for 400 tokens.*rank 1's memory plan holds 399"):
         check_kv_room(SimpleNamespace(kv_tokens=[1000, 399]), work)
+
+
+@pytest.mark.slow
+def test_the_repl_across_ranks_answers_as_one_process(store_dir, tmp_path):
+    """`python -m mlx_flash.chat --pipeline` without --prompt: a conversation whose turns continue
+    its caches on every rank (a second turn, /reset freeing them, a new conversation) prints what
+    the one-process REPL prints."""
+    lines = "What is the capital of France?\nAnd of Italy?\n/reset\nName a river.\n/quit\n"
+    argv = ["-m", "mlx_flash.chat", "--model", store_dir, "--backend", "torch", "--max-tokens", "16"]
+    one = subprocess.run([sys.executable, *argv], input=lines, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    procs = start_ranks(2, argv + ["--pipeline"], tmp_path, launcher="gloo", stdin=True)
+    results = [p.communicate(lines if r == 0 else "", timeout=300) for r, p in enumerate(procs)]
+    for r, (p, (_, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
+    assert "(conversation cleared)" in one.stdout and results[0][0] == one.stdout
