@@ -43,8 +43,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.raw and args.prompt is None:
         p.error("--raw needs --prompt")
-    if args.pipeline and args.speculative:
-        p.error("--pipeline cannot draft tokens (--speculative): the other ranks' caches are not rolled back")
     return args
 
 

@@ -238,14 +238,22 @@ class Engine:
             draft = ngram_draft(context, min(lam, max(room, 0)))
             greedy = self.forward([token] + draft, caches, all_logits=True).argmax(-1).tolist()
             a = accepted_prefix(draft, greedy)
-            for c in caches:
-                c.trim(len(draft) - a)
+            if a < len(draft):
+                self._trim(caches, len(draft) - a)
             summary.draft_proposed += len(draft)
             summary.draft_accepted += a
             for t in draft[:a]:
                 yield t
                 context.append(t)
             token = greedy[a]
+
+    def _trim(self, caches, n: int) -> None:
+        """Forget the last n tokens of a sequence's caches (on every rank of a pipeline)."""
+        if self.pipeline is not None:
+            self.pipeline.trim(caches, caches[0].offset - n)
+            return
+        for c in caches:
+            c.trim(n)
 
     def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop=None, speculative: int = 0) -> str:

@@ -209,3 +209,21 @@ def test_the_repl_across_ranks_answers_as_one_process(store_dir, tmp_path):
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
     assert "(conversation cleared)" in one.stdout and results[0][0] == one.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,launcher", [("torch", "gloo"), ("mlx", "ring")])
+def test_speculative_decoding_across_ranks_equals_plain_greedy(store_dir, backend, launcher, tmp_path):
+    """Drafted tokens the verifier rejects are trimmed from every rank's caches (TRIM): the answer
+    equals one process's plain greedy answer, and drafts were both kept and rejected on the way."""
+    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
+    argv = ["-m", "mlx_flash.chat", "--model", store_dir, "--backend", backend, "--prompt", prompt, "--max-tokens", "40"]
+    one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    procs = start_ranks(2, argv + ["--pipeline", "--speculative", "4", "--verbose"], tmp_path, launcher=launcher)
+    results = [p.communicate(timeout=300) for p in procs]
+    for r, (p, (_, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
+    kept, proposed = map(int, re.search(r"speculative: (\d+) of (\d+) drafted", results[0][1]).groups())
+    assert 0 < kept < proposed
+    assert results[0][0] == one.stdout
