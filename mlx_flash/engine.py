@@ -135,7 +135,17 @@ class Engine:
 
     def logits(self, ids) -> np.ndarray:
         """Logits for every position of `ids` [T, vocab] (fresh caches)."""
-        return self.prefill(list(ids), self.new_caches(), all_logits=True)
+        caches = self.new_caches()
+        try:
+            return self.prefill(list(ids), caches, all_logits=True)
+        finally:
+            self.release(caches)
+
+    def release(self, caches) -> None:
+        """Caches this engine made are done with: a pipeline's other ranks drop theirs (elsewhere the
+        caller dropping them is enough)."""
+        if self.pipeline is not None and self.pipeline.broken is None:
+            self.pipeline.free(caches)
 
     # ---- generation -----------------------------------------------------------------------------
     def encode_prompt(self, prompt) -> list[int]:
@@ -177,10 +187,20 @@ class Engine:
         summary = self.last = GenerationSummary(prompt_tokens=len(ids), cached_tokens=cached)
         if max_tokens == 0:
             return
-        if caches is None:
+        own = caches is None  # made here: released when the answer ends
+        if own:
             caches = self.new_caches()
         else:
             self.ffn.reset()  # a sparse FFN's neuron windows follow one sequence
+        try:
+            yield from self._steps(ids, caches, max_tokens, temperature, top_p, top_k, stops, speculative, rng,
+                                   summary, limit, cached)
+        finally:
+            if own:
+                self.release(caches)
+
+    def _steps(self, ids, caches, max_tokens, temperature, top_p, top_k, stops, speculative, rng, summary, limit,
+               cached) -> Iterator[GenerationStep]:
         t0 = time.perf_counter()
         logits = self.prefill(ids[cached:], caches)
         summary.prefill_s = time.perf_counter() - t0

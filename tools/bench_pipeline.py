@@ -77,7 +77,7 @@ def one_process(a, limit: int) -> dict:
     with MemoryCgroup(limit) as cg:
         r = cg.run(chat_cmd(a, False), timeout=3600)
     return {"config": "one process", "tok_s": decode_rate(r.stderr, bool(a.batch)), "peaks": [r.peak], "oom_kills": r.oom_kills,
-            "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:]}
+            "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:], "answer": r.stdout}
 
 
 def pipeline(a, limit: int) -> dict:
@@ -101,7 +101,7 @@ def pipeline(a, limit: int) -> dict:
     return {"config": f"{a.ranks} ranks ({a.launcher})", "tok_s": decode_rate(runs[0].stderr, bool(a.batch)),
             "peaks": [r.peak for r in runs], "oom_kills": sum(r.oom_kills for r in runs),
             "plans": [line for r in runs for line in plan_lines(r.stderr)], "returncodes": [r.returncode for r in runs],
-            "tail": runs[0].stderr[-400:]}
+            "tail": runs[0].stderr[-400:], "answer": runs[0].stdout}
 
 
 def llama_cpp(a, limit: int) -> dict:
@@ -139,6 +139,9 @@ def run(a) -> None:
             texts = [sorted(open(a.outputs[k]).read().splitlines()) for k in (False, True)]
             print(f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
                   f"({len(texts[1])} of {a.batch})")
+        else:  # greedy: the same tokens, so the same text
+            same = rows[0]["answer"] == rows[1]["answer"] and rows[0]["answer"]
+            print(f"the ranks' answer {'equals' if same else 'DIFFERS FROM'} the one process's: {rows[1]['answer']!r}")
     base = rows[0]["tok_s"]
     if a.batch:
         print(f"\n{a.batch} prompts, {a.tokens} greedy tokens each; each rank in its own {fmt(limit)} memory cgroup, "

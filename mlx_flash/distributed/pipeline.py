@@ -81,7 +81,7 @@ class Pipeline:
         # FFN layers each rank holds in the throughput mode (the others stream whole)
         self.held_ffn_layers = held_ffn_layers or [0] * transport.size
         self.outbox = Outbox(transport)
-        # what each message in flight brings back, oldest first: ("echo",), ("logits", all_logits), or
+        # what each message in flight brings back, oldest first: ("echo", None), ("logits", all_logits), or
         # ("ready", logits) in a pipeline of one rank
         self.inflight: deque = deque()
         # one watchdog for the pipeline's life: armed with a deadline while rank 0 waits, not a thread each
