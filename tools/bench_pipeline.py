@@ -56,8 +56,8 @@ def write_prompts(path: str, n: int) -> None:
     with open(path, "w") as fh:
         for k in range(n):
             topic = TOPICS[k % len(TOPICS)]
-            fh.write(json.dumps({"id": k, "messages": [{"role": "user", "content": f"Write a short story about {topic}."}]})
-                     + "\n")
+            message = {"role": "user", "content": f"Write a short story about {topic}."}
+            fh.write(json.dumps({"id": k, "messages": [message]}) + "\n")
 
 
 def decode_rate(stderr: str, batch: bool) -> float | None:
@@ -76,7 +76,8 @@ def one_process(a, limit: int) -> dict:
     drop_page_cache()
     with MemoryCgroup(limit) as cg:
         r = cg.run(chat_cmd(a, False), timeout=3600)
-    return {"config": "one process", "tok_s": decode_rate(r.stderr, bool(a.batch)), "peaks": [r.peak], "oom_kills": r.oom_kills,
+    return {"config": "one process", "tok_s": decode_rate(r.stderr, bool(a.batch)), "peaks": [r.peak],
+            "oom_kills": r.oom_kills,
             "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:], "answer": r.stdout}
 
 

@@ -177,7 +177,8 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
         raise MemoryBudgetError(  # (FLOOR_JITTER keeps the two numbers apart as fmt() writes them)
             f"memory budget {fmt(limit.bytes)} is below the minimum {fmt(_stated(minimum))} for this model on this "
             f"backend (runtime {fmt(floor + slack)} measured, KV cache {fmt(per_tok * least)} for {least} tokens, "
-            f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, readers {fmt(readers)}, weights {fmt(weights_minimum)} at the least, "
+            f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, readers {fmt(readers)}, "
+            f"weights {fmt(weights_minimum)} at the least, "
             f"{fmt(FLOOR_JITTER)} for the runtime's run-to-run difference)")
     chunk, notes = prefill_chunk, []
     while chunk > MIN_CHUNK and work_bytes(shape, chunk, target) > WORK_SHARE * limit.bytes:

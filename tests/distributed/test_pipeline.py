@@ -216,8 +216,9 @@ def test_the_repl_across_ranks_answers_as_one_process(store_dir, tmp_path):
 def test_speculative_decoding_across_ranks_equals_plain_greedy(store_dir, backend, launcher, tmp_path):
     """Drafted tokens the verifier rejects are trimmed from every rank's caches (TRIM): the answer
     equals one process's plain greedy answer, and drafts were both kept and rejected on the way."""
-    prompt = "Repeat after me: the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog."
-    argv = ["-m", "mlx_flash.chat", "--model", store_dir, "--backend", backend, "--prompt", prompt, "--max-tokens", "40"]
+    prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 2
+    argv = ["-m", "mlx_flash.chat", "--model", store_dir, "--backend", backend, "--prompt", prompt.rstrip(),
+            "--max-tokens", "40"]
     one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     procs = start_ranks(2, argv + ["--pipeline", "--speculative", "4", "--verbose"], tmp_path, launcher=launcher)
