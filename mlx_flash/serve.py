@@ -13,6 +13,7 @@ import sys
 
 from .budget import parse_budget
 from .config import EngineConfig
+from .distributed.flags import add_pipeline_arguments
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 from .sampling import check_int
@@ -45,7 +46,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests decoded together (continuous batching: one pass of the weights per token for "
                         "all of them); more wait their turn (default: 32)")
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
-    return p.parse_args(argv)
+    add_pipeline_arguments(p, "serves the requests (one at a time; each conversation's KV on every rank)")
+    args = p.parse_args(argv)
+    if args.pipeline:  # the one-process service's KV options: across ranks each conversation is one sequence
+        given = [flag for flag, value, default in (("--kv-budget", args.kv_budget, None),
+                                                   ("--chunk-tokens", args.chunk_tokens, 16),
+                                                   ("--kv-compression", args.kv_compression, "off"),
+                                                   ("--service-dir", args.service_dir, None)) if value != default]
+        if given:
+            p.error(f"{', '.join(given)}: the one-process server's KV options; with --pipeline each conversation's "
+                    "KV is one sequence on every rank")
+    return args
 
 
 def check_flags(args) -> None:
@@ -66,7 +77,7 @@ def main(argv=None) -> int:
     try:
         from aiohttp import web
 
-        from .api import load_config
+        from .distributed.launch import load_for
         from .service import Service
         from .service.compression import Compression
         from .service.server import Server, ServerOptions
@@ -74,14 +85,26 @@ def main(argv=None) -> int:
         Compression.parse(args.kv_compression)  # a bad option is refused before the model loads
         check_flags(args)
 
-        engine = load_config(args.model, from_arguments(EngineConfig, args))
-        name = args.model_name or os.path.basename(engine.store.path.rstrip(os.sep))
-        svc = Service(engine, directory=args.service_dir, kv_budget=args.kv_budget, chunk_tokens=args.chunk_tokens,
-                      kv_compression=args.kv_compression, progress=True)
-        for line in svc.problems:
-            print(f"warning: {line}", file=sys.stderr)
-        server = Server(svc, ServerOptions(model_name=name, api_keys=keys, queue_limit=args.queue_limit,
-                                           max_tokens_default=args.max_tokens, max_batch=args.max_batch))
+        cfg = from_arguments(EngineConfig, args)
+        engine, status = load_for(args, cfg)
+        if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
+            return status
+        options = ServerOptions(model_name=args.model_name or _model_name(args.model, engine, cfg), api_keys=keys,
+                                queue_limit=args.queue_limit, max_tokens_default=args.max_tokens,
+                                max_batch=args.max_batch)
+        if engine.pipeline is not None:
+            from .distributed.conversations import PipelineConversations
+            from .distributed.serving import PipelineLoop
+
+            svc = PipelineConversations(engine)
+            server = Server(svc, options, PipelineLoop(svc))
+        else:
+            svc = Service(engine, directory=args.service_dir, kv_budget=args.kv_budget,
+                          chunk_tokens=args.chunk_tokens, kv_compression=args.kv_compression, progress=True)
+            for line in svc.problems:
+                print(f"warning: {line}", file=sys.stderr)
+            server = Server(svc, options)
+        name = options.model_name
         print(f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
               flush=True)
         try:
@@ -97,6 +120,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _model_name(model: str | None, engine, cfg) -> str:
+    """The id /v1/models reports: the store's name (on a pipeline's rank 0, the whole store's, which
+    its stage store was cut from)."""
+    path = engine.store.path
+    if engine.pipeline is not None:
+        from .default_model import resolve_store
+
+        path = resolve_store(model, cfg.cache_dir, cfg.store_precision(), False)
+    return os.path.basename(path.rstrip(os.sep))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,37 @@
-"""The chat's conversations on a model split across ranks: the part of the Service protocol the REPL
-uses (new_context, get(id).messages, call, delete, max_tokens, engine), over one sequence's caches
-per conversation, held on every rank (the Service's chunked, swappable KV lives in one process).
+"""Conversations on a model split across ranks: the part of the Service protocol the chat's REPL and
+the server use (new_context, get, list, describe, delete, match, call, stats_sections, max_tokens,
+engine), over one sequence's caches per conversation, held on every rank. (The Service's chunked,
+swappable KV lives in one process.)
 
 A call continues its conversation's caches: the tokens they hold that the new prompt starts with
 stay, the rest is trimmed on every rank (a re-tokenized answer may differ from the sampled tokens),
-and only the new tokens are prefilled.
+and only the new tokens are prefilled. A chat call takes messages (appended to the conversation's,
+or the whole chat with whole=True); a completion call takes text (continuing the conversation's
+tokens, or the whole text).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ConfigError, ContextNotFoundError
+from ..errors import ConfigError, ContextLengthError, ContextNotFoundError
+from ..engine import unicode_text
+from ..service.service import common_prefix
 
 
 @dataclass
 class Conversation:
+    id: str
+    owner: str
     caches: list
     messages: list = field(default_factory=list)
+    sequence: list = field(default_factory=list)  # every token of it: prompts and sampled ones
     held: list = field(default_factory=list)  # the token ids the caches hold, on every rank
+    busy: bool = False
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class PipelineConversations:
@@ -30,59 +41,112 @@ class PipelineConversations:
         self.engine = engine
         self.contexts: dict[str, Conversation] = {}
         self._ids = itertools.count(1)
+        self.calls = self.cached_tokens = self.prompt_tokens = 0
 
     @property
     def max_tokens(self) -> int:
         """Most tokens one conversation may hold: what every rank's plan holds KV for."""
         return min([self.engine.context_limit] + list(self.engine.pipeline.kv_tokens or []))
 
-    def new_context(self, system: str | None = None) -> str:
+    def new_context(self, system: str | None = None, owner: str = "") -> str:
+        if system is not None and not isinstance(system, str):
+            raise ConfigError("system must be a string")
         ctx = f"conversation-{next(self._ids)}"
-        self.contexts[ctx] = Conversation(self.engine.new_caches(self.max_tokens),
+        self.contexts[ctx] = Conversation(ctx, owner, self.engine.new_caches(self.max_tokens),
                                           [{"role": "system", "content": system}] if system else [])
         return ctx
 
-    def get(self, ctx: str) -> Conversation:
-        if ctx not in self.contexts:
-            raise ContextNotFoundError(f"no conversation {ctx!r}")
-        return self.contexts[ctx]
+    def get(self, ctx: str, owner: str = "") -> Conversation:
+        c = self.contexts.get(ctx) if isinstance(ctx, str) else None
+        if c is None or c.owner != owner:
+            raise ContextNotFoundError(f"no context with id {str(ctx)[:80]!r}")
+        return c
 
-    def delete(self, ctx: str) -> None:
-        self.engine.pipeline.free(self.get(ctx).caches)
+    def list(self, owner: str = "") -> list[dict]:
+        return [self.describe(c) for c in self.contexts.values() if c.owner == owner]
+
+    def describe(self, c: Conversation) -> dict:
+        return {"id": c.id, "tokens": len(c.held), "messages": len(c.messages)}
+
+    def delete(self, ctx: str, owner: str = "") -> None:
+        c = self.get(ctx, owner)
+        if c.busy:
+            raise ConfigError(f"context {ctx} is in use")
+        self.engine.release(c.caches)
         del self.contexts[ctx]
 
-    def call(self, ctx: str, prompt: list, whole: bool = False, **sampling) -> Iterator:
-        """Stream the answer to the messages `prompt` appended to the conversation (whole: `prompt`
-        is the whole chat instead); the conversation gains both once the answer is done."""
-        c = self.get(ctx)
-        if not isinstance(prompt, list):
-            raise ConfigError("a pipelined conversation takes chat messages")
-        history = (prompt if whole else c.messages + prompt)
-        ids = self.engine.encode_prompt(history)
+    def match(self, ids: list[int], owner: str = "") -> str | None:
+        """The owner's idle conversation whose held tokens share the longest prefix with ids (a
+        stateless client re-sending a growing history finds its conversation), or None."""
+        best, best_n = None, 0
+        for c in self.contexts.values():
+            if c.owner == owner and not c.busy:
+                n = common_prefix(ids, c.held)
+                if n > best_n:
+                    best, best_n = c.id, n
+        return best
+
+    def call(self, ctx: str, prompt, owner: str = "", whole: bool = False, **sampling) -> Iterator:
+        """Stream the answer to `prompt` in the conversation; it gains both once the answer is done.
+        Errors in the arguments raise before the first step."""
+        c = self.get(ctx, owner)
+        if c.busy:
+            raise ConfigError(f"context {ctx} is in use")
+        history = None
+        if isinstance(prompt, str):
+            base = [] if whole else c.sequence
+            ids = base + self.engine.tokenizer.encode(unicode_text("the prompt", prompt), add_special_tokens=not base)
+        elif isinstance(prompt, list):
+            history = (prompt if whole else c.messages + prompt)
+            ids = self.engine.encode_prompt(history)
+        else:
+            raise ConfigError("a prompt is text or a list of chat messages")
+        if not ids:
+            raise ConfigError("the prompt encodes to zero tokens")
         if len(ids) >= self.max_tokens:
-            raise ConfigError(f"the conversation would hold {len(ids)} tokens; it holds fewer than {self.max_tokens}")
-        keep = 0
-        while keep < min(len(ids) - 1, len(c.held)) and ids[keep] == c.held[keep]:
-            keep += 1
+            raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than "
+                                     f"{self.max_tokens}")
+        keep = min(common_prefix(ids, c.held), len(ids) - 1)
         if keep < c.caches[0].offset:
             self.engine.pipeline.trim(c.caches, keep)
         c.held = c.held[:keep]
+        self.calls += 1
+        self.prompt_tokens += len(ids)
+        self.cached_tokens += keep
         return self._run(c, ids, history, sampling)
 
-    def _run(self, c: Conversation, ids: list, history: list, sampling: dict) -> Iterator:
+    def _run(self, c: Conversation, ids: list, history: list | None, sampling: dict) -> Iterator:
         text = []
-        for step in self.engine.stream_tokens(ids, c.caches, **sampling):
-            text.append(step.text)
-            yield step
-        c.held = ids + self.engine.last.tokens[:-1]  # (the caches hold every sampled token but the last)
-        c.messages = history + [{"role": "assistant", "content": "".join(text)}]
+        c.busy = True
+        try:
+            for step in self.engine.stream_tokens(ids, c.caches, **sampling):
+                text.append(step.text)
+                yield step
+        finally:
+            c.busy, c.last_used = False, time.monotonic()
+        sampled = self.engine.last.tokens
+        c.held = ids + sampled[:-1]  # (the caches hold every sampled token but the last)
+        c.sequence = ids + sampled
+        if history is not None:
+            c.messages = history + [{"role": "assistant", "content": "".join(text)}]
+
+    def stats_sections(self) -> dict:
+        """The /v1/stats sections of this service: its conversations, calls and the ranks."""
+        p = self.engine.pipeline
+        return {"contexts": {"total": len(self.contexts)},
+                "calls": {"total": self.calls, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens},
+                "pipeline": {"ranks": p.t.size, "layers": [[s.start, s.stop] for s in p.stages],
+                             "kv_tokens": p.kv_tokens, "broken": p.broken}}
+
+    def close(self) -> None:
+        for ctx in list(self.contexts):
+            if self.engine.pipeline.broken is not None:
+                break  # a broken pipeline has nobody to tell
+            self.contexts[ctx].busy = False
+            self.delete(ctx, self.contexts[ctx].owner)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        for ctx in list(self.contexts):
-            try:
-                self.delete(ctx)
-            except Exception:  # noqa: BLE001 - a broken pipeline has nobody to tell
-                break
+        self.close()

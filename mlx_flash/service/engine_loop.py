@@ -40,6 +40,11 @@ class EngineLoop:
     def busy(self) -> bool:
         return bool(self.active)
 
+    @property
+    def problem(self) -> str | None:
+        """Why no request can be answered, or None (a one-process engine has no such state)."""
+        return None
+
     def start(self) -> None:
         self.thread.start()
 

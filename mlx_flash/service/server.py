@@ -63,9 +63,11 @@ class _Job:
 
 
 class Server:
-    def __init__(self, service, options: ServerOptions):
+    def __init__(self, service, options: ServerOptions, loop=None):
+        """service: a Service (or a model split across ranks: distributed.conversations); loop: its
+        engine thread (default: an EngineLoop's continuous batch; distributed.serving.PipelineLoop)."""
         self.svc, self.opt = service, options
-        self.engine = EngineLoop(service, options.max_batch)
+        self.engine = loop or EngineLoop(service, options.max_batch)
         self._keys = {hashlib.sha256(k.encode()).hexdigest()[:32]: k for k in options.api_keys}
 
     def app(self) -> web.Application:
@@ -206,21 +208,19 @@ class Server:
             {"id": self.opt.model_name, "object": "model", "created": 0, "owned_by": "mlx_flash"}]})
 
     async def health(self, request):
+        problem = self.engine.problem
+        if problem is not None:
+            return web.json_response({"status": "unavailable", "error": problem}, status=503)
         return web.json_response({"status": "ok"})
 
     async def stats(self, request):
         self._owner(request)
-        s = await self._on_worker(self.svc.stats)
+        sections = await self._on_worker(self.svc.stats_sections)
         plan = self.svc.engine.memory_plan
         return web.json_response({
+            **sections,
             "memory": {"limit": plan.get("limit"), "limit_meaning": plan.get("limit_meaning"),
-                       "held": process_rss(), "peak": peak_rss(), "kv_budget": s.kv_budget, "plan": plan},
-            "contexts": {"total": s.contexts, "resident": s.contexts_resident, "swapped": s.contexts_swapped},
-            "kv": {"chunk_tokens": s.chunk_tokens, "chunk_bytes": s.chunk_bytes, "slots": s.slots,
-                   "slots_free": s.slots_free, "chunks_written": s.chunks_written, "chunks_read": s.chunks_read,
-                   "chunks_recomputed": s.chunks_recomputed, "bad_swap_files": s.bad_swap_files},
-            "calls": {"total": s.calls, "cache_hits": s.cache_hits, "prompt_tokens": s.prompt_tokens,
-                      "cached_tokens": s.cached_tokens},
+                       "held": process_rss(), "peak": peak_rss(), "plan": plan, **sections.get("memory", {})},
             "queue": {"waiting": self.engine.queued, "running": len(self.engine.active), "busy": self.engine.busy,
                       "limit": self.opt.queue_limit, "max_batch": self.opt.max_batch}})
 

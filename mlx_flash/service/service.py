@@ -178,7 +178,7 @@ class Service:
         for ctx in self.contexts.values():
             if ctx.owner != owner or ctx.pinned:
                 continue
-            n = _common_prefix(ids, ctx.held())
+            n = common_prefix(ids, ctx.held())
             if n > best_n or (n == best_n and best is not None and ctx.last_used > best.last_used):
                 best, best_n = ctx, n
         if best is None:
@@ -256,7 +256,7 @@ class Service:
         make room for the call's first chunks; returns the caches to run ids on (holding that
         prefix). `report` gets the switch."""
         t0 = time.perf_counter()
-        n = min(_common_prefix(ids, ctx.held()), len(ids) - 1)
+        n = min(common_prefix(ids, ctx.held()), len(ids) - 1)
         ctx.pinned = True
         try:
             report.restore = self.kv.restore(ctx, n)
@@ -347,6 +347,17 @@ class Service:
         s.contexts_swapped = s.contexts - s.contexts_resident
         return s
 
+    def stats_sections(self) -> dict:
+        """The /v1/stats sections of this service (the server adds memory and queue)."""
+        s = self.stats()
+        return {"memory": {"kv_budget": s.kv_budget},
+                "contexts": {"total": s.contexts, "resident": s.contexts_resident, "swapped": s.contexts_swapped},
+                "kv": {"chunk_tokens": s.chunk_tokens, "chunk_bytes": s.chunk_bytes, "slots": s.slots,
+                       "slots_free": s.slots_free, "chunks_written": s.chunks_written, "chunks_read": s.chunks_read,
+                       "chunks_recomputed": s.chunks_recomputed, "bad_swap_files": s.bad_swap_files},
+                "calls": {"total": s.calls, "cache_hits": s.cache_hits, "prompt_tokens": s.prompt_tokens,
+                          "cached_tokens": s.cached_tokens}}
+
     def close(self) -> None:
         self.kv.close()
 
@@ -363,7 +374,7 @@ def _model_id(store_path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

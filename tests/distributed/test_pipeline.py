@@ -228,3 +228,67 @@ def test_speculative_decoding_across_ranks_equals_plain_greedy(store_dir, backen
     kept, proposed = map(int, re.search(r"speculative: (\d+) of (\d+) drafted", results[0][1]).groups())
     assert 0 < kept < proposed
     assert results[0][0] == one.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(port: int, path: str, body=None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode() if body else None,
+                               headers={"Content-Type": "application/json"}, method="POST" if body else "GET")
+    try:
+        with urllib.request.urlopen(r, timeout=120) as f:
+            return f.status, json.loads(f.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
+def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, engines, tmp_path):
+    """`python -m mlx_flash.serve --pipeline`: chat and completion answers equal one process's (a
+    second turn continuing the first one's conversation); once rank 1 is killed, requests and
+    /health answer 503 naming it, and the server stays up until stopped."""
+    port = _free_port()
+    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
+                            "--port", str(port)], tmp_path, launcher="gloo")
+    try:
+        for _ in range(240):
+            try:
+                if _http(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        first = [{"role": "user", "content": "What is the capital of France?"}]
+        code, body = _http(port, "/v1/chat/completions", {"messages": first, "max_tokens": 12, "temperature": 0})
+        assert code == 200, body
+        answer = body["choices"][0]["message"]["content"]
+        e = engines(store_dir, "torch")
+        assert answer == e.generate(first, max_tokens=12)
+        second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
+        code, body = _http(port, "/v1/chat/completions", {"messages": second, "max_tokens": 12, "temperature": 0})
+        assert code == 200 and body["choices"][0]["message"]["content"] == e.generate(second, max_tokens=12)
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the first turn's caches continued
+        code, body = _http(port, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                     "temperature": 0})
+        assert code == 200 and body["choices"][0]["text"] == e.generate("The capital of France is", max_tokens=8)
+        procs[1].kill()
+        procs[1].wait()
+        code, body = _http(port, "/v1/chat/completions", {"messages": first, "max_tokens": 4, "temperature": 0})
+        assert code == 503 and "rank 1" in body["error"]["message"], body
+        code, body = _http(port, "/health")
+        assert code == 503 and "rank 1" in body["error"]
+        procs[0].send_signal(signal.SIGINT)
+        _, err = procs[0].communicate(timeout=60)
+        assert "Traceback" not in err, err[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
