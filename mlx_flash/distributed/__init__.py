@@ -1,5 +1,5 @@
 """A model split by layers across processes or machines over the framework's own distributed engine
 (pipeline.py: the protocol; stages.py: which layers each rank runs; transport.py: the wire;
 launch.py: joining from a process mlx.launch or torchrun started; batch.py: the throughput mode's
-micro-batches through the ranks; conversations.py: the chat's conversations across ranks; flags.py:
-the commands' --pipeline flags)."""
+micro-batches through the ranks; conversations.py: the chat's and the server's conversations across
+ranks; serving.py: the server's engine thread across ranks; flags.py: the commands' --pipeline flags)."""

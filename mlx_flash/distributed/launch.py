@@ -10,8 +10,9 @@ Every rank opens its own copy of the store (each machine converts or copies it t
 a rank whose copy differs from rank 0's is refused (the manifests' digests). Each rank then cuts the
 store of its own layers (store/stage.py) and loads only that, so its memory plan holds or streams
 only its layers. The throughput mode (`python -m mlx_flash.batch --pipeline`, engine.generate_batch)
-sends micro-batches through the ranks (distributed/batch.py); the chat's REPL holds each
-conversation's KV on every rank (distributed/conversations.py). Not done yet: the server.
+sends micro-batches through the ranks (distributed/batch.py); the chat's REPL and the server
+(`python -m mlx_flash.serve --pipeline`, distributed/serving.py) hold each conversation's KV on
+every rank (distributed/conversations.py).
 """
 
 from __future__ import annotations
