@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from abc import ABC, abstractmethod
 
@@ -217,6 +218,8 @@ def open_transport() -> Transport:
         return MLXRing()
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return TorchGloo()
+    stem = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    command = f"mlx_flash.{stem}" if stem in ("chat", "serve", "batch") else "mlx_flash.chat"  # (the one running)
     raise FlashError("--pipeline runs under a launcher that starts every rank: `mlx.launch --backend ring "
-                     "--hosts h1,h2 -- python -m mlx_flash.chat --pipeline ...` or `torchrun --nnodes 2 ... -m "
-                     "mlx_flash.chat --pipeline ...`")
+                     f"--hosts h1,h2 -- python -m {command} --pipeline ...` or `torchrun --nnodes 2 ... -m "
+                     f"{command} --pipeline ...`")
