@@ -87,7 +87,13 @@ class Pipeline:
         # one watchdog for the pipeline's life: armed with a deadline while rank 0 waits, not a thread each
         self._deadline: float | None = None
         self._cv = threading.Condition()
+        self._on_stall = None  # None: a stall ends the process (see report_stalls_to)
         threading.Thread(target=self._watch, daemon=True).start()
+
+    def report_stalls_to(self, callback) -> None:
+        """A stall marks the pipeline broken and calls callback(message) instead of ending the process
+        (a server answers 503 rather than vanish; the wait that stalled stays blocked)."""
+        self._on_stall = callback
 
     # ---- the model call ---------------------------------------------------------------------------
     def forward(self, tokens, caches, all_logits: bool):
@@ -168,7 +174,8 @@ class Pipeline:
             except PipelineFault:
                 pass
         self.outbox.close()
-        self.t.close()
+        if self.broken is None:  # (leaving a group whose peer stalled could wait for it)
+            self.t.close()
 
     # ---- messages round the ring ------------------------------------------------------------------
     def _seq_of(self, caches) -> int:
@@ -235,13 +242,19 @@ class Pipeline:
 
     def _watch(self) -> None:
         """A stalled rank never answers and never drops its connection: when a wait outlives its
-        deadline (`timeout` seconds), rank 0 names the ranks it waited on and exits, rather than hang."""
+        deadline (`timeout` seconds), rank 0 names the ranks it waited on and exits, rather than hang
+        (or, with report_stalls_to, marks the pipeline broken and reports it)."""
         with self._cv:
             while self._deadline is None or time.monotonic() < self._deadline:
                 self._cv.wait(None if self._deadline is None else self._deadline - time.monotonic())
         ranks = "rank 1" if self.t.size == 2 else f"ranks 1-{self.t.size - 1}"
-        print(f"error: pipeline stopped: no answer from {ranks} within {self.timeout:g} s (a rank stalled or "
-              "its machine stopped answering)", file=sys.stderr, flush=True)
+        message = (f"pipeline stopped: no answer from {ranks} within {self.timeout:g} s (a rank stalled or its "
+                   "machine stopped answering)")
+        if self._on_stall is not None:
+            self.broken = message
+            self._on_stall(message)
+            return
+        print(f"error: {message}", file=sys.stderr, flush=True)
         os._exit(3)
 
 

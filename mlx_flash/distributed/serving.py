@@ -24,8 +24,10 @@ class PipelineLoop:
         self.svc = conversations
         self.inbox: queue.Queue = queue.Queue()
         self.queued = 0  # jobs submitted and not started (read by the event loop for 503s)
-        self.active: dict = {}  # id of the job running -> its conversation
+        self.active: dict = {}  # id of the job running -> (the job, its conversation)
         self.thread = threading.Thread(target=self._run, name="mlx-flash-engine", daemon=True)
+        # a stalled rank: the request waiting on it gets 503 now (this thread stays blocked in the wait)
+        conversations.engine.pipeline.report_stalls_to(self._stalled)
 
     @property
     def busy(self) -> bool:
@@ -41,7 +43,7 @@ class PipelineLoop:
 
     def stop(self) -> None:
         self.inbox.put(None)
-        self.thread.join()
+        self.thread.join(None if self.problem is None else 5.0)  # (after a stall the thread may never return)
 
     def call(self, fn, *args):
         import concurrent.futures
@@ -51,11 +53,19 @@ class PipelineLoop:
         return fut
 
     async def run(self, fn, *args):
+        if self.problem is not None:  # (after a stall the engine thread is stuck in its wait)
+            raise oa.ApiError(503, self.problem, code="pipeline_stopped", kind="server_error")
         return await asyncio.wrap_future(self.call(fn, *args))
 
     def submit(self, job) -> None:
         self.queued += 1
         self.inbox.put(job)
+
+    def _stalled(self, message: str) -> None:
+        """From the pipeline's watchdog: the request waiting on a stalled rank ends with 503."""
+        for job, _ in list(self.active.values()):
+            job.put(oa.ApiError(503, message, code="pipeline_stopped", kind="server_error"))
+            job.put(DONE)
 
     def _run(self) -> None:
         while True:
@@ -88,7 +98,7 @@ class PipelineLoop:
                 made = ctx if not svc.get(ctx, job.owner).held else None
                 whole = True
             job.context = ctx
-            self.active[id(job)] = ctx
+            self.active[id(job)] = (job, ctx)
             steps = svc.call(ctx, req.prompt, job.owner, whole=whole, **req.sampling.kwargs())
             for step in steps:
                 sampled += 1

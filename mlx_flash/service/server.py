@@ -140,6 +140,8 @@ class Server:
             raise oa.ApiError(404, f"model {req.model!r} does not exist (this server runs {self.opt.model_name!r})",
                               "model", "model_not_found")
         explicit = req.context_id or request.headers.get("X-Context-Id")
+        if self.engine.problem is not None:  # (a pipeline whose rank stalled: its engine thread is stuck)
+            raise oa.ApiError(503, self.engine.problem, code="pipeline_stopped", kind="server_error")
         if self.engine.queued >= self.opt.queue_limit:
             raise oa.ApiError(503, f"{self.engine.queued} requests are already waiting; retry later", code="overloaded",
                               kind="server_error")

@@ -292,3 +292,37 @@ def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, en
     finally:
         for p in procs:
             p.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
+def test_the_server_answers_503_when_a_rank_stalls(store_dir, tmp_path):
+    """A stopped rank never answers and never drops its connection: the request waiting on it gets
+    503 after --pipeline-timeout, later requests and /health at once, and the server keeps running
+    (a chat or batch would exit instead)."""
+    port = _free_port()
+    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
+                            "--pipeline-timeout", "3", "--port", str(port)], tmp_path, launcher="gloo")
+    try:
+        for _ in range(240):
+            try:
+                if _http(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        hello = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
+        assert _http(port, "/v1/chat/completions", hello)[0] == 200
+        procs[1].send_signal(signal.SIGSTOP)
+        t = time.time()
+        code, body = _http(port, "/v1/chat/completions", hello)
+        assert code == 503 and "no answer from rank 1 within 3 s" in body["error"]["message"], body
+        assert 2 < time.time() - t < 30
+        t = time.time()
+        assert _http(port, "/v1/chat/completions", hello)[0] == 503 and _http(port, "/health")[0] == 503
+        assert _http(port, "/v1/stats")[0] == 503 and time.time() - t < 5
+        assert procs[0].poll() is None  # still up, answering
+        procs[0].send_signal(signal.SIGINT)
+        procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
