@@ -251,22 +251,29 @@ def _http(port: int, path: str, body=None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def _serve_ranks(store_dir, tmp_path, *extra):
+    """Two ranks of `python -m mlx_flash.serve --pipeline` over gloo on a free port, once /health
+    answers: (the port, the processes)."""
+    port = _free_port()
+    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
+                            "--port", str(port), *extra], tmp_path, launcher="gloo")
+    for _ in range(240):
+        try:
+            if _http(port, "/health")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    return port, procs
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
 def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, engines, tmp_path):
     """`python -m mlx_flash.serve --pipeline`: chat and completion answers equal one process's (a
     second turn continuing the first one's conversation); once rank 1 is killed, requests and
     /health answer 503 naming it, and the server stays up until stopped."""
-    port = _free_port()
-    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
-                            "--port", str(port)], tmp_path, launcher="gloo")
+    port, procs = _serve_ranks(store_dir, tmp_path)
     try:
-        for _ in range(240):
-            try:
-                if _http(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
         first = [{"role": "user", "content": "What is the capital of France?"}]
         code, body = _http(port, "/v1/chat/completions", {"messages": first, "max_tokens": 12, "temperature": 0})
         assert code == 200, body
@@ -300,16 +307,8 @@ def test_the_server_answers_503_when_a_rank_stalls(store_dir, tmp_path):
     """A stopped rank never answers and never drops its connection: the request waiting on it gets
     503 after --pipeline-timeout, later requests and /health at once, and the server keeps running
     (a chat or batch would exit instead)."""
-    port = _free_port()
-    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
-                            "--pipeline-timeout", "3", "--port", str(port)], tmp_path, launcher="gloo")
+    port, procs = _serve_ranks(store_dir, tmp_path, "--pipeline-timeout", "3")
     try:
-        for _ in range(240):
-            try:
-                if _http(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
         hello = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
         assert _http(port, "/v1/chat/completions", hello)[0] == 200
         procs[1].send_signal(signal.SIGSTOP)
