@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         check_flags(args)
 
         cfg = from_arguments(EngineConfig, args)
-        engine, status = load_for(args, cfg)
+        engine, status = load_for(args, cfg, verbose=args.verbose)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
         with engine:

@@ -62,9 +62,10 @@ def _layer_bytes(store) -> tuple[list[int], int]:
     return per, rest
 
 
-def load_for(args, cfg, batch: bool = False):
+def load_for(args, cfg, batch: bool = False, verbose: bool = False):
     """The engine a command's flags ask for: (engine, None); on a pipeline's rank other than 0, once
-    rank 0 stopped it, (None, its exit status). args: model, pipeline, pipeline_timeout, verbose."""
+    rank 0 stopped it, (None, its exit status). args: model, pipeline, pipeline_timeout; verbose (or
+    batch): rank 0 prints the layer ranges."""
     from ..api import load_config
 
     if not args.pipeline:
@@ -72,7 +73,7 @@ def load_for(args, cfg, batch: bool = False):
     engine, status = join(args.model, cfg, args.pipeline_timeout, batch=batch)
     if engine is None:
         return None, status
-    if getattr(args, "verbose", False) or batch:
+    if verbose or batch:
         held = engine.pipeline.held_ffn_layers
         print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" + (f" ({held[r]} FFN layers held)"
                                                                                     if batch else "")

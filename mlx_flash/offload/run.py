@@ -77,7 +77,8 @@ def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     room = int(((plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]) * ROOM_SHARE)
     slots = engine.layer_slots
     attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
-    return Machine(room=room, weights_room=weights_room(engine, room), ffn_layer_bytes=lay.layer_nbytes if streamed else 0, n_layers=L,
+    return Machine(room=room, weights_room=weights_room(engine, room), ffn_layer_bytes=lay.layer_nbytes if streamed else 0,
+                   n_layers=L,
                    read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
                    shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
 
