@@ -86,7 +86,7 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
     def finish(g):
         for s in [s for s in g if s.done]:
             g.remove(s)
-            p.free(s.caches)
+            engine.release(s.caches)
             s.caches = None
             if on_done:
                 on_done(s)
