@@ -13,7 +13,6 @@ tokens, or the whole text).
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -31,7 +30,6 @@ class Conversation:
     sequence: list = field(default_factory=list)  # every token of it: prompts and sampled ones
     held: list = field(default_factory=list)  # the token ids the caches hold, on every rank
     busy: bool = False
-    last_used: float = field(default_factory=time.monotonic)
 
 
 class PipelineConversations:
@@ -123,7 +121,7 @@ class PipelineConversations:
                 text.append(step.text)
                 yield step
         finally:
-            c.busy, c.last_used = False, time.monotonic()
+            c.busy = False
         sampled = self.engine.last.tokens
         c.held = ids + sampled[:-1]  # (the caches hold every sampled token but the last)
         c.sequence = ids + sampled

@@ -77,7 +77,6 @@ class Pipeline:
         self.seqs: OrderedDict[int, object] = OrderedDict()  # sequence number -> rank 0's caches (kept alive)
         self.next_seq = 0
         self.broken: str | None = None
-        self.round_trips = 0
         # FFN layers each rank holds in the throughput mode (the others stream whole)
         self.held_ffn_layers = held_ffn_layers or [0] * transport.size
         self.outbox = Outbox(transport)
@@ -232,7 +231,6 @@ class Pipeline:
         finally:
             with self._cv:
                 self._deadline = None
-        self.round_trips += 1
         return out
 
     def _break(self, err: PeerLostError):

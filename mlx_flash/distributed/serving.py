@@ -11,6 +11,7 @@ naming it, and so does every later one, and /health answers 503: the server stay
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 
@@ -24,7 +25,7 @@ class PipelineLoop:
         self.svc = conversations
         self.inbox: queue.Queue = queue.Queue()
         self.queued = 0  # jobs submitted and not started (read by the event loop for 503s)
-        self.active: dict = {}  # id of the job running -> (the job, its conversation)
+        self.active: dict = {}  # id of the job running -> the job
         self.thread = threading.Thread(target=self._run, name="mlx-flash-engine", daemon=True)
         # a stalled rank: the request waiting on it gets 503 now (this thread stays blocked in the wait)
         conversations.engine.pipeline.report_stalls_to(self._stalled)
@@ -45,16 +46,14 @@ class PipelineLoop:
         self.inbox.put(None)
         self.thread.join(None if self.problem is None else 5.0)  # (after a stall the thread may never return)
 
-    def call(self, fn, *args):
-        import concurrent.futures
-
+    def call(self, fn, *args) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.inbox.put((fn, args, fut))
         return fut
 
     async def run(self, fn, *args):
         if self.problem is not None:  # (after a stall the engine thread is stuck in its wait)
-            raise oa.ApiError(503, self.problem, code="pipeline_stopped", kind="server_error")
+            raise stopped(self.problem)
         return await asyncio.wrap_future(self.call(fn, *args))
 
     def submit(self, job) -> None:
@@ -63,8 +62,8 @@ class PipelineLoop:
 
     def _stalled(self, message: str) -> None:
         """From the pipeline's watchdog: the request waiting on a stalled rank ends with 503."""
-        for job, _ in list(self.active.values()):
-            job.put(oa.ApiError(503, message, code="pipeline_stopped", kind="server_error"))
+        for job in list(self.active.values()):
+            job.put(stopped(message))
             job.put(DONE)
 
     def _run(self) -> None:
@@ -98,7 +97,7 @@ class PipelineLoop:
                 made = ctx if not svc.get(ctx, job.owner).held else None
                 whole = True
             job.context = ctx
-            self.active[id(job)] = (job, ctx)
+            self.active[id(job)] = job
             steps = svc.call(ctx, req.prompt, job.owner, whole=whole, **req.sampling.kwargs())
             for step in steps:
                 sampled += 1
@@ -108,7 +107,7 @@ class PipelineLoop:
                     break
             job.put(oa.usage(svc.engine.last.prompt_tokens, sampled, svc.engine.last.cached_tokens))
         except PipelineFault as e:
-            job.put(oa.ApiError(503, str(e), code="pipeline_stopped", kind="server_error"))
+            job.put(stopped(str(e)))
         except Exception as e:  # noqa: BLE001 - every failure reaches the client as an OpenAI error
             if made is not None and self.problem is None:
                 try:
@@ -119,3 +118,8 @@ class PipelineLoop:
         finally:
             self.active.pop(id(job), None)
             job.put(DONE)
+
+
+def stopped(message: str) -> oa.ApiError:
+    """The answer to a request a broken pipeline cannot serve."""
+    return oa.ApiError(503, message, code="pipeline_stopped", kind="server_error")
