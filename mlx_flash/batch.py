@@ -42,7 +42,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="let the search hold KV caches at 4 bits (an approximation: +0.3%% perplexity measured "
                         "on Wikipedia text with the default model); 0 keeps them exact (default)")
     add_pipeline_arguments(p, "reads the prompts and writes the answers")
+    p.add_argument("--micro-batches", type=int, default=0,
+                   help="with --pipeline: decode micro-batches in flight through the ranks (default: chosen from every "
+                        "rank's measured stage time)")
     args = p.parse_args(argv)
+    if args.micro_batches < 0:
+        p.error(f"--micro-batches must be >= 0 (got {args.micro_batches})")
+    if args.micro_batches and not args.pipeline:
+        p.error("--micro-batches applies with --pipeline; one process's policy sets its batches")
     if args.pipeline and args.policy is not None:
         p.error("--pipeline takes no --policy: micro-batches flow through the ranks instead of one process's schedule")
     return args
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
             if todo:
                 run_batch(engine, [j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp, args.top_p,
                           args.top_k, args.seed, None, policy, True, on_done=write,
-                          kv_bits=(0, 4) if args.kv_bits else (0,))
+                          kv_bits=(0, 4) if args.kv_bits else (0,), micro_batches=args.micro_batches)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -204,7 +204,7 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.prefill(ids[cached:], caches)
         summary.prefill_s = time.perf_counter() - t0
-        io0 = self._io_counters()
+        io0 = self.io_counters()
         detok = self.tokenizer.detokenizer(ids)
         text, emitted = "", 0
         tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary, limit) if speculative else
@@ -219,7 +219,7 @@ class Engine:
             else:
                 text += detok.add_token(token)
             stats = self._step_stats(t_start, io0)
-            io0 = self._io_counters()
+            io0 = self.io_counters()
             summary.steps.append(stats)
             summary.tokens.append(token)
             summary.generated_tokens += finish is None
@@ -302,9 +302,10 @@ class Engine:
     # ---- stats ----------------------------------------------------------------------------------
     def io_bytes(self) -> int:
         """Bytes read from flash since load (FFN reads and streamed layers)."""
-        return self._io_counters()[2]
+        return self.io_counters()[2]
 
-    def _io_counters(self):
+    def io_counters(self) -> tuple[float, float, int, int]:
+        """(seconds blocked on reads, seconds decoding what was read, bytes read, reads) since load."""
         s, ls = self.ffn.stats(), self.layer_slots
         if ls is None:
             return s.io_seconds, s.mem_seconds, s.bytes_read, s.reads
@@ -312,7 +313,7 @@ class Engine:
 
     def _step_stats(self, t_start: float, io0) -> TokenStats:
         wall = time.perf_counter() - t_start
-        io1 = self._io_counters()
+        io1 = self.io_counters()
         io, mem = io1[0] - io0[0], io1[1] - io0[1]
         return TokenStats(wall_ms=wall * 1e3, compute_ms=(wall - io - mem) * 1e3, io_ms=io * 1e3,
                           mem_ms=mem * 1e3, bytes_read=io1[2] - io0[2], reads=io1[3] - io0[3])

@@ -9,7 +9,7 @@ and prompt in one cgroup of --limit beside them.
 
     python tools/bench_pipeline.py [--model STORE_OR_GGUF] [--ranks 2] [--limit 2GB] [--tokens 8]
                                    [--backend mlx] [--launcher ring|gloo] [--batch N] [--gguf FILE]
-                                   [--json OUT]
+                                   [--engine-args "FLAGS"] [--json OUT]
 
 The ranks run on this machine over loopback (distributed.local gives them the environment
 mlx.launch or torchrun would); they share its cores and its drive, so the ratio measures what
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
@@ -49,6 +50,7 @@ def chat_cmd(a, pipeline: bool) -> list[str]:
                "--backend", a.backend]
     if a.model:
         cmd += ["--model", a.model]
+    cmd += shlex.split(a.engine_args)
     return cmd + (["--pipeline", "--pipeline-timeout", "600"] if pipeline else [])
 
 
@@ -69,7 +71,8 @@ def decode_rate(stderr: str, batch: bool) -> float | None:
 
 
 def plan_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith(("memory:", "pipeline:"))]
+    lines = stderr.replace("\r", "\n").splitlines()  # (progress bars end their lines with \r)
+    return [line for line in lines if line.startswith(("memory:", "pipeline", "policy", "per token:"))]
 
 
 def one_process(a, limit: int) -> dict:
@@ -137,7 +140,8 @@ def run(a) -> None:
         if a.gguf and not a.batch:
             rows.append(llama_cpp(a, limit))
         if a.batch:
-            texts = [sorted(open(a.outputs[k]).read().splitlines()) for k in (False, True)]
+            texts = [sorted(open(a.outputs[k]).read().splitlines()) if os.path.exists(a.outputs[k]) else []
+                     for k in (False, True)]
             print(f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
                   f"({len(texts[1])} of {a.batch})")
         else:  # greedy: the same tokens, so the same text
@@ -181,6 +185,8 @@ def main() -> int:
     p.add_argument("--gguf", default=None,
                    help="the model's GGUF file: llama.cpp (llama-cpp-python, mmap) decodes it too, in one cgroup of "
                         "--limit (not with --batch)")
+    p.add_argument("--engine-args", default="",
+                   help="more flags for every run of this engine, one process and ranks alike (e.g. \"--context 64\")")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.ranks < 2:

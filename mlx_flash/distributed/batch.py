@@ -1,14 +1,18 @@
 """The throughput mode across ranks (FlexGen §4.4): many sequences flow through the pipeline in
-micro-batches, so that every rank computes while the others do. Rank 0 keeps one micro-batch in
-flight per rank: while rank 1 runs micro-batch k's layers, rank 0 runs its own layers for k + 1, and
-samples k's next tokens when its hidden state comes back.
+micro-batches, so that every rank computes while the others do: while rank 1 runs micro-batch k's
+layers, rank 0 runs its own layers for k + 1, and samples k's next tokens when its hidden state
+comes back.
 
-Prompts are prefilled one sequence at a time (each its own message, in chunks of the engine's
-prefill_chunk, so its KV is what a single run computes), several sequences in flight at once; then
-the live sequences decode in `micro_batches` groups of rows (models/batch_cache.BatchKV on every
-rank: each row keeps its own caches and position). A sequence that finishes is freed on every rank.
-Each rank's KV for its layers must fit what its memory plan set aside: the batch's tokens are
-checked against the smallest plan before anything runs.
+How many micro-batches are in flight is the stage policy's choice (distributed/stage_policy.py),
+from every rank's measured stage: one per rank when the ranks compute, fewer and larger when
+reading their streamed layers (once per micro-batch) bounds them. Prompts are prefilled in GROUP
+messages, several sequences' chunks packed up to the engine's prefill_chunk tokens, as many messages
+as the policy's micro-batches; every rank runs a group layer by layer, so a streamed layer is read
+once for the group, and each sequence computes (and its KV holds) what a single run does. The live
+sequences then decode in the policy's groups of rows (models/batch_cache.BatchKV on every rank: each
+row keeps its own caches and position). A sequence that finishes is freed on every rank. Each rank's
+KV for its layers must fit what its memory plan set aside: the batch's tokens are checked against
+the smallest plan before anything runs.
 """
 
 from __future__ import annotations
@@ -22,17 +26,26 @@ import numpy as np
 from ..errors import ConfigError, MemoryBudgetError
 from ..offload.batch_generate import BatchStats
 from ..offload.sequence import SamplingOptions, Sequence
+from .stage_policy import choose, choose_prefill, micro_batches_text
 
 
 @dataclass
 class PipelineBatchRun(BatchStats):
     ranks: int = 0
     micro_batches: int = 0
+    predicted_decode_tokens_per_s: float | None = None  # the stage policy's, when it chose
+    prefill_messages: int = 0
+    prefill_budget: int = 0  # tokens per prefill message, at most
 
     def line(self) -> str:
-        return (f"pipeline batch: {self.ranks} ranks, {self.micro_batches} micro-batches in flight: "
+        decode = self.generated_tokens - self.sequences  # the first token of each comes from its prefill
+        rate = decode / self.decode_s if self.decode_s and decode > 0 else 0.0
+        predicted = (f"predicted {self.predicted_decode_tokens_per_s:.1f}, "
+                     if self.predicted_decode_tokens_per_s is not None else "")
+        return (f"pipeline batch: {self.ranks} ranks, {micro_batches_text(self.micro_batches)} in flight: "
                 f"{self.generated_tokens} tokens for {self.sequences} sequences in {self.seconds:.1f} s "
-                f"({self.tokens_per_s:.1f} tok/s)")
+                f"({self.tokens_per_s:.1f} tok/s); prompts in {self.prefill_messages} messages of at most "
+                f"{self.prefill_budget} tokens ({self.prefill_s:.1f} s); decode {predicted}measured {rate:.1f} tok/s")
 
 
 def check_kv_room(pipeline, work: list[tuple[list[int], int]]) -> None:
@@ -48,36 +61,53 @@ def check_kv_room(pipeline, work: list[tuple[list[int], int]]) -> None:
                                 "or give the ranks more memory")
 
 
+def decode_groups(pipeline, live: int, micro_batches: int = 0, report=None) -> int:
+    """How many micro-batches the live sequences decode in: `micro_batches` when given, else the
+    stage policy's choice from every rank's measured stage (stage_policy.choose; its line goes to
+    `report`), else one per rank."""
+    if not live or micro_batches:
+        return min(live, micro_batches) if micro_batches else 0
+    if pipeline.stage_speeds is None:
+        return min(live, pipeline.t.size)
+    c = choose(pipeline.stage_speeds, live, pipeline.hop_s)
+    if report:
+        report(c)
+    return c.micro_batches
+
+
+def prefill_budget(pipeline, work: list[tuple[list[int], int]], chunk: int) -> int:
+    """Tokens per prefill message: at most the engine's prefill chunk (what every rank's plan holds
+    a pass of), the prompts' tokens split over as many messages as the stage policy's prefill
+    choice (few when the ranks' reads bound them: each message reads every streamed layer; more
+    when their compute does, to shorten the pipeline's ramp)."""
+    total = sum(len(ids) for ids, _ in work)
+    if pipeline.stage_speeds is None:
+        m = pipeline.t.size
+    else:
+        m = choose_prefill(pipeline.stage_speeds, total, pipeline.hop_s)
+    return max(1, min(chunk, -(-total // m)))
+
+
 def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOptions, micro_batches: int = 0,
-                    on_done=None, on_token=None) -> tuple[list[Sequence], PipelineBatchRun]:
+                    on_done=None, on_token=None, on_policy=None) -> tuple[list[Sequence], PipelineBatchRun]:
     """Every prompt's Sequence (work: encode_all's (ids, token budget) per prompt), in prompt order,
-    and the run's stats. micro_batches: decode groups in flight (0: one per rank)."""
+    and the run's stats. micro_batches: decode groups in flight (0: the stage policy's choice, made
+    once the prompts are prefilled; on_policy(choice) is told it)."""
     p = engine.pipeline
     check_kv_room(p, work)
-    depth = p.t.size
-    m = min(len(work), micro_batches or depth)
-    if m < 1:
-        raise ConfigError(f"micro_batches must be >= 1 (got {micro_batches})")
-    run = PipelineBatchRun(sequences=len(work), prompt_tokens=sum(len(ids) for ids, _ in work), ranks=p.t.size,
-                           micro_batches=m, policy={"pipeline_ranks": p.t.size, "micro_batches": m})
+    if micro_batches < 0:
+        raise ConfigError(f"micro_batches must be >= 0 (got {micro_batches})")
+    run = PipelineBatchRun(sequences=len(work), prompt_tokens=sum(len(ids) for ids, _ in work), ranks=p.t.size)
+
+    def chosen(c):
+        run.predicted_decode_tokens_per_s = c.tokens_per_s
+        if on_policy:
+            on_policy(c)
+
     eos = set(engine.tokenizer.eos_token_ids)
     seqs = [Sequence(index=k, ids=ids, max_tokens=n, caches=engine.new_caches(len(ids) + n),  # KV sized to it
                      detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
             for k, (ids, n) in enumerate(work)]
-    chunk = engine.config.prefill_chunk
-
-    def prefill_step(g):
-        s = g[0]
-        return [s.ids[s.prefilled:s.prefilled + chunk]]
-
-    def prefilled(g, logits) -> int:
-        s = g[0]
-        s.prefilled = min(len(s.ids), s.prefilled + chunk)
-        if s.prefilled < len(s.ids):
-            return 0
-        s.take(logits[0, -1], opts, eos)
-        return 1
-
     def decoded(g, logits) -> int:
         for b, s in enumerate(g):
             s.take(logits[b, -1], opts, eos)
@@ -91,7 +121,7 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
             if on_done:
                 on_done(s)
 
-    def flow(groups, step, advance, more):
+    def flow(groups, step, advance, more, depth):
         """Run every group while it has rows and more(group), `depth` messages in flight."""
         ready, waiting = deque(groups), deque()
         while ready or waiting:
@@ -107,14 +137,48 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
             if g and more(g):
                 ready.append(g)
 
+    def prefill(budget: int):
+        """Every prompt, its chunks packed into messages of at most `budget` tokens (a sequence's
+        chunks in order, one message of it in flight at a time), a message per rank in flight."""
+        pending, inflight = deque(seqs), deque()
+        while pending or inflight:
+            while pending and len(inflight) < p.t.size:
+                group, sizes, room = [], [], budget
+                while pending and room > 0:
+                    s = pending.popleft()
+                    n = min(len(s.ids) - s.prefilled, room)
+                    group.append(s)
+                    sizes.append(n)
+                    room -= n
+                p.submit_group([s.ids[s.prefilled:s.prefilled + n] for s, n in zip(group, sizes)],
+                               [s.caches for s in group])
+                run.prefill_messages += 1
+                inflight.append((group, sizes))
+            group, sizes = inflight.popleft()
+            logits = engine.ops.to_numpy(p.collect())
+            made = 0
+            for b, (s, n) in enumerate(zip(group, sizes)):
+                s.prefilled += n
+                if s.prefilled < len(s.ids):
+                    pending.append(s)
+                else:
+                    s.take(logits[b, -1], opts, eos)
+                    made += 1
+            finish([s for s in group if s.prefilled == len(s.ids)])
+            if on_token and made:
+                on_token(made)
+
     with engine.ops.inference():
         t0 = time.perf_counter()
-        flow([[s] for s in seqs], prefill_step, prefilled, lambda g: g[0].prefilled < len(g[0].ids))
+        run.prefill_budget = prefill_budget(p, work, engine.config.prefill_chunk)
+        prefill(run.prefill_budget)
         run.prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         live = [s for s in seqs if not s.done]
+        m = decode_groups(p, len(live), micro_batches, chosen)
+        run.micro_batches, run.policy = m, {"pipeline_ranks": p.t.size, "micro_batches": m}
         groups = [live[i::m] for i in range(m)] if live else []
-        flow([g for g in groups if g], lambda g: [[s.tokens[-1]] for s in g], decoded, lambda g: True)
+        flow([g for g in groups if g], lambda g: [[s.tokens[-1]] for s in g], decoded, lambda g: True, m)
         p.drain()
         run.decode_s = time.perf_counter() - t0
     run.generated_tokens = sum(s.generated for s in seqs)

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import sys
+import time
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..store.manifest import MANIFEST_NAME
 from ..store.safetensors_io import tensor_layer
-from .pipeline import Pipeline, serve
+from .pipeline import Pipeline, StageProfile, serve
+from .stage_policy import WIRE_WORDS, StageSpeed, calibrate, stage_speed
 from .stages import plan_stages
 from .transport import open_transport
 
@@ -70,7 +73,7 @@ def load_for(args, cfg, batch: bool = False, verbose: bool = False):
 
     if not args.pipeline:
         return load_config(args.model, cfg, batch=batch), None
-    engine, status = join(args.model, cfg, args.pipeline_timeout, batch=batch)
+    engine, status = join(args.model, cfg, args.pipeline_timeout, batch=batch, verbose=verbose or batch)
     if engine is None:
         return None, status
     if verbose or batch:
@@ -94,11 +97,23 @@ def _place_ffn(engine) -> int:
     return n
 
 
-def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool = False):
+def _hop_seconds(t, repeats: int = 5) -> float:
+    """The median time of a one-number exchange between every rank: what a message between two
+    ranks costs beyond its stage's work."""
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        t.all_gather(np.zeros(1, dtype=np.int64))
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool = False, verbose: bool = False):
     """On rank 0: (its Engine, every rank's layer range). On the others: (None, their exit status),
     once rank 0 stops them or the pipeline breaks. Before loading, the ranks compare their stores'
     digests and exchange their memory limits; each then cuts the store of its own layers (cached
-    under `<cache>/stages/`) and loads that, planned under its own limit."""
+    under `<cache>/stages/`) and loads that, planned under its own limit. verbose: the other ranks
+    print where their time went when they stop."""
     from ..config import default_cache_dir
     from ..default_model import resolve_store
     from ..api import load_config
@@ -107,13 +122,13 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     from ..store.stage import cut_stage
 
     t = open_transport()
-    if cfg.threads is None:  # ranks sharing a machine share its cores (a waiting rank polls its socket)
+    hosts = t.all_gather(np.array([_host_id()]))[:, 0]
+    here = int((hosts == hosts[t.rank]).sum())  # ranks on this machine, sharing its cores and its drive
+    if cfg.threads is None:  # (a waiting rank polls its socket)
         from dataclasses import replace
 
         from ..backends import cpu_threads
 
-        hosts = t.all_gather(np.array([_host_id()]))[:, 0]
-        here = int((hosts == hosts[t.rank]).sum())
         cfg = replace(cfg, threads=max(1, cpu_threads() // here))
     limit = resolve_limit(cfg.memory_budget)
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
@@ -133,15 +148,24 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages",
                         f"{digest}-{mine.start}-{mine.stop}" + ("" if outer else "-inner"))
     engine = load_config(cut_stage(store, mine, path, progress, outer), cfg, batch=batch)
+    # the throughput mode's policy search takes every stage's measured time (distributed/stage_policy.py)
+    timed = calibrate(engine, outer) if batch else None
     held = _place_ffn(engine) if batch else 0
+    speed = stage_speed(engine, timed, held, here).to_wire() if batch else np.zeros(WIRE_WORDS, dtype=np.int64)
     # the KV each rank's plan holds for its layers, in tokens (a batch across ranks must fit the least),
-    # and the FFN layers each holds
-    kv_tokens, held_layers = t.all_gather(np.array([engine.kv_tokens or engine.model_context, held])).T.tolist()
+    # the FFN layers each holds, and its stage's speed
+    rows = t.all_gather(np.concatenate([[engine.kv_tokens or engine.model_context, held], speed]))
+    kv_tokens, held_layers = rows[:, 0].tolist(), rows[:, 1].tolist()
+    hop_s = _hop_seconds(t) if batch else 0.0
     if t.rank == 0:
-        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens, held_layers)
+        speeds = [StageSpeed.from_wire(r[2:]) for r in rows] if batch else None
+        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens, held_layers, speeds, hop_s)
         return engine, stages
+    profile = StageProfile(t.rank)
     with engine:
-        status = serve(engine, t, stages)
+        status = serve(engine, t, stages, profile)
+    if verbose and profile.steps:  # where this stage's time went (rank 0 prints its own per token)
+        print(profile.line(), file=sys.stderr)
     if status == 0:
         t.close()
     return None, status

@@ -13,6 +13,10 @@ that every rank is alive:
            this sequence number
   FORWARD  run your layers on these rows' hidden states, each row with its sequence's caches (one
            row: that sequence's caches; several: a batch over them, models/batch_cache.BatchKV)
+  GROUP    several sequences' prompt chunks of different lengths (int32 [rows] sequence numbers, int32
+           [rows] lengths, then [sum of lengths, D] float32): run your layers layer by layer over
+           all of them, so a layer read from flash is read once for the whole group (FlexGen's
+           zig-zag order over the group; each sequence computes as it would alone)
   FREE     that sequence is done: drop its caches
   TRIM     that sequence keeps its first `tokens` tokens (a conversation whose next prompt differs
            from what its caches hold past there)
@@ -35,15 +39,17 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import FlashError, PipelineFault
 from ..models.batch_cache import batch_caches
+from ..offload.schedule import LayerOnce
 from .transport import Outbox, PeerLostError, Transport
 
 HEADER = 6
-FORWARD, NEW_SEQ, STOP, FAULT, FREE, TRIM = 1, 2, 3, 4, 5, 6
+FORWARD, NEW_SEQ, STOP, FAULT, FREE, TRIM, GROUP = 1, 2, 3, 4, 5, 6, 7
 # Sequences whose caches every rank keeps when nobody frees them (a chat's answers): least recently
 # used dropped first. The throughput mode frees each sequence as it finishes.
 MAX_SEQS = 256
@@ -59,6 +65,32 @@ def run_layers(engine, layers: range, h: np.ndarray, caches) -> np.ndarray:
         return np.asarray(ops.to_numpy(x), dtype=np.float32)
 
 
+def run_group(engine, layers: range, hs: list, caches: list) -> list:
+    """This rank's layers over several sequences (hs[k]: [1, T_k, D] framework arrays, caches[k] that
+    sequence's caches), layer by layer: each layer's weights are fetched once for all of them
+    (offload/schedule.LayerOnce), and every sequence computes exactly as it would alone."""
+    ops, mod, w = engine.ops, engine.module, engine.weights
+    ffn = LayerOnce(engine.ffn) if engine.ffn.same_for_every_input else engine.ffn
+    hs = list(hs)
+    with ops.inference():
+        for i in layers:
+            lw = w["layers"][i]  # (a streamed layer is read here, once)
+            for k in range(len(hs)):
+                hs[k] = mod.block(ops, engine.args, lw, i, hs[k], caches[k][i], ffn)
+                ops.materialize(hs[k])  # done with this layer's weights before a read may refill them
+    return hs
+
+
+def split_rows(ops, payload: np.ndarray, lengths) -> list:
+    """[sum of lengths, D] numpy -> one [1, T_k, D] framework array per sequence."""
+    bounds = np.cumsum([0] + [int(n) for n in lengths])
+    return [ops.array(payload[None, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def joined_rows(ops, hs: list) -> np.ndarray:
+    return np.concatenate([np.asarray(ops.to_numpy(h), dtype=np.float32)[0] for h in hs])
+
+
 def rows_caches(rows: list):
     """The per-layer caches a step of these sequences runs with: one sequence's own, or a batch."""
     return rows[0] if len(rows) == 1 else batch_caches(rows)
@@ -68,7 +100,8 @@ class Pipeline:
     """Rank 0's side: the model call of its Engine (Engine.forward calls `forward`)."""
 
     def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0,
-                 kv_tokens: list[int] | None = None, held_ffn_layers: list[int] | None = None):
+                 kv_tokens: list[int] | None = None, held_ffn_layers: list[int] | None = None,
+                 stage_speeds: list | None = None, hop_s: float = 0.0):
         if transport.rank != 0:
             raise ValueError("the Pipeline object is rank 0's; other ranks run serve()")
         self.engine, self.t, self.stages, self.timeout = engine, transport, stages, timeout
@@ -79,6 +112,9 @@ class Pipeline:
         self.broken: str | None = None
         # FFN layers each rank holds in the throughput mode (the others stream whole)
         self.held_ffn_layers = held_ffn_layers or [0] * transport.size
+        # every rank's measured stage (stage_policy.StageSpeed; None: not measured) and the cost of a
+        # message between ranks: the throughput mode's micro-batch count is searched from them
+        self.stage_speeds, self.hop_s = stage_speeds, hop_s
         self.outbox = Outbox(transport)
         # what each message in flight brings back, oldest first: ("echo", None), ("logits", all_logits), or
         # ("ready", logits) in a pipeline of one rank
@@ -119,6 +155,28 @@ class Pipeline:
         self._post([FORWARD, 0, B, T, int(all_logits), -1], ids, x)
         self.inflight.append(("logits", all_logits))
 
+    def submit_group(self, chunks: list, rows: list) -> None:
+        """Start a step of several sequences' prompt chunks (chunks[k]: token ids of sequence k, whose
+        caches are rows[k]; lengths may differ) as one message: every rank runs its layers over the
+        group layer by layer (run_group). collect() returns each one's last-token logits [rows, 1, vocab]."""
+        e, ops = self.engine, self.engine.ops
+        ids = np.asarray([self._seq_of(c) for c in rows], dtype=np.int32)
+        with ops.inference():
+            hs = [e.module.embed(ops, e.args, e.weights, ops.tokens([list(c)]), r) for c, r in zip(chunks, rows)]
+        hs = run_group(e, self.stages[0], hs, rows)
+        if self.t.size == 1:
+            self.inflight.append(("ready", self._group_logits(hs)))
+            return
+        lengths = np.asarray([len(c) for c in chunks], dtype=np.int32)
+        self._post([GROUP, 0, len(rows), int(lengths.sum()), 0, -1], ids, joined_rows(ops, hs), lengths)
+        self.inflight.append(("group", None))
+
+    def _group_logits(self, hs: list):
+        """Each sequence's last-token logits, the head run on each alone (as a single run does)."""
+        e, ops = self.engine, self.engine.ops
+        with ops.inference():
+            return ops.concatenate([e.module.head(ops, e.args, e.weights, h) for h in hs], axis=0)
+
     def collect(self):
         """The logits [rows, T or 1, vocab] of the oldest step submitted (framework array)."""
         self._take_echoes()
@@ -128,6 +186,9 @@ class Pipeline:
         if kind == "ready":
             return value
         e = self.engine
+        if kind == "group":
+            lengths, payload = self._take()
+            return self._group_logits(split_rows(e.ops, payload, lengths))
         return e.module.head(e.ops, e.args, e.weights, e.ops.array(self._take()), value)
 
     def new_sequence(self, caches, tokens: int) -> None:
@@ -199,17 +260,20 @@ class Pipeline:
             self.inflight.popleft()
             self._take()
 
-    def _post(self, header: list[int], ids: np.ndarray | None = None, payload: np.ndarray | None = None) -> None:
+    def _post(self, header: list[int], ids: np.ndarray | None = None, payload: np.ndarray | None = None,
+              lengths: np.ndarray | None = None) -> None:
         if self.broken is not None:
             raise PipelineFault(self.broken)
-        arrays = [np.asarray(header, dtype=np.int32)] + ([ids, payload] if payload is not None else [])
+        arrays = [np.asarray(header, dtype=np.int32)] + ([ids] if ids is not None else [])
+        arrays += ([lengths] if lengths is not None else []) + ([payload] if payload is not None else [])
         try:
             self.outbox.put(arrays, 1)
         except PeerLostError as err:
             self._break(err)
 
-    def _take(self) -> np.ndarray | None:
-        """The next message back from the last rank: its hidden state, if it carries one."""
+    def _take(self):
+        """The next message back from the last rank: its hidden state, if it carries one (a GROUP's:
+        (lengths, hidden state))."""
         if self.broken is not None:
             raise PipelineFault(self.broken)
         last = self.t.size - 1
@@ -226,6 +290,11 @@ class Pipeline:
                 B, T = int(back[2]), int(back[3])
                 self.t.recv((B,), np.int32, last)
                 out = self.t.recv((B, T, self.engine.args.hidden_size), np.float32, last)
+            elif back[0] == GROUP:
+                B, total = int(back[2]), int(back[3])
+                self.t.recv((B,), np.int32, last)
+                lengths = self.t.recv((B,), np.int32, last)
+                out = lengths, self.t.recv((total, self.engine.args.hidden_size), np.float32, last)
         except PeerLostError as err:
             self._break(err)
         finally:
@@ -256,34 +325,73 @@ class Pipeline:
         os._exit(3)
 
 
-def serve(engine, transport: Transport, stages: list[range]) -> int:
+@dataclass
+class StageProfile:
+    """Where a rank other than 0 spent its time serving: `busy_s` running its layers (of which
+    `io_s` blocked on reads), `waiting_s` for the next message; `bytes_read` from flash."""
+
+    rank: int
+    steps: int = 0
+    busy_s: float = 0.0
+    io_s: float = 0.0
+    waiting_s: float = 0.0
+    bytes_read: int = 0
+
+    def line(self) -> str:
+        n = max(1, self.steps)
+        return (f"pipeline stage: rank {self.rank} ran {self.steps} steps: per step {self.busy_s / n * 1e3:.1f} ms busy "
+                f"(io wait {self.io_s / n * 1e3:.1f} ms, read {self.bytes_read / n / 1e6:.1f} MB), "
+                f"{self.waiting_s / n * 1e3:.1f} ms waiting for the next")
+
+
+def serve(engine, transport: Transport, stages: list[range], profile: StageProfile | None = None) -> int:
     """A rank other than 0: run this rank's layers on every FORWARD until STOP. Returns the exit
-    status (0 after STOP; 1 when the upstream neighbour was lost, after telling rank 0 which)."""
+    status (0 after STOP; 1 when the upstream neighbour was lost, after telling rank 0 which).
+    `profile`, when given, counts where the time went."""
     r, size = transport.rank, transport.size
     prev, nxt = r - 1, (r + 1) % size
     mine = range(len(stages[r]))  # the engine holds this rank's stage alone, its layers numbered from 0
     seqs: OrderedDict[int, list] = OrderedDict()
     outbox = Outbox(transport)
+    prof = profile or StageProfile(r)
     try:
         while True:
+            t0 = time.perf_counter()
             try:
                 header = transport.recv((HEADER,), np.int32, prev)
                 cmd, seq, B, T = (int(v) for v in header[:4])
                 if cmd == FORWARD:
                     ids = transport.recv((B,), np.int32, prev)
                     payload = transport.recv((B, T, engine.args.hidden_size), np.float32, prev)
+                elif cmd == GROUP:  # (T: the group's tokens together)
+                    ids = transport.recv((B,), np.int32, prev)
+                    lengths = transport.recv((B,), np.int32, prev)
+                    payload = transport.recv((T, engine.args.hidden_size), np.float32, prev)
             except PeerLostError:
                 _tell_downstream(outbox, nxt, prev)
                 return 1
             out = [header]
-            if cmd == FORWARD:
+            if cmd in (FORWARD, GROUP):
+                t1 = time.perf_counter()
+                io0, _, read0, _ = engine.io_counters()
                 rows = []
                 for i in ids.tolist():
                     if i not in seqs:
                         seqs[i] = engine.new_caches()
                     seqs.move_to_end(i)
                     rows.append(seqs[i])
-                out += [ids, run_layers(engine, mine, payload, rows_caches(rows))]
+                if cmd == FORWARD:
+                    out += [ids, run_layers(engine, mine, payload, rows_caches(rows))]
+                else:
+                    hs = run_group(engine, mine, split_rows(engine.ops, payload, lengths), rows)
+                    out += [ids, lengths, joined_rows(engine.ops, hs)]
+                io1, _, read1, _ = engine.io_counters()
+                t2 = time.perf_counter()
+                prof.steps += 1
+                prof.waiting_s += t1 - t0
+                prof.busy_s += t2 - t1
+                prof.io_s += io1 - io0
+                prof.bytes_read += read1 - read0
             elif cmd == NEW_SEQ:
                 seqs[seq] = engine.new_caches(T)  # (T: the tokens the sequence may hold)
             elif cmd == FREE:

@@ -101,15 +101,18 @@ def choose(engine, workload: Workload, policy: Policy | None, kv_bits=(0,)) -> t
 
 
 def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy: Policy | None,
-              progress: bool, on_done=None, kv_bits=(0,)) -> tuple[list, BatchRun]:
+              progress: bool, on_done=None, kv_bits=(0,), micro_batches: int = 0) -> tuple[list, BatchRun]:
+    """micro_batches: across ranks, the decode micro-batches in flight (0: the stage policy's choice)."""
     if engine.config.ffn is FFNMode.SPARSE:
         raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
                           "when it fits); a sparse FFN follows one sequence's neurons")
     stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
     opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
     work = encode_all(engine, prompts, max_tokens)
+    if micro_batches and engine.pipeline is None:
+        raise ConfigError("micro_batches applies to a model split across ranks; one process's policy sets its batches")
     if engine.pipeline is not None:
-        return _pipelined(engine, work, opts, policy, progress, on_done)
+        return _pipelined(engine, work, opts, policy, progress, on_done, micro_batches)
     workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work),
                         generate=max(n for _, n in work))
     m, c = choose(engine, workload, policy, kv_bits)
@@ -142,7 +145,7 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     return seqs, run
 
 
-def _pipelined(engine, work, opts, policy, progress: bool, on_done):
+def _pipelined(engine, work, opts, policy, progress: bool, on_done, micro_batches: int):
     """A model split across ranks: micro-batches flow through them (distributed/batch.py)."""
     from ..distributed.batch import pipelined_batch
 
@@ -152,14 +155,23 @@ def _pipelined(engine, work, opts, policy, progress: bool, on_done):
     bar = _progress_bar(len(work), progress)
     t0 = time.perf_counter()
     try:
-        seqs, run = pipelined_batch(engine, work, opts, on_done=_chain(on_done, bar),
-                                    on_token=(lambda n: _tick(bar, n, t0)) if bar else None)
+        seqs, run = pipelined_batch(engine, work, opts, micro_batches, on_done=_chain(on_done, bar),
+                                    on_token=(lambda n: _tick(bar, n, t0)) if bar else None,
+                                    on_policy=(lambda c: _say(bar, c.line())) if progress else None)
     finally:
         if bar:
             bar.close()
     if progress:
         print(run.line(), file=sys.stderr)
     return seqs, run
+
+
+def _say(bar, line: str) -> None:
+    """A line on stderr, above the progress bar when there is one."""
+    if bar is not None:
+        bar.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
 
 
 def _progress_bar(total: int, enabled: bool):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import mlx_flash
+from mlx_flash.distributed.stage_policy import micro_batches_text
 from mlx_flash.distributed.stages import plan_stages
 from mlx_flash.errors import ConfigError
 from greedy import greedy
@@ -157,13 +158,15 @@ BATCH = [("Write a haiku about rain.", 12), ("List three prime numbers.", 1), ("
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,ranks,launcher,extra", [
-    ("torch", 2, "gloo", ()), ("mlx", 3, "ring", ()),
+    ("torch", 2, "gloo", ()),
+    ("mlx", 3, "ring", ("--micro-batches", "5")),  # more in flight than ranks (4 live sequences: 4 of 1 row)
     # FFN layers read whole, each rank holding the few its weights' share leaves room for
     ("torch", 2, "gloo", ("--ffn", "stream", "--weights-budget", "70%"))])
 def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backend, ranks, launcher, extra, tmp_path):
     """The throughput mode across ranks (`python -m mlx_flash.batch --pipeline`, micro-batches in
-    flight on every rank, sequences of different lengths leaving as they finish, one after a single
-    token): every answer equals one process's generate_batch."""
+    flight on every rank, as many as the stage policy chooses or --micro-batches says, sequences of
+    different lengths leaving as they finish, one after a single token): every answer equals one
+    process's generate_batch."""
     prompts = tmp_path / "in.jsonl"
     prompts.write_text("".join(json.dumps({"id": k, "messages": [{"role": "user", "content": p}], "max_tokens": n})
                                + "\n" for k, (p, n) in enumerate(BATCH)))
@@ -173,8 +176,15 @@ def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backen
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
-    assert f"pipeline batch: {ranks} ranks, {ranks} micro-batches in flight" in results[0][1]
-    if extra:
+    chosen = re.findall(r"pipeline policy: (\d+) micro-batch(?:es)? of up to (\d+) rows for 4 sequences", results[0][1])
+    if "--micro-batches" in extra:
+        assert not chosen and f"pipeline batch: {ranks} ranks, 4 micro-batches in flight" in results[0][1]
+    else:  # the policy chose from the ranks' measured stages; the run used its choice
+        assert len(chosen) == 1, results[0][1][-2000:]
+        m, rows = map(int, chosen[0])
+        assert 1 <= m <= 4 and m * rows >= 4
+        assert f"pipeline batch: {ranks} ranks, {micro_batches_text(m)} in flight" in results[0][1]
+    if "--ffn" in extra:
         held = [int(n) for n in re.findall(r"\((\d+) FFN layers held\)", results[0][1])]
         assert len(held) == ranks and 0 < sum(held) < 30, results[0][1][-2000:]
     got = {d["id"]: d["text"] for d in map(json.loads, out.read_text().splitlines())}

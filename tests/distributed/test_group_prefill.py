@@ -1,0 +1,57 @@
+"""A GROUP message (several sequences' prompt chunks of different lengths, run layer by layer so a
+streamed layer is read once for all) computes each sequence as a step of it alone does: checked on a
+pipeline of one rank, whose steps run in this process."""
+
+import numpy as np
+import pytest
+
+from mlx_flash.distributed.pipeline import Pipeline
+
+
+class OneRank:
+    """A transport of a single rank: nothing is ever sent."""
+
+    rank, size = 0, 1
+
+    def send(self, array, dst):
+        raise AssertionError("a pipeline of one rank sends nothing")
+
+    def close(self):
+        pass
+
+
+PROMPTS = [[1, 520, 3312, 314, 4470, 30], [1, 28, 1090, 2096, 253, 5646, 314, 253, 7765, 30], [1, 4459, 42]]
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_group_computes_each_sequence_as_alone(store_dir, backend):
+    import mlx_flash
+
+    e = mlx_flash.load(store_dir, backend=backend, ffn="stream")  # layers read from flash: each once per group
+    try:
+        e.pipeline = p = Pipeline(e, OneRank(), [range(e.args.num_hidden_layers)])
+        with e.ops.inference():
+            # alone: each sequence's steps; the second split in two chunks
+            alone = []
+            for k, ids in enumerate(PROMPTS):
+                c = e.new_caches(64)
+                chunks = [ids[:4], ids[4:]] if k == 1 else [ids]
+                for chunk in chunks:
+                    logits = e.ops.to_numpy(p.forward(e.ops.tokens([chunk]), c, False))
+                alone.append(logits[0, -1])
+            # grouped: the first chunks of all three in one message, then the rest of the second
+            caches = [e.new_caches(64) for _ in PROMPTS]
+            reads = e.io_bytes()
+            p.submit_group([PROMPTS[0], PROMPTS[1][:4], PROMPTS[2]], caches)
+            first = e.ops.to_numpy(p.collect())
+            assert e.io_bytes() - reads == e.store.manifest.ffn.layer_nbytes * e.args.num_hidden_layers
+            p.submit_group([PROMPTS[1][4:]], [caches[1]])
+            second = e.ops.to_numpy(p.collect())
+        assert first.shape[:2] == (3, 1) and second.shape[:2] == (1, 1)
+        np.testing.assert_array_equal(first[0, -1], alone[0])
+        np.testing.assert_array_equal(first[2, -1], alone[2])
+        np.testing.assert_array_equal(second[0, -1], alone[1])
+        assert [c[0].offset for c in caches] == [len(ids) for ids in PROMPTS]
+    finally:
+        e.pipeline = None
+        e.close()
