@@ -46,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests decoded together (continuous batching: one pass of the weights per token for "
                         "all of them); more wait their turn (default: 32)")
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
-    add_pipeline_arguments(p, "serves the requests (one at a time; each conversation's KV on every rank)")
+    add_pipeline_arguments(p, "serves the requests (a continuous batch across the ranks; each conversation's KV on "
+                              "every rank)")
     args = p.parse_args(argv)
     if args.pipeline:  # the one-process service's KV options: across ranks each conversation is one sequence
         given = [flag for flag, value, default in (("--kv-budget", args.kv_budget, None),
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
             from .distributed.serving import PipelineLoop
 
             svc = PipelineConversations(engine)
-            server = Server(svc, options, PipelineLoop(svc))
+            server = Server(svc, options, PipelineLoop(svc, options.max_batch))
         else:
             svc = Service(engine, directory=args.service_dir, kv_budget=args.kv_budget,
                           chunk_tokens=args.chunk_tokens, kv_compression=args.kv_compression, progress=True)

@@ -1,7 +1,6 @@
 """The chat CLI: one-shot answers on both backends, the REPL over piped stdin, and one-line errors
 with a non-zero exit for bad input (no traceback)."""
 
-import json
 import os
 import subprocess
 import sys

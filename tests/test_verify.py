@@ -1,7 +1,6 @@
 """`python -m mlx_flash.verify STORE`: exit 0 and a description for a sound store; exit 1 and one
 `error: ...` line (no traceback) for a missing, corrupt, truncated or malformed one."""
 
-import json
 import os
 
 import pytest

@@ -38,6 +38,10 @@ BLOCK_TYPES = {
 PLAIN_TYPES = {0: (np.float32, "float32"), 1: (np.float16, "float16"), 30: (np.uint16, "bfloat16")}
 
 
+class BlockValueError(ValueError):
+    """A block whose values cannot be kept as stored (the caller names the tensor and file)."""
+
+
 def affine_shapes(bt: BlockType, rows_shape: tuple[int, ...], cols: int) -> dict[str, tuple[int, ...]]:
     """Shapes of the triple for a tensor of `rows_shape` rows of `cols` weights."""
     return {"weight": (*rows_shape, cols * bt.bits // 32), "scales": (*rows_shape, cols // GROUP),
@@ -54,7 +58,14 @@ def decode_blocks(bt: BlockType, raw: np.ndarray, cols: int) -> dict[str, np.nda
         bias = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
     else:
         offset = 8 if bt.bits == 4 else 128
-        bias = (d.astype(np.float32) * -offset).astype(np.float16)
+        with np.errstate(over="ignore"):
+            bias = (d.astype(np.float32) * -offset).astype(np.float16)
+        # -offset x d is the block's bias, kept as float16 beside d: a scale past 65504 / offset has
+        # none (only a corrupt block holds one; real weights' scales are far smaller)
+        bad = np.isfinite(d) & ~np.isfinite(bias)
+        if bad.any():
+            raise BlockValueError(f"a {bt.name} block scale of {float(d[bad].flat[0]):g} puts its bias "
+                                  f"({-offset} x scale) past float16's range: a corrupt block")
     qs = blocks[..., 4:] if bt.has_min else blocks[..., 2:]
     if bt.bits == 4:
         # GGUF: byte j holds weight j (low nibble) and weight j + 16 (high nibble).

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..quant_spec import BLOCKS, QuantSpec
-from .gguf_blocks import BLOCK_TYPES, GROUP, PLAIN_TYPES, affine_shapes, decode_blocks
+from .gguf_blocks import BLOCK_TYPES, GROUP, PLAIN_TYPES, BlockValueError, affine_shapes, decode_blocks
 
 # GGML type numbers of the block types kept as the file has them (raw rows of whole blocks).
 KEPT_TYPES = {b.ggml_type: b for b in BLOCKS.values()}
@@ -190,7 +190,10 @@ class GGUFTensors(SourceTensors):
         if part is None:
             a = raw.view(PLAIN_TYPES[ttype][0]).reshape(shape)
             return self._adjust(name, a) if self._adjust is not None else a
-        parts = decode_blocks(BLOCK_TYPES[ttype], raw.reshape(*shape[:-1], -1), shape[-1])
+        try:
+            parts = decode_blocks(BLOCK_TYPES[ttype], raw.reshape(*shape[:-1], -1), shape[-1])
+        except BlockValueError as e:
+            raise ModelFileError(f"{self._file_of(name)}: tensor {name}: {e}") from None
         base = name.rsplit(".", 1)[0]
         for p, a in parts.items():
             if p != part:

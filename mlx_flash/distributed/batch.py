@@ -6,9 +6,9 @@ comes back.
 How many micro-batches are in flight is the stage policy's choice (distributed/stage_policy.py),
 from every rank's measured stage: one per rank when the ranks compute, fewer and larger when
 reading their streamed layers (once per micro-batch) bounds them. Prompts are prefilled in GROUP
-messages, several sequences' chunks packed up to the engine's prefill_chunk tokens, as many messages
-as the policy's micro-batches; every rank runs a group layer by layer, so a streamed layer is read
-once for the group, and each sequence computes (and its KV holds) what a single run does. The live
+messages, several sequences' chunks packed up to the engine's prefill_chunk tokens, in as many
+messages as the policy's prefill choice; every rank runs a group layer by layer, so a streamed layer
+is read once for the group, and each sequence computes (and its KV holds) what a single run does. The live
 sequences then decode in the policy's groups of rows (models/batch_cache.BatchKV on every rank: each
 row keeps its own caches and position). A sequence that finishes is freed on every rank. Each rank's
 KV for its layers must fit what its memory plan set aside: the batch's tokens are checked against

@@ -16,8 +16,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ConfigError, ContextLengthError, ContextNotFoundError
+from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, MemoryBudgetError
 from ..engine import unicode_text
+from ..models.cache import KVCache
 from ..service.service import common_prefix
 
 
@@ -30,6 +31,8 @@ class Conversation:
     sequence: list = field(default_factory=list)  # every token of it: prompts and sampled ones
     held: list = field(default_factory=list)  # the token ids the caches hold, on every rank
     busy: bool = False
+    used: int = 0  # when a call last began (the least recently used idle conversation's KV goes first)
+    reserved: int = 0  # tokens of KV the running call may fill
 
 
 class PipelineConversations:
@@ -39,6 +42,9 @@ class PipelineConversations:
         self.engine = engine
         self.contexts: dict[str, Conversation] = {}
         self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self.evicted = 0  # conversations whose KV was dropped to make room (each prefills again when next used)
+        self.most_together = 0  # the most calls one decode step ran (the server's continuous batch)
         self.calls = self.cached_tokens = self.prompt_tokens = 0
 
     @property
@@ -87,6 +93,14 @@ class PipelineConversations:
     def call(self, ctx: str, prompt, owner: str = "", whole: bool = False, **sampling) -> Iterator:
         """Stream the answer to `prompt` in the conversation; it gains both once the answer is done.
         Errors in the arguments raise before the first step."""
+        c, ids, history, _ = self.prepare(ctx, prompt, owner, whole, sampling.get("max_tokens", 256))
+        return self._run(c, ids, history, sampling)
+
+    def prepare(self, ctx: str, prompt, owner: str = "", whole: bool = False,
+                max_new: int = 0) -> tuple[Conversation, list, list | None, int]:
+        """(the conversation, the prompt's ids, its chat history or None, the tokens its caches keep):
+        the caches trimmed on every rank to what the prompt starts with; the rest is to prefill. Room
+        for the prompt and `max_new` more tokens is made first (make_room)."""
         c = self.get(ctx, owner)
         if c.busy:
             raise ConfigError(f"context {ctx} is in use")
@@ -104,6 +118,7 @@ class PipelineConversations:
         if len(ids) >= self.max_tokens:
             raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than "
                                      f"{self.max_tokens}")
+        self.make_room(c, len(ids) + max_new)
         keep = min(common_prefix(ids, c.held), len(ids) - 1)
         if keep < c.caches[0].offset:
             self.engine.pipeline.trim(c.caches, keep)
@@ -111,7 +126,7 @@ class PipelineConversations:
         self.calls += 1
         self.prompt_tokens += len(ids)
         self.cached_tokens += keep
-        return self._run(c, ids, history, sampling)
+        return c, ids, history, keep
 
     def _run(self, c: Conversation, ids: list, history: list | None, sampling: dict) -> Iterator:
         text = []
@@ -122,19 +137,54 @@ class PipelineConversations:
                 yield step
         finally:
             c.busy = False
-        sampled = self.engine.last.tokens
-        c.held = ids + sampled[:-1]  # (the caches hold every sampled token but the last)
+        self.settle(c, ids, self.engine.last.tokens, history, "".join(text))
+
+    def make_room(self, c: Conversation, tokens: int) -> None:
+        """Reserve KV for `tokens` tokens of conversation c under every rank's plan (the least
+        kv_tokens): every other conversation counts the buffers its caches hold (a running call, what
+        it may still fill); the least recently used idle ones drop their KV on every rank (their
+        messages stay: the next call prefills them again) until c fits, else MemoryBudgetError."""
+        budget = self.max_tokens
+        c.reserved = tokens
+        c.used = next(self._clock)
+
+        def held(o: Conversation) -> int:
+            buffer = o.caches[0].keys.shape[2] if o.caches[0].keys is not None else 0  # (trimming keeps it)
+            return max(buffer, _buffer_tokens(o.reserved, budget)) if o.busy else buffer
+
+        others = [o for o in self.contexts.values() if o is not c]
+        total = _buffer_tokens(tokens, budget) + sum(held(o) for o in others)
+        for o in sorted((o for o in others if not o.busy and held(o)), key=lambda o: o.used):
+            if total <= budget:
+                break
+            total -= held(o)
+            self.engine.release(o.caches)
+            o.caches, o.held = self.engine.new_caches(self.max_tokens), []
+            self.evicted += 1
+        if total > budget:
+            raise MemoryBudgetError(f"the running conversations' KV and this call's ({tokens} tokens) need {total} "
+                                    f"tokens; the ranks' memory plans hold {budget}: fewer requests at once, a smaller "
+                                    "max_tokens, or more memory for the ranks")
+
+    def settle(self, c: Conversation, ids: list, sampled: list, history: list | None, text: str) -> None:
+        """The conversation after an answer: its caches hold the prompt and every sampled token but
+        the last."""
+        c.held = ids + sampled[:-1]
         c.sequence = ids + sampled
+        c.reserved = 0
         if history is not None:
-            c.messages = history + [{"role": "assistant", "content": "".join(text)}]
+            c.messages = history + [{"role": "assistant", "content": text}]
+
+    def flush(self) -> None:
+        """Nothing to write: the conversations live in the ranks' memory (the Service protocol's flush)."""
 
     def stats_sections(self) -> dict:
         """The /v1/stats sections of this service: its conversations, calls and the ranks."""
         p = self.engine.pipeline
-        return {"contexts": {"total": len(self.contexts)},
+        return {"contexts": {"total": len(self.contexts), "kv_dropped": self.evicted},
                 "calls": {"total": self.calls, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens},
                 "pipeline": {"ranks": p.t.size, "layers": [[s.start, s.stop] for s in p.stages],
-                             "kv_tokens": p.kv_tokens, "broken": p.broken}}
+                             "kv_tokens": p.kv_tokens, "broken": p.broken, "most_decoded_together": self.most_together}}
 
     def close(self) -> None:
         for ctx in list(self.contexts):
@@ -148,3 +198,8 @@ class PipelineConversations:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _buffer_tokens(tokens: int, most: int) -> int:
+    """Tokens a cache's buffers hold once it has held `tokens`: KVCache grows in steps, never past `most`."""
+    return min(most, -(-tokens // KVCache.step) * KVCache.step) if tokens else 0

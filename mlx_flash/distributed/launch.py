@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..store.manifest import MANIFEST_NAME
 from ..store.safetensors_io import tensor_layer
-from .pipeline import Pipeline, StageProfile, serve
+from .pipeline import Pipeline
+from .rank_serve import StageProfile, serve
 from .stage_policy import WIRE_WORDS, StageSpeed, calibrate, stage_speed
 from .stages import plan_stages
 from .transport import open_transport

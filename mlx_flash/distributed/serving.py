@@ -1,122 +1,85 @@
 """The server's engine thread for a model split across ranks (`python -m mlx_flash.serve --pipeline`):
-the loop protocol the HTTP layer calls (service/server.py: start, stop, run, submit, queued, active,
-busy, problem), over the conversations every rank holds (conversations.py).
+the one-process server's engine loop (service/engine_loop.py: requests wait in arrival order and
+join a continuous batch between decode steps, up to --max-batch at once) driving the continuous
+batch across ranks (running_batch.py) over the conversations every rank holds (conversations.py).
 
-Requests run one at a time, in arrival order (the one-process server's continuous batch is not
-built across ranks); a request without a context continues the owner's conversation sharing the
-longest prefix with it, or starts one. Once a rank dies or stalls, the request running gets 503
-naming it, and so does every later one, and /health answers 503: the server stays up to say so.
+A request without a context continues the owner's idle conversation sharing the longest prefix
+with it, or starts one. Once a rank dies or stalls, the requests running get 503 naming it, and so
+does every later one, and /health answers 503: the server stays up to say so.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import queue
-import threading
 
 from ..errors import PipelineFault
 from ..service import openai_api as oa
-from ..service.engine_loop import DONE, api_error
+from ..service.engine_loop import DONE, EngineLoop, api_error
+from .running_batch import PipelineRunningBatch
 
 
-class PipelineLoop:
-    def __init__(self, conversations):
-        self.svc = conversations
-        self.inbox: queue.Queue = queue.Queue()
-        self.queued = 0  # jobs submitted and not started (read by the event loop for 503s)
-        self.active: dict = {}  # id of the job running -> the job
-        self.thread = threading.Thread(target=self._run, name="mlx-flash-engine", daemon=True)
-        # a stalled rank: the request waiting on it gets 503 now (this thread stays blocked in the wait)
+class PipelineLoop(EngineLoop):
+    def __init__(self, conversations, max_batch: int = 32):
+        super().__init__(conversations, max_batch, PipelineRunningBatch(conversations, max_batch))
+        self._starting = None  # the job whose call is being started (its prompt prefilled), not yet active
+        # a stalled rank: the requests waiting on it get 503 now (this thread stays blocked in the wait)
         conversations.engine.pipeline.report_stalls_to(self._stalled)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.active)
 
     @property
     def problem(self) -> str | None:
         """Why no request can be answered (a broken pipeline), or None."""
         return self.svc.engine.pipeline.broken
 
-    def start(self) -> None:
-        self.thread.start()
-
     def stop(self) -> None:
-        self.inbox.put(None)
-        self.thread.join(None if self.problem is None else 5.0)  # (after a stall the thread may never return)
-
-    def call(self, fn, *args) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.inbox.put((fn, args, fut))
-        return fut
+        """As the one-process loop stops, but not waiting on a thread a stalled rank holds."""
+        done = self.call(self._shutdown)
+        while True:
+            try:
+                done.result(timeout=0.5)
+                break
+            except concurrent.futures.TimeoutError:
+                if self.problem is not None:
+                    break
+        self.thread.join(None if self.problem is None else 5.0)
 
     async def run(self, fn, *args):
         if self.problem is not None:  # (after a stall the engine thread is stuck in its wait)
             raise stopped(self.problem)
-        return await asyncio.wrap_future(self.call(fn, *args))
+        return await super().run(fn, *args)
 
-    def submit(self, job) -> None:
-        self.queued += 1
-        self.inbox.put(job)
+    def _context_for(self, ids: list, owner: str) -> tuple[str, str | None]:
+        """The owner's idle conversation sharing the longest prefix with ids (trimmed to it when the
+        call starts), or a new one."""
+        ctx = self.svc.match(ids, owner)
+        if ctx is None:
+            ctx = self.svc.new_context(owner=owner)
+            return ctx, ctx
+        return ctx, None
+
+    def _begin(self, job) -> None:
+        if self.problem is not None:
+            job.put(stopped(self.problem))
+            job.put(DONE)
+            return
+        self._starting = job
+        try:
+            super()._begin(job)
+        finally:
+            self._starting = None
+
+    def _api_error(self, e: Exception) -> oa.ApiError:
+        if isinstance(e, PipelineFault) or self.problem is not None:
+            return stopped(self.problem or str(e))
+        return api_error(e)
+
+    def _swap_ahead(self) -> None:
+        pass  # conversations stay in the ranks' memory: nothing to write ahead
 
     def _stalled(self, message: str) -> None:
-        """From the pipeline's watchdog: the request waiting on a stalled rank ends with 503."""
-        for job in list(self.active.values()):
+        """From the pipeline's watchdog: the requests waiting on a stalled rank end with 503."""
+        starting = self._starting
+        for job in list(self.active.values()) + ([starting] if starting is not None else []):
             job.put(stopped(message))
-            job.put(DONE)
-
-    def _run(self) -> None:
-        while True:
-            item = self.inbox.get()
-            if item is None:
-                return
-            if isinstance(item, tuple):
-                fn, args, fut = item
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn(*args))
-                    except BaseException as e:  # handed to the awaiting request
-                        fut.set_exception(e)
-                continue
-            self.queued -= 1
-            self._serve(item)
-
-    def _serve(self, job) -> None:
-        svc, req = self.svc, job.req
-        made, sampled = None, 0
-        try:
-            if self.problem is not None:
-                raise PipelineFault(self.problem)
-            if job.explicit:
-                ctx, whole = job.explicit, False
-                svc.get(ctx, job.owner)
-            else:
-                ids = svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt)
-                ctx = svc.match(ids, job.owner) or svc.new_context(owner=job.owner)
-                made = ctx if not svc.get(ctx, job.owner).held else None
-                whole = True
-            job.context = ctx
-            self.active[id(job)] = job
-            steps = svc.call(ctx, req.prompt, job.owner, whole=whole, **req.sampling.kwargs())
-            for step in steps:
-                sampled += 1
-                job.put(step)
-                if job.cancel.is_set():  # the client went away: it stops here
-                    steps.close()
-                    break
-            job.put(oa.usage(svc.engine.last.prompt_tokens, sampled, svc.engine.last.cached_tokens))
-        except PipelineFault as e:
-            job.put(stopped(str(e)))
-        except Exception as e:  # noqa: BLE001 - every failure reaches the client as an OpenAI error
-            if made is not None and self.problem is None:
-                try:
-                    svc.delete(made, job.owner)
-                except Exception:  # noqa: BLE001 - the request's error is the one to report
-                    pass
-            job.put(api_error(e))
-        finally:
-            self.active.pop(id(job), None)
             job.put(DONE)
 
 

@@ -26,9 +26,11 @@ DONE = object()  # the end of a job's items
 
 
 class EngineLoop:
-    def __init__(self, service, max_batch: int = 32):
+    def __init__(self, service, max_batch: int = 32, batch=None):
+        """batch: what runs the calls (the RunningBatch protocol: calls, full, start, step, finish,
+        close); default a RunningBatch over the service."""
         self.svc = service
-        self.batch = RunningBatch(service, max_batch)
+        self.batch = batch if batch is not None else RunningBatch(service, max_batch)
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque = collections.deque()  # jobs not yet started, in arrival order
         self.active: dict = {}  # BatchedCall -> job
@@ -76,7 +78,7 @@ class EngineLoop:
                 traceback.print_exc()
                 for call, job in list(self.active.items()):
                     self.batch.finish(call, failed=True)
-                    job.put(api_error(e))
+                    job.put(self._api_error(e))
                     self._end(call, job)
 
     def _turn(self) -> None:
@@ -129,11 +131,7 @@ class EngineLoop:
                 svc.get(ctx, job.owner)
             else:
                 ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
-                ctx, n = svc.match(ids, job.owner)
-                if ctx is None:
-                    ctx = made = svc.new_context(owner=job.owner)
-                elif n < svc.get(ctx, job.owner).kv_tokens:
-                    ctx = made = svc.fork(ctx, n, job.owner)
+                ctx, made = self._context_for(ids, job.owner)
                 whole = True
             job.context = ctx
             call, step = self.batch.start(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
@@ -143,7 +141,7 @@ class EngineLoop:
                     svc.delete(made, job.owner)
                 except FlashError:
                     pass
-            job.put(api_error(e))
+            job.put(self._api_error(e))
             job.put(DONE)
             return
         if step is not None:
@@ -152,6 +150,23 @@ class EngineLoop:
             self.active[call] = job
         else:
             self._end(call, job)
+
+    def _context_for(self, ids: list, owner: str) -> tuple[str, str | None]:
+        """The context a request without one continues: (its id, the same id if this made it, else
+        None). The owner's context sharing the longest prefix with ids, forked where it holds more;
+        a new one when none shares any."""
+        svc = self.svc
+        ctx, n = svc.match(ids, owner)
+        if ctx is None:
+            ctx = svc.new_context(owner=owner)
+            return ctx, ctx
+        if n < svc.get(ctx, owner).kv_tokens:
+            ctx = svc.fork(ctx, n, owner)
+            return ctx, ctx
+        return ctx, None
+
+    def _api_error(self, e: Exception) -> oa.ApiError:
+        return api_error(e)
 
     def _step(self) -> None:
         for call, job in list(self.active.items()):
@@ -165,7 +180,7 @@ class EngineLoop:
         except Exception as e:  # a failed pass fails every call in it; the server stays up
             for call, job in list(self.active.items()):
                 self.batch.finish(call, failed=True)
-                job.put(api_error(e))
+                job.put(self._api_error(e))
                 self._end(call, job)
             return
         for call, step in results:
@@ -175,7 +190,7 @@ class EngineLoop:
             if step is not None:
                 job.put(step)
             if call.error is not None:
-                job.put(api_error(call.error))
+                job.put(self._api_error(call.error))
             if call not in self.batch.calls:
                 self._end(call, job)
 

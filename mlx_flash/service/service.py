@@ -43,6 +43,7 @@ from .context import Context
 from .kv_memory import KVMemory
 from .lifecycle import Lifecycle, Restore
 from .reports import CallReport, ServiceStats
+from .restore import RestoreReport
 from .swap_files import SwapDir, SwapError
 
 DEFAULT_CHUNK = 16

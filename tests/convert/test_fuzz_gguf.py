@@ -283,3 +283,18 @@ def test_sample_in_subprocess(sources):
     if r.returncode < 0:
         raise AssertionError(f"child died of signal {signal.Signals(-r.returncode).name}:\n{r.stderr[-3000:]}")
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_block_scale_whose_bias_overflows_is_refused_by_name(sources, tmp_path):
+    """A Q4_0 block's bias (-8 x its scale) is kept as float16 beside the scale: a scale past 8188
+    (only a corrupt block holds one) is refused naming the tensor, not turned into an infinite bias."""
+    path = str(tmp_path / "big-scale.gguf")
+    with open(sources["tiny"], "rb") as fh:
+        data = bytearray(fh.read())
+    t = next(t for t in gguf.GGUFReader(sources["tiny"]).tensors if t.name == "blk.0.attn_v.weight")
+    data[t.data_offset:t.data_offset + 2] = np.float16(60000).tobytes()  # the first block's scale
+    with open(path, "wb") as fh:
+        fh.write(data)
+    with pytest.raises(FlashError, match=r"big-scale\.gguf: tensor model\.layers\.0\.self_attn\.v_proj\.weight: a Q4_0 block scale of 60000 puts its bias "
+                                         r"\(-8 x scale\) past float16's range"):
+        read_fully(path, str(tmp_path / "out"))

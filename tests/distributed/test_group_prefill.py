@@ -5,19 +5,9 @@ pipeline of one rank, whose steps run in this process."""
 import numpy as np
 import pytest
 
+from one_rank import OneRank
+
 from mlx_flash.distributed.pipeline import Pipeline
-
-
-class OneRank:
-    """A transport of a single rank: nothing is ever sent."""
-
-    rank, size = 0, 1
-
-    def send(self, array, dst):
-        raise AssertionError("a pipeline of one rank sends nothing")
-
-    def close(self):
-        pass
 
 
 PROMPTS = [[1, 520, 3312, 314, 4470, 30], [1, 28, 1090, 2096, 253, 5646, 314, 253, 7765, 30], [1, 4459, 42]]

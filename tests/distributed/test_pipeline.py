@@ -3,6 +3,7 @@ rank a contiguous range by its memory; greedy tokens and every step's logits of 
 the single-process run, on both compute backends; a rank that dies mid-generation is named by rank 0,
 which exits non-zero; a rank that stalls is named within the timeout."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -280,8 +281,9 @@ def _serve_ranks(store_dir, tmp_path, *extra):
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
 def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, engines, tmp_path):
     """`python -m mlx_flash.serve --pipeline`: chat and completion answers equal one process's (a
-    second turn continuing the first one's conversation); once rank 1 is killed, requests and
-    /health answer 503 naming it, and the server stays up until stopped."""
+    second turn continuing the first one's conversation; requests at once decoded together); once
+    rank 1 is killed, requests and /health answer 503 naming it, and the server stays up until
+    stopped."""
     port, procs = _serve_ranks(store_dir, tmp_path)
     try:
         first = [{"role": "user", "content": "What is the capital of France?"}]
@@ -297,6 +299,15 @@ def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, en
         code, body = _http(port, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
                                                      "temperature": 0})
         assert code == 200 and body["choices"][0]["text"] == e.generate("The capital of France is", max_tokens=8)
+        # requests at once decode together (a continuous batch across the ranks), each as it would alone
+        prompts = ["The capital of France is", "Once upon a time", "The largest planet is", "Water boils at"]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda q: _http(port, "/v1/completions", {"prompt": q, "max_tokens": 24,
+                                                                          "temperature": 0}), prompts))
+        assert [code for code, _ in got] == [200] * len(prompts), got
+        assert [b["choices"][0]["text"] for _, b in got] == [e.generate(q, max_tokens=24) for q in prompts]
+        code, stats = _http(port, "/v1/stats")
+        assert code == 200 and stats["pipeline"]["most_decoded_together"] >= 2, stats
         procs[1].kill()
         procs[1].wait()
         code, body = _http(port, "/v1/chat/completions", {"messages": first, "max_tokens": 4, "temperature": 0})

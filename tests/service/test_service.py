@@ -113,7 +113,7 @@ def test_swapped_context_restores_exact_by_reading_and_same_tokens_by_recompute(
     svc.swap_out(ctx)
     assert not c.chunks_in_memory()
     report = svc.bring_back(ctx, Restore.READ)
-    assert report.chunks_read == len(c.table.slots) and report.chunks_recomputed == 0
+    assert report.chunks_read == len(c.table.slots) and report.chunks_recomputed == 0 and c.kv_tokens == n
     after = [x.state(engine.ops) for x in c.table.caches()]
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(before, after))
     svc.swap_out(ctx)

@@ -1,6 +1,5 @@
 """Opening a store validates the manifest completely; each defect is one named StoreError."""
 
-import json
 import os
 import shutil
 
