@@ -16,10 +16,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, MemoryBudgetError
+from ..errors import ConfigError, ContextLengthError, MemoryBudgetError
 from ..engine import unicode_text
 from ..models.cache import KVCache
-from ..service.service import common_prefix
+from ..service.service import common_prefix, owned
 
 
 @dataclass
@@ -61,10 +61,7 @@ class PipelineConversations:
         return ctx
 
     def get(self, ctx: str, owner: str = "") -> Conversation:
-        c = self.contexts.get(ctx) if isinstance(ctx, str) else None
-        if c is None or c.owner != owner:
-            raise ContextNotFoundError(f"no context with id {str(ctx)[:80]!r}")
-        return c
+        return owned(self.contexts, ctx, owner)
 
     def list(self, owner: str = "") -> list[dict]:
         return [self.describe(c) for c in self.contexts.values() if c.owner == owner]

@@ -55,8 +55,7 @@ class PipelineRunningBatch:
         when no token fits). A call that is already done is finished here; others join the batch."""
         svc, engine = self.svc, self.svc.engine
         conv, ids, history, keep = svc.prepare(ctx_id, prompt, owner, whole, max_tokens)
-        stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
-        opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
+        opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
         seq = Sequence(index=0, ids=ids, max_tokens=min(max_tokens, svc.max_tokens - len(ids)), caches=conv.caches,
                        detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(seed))
         call = PipelineCall(conv, ids, history, CallReport(context=conv.id, prompt_tokens=len(ids), cached_tokens=keep),

@@ -106,8 +106,7 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     if engine.config.ffn is FFNMode.SPARSE:
         raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
                           "when it fits); a sparse FFN follows one sequence's neurons")
-    stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
-    opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
+    opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
     work = encode_all(engine, prompts, max_tokens)
     if micro_batches and engine.pipeline is None:
         raise ConfigError("micro_batches applies to a model split across ranks; one process's policy sets its batches")

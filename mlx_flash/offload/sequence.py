@@ -25,6 +25,13 @@ class SamplingOptions:
     seed: int | None = None
     stop: tuple = ()
 
+    @classmethod
+    def of(cls, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+           stop=None) -> "SamplingOptions":
+        """From generate()'s arguments: `stop` one string or several (empty ones dropped)."""
+        stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
+        return cls(temperature, top_p, top_k, seed, stops)
+
 
 @dataclass
 class Sequence:

@@ -58,8 +58,7 @@ class RunningBatch:
         when max_tokens is 0). A call that is already done is finished here; others join the batch."""
         svc, engine = self.svc, self.svc.engine
         ctx, ids, history = svc.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
-        stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
-        opts = SamplingOptions(temperature, top_p, top_k, seed, stops)
+        opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
         report = svc.new_report(ctx, ids)
         summary = GenerationSummary(prompt_tokens=len(ids))
         caches = None

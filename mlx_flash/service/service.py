@@ -131,10 +131,7 @@ class Service:
             self.delete(old.id, old.owner)
 
     def get(self, ctx_id: str, owner: str = "") -> Context:
-        ctx = self.contexts.get(ctx_id) if isinstance(ctx_id, str) else None
-        if ctx is None or ctx.owner != owner:
-            raise ContextNotFoundError(f"no context with id {str(ctx_id)[:80]!r}")
-        return ctx
+        return owned(self.contexts, ctx_id, owner)
 
     def list(self, owner: str = "") -> list[dict]:
         return [self.describe(c) for c in self.contexts.values() if c.owner == owner]
@@ -373,6 +370,14 @@ def _model_id(store_path: str) -> str:
     """Contexts belong to one model: a digest of its store's manifest."""
     with open(os.path.join(store_path, "manifest.json"), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def owned(contexts: dict, ctx_id: str, owner: str):
+    """The context of that id if `owner` owns it; another owner's is as unknown as a missing one."""
+    ctx = contexts.get(ctx_id) if isinstance(ctx_id, str) else None
+    if ctx is None or ctx.owner != owner:
+        raise ContextNotFoundError(f"no context with id {str(ctx_id)[:80]!r}")
+    return ctx
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
