@@ -147,10 +147,10 @@ class PipelineConversations:
 
         def held(o: Conversation) -> int:
             buffer = o.caches[0].keys.shape[2] if o.caches[0].keys is not None else 0  # (trimming keeps it)
-            return max(buffer, _buffer_tokens(o.reserved, budget)) if o.busy else buffer
+            return max(buffer, _buffer_tokens(o.reserved, budget)) if o.busy or o is c else buffer
 
         others = [o for o in self.contexts.values() if o is not c]
-        total = _buffer_tokens(tokens, budget) + sum(held(o) for o in others)
+        total = held(c) + sum(held(o) for o in others)
         for o in sorted((o for o in others if not o.busy and held(o)), key=lambda o: o.used):
             if total <= budget:
                 break
