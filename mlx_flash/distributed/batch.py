@@ -65,8 +65,10 @@ def decode_groups(pipeline, live: int, micro_batches: int = 0, report=None) -> i
     """How many micro-batches the live sequences decode in: `micro_batches` when given, else the
     stage policy's choice from every rank's measured stage (stage_policy.choose; its line goes to
     `report`), else one per rank."""
-    if not live or micro_batches:
-        return min(live, micro_batches) if micro_batches else 0
+    if not live:
+        return 0
+    if micro_batches:
+        return min(live, micro_batches)
     if pipeline.stage_speeds is None:
         return min(live, pipeline.t.size)
     c = choose(pipeline.stage_speeds, live, pipeline.hop_s)
@@ -108,11 +110,6 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
     seqs = [Sequence(index=k, ids=ids, max_tokens=n, caches=engine.new_caches(len(ids) + n),  # KV sized to it
                      detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
             for k, (ids, n) in enumerate(work)]
-    def decoded(g, logits) -> int:
-        for b, s in enumerate(g):
-            s.take(logits[b, -1], opts, eos)
-        return len(g)
-
     def finish(g):
         for s in [s for s in g if s.done]:
             g.remove(s)
@@ -121,21 +118,23 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
             if on_done:
                 on_done(s)
 
-    def flow(groups, step, advance, more, depth):
-        """Run every group while it has rows and more(group), `depth` messages in flight."""
-        ready, waiting = deque(groups), deque()
-        while ready or waiting:
-            while ready and len(waiting) < depth:
-                g = ready.popleft()
-                p.submit(engine.ops.tokens(step(g)), [s.caches for s in g])
-                waiting.append(g)
+    def decode(groups):
+        """Every group steps until its rows are done, all groups in flight (one message each)."""
+        waiting = deque()
+        for g in groups:
+            p.submit(engine.ops.tokens([[s.tokens[-1]] for s in g]), [s.caches for s in g])
+            waiting.append(g)
+        while waiting:
             g = waiting.popleft()
-            made = advance(g, engine.ops.to_numpy(p.collect()))
+            logits = engine.ops.to_numpy(p.collect())
+            for b, s in enumerate(g):
+                s.take(logits[b, -1], opts, eos)
+            if on_token:
+                on_token(len(g))
             finish(g)
-            if on_token and made:
-                on_token(made)
-            if g and more(g):
-                ready.append(g)
+            if g:
+                p.submit(engine.ops.tokens([[s.tokens[-1]] for s in g]), [s.caches for s in g])
+                waiting.append(g)
 
     def prefill(budget: int):
         """Every prompt, its chunks packed into messages of at most `budget` tokens (a sequence's
@@ -177,8 +176,7 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
         live = [s for s in seqs if not s.done]
         m = decode_groups(p, len(live), micro_batches, chosen)
         run.micro_batches, run.policy = m, {"pipeline_ranks": p.t.size, "micro_batches": m}
-        groups = [live[i::m] for i in range(m)] if live else []
-        flow([g for g in groups if g], lambda g: [[s.tokens[-1]] for s in g], decoded, lambda g: True, m)
+        decode([live[i::m] for i in range(m)])
         p.drain()
         run.decode_s = time.perf_counter() - t0
     run.generated_tokens = sum(s.generated for s in seqs)

@@ -1,7 +1,6 @@
 """Continuous batching across ranks: the server's calls, each in its own conversation (whose KV every
 rank holds), decoded together. The same protocol as the one-process RunningBatch
-(service/running_batch.py: calls, full, start, step, finish, close), so the server's engine loop
-drives either.
+(service/running_batch.CallBatch), so the server's engine loop drives either.
 
 A call joins when `start` prefills its new tokens (the conversation's caches trimmed to what the
 prompt starts with, on every rank) and samples its first token. Every `step` then sends the joined
@@ -21,6 +20,7 @@ import numpy as np
 from ..engine import GenerationStep, TokenStats
 from ..offload.sequence import SamplingOptions, Sequence
 from ..service.reports import CallReport
+from ..service.running_batch import CallBatch
 from .conversations import Conversation
 
 
@@ -39,14 +39,8 @@ class PipelineCall:
                               self.seq.finish_reason)
 
 
-class PipelineRunningBatch:
-    def __init__(self, conversations, max_batch: int = 32):
-        self.svc, self.max_batch = conversations, max_batch
-        self.calls: list[PipelineCall] = []
-
-    @property
-    def full(self) -> bool:
-        return len(self.calls) >= self.max_batch
+class PipelineRunningBatch(CallBatch):
+    """A CallBatch over PipelineConversations."""
 
     def start(self, ctx_id: str, prompt, owner: str = "", whole: bool = False, max_tokens: int = 256,
               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
@@ -102,12 +96,6 @@ class PipelineRunningBatch:
                 self.finish(c)
         return out
 
-    def finish(self, call: PipelineCall, failed: bool = False) -> None:
-        """The call leaves (done, cancelled or failed)."""
-        if call in self.calls:
-            self.calls.remove(call)
-        self._close(call, failed)
-
     def _close(self, call: PipelineCall, failed: bool) -> None:
         """The conversation gains the prompt and what was sampled (a cancelled call keeps what it
         got); after a failure nothing of its caches is trusted: the next call prefills it again."""
@@ -117,8 +105,3 @@ class PipelineRunningBatch:
             conv.held = []
         else:
             self.svc.settle(conv, call.ids, list(call.seq.tokens), call.history, call.seq.text)
-
-    def close(self) -> None:
-        """Finish every call still running (a server shutting down)."""
-        for c in list(self.calls):
-            self.finish(c, failed=True)

@@ -27,7 +27,7 @@ DONE = object()  # the end of a job's items
 
 class EngineLoop:
     def __init__(self, service, max_batch: int = 32, batch=None):
-        """batch: what runs the calls (the RunningBatch protocol: calls, full, start, step, finish,
+        """batch: what runs the calls (a running_batch.CallBatch: calls, full, start, step, finish,
         close); default a RunningBatch over the service."""
         self.svc = service
         self.batch = batch if batch is not None else RunningBatch(service, max_batch)

@@ -42,14 +42,34 @@ class BatchedCall:
         return GenerationStep(self.seq.delta(self.opts), token, stats, self.seq.finish_reason)
 
 
-class RunningBatch:
+class CallBatch:
+    """The protocol the server's engine loop drives (start, step, finish, close, calls, full) and its
+    bookkeeping; a batch implements start, step and _close (what a call's context keeps when it leaves)."""
+
     def __init__(self, service, max_batch: int = 32):
         self.svc, self.max_batch = service, max_batch
-        self.calls: list[BatchedCall] = []
+        self.calls: list = []
 
     @property
     def full(self) -> bool:
         return len(self.calls) >= self.max_batch
+
+    def finish(self, call, failed: bool = False) -> None:
+        """The call leaves (done, cancelled or failed); its context is written back."""
+        if call in self.calls:
+            self.calls.remove(call)
+        self._close(call, failed)
+
+    def close(self) -> None:
+        """Finish every call still running (a server shutting down)."""
+        for c in list(self.calls):
+            self.finish(c, failed=True)
+
+    def _close(self, call, failed: bool) -> None:
+        raise NotImplementedError
+
+
+class RunningBatch(CallBatch):
 
     def start(self, ctx_id: str, prompt, owner: str = "", whole: bool = False, max_tokens: int = 256,
               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
@@ -115,19 +135,8 @@ class RunningBatch:
                 self.finish(c, failed=c.error is not None)
         return out
 
-    def finish(self, call: BatchedCall, failed: bool = False) -> None:
-        """The call leaves (done, cancelled or failed); its context is written back."""
-        if call in self.calls:
-            self.calls.remove(call)
-        self._close(call, failed)
-
     def _close(self, call: BatchedCall, failed: bool) -> None:
         s = call.summary
         s.tokens = list(call.seq.tokens)
         s.generated_tokens = call.seq.generated
         self.svc.close_call(call.ctx, call.ids, call.history, call.caches, s, call.seq.text, failed, call.report)
-
-    def close(self) -> None:
-        """Finish every call still running (a server shutting down)."""
-        for c in list(self.calls):
-            self.finish(c, failed=True)
