@@ -47,7 +47,7 @@ class StageSpeed:
     """One rank's stage, measured: `layers` layers of which `streamed` read their FFN (and streamed
     attention) every micro-batch; one layer's decode step of b rows takes dec_fixed + dec_per_row x b
     seconds and a streamed layer's read `read_s`; `extra_fixed` / `extra_per_row` are the rank's
-    work outside its layers (rank 0: embedding, head and sampling)."""
+    work outside its layers (rank 0: the head, timed; its embedding lookup and sampling are left out)."""
 
     layers: int
     streamed: int
