@@ -1,23 +1,65 @@
 """Package discovery: every subpackage of mlx_flash is found, so none can be forgotten, and the
 top-level kernels/ folder (Metal/CUDA/C++ sources beside the package, see DESIGN.md) ships inside the
-wheel as mlx_flash.kernels. The CPU kernel (kernels/cpu/*.cpp) is compiled here, at install, into
-the extension module mlx_flash.kernels._qmatmul: its function qmatmul is the per-call entry, and
-mlx_flash.kernels.qmatmul reaches its few other functions through ctypes. It needs no compiler after
-install. Everything else is in pyproject.toml."""
+wheel as mlx_flash.kernels. Two extensions are compiled here, at install:
 
+- mlx_flash.kernels._qmatmul: the CPU kernels (kernels/cpu/*.cpp): quantized and GGUF block
+  products, rows of stored matrices, attention. Its function qmatmul is the per-call entry of the
+  numpy path; mlx_flash.kernels.qmatmul reaches the others through ctypes, and the frameworks'
+  operators call them from C++.
+- mlx_flash.kernels._mlx_kernels: those kernels as MLX primitives (kernels/mlx/, built with CMake
+  against the MLX and nanobind pinned in pyproject.toml's build requirements: a C++ extension links
+  one MLX version). When it cannot be built, the install goes on and the MLX backend on a CPU says
+  so in one line at load.
+
+Neither needs a compiler after install. Everything else is in pyproject.toml."""
+
+import os
+import subprocess
 import sys
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 # No -march/-m flags: the x86 paths carry target attributes and are chosen at run time from the CPU,
 # so one build runs on AVX2-only and AVX-512 machines alike.
 CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden"] if sys.platform != "win32" else ["/O2", "/std:c++17"]
+CPU_SOURCES = ("qmatmul", "qmatmul_portable", "qmatmul_avx2", "qmatmul_avx512", "blockmatmul", "blockmatmul_x86",
+               "rows", "attention", "pointwise")
+
+
+class CMakeExtension(Extension):
+    """An extension built by CMake from the CMakeLists.txt in `source_dir`."""
+
+    def __init__(self, name: str, source_dir: str):
+        super().__init__(name, sources=[])
+        self.source_dir = os.path.abspath(source_dir)
+
+
+class BuildExt(build_ext):
+    def build_extension(self, ext):
+        if not isinstance(ext, CMakeExtension):
+            return super().build_extension(ext)
+        out_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        build_dir = os.path.abspath(os.path.join(self.build_temp, ext.name))
+        os.makedirs(build_dir, exist_ok=True)
+        try:
+            subprocess.run(["cmake", "-S", ext.source_dir, "-B", build_dir, f"-DPython_EXECUTABLE={sys.executable}",
+                            f"-DMLX_FLASH_OUTPUT_DIR={out_dir}", "-DCMAKE_BUILD_TYPE=Release"], check=True)
+            subprocess.run(["cmake", "--build", build_dir, f"-j{os.cpu_count() or 1}"], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"warning: {ext.name} was not built ({e}); the MLX backend on a CPU will say so at load",
+                  file=sys.stderr)
+
+    def get_outputs(self):  # a CMake extension that failed to build is not an output to copy
+        return [p for p in super().get_outputs() if os.path.exists(p) or "_mlx_kernels" not in p]
+
 
 setup(
     packages=find_packages(include=["mlx_flash", "mlx_flash.*"]) + ["mlx_flash.kernels"],
     package_dir={"mlx_flash.kernels": "kernels"},
     ext_modules=[Extension("mlx_flash.kernels._qmatmul", language="c++", extra_compile_args=CXX_FLAGS,
-                           sources=[f"kernels/cpu/{f}.cpp" for f in ("qmatmul", "qmatmul_portable", "qmatmul_avx2",
-                                                                     "qmatmul_avx512", "blockmatmul", "blockmatmul_x86")],
-                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h"])],
+                           sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
+                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h"]),
+                 CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx")],
+    cmdclass={"build_ext": BuildExt},
 )

@@ -59,6 +59,12 @@ class BlockMatrix:
         self._call = qmatmul.module_function("blockmatmul")
         self._w = (raw.ctypes.data, self.block.ggml_type, self.n_out)
 
+    @property
+    def layout(self) -> np.ndarray | None:
+        """The kernel's row layout (4 int64: rows per block, then the byte strides of a block, a row
+        and a block of weights; see cpu/gguf_blocks.h), or None for a plain matrix."""
+        return self._layout
+
     def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given), as StoredMatrix."""
         if x.ndim != 2 or x.shape[1] != self.k_in:

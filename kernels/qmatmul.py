@@ -28,16 +28,17 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
-ABI_VERSION = 5  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 6  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
+_LIB_PATH = ""
 _QMATMUL = None  # the module function: the per-call entry (ctypes marshalling costs more than small products)
 
 
 def library() -> ctypes.CDLL:
     """The loaded kernel library (loaded once per process)."""
-    global _LIB, _QMATMUL
+    global _LIB, _LIB_PATH, _QMATMUL
     if _LIB is None:
         here = os.path.dirname(os.path.abspath(__file__))
         found = sorted(glob.glob(os.path.join(here, "_qmatmul*.so")) + glob.glob(os.path.join(here, "_qmatmul*.pyd")))
@@ -63,8 +64,14 @@ def library() -> ctypes.CDLL:
         lib.mf_set_isa.argtypes = [ctypes.c_int]
         lib.mf_set_isa.restype = ctypes.c_int
         _QMATMUL = importlib.import_module(__name__.rpartition(".")[0] + "._qmatmul").qmatmul
-        _LIB = lib
+        _LIB, _LIB_PATH = lib, found[0]
     return _LIB
+
+
+def library_path() -> str:
+    """Where the loaded kernel library lies (the frameworks' operators call its functions from C++)."""
+    library()
+    return _LIB_PATH
 
 
 def module_function(name: str):
@@ -177,6 +184,18 @@ class StoredMatrix:
                    0 if self._layout is None else self._layout.ctypes.data)
         if self.sparse_axis is None and not rows_are_outputs:
             self.sparse_axis, self.units = "rows", self.k_in
+
+    @property
+    def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(codes, scales, biases) as the views the kernel starts reading at: the laid-out or strided
+        views themselves where there are some, else the plain arrays."""
+        return self._views if self._layout is not None else self.arrays
+
+    @property
+    def layout(self) -> np.ndarray | None:
+        """The kernel's row layout (7 int64: rows per block, then the byte strides; see
+        cpu/qmatmul.h), or None for a plain matrix."""
+        return self._layout
 
     def _strided_inputs(self, packed, scales, biases, bits, group):
         """An input-row matrix (not rows_are_outputs) whose rows lie apart, e.g. the down columns of

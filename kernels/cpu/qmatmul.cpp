@@ -175,8 +175,9 @@ extern "C" {
 // Bumped whenever an exported signature or the layout it reads changes; the binding refuses a
 // library whose number differs from its own (a checkout updated without reinstalling).
 // 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products);
-// 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul
-MF_EXPORT int mf_abi_version() { return 5; }
+// 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul; 6: rows of
+// stored matrices (mf_rows, rows.cpp) and attention (mf_attention, attention.cpp)
+MF_EXPORT int mf_abi_version() { return 6; }
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }

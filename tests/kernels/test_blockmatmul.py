@@ -11,6 +11,8 @@ from mlx_flash.kernels.blockmatmul import BlockMatrix
 from mlx_flash.kernels.gguf_blocks_ref import BLOCKS, block_matmul_ref, dequantize
 from mlx_flash.kernels.qmatmul import Isa, cpu_isa, use_isa
 
+from kernel_vectors import random_bytes
+
 gguf = pytest.importorskip("gguf")
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
 KINDS = list(BLOCKS)
@@ -25,18 +27,6 @@ def blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     if kind in ("Q5_0", "Q5_1"):
         return gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind])
     return quantize_k(w, kind)
-
-
-def random_bytes(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Blocks of random bytes (every code and scale bit pattern), their float16 fields finite."""
-    blk = BLOCKS[kind]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (rows, cols // blk.weights, blk.nbytes), dtype=np.uint8)
-    halves = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}[kind]
-    for at in halves:
-        d = (rng.standard_normal(raw.shape[:2]) * 0.01).astype(np.float16)
-        raw[..., at:at + 2] = d[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 @pytest.fixture

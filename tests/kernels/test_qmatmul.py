@@ -9,19 +9,9 @@ from mlx_flash.errors import KernelUnavailableError
 from mlx_flash.kernels.qmatmul import Isa, StoredMatrix, cpu_isa, qmatmul, use_isa
 from mlx_flash.kernels.qmatmul_ref import dequantize, qmatmul_ref, unpack_codes
 
+from kernel_vectors import lay_out, quantized
+
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
-
-
-def quantized(rng, rows, cols, bits, group, scale_dtype=np.float16):
-    """Random codes, scales and biases in the store's layout (uint32 words, code j at bits*(j % per))."""
-    per = 32 // bits
-    codes = rng.integers(0, 1 << bits, size=(rows, cols), dtype=np.uint32)
-    words = np.zeros((rows, cols // per), dtype=np.uint32)
-    for j in range(per):
-        words |= codes[:, j::per] << np.uint32(bits * j)
-    scales = (rng.standard_normal((rows, cols // group)) * 0.02).astype(scale_dtype)
-    biases = (rng.standard_normal((rows, cols // group)) * 0.1).astype(scale_dtype)
-    return codes, words, scales, biases
 
 
 @pytest.fixture
@@ -139,45 +129,6 @@ def test_forcing_a_path_the_cpu_lacks_is_refused(isa_restored):
         use_isa(Isa.AVX512)
 
 
-def _lay_out(words, scales, biases, bits, group, rows_per_block, as_groups):
-    """The matrix written into a byte buffer the way the store's bundles interleave it, returning
-    the kernel's views of it. as_groups=False: blocks of `rows_per_block` rows, each block in its own
-    bundle (gate/up rows). as_groups=True: each group of every row in its own bundle (the down
-    matrix of a block store: bundle b holds group b of every row). Padding bytes between fields
-    are filled with junk so a kernel reading outside its fields gets a wrong answer."""
-    rows, words_per_row = words.shape
-    groups, wpg = scales.shape[1], group * bits // 32
-    rng = np.random.default_rng(7)
-    if as_groups:
-        code_bytes, scale_bytes = rows * wpg * 4, rows * 2
-        n_bundles, pad = groups, 12
-        bundle = code_bytes + 2 * scale_bytes + pad
-        buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
-        for b in range(groups):
-            o = b * bundle
-            buf[o:o + code_bytes] = words[:, b * wpg:(b + 1) * wpg].copy().view(np.uint8).reshape(-1)
-            buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[:, b].copy().view(np.uint8)
-            buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[:, b].copy().view(np.uint8)
-        w = np.ndarray((1, rows, groups, wpg), np.uint32, buf, 0, (0, wpg * 4, bundle, 4))
-        s = np.ndarray((1, rows, groups), np.float16, buf, code_bytes, (0, 2, bundle))
-        bi = np.ndarray((1, rows, groups), np.float16, buf, code_bytes + scale_bytes, (0, 2, bundle))
-        return w, s, bi
-    R = rows_per_block
-    code_bytes, scale_bytes = R * words_per_row * 4, R * groups * 2
-    n_bundles, pad = rows // R, 20
-    bundle = code_bytes + 2 * scale_bytes + pad
-    buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
-    for b in range(n_bundles):
-        o, sl = b * bundle, slice(b * R, (b + 1) * R)
-        buf[o:o + code_bytes] = words[sl].copy().view(np.uint8).reshape(-1)
-        buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[sl].copy().view(np.uint8).reshape(-1)
-        buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[sl].copy().view(np.uint8).reshape(-1)
-    w = np.ndarray((n_bundles, R, groups, wpg), np.uint32, buf, 0, (bundle, words_per_row * 4, wpg * 4, 4))
-    s = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes, (bundle, groups * 2, 2))
-    bi = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes + scale_bytes, (bundle, groups * 2, 2))
-    return w, s, bi
-
-
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("as_groups", [False, True])
 @pytest.mark.parametrize("tokens", [1, 3, 9])
@@ -187,7 +138,7 @@ def test_laid_out_rows_are_read_in_place(bits, as_groups, tokens, isa_restored):
     rng = np.random.default_rng(bits + 10 * tokens + as_groups)
     group, n_out, k_in = 32, 96, 256
     _, words, scales, biases = quantized(rng, n_out, k_in, bits, group)
-    w, s, b = _lay_out(words, scales, biases, bits, group, 32, as_groups)
+    w, s, b = lay_out(words, scales, biases, bits, group, 32, as_groups)
     x = rng.standard_normal((tokens, k_in)).astype(np.float32)
     ref = qmatmul_ref(x, words, scales, biases, bits, group, True)
     m = StoredMatrix(w, s, b, bits, group)
@@ -204,7 +155,7 @@ def test_laid_out_rows_are_read_in_place(bits, as_groups, tokens, isa_restored):
 def test_laid_out_rows_are_checked():
     rng = np.random.default_rng(3)
     _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
-    w, s, b = _lay_out(words, scales, biases, 4, 32, 32, False)
+    w, s, b = lay_out(words, scales, biases, 4, 32, 32, False)
     with pytest.raises(ValueError, match="biases must lie like the scales"):
         StoredMatrix(w, s, b[:, :, ::-1].copy(), 4, 32)
     with pytest.raises(ValueError, match="scales view must be"):
@@ -222,7 +173,7 @@ def test_groups_apart_decode_equals_the_plain_matrix_bit_for_bit(bits, group, is
     rng = np.random.default_rng(bits + group)
     n_out, k_in = 96, 9 * group
     _, words, scales, biases = quantized(rng, n_out, k_in, bits, group)
-    w, s, b = _lay_out(words, scales, biases, bits, group, 32, True)
+    w, s, b = lay_out(words, scales, biases, bits, group, 32, True)
     x = rng.standard_normal((1, k_in)).astype(np.float32)
     laid_out, plain = StoredMatrix(w, s, b, bits, group), StoredMatrix(words, scales, biases, bits, group)
     for isa in RUNNABLE:

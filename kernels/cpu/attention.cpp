@@ -1,0 +1,273 @@
+// Attention on the CPU: softmax(scale * q k^T, masked) v for every query row, over keys and values
+// wherever a KV layout keeps them, in one pass over the keys (online softmax, as flash attention:
+// no [T, S] score matrix is ever held). Float32 queries, keys and values (float16 keys and values
+// are widened as they are read), float32 accumulation.
+//
+// What each query sees. Row b of a batch holds kv_len[b] keys; its first query sits at position
+// q_pos[b] and query t at q_pos[b] + t; query t sees key j when j <= q_pos[b] + t and j < kv_len[b]
+// (one sequence's causal prompt: q_pos = S - T, kv_len = S; a decode step: T = 1). Grouped-query
+// attention: query head h reads key head h / (Hq / Hkv).
+//
+// Where keys lie. Key j of row b, head h is at
+//   k + block * ksb + h * ksh + (j % block_tokens) * kst   (elements),
+//   block = table ? table[b * max_blocks + j / block_tokens] : b   (and j % block_tokens -> j)
+// so one buffer per row (a plain cache: no table) and a pool of fixed-size chunks named by a slot
+// table (the service's chunked contexts) are read where they lie; values alike with their strides.
+//
+// Work: one unit is a row, a key head and a tile of up to TQ queries of every query head sharing it,
+// so each key block is read once for G * TQ query rows. Keys come in blocks of KB, transposed into a
+// small tile so scores are computed KB at a time along the lanes; probabilities times values along
+// the head dimension. Units are dealt round-robin to the pool's threads (late query tiles of a causal
+// prompt see more keys). Plain-ops reference: kernels/attention_ref.py.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "qmatmul.h"
+
+namespace mf {
+void run_parts(int parts, void (*fn)(void*, int), void* arg);
+int current_isa();
+}  // namespace mf
+
+using namespace mf;
+
+namespace {
+
+constexpr int KB = 64;  // keys per block
+constexpr int TQ = 16;  // queries per tile
+constexpr int L = 16;   // lanes of the partial sums and maxima
+
+struct Attn {
+  const float* q;
+  int64_t B, Hq, T, hd, qsb, qsh, qst;
+  const uint8_t* k;
+  const uint8_t* v;
+  int kv_type;  // 0 float32, 1 float16
+  int64_t Hkv, ksb, ksh, kst, vsb, vsh, vst;
+  const int32_t* table;
+  int64_t max_blocks, block_tokens;
+  const int32_t* kv_len;
+  const int32_t* q_pos;
+  float scale;
+  float* out;
+  int64_t osb, osh, ost;
+};
+
+#define MF_INLINE inline __attribute__((always_inline))
+
+MF_INLINE float kv_at(const uint8_t* base, int type, int64_t i) {
+  if (type == 0) return reinterpret_cast<const float*>(base)[i];
+  return half_to_float(reinterpret_cast<const uint16_t*>(base)[i]);
+}
+
+// Where key (or value) j of row b, head h starts, in elements.
+MF_INLINE int64_t kv_index(const Attn& p, int64_t b, int64_t h, int64_t j, int64_t sb, int64_t sh, int64_t st) {
+  if (p.table == nullptr) return b * sb + h * sh + j * st;
+  const int64_t blk = p.table[b * p.max_blocks + j / p.block_tokens];
+  return blk * sb + h * sh + (j % p.block_tokens) * st;
+}
+
+// exp(x) for x <= 0 to about 2 ulp, written so compilers vectorize it (no libm call, no rounding
+// function): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n through the exponent
+// bits; n is rounded by adding and taking away 1.5 * 2^23. Inputs are clamped to [-87, 0] (below,
+// about 1.6e-38 rather than underflow): masked keys are zeroed by the caller, never by this.
+MF_INLINE float exp_neg(float x) {
+  x = x < -87.f ? -87.f : (x > 0.f ? 0.f : x);
+  const float shifted = x * 1.44269504088896341f + 12582912.f;
+  const float n = shifted - 12582912.f;
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float e = 1.f / 720.f;
+  e = e * r + 1.f / 120.f;
+  e = e * r + 1.f / 24.f;
+  e = e * r + 1.f / 6.f;
+  e = e * r + 0.5f;
+  e = e * r + 1.f;
+  e = e * r + 1.f;
+  const int32_t ni = __builtin_bit_cast(int32_t, shifted) - __builtin_bit_cast(int32_t, 12582912.f);
+  return e * __builtin_bit_cast(float, (ni + 127) << 23);
+}
+
+struct Scratch {
+  std::vector<float> q, acc, kt, vb, m, l;
+  int64_t hdp;
+  Scratch(int64_t rows, int64_t hd) : hdp((hd + L - 1) / L * L) {
+    q.assign(rows * hdp, 0.f);
+    acc.assign(rows * hdp, 0.f);
+    kt.assign(hdp * KB, 0.f);
+    vb.assign(KB * hdp, 0.f);
+    m.assign(rows, 0.f);
+    l.assign(rows * L, 0.f);
+  }
+};
+
+// One unit: row b, key head kvh, queries t0..t1 of its G query heads.
+MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int64_t t1, Scratch& s) {
+  const int64_t G = p.Hq / p.Hkv, nt = t1 - t0, R = G * nt, hd = p.hd, hdp = s.hdp;
+  const int64_t len = p.kv_len[b], pos = p.q_pos[b];
+  float* q = s.q.data();
+  float* acc = s.acc.data();
+  float* kt = s.kt.data();
+  float* vb = s.vb.data();
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t t = 0; t < nt; t++) {
+      const float* src = p.q + b * p.qsb + (kvh * G + g) * p.qsh + (t0 + t) * p.qst;
+      float* dst = q + (g * nt + t) * hdp;
+      for (int64_t d = 0; d < hd; d++) dst[d] = src[d] * p.scale;
+    }
+  for (int64_t i = 0; i < R * hdp; i++) acc[i] = 0.f;
+  for (int64_t r = 0; r < R; r++) s.m[r] = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < R * L; i++) s.l[i] = 0.f;
+  const int64_t kend = std::min(len, pos + t1);  // keys the last query sees
+  alignas(64) float sc[KB];
+  for (int64_t j0 = 0; j0 < kend; j0 += KB) {
+    const int64_t nk = std::min<int64_t>(KB, kend - j0);
+    for (int64_t j = 0; j < nk; j++) {  // the block's keys transposed, its values as rows
+      const int64_t ki = kv_index(p, b, kvh, j0 + j, p.ksb, p.ksh, p.kst);
+      const int64_t vi = kv_index(p, b, kvh, j0 + j, p.vsb, p.vsh, p.vst);
+      for (int64_t d = 0; d < hd; d++) {
+        kt[d * KB + j] = kv_at(p.k, p.kv_type, ki + d);
+        vb[j * hdp + d] = kv_at(p.v, p.kv_type, vi + d);
+      }
+    }
+    for (int64_t j = nk; j < KB; j++)
+      for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t t = t0 + r % nt;
+      const int64_t lim = std::min(len, pos + t + 1) - j0;  // keys of this block row r sees: [0, lim)
+      if (lim <= 0) continue;
+      const float* qr = q + r * hdp;
+      for (int j = 0; j < KB; j++) sc[j] = 0.f;
+      for (int64_t d = 0; d < hd; d++) {
+        const float qd = qr[d];
+        const float* kd = kt + d * KB;
+        for (int j = 0; j < KB; j++) sc[j] += qd * kd[j];
+      }
+      float mx[L];
+      for (int i = 0; i < L; i++) mx[i] = -std::numeric_limits<float>::infinity();
+      for (int j0l = 0; j0l < KB; j0l += L)
+        for (int i = 0; i < L; i++) {
+          const float v = j0l + i < lim ? sc[j0l + i] : -std::numeric_limits<float>::infinity();
+          mx[i] = v > mx[i] ? v : mx[i];
+        }
+      float mb = mx[0];
+      for (int i = 1; i < L; i++) mb = mx[i] > mb ? mx[i] : mb;
+      const float m_old = s.m[r], m_new = mb > m_old ? mb : m_old;
+      const float c = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_neg(m_old - m_new);
+      float* lr = s.l.data() + r * L;
+      for (int i = 0; i < L; i++) lr[i] *= c;
+      for (int j0l = 0; j0l < KB; j0l += L)
+        for (int i = 0; i < L; i++) {
+          const float e = exp_neg(sc[j0l + i] - m_new);
+          const float pj = j0l + i < lim ? e : 0.f;
+          sc[j0l + i] = pj;
+          lr[i] += pj;
+        }
+      float* ar = acc + r * hdp;
+      for (int64_t d = 0; d < hdp; d++) ar[d] *= c;
+      const int64_t last = std::min<int64_t>(nk, lim);
+      for (int64_t j = 0; j < last; j++) {
+        const float pj = sc[j];
+        const float* vj = vb + j * hdp;
+        for (int64_t d = 0; d < hdp; d++) ar[d] += pj * vj[d];
+      }
+      s.m[r] = m_new;
+    }
+  }
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t t = 0; t < nt; t++) {
+      const int64_t r = g * nt + t;
+      const float* lr = s.l.data() + r * L;
+      float l8[8];
+      for (int i = 0; i < 8; i++) l8[i] = lr[i] + lr[i + 8];
+      const float lsum = ((l8[0] + l8[4]) + (l8[2] + l8[6])) + ((l8[1] + l8[5]) + (l8[3] + l8[7]));
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // a query that sees no key: zeros
+      float* dst = p.out + b * p.osb + (kvh * G + g) * p.osh + (t0 + t) * p.ost;
+      const float* ar = acc + r * hdp;
+      for (int64_t d = 0; d < hd; d++) dst[d] = ar[d] * inv;
+    }
+}
+
+#if MF_X86
+__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void unit_avx512(const Attn& p, int64_t b, int64_t kvh,
+                                                                          int64_t t0, int64_t t1, Scratch& s) {
+  unit_body(p, b, kvh, t0, t1, s);
+}
+__attribute__((target("avx2,fma,f16c"))) void unit_avx2(const Attn& p, int64_t b, int64_t kvh, int64_t t0,
+                                                        int64_t t1, Scratch& s) {
+  unit_body(p, b, kvh, t0, t1, s);
+}
+#endif
+void unit_portable(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int64_t t1, Scratch& s) {
+  unit_body(p, b, kvh, t0, t1, s);
+}
+
+struct Job {
+  const Attn* p;
+  int64_t tiles, units;
+  int parts;
+};
+
+void run_part(void* arg, int part) {
+  const Job& j = *static_cast<const Job*>(arg);
+  const Attn& p = *j.p;
+  const int64_t G = p.Hq / p.Hkv;
+  Scratch s(G * TQ, p.hd);
+  const int isa = current_isa();
+  for (int64_t u = part; u < j.units; u += j.parts) {
+    const int64_t tile = u % j.tiles, bh = u / j.tiles;
+    const int64_t b = bh / p.Hkv, kvh = bh % p.Hkv;
+    const int64_t t0 = tile * TQ, t1 = std::min(p.T, t0 + TQ);
+#if MF_X86
+    if (isa == 2) {
+      unit_avx512(p, b, kvh, t0, t1, s);
+      continue;
+    }
+    if (isa == 1) {
+      unit_avx2(p, b, kvh, t0, t1, s);
+      continue;
+    }
+#endif
+    (void)isa;
+    unit_portable(p, b, kvh, t0, t1, s);
+  }
+}
+
+}  // namespace
+
+#define MF_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+// out[b, h, t, :] = attention of query (b, h, t), see the top of this file. q: [B, Hq, T, hd] with
+// strides qs (3 int64: batch, head, token; elements, the head dimension contiguous); k, v: bases
+// with strides ks, vs (3 int64 each: block or row, head, token); table: int32 [B, max_blocks] or
+// null (then block_tokens is unused and row b is block b); kv_len, q_pos: int32 [B]; out: float32
+// with strides os (3 int64). Returns 0, or a negative code for bad arguments.
+MF_EXPORT int mf_attention(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
+                           const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks,
+                           const int64_t* vs, const int32_t* table, int64_t max_blocks, int64_t block_tokens,
+                           const int32_t* kv_len, const int32_t* q_pos, float scale, float* out, const int64_t* os,
+                           int threads) {
+  if (B < 0 || T < 0 || hd < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv != 0) return -1;
+  if (kv_type != 0 && kv_type != 1) return -2;
+  if (table != nullptr && (max_blocks < 1 || block_tokens < 1)) return -3;
+  if (B == 0 || T == 0) return 0;
+  const Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
+               kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, block_tokens, kv_len,
+               q_pos, scale, out, os[0], os[1], os[2]};
+  const int64_t tiles = (T + TQ - 1) / TQ, units = B * Hkv * tiles;
+  int parts = threads < 1 ? 1 : threads;
+  if (parts > units) parts = (int)units;
+  // Small problems do not pay for waking threads: ~32K multiply-adds per part at least.
+  int64_t work = 0;
+  for (int64_t b = 0; b < B; b++) work += (int64_t)kv_len[b] * T * Hq * hd;
+  while (parts > 1 && work / parts < 32768) parts--;
+  Job job{&p, tiles, units, parts};
+  run_parts(parts, run_part, &job);
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,117 @@
+// mlx_flash.kernels._mlx_kernels: the CPU kernels as MLX graph operations (primitives.h), for
+// mlx_flash/kernels/mlx_kernels.py, their Python binding. Built at install against one MLX version
+// (mlx_version() says which); the binding refuses any other.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "kernel_library.h"
+#include "mlx/version.h"
+#include "primitives.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using mlx_flash::Listed;
+using mlx_flash::MatrixSpec;
+namespace mx = mlx::core;
+
+namespace {
+
+MatrixSpec spec_of(int kind, int64_t w_off, int64_t s_off, int64_t b_off, int scale_type, int bits, int group,
+                   int64_t n_out, bool transposed, std::vector<int64_t> layout) {
+  MatrixSpec s;
+  s.kind = kind;
+  s.w_off = w_off;
+  s.s_off = s_off;
+  s.b_off = b_off;
+  s.scale_type = scale_type;
+  s.bits = bits;
+  s.group = group;
+  s.n_out = n_out;
+  s.transposed = transposed;
+  s.layout = std::move(layout);
+  return s;
+}
+
+}  // namespace
+
+NB_MODULE(_mlx_kernels, m) {
+  m.doc() = "The CPU kernels as MLX primitives (mlx_flash.kernels.mlx_kernels is the binding).";
+
+  m.def("mlx_version", []() {
+    return std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +
+           std::to_string(MLX_VERSION_PATCH);
+  }, "The MLX version this extension was built against (it runs with that one only).");
+
+  m.def("load_kernel_library", &mlx_flash::load_kernel_library, "path"_a,
+        "Use the CPU kernel library already loaded from `path` (mlx_flash.kernels._qmatmul).");
+
+  m.def(
+      "stored_matmul",
+      [](const mx::array& x, const mx::array& buffer, int kind, int64_t w_off, int64_t s_off, int64_t b_off,
+         int scale_type, int bits, int group, int64_t n_out, bool transposed, std::vector<int64_t> layout, int threads,
+         std::optional<mx::array> ids, int listed) {
+        return mlx_flash::stored_matmul(
+            x, buffer, spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, n_out, transposed, std::move(layout)),
+            threads, ids, static_cast<Listed>(listed));
+      },
+      "x"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "n_out"_a,
+      "transposed"_a, "layout"_a, "threads"_a, "ids"_a = nb::none(), "listed"_a = 0,
+      "x [.., K] times the stored matrix in `buffer` -> [.., n_out] float32 (lazy).");
+
+  m.def(
+      "stored_rows",
+      [](const mx::array& ids, const mx::array& buffer, int kind, int64_t w_off, int64_t s_off, int64_t b_off,
+         int scale_type, int bits, int group, int64_t rows, int64_t k, int64_t row_bytes, int64_t scale_row_bytes) {
+        return mlx_flash::stored_rows(ids, buffer,
+                                      spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, k, true, {}), rows, k,
+                                      row_bytes, scale_row_bytes);
+      },
+      "ids"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "rows"_a,
+      "k"_a, "row_bytes"_a, "scale_row_bytes"_a, "Rows `ids` of the stored matrix as float32 [..ids, k] (lazy).");
+
+  m.def("attention", &mlx_flash::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "kv_len"_a = nb::none(),
+        "q_pos"_a = nb::none(), "table"_a = nb::none(),
+        "softmax(scale q k^T) v with each query's keys (see primitives.h) -> [B, Hq, T, hd] float32 (lazy).");
+
+  m.def("empty", &mlx_flash::empty, "nbytes"_a, "align"_a = 4096,
+        "An uninitialized uint8 buffer from MLX's allocator, aligned (lazy; evaluate before viewing it).");
+
+  nb::class_<mlx_flash::Fence>(m, "Fence",
+                                "A counter the graph's kernels and a slot's reader take turns on (primitives.h).")
+      .def(nb::init<>())
+      .def("signal", &mlx_flash::Fence::signal, "value"_a, "Raise the value to `value` (never lowers it).")
+      .def("wait", &mlx_flash::Fence::wait, "value"_a, nb::call_guard<nb::gil_scoped_release>(),
+           "Block until the value reaches `value`; False when cancelled.")
+      .def("cancel", &mlx_flash::Fence::cancel, "Wake every waiter for good (closing).")
+      .def_prop_ro("value", &mlx_flash::Fence::value)
+      .def_prop_ro("blocked_seconds", &mlx_flash::Fence::blocked_seconds, "Time waiters spent blocked.");
+
+  m.def("await_fence", &mlx_flash::await_fence, "buffer"_a, "dep"_a, "ready"_a, "value"_a, "release"_a = nb::none(),
+        "release_value"_a = -1,
+        "`buffer` (no copy) once `ready` reaches `value`, evaluated after `dep`; it first signals `release`.");
+
+  m.def(
+      "wrap",
+      [](uintptr_t address, int64_t nbytes) { return mlx_flash::wrap(address, nbytes); }, "address"_a, "nbytes"_a,
+      "A uint8 array over memory MLX did not allocate, without a copy (CPU only; see primitives.h).");
+
+  m.def("rms_norm", &mlx_flash::rms_norm, "x"_a, "w"_a, "eps"_a, "x / sqrt(mean(x^2) + eps) * w (lazy).");
+  m.def("rope", &mlx_flash::rope, "x"_a, "inv_freq"_a, "pos"_a, "dims"_a, "traditional"_a, "scale"_a,
+        "Rotary position embedding of x [B, H, T, hd] from positions pos [B] (lazy).");
+  m.def("silu_mul", &mlx_flash::silu_mul, "g"_a, "u"_a, "silu(g) * u (lazy).");
+  m.def("write_tokens", &mlx_flash::write_tokens, "buffer"_a, "x"_a, "offset"_a,
+        "buffer with x written at tokens offset.. in place: a KV cache's append (lazy).");
+
+  m.def("record_inputs", &mlx_flash::record_inputs, "on"_a,
+        "Start (True) or stop recording the addresses primitives read weights from; clears the record.");
+  m.def("recorded_inputs", []() {
+    std::vector<std::tuple<std::string, uintptr_t>> out;
+    for (const auto& r : mlx_flash::recorded_inputs()) out.emplace_back(r.primitive, r.address);
+    return out;
+  }, "(primitive, address) for each weight or buffer read since record_inputs(True).");
+}

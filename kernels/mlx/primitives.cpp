@@ -1,0 +1,484 @@
+#include "primitives.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernel_library.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/utils.h"
+
+namespace mlx_flash {
+
+namespace {
+
+std::atomic<bool> g_recording{false};
+std::mutex g_record_mu;
+std::vector<InputRecord> g_records;
+
+void record(const char* primitive, const void* address) {
+  if (!g_recording.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_record_mu);
+  g_records.push_back({primitive, reinterpret_cast<uintptr_t>(address)});
+}
+
+// A kernel refused its arguments: the graph cannot raise where Python sees it, so say it in the
+// exception MLX carries out of eval (the builders check arguments first; this is the last line).
+void check(int64_t rc, const char* what) {
+  if (rc < 0) throw std::runtime_error(std::string(what) + ": the CPU kernel refused its arguments (code " +
+                                       std::to_string(rc) + ")");
+}
+
+void need(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+std::string shape_str(const mx::Shape& s) {
+  std::ostringstream o;
+  o << "(";
+  for (size_t i = 0; i < s.size(); i++) o << (i ? ", " : "") << s[i];
+  o << ")";
+  return o.str();
+}
+
+mx::array float_rows(const mx::array& x, mx::Stream s) {
+  // The kernels read [rows, K] float32, row-contiguous: a no-op for the usual activation.
+  return mx::contiguous(mx::astype(x, mx::float32, s), false, s);
+}
+
+}  // namespace
+
+void record_inputs(bool on) {
+  std::lock_guard<std::mutex> lock(g_record_mu);
+  g_records.clear();
+  g_recording.store(on);
+}
+
+std::vector<InputRecord> recorded_inputs() {
+  std::lock_guard<std::mutex> lock(g_record_mu);
+  return g_records;
+}
+
+void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string(name()) + " has no GPU kernel (the GPU backend keeps MLX's own ops)");
+}
+
+// ---- StoredMatmul ----------------------------------------------------------------------------------
+
+std::vector<mx::Shape> StoredMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape s = inputs[0].shape();
+  s.back() = static_cast<int>(spec_.n_out);
+  return {s};
+}
+
+bool StoredMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const StoredMatmul&>(other);
+  return spec_ == o.spec_ && listed_ == o.listed_ && threads_ == o.threads_;
+}
+
+void StoredMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  const mx::array& buf = inputs[1];
+  mx::array& y = outputs[0];
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(y);
+  const uint8_t* base = buf.data<uint8_t>();
+  record(name(), base + spec_.w_off);
+  const int32_t* ids = inputs.size() > 2 ? inputs[2].data<int32_t>() : nullptr;
+  const int64_t K = x.shape().back(), T = K ? static_cast<int64_t>(x.size()) / K : 0;
+  enc.dispatch([spec = spec_, listed = listed_, threads = threads_, xp = x.data<float>(), yp = y.data<float>(), base,
+                ids, T, K]() {
+    const int32_t* rows = listed == Listed::Rows ? ids : nullptr;
+    const int32_t* groups = listed == Listed::Groups ? ids : nullptr;
+    const int64_t* lay = spec.layout.empty() ? nullptr : spec.layout.data();
+    if (spec.kind == 0) {
+      check(kernels().qmatmul(xp, T, K, reinterpret_cast<const uint32_t*>(base + spec.w_off), base + spec.s_off,
+                              base + spec.b_off, spec.scale_type, spec.n_out, spec.bits, spec.group,
+                              spec.transposed ? 1 : 0, yp, threads, lay, rows, groups),
+            "StoredMatmul");
+    } else {
+      check(kernels().blockmatmul(xp, T, K, base + spec.w_off, spec.kind, spec.n_out, yp, threads, lay, rows, groups),
+            "StoredMatmul");
+    }
+  });
+}
+
+mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec spec, int threads,
+                        const std::optional<mx::array>& ids, Listed listed) {
+  need(buffer.dtype() == mx::uint8, "stored_matmul: the buffer must be uint8");
+  need(x.ndim() >= 1, "stored_matmul: x needs a last axis");
+  need(spec.layout.empty() || spec.layout.size() == (spec.kind == 0 ? 7u : 4u),
+       "stored_matmul: a layout is 7 ints (affine) or 4 (block types)");
+  need(ids.has_value() == (listed != Listed::None), "stored_matmul: ids go with a listed axis (rows or groups)");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(spec.n_out);
+  std::vector<mx::array> inputs{float_rows(x, s), buffer};
+  if (ids) inputs.push_back(mx::contiguous(mx::astype(*ids, mx::int32, s), false, s));
+  return mx::array(shape, mx::float32, std::make_shared<StoredMatmul>(s, std::move(spec), listed, threads),
+                   std::move(inputs));
+}
+
+// ---- StoredRows ----------------------------------------------------------------------------------
+
+std::vector<mx::Shape> StoredRows::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape s = inputs[0].shape();
+  s.push_back(static_cast<int>(k_));
+  return {s};
+}
+
+bool StoredRows::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const StoredRows&>(other);
+  return spec_ == o.spec_ && rows_ == o.rows_ && k_ == o.k_ && wr_ == o.wr_ && sr_ == o.sr_;
+}
+
+void StoredRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& ids = inputs[0];
+  const mx::array& buf = inputs[1];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(ids);
+  enc.set_input_array(buf);
+  enc.set_output_array(out);
+  const uint8_t* base = buf.data<uint8_t>();
+  record(name(), base + spec_.w_off);
+  enc.dispatch([spec = spec_, rows = rows_, k = k_, wr = wr_, sr = sr_, ip = ids.data<int32_t>(), n = ids.size(),
+                op = out.data<float>(), base]() {
+    check(kernels().rows(ip, static_cast<int64_t>(n), rows, base + spec.w_off, base + spec.s_off, base + spec.b_off,
+                         spec.kind, spec.bits, spec.group, spec.scale_type, k, wr, sr, op),
+          "StoredRows");
+  });
+}
+
+mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
+                      int64_t row_bytes, int64_t scale_row_bytes) {
+  need(buffer.dtype() == mx::uint8, "stored_rows: the buffer must be uint8");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  mx::Shape shape = ids.shape();
+  shape.push_back(static_cast<int>(k));
+  return mx::array(shape, mx::float32,
+                   std::make_shared<StoredRows>(s, std::move(spec), rows, k, row_bytes, scale_row_bytes),
+                   {mx::contiguous(mx::astype(ids, mx::int32, s), false, s), buffer});
+}
+
+// ---- Attention -----------------------------------------------------------------------------------
+
+std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+bool Attention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const Attention&>(other);
+  return scale_ == o.scale_ && mode_ == o.mode_ && threads_ == o.threads_;
+}
+
+void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  mx::array& out = outputs[0];
+  const int64_t B = q.shape(0), Hq = q.shape(1), T = q.shape(2), hd = q.shape(3), Hkv = k.shape(1);
+  for (const mx::array* a : {&q, &k, &v})
+    if (a->strides().back() != 1 && a->shape().back() > 1)
+      throw std::runtime_error("Attention: the head dimension of q, k and v must be contiguous");
+  // [B, Hq, T, hd] whose memory is [B, T, Hq, hd]: transposed back, the output projection's input
+  // [B, T, Hq * hd] is then row-contiguous without a copy.
+  mx::Strides strides{T * Hq * hd, hd, Hq * hd, 1};
+  mx::array::Flags flags;
+  flags.contiguous = true;
+  flags.row_contiguous = T == 1 || Hq == 1;
+  flags.col_contiguous = out.size() <= 1;
+  out.set_data(mx::allocator::malloc(out.nbytes()), out.size(), strides, flags);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  const bool f16 = k.dtype() == mx::float16;
+  if (!f16 && k.dtype() != mx::float32) throw std::runtime_error("Attention: keys and values must be float32 or float16");
+  const int64_t S = k.shape(2);
+  const int32_t* kv_len = mode_ == Mode::Uniform ? nullptr : inputs[3].data<int32_t>();
+  const int32_t* q_pos = mode_ == Mode::Uniform ? nullptr : inputs[4].data<int32_t>();
+  const int32_t* table = mode_ == Mode::Table ? inputs[5].data<int32_t>() : nullptr;
+  const int64_t max_blocks = mode_ == Mode::Table ? inputs[5].shape(1) : 0;
+  const int64_t block_tokens = mode_ == Mode::Table ? S : 0;
+  const mx::Strides &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  enc.dispatch([=, qp = q.data<float>(), kp = k.data<void>(), vp = v.data<void>(), op = out.data<float>(),
+                scale = scale_, threads = threads_]() {
+    std::vector<int32_t> lens, pos;
+    const int32_t *lp = kv_len, *pp = q_pos;
+    if (lp == nullptr) {  // every row holds S keys, its queries the last T of them
+      lens.assign(B, static_cast<int32_t>(S));
+      pos.assign(B, static_cast<int32_t>(S - T));
+      lp = lens.data();
+      pp = pos.data();
+    }
+    const int64_t qst[3] = {qs[0], qs[1], qs[2]}, kst[3] = {ks[0], ks[1], ks[2]}, vst[3] = {vs[0], vs[1], vs[2]};
+    const int64_t ost[3] = {strides[0], strides[1], strides[2]};
+    check(kernels().attention(qp, B, Hq, T, hd, qst, kp, vp, f16 ? 1 : 0, Hkv, kst, vst, table, max_blocks,
+                              block_tokens, lp, pp, scale, op, ost, threads),
+          "Attention");
+  });
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
+                    const std::optional<mx::array>& kv_len, const std::optional<mx::array>& q_pos,
+                    const std::optional<mx::array>& table) {
+  need(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k and v must be 4-D");
+  need(k.shape() == v.shape(), "attention: k and v differ in shape " + shape_str(k.shape()) + " vs " +
+                                   shape_str(v.shape()));
+  need(q.shape(3) == k.shape(3) && k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0,
+       "attention: q " + shape_str(q.shape()) + " does not fit k " + shape_str(k.shape()));
+  need(kv_len.has_value() == q_pos.has_value(), "attention: kv_len and q_pos go together");
+  need(!table || kv_len, "attention: a slot table needs kv_len and q_pos");
+  need(k.dtype() == v.dtype(), "attention: k and v differ in dtype");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), k, v};
+  auto mode = Attention::Mode::Uniform;
+  if (kv_len) {
+    need(kv_len->size() == static_cast<size_t>(q.shape(0)), "attention: kv_len needs one length per row");
+    mode = table ? Attention::Mode::Table : Attention::Mode::Rows;
+    inputs.push_back(mx::contiguous(mx::astype(*kv_len, mx::int32, s), false, s));
+    inputs.push_back(mx::contiguous(mx::astype(*q_pos, mx::int32, s), false, s));
+  } else {
+    need(k.shape(0) == q.shape(0), "attention: q and k differ in rows");
+    need(k.shape(2) >= q.shape(2), "attention: fewer keys than queries");
+  }
+  if (table) inputs.push_back(mx::contiguous(mx::astype(*table, mx::int32, s), false, s));
+  return mx::array(q.shape(), mx::float32, std::make_shared<Attention>(s, scale, mode, threads), std::move(inputs));
+}
+
+// ---- Fence, AwaitFence ------------------------------------------------------------------------------
+
+void Fence::signal(int64_t value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (value > value_) value_ = value;
+  }
+  cv_.notify_all();
+}
+
+bool Fence::wait(int64_t value) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (value_ >= value || cancelled_) return !cancelled_;
+  const auto t0 = std::chrono::steady_clock::now();
+  cv_.wait(lock, [&] { return value_ >= value || cancelled_; });
+  blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return !cancelled_;
+}
+
+void Fence::cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  cv_.notify_all();
+}
+
+int64_t Fence::value() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return value_;
+}
+
+double Fence::blocked_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocked_;
+}
+
+void AwaitFence::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  outputs[0].copy_shared_buffer(inputs[0]);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(inputs[0]);
+  enc.set_input_array(inputs[1]);
+  enc.set_output_array(outputs[0]);
+  enc.dispatch([ready = ready_, value = value_, release = release_, release_value = release_value_]() {
+    if (release && release_value >= 0) release->signal(release_value);
+    ready->wait(value);  // cancelled: the engine is closing, and nothing reads the result
+  });
+}
+
+mx::array await_fence(const mx::array& buffer, const mx::array& dep, std::shared_ptr<Fence> ready, int64_t value,
+                      std::shared_ptr<Fence> release, int64_t release_value) {
+  need(ready != nullptr, "await_fence: a ready fence is required");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  return mx::array(buffer.shape(), buffer.dtype(),
+                   std::make_shared<AwaitFence>(s, std::move(ready), value, std::move(release), release_value),
+                   {buffer, dep});
+}
+
+// ---- RmsNorm, Rope, SiluMul, WriteTokens ----------------------------------------------------------
+
+namespace {
+
+// Rows of `cols` values along the last axis with one row stride (the leading axes collapse into one),
+// as a slice of a row-contiguous array along its last axis is; 0 when the array is not so.
+int64_t row_stride(const mx::array& a, int64_t cols) {
+  if (a.ndim() == 0 || a.strides().back() != 1 && a.shape().back() > 1) return 0;
+  if (a.ndim() == 1) return cols;
+  const auto& st = a.strides();
+  const auto& sh = a.shape();
+  for (size_t i = 0; i + 2 < st.size(); i++)
+    if (sh[i] > 1 && st[i] != st[i + 1] * sh[i + 1]) return 0;
+  return st[st.size() - 2];
+}
+
+mx::array fresh(const mx::array& x, mx::Stream s) {
+  return mx::contiguous(mx::astype(x, mx::float32, s), false, s);
+}
+
+}  // namespace
+
+void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &x = inputs[0], &w = inputs[1];
+  mx::array& y = outputs[0];
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(y);
+  const int64_t D = x.shape().back(), rows = D ? static_cast<int64_t>(x.size()) / D : 0;
+  enc.dispatch([xp = x.data<float>(), wp = w.data<float>(), yp = y.data<float>(), eps = eps_, rows, D]() {
+    check(kernels().rms_norm(xp, wp, eps, rows, D, yp), "RmsNorm");
+  });
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
+  need(w.ndim() == 1 && x.ndim() >= 1 && x.shape().back() == w.shape(0), "rms_norm: w must be [D] for x [.., D]");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {fresh(x, s), fresh(w, s)});
+}
+
+void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &x = inputs[0], &f = inputs[1], &pos = inputs[2];
+  mx::array& y = outputs[0];
+  if (x.strides().back() != 1 && x.shape().back() > 1) throw std::runtime_error("Rope: the head dimension must be contiguous");
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(y);
+  const auto& st = x.strides();
+  enc.dispatch([xp = x.data<float>(), fp = f.data<float>(), pp = pos.data<int32_t>(), yp = y.data<float>(),
+                B = x.shape(0), H = x.shape(1), T = x.shape(2), hd = x.shape(3), xs0 = st[0], xs1 = st[1], xs2 = st[2],
+                dims = dims_, trad = traditional_, scale = scale_]() {
+    const int64_t xs[3] = {xs0, xs1, xs2};
+    check(kernels().rope(xp, B, H, T, hd, xs, fp, dims, trad ? 1 : 0, pp, scale, yp), "Rope");
+  });
+}
+
+mx::array rope(const mx::array& x, const mx::array& inv_freq, const mx::array& pos, int dims, bool traditional,
+               float scale) {
+  need(x.ndim() == 4, "rope: x must be [B, H, T, hd]");
+  need(dims >= 2 && dims % 2 == 0 && dims <= x.shape(3), "rope: dims must be even and at most the head dimension");
+  need(inv_freq.ndim() == 1 && inv_freq.shape(0) == dims / 2, "rope: inv_freq must be [dims / 2]");
+  need(pos.ndim() == 1 && pos.shape(0) == x.shape(0), "rope: pos must be [B]");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  return mx::array(x.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
+                   {mx::astype(x, mx::float32, s), fresh(inv_freq, s),
+                    mx::contiguous(mx::astype(pos, mx::int32, s), false, s)});
+}
+
+void SiluMul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &g = inputs[0], &u = inputs[1];
+  mx::array& y = outputs[0];
+  const int64_t F = g.ndim() ? g.shape().back() : 1, rows = F ? static_cast<int64_t>(g.size()) / F : 0;
+  const int64_t gs = row_stride(g, F), us = row_stride(u, F);
+  if (rows > 1 && (gs == 0 || us == 0)) throw std::runtime_error("SiluMul: inputs must be rows along the last axis");
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(g);
+  enc.set_input_array(u);
+  enc.set_output_array(y);
+  enc.dispatch([gp = g.data<float>(), up = u.data<float>(), yp = y.data<float>(), F, rows, gs, us]() {
+    for (int64_t r = 0; r < rows; r++) check(kernels().silu_mul(gp + r * gs, up + r * us, F, yp + r * F), "SiluMul");
+  });
+}
+
+mx::array silu_mul(const mx::array& g, const mx::array& u) {
+  need(g.shape() == u.shape(), "silu_mul: g and u differ in shape");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  return mx::array(g.shape(), mx::float32, std::make_shared<SiluMul>(s),
+                   {mx::astype(g, mx::float32, s), mx::astype(u, mx::float32, s)});
+}
+
+void WriteTokens::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &buf = inputs[0], &x = inputs[1];
+  mx::array& out = outputs[0];
+  const int64_t B = buf.shape(0), H = buf.shape(1), cap = buf.shape(2), hd = buf.shape(3), T = x.shape(2);
+  if (x.strides().back() != 1 && hd > 1) throw std::runtime_error("WriteTokens: the head dimension must be contiguous");
+  const bool own = buf.flags().row_contiguous && buf.data_size() == buf.size();
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(buf);
+  enc.set_input_array(x);
+  enc.set_output_array(out);
+  const float* src = nullptr;
+  mx::Strides bst;
+  if (own) {
+    out.copy_shared_buffer(buf);
+  } else {  // a broadcast (zeros) or strided buffer: into memory of its own first
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    src = buf.data<float>();
+    bst = buf.strides();
+  }
+  const auto& xst = x.strides();
+  enc.dispatch([op = out.data<float>(), xp = x.data<float>(), B, H, cap, hd, T, xs0 = xst[0], xs1 = xst[1],
+                xs2 = xst[2], offset = offset_, src, bst]() {
+    if (src != nullptr)
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+          for (int64_t t = 0; t < cap; t++)
+            for (int64_t d = 0; d < hd; d++)
+              op[((b * H + h) * cap + t) * hd + d] = src[b * bst[0] + h * bst[1] + t * bst[2] + d * bst[3]];
+    const int64_t xs[3] = {xs0, xs1, xs2};
+    check(kernels().write_tokens(op, B, H, cap, hd, xp, xs, T, offset), "WriteTokens");
+  });
+}
+
+mx::array write_tokens(const mx::array& buffer, const mx::array& x, int64_t offset) {
+  need(buffer.ndim() == 4 && x.ndim() == 4, "write_tokens: buffer and x must be [B, H, tokens, hd]");
+  need(buffer.dtype() == mx::float32, "write_tokens: the buffer must be float32");
+  need(x.shape(0) == buffer.shape(0) && x.shape(1) == buffer.shape(1) && x.shape(3) == buffer.shape(3),
+       "write_tokens: x does not fit the buffer");
+  need(offset >= 0 && offset + x.shape(2) <= buffer.shape(2), "write_tokens: the tokens run past the buffer");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  return mx::array(buffer.shape(), mx::float32, std::make_shared<WriteTokens>(s, offset),
+                   {buffer, mx::astype(x, mx::float32, s)});
+}
+
+// ---- wrap ----------------------------------------------------------------------------------------
+
+mx::array wrap(uintptr_t address, int64_t nbytes) {
+  need(address != 0 && nbytes >= 0 && nbytes < (int64_t{1} << 31), "wrap: a non-null address and < 2 GiB");
+  mx::allocator::Buffer handle(reinterpret_cast<size_t*>(address) - 1);
+  mx::array a(mx::allocator::Data(handle, [](mx::allocator::Buffer) {}), {static_cast<int>(nbytes)}, mx::uint8);
+  if (a.data<uint8_t>() != reinterpret_cast<uint8_t*>(address))
+    throw std::runtime_error("wrap: this MLX build does not keep CPU buffers as this extension expects");
+  return a;
+}
+
+// ---- Empty ---------------------------------------------------------------------------------------
+
+void Empty::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>& outputs) {
+  mx::array& out = outputs[0];
+  const size_t n = out.nbytes();
+  auto data = mx::allocator::malloc(n + align_);
+  const auto start = reinterpret_cast<uintptr_t>(data.buffer().raw_ptr());
+  const int64_t offset = static_cast<int64_t>((align_ - start % align_) % align_);
+  mx::array::Flags flags;
+  flags.contiguous = flags.row_contiguous = true;
+  flags.col_contiguous = out.ndim() == 1;
+  out.set_data(std::move(data), n, out.ndim() == 1 ? mx::Strides{1} : mx::Strides{out.shape(1), 1}, flags, offset);
+}
+
+mx::array empty(int64_t nbytes, int64_t align) {
+  need(nbytes >= 0 && align >= 1, "empty: nbytes must be >= 0 and align >= 1");
+  auto s = mx::to_stream(mx::StreamOrDevice{});
+  // MLX shapes are 32-bit: a buffer past 1 GiB is rows of 4 KiB (rounded up; callers view n bytes).
+  mx::Shape shape{static_cast<int>(nbytes)};
+  if (nbytes > (int64_t{1} << 30)) shape = {static_cast<int>((nbytes + 4095) / 4096), 4096};
+  return mx::array(shape, mx::uint8, std::make_shared<Empty>(s, align), {});
+}
+
+}  // namespace mlx_flash

@@ -1,0 +1,192 @@
+"""The CPU kernels as MLX graph operations (the extension _mlx_kernels, built at install from
+kernels/mlx/): a product over stored bytes, rows of a stored matrix and attention become nodes of
+MLX's lazy graph, evaluated with the rest of a token's forward, instead of Python calls that make MLX
+evaluate and copy activations to the host before each one.
+
+Weights reach a primitive as a uint8 buffer input plus byte offsets: the buffer is memory MLX
+allocated (`framework_buffer`) that the reader pool filled in place, found from the numpy views the
+I/O code hands out (`buffer_of`); the kernel reads the bytes where the read put them. A matrix over
+memory MLX did not allocate (a test's numpy array) is copied into MLX memory once, when its operation
+is built.
+
+The extension links one MLX version; a different one installed, or no extension built, raises
+KernelUnavailableError in one line at load, naming the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_flash.errors import KernelUnavailableError
+
+from . import qmatmul
+from .blockmatmul import BlockMatrix
+from .qmatmul import StoredMatrix
+from .stored_operands import Operands, one_buffer, operands
+
+PAGE = 4096  # buffers start on a page: direct reads land in them without a bounce
+_EXT = None  # the extension, loaded and checked once per process (like qmatmul's library)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What a sparse product's ids name (kernels/cpu/qmatmul.h): rows (blocks of output rows, or input
+    rows) or groups (the groups of a groups-apart down matrix)."""
+
+    NONE = 0
+    ROWS = 1
+    GROUPS = 2
+
+
+def extension():
+    """The loaded extension, checked against the MLX running (once per process)."""
+    global _EXT
+    if _EXT is not None:
+        return _EXT
+    try:
+        ext = importlib.import_module(__name__.rpartition(".")[0] + "._mlx_kernels")
+    except ImportError as e:
+        raise KernelUnavailableError(f"the MLX kernels extension (mlx_flash.kernels._mlx_kernels) is not built or does "
+                                     f"not load ({e}); reinstall the package (pip install -e . or make install) with "
+                                     "cmake and a C++17 compiler") from None
+    if ext.mlx_version() != mx.__version__:
+        raise KernelUnavailableError(f"the MLX kernels extension was built for MLX {ext.mlx_version()}, and MLX "
+                                     f"{mx.__version__} is installed; install mlx=={ext.mlx_version()} or rebuild "
+                                     "(pip install -e .)")
+    qmatmul.library()  # loads and checks the CPU kernel library first
+    ext.load_kernel_library(qmatmul.library_path())
+    _EXT = ext
+    return ext
+
+
+def framework_buffer(nbytes: int) -> np.ndarray:
+    """`nbytes` of uninitialized memory MLX allocated, page-aligned, as a writable uint8 numpy view
+    (what the reader pool fills); the view keeps the MLX array alive."""
+    a = extension().empty(max(int(nbytes), 1), PAGE)
+    mx.eval(a)
+    return np.asarray(a).reshape(-1)[:nbytes]
+
+
+def buffer_of(view: np.ndarray) -> tuple[mx.array, int] | None:
+    """(the MLX array whose memory `view` lies in, view's byte offset in it), or None when the memory
+    is not MLX's."""
+    a = view
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    obj = a.base.obj if isinstance(a.base, memoryview) else None
+    if not isinstance(obj, mx.array):
+        return None
+    start = np.asarray(obj).ctypes.data
+    return obj, view.ctypes.data - start
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a matrix's parts lie for a primitive: one uint8 MLX buffer and byte offsets into it.
+    `external`: the buffer wraps numpy memory the I/O code may reuse (a read buffer): products over
+    it are evaluated when built, before the memory can change."""
+
+    buffer: mx.array
+    offsets: tuple
+    external: bool
+
+
+def locate(views) -> Located:
+    """The MLX buffer every view's memory lies in, with no copy: the MLX array itself when MLX
+    allocated it; else the numpy memory they share, wrapped (external). Views of separate numpy
+    arrays are copied into one MLX buffer (stored_operands.one_buffer)."""
+    found = [buffer_of(v) for v in views]
+    if all(f is not None and f[0] is found[0][0] for f in found):
+        return Located(found[0][0], tuple(f[1] for f in found), False)
+    buf, offsets, shared = one_buffer(views)
+    if shared and buf.nbytes < 1 << 31:
+        return Located(extension().wrap(buf.ctypes.data, buf.nbytes), tuple(offsets), True)
+    dest = framework_buffer(buf.nbytes)  # a private copy: nothing else writes it
+    dest[:] = buf
+    mem, base = buffer_of(dest)
+    return Located(mem, tuple(base + o for o in offsets), False)
+
+
+class GraphMatrix:
+    """A StoredMatrix or BlockMatrix as an MLX operation: `__call__(x)` is x [.., K] times it, lazily;
+    `sparse(x, ids, n)` the product over n listed units (StoredMatrix.sparse's meaning), ids an MLX
+    int32 array."""
+
+    def __init__(self, matrix: StoredMatrix | BlockMatrix, threads: int):
+        self.ext, self.threads = extension(), max(int(threads), 1)
+        self.op = operands(matrix)
+        where = locate(self.op.views)
+        self.buffer, self.offsets, self.external = where.buffer, where.offsets + (0,) * (3 - len(where.offsets)), \
+            where.external
+        self.k_in, self.n_out, self.sparse_axis = self.op.k_in, self.op.n_out, self.op.sparse_axis
+        self.matrix = matrix  # kept alive: its views are what the offsets point into
+        # a streamed slot's turns (slot_turns.SlotGate: fences and the latest claim), or None: resident
+        self.gate = None
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._op(x, self.n_out, None, Listed.NONE)
+
+    def sparse(self, x: mx.array, ids: mx.array, n: int) -> mx.array:
+        """The product over n listed units (ids int32 [n], each checked by the caller to lie in range)."""
+        axis = self.sparse_axis
+        n_out = n * self.op.rpb if axis == "blocks" else self.n_out
+        return self._op(x, n_out, ids, Listed.GROUPS if axis == "groups" else Listed.ROWS)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows `ids` of a plain matrix as float32 [..ids, K] (embedding lookups), lazily; an id outside
+        the matrix gives zeros (callers check ids first)."""
+        if self.op.layout and self.op.kind == 0:
+            raise ValueError("rows are read from plain matrices (rows one after another), not laid-out ones")
+        w, s, b = self.offsets
+        st, bits, group = self.op.quant
+        first = self.op.views[0]
+        scale_row = self.op.views[1].strides[0] if self.op.kind == 0 else 0
+        return self.ext.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, first.shape[0],
+                                    self.k_in, first.strides[0], scale_row)
+
+    def _op(self, x, n_out, ids, listed):
+        w, s, b = self.offsets
+        st, bits, group = self.op.quant
+        buf = self.buffer
+        if self.gate is not None:  # the slot's bytes, once read, after this layer's input
+            seq, turns = self.gate.seq, self.gate.turns
+            buf = self.ext.await_fence(buf, x, turns.ready, seq, turns.release, seq - 1)
+        y = self.ext.stored_matmul(x, buf, self.op.kind, w, s, b, st, bits, group, n_out, self.op.transposed,
+                                   self.op.layout, self.threads, ids, listed)
+        if self.external:  # the memory may be refilled once this returns
+            mx.eval(y)
+        return y
+
+
+def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis, lazily."""
+    return extension().rms_norm(x, w, float(eps))
+
+
+def rope(x: mx.array, inv_freq: mx.array, pos: mx.array, dims: int, traditional: bool, scale: float) -> mx.array:
+    """Rotary position embedding of x [B, H, T, hd] from each row's first position pos int32 [B],
+    pair i turning by inv_freq[i] (float32 [dims / 2]) per position times `scale`, lazily."""
+    return extension().rope(x, inv_freq, pos, int(dims), bool(traditional), float(scale))
+
+
+def silu_mul(g: mx.array, u: mx.array) -> mx.array:
+    """silu(g) * u (rows along the last axis, each input with its own row stride), lazily."""
+    return extension().silu_mul(g, u)
+
+
+def write_tokens(buffer: mx.array, x: mx.array, offset: int) -> mx.array:
+    """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.., in place (its memory
+    is the result's), lazily: a KV cache's append without copying the cache."""
+    return extension().write_tokens(buffer, x, int(offset))
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, threads: int, kv_len=None, q_pos=None,
+              table=None) -> mx.array:
+    """softmax(scale q k^T) v, lazily (kernels/cpu/attention.cpp): q [B, Hq, T, hd]; k, v [B, Hkv, S, hd]
+    (each row's queries the last T of its S keys, or per row kv_len / q_pos int32 [B]), or pools
+    [blocks, Hkv, block_tokens, hd] with a slot table int32 [B, max_blocks]."""
+    return extension().attention(q, k, v, float(scale), max(int(threads), 1), kv_len, q_pos, table)

@@ -1,0 +1,62 @@
+"""What a framework operator needs of a stored matrix (a StoredMatrix or BlockMatrix, checked when it
+was built): the kernel's attributes, and the memory its parts lie in as one buffer with byte offsets.
+Framework-neutral (numpy only): the MLX primitives (mlx_kernels.py) and the torch operators
+(torch_ops.py) turn the buffer into their own array without copying it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blockmatmul import BlockMatrix
+from .qmatmul import StoredMatrix
+
+
+@dataclass(frozen=True)
+class Operands:
+    kind: int  # 0: affine groups; else a GGUF block type
+    quant: tuple  # (scale type, bits, group): affine only, else zeros
+    layout: list  # [] for a plain matrix, else the kernel's row layout (7 or 4 ints)
+    n_out: int
+    k_in: int
+    transposed: bool  # rows are outputs
+    sparse_axis: str | None  # what sparse products list: "blocks", "groups", "rows" or None
+    rpb: int  # rows per block (laid-out rows), else 1
+    views: tuple  # where the kernel starts reading each part: (codes, scales, biases) or (raw,)
+
+
+def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:
+    layout = [] if matrix.layout is None else [int(v) for v in matrix.layout]
+    if isinstance(matrix, BlockMatrix):
+        return Operands(matrix.block.ggml_type, (0, 0, 0), layout, matrix.n_out, matrix.k_in, True, None, 1,
+                        (matrix.raw,))
+    rpb = layout[0] if layout else 1
+    return Operands(0, (matrix.scale_type, matrix.bits, matrix.group), layout, matrix.n_out, matrix.k_in,
+                    matrix.rows_are_outputs, matrix.sparse_axis, rpb, matrix.parts)
+
+
+def owner(view: np.ndarray) -> np.ndarray:
+    """The numpy array that owns the memory `view` lies in (the start of its chain of views)."""
+    while isinstance(view.base, np.ndarray):
+        view = view.base
+    return view
+
+
+def one_buffer(views) -> tuple[np.ndarray, list[int], bool]:
+    """One uint8 buffer holding every view's memory, each view's byte offset in it, and whether it is
+    the views' own memory: the memory they share when they share one owner (no copy), else a copy of
+    each owner, back to back (views of separate arrays: tests build matrices so)."""
+    owners = {id(owner(v)): owner(v) for v in views}
+    if len(owners) == 1:
+        (o,) = owners.values()
+        if o.flags.c_contiguous:
+            return o.reshape(-1).view(np.uint8), [v.ctypes.data - o.ctypes.data for v in views], True
+    at, size = {}, 0
+    for k, o in owners.items():
+        at[k] = size
+        size += -(-o.nbytes // 64) * 64
+    buf = np.empty(size, np.uint8)
+    for k, o in owners.items():
+        buf[at[k]:at[k] + o.nbytes] = np.ascontiguousarray(o).reshape(-1).view(np.uint8)
+    return buf, [at[id(owner(v))] + (v.ctypes.data - owner(v).ctypes.data) for v in views], False

@@ -1,0 +1,228 @@
+// The CPU kernels as torch operators (TORCH_LIBRARY namespace mlx_flash): the same functions the MLX
+// primitives call (kernels/cpu/*.cpp, looked up in the library Python loaded), over tensors torch
+// allocated or shares with numpy. Each operator checks its tensors (device, dtype, contiguity, sizes)
+// and raises one line naming what is wrong; weights arrive as a uint8 buffer tensor and byte offsets,
+// read where the read put them. Fake implementations (for torch.compile) are registered from Python
+// (mlx_flash/kernels/torch_ops.py). Built at first use into the cache.
+#include <dlfcn.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Kernels {
+  int (*qmatmul)(const float*, int64_t, int64_t, const uint32_t*, const void*, const void*, int, int64_t, int, int,
+                 int, float*, int, const int64_t*, const int32_t*, const int32_t*) = nullptr;
+  int (*blockmatmul)(const float*, int64_t, int64_t, const uint8_t*, int, int64_t, float*, int, const int64_t*,
+                     const int32_t*, const int32_t*) = nullptr;
+  int64_t (*rows)(const int32_t*, int64_t, int64_t, const uint8_t*, const uint8_t*, const uint8_t*, int, int, int, int,
+                  int64_t, int64_t, int64_t, float*) = nullptr;
+  int (*attention)(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const void*, const void*, int,
+                   int64_t, const int64_t*, const int64_t*, const int32_t*, int64_t, int64_t, const int32_t*,
+                   const int32_t*, float, float*, const int64_t*, int) = nullptr;
+  int (*rms_norm)(const float*, const float*, float, int64_t, int64_t, float*) = nullptr;
+  int (*rope)(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*, int64_t, int,
+              const int32_t*, float, float*) = nullptr;
+  int (*silu_mul)(const float*, const float*, int64_t, float*) = nullptr;
+};
+
+Kernels& kernels() {
+  static Kernels k;
+  return k;
+}
+
+const Kernels& loaded() {
+  TORCH_CHECK(kernels().qmatmul != nullptr, "mlx_flash operators: the CPU kernel library is not loaded");
+  return kernels();
+}
+
+template <class F>
+void find(void* handle, const char* name, const std::string& path, F& out) {
+  void* sym = dlsym(handle, name);
+  TORCH_CHECK(sym != nullptr, path, ": the CPU kernel library has no ", name, " (stale build)");
+  out = reinterpret_cast<F>(sym);
+}
+
+void use_kernel_library(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);  // the copy Python loaded: one thread pool
+  TORCH_CHECK(handle != nullptr, path, ": the CPU kernel library is not loaded in this process");
+  Kernels k;
+  find(handle, "mf_qmatmul", path, k.qmatmul);
+  find(handle, "mf_blockmatmul", path, k.blockmatmul);
+  find(handle, "mf_rows", path, k.rows);
+  find(handle, "mf_attention", path, k.attention);
+  find(handle, "mf_rms_norm", path, k.rms_norm);
+  find(handle, "mf_rope", path, k.rope);
+  find(handle, "mf_silu_mul", path, k.silu_mul);
+  kernels() = k;
+}
+
+void done(int64_t rc, const char* what) { TORCH_CHECK(rc >= 0, what, ": the CPU kernel refused its arguments (code ", rc, ")"); }
+
+void cpu_float(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU (these operators are the CPU kernels)");
+  TORCH_CHECK(t.scalar_type() == at::kFloat, what, " must be float32 (got ", t.scalar_type(), ")");
+}
+
+void buffer_ok(const at::Tensor& buf, int64_t end) {
+  TORCH_CHECK(buf.device().is_cpu() && buf.scalar_type() == at::kByte && buf.is_contiguous(),
+              "the weights buffer must be a contiguous uint8 CPU tensor");
+  TORCH_CHECK(end <= buf.numel(), "the weights lie past their buffer (", end, " > ", buf.numel(), " bytes)");
+}
+
+const int32_t* ids_ptr(const c10::optional<at::Tensor>& ids) {
+  if (!ids) return nullptr;
+  TORCH_CHECK(ids->scalar_type() == at::kInt && ids->is_contiguous() && ids->device().is_cpu(),
+              "ids must be a contiguous int32 CPU tensor");
+  return ids->data_ptr<int32_t>();
+}
+
+at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t kind, int64_t w_off, int64_t s_off,
+                         int64_t b_off, int64_t scale_type, int64_t bits, int64_t group, int64_t n_out,
+                         bool transposed, at::IntArrayRef layout, int64_t threads, const c10::optional<at::Tensor>& ids,
+                         int64_t listed) {
+  cpu_float(x, "x");
+  buffer_ok(buffer, std::max({w_off, s_off, b_off}));
+  TORCH_CHECK(layout.empty() || layout.size() == (kind == 0 ? 7u : 4u), "a layout is 7 ints (affine) or 4 (blocks)");
+  TORCH_CHECK((listed != 0) == ids.has_value(), "ids go with a listed axis (rows or groups)");
+  const at::Tensor xc = x.contiguous();
+  const int64_t K = xc.size(-1), T = K ? xc.numel() / K : 0;
+  std::vector<int64_t> shape(xc.sizes().begin(), xc.sizes().end());
+  shape.back() = n_out;
+  at::Tensor y = at::empty(shape, xc.options());
+  const uint8_t* base = buffer.data_ptr<uint8_t>();
+  const int32_t* ip = ids_ptr(ids);
+  const int64_t* lay = layout.empty() ? nullptr : layout.data();
+  if (kind == 0) {
+    done(loaded().qmatmul(xc.data_ptr<float>(), T, K, reinterpret_cast<const uint32_t*>(base + w_off), base + s_off,
+                          base + b_off, (int)scale_type, n_out, (int)bits, (int)group, transposed ? 1 : 0,
+                          y.data_ptr<float>(), (int)threads, lay, listed == 1 ? ip : nullptr,
+                          listed == 2 ? ip : nullptr),
+         "stored_matmul");
+  } else {
+    done(loaded().blockmatmul(xc.data_ptr<float>(), T, K, base + w_off, (int)kind, n_out, y.data_ptr<float>(),
+                              (int)threads, lay, listed == 1 ? ip : nullptr, listed == 2 ? ip : nullptr),
+         "stored_matmul");
+  }
+  return y;
+}
+
+at::Tensor stored_rows(const at::Tensor& ids, const at::Tensor& buffer, int64_t kind, int64_t w_off, int64_t s_off,
+                       int64_t b_off, int64_t scale_type, int64_t bits, int64_t group, int64_t rows, int64_t k,
+                       int64_t row_bytes, int64_t scale_row_bytes) {
+  buffer_ok(buffer, std::max({w_off, s_off, b_off}));
+  const at::Tensor i32 = ids.to(at::kInt).contiguous();
+  std::vector<int64_t> shape(i32.sizes().begin(), i32.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  const uint8_t* base = buffer.data_ptr<uint8_t>();
+  done(loaded().rows(i32.data_ptr<int32_t>(), i32.numel(), rows, base + w_off, base + s_off, base + b_off, (int)kind,
+                     (int)bits, (int)group, (int)scale_type, k, row_bytes, scale_row_bytes, out.data_ptr<float>()),
+       "stored_rows");
+  return out;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t threads,
+                     const c10::optional<at::Tensor>& kv_len, const c10::optional<at::Tensor>& q_pos,
+                     const c10::optional<at::Tensor>& table) {
+  cpu_float(q, "q");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+              "attention: q, k, v must be 4-D, k and v of one shape");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf),
+              "attention: keys and values must both be float32 or float16");
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), hd = q.size(3), Hkv = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.size(3) == hd && Hkv > 0 && Hq % Hkv == 0, "attention: q does not fit k");
+  TORCH_CHECK(kv_len.has_value() == q_pos.has_value(), "attention: kv_len and q_pos go together");
+  TORCH_CHECK(!table || kv_len, "attention: a slot table needs kv_len and q_pos");
+  for (const at::Tensor* a : {&q, &k, &v})
+    TORCH_CHECK(a->stride(3) == 1 || a->size(3) == 1, "attention: the head dimension must be contiguous");
+  std::vector<int32_t> lens, pos;
+  const int32_t *lp, *pp;
+  if (kv_len) {
+    lp = ids_ptr(kv_len);
+    pp = ids_ptr(q_pos);
+    TORCH_CHECK(kv_len->numel() == B && q_pos->numel() == B, "attention: kv_len and q_pos need one value per row");
+  } else {
+    TORCH_CHECK(k.size(0) == B && S >= T, "attention: rows or keys do not fit the queries");
+    lens.assign(B, (int32_t)S);
+    pos.assign(B, (int32_t)(S - T));
+    lp = lens.data();
+    pp = pos.data();
+  }
+  // [B, Hq, T, hd] laid out as [B, T, Hq, hd]: what the output projection reads after transposing.
+  at::Tensor out = at::empty({B, T, Hq, hd}, q.options()).transpose(1, 2);
+  const int64_t qs[3] = {q.stride(0), q.stride(1), q.stride(2)}, ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
+  const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  const int32_t* tp = ids_ptr(table);
+  done(loaded().attention(q.data_ptr<float>(), B, Hq, T, hd, qs, k.data_ptr(), v.data_ptr(),
+                          k.scalar_type() == at::kHalf ? 1 : 0, Hkv, ks, vs, tp, table ? table->size(1) : 0,
+                          table ? S : 0, lp, pp, (float)scale, out.data_ptr<float>(), os, (int)threads),
+       "attention");
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  cpu_float(x, "x");
+  cpu_float(w, "w");
+  TORCH_CHECK(w.dim() == 1 && x.size(-1) == w.size(0), "rms_norm: w must be [D] for x [.., D]");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  const int64_t D = xc.size(-1);
+  done(loaded().rms_norm(xc.data_ptr<float>(), wc.data_ptr<float>(), (float)eps, D ? xc.numel() / D : 0, D,
+                         y.data_ptr<float>()),
+       "rms_norm");
+  return y;
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& inv_freq, const at::Tensor& pos, int64_t dims,
+                bool traditional, double scale) {
+  cpu_float(x, "x");
+  cpu_float(inv_freq, "inv_freq");
+  TORCH_CHECK(x.dim() == 4 && (x.stride(3) == 1 || x.size(3) == 1), "rope: x must be [B, H, T, hd], hd contiguous");
+  TORCH_CHECK(inv_freq.numel() == dims / 2 && pos.numel() == x.size(0), "rope: inv_freq [dims / 2] and pos [B]");
+  const at::Tensor fc = inv_freq.contiguous(), pc = pos.to(at::kInt).contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t xs[3] = {x.stride(0), x.stride(1), x.stride(2)};
+  done(loaded().rope(x.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), xs, fc.data_ptr<float>(), dims,
+                     traditional ? 1 : 0, pc.data_ptr<int32_t>(), (float)scale, y.data_ptr<float>()),
+       "rope");
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& g, const at::Tensor& u) {
+  cpu_float(g, "g");
+  cpu_float(u, "u");
+  TORCH_CHECK(g.sizes() == u.sizes(), "silu_mul: g and u differ in shape");
+  const at::Tensor gc = g.contiguous(), uc = u.contiguous();
+  at::Tensor y = at::empty_like(gc);
+  done(loaded().silu_mul(gc.data_ptr<float>(), uc.data_ptr<float>(), gc.numel(), y.data_ptr<float>()), "silu_mul");
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(mlx_flash, m) {
+  m.def("use_kernel_library(str path) -> ()", &use_kernel_library);
+  m.def("stored_matmul(Tensor x, Tensor buffer, int kind, int w_off, int s_off, int b_off, int scale_type, int bits, "
+        "int group, int n_out, bool transposed, int[] layout, int threads, Tensor? ids=None, int listed=0) -> Tensor");
+  m.def("stored_rows(Tensor ids, Tensor buffer, int kind, int w_off, int s_off, int b_off, int scale_type, int bits, "
+        "int group, int rows, int k, int row_bytes, int scale_row_bytes) -> Tensor");
+  m.def("attention(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor? kv_len=None, Tensor? q_pos=None, "
+        "Tensor? table=None) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
+  m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
+  m.impl("stored_matmul", &stored_matmul);
+  m.impl("stored_rows", &stored_rows);
+  m.impl("attention", &attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rope", &rope);
+  m.impl("silu_mul", &silu_mul);
+}

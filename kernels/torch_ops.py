@@ -1,0 +1,164 @@
+"""The CPU kernels as torch operators (torch.ops.mlx_flash.*, kernels/torch/ops.cpp): built with
+torch.utils.cpp_extension at first use into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash,
+torch_ops/<hash>; one process builds while others wait on a lock, with a line saying so), then loaded
+once per process. Fake implementations are registered so torch.compile can trace them. Nothing falls
+back silently: when the build fails, KernelUnavailableError says why in one line. torch is imported
+only here and by the torch backend.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import sys
+import time
+from importlib import resources
+
+import numpy as np
+
+from mlx_flash.errors import KernelUnavailableError
+
+from . import qmatmul
+from .stored_operands import one_buffer, operands
+
+SOURCES = ("ops.cpp",)
+_OPS = None
+
+
+def _cache_root() -> str:
+    return os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
+
+
+def ops():
+    """torch.ops.mlx_flash, built on first use (then loaded from the cache) and bound to the CPU kernel
+    library this process loaded."""
+    global _OPS
+    if _OPS is not None:
+        return _OPS
+    import torch
+    from torch.utils import cpp_extension
+
+    texts = {name: resources.files("mlx_flash.kernels").joinpath("torch", name).read_text() for name in SOURCES}
+    key = hashlib.sha256("".join(texts.values()).encode() + f"torch {torch.__version__} {sys.version}".encode())
+    where = os.path.join(_cache_root(), "torch_ops", key.hexdigest()[:16])
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building the torch operators in {where}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        built = any(f.endswith(".so") for f in os.listdir(where))
+        for name, text in texts.items():  # the build reads files: copies of the shipped sources
+            path = os.path.join(where, name)
+            if not os.path.isfile(path) or open(path).read() != text:
+                with open(path, "w") as fh:
+                    fh.write(text)
+        if not built:
+            print("building the torch operators of mlx_flash's CPU kernels (once per torch version; about 30 s)",
+                  file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            cpp_extension.load(name=f"mf_torch_ops_{key.hexdigest()[:8]}", sources=[os.path.join(where, "ops.cpp")],
+                               extra_cflags=["-O3"], build_directory=where, is_python_module=False, verbose=False)
+        except Exception as e:  # a compiler's many lines: the first one names it
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise KernelUnavailableError(f"building the torch operators in {where} failed: {first}") from None
+        if not built:
+            print(f"built the torch operators in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    torch.ops.mlx_flash.use_kernel_library(qmatmul.library_path())
+    _register_fakes(torch)
+    _OPS = torch.ops.mlx_flash
+    return _OPS
+
+
+def _register_fakes(torch) -> None:
+    """Shapes and dtypes of each operator's result without computing it (torch.compile's tracing)."""
+    lib = "mlx_flash::"
+
+    @torch.library.register_fake(lib + "stored_matmul")
+    def _(x, buffer, kind, w_off, s_off, b_off, scale_type, bits, group, n_out, transposed, layout, threads, ids=None,
+          listed=0):
+        return x.new_empty((*x.shape[:-1], n_out))
+
+    @torch.library.register_fake(lib + "stored_rows")
+    def _(ids, buffer, kind, w_off, s_off, b_off, scale_type, bits, group, rows, k, row_bytes, scale_row_bytes):
+        return buffer.new_empty((*ids.shape, k), dtype=torch.float32)
+
+    @torch.library.register_fake(lib + "attention")
+    def _(q, k, v, scale, threads, kv_len=None, q_pos=None, table=None):
+        B, Hq, T, hd = q.shape
+        return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
+
+    @torch.library.register_fake(lib + "rms_norm")
+    def _(x, w, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake(lib + "rope")
+    def _(x, inv_freq, pos, dims, traditional, scale):
+        return x.new_empty(x.shape)
+
+    @torch.library.register_fake(lib + "silu_mul")
+    def _(g, u):
+        return g.new_empty(g.shape)
+
+
+def framework_buffer(nbytes: int) -> np.ndarray:
+    """`nbytes` of memory torch allocated, page-aligned, as a writable uint8 numpy view sharing it
+    (what the reader pool fills); the view keeps the tensor alive."""
+    import torch
+
+    t = torch.empty(max(int(nbytes), 1) + 4096, dtype=torch.uint8)
+    start = (-t.data_ptr()) % 4096
+    return t[start:start + nbytes].numpy()
+
+
+def tensor_of(view: np.ndarray):
+    """(the torch tensor whose memory `view` lies in, view's byte offset in it), or None when the
+    memory is not torch's."""
+    import torch
+
+    a = view
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    if not isinstance(a.base, torch.Tensor):
+        return None
+    t = a.base
+    return t, view.ctypes.data - t.data_ptr()
+
+
+class TorchMatrix:
+    """A StoredMatrix or BlockMatrix as a torch operator call: `__call__(x)` is x [.., K] times it;
+    `rows(ids)` rows of a plain matrix as float32 [..ids, K] (embedding lookups)."""
+
+    def __init__(self, matrix, threads: int):
+        import torch
+
+        self.ops, self.threads = ops(), max(int(threads), 1)
+        self.op = operands(matrix)
+        found = [tensor_of(v) for v in self.op.views]
+        if all(f is not None and f[0] is found[0][0] for f in found):
+            t = found[0][0]
+            self.buffer, offsets = t.reshape(-1).view(torch.uint8), [f[1] for f in found]
+        else:
+            buf, offsets, _ = one_buffer(self.op.views)  # shared memory, or a private copy of separate arrays
+            self.buffer = torch.from_numpy(buf)
+        self.offsets = tuple(offsets) + (0,) * (3 - len(offsets))
+        self.n_out, self.k_in = self.op.n_out, self.op.k_in
+        self.matrix = matrix  # kept alive: its views are what the offsets point into
+
+    def __call__(self, x):
+        w, s, b = self.offsets
+        st, bits, group = self.op.quant
+        return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, self.n_out,
+                                      self.op.transposed, self.op.layout, self.threads)
+
+    def rows(self, ids):
+        if self.op.layout and self.op.kind == 0:
+            raise ValueError("rows are read from plain matrices (rows one after another), not laid-out ones")
+        w, s, b = self.offsets
+        st, bits, group = self.op.quant
+        first = self.op.views[0]
+        return self.ops.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, first.shape[0], self.k_in,
+                                    first.strides[0], self.op.views[1].strides[0] if self.op.kind == 0 else 0)
