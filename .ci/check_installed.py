@@ -30,7 +30,7 @@ for absent in ("torch", "transformers", "mlx_lm"):
 shipped = importlib.resources.files("mlx_flash.kernels")
 count = 0
 for root, dirs, files in os.walk(kernels_dir):
-    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    dirs[:] = [d for d in dirs if d not in ("__pycache__", "torch_build")]  # torch_build: operators built at first use
     for f in files:
         if f.endswith((".so", ".pyd", ".dylib")):  # built here by an editable install, not a source file
             continue

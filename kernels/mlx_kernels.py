@@ -26,7 +26,7 @@ from mlx_flash.errors import KernelUnavailableError
 from . import qmatmul
 from .blockmatmul import BlockMatrix
 from .qmatmul import StoredMatrix
-from .stored_operands import Operands, one_buffer, operands
+from .stored_operands import one_buffer, operands
 
 PAGE = 4096  # buffers start on a page: direct reads land in them without a bounce
 _EXT = None  # the extension, loaded and checked once per process (like qmatmul's library)
@@ -73,15 +73,15 @@ def framework_buffer(nbytes: int) -> np.ndarray:
 
 def buffer_of(view: np.ndarray) -> tuple[mx.array, int] | None:
     """(the MLX array whose memory `view` lies in, view's byte offset in it), or None when the memory
-    is not MLX's."""
+    is not MLX's. Nothing is exported: the numpy array at the start of the view's chain is the MLX
+    array's own export (framework_buffer made it), starting where the array does."""
     a = view
     while isinstance(a.base, np.ndarray):
         a = a.base
     obj = a.base.obj if isinstance(a.base, memoryview) else None
     if not isinstance(obj, mx.array):
         return None
-    start = np.asarray(obj).ctypes.data
-    return obj, view.ctypes.data - start
+    return obj, view.ctypes.data - a.ctypes.data
 
 
 @dataclass(frozen=True)

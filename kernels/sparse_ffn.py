@@ -77,6 +77,10 @@ class CpuSparseFFN:
         self.spec, self.threads = spec, threads
         self._views = {}  # (address, shape, strides, dtype) -> the slab and its three matrices
 
+    def matrices(self, slab: np.ndarray) -> tuple[StoredMatrix, StoredMatrix, StoredMatrix]:
+        """The kernel's (gate, up, down) views of `slab` (built once per slab)."""
+        return self._matrices(slab)
+
     def _matrices(self, slab: np.ndarray):
         key = (slab.ctypes.data, slab.shape, slab.strides, slab.dtype.str)
         if key not in self._views:

@@ -1,7 +1,8 @@
 """The CPU kernels as torch operators (torch.ops.mlx_flash.*, kernels/torch/ops.cpp): built with
-torch.utils.cpp_extension at first use into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash,
-torch_ops/<hash>; one process builds while others wait on a lock, with a line saying so), then loaded
-once per process. Fake implementations are registered so torch.compile can trace them. Nothing falls
+torch.utils.cpp_extension at first use beside the installed package (mlx_flash/kernels/torch_build/
+<hash>, one build per torch version shared by every cache directory), or, where that folder is not
+writable, into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash, torch_ops/<hash>); one process
+builds while others wait on a lock, with a line saying so; then loaded once per process. Fake implementations are registered so torch.compile can trace them. Nothing falls
 back silently: when the build fails, KernelUnavailableError says why in one line. torch is imported
 only here and by the torch backend.
 """
@@ -26,8 +27,13 @@ SOURCES = ("ops.cpp",)
 _OPS = None
 
 
-def _cache_root() -> str:
-    return os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
+def _build_root() -> str:
+    """Beside the package when it may be written there, else the user's cache."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.access(here, os.W_OK):
+        return os.path.join(here, "torch_build")
+    cache = os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
+    return os.path.join(cache, "torch_ops")
 
 
 def ops():
@@ -41,7 +47,7 @@ def ops():
 
     texts = {name: resources.files("mlx_flash.kernels").joinpath("torch", name).read_text() for name in SOURCES}
     key = hashlib.sha256("".join(texts.values()).encode() + f"torch {torch.__version__} {sys.version}".encode())
-    where = os.path.join(_cache_root(), "torch_ops", key.hexdigest()[:16])
+    where = os.path.join(_build_root(), key.hexdigest()[:16])
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, ".lock"), "w") as lock:
         try:
@@ -56,7 +62,7 @@ def ops():
                 with open(path, "w") as fh:
                     fh.write(text)
         if not built:
-            print("building the torch operators of mlx_flash's CPU kernels (once per torch version; about 30 s)",
+            print("building the torch operators of mlx_flash's CPU kernels (once per torch version; about 15 s)",
                   file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -153,6 +159,17 @@ class TorchMatrix:
         st, bits, group = self.op.quant
         return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, self.n_out,
                                       self.op.transposed, self.op.layout, self.threads)
+
+    def sparse(self, x, ids, n: int):
+        """The product over n listed units (StoredMatrix.sparse's meaning; ids an int32 tensor, each
+        checked by the caller to lie in range)."""
+        w, s, b = self.offsets
+        st, bits, group = self.op.quant
+        axis = self.op.sparse_axis
+        n_out = n * self.op.rpb if axis == "blocks" else self.n_out
+        return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, n_out,
+                                      self.op.transposed, self.op.layout, self.threads, ids,
+                                      2 if axis == "groups" else 1)
 
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:

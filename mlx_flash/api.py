@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from .backends import get_backend
+from .backends.choice import choose_backend
 from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode, default_cache_dir
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
@@ -24,7 +26,7 @@ from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
 
 
-def load(model: str | None = None, backend: str = "mlx", ffn: str = "auto", *, memory_budget: str | int = "auto",
+def load(model: str | None = None, backend: str = "auto", ffn: str = "auto", *, memory_budget: str | int = "auto",
          weights_budget: str | int | None = None, context: int = 0,
          precision: str = "auto", threads: int | None = None, progress: bool = True,
          flash: FlashOptions | None = None, experts: ExpertOptions | None = None, io: IOOptions | None = None,
@@ -34,7 +36,8 @@ def load(model: str | None = None, backend: str = "mlx", ffn: str = "auto", *, m
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
         mlx-community model directory (converted into the cache on first use).
-    backend: "mlx" or "torch". ffn: "auto" (resident when the model fits memory_budget, else exact
+    backend: "auto" (MLX on Apple silicon; elsewhere torch when installed, else MLX on the CPU), "mlx"
+        or "torch". ffn: "auto" (resident when the model fits memory_budget, else exact
         streaming), "resident", "stream" or "sparse" (LLM in a flash on dense models; on MoE models
         "stream" and "sparse" both read experts when routed into a cache).
     memory_budget: the cap on the whole process's peak RSS ("auto", "60%" of the available memory,
@@ -56,6 +59,8 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     """load() for a whole EngineConfig (the chat builds one from its flags). batch: for the throughput
     mode (generate_batch), ffn="auto" streams whole FFN layers when the model does not fit."""
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
+    chosen, why = choose_backend(cfg.backend.value, cfg.device)
+    cfg = dataclasses.replace(cfg, backend=Backend(chosen))
     store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
                        progress, cfg.cache_dir)
     check_backend_room(limit, cfg.backend.value, process_rss(), cfg.cache_dir or default_cache_dir())
@@ -76,16 +81,18 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     cfg = resolve_ffn(cfg, store, plan, batch)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
     slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),
-                                                    cfg.io.mode.value, cfg.io.threads, progress)) if streamed else None
+                                                    cfg.io.mode.value, cfg.io.threads, progress), ops) if streamed else None
     weights = module.build(ops, args, resident_getter(ops, store, slots))
     held = ops.held_bytes(weights)  # before the layers are wrapped: counting them must not read them
     if slots is not None:
         for i in streamed:
-            slots.check_views(ops, weights["layers"][i], i)
+            slots.attach(ops, weights["layers"][i], i)
         weights["layers"] = StreamedLayers(weights["layers"], slots)
     ffn_source, account = ffn_source_for(ops, store, cfg, module, args, held, plan, progress)
-    account = {**account, "streamed_layers": len(streamed), "layer_slots": slots.nbytes if slots else 0}
+    account = {**account, "streamed_layers": len(streamed), "layer_slots": slots.nbytes if slots else 0,
+               "backend": f"{ops.describe()} ({why})"}
     if progress:
+        print(f"backend: {account['backend']}", file=sys.stderr)
         print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
     engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store,
                     {**plan.account(), **account}, kv_tokens=plan.kv_tokens, layer_slots=slots)

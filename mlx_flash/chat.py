@@ -82,6 +82,8 @@ def format_stats(engine) -> str:
     if s.draft_proposed:
         text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
     plan = engine.memory_plan
+    if "backend" in plan:
+        text += f"\nbackend: {plan['backend']}"
     if "limit" in plan:
         text += (f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "
                  f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); KV planned for {plan['kv_tokens']} tokens"

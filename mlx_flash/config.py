@@ -22,6 +22,7 @@ class FFNMode(Enum):
 
 
 class Backend(Enum):
+    AUTO = "auto"  # chosen at load (backends/choice.py): MLX on Apple silicon, else torch when installed, else MLX
     MLX = "mlx"  # Metal on a Mac, CPU elsewhere
     TORCH = "torch"  # CPU / CUDA
 
@@ -37,7 +38,9 @@ def default_cache_dir() -> str:
 
 @dataclass
 class EngineConfig:
-    backend: Backend = option(Backend.MLX, "compute backend: mlx (Metal on a Mac, CPU elsewhere) or torch (CPU / CUDA)")
+    backend: Backend = option(Backend.AUTO, "compute backend: auto (the default: MLX on Apple silicon; elsewhere torch "
+                              "when it is installed, CUDA when present, else MLX on the CPU), mlx (Metal on a Mac, "
+                              "CPU elsewhere) or torch (CPU / CUDA)")
     ffn: FFNMode = option(FFNMode.AUTO, "FFN weights: auto (the default: resident when the model fits the memory "
                           "budget, else exact streaming: a hybrid sparse FFN whose resident share is what fits, "
                           "the rest read every token; MoE: streamed experts), resident (in memory), stream (read "

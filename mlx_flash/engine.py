@@ -309,7 +309,8 @@ class Engine:
         s, ls = self.ffn.stats(), self.layer_slots
         if ls is None:
             return s.io_seconds, s.mem_seconds, s.bytes_read, s.reads
-        return s.io_seconds + ls.wait_seconds, s.mem_seconds, s.bytes_read + ls.bytes_read, s.reads + ls.reads
+        nbytes, reads = ls.read_counts
+        return s.io_seconds + ls.blocked_seconds, s.mem_seconds, s.bytes_read + nbytes, s.reads + reads
 
     def _step_stats(self, t_start: float, io0) -> TokenStats:
         wall = time.perf_counter() - t_start

@@ -6,9 +6,12 @@ streamed layer's read is started meanwhile, so reading overlaps compute.
 A streamed layer's backend weights are built once, at load, while its bytes are in its slot: the
 large parts (packed codes, scales, biases) are views of the slot, so each re-read refreshes them in
 place; small parts a backend copies (norm vectors) were copied from the layer's own bytes and stay
-right. Compute must have finished reading a slot before it is refilled: the CPU kernel runs when a
-linear is called, so a layer's products are done when the next layer starts (backends whose weights
-are not views of host memory cannot stream layers: `LayerSlots.check_views`).
+right (backends whose weights are not views of host memory cannot stream layers: `attach`).
+Compute must have finished reading a slot before it is refilled. On an eager backend (torch) the
+kernel runs when a linear is called, so a layer's products are done when the next layer starts. On a
+lazy one (MLX) a token's forward is evaluated once: each time the graph reaches a streamed layer it
+claims the layer's slot (slot_turns.py), and the read and the layer's products take turns inside the
+graph, the slots in the backend's own memory.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from .store.store import Store, tensor_view
 
 
 class LayerSlots:
-    def __init__(self, store: Store, layers: list[int], pool):
+    def __init__(self, store: Store, layers: list[int], pool, ops=None):
+        """`ops`: the backend; a lazy one gets slots in its memory and turns (slot_turns.py)."""
         regions = store.layer_regions()
         if regions is None:
             raise ConfigError(f"{store.path}: its resident file does not keep each layer's tensors together "
@@ -33,8 +37,12 @@ class LayerSlots:
         self.regions = {i: regions[i] for i in self.order}
         size = max(n for _, _, n in self.regions.values())
         n_slots = min(2, len(self.order))
-        self._mems = [mmap.mmap(-1, max(size, 1)) for _ in range(n_slots)]  # page-aligned for direct reads
-        self.slots = [np.frombuffer(m, dtype=np.uint8) for m in self._mems]
+        self.turns = ops.slot_turns("mlx-flash-layer-turns") if ops is not None and ops.lazy else None
+        if ops is not None:  # the backend's memory, page-aligned: its kernels read it where it was read to
+            self.slots = [ops.host_buffer(max(size, 1)) for _ in range(n_slots)]
+        else:
+            self._mems = [mmap.mmap(-1, max(size, 1)) for _ in range(n_slots)]  # page-aligned for direct reads
+            self.slots = [np.frombuffer(m, dtype=np.uint8) for m in self._mems]
         self.slot_of = {layer: k % n_slots for k, layer in enumerate(self.order)}
         self.holds: list[int | None] = [None] * n_slots  # the layer each slot's bytes are
         self.pending: dict[int, tuple[int, object]] = {}  # slot -> (layer, batch) being read
@@ -70,6 +78,18 @@ class LayerSlots:
         self.wait_seconds += time.perf_counter() - t
         self.holds[s] = layer
 
+    def claim(self, layer: int) -> None:
+        """A lazy graph reaches `layer`: its slot's next turn reads it (unless the slot holds it), once
+        the slot's previous layer is computed; the layer's products wait for the read in the graph."""
+        s = self.slot_of[layer]
+        self._drop_pending(s)  # a read started at load
+        if self.holds[s] == layer:
+            self.turns.claim(s, lambda: None)
+            return
+        self.holds[s] = layer
+        rng = self._range(layer)
+        self.turns.claim(s, lambda: self.pool.submit([rng]).wait())
+
     def prefetch_after(self, layer: int) -> None:
         """Start reading the streamed layer after `layer` (the first one after the last: the next
         token's) into its slot, unless that slot is the one `layer` computes from."""
@@ -97,6 +117,25 @@ class LayerSlots:
         self.bytes_read += batch.bytes_read
         self.reads += batch.reads
 
+    def attach(self, ops, layer_weights, layer: int) -> None:
+        """The layer's weights, built while its bytes were in its slot: checked to be views of the slot
+        (check_views), and on a lazy backend made to take the slot's turns."""
+        self.check_views(ops, layer_weights, layer)
+        if self.turns is not None:
+            ops.gate_weights(layer_weights, self.turns.gate(self.slot_of[layer]))
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time compute waited for streamed layers' reads (in Python, or inside the graph)."""
+        return self.wait_seconds + (self.turns.wait_seconds if self.turns is not None else 0.0)
+
+    @property
+    def read_counts(self) -> tuple[int, int]:
+        """(bytes read, reads) for streamed layers since load."""
+        if self.turns is None:
+            return self.bytes_read, self.reads
+        return self.bytes_read + self.turns.bytes_read, self.reads + self.turns.reads
+
     def check_views(self, ops, layer_weights, layer: int) -> None:
         """Refuse a backend that copied the layer's large parts instead of viewing its slot: those
         copies would hold the layer in memory the plan gave to other things."""
@@ -111,6 +150,8 @@ class LayerSlots:
         """Wait for reads in flight (they write into the slots), then close the reader pool."""
         for s in list(self.pending):
             self._drop_pending(s)
+        if self.turns is not None:
+            self.turns.close()
         self.pool.close()
 
 
@@ -130,8 +171,11 @@ class StreamedLayers(Sequence):
         if i < 0:
             i += len(self)
         if i in self.slots:
-            self.slots.ensure(i)
-            self.slots.prefetch_after(i)
+            if self.slots.turns is not None:
+                self.slots.claim(i)
+            else:
+                self.slots.ensure(i)
+                self.slots.prefetch_after(i)
         return self._layers[i]
 
     def __iter__(self):

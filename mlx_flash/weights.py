@@ -89,7 +89,7 @@ def resident_getter(ops, store: Store, slots=None):
     """get(name) for model.build(): a backend Weight for linears/embeddings (given without
     ".weight"; a list of names gives them fused), a backend array for vectors (given in full);
     None for absent optional tensors. The layers of `slots` (streamed) are views of their slot."""
-    arrays = _Tensors(store.read_resident(slots.order if slots is not None else ()), slots)
+    arrays = _Tensors(store.read_resident(slots.order if slots is not None else (), ops.host_buffer), slots)
     quant = store.manifest.quant
     dropped = dropped_tensors(store)  # an inner pipeline stage's: embeddings, head (its blocks never read them)
 
@@ -223,14 +223,63 @@ class ResidentFFN(LayerSource):
         layout = store.manifest.ffn
         reader = FFNReader(pool, store.file_path(layout.file), layout)
         own = in_place(ops, layout)  # weights that are views need each layer in a buffer of its own
-        self.layers = [bundle_weights(ops, layout, reader.read_layer(i).copy() if own else reader.read_layer(i), i)
-                       for i in range(len(layout.layer_offsets))]
+        self.layers = [bundle_weights(ops, layout, reader.read_into(i, ops.host_buffer) if own else reader.read_layer(i),
+                                      i) for i in range(len(layout.layer_offsets))]
 
     def layer(self, i: int, x=None) -> FFNWeights:
         return self.layers[i]
 
     def close(self) -> None:
         self.layers = []
+
+
+class TurnedLayers:
+    """FFN layers read per call into a reader's buffers (the backend's memory), taking turns with a
+    lazy graph (slot_turns.py): each call claims the next buffer; the read (and `fill`, which writes
+    into the rows read, e.g. hybrid's resident rows) runs once the buffer's previous layer is
+    computed, and the products wait for it inside the graph. A layer's weights over a buffer are built
+    once and kept (views of the buffer), so a call builds nothing."""
+
+    def __init__(self, ops, reader: FFNReader, name: str):
+        self.ops, self.reader = ops, reader
+        self.turns = ops.slot_turns(name)
+        self.calls = 0
+        self.holds: list = [None] * len(reader.bufs)
+        self.weights: dict[tuple[int, int], FFNWeights] = {}
+
+    def layer(self, i: int, skip_rows: int = 0, fill=None) -> FFNWeights:
+        b = self.calls % len(self.reader.bufs)
+        self.calls += 1
+        rows = self.reader.rows_of(b)
+        if self.holds[b] == i:  # this buffer still holds the layer
+            self.turns.claim(b, lambda: None)
+        else:
+            self.holds[b] = i
+
+            def read():
+                batch = self.reader.read_rows(i, b, skip_rows)
+                if fill is not None:
+                    fill(rows)
+                return batch
+
+            self.turns.claim(b, read)
+        w = self.weights.get((b, i))
+        if w is None:
+            w = self.weights[(b, i)] = bundle_weights(self.ops, self.reader.layout, rows, i)
+            self.ops.gate_weights(w, self.turns.gate(b))
+        return w
+
+    def close(self) -> None:
+        self.turns.close()
+
+
+def turned_layers(ops, reader: FFNReader, name: str) -> TurnedLayers | None:
+    """TurnedLayers for a lazy backend when the layout's weights are views of the buffer (in_place);
+    None where layers are read and computed in turn in Python (an eager backend, or weights built as
+    copies, which would copy a buffer before its read)."""
+    if not (ops.lazy and in_place(ops, reader.layout)):
+        return None
+    return TurnedLayers(ops, reader, name)
 
 
 class StreamedFFN(LayerSource):
@@ -244,7 +293,9 @@ class StreamedFFN(LayerSource):
         self.ops = ops
         self.pool = pool
         self.layout = store.manifest.ffn
-        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch=True)
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch=True,
+                                alloc=ops.host_buffer)
+        self.turned = turned_layers(ops, self.reader, "mlx-flash-ffn-turns")
         self.mem_seconds = 0.0
         self.held: dict[int, FFNWeights] = {}
 
@@ -252,6 +303,8 @@ class StreamedFFN(LayerSource):
         w = self.held.get(i)
         if w is not None:
             return w
+        if self.turned is not None:
+            return self.turned.layer(i)
         rows = self.reader.read_layer(i)
         t = time.perf_counter()
         w = bundle_weights(self.ops, self.layout, rows, i)
@@ -264,17 +317,24 @@ class StreamedFFN(LayerSource):
         next one's read started when a layer is handed out unless `read_ahead` is off (the
         no-overlap ablation). Returns the bytes held."""
         n = len(self.layout.layer_offsets)
-        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout, self.reader.read_layer(i).copy(), i)
+        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout,
+                                                           self.reader.read_into(i, self.ops.host_buffer), i)
                      for i in range(resident)}
         self.reader.order = list(range(resident, n)) or list(range(n))
         self.reader.prefetch = read_ahead
         return resident * self.layout.layer_nbytes
 
     def stats(self) -> FFNStats:
-        r = self.reader
-        return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads)
+        r, t = self.reader, self.turned
+        if t is None:
+            return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read,
+                            reads=r.reads)
+        return FFNStats(io_seconds=r.wait_seconds + t.turns.wait_seconds, mem_seconds=self.mem_seconds,
+                        bytes_read=r.bytes_read + t.turns.bytes_read, reads=r.reads + t.turns.reads)
 
     def close(self) -> None:
         self.held = {}
+        if self.turned is not None:
+            self.turned.close()
         self.reader.close()
         self.pool.close()

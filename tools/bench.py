@@ -105,7 +105,8 @@ def main() -> int:
             results["llama.cpp"] = "not installed"
         else:
             gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
-            llm = Llama(gguf, n_ctx=1024, n_threads=a.threads, n_batch=512, verbose=False)
+            llm = Llama(gguf, n_ctx=max(1024, len(ids) + a.gen_tokens + 16), n_threads=a.threads, n_batch=512,
+                        verbose=False)
             results["llama.cpp"] = measure(lambda: run_llama_cpp(llm, ids, a.gen_tokens), a.runs)
     print(f"\nprompt {a.prompt_tokens} tokens, generate {a.gen_tokens}, median of {a.runs} runs, {a.threads} threads")
     print(f"{'config':<14}{'prefill tok/s':>15}{'decode tok/s':>15}")
@@ -118,7 +119,9 @@ def main() -> int:
         ref = results["llama.cpp"]["decode_tps"]
         for name, r in results.items():
             if name != "llama.cpp" and isinstance(r, dict):
-                print(f"decode ratio {name} / llama.cpp = {r['decode_tps'] / ref:.2f}")
+                print(f"decode ratio {name} / llama.cpp = {r['decode_tps'] / ref:.2f}; prefill ratio "
+                      f"{r['prefill_tps'] / results['llama.cpp']['prefill_tps']:.2f} "
+                      f"({len(ids) / r['prefill_tps']:.2f} s against {len(ids) / results['llama.cpp']['prefill_tps']:.2f} s)")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:

@@ -39,6 +39,7 @@ namespace {
 constexpr int KB = 64;  // keys per block
 constexpr int TQ = 16;  // queries per tile
 constexpr int L = 16;   // lanes of the partial sums and maxima
+constexpr int RB = 4;   // query rows computed together
 
 struct Attn {
   const float* q;
@@ -121,7 +122,7 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   for (int64_t r = 0; r < R; r++) s.m[r] = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < R * L; i++) s.l[i] = 0.f;
   const int64_t kend = std::min(len, pos + t1);  // keys the last query sees
-  alignas(64) float sc[KB];
+  alignas(64) float sc[RB][KB];
   for (int64_t j0 = 0; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
     for (int64_t j = 0; j < nk; j++) {  // the block's keys transposed, its values as rows
@@ -134,46 +135,79 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
     }
     for (int64_t j = nk; j < KB; j++)
       for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
-    for (int64_t r = 0; r < R; r++) {
-      const int64_t t = t0 + r % nt;
-      const int64_t lim = std::min(len, pos + t + 1) - j0;  // keys of this block row r sees: [0, lim)
-      if (lim <= 0) continue;
-      const float* qr = q + r * hdp;
-      for (int j = 0; j < KB; j++) sc[j] = 0.f;
-      for (int64_t d = 0; d < hd; d++) {
-        const float qd = qr[d];
-        const float* kd = kt + d * KB;
-        for (int j = 0; j < KB; j++) sc[j] += qd * kd[j];
+    // RB query rows at a time: each key (and value) vector loaded once for all of them, their
+    // partial sums held in registers across the head dimension (scores) or the block (outputs).
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      const int nr = (int)std::min<int64_t>(RB, R - r0);
+      int64_t lim[RB];
+      for (int rr = 0; rr < RB; rr++) {  // keys of this block row r0 + rr sees: [0, lim)
+        const int64_t t = t0 + (r0 + std::min(rr, nr - 1)) % nt;
+        lim[rr] = rr < nr ? std::min(len, pos + t + 1) - j0 : 0;
       }
-      float mx[L];
-      for (int i = 0; i < L; i++) mx[i] = -std::numeric_limits<float>::infinity();
-      for (int j0l = 0; j0l < KB; j0l += L)
-        for (int i = 0; i < L; i++) {
-          const float v = j0l + i < lim ? sc[j0l + i] : -std::numeric_limits<float>::infinity();
-          mx[i] = v > mx[i] ? v : mx[i];
+      for (int jc = 0; jc < KB; jc += L) {
+        float a[RB][L];
+        for (int rr = 0; rr < RB; rr++)
+          for (int i = 0; i < L; i++) a[rr][i] = 0.f;
+        for (int64_t d = 0; d < hd; d++) {
+          const float* kd = kt + d * KB + jc;
+          for (int rr = 0; rr < RB; rr++) {
+            const float qd = q[(r0 + std::min(rr, nr - 1)) * hdp + d];
+            for (int i = 0; i < L; i++) a[rr][i] += qd * kd[i];
+          }
         }
-      float mb = mx[0];
-      for (int i = 1; i < L; i++) mb = mx[i] > mb ? mx[i] : mb;
-      const float m_old = s.m[r], m_new = mb > m_old ? mb : m_old;
-      const float c = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_neg(m_old - m_new);
-      float* lr = s.l.data() + r * L;
-      for (int i = 0; i < L; i++) lr[i] *= c;
-      for (int j0l = 0; j0l < KB; j0l += L)
-        for (int i = 0; i < L; i++) {
-          const float e = exp_neg(sc[j0l + i] - m_new);
-          const float pj = j0l + i < lim ? e : 0.f;
-          sc[j0l + i] = pj;
-          lr[i] += pj;
-        }
-      float* ar = acc + r * hdp;
-      for (int64_t d = 0; d < hdp; d++) ar[d] *= c;
-      const int64_t last = std::min<int64_t>(nk, lim);
-      for (int64_t j = 0; j < last; j++) {
-        const float pj = sc[j];
-        const float* vj = vb + j * hdp;
-        for (int64_t d = 0; d < hdp; d++) ar[d] += pj * vj[d];
+        for (int rr = 0; rr < RB; rr++)
+          for (int i = 0; i < L; i++) sc[rr][jc + i] = a[rr][i];
       }
-      s.m[r] = m_new;
+      float c[RB];
+      for (int rr = 0; rr < RB; rr++) {
+        const int64_t r = r0 + rr;
+        c[rr] = 1.f;
+        if (lim[rr] <= 0) {  // a row that sees no key of this block: its sums stay as they are
+          for (int j = 0; j < KB; j++) sc[rr][j] = 0.f;
+          continue;
+        }
+        float mx[L];
+        for (int i = 0; i < L; i++) mx[i] = -std::numeric_limits<float>::infinity();
+        for (int j0l = 0; j0l < KB; j0l += L)
+          for (int i = 0; i < L; i++) {
+            const float v = j0l + i < lim[rr] ? sc[rr][j0l + i] : -std::numeric_limits<float>::infinity();
+            mx[i] = v > mx[i] ? v : mx[i];
+          }
+        float mb = mx[0];
+        for (int i = 1; i < L; i++) mb = mx[i] > mb ? mx[i] : mb;
+        const float m_old = s.m[r], m_new = mb > m_old ? mb : m_old;
+        c[rr] = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_neg(m_old - m_new);
+        float* lr = s.l.data() + r * L;
+        for (int i = 0; i < L; i++) lr[i] *= c[rr];
+        for (int j0l = 0; j0l < KB; j0l += L)
+          for (int i = 0; i < L; i++) {
+            const float e = exp_neg(sc[rr][j0l + i] - m_new);
+            const float pj = j0l + i < lim[rr] ? e : 0.f;
+            sc[rr][j0l + i] = pj;
+            lr[i] += pj;
+          }
+        s.m[r] = m_new;
+      }
+      int64_t last = 0;
+      for (int rr = 0; rr < nr; rr++) last = std::max(last, std::min<int64_t>(nk, lim[rr]));
+      for (int64_t dc = 0; dc < hdp; dc += L) {
+        float a[RB][L];
+        for (int rr = 0; rr < RB; rr++) {
+          const float* ar = acc + (r0 + std::min(rr, nr - 1)) * hdp + dc;
+          for (int i = 0; i < L; i++) a[rr][i] = ar[i] * c[rr];
+        }
+        for (int64_t j = 0; j < last; j++) {
+          const float* vj = vb + j * hdp + dc;
+          for (int rr = 0; rr < RB; rr++) {
+            const float pj = sc[rr][j];
+            for (int i = 0; i < L; i++) a[rr][i] += pj * vj[i];
+          }
+        }
+        for (int rr = 0; rr < nr; rr++) {
+          float* ar = acc + (r0 + rr) * hdp + dc;
+          for (int i = 0; i < L; i++) ar[i] = a[rr][i];
+        }
+      }
     }
   }
   for (int64_t g = 0; g < G; g++)

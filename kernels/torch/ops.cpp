@@ -6,7 +6,7 @@
 // (mlx_flash/kernels/torch_ops.py). Built at first use into the cache.
 #include <dlfcn.h>
 #include <torch/library.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <string>

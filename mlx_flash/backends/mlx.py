@@ -2,26 +2,30 @@
 
 Metal on Apple silicon, CPU elsewhere. Activations are float32 on the CPU device (MLX's CPU
 kernels are slow in half precision) and float16 on the GPU. Quantized linears: on the GPU
-`mx.quantized_matmul` on the packed arrays; on the CPU the stored bytes stay numpy arrays that the
-fused CPU kernel (mlx_flash.kernels.qmatmul) computes on, since MLX's CPU quantized_matmul is ~7x
-slower (tools/bench_kernel.py); only activations cross between MLX and the kernel.
+`mx.quantized_matmul` on the packed arrays; on the CPU our kernels as MLX primitives
+(mlx_flash.kernels.mlx_kernels: products over the stored bytes, embedding rows, attention) inside
+the lazy graph, since MLX's CPU quantized_matmul is ~7x slower and its CPU attention runs on a
+reference BLAS (tools/bench_kernel.py); a token's forward is built lazily and evaluated once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, dequantize_rows, library
+from ..kernels import mlx_kernels
+from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
 from ..ffn_source import GateActivation
 from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
+from ..slot_turns import SlotTurns
 from ..memory.process_plan import MLX_CACHE_LIMIT
 
-from . import block_matrix, cpu_threads
+from . import block_matrix, cpu_threads, inverse_frequencies, mlx_scores
 
 NAME = "mlx"
 
@@ -36,10 +40,11 @@ class Weight:
     bias: mx.array | None
     quant: QuantSpec | None
     transposed: bool
-    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies, and
-    # the kernel's view of them (checked once at load)
+    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies, the
+    # kernel's view of them (checked once at load) and its graph operation
     stored: tuple | None = None
     matrix: StoredMatrix | None = None
+    graph: mlx_kernels.GraphMatrix | None = None
 
 
 class MLXOps:
@@ -54,16 +59,51 @@ class MLXOps:
         # Times this backend turned a lazy array into host memory (each one evaluates the graph and
         # waits for it): the host syncs a decode step costs (tools/bench_kernels.py --syncs).
         self.host_syncs = 0
+        self._rope_freqs: dict = {}  # (dims, base) -> inverse frequencies, for the CPU rope
+        self._turns: list[SlotTurns] = []  # streamed slots' turns, settled after each evaluation
+        self._slabs: dict = {}  # (address, shape) of a sparse FFN's slab -> (slab, its graph operations)
         # MLX keeps freed buffers for reuse; the memory plan counts this cache at its cap, not at
         # whatever a long prefill left in it.
         mx.set_cache_limit(MLX_CACHE_LIMIT)
         if not self.on_gpu:
-            library()  # a missing or stale kernel library fails here, at load, naming the fix
+            mlx_kernels.extension()  # a missing, stale or mismatched kernel build fails here, at load, naming the fix
 
     def describe(self) -> str:
         if self.on_gpu:
             return f"mlx {mx.__version__} (gpu)"
-        return f"mlx {mx.__version__} (cpu; quantized linears on the stored bytes, {self.kernel_threads} kernel threads)"
+        return (f"mlx {mx.__version__} (cpu; products, embedding rows and attention as MLX primitives over the "
+                f"stored bytes, {self.kernel_threads} kernel threads)")
+
+    @property
+    def lazy(self) -> bool:
+        """Whether a product runs when the graph is evaluated, not when it is called: streamed slots
+        then take turns inside the graph (slot_turns.py)."""
+        return not self.on_gpu
+
+    def slot_turns(self, name: str) -> SlotTurns:
+        """Turns of a set of streamed slots (slot_turns.SlotTurns over this backend's fences); each
+        host round trip settles them (every claim built so far has run)."""
+        ext = mlx_kernels.extension()
+        turns = SlotTurns(ext.Fence(), ext.Fence(), name)
+        self._turns.append(turns)
+        return turns
+
+    def gate_weights(self, tree, gate) -> None:
+        """Make every product over the weights of `tree` (a layer's) wait for `gate`'s turn."""
+        for w in _weights_in(tree):
+            if w.graph is not None:
+                w.graph.gate = gate
+
+    def _settle(self) -> None:
+        for turns in self._turns:
+            turns.settle()
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """Memory for bytes read from the store, as a writable uint8 numpy view (page-aligned): on the
+        CPU memory MLX allocated, which the primitives take as inputs where the read put it."""
+        if self.on_gpu:
+            return np.empty(nbytes, np.uint8)
+        return mlx_kernels.framework_buffer(nbytes)
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
@@ -102,12 +142,14 @@ class MLXOps:
                           self._opt(parts, "bias", dtypes), None, transposed)
         if quant.is_block:  # GGUF block rows: the CPU block kernel (on a GPU too: no Metal kernel yet)
             matrix = block_matrix(parts["weight"], quant, transposed)
-            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix)
+            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix,
+                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
         if not self.on_gpu and quant.bits in KERNEL_BITS:
             stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
                       np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
             matrix = StoredMatrix(*stored[:3], quant.bits, quant.group_size, not transposed, stored[3])
-            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored, matrix)
+            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored, matrix,
+                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
         # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
         return Weight(
             mx.array(parts["weight"]), self.array(parts["scales"], dtypes.get("scales")),
@@ -122,7 +164,8 @@ class MLXOps:
     def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
         """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
         e.g. inside a layer's bundles); not usable as an embedding."""
-        return Weight(None, None, None, None, quant, False, (), matrix)  # () : no arrays of its own to count
+        # () : no arrays of its own to count
+        return Weight(None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
 
     def _opt(self, parts, key, dtypes):
         return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
@@ -132,7 +175,9 @@ class MLXOps:
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
         self.host_syncs += 1
-        return np.array(x.astype(mx.float32))
+        out = np.array(x.astype(mx.float32))
+        self._settle()
+        return out
 
     # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
     def sparse_kernel(self, spec, act: GateActivation):
@@ -149,9 +194,9 @@ class MLXOps:
 
     def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
         """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall), the gate
-        through `act`. On the CPU two host round trips per layer: x out and the products back (MLX's own
-        activation, so a step equals the resident model's to the bit), the activations out and y back.
-        The Metal kernel fuses SwiGLU; sparse_kernel gives other gates none (the reference path)."""
+        through `act`. On the CPU the kernel's products over the active slots of the slab (a neuron
+        cache in MLX memory) are nodes of the graph like any product: no host round trip. The Metal
+        kernel fuses SwiGLU; sparse_kernel gives other gates none (the reference path)."""
         shape = x.shape
         if self.on_gpu:  # the slab crosses once per call (mx.array copies host memory)
             k, T = call.kernel, x.size // shape[-1]
@@ -162,14 +207,27 @@ class MLXOps:
                 pad[:, :call.mask.shape[1]] = call.mask
                 h = h * mx.array(pad)
             return k.down(h, slab, idx, count).astype(self.act_dtype).reshape(shape)
-        self.host_syncs += 2
-        x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, shape[-1]), dtype=np.float32))
-        g, u = call.kernel.products(x2, call.slab, call.idx, call.count)
-        h = act.apply(self, mx.array(g)) * mx.array(u)
+        if call.count == 0:
+            return mx.zeros(shape, dtype=self.act_dtype)
+        gate, up, down = self._slab_graphs(call)
+        x2 = x.reshape(-1, shape[-1])
+        ids = mx.array(np.ascontiguousarray(call.idx[:call.count], dtype=np.int32))
+        h = self.gated(act, gate.sparse(x2, ids, call.count), up.sparse(x2, ids, call.count))
         if call.mask is not None:
             h = h * mx.array(call.mask)
-        h = np.ascontiguousarray(np.asarray(h, dtype=np.float32))
-        return mx.array(call.kernel.down(h, call.slab, call.idx, call.count)).reshape(shape)
+        return down.sparse(h, ids, call.count).reshape(shape)
+
+    def _slab_graphs(self, call):
+        """The graph operations of a slab's gate, up and down (kept per slab: a neuron cache's rows
+        stay where they are)."""
+        slab = call.slab
+        key = (slab.ctypes.data, slab.shape)
+        if key not in self._slabs:
+            if len(self._slabs) > 256:  # slabs come and go (whole layers read into transient buffers)
+                self._slabs.clear()
+            self._slabs[key] = (slab, tuple(mlx_kernels.GraphMatrix(m, self.kernel_threads)
+                                            for m in call.kernel.matrices(slab)))
+        return self._slabs[key][1]
 
     def tokens(self, ids) -> mx.array:
         """Token ids [T] (one sequence) or [B, T] -> an int array [1 or B, T]."""
@@ -183,14 +241,14 @@ class MLXOps:
     def materialize(self, *arrays) -> None:
         """Compute lazy arrays now (preallocated buffers then hold their memory)."""
         mx.eval(*arrays)
+        self._settle()
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
-        if w.stored is not None:
-            self.host_syncs += 1
-            x2 = np.ascontiguousarray(np.asarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))  # a view when it can be
-            y = w.matrix(x2, self.kernel_threads)
-            y = mx.array(y).reshape(*x.shape[:-1], y.shape[-1])
+        if w.graph is not None:
+            if w.graph.external:  # evaluated as it is built (kernels/mlx_kernels.py)
+                self.host_syncs += 1
+            y = w.graph(x)
         elif w.quant is not None:
             y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=not w.transposed,
                                     group_size=w.quant.group_size, bits=w.quant.bits)
@@ -199,19 +257,15 @@ class MLXOps:
         return y + w.bias if w.bias is not None else y
 
     def embedding(self, w: Weight, ids: mx.array) -> mx.array:
-        if w.quant is not None and w.quant.is_block:
-            self.host_syncs += 1
-            return mx.array(w.matrix.rows(np.array(ids))).astype(self.act_dtype)
-        if w.stored is not None:
-            self.host_syncs += 1
-            words, scales, biases, bf16 = w.stored
-            i = np.array(ids)
-            return mx.array(dequantize_rows(words[i], scales[i], biases[i], w.quant.bits, w.quant.group_size, bf16))
+        if w.matrix is not None:  # rows of the stored bytes, in the graph (ids are checked by the engine)
+            return w.graph.rows(ids).astype(self.act_dtype)
         if w.quant is None:
             return w.w[ids]
         return mx.dequantize(w.w[ids], w.scales[ids], w.biases[ids], group_size=w.quant.group_size, bits=w.quant.bits)
 
     def rms_norm(self, x, weight, eps: float):
+        if not self.on_gpu:  # MLX's CPU rms_norm is several passes
+            return mlx_kernels.rms_norm(x, weight, eps)
         return mx.fast.rms_norm(x, weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float):
@@ -220,6 +274,11 @@ class MLXOps:
     def rope(self, x, dims: int, traditional: bool, base: float, offset, scale: float = 1.0, freqs=None):
         """offset: the first token's position, one int, or int numpy [B], one per row of a batch.
         freqs: inverse frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
+        if not self.on_gpu:  # MLX's CPU rope is several passes
+            inv = self._inv_freqs(dims, base, freqs)
+            pos = mx.full((x.shape[0],), offset, dtype=mx.int32) if isinstance(offset, int) \
+                else mx.array(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)))
+            return mlx_kernels.rope(x, inv, pos, dims, traditional, scale)
         if isinstance(offset, np.ndarray):
             offset = mx.array(offset.astype(np.int32))
         if freqs is not None:  # mx.fast.rope takes each pair's period (1 / inverse frequency)
@@ -227,9 +286,38 @@ class MLXOps:
                                 freqs=mx.array((1.0 / freqs).astype(np.float32)))
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
 
+    def _inv_freqs(self, dims: int, base: float, freqs) -> mx.array:
+        """Each pair's inverse frequency (float32 [dims / 2]): `freqs`, or base^(-2i / dims); kept per
+        (dims, base) so a decode step builds none."""
+        if freqs is not None:
+            return mx.array(inverse_frequencies(dims, base, freqs))
+        key = (dims, float(base))
+        if key not in self._rope_freqs:
+            self._rope_freqs[key] = mx.array(inverse_frequencies(dims, base))
+        return self._rope_freqs[key]
+
+    def gated(self, act: GateActivation, gate, up):
+        """act(gate) * up, a gated FFN's activations (the one place every path takes them, so sparse
+        and resident steps agree to the bit): SwiGLU in one pass on the CPU."""
+        if act is GateActivation.SILU and not self.on_gpu:
+            return mlx_kernels.silu_mul(gate, up)
+        return act.apply(self, gate) * up
+
+    def write_tokens(self, buffer, x, offset: int):
+        """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.. (a KV cache's
+        append): in place on the CPU, where MLX would copy the whole buffer for a slice update."""
+        if not self.on_gpu:
+            return mlx_kernels.write_tokens(buffer, x, offset)
+        buffer[:, :, offset:offset + x.shape[2], :] = x
+        return buffer
+
     def sdpa(self, q, k, v, scale: float, mask=None):
         """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]. mask: None, "causal" (the last query aligned with the last
-        key) or a boolean mask from `mask` [B, 1, T, S] (True: attend)."""
+        key) or a boolean mask from `mask` [B, 1, T, S] (True: attend). On the CPU the first two run our
+        attention primitive (MLX's CPU attention multiplies on a reference BLAS); a boolean mask runs
+        MLX's."""
+        if not self.on_gpu and (mask is None or isinstance(mask, str)):
+            return mlx_kernels.attention(q, k, v, scale, self.kernel_threads)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
     def mask(self, keep: np.ndarray):
@@ -242,37 +330,9 @@ class MLXOps:
             return mx.array((offset[:, None] + np.arange(T)).astype(np.int32))
         return mx.arange(offset, offset + T)[None]
 
-    def attention_columns(self, q, k, scale: float):
-        """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
-        sdpa's), summed over heads and queries. q [1, Hq, T, hd], k [1, Hkv, S, hd] -> [S] float32
-        (KV compression's information density; reference: service/compression.py)."""
-        _, Hq, T, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        qg = q.astype(mx.float32).reshape(Hkv, (Hq // Hkv) * T, hd)
-        s = (qg @ k[0].astype(mx.float32).transpose(0, 2, 1)) * scale
-        if T > 1:
-            t = mx.arange(T)[:, None] + (S - T)
-            mask = mx.arange(S)[None, :] <= t  # [T, S]
-            s = mx.where(mx.tile(mask, (Hq // Hkv, 1))[None], s, -mx.inf)
-        return mx.softmax(s, axis=-1).sum(axis=(0, 1))
-
-    def top_k_mask(self, q, k, scale: float, mask, keep: float):
-        """Each query's top `keep` share of the keys it may see, as a bool mask [B, Hq, T, S] for sdpa
-        (top-k sparse attention; reference: offload/sparse_attention.top_k_mask_reference)."""
-        B, Hq, T, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        qg = q.astype(mx.float32).reshape(B, Hkv, (Hq // Hkv) * T, hd)
-        s = ((qg @ k.astype(mx.float32).transpose(0, 1, 3, 2)) * scale).reshape(B, Hq, T, S)
-        if mask is None:
-            vis = mx.ones((1, 1, T, S), dtype=mx.bool_)
-        elif isinstance(mask, str):
-            vis = (mx.arange(S)[None, :] <= mx.arange(T)[:, None] + (S - T))[None, None]
-        else:
-            vis = mask
-        s = mx.where(vis, s, -mx.inf)
-        n = mx.maximum(mx.ceil(vis.sum(axis=-1, keepdims=True).astype(mx.float32) * keep), 1).astype(mx.int32)
-        thr = mx.take_along_axis(mx.sort(s, axis=-1), mx.broadcast_to(S - n, (B, Hq, T, 1)), axis=-1)
-        return (s >= thr) & vis
+    # attention scores for KV compression and top-k sparse attention (backends/mlx_scores.py)
+    attention_columns = mlx_scores.attention_columns
+    top_k_mask = mlx_scores.top_k_mask
 
     silu = staticmethod(lambda x: x * mx.sigmoid(x))
     relu = staticmethod(lambda x: mx.maximum(x, 0))
@@ -323,3 +383,18 @@ class MLXOps:
 
     def last_token(self, x):
         return x[:, -1:, :]
+
+
+def _weights_in(tree):
+    """The Weight leaves of a weights tree (dicts, lists, tuples, dataclasses such as FFNWeights)."""
+    if isinstance(tree, Weight):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _weights_in(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _weights_in(v)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for f in dataclasses.fields(tree):
+            yield from _weights_in(getattr(tree, f.name))

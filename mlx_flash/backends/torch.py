@@ -15,19 +15,21 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..kernels import torch_ops
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..ffn_source import GateActivation
-from ..kernels.sparse_ffn import CpuSparseFFN
 from ..quant_spec import QuantSpec
 
-from . import block_matrix, cpu_threads
-from . import torch_scores
-from .torch_quant import dequantize, unpack_bits
+from . import block_matrix, cpu_threads, inverse_frequencies
+from . import torch_scores, torch_sparse
+from .torch_quant import dequantize, int4pack, unpack_bits
+from .torch_rope import RopeTables
 
 try:
     import torch
@@ -54,8 +56,9 @@ class Weight:
     # The stored quantized triple, kept for embedding lookups (rows dequantized on demand).
     q: tuple | None = None
     quant: QuantSpec | None = None
-    # "stored": the kernel's view of q's memory (checked once at load)
+    # "stored": the kernel's view of q's memory (checked once at load), and its torch operator
     matrix: StoredMatrix | None = None
+    op: "torch_ops.TorchMatrix | None" = None
 
 
 class TorchOps:
@@ -81,8 +84,11 @@ class TorchOps:
         self.kernel_threads = threads or cpu_threads()
         if self.stored_kernel:
             library()  # a missing or stale kernel library fails here, at load, naming the fix
+            torch_ops.ops()  # built on first use; a failed build is named here, at load
             torch.set_num_threads(1)
-        self._rope_tables: dict = {}
+        self._rope_tables = RopeTables()
+        self._inv_freqs: dict = {}  # (dims, base) -> inverse frequencies, for the CPU rope
+        self._slabs: dict = {}  # (address, shape) of a sparse FFN's slab -> (slab, its operators)
 
     def describe(self) -> str:
         if self.stored_kernel:
@@ -130,7 +136,8 @@ class TorchOps:
                 raise ConfigError(f"{quant.kind} weights run on the CPU block kernel, with float32 activations; "
                                   f"this torch backend ({self.describe()}) has no kernel for them yet")
             matrix = block_matrix(parts["weight"], quant, transposed)
-            return Weight("stored", None, None, quant.group_size, matrix.n_out, bias, (matrix.raw,), quant, matrix)
+            return Weight("stored", None, None, quant.group_size, matrix.n_out, bias, (matrix.raw,), quant, matrix,
+                          torch_ops.TorchMatrix(matrix, self.kernel_threads))
         if self.stored_kernel and quant.bits in KERNEL_BITS:
             return self._stored(parts, quant, transposed, dtypes, bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
@@ -138,7 +145,7 @@ class TorchOps:
         biases = self.array(parts["biases"], dtypes.get("biases"))
         q = (packed, scales, biases)
         if self.int4_kernel and not transposed and quant.bits in (4, 8):
-            packed_w = self._int4pack(unpack_bits(packed, quant.bits).to(torch.int32), scales, biases, quant)
+            packed_w = int4pack(unpack_bits(packed, quant.bits).to(torch.int32), scales, biases, quant)
             if packed_w is not None:
                 kind, w4, sz = packed_w
                 return Weight(kind, w4, sz, quant.group_size, scales.shape[0], bias, q, quant)
@@ -157,7 +164,8 @@ class TorchOps:
         q = (torch.from_numpy(words.view(np.int32)), self.array(scales, dtypes.get("scales"), cast=False),
              self.array(biases, dtypes.get("biases"), cast=False))
         matrix = StoredMatrix(words, scales, biases, quant.bits, quant.group_size, not transposed, bf16)
-        return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix)
+        return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix,
+                      torch_ops.TorchMatrix(matrix, self.kernel_threads))
 
     @property
     def in_place_kernel(self) -> bool:
@@ -171,71 +179,23 @@ class TorchOps:
         if not self.stored_kernel:
             raise ConfigError(f"{quant.kind or f'{quant.bits}-bit'} weights laid out in bundles run on the CPU kernel, "
                               f"with float32 activations; this torch backend ({self.describe()}) has none")
-        return Weight("stored", None, None, quant.group_size, matrix.n_out, None, None, quant, matrix)
+        return Weight("stored", None, None, quant.group_size, matrix.n_out, None, None, quant, matrix,
+                      torch_ops.TorchMatrix(matrix, self.kernel_threads))
 
     @staticmethod
     def matmul_only(w: Weight) -> Weight:
         """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""
         return dataclasses.replace(w, q=None)
 
-    @staticmethod
-    def _int4pack(codes, scales, biases, quant: QuantSpec):
-        """Exact re-expression of affine codes for torch's int4 kernel, which computes
-        (c - 8) * scale + zero per group. 4-bit: zero = bias + 8 * scale. 8-bit codes c = 16 h + l
-        become two 4-bit matrices, h with scale 16 s and l with scale s, whose outputs are summed."""
-        n, k = codes.shape
-        if n % 8 or k % quant.group_size or quant.group_size not in (32, 64, 128, 256):
-            return None
-
-        def pack(c, s, z):
-            sz = torch.stack([s.t(), z.t()], dim=-1).contiguous().to(torch.bfloat16)
-            return torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.contiguous(), 1), sz
-
-        if quant.bits == 4:
-            w4, sz = pack(codes, scales, biases + 8 * scales)
-            return "int4", w4, sz
-        hi, lo = codes >> 4, codes & 15
-        w4, sz = pack(torch.cat([hi, lo]), torch.cat([16 * scales, scales]),
-                      torch.cat([128 * scales, biases + 8 * scales]))
-        return "int4x2", w4, sz
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()
 
     # ---- sparse FFN kernels (mlx_flash.kernels.sparse_ffn) ---------------------------------------------
-    def sparse_kernel(self, spec, act: GateActivation):
-        """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec; None: no kernel applies):
-        CUDA on an NVIDIA GPU (built at first use; SwiGLU only: it fuses silu, other gates take the
-        reference path), the CPU kernel otherwise. Chosen once, at load."""
-        if spec is None or (self.device.type == "cuda" and act is not GateActivation.SILU):
-            return None
-        if self.device.type == "cuda":
-            from ..kernels.cuda_sparse import CudaSparseFFN
-
-            return CudaSparseFFN(spec)
-        return CpuSparseFFN(spec, self.kernel_threads)
-
-    def sparse_ffn(self, call, x, act: GateActivation):
-        """x [.., D] -> the FFN output over call's active bundles (an ffn_source.SparseCall), the gate
-        through `act`. The CUDA kernel fuses SwiGLU; sparse_kernel gives other gates none (the
-        reference path)."""
-        shape = x.shape
-        k = call.kernel
-        if self.device.type == "cuda":  # the slab crosses once per call
-            dev = self.device
-            slab = torch.from_numpy(call.slab).to(dev, non_blocking=True)
-            idx = torch.from_numpy(call.idx.astype(np.int32)).to(dev)
-            count = torch.tensor([call.count], dtype=torch.int32, device=dev)
-            h = k.gate_up(x.reshape(-1, shape[-1]).float().contiguous(), slab, idx, count)
-            if call.mask is not None:
-                h[:, :call.mask.shape[1]] *= torch.from_numpy(call.mask).to(dev)
-            return k.down(h, slab, idx, count).to(self.act_dtype).reshape(shape)
-        x2 = x.reshape(-1, shape[-1]).to(torch.float32).contiguous().numpy()
-        g, u = (torch.from_numpy(a) for a in k.products(x2, call.slab, call.idx, call.count))
-        h = act.apply(self, g) * u  # torch's own activation: a step equals the resident model's to the bit
-        if call.mask is not None:
-            h *= torch.from_numpy(call.mask)
-        return torch.from_numpy(k.down(h.numpy(), call.slab, call.idx, call.count)).to(self.act_dtype).reshape(shape)
+    # the sparse FFN kernels' members for torch (backends/torch_sparse.py)
+    sparse_kernel = torch_sparse.sparse_kernel
+    sparse_ffn = torch_sparse.sparse_ffn
+    _slab_ops = torch_sparse.slab_ops
 
     def tokens(self, ids):
         """Token ids [T] (one sequence) or [B, T] -> an int array [1 or B, T]."""
@@ -249,12 +209,34 @@ class TorchOps:
     def materialize(self, *arrays) -> None:
         """Compute lazy arrays now: torch is eager, nothing to do."""
 
+    lazy = False  # eager: a product has run when its call returns, so streamed slots take turns in Python
+
+    def gated(self, act: GateActivation, gate, up):
+        """act(gate) * up, a gated FFN's activations (every path takes them here, so sparse and resident
+        steps agree to the bit): SwiGLU in one pass with the CPU kernel."""
+        if act is GateActivation.SILU and self.stored_kernel:
+            return torch_ops.ops().silu_mul(gate, up)
+        return act.apply(self, gate) * up
+
+    @staticmethod
+    def write_tokens(buffer, x, offset: int):
+        """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.., in place."""
+        buffer[:, :, offset:offset + x.shape[2], :] = x
+        return buffer
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """Memory for bytes read from the store, as a writable uint8 numpy view (page-aligned, so
+        direct reads land in place): with the CPU kernel memory torch allocated, which its operators
+        take where the read put it; else numpy's (torch.from_numpy shares it)."""
+        if self.stored_kernel:
+            return torch_ops.framework_buffer(nbytes)
+        return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=np.uint8)[:nbytes]
+
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
         shape = x.shape
-        if w.kind == "stored":  # float32 in and out: the kernel writes into y's memory
-            y = torch.empty((*shape[:-1], w.out_features))
-            w.matrix.into(x.contiguous().numpy(), x.numel() // shape[-1], y.numpy(), self.kernel_threads)
+        if w.kind == "stored":  # float32 in and out: the kernel's operator on the stored bytes
+            y = w.op(x)
             return y + w.bias if w.bias is not None else y
         x2 = x.reshape(-1, shape[-1])
         if w.kind == "dense":
@@ -271,13 +253,14 @@ class TorchOps:
             return F.embedding(ids, w.w)
         if w.q is None:
             return F.embedding(ids, w.w).to(self.act_dtype)
-        if w.quant.is_block:
-            i = ids.cpu().numpy()
-            return torch.from_numpy(w.matrix.rows(i.reshape(-1)).reshape(*i.shape, -1)).to(self.act_dtype)
+        if w.op is not None:  # rows of the stored bytes (ids are checked by the engine)
+            return w.op.rows(ids).to(self.act_dtype)
         packed, scales, biases = w.q
         return dequantize(packed[ids], scales[ids], biases[ids], w.quant, self.act_dtype)
 
     def rms_norm(self, x, weight, eps: float):
+        if self.stored_kernel:
+            return torch_ops.ops().rms_norm(x, weight, eps)
         return torch.rms_norm(x, (x.shape[-1],), weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float):
@@ -287,41 +270,28 @@ class TorchOps:
         """Same semantics as mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd] from
         position `offset` (an int, or int numpy [B]: one per row of a batch); freqs: inverse
         frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
-        T = x.shape[-2]
-        if isinstance(offset, np.ndarray):
-            tab = self._rope_table(dims, base, scale, int(offset.max()) + T, x.device, freqs)
-            rot = tab[torch.from_numpy(offset[:, None] + np.arange(T)).to(x.device)][:, None]  # [B, 1, T, dims/2]
-        else:
-            rot = self._rope_table(dims, base, scale, offset + T, x.device, freqs)[offset:offset + T]  # [T, dims/2]
-        xr, rest = x[..., :dims], x[..., dims:]
-        if traditional:  # pairs (0,1), (2,3), ... are (real, imag) of one complex number
-            z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], dims // 2, 2).contiguous())
-            out = torch.view_as_real(z * rot).flatten(-2)
-        else:  # halves (0, dims/2), ...
-            cos, sin = rot.real, rot.imag
-            x1, x2 = xr[..., : dims // 2], xr[..., dims // 2:]
-            out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
-
-    def _rope_table(self, dims, base, scale, length, device, freqs=None):
-        """exp(i * position * freq) [positions, dims/2], computed in float64 once, grown by doubling."""
-        key = (dims, base, scale, device, None if freqs is None else freqs.tobytes())
-        tab = self._rope_tables.get(key)
-        if tab is None or tab.shape[0] < length:
-            n = max(length, 2 * tab.shape[0] if tab is not None else 1024)
-            inv = (base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims) if freqs is None
-                   else torch.from_numpy(np.asarray(freqs, np.float64)))
-            ang = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None, :]
-            tab = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(device)
-            self._rope_tables[key] = tab
-        return tab
+        if self.stored_kernel:  # one pass of the CPU kernel (kernels/cpu/pointwise.cpp)
+            key = (dims, float(base))
+            if freqs is not None:
+                inv = torch.from_numpy(inverse_frequencies(dims, base, freqs))
+            else:
+                if key not in self._inv_freqs:
+                    self._inv_freqs[key] = torch.from_numpy(inverse_frequencies(dims, base))
+                inv = self._inv_freqs[key]
+            pos = (torch.full((x.shape[0],), offset, dtype=torch.int32) if isinstance(offset, int)
+                   else torch.from_numpy(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)).copy()))
+            return torch_ops.ops().rope(x, inv, pos, dims, traditional, scale)
+        return self._rope_tables.rope(x, dims, traditional, base, offset, scale, freqs)
 
     def inference(self):
         """Context for model calls: no autograd bookkeeping."""
         return torch.inference_mode()
 
     def sdpa(self, q, k, v, scale: float, mask=None):
-        """mask: None, "causal" or a boolean mask from `mask` [B, 1, T, S] (True: attend)."""
+        """mask: None, "causal" or a boolean mask from `mask` [B, 1, T, S] (True: attend). With the CPU
+        kernel the first two run its attention (kernels/cpu/attention.cpp)."""
+        if self.stored_kernel and (mask is None or isinstance(mask, str)):
+            return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads)
         T, S = q.shape[-2], k.shape[-2]
         if isinstance(mask, str):
             # Lower-right alignment (as mx.fast): query t sees keys up to S - T + t.

@@ -34,3 +34,24 @@ def dequantize(packed, scales, biases, quant: QuantSpec, dtype) -> "torch.Tensor
     # bias + code * scale in one pass (the same float32 products and sums as written out)
     w = torch.addcmul(biases.to(torch.float32).unsqueeze(-1), c, scales.to(torch.float32).unsqueeze(-1))
     return w.reshape(shape).to(dtype)
+
+
+def int4pack(codes, scales, biases, quant: QuantSpec):
+    """Exact re-expression of affine codes for torch's int4 kernel, which computes
+    (c - 8) * scale + zero per group. 4-bit: zero = bias + 8 * scale. 8-bit codes c = 16 h + l
+    become two 4-bit matrices, h with scale 16 s and l with scale s, whose outputs are summed."""
+    n, k = codes.shape
+    if n % 8 or k % quant.group_size or quant.group_size not in (32, 64, 128, 256):
+        return None
+
+    def pack(c, s, z):
+        sz = torch.stack([s.t(), z.t()], dim=-1).contiguous().to(torch.bfloat16)
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.contiguous(), 1), sz
+
+    if quant.bits == 4:
+        w4, sz = pack(codes, scales, biases + 8 * scales)
+        return "int4", w4, sz
+    hi, lo = codes >> 4, codes & 15
+    w4, sz = pack(torch.cat([hi, lo]), torch.cat([16 * scales, scales]),
+                  torch.cat([128 * scales, biases + 8 * scales]))
+    return "int4x2", w4, sz

@@ -98,8 +98,8 @@ class KVCache(LayerKV):
                 nk[:, :, : self.offset, :] = self.keys[:, :, : self.offset, :]
                 nv[:, :, : self.offset, :] = self.values[:, :, : self.offset, :]
             self.keys, self.values = nk, nv
-        self.keys[:, :, self.offset:end, :] = k
-        self.values[:, :, self.offset:end, :] = v
+        self.keys = ops.write_tokens(self.keys, k, self.offset)
+        self.values = ops.write_tokens(self.values, v, self.offset)
         self.offset = end
         return self.keys[:, :, :end, :], self.values[:, :, :end, :]
 

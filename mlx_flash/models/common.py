@@ -22,7 +22,9 @@ def linear(ops, x, w):
 def gated_hidden(ops, act, gate_up, x):
     """A gated FFN's activations act(gate) * up [.., F] from gate and up rows fused [2F, D]; `act`
     is the family's ffn_source.GateActivation."""
+    if isinstance(gate_up, tuple) and len(gate_up) == 2:  # gate and up as two products: no concatenation
+        return ops.gated(act, ops.linear(x, gate_up[0]), ops.linear(x, gate_up[1]))
     both = linear(ops, x, gate_up)
     n = both.shape[-1] // 2
     gate, up = ops.split(both, [n, n])
-    return act.apply(ops, gate) * up
+    return ops.gated(act, gate, up)

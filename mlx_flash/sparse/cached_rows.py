@@ -41,7 +41,10 @@ class CachedRowsFFN(SparseSource):
         self.fmt, self.rows, self.selector = fmt, rows, selector or NoSelector()
         self.kernel = kernel  # a sparse FFN kernel over whole-bundle cache rows, or None
         R, L = self.layout.n_rows, len(self.layout.layer_offsets)
-        self.caches = [NeuronCache(max(1, min(plan.capacity, R)), fmt.row_bytes, R) for _ in range(L)]
+        # in the backend's memory: its kernels read the rows where they were read to (on a lazy backend each
+        # layer's cache changes only at that layer of the next token, after the token's graph ran)
+        self.alloc = ops.host_buffer if ops is not None else None  # no backend: I/O replay
+        self.caches = [NeuronCache(max(1, min(plan.capacity, R)), fmt.row_bytes, R, self.alloc) for _ in range(L)]
         self.windows = [ActiveWindow(plan.window if plan.mode.keeps_window else 1, R) for _ in range(L)]
 
     def layer(self, i: int, x) -> FFNWeights:
@@ -124,7 +127,9 @@ class CachedRowsFFN(SparseSource):
         slots = cache.append(to_cache)
         overflow = wanted[room:]  # active rows the cache cannot hold this step
         self.extra.mem_seconds += time.perf_counter() - t
-        extra = np.empty((overflow.size, self.fmt.row_bytes), np.uint8)  # the reads fill every field of every row
+        # the reads fill every field of every row (in a lazy backend's memory: the graph reads them later)
+        n = overflow.size * self.fmt.row_bytes
+        extra = (self.alloc(n) if n and self.alloc else np.empty(n, np.uint8)).reshape(-1, self.fmt.row_bytes)
         self._read(i, [(to_cache, cache.rows, slots), (overflow, extra, np.arange(overflow.size))])
         self.rows_loaded += (to_cache.size + overflow.size) * self.layout.block
         self.rows_active += int(neurons.sum())

@@ -15,13 +15,18 @@ import numpy as np
 
 
 class NeuronCache:
-    def __init__(self, capacity: int, row_bytes: int, n_neurons: int):
+    def __init__(self, capacity: int, row_bytes: int, n_neurons: int, alloc=None):
+        """`alloc(nbytes)`: the rows' memory (a backend's, which its kernels read in place); default
+        page-aligned anonymous memory."""
         if capacity < 1 or capacity > n_neurons:
             raise ValueError(f"neuron cache capacity must be in [1, {n_neurons}] (got {capacity})")
         self.capacity, self.row_bytes, self.n_neurons = capacity, row_bytes, n_neurons
         # Page-aligned, so reads of whole aligned rows can land straight in it.
-        self._mem = mmap.mmap(-1, max(capacity * row_bytes, 1))
-        self.rows = np.frombuffer(self._mem, dtype=np.uint8)[: capacity * row_bytes].reshape(capacity, row_bytes)
+        if alloc is not None:
+            self.rows = alloc(capacity * row_bytes).reshape(capacity, row_bytes)
+        else:
+            self._mem = mmap.mmap(-1, max(capacity * row_bytes, 1))
+            self.rows = np.frombuffer(self._mem, dtype=np.uint8)[: capacity * row_bytes].reshape(capacity, row_bytes)
         self.ids = np.full(capacity, -1, dtype=np.int64)  # row -> neuron id
         self.slot = np.full(n_neurons, -1, dtype=np.int64)  # neuron id -> row, -1 when absent
         self.num_used = 0

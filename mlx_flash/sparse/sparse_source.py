@@ -17,11 +17,12 @@ from .modes import SparsePlan
 
 
 class SparseSource(LayerSource):
-    def __init__(self, ops, store, pool, plan: SparsePlan, prefetch: bool = False):
+    def __init__(self, ops, store, pool, plan: SparsePlan, prefetch: bool = False, alloc=None):
+        """alloc: the whole-layer buffers' memory (default: anonymous; see FFNReader)."""
         self.ops, self.pool, self.plan = ops, pool, plan
         self.layout = store.manifest.ffn
         # whole-layer reads (with `prefetch`, the next layer's read overlaps this one's compute)
-        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch)
+        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch, alloc=alloc)
         self.extra = ReadCounters()  # reads other than whole layers, and the time spent moving rows
         self.rows_loaded = 0  # neuron rows read by decode steps (bundles read x neurons per bundle)
         self.rows_active = 0  # predicted-active (token, layer, neuron) triples of decode steps

@@ -21,13 +21,19 @@ from .reader_pool import ReaderPool
 
 class FFNReader:
     def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout, prefetch: bool = False,
-                 order: list[int] | None = None):
+                 order: list[int] | None = None, alloc=None):
+        """`alloc(nbytes)`: the buffers' memory (a backend's, which its kernels read in place);
+        default page-aligned anonymous memory."""
         self.pool = pool
         self.order = list(order) if order is not None else list(range(len(layout.layer_offsets)))
         self.layout = layout
         self.file = pool.open(path)
-        self._mems = [mmap.mmap(-1, max(layout.layer_nbytes, 1)) for _ in range(2 if prefetch else 1)]
-        self.bufs = [np.frombuffer(m, dtype=np.uint8)[: layout.layer_nbytes] for m in self._mems]
+        n_bufs = 2 if prefetch else 1
+        if alloc is not None:
+            self.bufs = [alloc(layout.layer_nbytes) for _ in range(n_bufs)]
+        else:
+            self._mems = [mmap.mmap(-1, max(layout.layer_nbytes, 1)) for _ in range(n_bufs)]
+            self.bufs = [np.frombuffer(m, dtype=np.uint8)[: layout.layer_nbytes] for m in self._mems]
         self.buf = self.bufs[0]
         self.prefetch = prefetch
         self._holds = [None] * len(self.bufs)  # (layer, rows skipped) each buffer holds or is being filled with
@@ -61,6 +67,33 @@ class FFNReader:
                 self._finish(other)
                 self._submit(other, nxt)
         return self.bufs[b].reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    def read_into(self, layer: int, alloc) -> np.ndarray:
+        """The bundles of `layer` read into a buffer of their own, `alloc(nbytes)` (a backend's memory
+        its kernels read in place): [n_rows, bundle_bytes] uint8, kept by the caller."""
+        dest = alloc(self.layout.layer_nbytes)
+        if self.layout.layer_nbytes:
+            batch = self.pool.submit([(self.file, self.layout.layer_offsets[layer], self.layout.layer_nbytes, dest)])
+            t = time.perf_counter()
+            batch.wait()
+            self.wait_seconds += time.perf_counter() - t
+            self.bytes_read += batch.bytes_read
+            self.reads += batch.reads
+        return dest.reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    def rows_of(self, b: int) -> np.ndarray:
+        """Buffer b as [n_rows, bundle_bytes] rows."""
+        return self.bufs[b].reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    def read_rows(self, layer: int, b: int, skip_rows: int = 0):
+        """Read `layer`'s rows from `skip_rows` on into buffer b now, bypassing the prefetch bookkeeping
+        (a caller that takes turns with the compute itself: weights.TurnedLayers): the waited-for
+        batch, or None when nothing is left to read."""
+        start = skip_rows * self.layout.bundle_bytes
+        n = self.layout.layer_nbytes - start
+        if n <= 0:
+            return None
+        return self.pool.submit([(self.file, self.layout.layer_offsets[layer] + start, n, self.bufs[b][start:])]).wait()
 
     def _submit(self, b: int, key) -> int:
         layer, skip = key

@@ -26,29 +26,49 @@ class Store:
     def file_path(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def read_resident(self, skip_layers=()) -> dict[str, tuple[np.ndarray, str]]:
+    def read_resident(self, skip_layers=(), alloc=None) -> dict[str, tuple[np.ndarray, str]]:
         """Every resident tensor but those of `skip_layers` (streamed layers, read into their own
         buffers): name -> (numpy array, storage dtype name), views of one buffer per file region
         read (the whole file when nothing is skipped; else each kept layer's region and each tensor
-        of no layer)."""
+        of no layer). `alloc(nbytes)` gives the buffers (a backend's memory, which its kernels read in
+        place; default numpy's)."""
+        alloc = alloc or _numpy_buffer
         if not skip_layers:
-            blobs = {f: np.fromfile(self.file_path(f), dtype=np.uint8)
-                     for f in {t.file for t in self.manifest.tensors.values()}}
+            blobs = {}
+            for f in {t.file for t in self.manifest.tensors.values()}:
+                blobs[f] = self._read(f, 0, os.path.getsize(self.file_path(f)), alloc)
             return {name: tensor_view(blobs[t.file], 0, t) for name, t in self.manifest.tensors.items()}
         regions, out = self.layer_regions(), {}
         if regions is None:
             raise StoreError(f"{self.path}: its resident file does not keep each layer's tensors together "
                              "(converted by an older version): convert the model again to stream layers")
+        for run in self._runs([(n, t) for n, t in self.manifest.tensors.items() if tensor_layer(n) is None]):
+            first, last = run[0][1], run[-1][1]
+            blob = self._read(first.file, first.offset, last.offset + last.nbytes - first.offset, alloc)
+            for name, t in run:  # one buffer per run: a matrix's parts (codes, scales, biases) lie in one memory
+                out[name] = tensor_view(blob, first.offset, t)
         for name, t in self.manifest.tensors.items():
             layer = tensor_layer(name)
             if layer is None:
-                out[name] = tensor_view(self._read(t.file, t.offset, t.nbytes), t.offset, t)
+                continue
             elif layer not in skip_layers and name not in out:
                 file, off, n = regions[layer]
-                blob = self._read(file, off, n)
+                blob = self._read(file, off, n, alloc)
                 for other, u in self.layer_tensors(layer):
                     out[other] = tensor_view(blob, off, u)
         return out
+
+    @staticmethod
+    def _runs(named) -> list[list]:
+        """(name, TensorEntry) pairs grouped into runs that lie back to back in one file, in file order."""
+        runs = []
+        for name, t in sorted(named, key=lambda nt: (nt[1].file, nt[1].offset)):
+            last = runs[-1][-1][1] if runs else None
+            if last is not None and last.file == t.file and last.offset + last.nbytes == t.offset:
+                runs[-1].append((name, t))
+            else:
+                runs.append([(name, t)])
+        return runs
 
     def layer_tensors(self, layer: int) -> list:
         """(name, TensorEntry) of the resident tensors of one layer."""
@@ -76,13 +96,17 @@ class Store:
         """`nbytes` bytes of one of the store's files from `offset` (uint8)."""
         return self._read(file, offset, nbytes)
 
-    def _read(self, file: str, offset: int, nbytes: int) -> np.ndarray:
-        buf = np.empty(nbytes, dtype=np.uint8)
+    def _read(self, file: str, offset: int, nbytes: int, alloc=None) -> np.ndarray:
+        buf = (alloc or _numpy_buffer)(nbytes)
         with open(self.file_path(file), "rb") as fh:
             fh.seek(offset)
             if fh.readinto(memoryview(buf)) != nbytes:
                 raise StoreError(f"{self.path}: {file} is shorter than its manifest says")
         return buf
+
+
+def _numpy_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 def tensor_view(blob: np.ndarray, blob_offset: int, t) -> tuple[np.ndarray, str]:

@@ -163,3 +163,20 @@ def test_an_mlx_version_the_extension_was_not_built_for_is_named(monkeypatch):
     monkeypatch.setattr(mx, "__version__", "0.0.1")
     with pytest.raises(mlx_kernels.KernelUnavailableError, match="built for MLX .* and MLX 0.0.1 is installed"):
         mlx_kernels.extension()
+
+
+def test_a_missing_extension_is_one_line_naming_the_fix(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def without_extension(name, *a, **k):
+        if name.endswith("._mlx_kernels"):
+            raise ImportError("No module named '_mlx_kernels'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(mlx_kernels, "_EXT", None)
+    monkeypatch.setattr(importlib, "import_module", without_extension)
+    with pytest.raises(mlx_kernels.KernelUnavailableError, match="not built or does not load .*reinstall") as e:
+        mlx_kernels.extension()
+    assert "\n" not in str(e.value)

@@ -103,3 +103,19 @@ def test_fake_implementations_pass_torchs_operator_checks(ops):
     w, s, b = tm.offsets
     torch.library.opcheck(ops.stored_matmul.default, (torch.ones(3, 64), tm.buffer, 0, w, s, b, 0, 4, 32, 32, True, [], 1),
                           test_utils=("test_faketensor",))
+
+
+def test_a_failed_build_is_one_line_naming_it(monkeypatch, tmp_path):
+    """No compiler (or a broken one): the operators' build fails at load with one line, not at the
+    first token."""
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension 'mf_torch_ops': c++: command not found\nmore lines")
+
+    monkeypatch.setattr(torch_ops, "_OPS", None)
+    monkeypatch.setattr(torch_ops, "_build_root", lambda: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    with pytest.raises(torch_ops.KernelUnavailableError) as e:
+        torch_ops.ops()
+    assert "\n" not in str(e.value) and "c++: command not found" in str(e.value)
