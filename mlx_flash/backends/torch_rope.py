@@ -5,7 +5,11 @@ table of exp(i * position * frequency), kept per model shape."""
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # the torch backend says what to install (TorchOps refuses to start without it)
+    torch = None
 
 
 class RopeTables:
