@@ -59,10 +59,11 @@ def join_rows(arrays: list[np.ndarray]) -> np.ndarray:
                 or a.ctypes.data != end or owner(a) is not root):
             return np.concatenate(arrays)
         end += a.nbytes
-    if root.ndim != 1 or root.dtype != np.uint8:  # views are cut from the file's uint8 buffer
+    if root.dtype != np.uint8 or not root.flags.c_contiguous:  # views are cut from the file's uint8 buffer
         return np.concatenate(arrays)
+    flat = root.reshape(-1)  # (a buffer past 1 GiB comes as rows of 4 KiB from MLX: kernels/mlx_kernels.py)
     start = a0.ctypes.data - root.ctypes.data
-    return root[start:start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
+    return flat[start:start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
 
 
 class _Tensors:

@@ -20,6 +20,10 @@ def test_join_rows_views_back_to_back_arrays_and_copies_others():
     assert np.shares_memory(joined, buf) and np.array_equal(joined, np.concatenate([a, b]))
     c = buf[40:48].view(np.uint32).reshape(1, 2)  # a gap before it: joined by a copy
     assert not np.shares_memory(join_rows([a, c]), buf)
+    rows = np.arange(64, dtype=np.uint8).reshape(4, 16)  # a buffer as rows (MLX's past 1 GiB): views still
+    flat = rows.reshape(-1)
+    a, b = flat[:16].view(np.uint32).reshape(2, 2), flat[16:32].view(np.uint32).reshape(2, 2)
+    assert np.shares_memory(join_rows([a, b]), rows)
     assert np.array_equal(join_rows([a, c]), np.concatenate([a, c]))
 
 
