@@ -3,7 +3,8 @@
 
     python tools/bench_flash.py [--model PATH] [--precision auto] [--budget 50%]
                                 [--modes naive,hybrid,predictor,window,all] [--tokens 32]
-                                [--window 0] [--predictor lowrank|dense] [--recall R] [--speculative N]
+                                [--window 0] [--predictor lowrank|gate|dense|statistical] [--recall R]
+                                [--backend auto|mlx|torch] [--speculative N]
                                 [--synthetic STORE --active 0.03] [--cgroup-limit BYTES] [--json OUT]
 
 Columns are medians over the generated tokens: I/O ms (blocked on reads), mem ms (neuron-cache
@@ -28,8 +29,10 @@ from mlx_flash.store.disk_profile import default_profile
 
 def bench_mode(a, mode, prompt, profile):
     flash = mlx_flash.FlashOptions(mode=mode, window=a.window, predictor=a.predictor, recall=a.recall,
+                                   statistical_active=a.active,
                                    down_only=a.down_only and mode in ("predictor", "window", "all"))
-    eng = mlx_flash.load(a.model, backend="torch", precision=a.precision, ffn="sparse", weights_budget=a.budget,
+    eng = mlx_flash.load(a.model, backend=a.backend, precision=a.precision, ffn="sparse",
+                         weights_budget=None if a.budget == "auto" else a.budget,
                          flash=flash, io=mlx_flash.IOOptions(mode="direct"), progress=False)
     with eng:
         src = eng.ffn
@@ -134,11 +137,15 @@ def main() -> int:
     p.add_argument("--precision", default="auto",
                    help="store precision for every mode (default auto: what load() picks for --predictor, so "
                         "naive and the predictor modes read the same store)")
-    p.add_argument("--budget", default="50%")
+    p.add_argument("--budget", default="50%", help="weights budget (a share of the model, bytes, or auto: what "
+                                                   "the memory limit leaves)")
     p.add_argument("--modes", default="naive,hybrid,predictor,window,all")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--window", type=int, default=0, help="0 (default): the planner picks (with --synthetic: 4)")
-    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense"))
+    p.add_argument("--predictor", default="lowrank", choices=("lowrank", "gate", "dense", "statistical"),
+                   help="statistical: a labelled statistical activity model drawing --active of the read units "
+                        "per token (synthetic checkpoints: their output is noise, their reads are real)")
+    p.add_argument("--backend", default="torch", choices=("auto", "mlx", "torch"))
     p.add_argument("--down-only", action="store_true",
                    help="with --predictor gate: read only down columns; gate/up come from its 4-bit copy")
     p.add_argument("--recall", type=float, default=None, help="predictor cut calibrated for this recall")
@@ -146,7 +153,8 @@ def main() -> int:
     p.add_argument("--synthetic", default=None, metavar="STORE",
                    help="I/O-only replay on a synthetic store (tools/make_synthetic.py), activity from a "
                         "statistical model; no compute")
-    p.add_argument("--active", type=float, default=0.03, help="with --synthetic: active share per token")
+    p.add_argument("--active", type=float, default=0.03,
+                   help="with --synthetic or --predictor statistical: active share per token")
     p.add_argument("--naive-tokens", type=int, default=3, help="with --synthetic: tokens for naive/hybrid")
     p.add_argument("--cgroup-limit", default=None, metavar="BYTES",
                    help="run inside a new cgroup-v1 memory cgroup with this limit (root; e.g. 2.5GB) and report "
