@@ -37,6 +37,10 @@ void need(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
 
+// Every primitive here runs on the CPU, whatever the default device: on Apple silicon the GPU's graph
+// takes their results from unified memory (MLX orders the two streams).
+mx::Stream cpu_stream() { return mx::default_stream(mx::Device::cpu); }
+
 std::string shape_str(const mx::Shape& s) {
   std::ostringstream o;
   o << "(";
@@ -116,7 +120,7 @@ mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec 
   need(spec.layout.empty() || spec.layout.size() == (spec.kind == 0 ? 7u : 4u),
        "stored_matmul: a layout is 7 ints (affine) or 4 (block types)");
   need(ids.has_value() == (listed != Listed::None), "stored_matmul: ids go with a listed axis (rows or groups)");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(spec.n_out);
   std::vector<mx::array> inputs{float_rows(x, s), buffer};
@@ -160,7 +164,7 @@ void StoredRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
 mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
                       int64_t row_bytes, int64_t scale_row_bytes) {
   need(buffer.dtype() == mx::uint8, "stored_rows: the buffer must be uint8");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   mx::Shape shape = ids.shape();
   shape.push_back(static_cast<int>(k));
   return mx::array(shape, mx::float32,
@@ -235,7 +239,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   need(kv_len.has_value() == q_pos.has_value(), "attention: kv_len and q_pos go together");
   need(!table || kv_len, "attention: a slot table needs kv_len and q_pos");
   need(k.dtype() == v.dtype(), "attention: k and v differ in dtype");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), k, v};
   auto mode = Attention::Mode::Uniform;
   if (kv_len) {
@@ -303,7 +307,7 @@ void AwaitFence::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
 mx::array await_fence(const mx::array& buffer, const mx::array& dep, std::shared_ptr<Fence> ready, int64_t value,
                       std::shared_ptr<Fence> release, int64_t release_value) {
   need(ready != nullptr, "await_fence: a ready fence is required");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   return mx::array(buffer.shape(), buffer.dtype(),
                    std::make_shared<AwaitFence>(s, std::move(ready), value, std::move(release), release_value),
                    {buffer, dep});
@@ -347,7 +351,7 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   need(w.ndim() == 1 && x.ndim() >= 1 && x.shape().back() == w.shape(0), "rms_norm: w must be [D] for x [.., D]");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {fresh(x, s), fresh(w, s)});
 }
 
@@ -374,7 +378,7 @@ mx::array rope(const mx::array& x, const mx::array& inv_freq, const mx::array& p
   need(dims >= 2 && dims % 2 == 0 && dims <= x.shape(3), "rope: dims must be even and at most the head dimension");
   need(inv_freq.ndim() == 1 && inv_freq.shape(0) == dims / 2, "rope: inv_freq must be [dims / 2]");
   need(pos.ndim() == 1 && pos.shape(0) == x.shape(0), "rope: pos must be [B]");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   return mx::array(x.shape(), mx::float32, std::make_shared<Rope>(s, dims, traditional, scale),
                    {mx::astype(x, mx::float32, s), fresh(inv_freq, s),
                     mx::contiguous(mx::astype(pos, mx::int32, s), false, s)});
@@ -398,7 +402,7 @@ void SiluMul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
 
 mx::array silu_mul(const mx::array& g, const mx::array& u) {
   need(g.shape() == u.shape(), "silu_mul: g and u differ in shape");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   return mx::array(g.shape(), mx::float32, std::make_shared<SiluMul>(s),
                    {mx::astype(g, mx::float32, s), mx::astype(u, mx::float32, s)});
 }
@@ -442,7 +446,7 @@ mx::array write_tokens(const mx::array& buffer, const mx::array& x, int64_t offs
   need(x.shape(0) == buffer.shape(0) && x.shape(1) == buffer.shape(1) && x.shape(3) == buffer.shape(3),
        "write_tokens: x does not fit the buffer");
   need(offset >= 0 && offset + x.shape(2) <= buffer.shape(2), "write_tokens: the tokens run past the buffer");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   return mx::array(buffer.shape(), mx::float32, std::make_shared<WriteTokens>(s, offset),
                    {buffer, mx::astype(x, mx::float32, s)});
 }
@@ -474,7 +478,7 @@ void Empty::eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>& outp
 
 mx::array empty(int64_t nbytes, int64_t align) {
   need(nbytes >= 0 && align >= 1, "empty: nbytes must be >= 0 and align >= 1");
-  auto s = mx::to_stream(mx::StreamOrDevice{});
+  auto s = cpu_stream();
   // MLX shapes are 32-bit: a buffer past 1 GiB is rows of 4 KiB (rounded up; callers view n bytes).
   mx::Shape shape{static_cast<int>(nbytes)};
   if (nbytes > (int64_t{1} << 30)) shape = {static_cast<int>((nbytes + 4095) / 4096), 4096};
