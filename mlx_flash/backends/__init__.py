@@ -95,21 +95,32 @@ def covered_bytes(ranges) -> int:
     return total
 
 
+def walk(tree, is_leaf):
+    """The leaves of a weights tree (dicts, lists, tuples and dataclasses, walked into unless
+    `is_leaf` says a node is a leaf)."""
+    import dataclasses
+
+    if is_leaf(tree):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from walk(v, is_leaf)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from walk(v, is_leaf)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for f in dataclasses.fields(tree):
+            yield from walk(getattr(tree, f.name), is_leaf)
+
+
 def leaves(tree):
     """Every array-like leaf of a weights tree (dicts, lists, tuples and dataclasses such as Weight)."""
     import dataclasses
 
-    if isinstance(tree, dict):
-        for v in tree.values():
-            yield from leaves(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from leaves(v)
-    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        for f in dataclasses.fields(tree):
-            yield from leaves(getattr(tree, f.name))
-    elif tree is not None and hasattr(tree, "shape"):
-        yield tree
+    def is_array(t):
+        return not isinstance(t, (dict, list, tuple)) and not dataclasses.is_dataclass(t) and hasattr(t, "shape")
+
+    return walk(tree, is_array)
 
 
 def block_matrix(raw, quant, transposed: bool):

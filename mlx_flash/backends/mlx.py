@@ -11,7 +11,6 @@ reference BLAS (tools/bench_kernel.py); a token's forward is built lazily and ev
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -25,7 +24,7 @@ from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 from ..memory.process_plan import MLX_CACHE_LIMIT
 
-from . import block_matrix, cpu_threads, inverse_frequencies, mlx_scores
+from . import block_matrix, cpu_threads, inverse_frequencies, mlx_scores, walk
 
 NAME = "mlx"
 
@@ -90,7 +89,7 @@ class MLXOps:
 
     def gate_weights(self, tree, gate) -> None:
         """Make every product over the weights of `tree` (a layer's) wait for `gate`'s turn."""
-        for w in _weights_in(tree):
+        for w in walk(tree, lambda t: isinstance(t, Weight)):
             if w.graph is not None:
                 w.graph.gate = gate
 
@@ -383,18 +382,3 @@ class MLXOps:
 
     def last_token(self, x):
         return x[:, -1:, :]
-
-
-def _weights_in(tree):
-    """The Weight leaves of a weights tree (dicts, lists, tuples, dataclasses such as FFNWeights)."""
-    if isinstance(tree, Weight):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _weights_in(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _weights_in(v)
-    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        for f in dataclasses.fields(tree):
-            yield from _weights_in(getattr(tree, f.name))

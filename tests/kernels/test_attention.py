@@ -14,12 +14,6 @@ from mlx_flash.kernels.qmatmul import Isa, cpu_isa, use_isa
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
 
 
-@pytest.fixture
-def isa_restored():
-    before = cpu_isa()
-    yield
-    use_isa(before)
-
 
 def _qkv(rng, B, Hq, Hkv, T, S, hd):
     q = rng.standard_normal((B, Hq, T, hd)).astype(np.float32)

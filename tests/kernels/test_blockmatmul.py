@@ -29,12 +29,6 @@ def blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return quantize_k(w, kind)
 
 
-@pytest.fixture
-def isa_restored():
-    before = cpu_isa()
-    yield
-    use_isa(before)
-
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("make", [blocks, random_bytes])

@@ -14,12 +14,6 @@ from kernel_vectors import lay_out, quantized
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
 
 
-@pytest.fixture
-def isa_restored():
-    before = cpu_isa()
-    yield
-    use_isa(before)
-
 
 def test_unpacking_matches_the_layout():
     rng = np.random.default_rng(1)
