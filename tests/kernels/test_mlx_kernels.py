@@ -180,3 +180,17 @@ def test_a_missing_extension_is_one_line_naming_the_fix(monkeypatch):
     with pytest.raises(mlx_kernels.KernelUnavailableError, match="not built or does not load .*reinstall") as e:
         mlx_kernels.extension()
     assert "\n" not in str(e.value)
+
+
+def test_strided_inputs_are_gathered_by_the_primitive():
+    """An input that is not row-contiguous (a transposed view) is read through its strides: no
+    Contiguous node is added to the graph for it."""
+    rng = np.random.default_rng(12)
+    _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
+    m = StoredMatrix(words, scales, biases, 4, 32)
+    x = _x(rng, 128, 3)
+    xt = mx.array(x).T
+    assert np.array_equal(np.array(mlx_kernels.GraphMatrix(m, 1)(xt)), m(np.ascontiguousarray(x.T), 1))
+    w = _x(rng, 128)
+    got = np.array(mlx_kernels.rms_norm(xt, mx.array(w), 1e-5))
+    assert np.abs(got - rms_norm_ref(np.ascontiguousarray(x.T), w, 1e-5)).max() < 1e-5
