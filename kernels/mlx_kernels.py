@@ -26,20 +26,10 @@ from mlx_flash.errors import KernelUnavailableError
 from . import qmatmul
 from .blockmatmul import BlockMatrix
 from .qmatmul import StoredMatrix
-from .stored_operands import one_buffer, operands
+from .stored_operands import Listed, one_buffer, operands
 
 PAGE = 4096  # buffers start on a page: direct reads land in them without a bounce
 _EXT = None  # the extension, loaded and checked once per process (like qmatmul's library)
-
-
-@dataclass(frozen=True)
-class Listed:
-    """What a sparse product's ids name (kernels/cpu/qmatmul.h): rows (blocks of output rows, or input
-    rows) or groups (the groups of a groups-apart down matrix)."""
-
-    NONE = 0
-    ROWS = 1
-    GROUPS = 2
 
 
 def extension():
@@ -134,7 +124,7 @@ class GraphMatrix:
         """The product over n listed units (ids int32 [n], each checked by the caller to lie in range)."""
         axis = self.sparse_axis
         n_out = n * self.op.rpb if axis == "blocks" else self.n_out
-        return self._op(x, n_out, ids, Listed.GROUPS if axis == "groups" else Listed.ROWS)
+        return self._op(x, n_out, ids, Listed.of(axis))
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows `ids` of a plain matrix as float32 [..ids, K] (embedding lookups), lazily; an id outside
@@ -156,7 +146,7 @@ class GraphMatrix:
             seq, turns = self.gate.seq, self.gate.turns
             buf = self.ext.await_fence(buf, x, turns.ready, seq, turns.release, seq - 1)
         y = self.ext.stored_matmul(x, buf, self.op.kind, w, s, b, st, bits, group, n_out, self.op.transposed,
-                                   self.op.layout, self.threads, ids, listed)
+                                   self.op.layout, self.threads, ids, int(listed))
         if self.external:  # the memory may be refilled once this returns
             mx.eval(y)
         return y

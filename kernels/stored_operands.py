@@ -6,11 +6,26 @@ Framework-neutral (numpy only): the MLX primitives (mlx_kernels.py) and the torc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
 from .blockmatmul import BlockMatrix
 from .qmatmul import StoredMatrix
+
+
+class Listed(IntEnum):
+    """What a sparse product's ids name (kernels/cpu/qmatmul.h): rows (blocks of output rows, or input
+    rows) or groups (the groups of a groups-apart down matrix); the operators' `listed` argument."""
+
+    NONE = 0
+    ROWS = 1
+    GROUPS = 2
+
+    @classmethod
+    def of(cls, sparse_axis: str | None) -> "Listed":
+        """What a matrix's sparse products list (Operands.sparse_axis)."""
+        return cls.GROUPS if sparse_axis == "groups" else cls.ROWS
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 from mlx_flash.errors import KernelUnavailableError
 
 from . import qmatmul
-from .stored_operands import one_buffer, operands
+from .stored_operands import Listed, one_buffer, operands
 
 SOURCES = ("ops.cpp",)
 _OPS = None
@@ -168,8 +168,7 @@ class TorchMatrix:
         axis = self.op.sparse_axis
         n_out = n * self.op.rpb if axis == "blocks" else self.n_out
         return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, n_out,
-                                      self.op.transposed, self.op.layout, self.threads, ids,
-                                      2 if axis == "groups" else 1)
+                                      self.op.transposed, self.op.layout, self.threads, ids, int(Listed.of(axis)))
 
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:
