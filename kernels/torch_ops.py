@@ -23,7 +23,7 @@ from mlx_flash.errors import KernelUnavailableError
 from . import qmatmul
 from .stored_operands import Listed, one_buffer, operands
 
-SOURCES = ("ops.cpp",)
+SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"))  # (folder, file) of the shipped kernels
 _OPS = None
 
 
@@ -45,7 +45,7 @@ def ops():
     import torch
     from torch.utils import cpp_extension
 
-    texts = {name: resources.files("mlx_flash.kernels").joinpath("torch", name).read_text() for name in SOURCES}
+    texts = {name: resources.files("mlx_flash.kernels").joinpath(folder, name).read_text() for folder, name in SOURCES}
     key = hashlib.sha256("".join(texts.values()).encode() + f"torch {torch.__version__} {sys.version}".encode())
     where = os.path.join(_build_root(), key.hexdigest()[:16])
     os.makedirs(where, exist_ok=True)

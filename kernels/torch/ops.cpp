@@ -4,7 +4,6 @@
 // and raises one line naming what is wrong; weights arrive as a uint8 buffer tensor and byte offsets,
 // read where the read put them. Fake implementations (for torch.compile) are registered from Python
 // (mlx_flash/kernels/torch_ops.py). Built at first use into the cache.
-#include <dlfcn.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
 
@@ -12,53 +11,26 @@
 #include <string>
 #include <vector>
 
+#include "kernel_table.h"  // (kernels/cpu/, copied beside this file for the build)
+
 namespace {
 
-struct Kernels {
-  int (*qmatmul)(const float*, int64_t, int64_t, const uint32_t*, const void*, const void*, int, int64_t, int, int,
-                 int, float*, int, const int64_t*, const int32_t*, const int32_t*) = nullptr;
-  int (*blockmatmul)(const float*, int64_t, int64_t, const uint8_t*, int, int64_t, float*, int, const int64_t*,
-                     const int32_t*, const int32_t*) = nullptr;
-  int64_t (*rows)(const int32_t*, int64_t, int64_t, const uint8_t*, const uint8_t*, const uint8_t*, int, int, int, int,
-                  int64_t, int64_t, int64_t, float*) = nullptr;
-  int (*attention)(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const void*, const void*, int,
-                   int64_t, const int64_t*, const int64_t*, const int32_t*, int64_t, int64_t, const int32_t*,
-                   const int32_t*, float, float*, const int64_t*, int) = nullptr;
-  int (*rms_norm)(const float*, const float*, float, int64_t, int64_t, float*) = nullptr;
-  int (*rope)(const float*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*, int64_t, int,
-              const int32_t*, float, float*) = nullptr;
-  int (*silu_mul)(const float*, const float*, int64_t, float*) = nullptr;
-};
-
-Kernels& kernels() {
-  static Kernels k;
+mlx_flash::KernelLibrary& kernels() {
+  static mlx_flash::KernelLibrary k;
   return k;
 }
 
-const Kernels& loaded() {
+const mlx_flash::KernelLibrary& loaded() {
   TORCH_CHECK(kernels().qmatmul != nullptr, "mlx_flash operators: the CPU kernel library is not loaded");
   return kernels();
 }
 
-template <class F>
-void find(void* handle, const char* name, const std::string& path, F& out) {
-  void* sym = dlsym(handle, name);
-  TORCH_CHECK(sym != nullptr, path, ": the CPU kernel library has no ", name, " (stale build)");
-  out = reinterpret_cast<F>(sym);
-}
-
 void use_kernel_library(const std::string& path) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);  // the copy Python loaded: one thread pool
-  TORCH_CHECK(handle != nullptr, path, ": the CPU kernel library is not loaded in this process");
-  Kernels k;
-  find(handle, "mf_qmatmul", path, k.qmatmul);
-  find(handle, "mf_blockmatmul", path, k.blockmatmul);
-  find(handle, "mf_rows", path, k.rows);
-  find(handle, "mf_attention", path, k.attention);
-  find(handle, "mf_rms_norm", path, k.rms_norm);
-  find(handle, "mf_rope", path, k.rope);
-  find(handle, "mf_silu_mul", path, k.silu_mul);
-  kernels() = k;
+  try {
+    kernels() = mlx_flash::kernel_table(path);
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, e.what());
+  }
 }
 
 void done(int64_t rc, const char* what) { TORCH_CHECK(rc >= 0, what, ": the CPU kernel refused its arguments (code ", rc, ")"); }
