@@ -16,13 +16,13 @@ graph, the slots in the backend's own memory.
 
 from __future__ import annotations
 
-import mmap
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from .errors import ConfigError
+from .host_memory import anonymous_buffer
 from .store.store import Store, tensor_view
 
 
@@ -38,11 +38,9 @@ class LayerSlots:
         size = max(n for _, _, n in self.regions.values())
         n_slots = min(2, len(self.order))
         self.turns = ops.slot_turns("mlx-flash-layer-turns") if ops is not None and ops.lazy else None
-        if ops is not None:  # the backend's memory, page-aligned: its kernels read it where it was read to
-            self.slots = [ops.host_buffer(max(size, 1)) for _ in range(n_slots)]
-        else:
-            self._mems = [mmap.mmap(-1, max(size, 1)) for _ in range(n_slots)]  # page-aligned for direct reads
-            self.slots = [np.frombuffer(m, dtype=np.uint8) for m in self._mems]
+        # the backend's memory (its kernels read it where it was read to), page-aligned for direct reads
+        alloc = ops.host_buffer if ops is not None else anonymous_buffer
+        self.slots = [alloc(max(size, 1)) for _ in range(n_slots)]
         self.slot_of = {layer: k % n_slots for k, layer in enumerate(self.order)}
         self.holds: list[int | None] = [None] * n_slots  # the layer each slot's bytes are
         self.pending: dict[int, tuple[int, object]] = {}  # slot -> (layer, batch) being read

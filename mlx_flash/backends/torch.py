@@ -15,12 +15,12 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
 from __future__ import annotations
 
 import dataclasses
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..host_memory import anonymous_buffer
 from ..kernels import torch_ops
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..ffn_source import GateActivation
@@ -230,7 +230,7 @@ class TorchOps:
         take where the read put it; else numpy's (torch.from_numpy shares it)."""
         if self.stored_kernel:
             return torch_ops.framework_buffer(nbytes)
-        return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=np.uint8)[:nbytes]
+        return anonymous_buffer(nbytes)
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):

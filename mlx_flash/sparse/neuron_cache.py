@@ -9,9 +9,9 @@ numpy only: I/O fills `rows` in place, the compute side views `rows[:num_used]`.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
+
+from ..host_memory import anonymous_buffer
 
 
 class NeuronCache:
@@ -22,11 +22,7 @@ class NeuronCache:
             raise ValueError(f"neuron cache capacity must be in [1, {n_neurons}] (got {capacity})")
         self.capacity, self.row_bytes, self.n_neurons = capacity, row_bytes, n_neurons
         # Page-aligned, so reads of whole aligned rows can land straight in it.
-        if alloc is not None:
-            self.rows = alloc(capacity * row_bytes).reshape(capacity, row_bytes)
-        else:
-            self._mem = mmap.mmap(-1, max(capacity * row_bytes, 1))
-            self.rows = np.frombuffer(self._mem, dtype=np.uint8)[: capacity * row_bytes].reshape(capacity, row_bytes)
+        self.rows = (alloc or anonymous_buffer)(capacity * row_bytes).reshape(capacity, row_bytes)
         self.ids = np.full(capacity, -1, dtype=np.int64)  # row -> neuron id
         self.slot = np.full(n_neurons, -1, dtype=np.int64)  # neuron id -> row, -1 when absent
         self.num_used = 0

@@ -10,11 +10,11 @@ products are done when the next layer is asked for.
 
 from __future__ import annotations
 
-import mmap
 import time
 
 import numpy as np
 
+from ..host_memory import anonymous_buffer
 from .manifest import FFNLayout
 from .reader_pool import ReaderPool
 
@@ -28,12 +28,7 @@ class FFNReader:
         self.order = list(order) if order is not None else list(range(len(layout.layer_offsets)))
         self.layout = layout
         self.file = pool.open(path)
-        n_bufs = 2 if prefetch else 1
-        if alloc is not None:
-            self.bufs = [alloc(layout.layer_nbytes) for _ in range(n_bufs)]
-        else:
-            self._mems = [mmap.mmap(-1, max(layout.layer_nbytes, 1)) for _ in range(n_bufs)]
-            self.bufs = [np.frombuffer(m, dtype=np.uint8)[: layout.layer_nbytes] for m in self._mems]
+        self.bufs = [(alloc or anonymous_buffer)(layout.layer_nbytes) for _ in range(2 if prefetch else 1)]
         self.buf = self.bufs[0]
         self.prefetch = prefetch
         self._holds = [None] * len(self.bufs)  # (layer, rows skipped) each buffer holds or is being filled with
