@@ -361,9 +361,27 @@ struct uint3 {
   uint3(mf::U3 v = {0, 0, 0}) : x(v.x), y(v.y), z(v.z) {}
 };
 
-// IEEE binary16 storage, read as float (the bodies only load half scales and convert them).
+// IEEE binary16 storage: read as float (scales, float16 activations), and written from a float with
+// static_cast (float16 outputs), rounded to nearest even as the GPU converts.
 struct half {
   uint16_t bits;
+  half() = default;
+  explicit half(float f) : bits(from_float(f)) {}
+  static uint16_t from_float(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u);  // NaN
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // infinity, or rounds to it (>= 65520)
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal (or 0), in units of 2^-24; the scaling is exact
+      float m;
+      memcpy(&m, &a, 4);
+      return (uint16_t)(sign | (uint32_t)std::nearbyint(m * 16777216.0f));
+    }
+    // normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even (a carry
+    // into the exponent is the right result)
+    return (uint16_t)(sign | ((a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13));
+  }
   operator float() const {
     uint32_t sign = (uint32_t)(bits & 0x8000u) << 16, e = (bits >> 10) & 0x1F, m = bits & 0x3FFu, u;
     if (e == 0x1F) u = sign | 0x7F800000u | (m << 13);

@@ -2,7 +2,8 @@
 
 Metal on Apple silicon, CPU elsewhere. Activations are float32 on the CPU device (MLX's CPU
 kernels are slow in half precision) and float16 on the GPU. Quantized linears: on the GPU
-`mx.quantized_matmul` on the packed arrays; on the CPU our kernels as MLX primitives
+`mx.quantized_matmul` on the packed arrays and, for GGUF block kinds, our Metal kernel over their
+bytes (mlx_flash.kernels.metal_blocks); on the CPU our kernels as MLX primitives
 (mlx_flash.kernels.mlx_kernels: products over the stored bytes, embedding rows, attention) inside
 the lazy graph, since MLX's CPU quantized_matmul is ~7x slower and its CPU attention runs on a
 reference BLAS (tools/bench_kernel.py); a token's forward is built lazily and evaluated once.
@@ -17,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import mlx_kernels
+from ..kernels.metal_blocks import MetalBlockMatmul
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
 from ..ffn_source import GateActivation
 from ..kernels.sparse_ffn import CpuSparseFFN
@@ -44,6 +46,7 @@ class Weight:
     stored: tuple | None = None
     matrix: StoredMatrix | None = None
     graph: mlx_kernels.GraphMatrix | None = None
+    metal: MetalBlockMatmul | None = None  # GPU, GGUF block kinds: the Metal product over a byte copy
 
 
 class MLXOps:
@@ -139,10 +142,13 @@ class MLXOps:
         if quant is None:
             return Weight(self.array(parts["weight"], dtypes.get("weight")), None, None,
                           self._opt(parts, "bias", dtypes), None, transposed)
-        if quant.is_block:  # GGUF block rows: the CPU block kernel (on a GPU too: no Metal kernel yet)
-            matrix = block_matrix(parts["weight"], quant, transposed)
+        if quant.is_block:  # GGUF block rows: the Metal block kernel on a GPU, the CPU block kernel elsewhere
+            matrix, metal = block_matrix(parts["weight"], quant, transposed), None
+            if self.on_gpu:  # the rows copied once for the GPU; embedding rows (the CPU primitive) read the copy
+                metal = MetalBlockMatmul.of(matrix)
+                matrix = block_matrix(np.asarray(metal.raw), quant, False)
             return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix,
-                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
+                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads), metal)
         if not self.on_gpu and quant.bits in KERNEL_BITS:
             stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
                       np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
@@ -162,7 +168,9 @@ class MLXOps:
 
     def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
         """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
-        e.g. inside a layer's bundles); not usable as an embedding."""
+        e.g. inside a layer's bundles); not usable as an embedding. On a GPU too: GGUF block rows in a
+        layer's bundles stay where the read put them (so such layers can stream), multiplied by the CPU
+        primitive; resident block weights (weight()) take the Metal kernel."""
         # () : no arrays of its own to count
         return Weight(None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
 
@@ -244,7 +252,9 @@ class MLXOps:
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
-        if w.graph is not None:
+        if w.metal is not None:
+            y = w.metal(x)
+        elif w.graph is not None:
             if w.graph.external:  # evaluated as it is built (kernels/mlx_kernels.py)
                 self.host_syncs += 1
             y = w.graph(x)

@@ -18,6 +18,7 @@ from mlx_flash.kernels import metal_sparse
 from mlx_flash.kernels.metal_sparse import HEADER, KERNELS, MAX_TOKENS, MetalSparseFFN, down_launch, gate_up_launch
 from mlx_flash.kernels.slab_spec import DownLayout, ScaleType
 from mlx_flash.kernels.sparse_ffn_ref import random_slab, sparse_down_ref, sparse_gate_up_ref
+from metal_gpu import metal_available, needs_metal, require_shim  # noqa: E402
 
 TOLERANCE = 1e-4  # of max |reference|
 
@@ -75,10 +76,7 @@ def check(what, got, ref, worst):
 @pytest.fixture(scope="module")
 def shim():
     """The two kernels as metal_cpu objects, every variant the tests launch compiled up front on all cores."""
-    try:
-        metal_cpu.compiler()
-    except metal_cpu.ShimUnavailable as e:
-        pytest.skip(str(e))
+    require_shim()
     ks = {n: metal_cpu.metal_kernel(n, *KERNELS[n], f"{n}.metal", HEADER) for n in KERNELS}
     jobs, c = [], np.zeros(1, np.int32)
     for case in CASES:
@@ -147,16 +145,7 @@ def test_max_tokens_and_other_geometries_on_cpu(shim, case):
 
 
 # ---- the same vectors through MetalSparseFFN on a Metal GPU ----------------------------------------------
-def metal_available() -> bool:
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return False
-    return mx.metal.is_available()
-
-
-needs_metal = pytest.mark.skipif(not metal_available(), reason="no Metal GPU here (mx.metal.is_available() is false); "
-                                 "the bodies ran on the CPU through the MSL shim above")
+needs_metal = needs_metal("the bodies")
 
 
 @needs_metal
