@@ -1,22 +1,21 @@
 """The CUDA member of the sparse FFN kernels (sparse_ffn.py states the protocol): cuda/sparse_ffn.cu
 (plain CUDA C++) and its torch binding cuda/sparse_ffn_torch.cpp, built with
 torch.utils.cpp_extension at first use for the present GPU's architecture into the cache
-(MLX_FLASH_CACHE or ~/.cache/mlx_flash, cuda_ext/<hash>), loaded once per process. Nothing falls
-back silently: without a CUDA device, or when the build fails, KernelUnavailableError says why.
-torch is imported only inside functions.
+(MLX_FLASH_CACHE or ~/.cache/mlx_flash, cuda_ext/<hash>; extension_build.py), loaded once per
+process. Nothing falls back silently: without a CUDA device, or when the build fails,
+KernelUnavailableError says why. torch is imported only inside functions.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from importlib import resources
 
-from mlx_flash.errors import KernelUnavailableError
+from mlx_flash.config import default_cache_dir
 
+from .extension_build import build, cuda_arch_flag, cuda_torch
 from .slab_spec import SlabSpec
 
-SOURCES = ("sparse_ffn.cu", "sparse_ffn.cuh", "sparse_ffn_torch.cpp")
+SOURCES = ("sparse_ffn.cu", "sparse_ffn.cuh", "affine.cuh", "sparse_ffn_torch.cpp")
 MAX_TOKENS = 8  # per launch (kMaxTokens in sparse_ffn.cuh); more tokens run as several launches
 _EXT = None
 
@@ -30,49 +29,15 @@ def spec_ints(spec: SlabSpec) -> list[int]:
     return out + [int(spec.down_layout), int(spec.scale_type)]
 
 
-def cuda_source(name: str) -> str:
-    """A file of the cuda/ folder shipped in this package."""
-    return resources.files("mlx_flash.kernels").joinpath("cuda", name).read_text()
-
-
-def build_dir(key: str) -> str:
-    root = os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
-    path = os.path.join(root, "cuda_ext", key)
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def extension():
     """The compiled binding (built on first use, then loaded from the cache)."""
     global _EXT
-    if _EXT is not None:
-        return _EXT
-    try:
-        import torch
-        from torch.utils import cpp_extension
-    except ImportError:
-        raise KernelUnavailableError("the CUDA sparse FFN kernels need torch (pip install "
-                                     "'mlx-flash-engine[torch]')") from None
-    if not torch.cuda.is_available():
-        raise KernelUnavailableError("the CUDA sparse FFN kernels need an NVIDIA GPU (torch.cuda.is_available() is "
-                                     "false); the CPU kernel (sparse_ffn.CpuSparseFFN) runs elsewhere")
-    major, minor = torch.cuda.get_device_capability()
-    texts = {name: cuda_source(name) for name in SOURCES}
-    key = hashlib.sha256("".join(texts.values()).encode() + f"{torch.__version__} sm_{major}{minor}".encode())
-    where = build_dir(key.hexdigest()[:16])
-    for name, text in texts.items():  # the build reads files: copies of the shipped sources
-        path = os.path.join(where, name)
-        if not os.path.isfile(path) or open(path).read() != text:
-            with open(path, "w") as fh:
-                fh.write(text)
-    arch = f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"
-    try:
-        _EXT = cpp_extension.load(name=f"mf_sparse_ffn_{key.hexdigest()[:8]}",
-                                  sources=[os.path.join(where, "sparse_ffn_torch.cpp"), os.path.join(where, "sparse_ffn.cu")],
-                                  extra_cuda_cflags=["-O3", arch], build_directory=where, verbose=False)
-    except Exception as e:  # a compiler's many lines: the first one names it
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise KernelUnavailableError(f"building the CUDA sparse FFN kernels in {where} failed: {first}") from None
+    if _EXT is None:
+        torch = cuda_torch("the CUDA sparse FFN kernels", "the CPU kernel (sparse_ffn.CpuSparseFFN) runs elsewhere")
+        arch, sm = cuda_arch_flag(torch)
+        _EXT = build("the CUDA sparse FFN kernels", "mf_sparse_ffn", os.path.join(default_cache_dir(), "cuda_ext"),
+                     [("cuda", name) for name in SOURCES], ["sparse_ffn_torch.cpp", "sparse_ffn.cu"],
+                     f"{torch.__version__} {sm}", cuda_flags=[arch])
     return _EXT
 
 

@@ -2,25 +2,23 @@
 torch.utils.cpp_extension at first use beside the installed package (mlx_flash/kernels/torch_build/
 <hash>, one build per torch version shared by every cache directory), or, where that folder is not
 writable, into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash, torch_ops/<hash>); one process
-builds while others wait on a lock, with a line saying so; then loaded once per process. Fake implementations are registered so torch.compile can trace them. Nothing falls
-back silently: when the build fails, KernelUnavailableError says why in one line. torch is imported
-only here and by the torch backend.
+builds while others wait on a lock, with a line saying so (extension_build.py); then loaded once per
+process. Fake implementations are registered so torch.compile can trace them. Nothing falls back
+silently: when the build fails, KernelUnavailableError says why in one line. torch is imported only
+here and by the torch backend.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import sys
-import time
-from importlib import resources
 
 import numpy as np
 
-from mlx_flash.errors import KernelUnavailableError
+from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
+from .extension_build import build
 from .stored_operands import Listed, one_buffer, operands
 
 SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"))  # (folder, file) of the shipped kernels
@@ -32,8 +30,7 @@ def _build_root() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     if os.access(here, os.W_OK):
         return os.path.join(here, "torch_build")
-    cache = os.environ.get("MLX_FLASH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mlx_flash")
-    return os.path.join(cache, "torch_ops")
+    return os.path.join(default_cache_dir(), "torch_ops")
 
 
 def ops():
@@ -43,36 +40,9 @@ def ops():
     if _OPS is not None:
         return _OPS
     import torch
-    from torch.utils import cpp_extension
 
-    texts = {name: resources.files("mlx_flash.kernels").joinpath(folder, name).read_text() for folder, name in SOURCES}
-    key = hashlib.sha256("".join(texts.values()).encode() + f"torch {torch.__version__} {sys.version}".encode())
-    where = os.path.join(_build_root(), key.hexdigest()[:16])
-    os.makedirs(where, exist_ok=True)
-    with open(os.path.join(where, ".lock"), "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process building the torch operators in {where}", file=sys.stderr)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        built = any(f.endswith(".so") for f in os.listdir(where))
-        for name, text in texts.items():  # the build reads files: copies of the shipped sources
-            path = os.path.join(where, name)
-            if not os.path.isfile(path) or open(path).read() != text:
-                with open(path, "w") as fh:
-                    fh.write(text)
-        if not built:
-            print("building the torch operators of mlx_flash's CPU kernels (once per torch version; about 15 s)",
-                  file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        try:
-            cpp_extension.load(name=f"mf_torch_ops_{key.hexdigest()[:8]}", sources=[os.path.join(where, "ops.cpp")],
-                               extra_cflags=["-O3"], build_directory=where, is_python_module=False, verbose=False)
-        except Exception as e:  # a compiler's many lines: the first one names it
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise KernelUnavailableError(f"building the torch operators in {where} failed: {first}") from None
-        if not built:
-            print(f"built the torch operators in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    build("the torch operators of mlx_flash's CPU kernels", "mf_torch_ops", _build_root(), SOURCES, ["ops.cpp"],
+          f"torch {torch.__version__} {sys.version}", python_module=False, note="once per torch version; about 15 s")
     torch.ops.mlx_flash.use_kernel_library(qmatmul.library_path())
     _register_fakes(torch)
     _OPS = torch.ops.mlx_flash

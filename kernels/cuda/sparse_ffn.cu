@@ -15,17 +15,10 @@
 //   the chunks' partial sums are then added in chunk order by a second kernel.
 #include "sparse_ffn.cuh"
 
-#include <cuda_fp16.h>
+#include "affine.cuh"
 
 namespace mf {
 namespace {
-
-__device__ __forceinline__ float load_scale(const uint8_t* p, int type, int i) {
-  if (type == 2) return reinterpret_cast<const float*>(p)[i];
-  const unsigned short v = reinterpret_cast<const unsigned short*>(p)[i];
-  if (type == 1) return __uint_as_float(static_cast<unsigned>(v) << 16);
-  return __half2float(__ushort_as_half(v));
-}
 
 __device__ __forceinline__ int active_count(const int32_t* count, int slots) {
   const int c = *count;
@@ -149,14 +142,6 @@ __global__ void down_kernel(const float* __restrict__ h, int h_stride, const uin
   for (int t = 0; t < T; t++) partial[(static_cast<int64_t>(chunk) * T + t) * D + d] = acc[t];
 }
 
-__global__ void sum_chunks(const float* __restrict__ partial, int n, float* __restrict__ y) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0.f;
-  for (int c = 0; c < kDownChunks; c++) s += partial[static_cast<int64_t>(c) * n + i];
-  y[i] = s;
-}
-
 bool layout_ok(const SlabLayout& lay, int T) {
   auto ok = [](const SlabMatrix& m) { return (m.bits == 4 || m.bits == 8) && m.group > 0 && m.group % 32 == 0; };
   return T >= 1 && T <= kMaxTokens && lay.d_model % 32 == 0 && lay.block >= 1 && lay.row_bytes % 4 == 0 &&
@@ -196,7 +181,7 @@ cudaError_t sparse_down(const float* h, int T, int h_stride, const uint8_t* slab
 #undef MF_CASE
   }
   const int n = T * lay.d_model;
-  sum_chunks<<<(n + 255) / 256, 256, 0, stream>>>(scratch, n, y);
+  sum_partials<<<(n + 255) / 256, 256, 0, stream>>>(scratch, kDownChunks, n, y);
   return cudaGetLastError();
 }
 

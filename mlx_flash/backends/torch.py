@@ -1,15 +1,17 @@
 """torch backend: the same op names and semantics as backends/mlx.py, implemented with torch.
 
 CPU here, CUDA when present. Activations and the residual stream are float32. Two linear modes:
-  dtype="float32" (default, exact): on the CPU, quantized weights stay as stored (packed codes,
-      scales, biases) and every matmul runs on them through the fused CPU kernel
-      (mlx_flash.kernels.qmatmul: float32 activations and accumulation, no dequantized copy), on
-      `threads` threads while torch's own ops run on one (two thread pools spinning on the same
-      cores slow both down); on CUDA they are dequantized once into float32. Results match the MLX
-      backend to float32 rounding.
-  dtype="bfloat16" (fast, approximate): 4-bit linears run on torch's weight-only int4 CPU kernel
-      (bfloat16 inputs, scales and outputs), 8-bit ones as two exact 4-bit halves on the same kernel,
-      other weights stay dense float32. Its perplexity cost is measured in the README.
+  dtype="float32" (default, exact): quantized weights stay as stored (packed codes, scales,
+      biases) and every matmul runs on them, float32 activations and accumulation, no dequantized
+      copy. On the CPU through the fused CPU kernel (mlx_flash.kernels.qmatmul), on `threads`
+      threads while torch's own ops run on one (two thread pools spinning on the same cores slow
+      both down); on CUDA the bytes are moved once to the GPU and multiplied there by the CUDA
+      kernel (kernels/cuda/qmatmul.cu, mlx_flash.kernels.cuda_ops; widths or groups it does not
+      read are dequantized once into float32). Results match the MLX backend to float32 rounding.
+  dtype="bfloat16" (fast, approximate): on the CPU, 4-bit linears run on torch's weight-only int4
+      kernel (bfloat16 inputs, scales and outputs), 8-bit ones as two exact 4-bit halves on the same
+      kernel, other weights stay dense float32; on CUDA, quantized weights are dequantized once into
+      float16 for torch's half-precision matmuls. Its perplexity cost is measured in the README.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..host_memory import anonymous_buffer
-from ..kernels import torch_ops
+from ..kernels import cuda_ops, torch_ops
 from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..ffn_source import GateActivation
 from ..quant_spec import QuantSpec
@@ -45,8 +47,8 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class Weight:
-    # "dense"; "stored" (the store's packed codes, computed on by the CPU kernel); "int4" (packed for
-    # torch's int4 kernel); "int4x2" (8-bit as two 4-bit halves)
+    # "dense"; "stored" (the store's packed codes, computed on by the CPU or CUDA kernel); "int4"
+    # (packed for torch's int4 kernel); "int4x2" (8-bit as two 4-bit halves)
     kind: str
     w: "torch.Tensor"  # int4: packed; dense: [out, in] in the matmul dtype
     scale_zeros: "torch.Tensor | None"
@@ -56,9 +58,10 @@ class Weight:
     # The stored quantized triple, kept for embedding lookups (rows dequantized on demand).
     q: tuple | None = None
     quant: QuantSpec | None = None
-    # "stored": the kernel's view of q's memory (checked once at load), and its torch operator
+    # "stored": the CPU kernel's view of q's memory (checked once at load; None on CUDA), and the
+    # operator that multiplies by it
     matrix: StoredMatrix | None = None
-    op: "torch_ops.TorchMatrix | None" = None
+    op: "torch_ops.TorchMatrix | cuda_ops.CudaMatrix | None" = None
 
 
 class TorchOps:
@@ -81,10 +84,13 @@ class TorchOps:
         self.mm_dtype = torch.float16 if (dtype == "bfloat16" and self.device.type == "cuda") else torch.float32
         self.int4_kernel = dtype == "bfloat16" and self.device.type == "cpu"
         self.stored_kernel = dtype == "float32" and self.device.type == "cpu"
+        self.cuda_kernel = dtype == "float32" and self.device.type == "cuda"  # the stored product on the GPU
         self.kernel_threads = threads or cpu_threads()
-        if self.stored_kernel:
+        if self.stored_kernel or self.cuda_kernel:
             library()  # a missing or stale kernel library fails here, at load, naming the fix
-            torch_ops.ops()  # built on first use; a failed build is named here, at load
+            # built on first use (the CUDA operator after the CPU ones); a failed build is named here, at load
+            (cuda_ops if self.cuda_kernel else torch_ops).ops()
+        if self.stored_kernel:
             torch.set_num_threads(1)
         self._rope_tables = RopeTables()
         self._inv_freqs: dict = {}  # (dims, base) -> inverse frequencies, for the CPU rope
@@ -94,6 +100,8 @@ class TorchOps:
         if self.stored_kernel:
             return (f"torch {torch.__version__} (cpu, float32; quantized linears on the stored bytes, "
                     f"{self.kernel_threads} kernel threads; torch ops on 1 thread)")
+        if self.cuda_kernel:
+            return f"torch {torch.__version__} ({self.device}, float32; quantized linears on the stored bytes)"
         return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads, {self.dtype})"
 
     def held_bytes(self, tree) -> int:
@@ -138,7 +146,8 @@ class TorchOps:
             matrix = block_matrix(parts["weight"], quant, transposed)
             return Weight("stored", None, None, quant.group_size, matrix.n_out, bias, (matrix.raw,), quant, matrix,
                           torch_ops.TorchMatrix(matrix, self.kernel_threads))
-        if self.stored_kernel and quant.bits in KERNEL_BITS:
+        if ((self.stored_kernel and quant.bits in KERNEL_BITS)
+                or (self.cuda_kernel and cuda_ops.readable(quant.bits, quant.group_size))):
             return self._stored(parts, quant, transposed, dtypes, bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
         scales = self.array(parts["scales"], dtypes.get("scales"))
@@ -157,13 +166,18 @@ class TorchOps:
         return Weight("dense", w, None, 0, w.shape[0], bias, keep, quant)
 
     def _stored(self, parts: dict, quant: QuantSpec, transposed: bool, dtypes: dict, bias) -> Weight:
-        """The stored triple as it is (torch tensors sharing its memory, numpy views for the kernel)."""
+        """The stored triple as it is: on the CPU torch tensors sharing its memory and numpy views for
+        the kernel; on CUDA its bytes copied once to the device, the tensors views of them."""
         words = np.ascontiguousarray(parts["weight"]).view(np.uint32)
         scales, biases = np.ascontiguousarray(parts["scales"]), np.ascontiguousarray(parts["biases"])
         bf16 = dtypes.get("scales") == "bfloat16"
+        matrix = StoredMatrix(words, scales, biases, quant.bits, quant.group_size, not transposed, bf16)
+        if self.cuda_kernel:  # the host arrays are not kept: the device holds the bytes
+            op = cuda_ops.CudaMatrix(matrix, self.device)
+            q = op.parts()
+            return Weight("stored", q[0], None, quant.group_size, op.n_out, bias, q, quant, None, op)
         q = (torch.from_numpy(words.view(np.int32)), self.array(scales, dtypes.get("scales"), cast=False),
              self.array(biases, dtypes.get("biases"), cast=False))
-        matrix = StoredMatrix(words, scales, biases, quant.bits, quant.group_size, not transposed, bf16)
         return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix,
                       torch_ops.TorchMatrix(matrix, self.kernel_threads))
 
@@ -253,7 +267,7 @@ class TorchOps:
             return F.embedding(ids, w.w)
         if w.q is None:
             return F.embedding(ids, w.w).to(self.act_dtype)
-        if w.op is not None:  # rows of the stored bytes (ids are checked by the engine)
+        if w.op is not None and self.stored_kernel:  # rows of the stored bytes (ids are checked by the engine)
             return w.op.rows(ids).to(self.act_dtype)
         packed, scales, biases = w.q
         return dequantize(packed[ids], scales[ids], biases[ids], w.quant, self.act_dtype)

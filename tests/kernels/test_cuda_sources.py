@@ -1,5 +1,5 @@
 """The CUDA sources compile where no GPU is: every kernels/cuda/*.cu with nvcc for sm_89 (RTX 4090)
-and sm_90 (H100) with warnings as errors, and the torch binding's C++ against torch's headers. A
+and sm_90 (H100) with warnings as errors, and the torch bindings' C++ against torch's headers. A
 machine without nvcc skips, unless MLX_FLASH_REQUIRE_NVCC=1 (CI), where that is a failure."""
 
 import os
@@ -25,7 +25,7 @@ def nvcc() -> str:
 
 
 def test_there_are_sources():
-    assert SOURCES == ["sparse_ffn.cu"]
+    assert SOURCES == ["qmatmul.cu", "sparse_ffn.cu"]
 
 
 def cuda_top() -> str:
@@ -46,15 +46,21 @@ def test_cu_compiles_for_sm89_and_sm90_without_warnings(source, tmp_path):
     assert b"sm_89" in blob and b"sm_90" in blob
 
 
-def test_torch_binding_compiles(tmp_path):
-    """sparse_ffn_torch.cpp against the installed torch's headers (C++ only: the binding takes the
-    stream as an integer, so it needs no CUDA build of torch)."""
+@pytest.mark.parametrize("binding", ["sparse_ffn_torch.cpp", "ops_cuda.cpp"])
+def test_torch_binding_compiles(binding, tmp_path):
+    """The bindings against the installed torch's headers (C++ only). sparse_ffn_torch.cpp takes the
+    stream as an integer; ops_cuda.cpp asks c10/cuda for it, headers a CPU build of torch ships too
+    but for the one its CMake generates (cuda_cmake_macros.h), written here as CUDA builds have it."""
     cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
     cuda_include = os.path.join(cuda_top(), "include")
     if not os.path.isfile(os.path.join(cuda_include, "cuda_runtime.h")):
         pytest.skip(f"no cuda_runtime.h beside nvcc ({cuda_include})")
+    macros = os.path.join("c10", "cuda", "impl", "cuda_cmake_macros.h")
+    if not any(os.path.isfile(os.path.join(p, macros)) for p in cpp_extension.include_paths()):
+        (tmp_path / macros).parent.mkdir(parents=True)
+        (tmp_path / macros).write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DTORCH_EXTENSION_NAME=mf_check",
            *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
-           f"-I{cuda_include}", os.path.join(CUDA_DIR, "sparse_ffn_torch.cpp")]
+           f"-I{cuda_include}", f"-I{tmp_path}", os.path.join(CUDA_DIR, binding)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
