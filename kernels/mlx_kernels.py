@@ -85,6 +85,16 @@ class Located:
     external: bool
 
 
+def framework_array(view: np.ndarray) -> mx.array:
+    """An mx.array over a contiguous uint8 numpy view of framework_buffer memory without a copy (a
+    slice of the MLX buffer it lies in; on a Mac also what Metal kernels read); other memory is copied."""
+    found = buffer_of(view) if view.flags.c_contiguous and view.dtype == np.uint8 else None
+    if found is None:
+        return mx.array(view)
+    mem, offset = found
+    return mem.reshape(-1)[offset:offset + view.nbytes].reshape(view.shape)
+
+
 def locate(views) -> Located:
     """The MLX buffer every view's memory lies in, with no copy: the MLX array itself when MLX
     allocated it; else the numpy memory they share, wrapped (external). Views of separate numpy

@@ -101,10 +101,9 @@ class MLXOps:
             turns.settle()
 
     def host_buffer(self, nbytes: int) -> np.ndarray:
-        """Memory for bytes read from the store, as a writable uint8 numpy view (page-aligned): on the
-        CPU memory MLX allocated, which the primitives take as inputs where the read put it."""
-        if self.on_gpu:
-            return np.empty(nbytes, np.uint8)
+        """Memory for bytes read from the store, as a writable uint8 numpy view (page-aligned) of memory
+        MLX allocated: the CPU primitives take it as inputs where the read put it, and on a Mac, where
+        that memory is the GPU's too, so do Metal kernels (mlx_kernels.framework_array)."""
         return mlx_kernels.framework_buffer(nbytes)
 
     def held_bytes(self, tree) -> int:
@@ -205,9 +204,9 @@ class MLXOps:
         cache in MLX memory) are nodes of the graph like any product: no host round trip. The Metal
         kernel fuses SwiGLU; sparse_kernel gives other gates none (the reference path)."""
         shape = x.shape
-        if self.on_gpu:  # the slab crosses once per call (mx.array copies host memory)
+        if self.on_gpu:  # the slab: the neuron cache where the read put it (unified memory MLX allocated)
             k, T = call.kernel, x.size // shape[-1]
-            slab, idx, count = mx.array(call.slab), mx.array(call.idx.astype(np.int32)), mx.array([call.count], mx.int32)
+            slab, idx, count = mlx_kernels.framework_array(call.slab), mx.array(call.idx.astype(np.int32)), mx.array([call.count], mx.int32)
             h = k.gate_up(x.reshape(T, shape[-1]).astype(mx.float32), slab, idx, count)
             if call.mask is not None:
                 pad = np.zeros((T, h.shape[1]), np.float32)

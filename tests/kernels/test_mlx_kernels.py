@@ -194,3 +194,20 @@ def test_strided_inputs_are_gathered_by_the_primitive():
     w = _x(rng, 128)
     got = np.array(mlx_kernels.rms_norm(xt, mx.array(w), 1e-5))
     assert np.abs(got - rms_norm_ref(np.ascontiguousarray(x.T), w, 1e-5)).max() < 1e-5
+
+
+def test_framework_array_views_the_read_buffer_without_a_copy():
+    """A slab of framework_buffer memory becomes an mx.array over the same bytes (what the Metal sparse
+    kernel reads on a Mac): a write through numpy after the array was made is what it evaluates to;
+    memory MLX did not allocate is copied, so a later write does not reach the array."""
+    buf = mlx_kernels.framework_buffer(3 * 4096)
+    slab = buf[4096:4096 + 6 * 100].reshape(6, 100)
+    arr = mlx_kernels.framework_array(slab)
+    slab[:] = np.arange(600, dtype=np.uint8).reshape(6, 100)
+    assert arr.shape == (6, 100) and arr.dtype == mx.uint8
+    assert np.array_equal(np.array(arr), slab)
+    plain = np.zeros((6, 100), np.uint8)
+    copied = mlx_kernels.framework_array(plain)
+    mx.eval(copied)
+    plain[:] = 7
+    assert not np.array(copied).any()
