@@ -12,7 +12,7 @@ TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 UNAME := $(shell uname -s)
 
-.PHONY: chat test install install-dev data bench peers clean
+.PHONY: chat test test-full install install-dev data bench peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ data: install-dev
 
 test: data
 	$(BIN)/python -m pytest -q $(ARGS)
+
+test-full: data
+	MLX_FLASH_FULL=1 $(BIN)/python -m pytest -q $(ARGS)
 
 bench: install-dev
 	$(BIN)/python tools/bench.py $(ARGS)

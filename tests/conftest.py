@@ -13,6 +13,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 from mlx_flash.errors import ModelNotFoundError  # noqa: E402
 
 REQUIRE = os.environ.get("MLX_FLASH_REQUIRE_DATA") == "1"
+FULL = os.environ.get("MLX_FLASH_FULL") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `full` run only in the full tier (MLX_FLASH_FULL=1): the default one stays under
+    15 minutes on a 2-core machine."""
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="full tier only: MLX_FLASH_FULL=1 (make test-full)")
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            item.add_marker(skip)
 
 
 def _missing(reason: str):

@@ -68,8 +68,13 @@ def kernel_dir(tmp_path_factory) -> str:
     return str(root)
 
 
+# The quickstart and the service run in the default tier; the others (1-2 minutes each) in the full one.
+RUN = [n if n in ("01_quickstart.ipynb", "05_service.ipynb") else pytest.param(n, marks=pytest.mark.full)
+       for n in NOTEBOOKS]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", RUN)
 def test_notebook_runs(name, default_gguf, kernel_dir, tmp_path, monkeypatch):
     for module in ("nbclient", "nbformat", "ipykernel"):
         if importlib.util.find_spec(module) is None:

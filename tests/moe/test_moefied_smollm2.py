@@ -24,6 +24,7 @@ def moefied(tmp_path_factory, default_gguf, wiki_text):
     return out, str(root / "cache")
 
 
+@pytest.mark.full  # about 100 s: a MoE-fied model calibrated, then decoded at every budget
 def test_moefied_smollm2_streams_exactly_at_every_budget(moefied, wiki_text):
     path, cache = moefied
     kw = dict(backend="torch", cache_dir=cache, progress=False)
