@@ -5,7 +5,8 @@ isinstance) is counted while the engine decodes the default model; a decode step
 dense model costs exactly one (its logits), the products, embedding rows, attention, norms, rope and
 the KV cache's append all inside the token's one graph."""
 
-import contextlib
+import os
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -13,38 +14,9 @@ import pytest
 
 import mlx_flash
 
+from round_trips import counted_round_trips
+
 pytestmark = pytest.mark.slow
-
-
-@contextlib.contextmanager
-def counted_round_trips():
-    """Yields a list that grows by one entry (what was called) per evaluation or export."""
-    calls = []
-    patched = []
-
-    def wrap(owner, name, test=lambda *a, **k: True):
-        orig = getattr(owner, name)
-
-        def counting(*a, **k):
-            if test(*a, **k):
-                calls.append(name)
-            return orig(*a, **k)
-
-        setattr(owner, name, counting)
-        patched.append((owner, name, orig))
-
-    is_mx = lambda a=None, *rest, **k: isinstance(a, mx.array)  # noqa: E731
-    try:
-        wrap(mx, "eval")
-        wrap(mx, "async_eval")
-        for name in ("item", "tolist", "__array__"):
-            wrap(mx.array, name)
-        for name in ("array", "asarray", "ascontiguousarray", "frombuffer"):
-            wrap(np, name, is_mx)
-        yield calls
-    finally:
-        for owner, name, orig in reversed(patched):
-            setattr(owner, name, orig)
 
 
 MODES = {
@@ -98,3 +70,45 @@ def test_a_sparse_decode_step_is_at_most_one_round_trip_per_layer(store_dir, mod
         layers = e.args.num_hidden_layers
         assert e.ffn.stats().sparse_kernel == "cpu"
         assert len(calls) <= 4 * (layers + 1), f"{len(calls)} round trips for 4 tokens of {layers} layers"
+
+
+# ---- the streamed modes inside a memory cgroup at their planned limit --------------------------------------
+LIMIT = 260_000_000  # the cgroup's limit; the plan's budget is "auto" under it (the limit less its margin)
+CHILD = """
+import sys
+import mlx_flash
+from round_trips import decode_round_trips
+store, mode = sys.argv[1], sys.argv[2]
+kw = dict(ffn="stream") if mode == "stream" else dict(weights_budget="40MB", context=128)
+with mlx_flash.load(store, backend="mlx", progress=False, **kw) as e:
+    read = e.io_bytes()
+    print("round_trips", decode_round_trips(e, "The history of the city begins in the year", 8))
+    print("read", e.io_bytes() - read)
+# VmHWM: this process's own peak (ru_maxrss would carry the forking parent's over the exec)
+print("peak", next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM:")))
+"""
+
+
+@pytest.mark.parametrize("mode", ["stream", "streamed layers"])
+def test_streamed_modes_keep_one_round_trip_inside_a_cgroup_at_their_limit(store_dir, mode):
+    """The same count in a fresh process inside a memory cgroup, the plan's budget the automatic one
+    under its limit: 8 round trips for 8 tokens, reads every token, no OOM kill, peak RSS under the
+    limit."""
+    from mlx_flash.errors import FlashError
+    from mlx_flash.memory.harness import MemoryCgroup, own_memory_cgroup
+    from mlx_flash.memory.limit import SAFETY_MIN
+
+    try:
+        own_memory_cgroup()
+    except FlashError as e:
+        pytest.skip(str(e))
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    with MemoryCgroup(LIMIT) as cg:
+        r = cg.run([sys.executable, "-c", CHILD, store_dir, mode], timeout=300, env=env)
+    assert r.returncode == 0 and r.oom_kills == 0, r.stderr[-2000:]
+    out = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+    assert int(out["round_trips"]) == 8, r.stdout
+    assert int(out["read"]) > 0, "a streamed mode reads every token"
+    budget = LIMIT - max(LIMIT * 0.05, SAFETY_MIN)  # the automatic budget under the cgroup's limit
+    assert int(out["peak"]) < budget, f"peak RSS {int(out['peak']) / 1e6:.0f} MB over the {budget / 1e6:.0f} MB budget"
