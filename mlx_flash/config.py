@@ -8,10 +8,9 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
-from .convert.converter import PRECISIONS
+from .choices import PRECISIONS, PredictorKind
 from .errors import ConfigError
 from .options import ExpertOptions, FlashOptions, IOOptions, _check_enums, check_threads, option
-from .sparse.selectors import PredictorKind
 
 
 class FFNMode(Enum):

@@ -18,10 +18,8 @@ import reprlib
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .choices import ExpertPolicy, PredictorKind, SparseKernel, SparseMode
 from .errors import ConfigError
-from .moe.policies import ExpertPolicy
-from .sparse.modes import SparseKernel, SparseMode
-from .sparse.selectors import PredictorKind
 
 
 def option(default, help: str, flag: str | None = None, kind=None, factory=None):

@@ -180,3 +180,60 @@ def test_no_module_is_over_400_lines():
                 if n > 400:
                     long.append(f"{os.path.relpath(path, PACKAGE_DIR)}: {n} lines")
     assert not long, "modules over 400 lines:\n" + "\n".join(long)
+
+
+def module_graph(imports: dict) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (each import names the module it reaches; a
+    package's __init__ counts only where it is named)."""
+    return {m: {n for _, n in imported if n in imports and n != m} for m, (_, imported) in imports.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    out.append(sorted(group))
+    return out
+
+
+def test_no_circle_among_the_package_files():
+    found = circles(module_graph(import_map(PACKAGE_DIR)))
+    assert not found, "import circles: " + "; ".join(" <-> ".join(g) for g in found)
+
+
+def test_the_circle_finder_finds_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -13,9 +13,10 @@ import os
 
 import numpy as np
 
+from ..api import load
 from ..errors import ConfigError, UnsupportedModelError
 from ..store.atomic_dir import atomic_dir
-from . import moefication as M
+from .moefication import balanced_clusters, expert_contributions, expert_order, router_quality, train_router
 
 
 def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
@@ -59,7 +60,6 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     import mlx.core as mx
     from tqdm import tqdm
 
-    import mlx_flash
     from ..convert.sources import read_source
     from .activations import collect
 
@@ -79,7 +79,7 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     block = block or (down_q.group_size if down_q else 1)
     if F % n_experts or (F // n_experts) % block:
         raise ConfigError(f"{F} FFN neurons do not split evenly into {n_experts} experts of whole {block}-neuron blocks")
-    with mlx_flash.load(source, backend="torch", precision="f16", cache_dir=cache_dir, progress=progress) as eng:
+    with load(source, backend="torch", precision="f16", cache_dir=cache_dir, progress=progress) as eng:
         ids = eng.tokenizer.encode(calib_text[: calib_tokens * 8])[:calib_tokens]
         acts = collect(eng, ids, 256, calib_tokens, progress)
     n_fit = int(len(ids) * (1 - valid_fraction))
@@ -90,11 +90,11 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
         x, h = acts[i]
         gate, up, down, dtype = dense_ffn(src, i)
         blocks = h[:n_fit].astype(np.float32).reshape(len(h[:n_fit]), F // block, block).sum(2)  # [N, F/block]
-        assign = np.repeat(M.balanced_clusters(blocks.T, n_experts, seed=seed + i), block)
-        order = M.expert_order(assign, n_experts)
-        scores = M.expert_contributions(x, gate, up, down, order, n_experts)
-        router = M.train_router(x[:n_fit], scores[:n_fit], epochs=epochs, seed=seed + i)
-        quality = M.router_quality(router, x[n_fit:], scores[n_fit:], top_k)
+        assign = np.repeat(balanced_clusters(blocks.T, n_experts, seed=seed + i), block)
+        order = expert_order(assign, n_experts)
+        scores = expert_contributions(x, gate, up, down, order, n_experts)
+        router = train_router(x[:n_fit], scores[:n_fit], epochs=epochs, seed=seed + i)
+        quality = router_quality(router, x[n_fit:], scores[n_fit:], top_k)
         layers.append(quality)
         if log:
             log(f"layer {i:2d}: router recall of the oracle top-{top_k} {quality['oracle_recall']:.3f}, output share "

@@ -27,6 +27,7 @@ from ..models import model_module
 from ..progress import byte_bar, step
 from ..kernels.gguf_blocks_ref import dequantize as dequantize_blocks
 from ..quant_spec import BLOCKS, QuantSpec
+from ..choices import PRECISIONS
 from ..store.bundles import pack_layer, plan_fields
 from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest, sha256_file
 from ..store.atomic_dir import atomic_dir, output_lock
@@ -34,7 +35,6 @@ from ..store.safetensors_io import write_safetensors
 from ..store.store import is_store
 from .sources import SourceModel, read_source
 
-PRECISIONS = ("source", "source-neuron", "f16", "q4", "q8")
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
 CONVERTER_VERSION = 7
 

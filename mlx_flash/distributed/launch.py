@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from ..offload.engine_room import streams_layers, weights_room
 from ..store.manifest import MANIFEST_NAME
 from ..store.safetensors_io import tensor_layer
 from .pipeline import Pipeline
@@ -89,8 +90,6 @@ def _place_ffn(engine) -> int:
     """Throughput mode on a rank whose FFN layers stream whole: hold as many of them as the weights'
     share of its plan leaves room for (each step of every micro-batch reads the others). Returns how
     many it holds."""
-    from ..offload.run import streams_layers, weights_room
-
     if not streams_layers(engine):
         return 0
     n = min(engine.args.num_hidden_layers, weights_room(engine) // engine.store.manifest.ffn.layer_nbytes)

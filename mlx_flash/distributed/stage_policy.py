@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..offload.engine_room import read_bps, streams_layers
+
 NS = 1e-9
 WIRE_WORDS = 10  # StageSpeed.to_wire's length
 # the calibration's shape: prefill chunks of CALIBRATION_PROMPT / 4 and CALIBRATION_PROMPT tokens, decode
@@ -149,8 +151,6 @@ def stage_speed(engine, calibration: tuple, held: int, drive_share: int) -> Stag
     """This rank's stage: the calibration's compute, and the reads of the layers it streams (FFN
     layers past the `held` first, attention read when it computes) at the disk profile's rate
     (shared with `drive_share` ranks when they read at once)."""
-    from ..offload.run import read_bps, streams_layers
-
     c, (head_fixed, head_per_row) = calibration
     n = engine.args.num_hidden_layers
     lay = engine.store.manifest.ffn

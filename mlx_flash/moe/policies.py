@@ -21,16 +21,8 @@ never read or write expert bytes.
 from __future__ import annotations
 
 from collections import defaultdict
-from enum import Enum
 
-
-class ExpertPolicy(Enum):
-    """The policies an expert cache can run with (belady needs the future: simulation only)."""
-
-    EDGEMOE = "edgemoe"
-    LRU = "lru"
-    LFU = "lfu"
-    FIFO = "fifo"
+from ..choices import ExpertPolicy
 
 
 ONLINE_POLICIES = tuple(p.value for p in ExpertPolicy)

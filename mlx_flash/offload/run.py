@@ -13,13 +13,11 @@ from ..config import FFNMode
 from ..errors import ConfigError
 from ..memory import process_rss
 from ..memory.process_plan import RUNTIME_SLACK, ModelShape
-from ..memory.weights_plan import copied_vectors
-from ..sparse.planner import stored_resident_bytes
-from ..store.disk_profile import default_profile
 from ..units import fmt
 from .batch_generate import BatchStats, encode_all, generate_batch
 from .calibration import measure_compute
 from .cost_model import Machine, Workload
+from .engine_room import read_bps, streams_layers, weights_room
 from .policy import Policy
 from .search import Choice, describe, search
 from .sequence import SamplingOptions
@@ -42,28 +40,6 @@ class BatchRun(BatchStats):
                 f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
                 f"{self.generated_tokens} tokens; the policy holds {fmt(self.memory_planned)} of {fmt(self.room)}"
                 + ("; the whole model resident" if self.weights == "resident" else ""))
-
-
-def read_bps(engine) -> float:
-    """Flash read throughput for whole-layer reads: the disk profile's best large-chunk rate."""
-    prof = default_profile(engine.config.cache_dir)
-    return max(max(row.values()) for row in prof["throughput"].values())
-
-
-def streams_layers(engine) -> bool:
-    """Whether the engine reads dense FFN layers whole (ffn stream): the placement the policy sets."""
-    return engine.config.ffn is FFNMode.STREAM and not engine.store.manifest.ffn.n_experts
-
-
-def weights_room(engine, default: int = 0) -> int:
-    """The weights' share of the memory plan (`default` when there is none), less what the loaded
-    weights already hold there: what placing FFN layers in memory may take."""
-    lay = engine.store.manifest.ffn
-    slots = engine.layer_slots
-    attn = sum(slots.regions[i][2] for i in slots.regions) if slots is not None else 0
-    held = (stored_resident_bytes(engine.store) - attn + (slots.nbytes if slots is not None else 0)
-            + (2 * lay.layer_nbytes if streams_layers(engine) else 0) + copied_vectors(engine.store))
-    return max(0, engine.memory_plan.get("weights_budget", default) - held)
 
 
 def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:

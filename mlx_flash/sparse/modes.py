@@ -10,41 +10,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+
+from ..choices import SparseKernel, SparseMode  # noqa: F401 (re-exported)
 
 
 # Up to this many tokens at once (a decode step, or a speculative draft being verified) go through
 # the neuron caches with the union of their active rows; longer prompt chunks read whole layers.
 SMALL_BATCH = 16
-
-
-class SparseKernel(Enum):
-    AUTO = "auto"  # the backend's sparse FFN kernel (cpu, metal, cuda) where the store's layout allows
-    REFERENCE = "reference"  # the active rows as framework weights, multiplied by the backend's linears
-
-
-class SparseMode(Enum):
-    NAIVE = "naive"
-    HYBRID = "hybrid"
-    PREDICTOR = "predictor"
-    WINDOW = "window"
-    ALL = "all"
-
-
-    @property
-    def needs_predictor(self) -> bool:
-        """Reads only the rows a predictor selects (the other modes read whole layers)."""
-        return self in (SparseMode.PREDICTOR, SparseMode.WINDOW, SparseMode.ALL)
-
-    @property
-    def keeps_window(self) -> bool:
-        """Keeps the last k tokens' rows cached and reads only what they lack."""
-        return self in (SparseMode.WINDOW, SparseMode.ALL)
-
-    @property
-    def bundled_reads(self) -> bool:
-        """Reads a neuron's gate row, up row and down column as one range of the bundle file."""
-        return self is SparseMode.ALL
 
 
 @dataclass

@@ -9,23 +9,12 @@ predictor, sparse.gateup), so the FFN need not compute them again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 
+from ..choices import PredictorKind  # noqa: F401 (re-exported)
 from ..errors import ConfigError
-
-
-class PredictorKind(Enum):
-    LOWRANK = "lowrank"  # trained low-rank predictors saved in the store (tools/train_predictor.py)
-    GATE = "gate"  # the FFN's own gate/up projection, resident in 4 bits (sparse.gateup)
-    DENSE = "dense"  # every neuron: exact
-    # a labelled statistical model of which read units fire (sparse.statistical.StatisticalActivity),
-    # for synthetic checkpoints whose random weights have no activity to predict: the reads are
-    # real, the output is noise
-    STATISTICAL = "statistical"
-
 
 
 @dataclass
