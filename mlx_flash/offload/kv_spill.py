@@ -13,13 +13,16 @@ models/batch_cache.BlockKV gives: the attention sees the same numbers, so the to
 Written pages go to the page cache and are flushed by the kernel behind the compute (the writer).
 
 The folder is private to the run (mode 0700, under the cache directory or the system's temporary
-one) and removed with everything in it when the run ends. Files are float32 whatever the activation
+one) and removed with everything in it when the run ends. It holds a lock for its run's lifetime, so
+a run killed before its end leaves a folder whose lock is free: the next run's SpillFolder removes
+it (reap_orphans). Files are float32 whatever the activation
 dtype, so a spilled value reads back bit for bit. This module moves numpy arrays and bytes; backend
 arrays are made in SpilledKV.update only.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -38,6 +41,28 @@ class SpillError(FlashError):
     """The spill folder could not be made or written (full disk, permissions)."""
 
 
+PREFIX, LOCK = "kv-spill-", ".lock"
+
+
+def reap_orphans(parent: str) -> list[str]:
+    """Remove the spill folders under `parent` whose run has ended without removing them (killed):
+    their lock is free. Folders of live runs, and anything without a lock, are left. Returns the
+    removed paths."""
+    removed = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not name.startswith(PREFIX) or not os.path.isfile(os.path.join(path, LOCK)):
+            continue
+        try:
+            with open(os.path.join(path, LOCK)) as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(path, ignore_errors=True)  # (still locked: no run can be inside it)
+                removed.append(path)
+        except (BlockingIOError, FileNotFoundError, PermissionError):
+            continue  # a live run's, one being removed, or another user's
+    return removed
+
+
 class SpillFolder:
     """Where one run's spilled KV lives; a single reader thread reads ahead."""
 
@@ -45,10 +70,13 @@ class SpillFolder:
         try:
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            self.path = tempfile.mkdtemp(prefix="kv-spill-", dir=parent)  # mode 0700
+            self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)  # mode 0700
+            self._lock = open(os.path.join(self.path, LOCK), "w")
+            fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
         except OSError as e:
             raise SpillError(f"KV spill folder under {parent or tempfile.gettempdir()}: cannot create it "
                              f"({e.strerror})") from None
+        reap_orphans(os.path.dirname(self.path))
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-spill")
         self._files: list[SpillFile] = []
 
@@ -63,6 +91,7 @@ class SpillFolder:
             f.close()
         self._files = []
         shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.close()
 
     def __enter__(self):
         return self

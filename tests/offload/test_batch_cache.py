@@ -377,3 +377,27 @@ def test_make_row_caches(tiny):
     assert len(exact) == len(quant) == e.args.num_hidden_layers
     assert all(isinstance(c, KVCache) and c.capacity == 50 for c in exact)
     assert all(isinstance(c, QuantizedKV) and c.capacity == 50 for c in quant)
+
+
+def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_a_live_one_is_kept(tmp_path):
+    """A run killed before its end leaves its folder with a free lock: the next SpillFolder under the
+    same parent removes it; a live run's folder (its lock held) stays."""
+    import subprocess
+    import sys
+
+    hold = ("import sys, time\nfrom mlx_flash.offload.kv_spill import SpillFolder\n"
+            "f = SpillFolder(sys.argv[1]); open(f.path + '/seq-000000.kv', 'wb').write(b'x' * 4096)\n"
+            "print(f.path, flush=True); time.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        killed, live = (p.stdout.readline().strip() for p in procs)
+        procs[0].kill()
+        procs[0].wait()
+        assert os.path.isdir(killed)  # nothing ran at its end
+        with SpillFolder(str(tmp_path)) as folder:
+            assert not os.path.exists(killed) and os.path.isdir(live) and os.path.isdir(folder.path)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
