@@ -55,16 +55,6 @@ def _check_torch_device(torch, device) -> None:
         raise ConfigError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
 
 
-def inverse_frequencies(dims: int, base: float, freqs=None):
-    """Each rotary pair's inverse frequency as float32 numpy [dims / 2] (what the CPU rope kernel
-    takes): `freqs` as given (models/rope.py's scalings), else base^(-2i / dims)."""
-    import numpy as np
-
-    if freqs is not None:
-        return np.ascontiguousarray(freqs, dtype=np.float32)
-    return (1.0 / base ** (np.arange(0, dims, 2) / dims)).astype(np.float32)
-
-
 def cpu_threads() -> int:
     """CPUs this process may run on: its affinity mask where the OS has one (taskset, a cgroup cpuset)."""
     try:

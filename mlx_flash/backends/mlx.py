@@ -26,7 +26,8 @@ from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 from ..memory.process_plan import MLX_CACHE_LIMIT
 
-from . import block_matrix, cpu_threads, inverse_frequencies, mlx_scores, walk
+from ..models.rope import frequencies_key, kernel_inverse_frequencies
+from . import block_matrix, cpu_threads, mlx_scores, walk
 
 NAME = "mlx"
 
@@ -296,12 +297,10 @@ class MLXOps:
 
     def _inv_freqs(self, dims: int, base: float, freqs) -> mx.array:
         """Each pair's inverse frequency (float32 [dims / 2]): `freqs`, or base^(-2i / dims); kept per
-        (dims, base) so a decode step builds none."""
-        if freqs is not None:
-            return mx.array(inverse_frequencies(dims, base, freqs))
-        key = (dims, float(base))
+        (dims, base, freqs) so a decode step builds none."""
+        key = frequencies_key(dims, base, freqs)
         if key not in self._rope_freqs:
-            self._rope_freqs[key] = mx.array(inverse_frequencies(dims, base))
+            self._rope_freqs[key] = mx.array(kernel_inverse_frequencies(dims, base, freqs))
         return self._rope_freqs[key]
 
     def gated(self, act: GateActivation, gate, up):

@@ -28,7 +28,8 @@ from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix, library
 from ..ffn_source import GateActivation
 from ..quant_spec import QuantSpec
 
-from . import block_matrix, cpu_threads, inverse_frequencies
+from ..models.rope import frequencies_key, kernel_inverse_frequencies
+from . import block_matrix, cpu_threads
 from . import torch_scores, torch_sparse
 from .torch_quant import dequantize, int4pack, unpack_bits
 from .torch_rope import RopeTables
@@ -285,13 +286,10 @@ class TorchOps:
         position `offset` (an int, or int numpy [B]: one per row of a batch); freqs: inverse
         frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
         if self.stored_kernel:  # one pass of the CPU kernel (kernels/cpu/pointwise.cpp)
-            key = (dims, float(base))
-            if freqs is not None:
-                inv = torch.from_numpy(inverse_frequencies(dims, base, freqs))
-            else:
-                if key not in self._inv_freqs:
-                    self._inv_freqs[key] = torch.from_numpy(inverse_frequencies(dims, base))
-                inv = self._inv_freqs[key]
+            key = frequencies_key(dims, base, freqs)  # kept per key: a decode step converts nothing
+            if key not in self._inv_freqs:
+                self._inv_freqs[key] = torch.from_numpy(kernel_inverse_frequencies(dims, base, freqs))
+            inv = self._inv_freqs[key]
             pos = (torch.full((x.shape[0],), offset, dtype=torch.int32) if isinstance(offset, int)
                    else torch.from_numpy(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)).copy()))
             return torch_ops.ops().rope(x, inv, pos, dims, traditional, scale)

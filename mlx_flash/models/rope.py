@@ -22,6 +22,18 @@ def plain_inverse_frequencies(dims: int, base: float) -> np.ndarray:
     return 1.0 / base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
 
 
+def frequencies_key(dims: int, base: float, freqs=None) -> tuple:
+    """What names kernel_inverse_frequencies' result: a backend keeps its array per key, so a decode
+    step converts nothing."""
+    return dims, float(base), None if freqs is None else np.asarray(freqs).tobytes()
+
+
+def kernel_inverse_frequencies(dims: int, base: float, freqs=None) -> np.ndarray:
+    """Each rotary pair's inverse frequency as contiguous float32 [dims / 2] (what the CPU rope kernel
+    takes): `freqs` as a scaling gave it, else base^(-2i / dims)."""
+    return np.ascontiguousarray(plain_inverse_frequencies(dims, base) if freqs is None else freqs, dtype=np.float32)
+
+
 def llama3_inverse_frequencies(dims: int, base: float, s: dict) -> np.ndarray:
     """Long wavelengths (beyond the original context / low_freq_factor) slowed by `factor`, short
     ones (below it / high_freq_factor) kept, those between blended smoothly."""
