@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gguf_blocks_ref import BLOCKS, GgufBlock
-from .metal_sparse import SIMD, metal_source
+from .metal_sparse import SIMD, built_kernel
 
 MAX_TOKENS = 8  # per pass over a row (register accumulators); a launch makes as many passes as it needs
 SIMDGROUPS = 4  # SIMD groups (rows) per threadgroup
@@ -69,18 +69,8 @@ def plain_rows(matrix) -> np.ndarray:
                      "not copied for the Metal one")
 
 
-_kernel = None  # the mx.fast.metal_kernel object, built once per process
-
-
 def _metal_kernel():
-    global _kernel
-    if _kernel is None:
-        import mlx.core as mx
-
-        _kernel = mx.fast.metal_kernel(name=KERNEL, input_names=list(INPUTS), output_names=list(OUTPUTS),
-                                       source=metal_source(f"{KERNEL}.metal"), header=metal_source(HEADER),
-                                       ensure_row_contiguous=True)
-    return _kernel
+    return built_kernel(KERNEL, INPUTS, OUTPUTS, HEADER)
 
 
 class MetalBlockMatmul:
@@ -104,10 +94,11 @@ class MetalBlockMatmul:
 
     @classmethod
     def of(cls, matrix) -> "MetalBlockMatmul":
-        """Over a BlockMatrix's rows, copied once as bytes (no float copy) into an mx.array the GPU reads."""
-        import mlx.core as mx
+        """Over a BlockMatrix's rows as an mx.array the GPU reads: where the read put them when that is
+        MLX memory (unified on a Mac), else copied once as bytes (never a float copy)."""
+        from .mlx_kernels import framework_array
 
-        return cls(mx.array(plain_rows(matrix)), matrix.kind)
+        return cls(framework_array(plain_rows(matrix)), matrix.kind)
 
     def __call__(self, x):
         """x [.., K] float16 or float32 (others computed in float32) -> [.., N] in that dtype."""

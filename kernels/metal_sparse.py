@@ -83,15 +83,19 @@ def token_slices(tokens: int) -> list[slice]:
 _kernels: dict[str, object] = {}  # name -> mx.fast.metal_kernel object, built once per process
 
 
-def _metal_kernel(name: str):
+def built_kernel(name: str, inputs, outputs, header: str):
+    """The mx.fast.metal_kernel of metal/<name>.metal with `header`, built once per process."""
     if name not in _kernels:
         import mlx.core as mx
 
-        inputs, outputs = KERNELS[name]
         _kernels[name] = mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
-                                              source=metal_source(f"{name}.metal"), header=metal_source(HEADER),
+                                              source=metal_source(f"{name}.metal"), header=metal_source(header),
                                               ensure_row_contiguous=True)
     return _kernels[name]
+
+
+def _metal_kernel(name: str):
+    return built_kernel(name, *KERNELS[name], HEADER)
 
 
 class MetalSparseFFN:

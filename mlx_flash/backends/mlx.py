@@ -144,7 +144,7 @@ class MLXOps:
                           self._opt(parts, "bias", dtypes), None, transposed)
         if quant.is_block:  # GGUF block rows: the Metal block kernel on a GPU, the CPU block kernel elsewhere
             matrix, metal = block_matrix(parts["weight"], quant, transposed), None
-            if self.on_gpu:  # the rows copied once for the GPU; embedding rows (the CPU primitive) read the copy
+            if self.on_gpu:  # the rows as the GPU reads them (in place when MLX memory); embedding rows read those
                 metal = MetalBlockMatmul.of(matrix)
                 matrix = block_matrix(np.asarray(metal.raw), quant, False)
             return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix,
