@@ -122,7 +122,7 @@ class GraphMatrix:
         where = locate(self.op.views)
         self.buffer, self.offsets, self.external = where.buffer, where.offsets + (0,) * (3 - len(where.offsets)), \
             where.external
-        self.k_in, self.n_out, self.sparse_axis = self.op.k_in, self.op.n_out, self.op.sparse_axis
+        self.k_in, self.n_out = self.op.k_in, self.op.n_out
         self.matrix = matrix  # kept alive: its views are what the offsets point into
         # a streamed slot's turns (slot_turns.SlotGate: fences and the latest claim), or None: resident
         self.gate = None
@@ -132,9 +132,8 @@ class GraphMatrix:
 
     def sparse(self, x: mx.array, ids: mx.array, n: int) -> mx.array:
         """The product over n listed units (ids int32 [n], each checked by the caller to lie in range)."""
-        axis = self.sparse_axis
-        n_out = n * self.op.rpb if axis == "blocks" else self.n_out
-        return self._op(x, n_out, ids, Listed.of(axis))
+        n_out, listed = self.op.sparse_output(n)
+        return self._op(x, n_out, ids, listed)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows `ids` of a plain matrix as float32 [..ids, K] (embedding lookups), lazily; an id outside

@@ -40,6 +40,11 @@ class Operands:
     rpb: int  # rows per block (laid-out rows), else 1
     views: tuple  # where the kernel starts reading each part: (codes, scales, biases) or (raw,)
 
+    def sparse_output(self, n: int) -> tuple[int, "Listed"]:
+        """(output width, what is listed) of a sparse product over n listed units: n blocks of rpb
+        rows, else the whole output (listed groups or rows of the input)."""
+        return (n * self.rpb if self.sparse_axis == "blocks" else self.n_out), Listed.of(self.sparse_axis)
+
 
 def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:
     layout = [] if matrix.layout is None else [int(v) for v in matrix.layout]

@@ -19,7 +19,7 @@ from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
 from .extension_build import build
-from .stored_operands import Listed, one_buffer, operands
+from .stored_operands import one_buffer, operands
 
 SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"))  # (folder, file) of the shipped kernels
 _OPS = None
@@ -135,10 +135,9 @@ class TorchMatrix:
         checked by the caller to lie in range)."""
         w, s, b = self.offsets
         st, bits, group = self.op.quant
-        axis = self.op.sparse_axis
-        n_out = n * self.op.rpb if axis == "blocks" else self.n_out
+        n_out, listed = self.op.sparse_output(n)
         return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, n_out,
-                                      self.op.transposed, self.op.layout, self.threads, ids, int(Listed.of(axis)))
+                                      self.op.transposed, self.op.layout, self.threads, ids, int(listed))
 
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:
