@@ -117,19 +117,6 @@ def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
-def dequantize_rows(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
-                    bf16_scales: bool = False) -> np.ndarray:
-    """Rows of a stored matrix as float32 (embedding lookups: a few rows, never a whole weight).
-    q * scale is exact in float32 (<= 8-bit codes, <= 16-bit scales), so adding the bias rounds once,
-    as MLX's dequantize does."""
-    codes = unpack_codes(packed, bits).reshape(*packed.shape[:-1], -1, group).astype(np.float32)
-    if bf16_scales:
-        scales = (scales.astype(np.uint32) << 16).view(np.float32)
-        biases = (biases.astype(np.uint32) << 16).view(np.float32)
-    w = codes * scales.astype(np.float32)[..., None] + biases.astype(np.float32)[..., None]
-    return w.reshape(*packed.shape[:-1], -1)
-
-
 class StoredMatrix:
     """A stored quantized matrix, checked once when built and multiplied many times: per call only x
     is checked, so a decode step's hundred small products do not pay for validation.

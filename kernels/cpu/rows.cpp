@@ -1,9 +1,9 @@
 // Rows of a stored matrix as float32: embedding lookups read a few rows of the token embedding,
 // never a whole matrix, from the stored bytes (an affine 2/4/8-bit matrix in the store's layout, or a
 // GGUF block type). Affine: w = q * scale + bias, the product exact in float32 so the one rounding is
-// the add (as MLX's dequantize and kernels/qmatmul.py's dequantize_rows); block types: gguf_blocks.h's
-// decoding, equal to the gguf package's bit for bit. Plain-ops references: kernels/qmatmul.py
-// (dequantize_rows) and kernels/gguf_blocks_ref.py.
+// the add (as MLX's dequantize, and kernels/qmatmul_ref.py's rounded once to float32); block types: gguf_blocks.h's
+// decoding, equal to the gguf package's bit for bit. Plain-ops references: kernels/qmatmul_ref.py
+// (dequantize) and kernels/gguf_blocks_ref.py.
 #include <cstdint>
 #include <cstring>
 
