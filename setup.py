@@ -24,7 +24,7 @@ from setuptools.command.build_ext import build_ext
 # so one build runs on AVX2-only and AVX-512 machines alike.
 CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden"] if sys.platform != "win32" else ["/O2", "/std:c++17"]
 CPU_SOURCES = ("qmatmul", "qmatmul_portable", "qmatmul_avx2", "qmatmul_avx512", "blockmatmul", "blockmatmul_x86",
-               "rows", "attention", "pointwise")
+               "rows", "attention", "pointwise", "gated_ffn")
 
 
 class CMakeExtension(Extension):
@@ -59,7 +59,7 @@ setup(
     package_dir={"mlx_flash.kernels": "kernels"},
     ext_modules=[Extension("mlx_flash.kernels._qmatmul", language="c++", extra_compile_args=CXX_FLAGS,
                            sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
-                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h"]),
+                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h", "kernels/cpu/matrix_ref.h"]),
                  CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx")],
     cmdclass={"build_ext": BuildExt},
 )

@@ -123,6 +123,7 @@ class GraphMatrix:
         self.buffer, self.offsets, self.external = where.buffer, where.offsets + (0,) * (3 - len(where.offsets)), \
             where.external
         self.k_in, self.n_out = self.op.k_in, self.op.n_out
+        self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operations take it
         self.matrix = matrix  # kept alive: its views are what the offsets point into
         # a streamed slot's turns (slot_turns.SlotGate: fences and the latest claim), or None: resident
         self.gate = None
@@ -147,18 +148,40 @@ class GraphMatrix:
         return self.ext.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, first.shape[0],
                                     self.k_in, first.strides[0], scale_row)
 
+    def input_buffer(self, x: mx.array) -> mx.array:
+        """The buffer as a product over x takes it: for a streamed slot, its bytes once read, after x
+        (this layer's input) is computed."""
+        if self.gate is None:
+            return self.buffer
+        seq, turns = self.gate.seq, self.gate.turns
+        return self.ext.await_fence(self.buffer, x, turns.ready, seq, turns.release, seq - 1)
+
     def _op(self, x, n_out, ids, listed):
         w, s, b = self.offsets
         st, bits, group = self.op.quant
-        buf = self.buffer
-        if self.gate is not None:  # the slot's bytes, once read, after this layer's input
-            seq, turns = self.gate.seq, self.gate.turns
-            buf = self.ext.await_fence(buf, x, turns.ready, seq, turns.release, seq - 1)
-        y = self.ext.stored_matmul(x, buf, self.op.kind, w, s, b, st, bits, group, n_out, self.op.transposed,
-                                   self.op.layout, self.threads, ids, int(listed))
+        y = self.ext.stored_matmul(x, self.input_buffer(x), self.op.kind, w, s, b, st, bits, group, n_out,
+                                   self.op.transposed, self.op.layout, self.threads, ids, int(listed))
         if self.external:  # the memory may be refilled once this returns
             mx.eval(y)
         return y
+
+
+def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: GraphMatrix) -> mx.array:
+    """down(silu(gate) * up) of x [.., K] as one node of the graph; up None: gate is gate|up, one
+    matrix of 2F outputs (gate first). The same products and activation as separate nodes, to the bit."""
+    given = {}  # buffer -> what the node takes for it: one wait per streamed slot
+
+    def take(m: GraphMatrix) -> mx.array:
+        key = (id(m.buffer), id(m.gate))
+        if key not in given:
+            given[key] = m.input_buffer(x)
+        return given[key]
+
+    y = gate.ext.gated_ffn(x, take(gate), gate.spec, take(up or gate), up.spec if up else [], take(down), down.spec,
+                           gate.threads)
+    if any(m.external for m in (gate, up or gate, down)):  # the memory may be refilled once this returns
+        mx.eval(y)
+    return y
 
 
 def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:

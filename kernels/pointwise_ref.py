@@ -31,3 +31,11 @@ def rope_ref(x: np.ndarray, inv_freq: np.ndarray, pos: np.ndarray, dims: int, tr
 def silu_mul_ref(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     g = g.astype(np.float64)
     return g / (1 + np.exp(-g)) * u
+
+
+def gated_ffn_ref(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """down(silu(gate) * up) of x [T, K], from dense weights: gate|up [2F, K] (gate first), down
+    [D, F] (rows are outputs); float64."""
+    h = x.astype(np.float64) @ gate_up.astype(np.float64).T
+    F = h.shape[-1] // 2
+    return silu_mul_ref(h[..., :F], h[..., F:]) @ down.astype(np.float64).T

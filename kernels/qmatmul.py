@@ -28,7 +28,7 @@ class Isa(IntEnum):
     AVX512 = 2  # AVX-512 F + BW
 
 
-ABI_VERSION = 6  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 7  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None

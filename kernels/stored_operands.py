@@ -45,6 +45,12 @@ class Operands:
         rows, else the whole output (listed groups or rows of the input)."""
         return (n * self.rpb if self.sparse_axis == "blocks" else self.n_out), Listed.of(self.sparse_axis)
 
+    def spec(self, offsets) -> list[int]:
+        """The matrix as the whole-layer operators take it (kernels/cpu/matrix_ref.h): kind, the byte
+        offsets of its parts in their buffer, scale type, bits, group, outputs, transposed, layout."""
+        w, s, b = (tuple(offsets) + (0, 0, 0))[:3]
+        return [self.kind, w, s, b, *self.quant, self.n_out, int(self.transposed), *self.layout]
+
 
 def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:
     layout = [] if matrix.layout is None else [int(v) for v in matrix.layout]

@@ -21,7 +21,7 @@ from . import qmatmul
 from .extension_build import build
 from .stored_operands import one_buffer, operands
 
-SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"))  # (folder, file) of the shipped kernels
+SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"), ("cpu", "matrix_ref.h"))  # (folder, file) of the shipped kernels
 _OPS = None
 
 
@@ -79,6 +79,10 @@ def _register_fakes(torch) -> None:
     def _(g, u):
         return g.new_empty(g.shape)
 
+    @torch.library.register_fake(lib + "gated_ffn")
+    def _(x, gate_buffer, gate, up_buffer, up, down_buffer, down, threads):
+        return x.new_empty((*x.shape[:-1], down[7]))
+
 
 def framework_buffer(nbytes: int) -> np.ndarray:
     """`nbytes` of memory torch allocated, page-aligned, as a writable uint8 numpy view sharing it
@@ -122,6 +126,10 @@ class TorchMatrix:
             self.buffer = torch.from_numpy(buf)
         self.offsets = tuple(offsets) + (0,) * (3 - len(offsets))
         self.n_out, self.k_in = self.op.n_out, self.op.k_in
+        self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operators take it
+        first = self.op.views[0]  # rows, K, bytes a row, bytes a row of scales: what rows() reads
+        self.row_geometry = (first.shape[0], self.k_in, first.strides[0],
+                             self.op.views[1].strides[0] if self.op.kind == 0 else 0)
         self.matrix = matrix  # kept alive: its views are what the offsets point into
 
     def __call__(self, x):
@@ -139,11 +147,16 @@ class TorchMatrix:
         return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, n_out,
                                       self.op.transposed, self.op.layout, self.threads, ids, int(listed))
 
+    @staticmethod
+    def gated_ffn(x, gate: "TorchMatrix", up: "TorchMatrix | None", down: "TorchMatrix"):
+        """down(silu(gate) * up) of x [.., K]; up None: gate is gate|up, one matrix of 2F outputs (gate
+        first). The products and the activation in one operator call, identical to separate calls."""
+        return gate.ops.gated_ffn(x, gate.buffer, gate.spec, (up or gate).buffer, up.spec if up else [], down.buffer,
+                                  down.spec, gate.threads)
+
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:
             raise ValueError("rows are read from plain matrices (rows one after another), not laid-out ones")
         w, s, b = self.offsets
         st, bits, group = self.op.quant
-        first = self.op.views[0]
-        return self.ops.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, first.shape[0], self.k_in,
-                                    first.strides[0], self.op.views[1].strides[0] if self.op.kind == 0 else 0)
+        return self.ops.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, *self.row_geometry)

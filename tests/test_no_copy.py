@@ -74,7 +74,7 @@ def test_mlx_primitives_read_weights_where_they_were_read(store_dir, mode, monke
             got = ext.recorded_inputs()
         finally:
             ext.record_inputs(False)
-    products = [a for name, a in got if name == "StoredMatmul"]
+    products = [a for name, a in got if name in ("StoredMatmul", "GatedFFN")]
     assert len(products) >= 3 * 5 * e.args.num_hidden_layers, "every product of every layer was recorded"
     outside = [hex(a) for a in products if not written.holds(a)]
     assert not outside, f"{len(outside)} of {len(products)} products read weights away from where they were read"
@@ -85,7 +85,7 @@ def test_torch_operators_read_weights_where_they_were_read(store_dir, mode, monk
     torch_ops = pytest.importorskip("mlx_flash.kernels.torch_ops")
     written = Written(monkeypatch)
     handed = []
-    call, sparse = torch_ops.TorchMatrix.__call__, torch_ops.TorchMatrix.sparse
+    call, sparse, ffn = torch_ops.TorchMatrix.__call__, torch_ops.TorchMatrix.sparse, torch_ops.TorchMatrix.gated_ffn
 
     def recording(tm, x):
         handed.append(tm.buffer.data_ptr() + tm.offsets[0])
@@ -95,6 +95,11 @@ def test_torch_operators_read_weights_where_they_were_read(store_dir, mode, monk
         handed.append(tm.buffer.data_ptr() + tm.offsets[0])
         return sparse(tm, x, ids, n)
 
+    def recording_ffn(x, gate, up, down):
+        handed.extend(tm.buffer.data_ptr() + tm.offsets[0] for tm in (gate, up, down) if tm is not None)
+        return ffn(x, gate, up, down)
+
+    monkeypatch.setattr(torch_ops.TorchMatrix, "gated_ffn", staticmethod(recording_ffn))
     monkeypatch.setattr(torch_ops.TorchMatrix, "__call__", recording)
     monkeypatch.setattr(torch_ops.TorchMatrix, "sparse", recording_sparse)
     with mlx_flash.load(store_dir, backend="torch", progress=False, **MODES[mode]) as e:

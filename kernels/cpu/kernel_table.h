@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "matrix_ref.h"
+
 namespace mlx_flash {
 
 struct KernelLibrary {
@@ -32,6 +34,8 @@ struct KernelLibrary {
   int (*silu_mul)(const float* g, const float* u, int64_t n, float* y) = nullptr;
   int (*write_tokens)(float* buf, int64_t B, int64_t H, int64_t cap, int64_t hd, const float* x, const int64_t* xs,
                       int64_t T, int64_t offset) = nullptr;
+  int (*gated_ffn)(const float* x, int64_t T, int64_t K, const mf_matrix* gate, const mf_matrix* up,
+                   const mf_matrix* down, float* hidden, float* y, int threads) = nullptr;
 };
 
 namespace detail {
@@ -57,6 +61,7 @@ inline KernelLibrary kernel_table(const std::string& path) {
   detail::find(handle, "mf_rope", path, lib.rope);
   detail::find(handle, "mf_silu_mul", path, lib.silu_mul);
   detail::find(handle, "mf_write_tokens", path, lib.write_tokens);
+  detail::find(handle, "mf_gated_ffn", path, lib.gated_ffn);
   return lib;
 }
 

@@ -176,8 +176,9 @@ extern "C" {
 // library whose number differs from its own (a checkout updated without reinstalling).
 // 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products);
 // 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul; 6: rows of
-// stored matrices (mf_rows, rows.cpp) and attention (mf_attention, attention.cpp)
-MF_EXPORT int mf_abi_version() { return 6; }
+// stored matrices (mf_rows, rows.cpp) and attention (mf_attention, attention.cpp); 7: a gated FFN layer in
+// one call (mf_gated_ffn, gated_ffn.cpp)
+MF_EXPORT int mf_abi_version() { return 7; }
 
 // Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
 MF_EXPORT int mf_cpu_isa() { return g_isa; }

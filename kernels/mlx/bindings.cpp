@@ -37,6 +37,14 @@ MatrixSpec spec_of(int kind, int64_t w_off, int64_t s_off, int64_t b_off, int sc
   return s;
 }
 
+// A matrix from the list the whole-layer entries take (stored_operands.Operands.spec).
+MatrixSpec spec_from(const std::vector<int64_t>& v) {
+  if (v.size() != 9 && v.size() != (v.empty() || v[0] == 0 ? 16u : 13u))
+    throw std::invalid_argument("a matrix is 9 ints and its layout (7 affine, 4 blocks)");
+  return spec_of((int)v[0], v[1], v[2], v[3], (int)v[4], (int)v[5], (int)v[6], v[7], v[8] != 0,
+                 std::vector<int64_t>(v.begin() + 9, v.end()));
+}
+
 }  // namespace
 
 NB_MODULE(_mlx_kernels, m) {
@@ -62,6 +70,19 @@ NB_MODULE(_mlx_kernels, m) {
       "x"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "n_out"_a,
       "transposed"_a, "layout"_a, "threads"_a, "ids"_a = nb::none(), "listed"_a = 0,
       "x [.., K] times the stored matrix in `buffer` -> [.., n_out] float32 (lazy).");
+
+  m.def(
+      "gated_ffn",
+      [](const mx::array& x, const mx::array& gate_buffer, std::vector<int64_t> gate, const mx::array& up_buffer,
+         std::vector<int64_t> up, const mx::array& down_buffer, std::vector<int64_t> down, int threads) {
+        std::optional<MatrixSpec> u;
+        if (!up.empty()) u = spec_from(up);
+        return mlx_flash::gated_ffn(x, gate_buffer, spec_from(gate), up_buffer, u, down_buffer, spec_from(down),
+                                    threads);
+      },
+      "x"_a, "gate_buffer"_a, "gate"_a, "up_buffer"_a, "up"_a, "down_buffer"_a, "down"_a, "threads"_a,
+      "down(silu(gate) * up) of x [.., K]; each matrix as [kind, w_off, s_off, b_off, scale_type, bits, group, n_out, "
+      "transposed, layout...], up [] when gate holds gate|up (lazy).");
 
   m.def(
       "stored_rows",

@@ -157,6 +157,75 @@ mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec 
                    std::move(inputs));
 }
 
+// ---- GatedFFN ------------------------------------------------------------------------------------
+
+namespace {
+mf_matrix matrix_at(const MatrixSpec& m, const uint8_t* base) {
+  return mf_matrix{m.kind, base + m.w_off, base + m.s_off, base + m.b_off, m.scale_type, m.bits, m.group, m.n_out,
+                   m.transposed ? 1 : 0, m.layout.empty() ? nullptr : m.layout.data()};
+}
+}  // namespace
+
+std::vector<mx::Shape> GatedFFN::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape s = inputs[0].shape();
+  s.back() = static_cast<int>(down_.n_out);
+  return {s};
+}
+
+bool GatedFFN::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const GatedFFN&>(other);
+  return gate_ == o.gate_ && up_ == o.up_ && down_ == o.down_ && threads_ == o.threads_;
+}
+
+void GatedFFN::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& y = outputs[0];
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(y);
+  const uint8_t* g_base = inputs[1].data<uint8_t>();
+  const uint8_t* u_base = inputs[2].data<uint8_t>();
+  const uint8_t* d_base = inputs[3].data<uint8_t>();
+  record(name(), g_base + gate_.w_off);
+  if (up_) record(name(), u_base + up_->w_off);
+  record(name(), d_base + down_.w_off);
+  const int64_t K = x.shape().back(), T = K ? static_cast<int64_t>(x.size()) / K : 0;
+  const int64_t hidden_floats = T * (up_ ? 2 * gate_.n_out : gate_.n_out);
+  // The specs travel by value: the task may run after this primitive is gone (the graph is detached
+  // once evaluated), and mf_matrix points into their layouts.
+  enc.dispatch([gate = gate_, up = up_, down = down_, g_base, u_base, d_base, threads = threads_, xbase = x.data<float>(),
+                xshape = x.shape(), xstrides = x.strides(), xrow = x.flags().row_contiguous, yp = y.data<float>(), T, K,
+                hidden_floats]() {
+    const Gathered xg(xbase, xshape, xstrides, xrow);
+    const mf_matrix g = matrix_at(gate, g_base), dn = matrix_at(down, d_base);
+    const mf_matrix u = up ? matrix_at(*up, u_base) : mf_matrix{};
+    // the activations' scratch from MLX's allocator (freed on leaving): memory counted as MLX's
+    const mx::allocator::Data hidden = mx::allocator::malloc(static_cast<size_t>(hidden_floats) * sizeof(float));
+    check(kernels().gated_ffn(xg.data, T, K, &g, up ? &u : nullptr, &dn, static_cast<float*>(hidden.buffer().raw_ptr()),
+                              yp, threads),
+          "GatedFFN");
+  });
+}
+
+mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec gate, const mx::array& up_buffer,
+                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads) {
+  for (const mx::array* b : {&gate_buffer, &up_buffer, &down_buffer})
+    need(b->dtype() == mx::uint8, "gated_ffn: the buffers must be uint8");
+  need(x.ndim() >= 1, "gated_ffn: x needs a last axis");
+  need(up ? up->n_out == gate.n_out : gate.n_out % 2 == 0,
+       "gated_ffn: gate and up differ in outputs, or gate|up has an odd number");
+  for (const MatrixSpec* m : {&gate, up ? &*up : &gate, &down})
+    need(m->layout.empty() || m->layout.size() == (m->kind == 0 ? 7u : 4u),
+         "gated_ffn: a layout is 7 ints (affine) or 4 (block types)");
+  auto s = cpu_stream();
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(down.n_out);
+  return mx::array(shape, mx::float32,
+                   std::make_shared<GatedFFN>(s, std::move(gate), std::move(up), std::move(down), threads),
+                   {float_rows(x, s), gate_buffer, up_buffer, down_buffer});
+}
+
 // ---- StoredRows ----------------------------------------------------------------------------------
 
 std::vector<mx::Shape> StoredRows::output_shapes(const std::vector<mx::array>& inputs) {

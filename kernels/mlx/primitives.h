@@ -59,6 +59,25 @@ class StoredMatmul : public CpuPrimitive {
   int threads_;
 };
 
+// down(silu(x G^T) * (x U^T)): a gated FFN layer in one node (inputs: x float32, the gate, up and down
+// buffers; one array may serve as several). No up: gate holds gate|up (2F outputs, gate first). The same
+// products and activation as separate nodes, to the bit.
+class GatedFFN : public CpuPrimitive {
+ public:
+  GatedFFN(mx::Stream s, MatrixSpec gate, std::optional<MatrixSpec> up, MatrixSpec down, int threads)
+      : CpuPrimitive(s), gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), threads_(threads) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "GatedFFN"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  MatrixSpec gate_;
+  std::optional<MatrixSpec> up_;
+  MatrixSpec down_;
+  int threads_;
+};
+
 // Rows ids[...] of a stored matrix as float32 [..., K] (inputs: ids int32, buffer uint8); an id
 // outside [0, rows) gives a row of zeros (callers check ids first: a lazy graph cannot raise).
 class StoredRows : public CpuPrimitive {
@@ -210,6 +229,8 @@ class AwaitFence : public CpuPrimitive {
 // Graph-building functions (the Python binding's entries).
 mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec spec, int threads,
                         const std::optional<mx::array>& ids, Listed listed);
+mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec gate, const mx::array& up_buffer,
+                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads);
 mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
                       int64_t row_bytes, int64_t scale_row_bytes);
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,

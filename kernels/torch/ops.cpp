@@ -165,6 +165,39 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& inv_freq, const at::Tenso
   return y;
 }
 
+// A stored matrix from its operator arguments: [kind, w_off, s_off, b_off, scale_type, bits, group, n_out,
+// transposed, layout...] (torch_ops.TorchMatrix.spec), its parts found in `buffer`.
+mf_matrix matrix_of(const at::Tensor& buffer, at::IntArrayRef spec, const char* what) {
+  TORCH_CHECK(spec.size() == 9 || spec.size() == (spec[0] == 0 ? 16u : 13u),
+              what, ": a matrix is 9 ints and its layout (7 affine, 4 blocks)");
+  buffer_ok(buffer, std::max({spec[1], spec[2], spec[3]}));
+  const uint8_t* base = buffer.data_ptr<uint8_t>();
+  return mf_matrix{(int)spec[0], base + spec[1], base + spec[2], base + spec[3], (int)spec[4], (int)spec[5],
+                   (int)spec[6], spec[7], (int)spec[8], spec.size() > 9 ? spec.data() + 9 : nullptr};
+}
+
+// up empty: gate holds gate|up (2F outputs, gate first); else gate and up hold F each.
+at::Tensor gated_ffn(const at::Tensor& x, const at::Tensor& gate_buffer, at::IntArrayRef gate,
+                     const at::Tensor& up_buffer, at::IntArrayRef up, const at::Tensor& down_buffer,
+                     at::IntArrayRef down, int64_t threads) {
+  cpu_float(x, "x");
+  const mf_matrix g = matrix_of(gate_buffer, gate, "gated_ffn gate"), dn = matrix_of(down_buffer, down, "gated_ffn down");
+  const mf_matrix u = up.empty() ? mf_matrix{} : matrix_of(up_buffer, up, "gated_ffn up");
+  TORCH_CHECK(up.empty() ? g.n_out % 2 == 0 : u.n_out == g.n_out,
+              "gated_ffn: gate and up differ in outputs, or gate|up has an odd number (", g.n_out, ")");
+  const at::Tensor xc = x.contiguous();
+  const int64_t K = xc.size(-1), T = K ? xc.numel() / K : 0;
+  std::vector<int64_t> shape(xc.sizes().begin(), xc.sizes().end());
+  shape.back() = dn.n_out;
+  at::Tensor y = at::empty(shape, xc.options());
+  // torch's memory for the activations: what its allocator counts
+  at::Tensor hidden = at::empty({T, up.empty() ? g.n_out : 2 * g.n_out}, xc.options());
+  done(loaded().gated_ffn(xc.data_ptr<float>(), T, K, &g, up.empty() ? nullptr : &u, &dn, hidden.data_ptr<float>(),
+                          y.data_ptr<float>(), (int)threads),
+       "gated_ffn");
+  return y;
+}
+
 at::Tensor silu_mul(const at::Tensor& g, const at::Tensor& u) {
   cpu_float(g, "g");
   cpu_float(u, "u");
@@ -188,6 +221,8 @@ TORCH_LIBRARY(mlx_flash, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
   m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
+  m.def("gated_ffn(Tensor x, Tensor gate_buffer, int[] gate, Tensor up_buffer, int[] up, Tensor down_buffer, "
+        "int[] down, int threads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
@@ -197,4 +232,5 @@ TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
+  m.impl("gated_ffn", &gated_ffn);
 }

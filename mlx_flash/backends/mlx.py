@@ -310,6 +310,20 @@ class MLXOps:
             return mlx_kernels.silu_mul(gate, up)
         return act.apply(self, gate) * up
 
+    def gated_ffn(self, act: GateActivation, gate_up, down, x):
+        """down(act(gate) * up) of x as one node where this backend has one for these weights (SwiGLU over
+        stored matrices without biases, gate|up one matrix or two, on the CPU: mlx_kernels.gated_ffn,
+        identical to the pieces), else None: the caller composes the pieces."""
+        parts = gate_up if isinstance(gate_up, tuple) else (gate_up,)
+        if act is not GateActivation.SILU or self.on_gpu or len(parts) > 2:
+            return None
+        weights = (*parts, down)
+        if not all(isinstance(w, Weight) and w.graph is not None and w.bias is None for w in weights):
+            return None
+        if any(w.graph.external for w in weights):  # evaluated as it is built (kernels/mlx_kernels.py)
+            self.host_syncs += 1
+        return mlx_kernels.gated_ffn(x, parts[0].graph, parts[1].graph if len(parts) == 2 else None, down.graph)
+
     def write_tokens(self, buffer, x, offset: int):
         """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.. (a KV cache's
         append): in place on the CPU, where MLX would copy the whole buffer for a slice update."""

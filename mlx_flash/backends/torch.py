@@ -233,6 +233,18 @@ class TorchOps:
             return torch_ops.ops().silu_mul(gate, up)
         return act.apply(self, gate) * up
 
+    def gated_ffn(self, act: GateActivation, gate_up, down, x):
+        """down(act(gate) * up) of x in one operator call where this backend has one for these weights
+        (SwiGLU over stored matrices without biases, gate|up one matrix or two, with the CPU kernel;
+        identical to the pieces), else None: the caller composes the pieces."""
+        parts = gate_up if isinstance(gate_up, tuple) else (gate_up,)
+        if act is not GateActivation.SILU or not self.stored_kernel or len(parts) > 2:
+            return None
+        weights = (*parts, down)
+        if not all(isinstance(w, Weight) and w.kind == "stored" and w.bias is None for w in weights):
+            return None
+        return torch_ops.TorchMatrix.gated_ffn(x, parts[0].op, parts[1].op if len(parts) == 2 else None, down.op)
+
     @staticmethod
     def write_tokens(buffer, x, offset: int):
         """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.., in place."""

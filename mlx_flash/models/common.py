@@ -28,3 +28,24 @@ def gated_hidden(ops, act, gate_up, x):
     n = both.shape[-1] // 2
     gate, up = ops.split(both, [n, n])
     return ops.gated(act, gate, up)
+
+
+def gated_mlp(ops, act, fw, x):
+    """A gated FFN of x from bundle-form weights (an ffn_source.FFNWeights): down maps the F activations
+    act(gate) * up to D (its stored orientation: weights.neuron_arrays). A sparse FFN source may zero
+    neurons with fw.mask, may give down for some neurons only (fw.rows: their ids, in down's order)
+    while gate|up cover all of them, may hand over activations it already computed from x (fw.hidden),
+    or hand the whole FFN to the backend's sparse kernel (fw.sparse). Whole weights take one fused
+    call where the backend has one for them (ops.gated_ffn), else the pieces."""
+    if fw.sparse is not None:
+        return ops.sparse_ffn(fw.sparse, x, act)
+    if fw.hidden is None and fw.rows is None and fw.mask is None:
+        y = ops.gated_ffn(act, fw.gate_up, fw.down, x)
+        if y is not None:
+            return y
+    hidden = fw.hidden if fw.hidden is not None else gated_hidden(ops, act, fw.gate_up, x)
+    if fw.rows is not None:
+        hidden = ops.take(hidden, fw.rows)
+    if fw.mask is not None:
+        hidden = hidden * fw.mask
+    return ops.linear(hidden, fw.down)

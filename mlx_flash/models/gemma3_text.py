@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .common import ArgsFromDict, gated_hidden, linear
+from .common import ArgsFromDict, gated_hidden, gated_mlp, linear
 from .rope import rope_frequencies
 
 LAYER = "model.layers.{}."
@@ -196,17 +196,8 @@ def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
-    """GeGLU from bundle-form weights; a sparse FFN source may zero neurons (fw.mask), give down for
-    some of them (fw.rows), hand over activations it computed (fw.hidden) or the whole FFN to the
-    backend's sparse kernel (fw.sparse), as for llama."""
-    if fw.sparse is not None:
-        return ops.sparse_ffn(fw.sparse, x, GATE_ACTIVATION)
-    hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
-    if fw.rows is not None:
-        hidden = ops.take(hidden, fw.rows)
-    if fw.mask is not None:
-        hidden = hidden * fw.mask
-    return ops.linear(hidden, fw.down)
+    """GeGLU over bundle-form weights, whole or as a sparse FFN source gives them (common.gated_mlp)."""
+    return gated_mlp(ops, GATE_ACTIVATION, fw, x)
 
 
 def embed(ops, args: ModelArgs, w: dict, tokens, caches):

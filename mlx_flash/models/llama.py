@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .common import ArgsFromDict, gated_hidden, linear
+from .common import ArgsFromDict, gated_hidden, gated_mlp, linear
 from .rope import SCALINGS, rope_frequencies
 
 LAYER = "model.layers.{}."
@@ -168,18 +168,8 @@ def ffn_hidden(ops, args: ModelArgs, fw: FFNWeights, x):
 
 
 def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
-    """Down maps the F activations to D (its stored orientation: weights.neuron_arrays). A sparse FFN
-    source may zero neurons with fw.mask, may give down for some neurons only (fw.rows: their ids, in
-    down's order) while gate|up cover all of them, and may hand over activations it already computed
-    from x (fw.hidden), or hand the whole FFN to the backend's sparse kernel (fw.sparse)."""
-    if fw.sparse is not None:
-        return ops.sparse_ffn(fw.sparse, x, GATE_ACTIVATION)
-    hidden = fw.hidden if fw.hidden is not None else ffn_hidden(ops, args, fw, x)
-    if fw.rows is not None:
-        hidden = ops.take(hidden, fw.rows)
-    if fw.mask is not None:
-        hidden = hidden * fw.mask
-    return ops.linear(hidden, fw.down)
+    """SwiGLU over bundle-form weights, whole or as a sparse FFN source gives them (common.gated_mlp)."""
+    return gated_mlp(ops, GATE_ACTIVATION, fw, x)
 
 
 def embed(ops, args: ModelArgs, w: dict, tokens, caches):

@@ -1,0 +1,25 @@
+// A stored matrix as the kernel library's whole-layer functions take it (mf_gated_ffn): where its
+// parts lie and how they are quantized, the arguments mf_qmatmul / mf_blockmatmul take one by one.
+// Plain C, shared by the library, the MLX primitives and the torch operators (their builds copy it).
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mf_matrix {
+  int kind;                // 0: affine groups (w = q * scale + bias); else a GGUF block type (gguf_blocks.h)
+  const uint8_t* w;        // codes (affine, 32-bit words) or whole blocks
+  const void* scales;      // affine only
+  const void* biases;      // affine only
+  int scale_type, bits, group;  // affine only
+  int64_t n_out;           // outputs
+  int transposed;          // 1: rows are outputs (y = x W^T); always for block types
+  const int64_t* layout;   // null: a plain matrix; else the kernel's row layout (7 ints affine, 4 blocks)
+} mf_matrix;
+
+#ifdef __cplusplus
+}
+#endif
