@@ -26,7 +26,7 @@ from mlx_flash.errors import KernelUnavailableError
 from . import qmatmul
 from .blockmatmul import BlockMatrix
 from .qmatmul import StoredMatrix
-from .stored_operands import Listed, one_buffer, operands
+from .stored_operands import Listed, one_buffer, operands, layer_specs
 
 PAGE = 4096  # buffers start on a page: direct reads land in them without a bounce
 _EXT = None  # the extension, loaded and checked once per process (like qmatmul's library)
@@ -166,9 +166,12 @@ class GraphMatrix:
         return y
 
 
-def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: GraphMatrix) -> mx.array:
+def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: GraphMatrix, ids: mx.array | None = None,
+              n: int = 0) -> mx.array:
     """down(silu(gate) * up) of x [.., K] as one node of the graph; up None: gate is gate|up, one
-    matrix of 2F outputs (gate first). The same products and activation as separate nodes, to the bit."""
+    matrix of 2F outputs (gate first). With ids (MLX int32, each checked by the caller to lie in
+    range): the sparse layer over n listed units of each matrix (StoredMatrix.sparse's meaning). The
+    same products and activation as separate nodes, to the bit."""
     given = {}  # buffer -> what the node takes for it: one wait per streamed slot
 
     def take(m: GraphMatrix) -> mx.array:
@@ -177,8 +180,9 @@ def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: Grap
             given[key] = m.input_buffer(x)
         return given[key]
 
-    y = gate.ext.gated_ffn(x, take(gate), gate.spec, take(up or gate), up.spec if up else [], take(down), down.spec,
-                           gate.threads)
+    specs, listed = layer_specs((gate, up, down), n if ids is not None else None)
+    y = gate.ext.gated_ffn(x, take(gate), specs[0], take(up or gate), specs[1], take(down), specs[2], gate.threads, ids,
+                           listed)
     if any(m.external for m in (gate, up or gate, down)):  # the memory may be refilled once this returns
         mx.eval(y)
     return y

@@ -62,6 +62,27 @@ def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:
                     matrix.rows_are_outputs, matrix.sparse_axis, rpb, matrix.parts)
 
 
+def layer_specs(matrices, n: int | None = None) -> tuple[list, list[int]]:
+    """For a whole-layer operation over operators of stored matrices (each with `op`, its Operands, and
+    `spec`; None for a missing one, e.g. up when gate holds gate|up, which gives []): each matrix's
+    spec and, for a sparse layer over n listed units, what each lists (Listed), its spec's output
+    width that of its sparse product; dense (n None): no lists."""
+    if n is None:
+        return [m.spec if m is not None else [] for m in matrices], []
+    specs, listed = [], []
+    for m in matrices:
+        if m is None:
+            specs.append([])
+            listed.append(0)
+            continue
+        width, what = m.op.sparse_output(n)
+        spec = list(m.spec)
+        spec[7] = width  # the output width (Operands.spec's order)
+        specs.append(spec)
+        listed.append(int(what))
+    return specs, listed
+
+
 def owner(view: np.ndarray) -> np.ndarray:
     """The numpy array that owns the memory `view` lies in (the start of its chain of views)."""
     while isinstance(view.base, np.ndarray):

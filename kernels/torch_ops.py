@@ -19,7 +19,7 @@ from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
 from .extension_build import build
-from .stored_operands import one_buffer, operands
+from .stored_operands import one_buffer, operands, layer_specs
 
 SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"), ("cpu", "matrix_ref.h"))  # (folder, file) of the shipped kernels
 _OPS = None
@@ -80,7 +80,7 @@ def _register_fakes(torch) -> None:
         return g.new_empty(g.shape)
 
     @torch.library.register_fake(lib + "gated_ffn")
-    def _(x, gate_buffer, gate, up_buffer, up, down_buffer, down, threads):
+    def _(x, gate_buffer, gate, up_buffer, up, down_buffer, down, threads, ids=None, listed=()):
         return x.new_empty((*x.shape[:-1], down[7]))
 
 
@@ -148,11 +148,14 @@ class TorchMatrix:
                                       self.op.transposed, self.op.layout, self.threads, ids, int(listed))
 
     @staticmethod
-    def gated_ffn(x, gate: "TorchMatrix", up: "TorchMatrix | None", down: "TorchMatrix"):
+    def gated_ffn(x, gate: "TorchMatrix", up: "TorchMatrix | None", down: "TorchMatrix", ids=None, n: int = 0):
         """down(silu(gate) * up) of x [.., K]; up None: gate is gate|up, one matrix of 2F outputs (gate
-        first). The products and the activation in one operator call, identical to separate calls."""
-        return gate.ops.gated_ffn(x, gate.buffer, gate.spec, (up or gate).buffer, up.spec if up else [], down.buffer,
-                                  down.spec, gate.threads)
+        first). With ids (an int32 tensor, each checked by the caller to lie in range): the sparse layer
+        over n listed units of each matrix (StoredMatrix.sparse's meaning). The products and the
+        activation in one operator call, identical to separate calls."""
+        specs, listed = layer_specs((gate, up, down), n if ids is not None else None)
+        return gate.ops.gated_ffn(x, gate.buffer, specs[0], (up or gate).buffer, specs[1], down.buffer, specs[2],
+                                  gate.threads, ids, listed)
 
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:

@@ -95,9 +95,9 @@ def test_torch_operators_read_weights_where_they_were_read(store_dir, mode, monk
         handed.append(tm.buffer.data_ptr() + tm.offsets[0])
         return sparse(tm, x, ids, n)
 
-    def recording_ffn(x, gate, up, down):
+    def recording_ffn(x, gate, up, down, *sparse):
         handed.extend(tm.buffer.data_ptr() + tm.offsets[0] for tm in (gate, up, down) if tm is not None)
-        return ffn(x, gate, up, down)
+        return ffn(x, gate, up, down, *sparse)
 
     monkeypatch.setattr(torch_ops.TorchMatrix, "gated_ffn", staticmethod(recording_ffn))
     monkeypatch.setattr(torch_ops.TorchMatrix, "__call__", recording)

@@ -1,5 +1,6 @@
 // A gated FFN layer in one call: y = down(silu(x G^T) * (x U^T)), gate and up two stored matrices of F
-// rows, or one of 2F rows (gate first), and down [D, F]. The same products and the same activation as
+// rows, or one of 2F rows (gate first), and down [D, F]; dense, or sparse over the units each matrix
+// lists (a neuron cache's active slots: F is then the listed rows' width). The same products and the same activation as
 // separate calls (mf_qmatmul or mf_blockmatmul, mf_silu_mul), so results are identical to the bit;
 // what it saves is the framework's dispatch of three or four operators and their intermediate arrays
 // per layer. Plain-ops reference: kernels/pointwise_ref.py gated_ffn_ref.
@@ -21,9 +22,9 @@ namespace {
 int product(const mf_matrix& m, const float* x, int64_t T, int64_t K, float* y, int threads) {
   if (m.kind == 0)
     return mf_qmatmul(x, T, K, reinterpret_cast<const uint32_t*>(m.w), m.scales, m.biases, m.scale_type, m.n_out,
-                      m.bits, m.group, m.transposed, y, threads, m.layout, nullptr, nullptr);
+                      m.bits, m.group, m.transposed, y, threads, m.layout, m.row_ids, m.group_ids);
   if (!m.transposed) return -20;  // block rows are always outputs
-  return mf_blockmatmul(x, T, K, m.w, m.kind, m.n_out, y, threads, m.layout, nullptr, nullptr);
+  return mf_blockmatmul(x, T, K, m.w, m.kind, m.n_out, y, threads, m.layout, m.row_ids, m.group_ids);
 }
 
 }  // namespace

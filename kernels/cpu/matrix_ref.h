@@ -1,5 +1,6 @@
 // A stored matrix as the kernel library's whole-layer functions take it (mf_gated_ffn): where its
-// parts lie and how they are quantized, the arguments mf_qmatmul / mf_blockmatmul take one by one.
+// parts lie, how they are quantized and, for a sparse product, the units it lists: the arguments
+// mf_qmatmul / mf_blockmatmul take one by one (n_out is then the sparse product's output width).
 // Plain C, shared by the library, the MLX primitives and the torch operators (their builds copy it).
 #pragma once
 
@@ -18,6 +19,8 @@ typedef struct mf_matrix {
   int64_t n_out;           // outputs
   int transposed;          // 1: rows are outputs (y = x W^T); always for block types
   const int64_t* layout;   // null: a plain matrix; else the kernel's row layout (7 ints affine, 4 blocks)
+  const int32_t* row_ids;    // a sparse product over listed blocks of rows (or rows of the input), or null
+  const int32_t* group_ids;  // a sparse product over listed groups of the input, or null
 } mf_matrix;
 
 #ifdef __cplusplus

@@ -74,15 +74,22 @@ NB_MODULE(_mlx_kernels, m) {
   m.def(
       "gated_ffn",
       [](const mx::array& x, const mx::array& gate_buffer, std::vector<int64_t> gate, const mx::array& up_buffer,
-         std::vector<int64_t> up, const mx::array& down_buffer, std::vector<int64_t> down, int threads) {
+         std::vector<int64_t> up, const mx::array& down_buffer, std::vector<int64_t> down, int threads,
+         std::optional<mx::array> ids, std::vector<int> listed) {
         std::optional<MatrixSpec> u;
         if (!up.empty()) u = spec_from(up);
+        std::vector<Listed> lists;
+        for (int l : listed) {
+          if (l < 0 || l > 2) throw std::invalid_argument("gated_ffn: listed is 0 (none), 1 (rows) or 2 (groups)");
+          lists.push_back(static_cast<Listed>(l));
+        }
         return mlx_flash::gated_ffn(x, gate_buffer, spec_from(gate), up_buffer, u, down_buffer, spec_from(down),
-                                    threads);
+                                    threads, ids, std::move(lists));
       },
       "x"_a, "gate_buffer"_a, "gate"_a, "up_buffer"_a, "up"_a, "down_buffer"_a, "down"_a, "threads"_a,
+      "ids"_a = nb::none(), "listed"_a = std::vector<int>{},
       "down(silu(gate) * up) of x [.., K]; each matrix as [kind, w_off, s_off, b_off, scale_type, bits, group, n_out, "
-      "transposed, layout...], up [] when gate holds gate|up (lazy).");
+      "transposed, layout...], up [] when gate holds gate|up; sparse: ids and what each matrix lists (lazy).");
 
   m.def(
       "stored_rows",

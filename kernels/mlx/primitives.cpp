@@ -160,9 +160,10 @@ mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec 
 // ---- GatedFFN ------------------------------------------------------------------------------------
 
 namespace {
-mf_matrix matrix_at(const MatrixSpec& m, const uint8_t* base) {
+mf_matrix matrix_at(const MatrixSpec& m, const uint8_t* base, Listed listed, const int32_t* ids) {
   return mf_matrix{m.kind, base + m.w_off, base + m.s_off, base + m.b_off, m.scale_type, m.bits, m.group, m.n_out,
-                   m.transposed ? 1 : 0, m.layout.empty() ? nullptr : m.layout.data()};
+                   m.transposed ? 1 : 0, m.layout.empty() ? nullptr : m.layout.data(),
+                   listed == Listed::Rows ? ids : nullptr, listed == Listed::Groups ? ids : nullptr};
 }
 }  // namespace
 
@@ -174,7 +175,7 @@ std::vector<mx::Shape> GatedFFN::output_shapes(const std::vector<mx::array>& inp
 
 bool GatedFFN::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GatedFFN&>(other);
-  return gate_ == o.gate_ && up_ == o.up_ && down_ == o.down_ && threads_ == o.threads_;
+  return gate_ == o.gate_ && up_ == o.up_ && down_ == o.down_ && listed_ == o.listed_ && threads_ == o.threads_;
 }
 
 void GatedFFN::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -194,12 +195,14 @@ void GatedFFN::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
   const int64_t hidden_floats = T * (up_ ? 2 * gate_.n_out : gate_.n_out);
   // The specs travel by value: the task may run after this primitive is gone (the graph is detached
   // once evaluated), and mf_matrix points into their layouts.
-  enc.dispatch([gate = gate_, up = up_, down = down_, g_base, u_base, d_base, threads = threads_, xbase = x.data<float>(),
-                xshape = x.shape(), xstrides = x.strides(), xrow = x.flags().row_contiguous, yp = y.data<float>(), T, K,
-                hidden_floats]() {
+  const int32_t* ids = inputs.size() > 4 ? inputs[4].data<int32_t>() : nullptr;
+  enc.dispatch([gate = gate_, up = up_, down = down_, listed = listed_, ids, g_base, u_base, d_base, threads = threads_,
+                xbase = x.data<float>(), xshape = x.shape(), xstrides = x.strides(), xrow = x.flags().row_contiguous,
+                yp = y.data<float>(), T, K, hidden_floats]() {
     const Gathered xg(xbase, xshape, xstrides, xrow);
-    const mf_matrix g = matrix_at(gate, g_base), dn = matrix_at(down, d_base);
-    const mf_matrix u = up ? matrix_at(*up, u_base) : mf_matrix{};
+    auto on = [&](size_t i) { return listed.empty() ? Listed::None : listed[i]; };
+    const mf_matrix g = matrix_at(gate, g_base, on(0), ids), dn = matrix_at(down, d_base, on(2), ids);
+    const mf_matrix u = up ? matrix_at(*up, u_base, on(1), ids) : mf_matrix{};
     // the activations' scratch from MLX's allocator (freed on leaving): memory counted as MLX's
     const mx::allocator::Data hidden = mx::allocator::malloc(static_cast<size_t>(hidden_floats) * sizeof(float));
     check(kernels().gated_ffn(xg.data, T, K, &g, up ? &u : nullptr, &dn, static_cast<float*>(hidden.buffer().raw_ptr()),
@@ -209,7 +212,10 @@ void GatedFFN::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
 }
 
 mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec gate, const mx::array& up_buffer,
-                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads) {
+                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads,
+                    const std::optional<mx::array>& ids, std::vector<Listed> listed) {
+  need(listed.empty() || listed.size() == 3, "gated_ffn: listed is empty (dense) or one value per matrix");
+  need(listed.empty() == !ids.has_value(), "gated_ffn: ids go with what each matrix lists");
   for (const mx::array* b : {&gate_buffer, &up_buffer, &down_buffer})
     need(b->dtype() == mx::uint8, "gated_ffn: the buffers must be uint8");
   need(x.ndim() >= 1, "gated_ffn: x needs a last axis");
@@ -221,9 +227,12 @@ mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec
   auto s = cpu_stream();
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(down.n_out);
+  std::vector<mx::array> inputs{float_rows(x, s), gate_buffer, up_buffer, down_buffer};
+  if (ids) inputs.push_back(mx::contiguous(mx::astype(*ids, mx::int32, s), false, s));
   return mx::array(shape, mx::float32,
-                   std::make_shared<GatedFFN>(s, std::move(gate), std::move(up), std::move(down), threads),
-                   {float_rows(x, s), gate_buffer, up_buffer, down_buffer});
+                   std::make_shared<GatedFFN>(s, std::move(gate), std::move(up), std::move(down), std::move(listed),
+                                              threads),
+                   std::move(inputs));
 }
 
 // ---- StoredRows ----------------------------------------------------------------------------------

@@ -60,12 +60,15 @@ class StoredMatmul : public CpuPrimitive {
 };
 
 // down(silu(x G^T) * (x U^T)): a gated FFN layer in one node (inputs: x float32, the gate, up and down
-// buffers; one array may serve as several). No up: gate holds gate|up (2F outputs, gate first). The same
-// products and activation as separate nodes, to the bit.
+// buffers, one array may serve as several; [ids int32] for a sparse layer). No up: gate holds gate|up
+// (2F outputs, gate first). Sparse: each matrix lists ids as `listed` says (gate, up, down), its n_out the
+// sparse product's width. The same products and activation as separate nodes, to the bit.
 class GatedFFN : public CpuPrimitive {
  public:
-  GatedFFN(mx::Stream s, MatrixSpec gate, std::optional<MatrixSpec> up, MatrixSpec down, int threads)
-      : CpuPrimitive(s), gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), threads_(threads) {}
+  GatedFFN(mx::Stream s, MatrixSpec gate, std::optional<MatrixSpec> up, MatrixSpec down, std::vector<Listed> listed,
+           int threads)
+      : CpuPrimitive(s), gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)),
+        listed_(std::move(listed)), threads_(threads) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override { return "GatedFFN"; }
@@ -75,6 +78,7 @@ class GatedFFN : public CpuPrimitive {
   MatrixSpec gate_;
   std::optional<MatrixSpec> up_;
   MatrixSpec down_;
+  std::vector<Listed> listed_;  // empty: dense
   int threads_;
 };
 
@@ -230,7 +234,8 @@ class AwaitFence : public CpuPrimitive {
 mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec spec, int threads,
                         const std::optional<mx::array>& ids, Listed listed);
 mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec gate, const mx::array& up_buffer,
-                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads);
+                    std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads,
+                    const std::optional<mx::array>& ids, std::vector<Listed> listed);
 mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
                       int64_t row_bytes, int64_t scale_row_bytes);
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,

@@ -173,16 +173,32 @@ mf_matrix matrix_of(const at::Tensor& buffer, at::IntArrayRef spec, const char* 
   buffer_ok(buffer, std::max({spec[1], spec[2], spec[3]}));
   const uint8_t* base = buffer.data_ptr<uint8_t>();
   return mf_matrix{(int)spec[0], base + spec[1], base + spec[2], base + spec[3], (int)spec[4], (int)spec[5],
-                   (int)spec[6], spec[7], (int)spec[8], spec.size() > 9 ? spec.data() + 9 : nullptr};
+                   (int)spec[6], spec[7], (int)spec[8], spec.size() > 9 ? spec.data() + 9 : nullptr, nullptr, nullptr};
+}
+
+// A sparse product's ids on a matrix: listed 1 names rows (or blocks of rows), 2 groups, 0 none.
+void list_on(mf_matrix& m, int64_t listed, const int32_t* ids) {
+  TORCH_CHECK(listed >= 0 && listed <= 2, "gated_ffn: listed is 0 (none), 1 (rows) or 2 (groups)");
+  TORCH_CHECK(listed == 0 || ids != nullptr, "gated_ffn: a listed matrix needs ids");
+  m.row_ids = listed == 1 ? ids : nullptr;
+  m.group_ids = listed == 2 ? ids : nullptr;
 }
 
 // up empty: gate holds gate|up (2F outputs, gate first); else gate and up hold F each.
 at::Tensor gated_ffn(const at::Tensor& x, const at::Tensor& gate_buffer, at::IntArrayRef gate,
                      const at::Tensor& up_buffer, at::IntArrayRef up, const at::Tensor& down_buffer,
-                     at::IntArrayRef down, int64_t threads) {
+                     at::IntArrayRef down, int64_t threads, const c10::optional<at::Tensor>& ids,
+                     at::IntArrayRef listed) {
   cpu_float(x, "x");
-  const mf_matrix g = matrix_of(gate_buffer, gate, "gated_ffn gate"), dn = matrix_of(down_buffer, down, "gated_ffn down");
-  const mf_matrix u = up.empty() ? mf_matrix{} : matrix_of(up_buffer, up, "gated_ffn up");
+  mf_matrix g = matrix_of(gate_buffer, gate, "gated_ffn gate"), dn = matrix_of(down_buffer, down, "gated_ffn down");
+  mf_matrix u = up.empty() ? mf_matrix{} : matrix_of(up_buffer, up, "gated_ffn up");
+  TORCH_CHECK(listed.empty() || listed.size() == 3, "gated_ffn: listed is empty (dense) or one value per matrix");
+  if (!listed.empty()) {  // a sparse layer: each matrix's listed units (ids checked by the caller to lie in range)
+    const int32_t* ip = ids_ptr(ids);
+    list_on(g, listed[0], ip);
+    list_on(u, listed[1], ip);
+    list_on(dn, listed[2], ip);
+  }
   TORCH_CHECK(up.empty() ? g.n_out % 2 == 0 : u.n_out == g.n_out,
               "gated_ffn: gate and up differ in outputs, or gate|up has an odd number (", g.n_out, ")");
   const at::Tensor xc = x.contiguous();
@@ -222,7 +238,7 @@ TORCH_LIBRARY(mlx_flash, m) {
   m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
   m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
   m.def("gated_ffn(Tensor x, Tensor gate_buffer, int[] gate, Tensor up_buffer, int[] up, Tensor down_buffer, "
-        "int[] down, int threads) -> Tensor");
+        "int[] down, int threads, Tensor? ids=None, int[] listed=[]) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {

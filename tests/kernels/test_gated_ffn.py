@@ -141,3 +141,44 @@ def test_fake_implementation_passes_torch_operator_checks():
     x = torch.randn(2, D)
     torch.library.opcheck(torch.ops.mlx_flash.gated_ffn, (x, tg.buffer, tg.spec, tg.buffer, [], td.buffer, td.spec, 2),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+SPARSE = [(32, 4, 32, 4, None), (1, 8, 64, 4, 32)]  # (block, bits, group, down bits, down group): both down layouts
+
+
+def _slab(block, bits, group, down_bits, down_group):
+    from mlx_flash.kernels.slab_spec import ScaleType
+    from mlx_flash.kernels.sparse_ffn import CpuSparseFFN
+    from mlx_flash.kernels.sparse_ffn_ref import random_slab
+
+    rng = np.random.default_rng(block + bits)
+    D = 256 if block > 1 else 384
+    slab, spec = random_slab(rng, 24, D, block, bits, group, ScaleType.F16, down_bits, down_group, pad=12)
+    return CpuSparseFFN(spec, 2).matrices(slab), D, rng
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("layout", SPARSE)
+def test_sparse_layer_in_one_call_equals_the_separate_sparse_products(layout, T):
+    (g, u, dn), D, rng = _slab(*layout)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    for count in (1, 7, 24):
+        idx = np.ascontiguousarray(rng.permutation(24)[:count], dtype=np.int32)
+        gm, um, dm = (mlx_kernels.GraphMatrix(m, 2) for m in (g, u, dn))
+        ids = mx.array(idx)
+        fused = mlx_kernels.gated_ffn(mx.array(x), gm, um, dm, ids, count)
+        pieces = dm.sparse(mlx_kernels.silu_mul(gm.sparse(mx.array(x), ids, count), um.sparse(mx.array(x), ids, count)),
+                           ids, count)
+        assert np.array_equal(np.array(fused), np.array(pieces)), count
+        try:
+            import torch
+        except ImportError:
+            continue
+        from mlx_flash.kernels import torch_ops
+
+        tg, tu, td = (torch_ops.TorchMatrix(m, 2) for m in (g, u, dn))
+        tids, tx = torch.from_numpy(idx), torch.from_numpy(x)
+        y = torch_ops.TorchMatrix.gated_ffn(tx, tg, tu, td, tids, count)
+        h = tg.ops.silu_mul(tg.sparse(tx, tids, count), tu.sparse(tx, tids, count))
+        assert np.array_equal(y.numpy(), td.sparse(h, tids, count).numpy()), count
+        assert np.array_equal(y.numpy(), np.array(fused)), count  # one kernel under both frameworks
