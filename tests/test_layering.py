@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlx_flash")
+KERNELS_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")  # installed as mlx_flash.kernels
 
 PER_TOKEN_PATH = ("mlx_flash.engine", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.sparse", "mlx_flash.moe",
                   "mlx_flash.store", "mlx_flash.weights", "mlx_flash.ffn_source", "mlx_flash.sampling",
@@ -80,15 +81,16 @@ def imports_of(path: str, module: str, is_pkg: bool) -> list[tuple[int, str]]:
     return out
 
 
-def import_map(root: str) -> dict[str, tuple[str, list[tuple[int, str]]]]:
-    """module -> (file, its imports) for every .py file under `root`."""
+def import_map(root: str, prefix: str = "") -> dict[str, tuple[str, list[tuple[int, str]]]]:
+    """module -> (file, its imports) for every .py file under `root`; `prefix` goes before each module
+    name (kernels/ is installed as mlx_flash.kernels: prefix "mlx_flash.")."""
     out = {}
     for d, _, files in os.walk(root):
         for f in sorted(files):
             if f.endswith(".py"):
                 path = os.path.join(d, f)
                 module, is_pkg = module_name(path, root)
-                out[module] = (path, imports_of(path, module, is_pkg))
+                out[prefix + module] = (path, imports_of(path, prefix + module, is_pkg))
     return out
 
 
@@ -107,6 +109,44 @@ def violations(imports: dict, rules=RULES) -> list[str]:
 def test_the_package_keeps_its_layers():
     bad = violations(import_map(PACKAGE_DIR))
     assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+LEAVES = tuple(f"mlx_flash.{m}" for m in ("errors", "choices", "units", "quant_spec", "host_memory", "progress",
+                                          "slot_turns", "ffn_source", "speculative"))
+FLOOR = (  # (importers, the only modules of mlx_flash they may import besides their own package)
+    (LEAVES, ()),
+    (("mlx_flash.options", "mlx_flash.models"), LEAVES),
+    (("mlx_flash.config",), LEAVES + ("mlx_flash.options",)),
+    (("mlx_flash.kernels",), LEAVES + ("mlx_flash.config",)),
+)
+
+
+def floor_violations(imports: dict) -> list[str]:
+    """One message per import of mlx_flash, by a module of FLOOR, outside what its row allows."""
+    bad = set()
+    for importers, allowed in FLOOR:
+        for module, (path, imported) in imports.items():
+            if within(module, importers):
+                own = tuple(p for p in importers if within(module, (p,)))
+                bad |= {f"{path}:{line}: imports {name}" for line, name in imported
+                        if within(name, ("mlx_flash",)) and not within(name, own + allowed)}
+    return sorted(bad)
+
+
+def test_the_floor_imports_only_the_floor():
+    """The bottom of the package (docs/architecture.md): the leaves import nothing of the package, options
+    and the graphs (models/) only leaves, config leaves and options, kernels/ leaves and config. Everything
+    above imports them; one upward import here makes a circle or drags backends and stores into modules
+    that every command, converter and kernel test imports."""
+    imports = {**import_map(PACKAGE_DIR), **import_map(KERNELS_DIR, "mlx_flash.")}
+    assert "mlx_flash.kernels.qmatmul" in imports and all(m in imports for m in LEAVES)
+    bad = floor_violations(imports)
+    assert not bad, "upward imports from the floor:\n" + "\n".join(bad)
+    fake = {"mlx_flash.units": ("units.py", [(1, "mlx_flash.errors")]),
+            "mlx_flash.kernels.q": ("q.py", [(2, "mlx_flash.kernels.r"), (3, "mlx_flash.store.bundles")]),
+            "mlx_flash.models.llama": ("llama.py", [(4, "mlx_flash.ffn_source"), (5, "mlx_flash")])}
+    assert floor_violations(fake) == ["llama.py:5: imports mlx_flash", "q.py:3: imports mlx_flash.store.bundles",
+                                      "units.py:1: imports mlx_flash.errors"]
 
 
 def test_the_scan_sees_the_whole_package():

@@ -1,15 +1,17 @@
-"""The README's coverage tables, measured, not written by hand: quantization types (how each is kept,
-its stored size against the file's, whether its dequantization equals the gguf package's, the CPU
-kernel's error against the plain-ops reference on every instruction-set path this CPU runs, and its
-decode speed), model families (the tests that check each against transformers, per backend, and
-their outcome on this run), and real files' decode speed against llama.cpp (tools/bench.py).
+"""The coverage tables of docs/coverage.md, measured, not written by hand: quantization types (how
+each is kept, its stored size against the file's, whether its dequantization equals the gguf
+package's, the CPU kernel's error against the plain-ops reference on every instruction-set path this
+CPU runs, and its decode speed), model families (the tests that check each against transformers, per
+backend, and their outcome on this run), and real files' decode speed against llama.cpp
+(tools/bench.py).
 
-    python tools/coverage.py [--families] [--speed] [--write README.md] [--json OUT]
+    python tools/coverage.py [--families] [--speed] [--write docs/coverage.md] [--json OUT]
 
-Without --write the tables go to stdout; with it they replace what lies between the README's
-`<!-- coverage:begin -->` and `<!-- coverage:end -->` markers. --families runs the family tests
-(pytest, about 3 minutes); --speed runs tools/bench.py on the default model and, when its package is
-installed, Gemma 3 270M Q4_K_M (about 2 minutes, llama.cpp beside when installed: `make peers`).
+Without --write the tables go to stdout; with it they replace what lies between the
+`<!-- coverage:begin -->` and `<!-- coverage:end -->` markers of the file it names (docs/coverage.md).
+--families runs the family tests (pytest, about 3 minutes); --speed runs tools/bench.py on the
+default model and, when its package is installed, Gemma 3 270M Q4_K_M (about 2 minutes, llama.cpp
+beside when installed: `make peers`).
 """
 
 import argparse
@@ -280,7 +282,8 @@ def main() -> int:
     p.add_argument("--families", action="store_true", help="run the family tests for the families table")
     p.add_argument("--speed", action="store_true", help="run tools/bench.py on real files (llama.cpp beside)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--write", metavar="README", help="replace the tables between the coverage markers in this file")
+    p.add_argument("--write", metavar="FILE",
+                   help="replace the tables between the coverage markers in this file (docs/coverage.md)")
     p.add_argument("--json", metavar="OUT", help="also write every number as JSON")
     a = p.parse_args()
     try:
