@@ -1,9 +1,9 @@
-// A gated FFN layer in one call: y = down(silu(x G^T) * (x U^T)), gate and up two stored matrices of F
-// rows, or one of 2F rows (gate first), and down [D, F]; dense, or sparse over the units each matrix
-// lists (a neuron cache's active slots: F is then the listed rows' width). The same products and the same activation as
-// separate calls (mf_qmatmul or mf_blockmatmul, mf_silu_mul), so results are identical to the bit;
-// what it saves is the framework's dispatch of three or four operators and their intermediate arrays
-// per layer. Plain-ops reference: kernels/pointwise_ref.py gated_ffn_ref.
+// A gated FFN layer in one call: y = down(silu(x G^T) * (x U^T)), gate and up two stored matrices of
+// F rows, or one of 2F rows (gate first), and down [D, F]; dense, or sparse over the units each
+// matrix lists (a neuron cache's active slots: F is then the listed rows' width). The same products
+// and the same activation as separate calls (mf_qmatmul or mf_blockmatmul, mf_silu_mul), so results
+// are identical to the bit; what it saves is the framework's dispatch of three or four operators and
+// their intermediate arrays per layer. Plain-ops reference: kernels/pointwise_ref.py gated_ffn_ref.
 #include <cstdint>
 
 #include "matrix_ref.h"
