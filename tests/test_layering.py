@@ -60,13 +60,25 @@ def module_name(path: str, root: str) -> tuple[str, bool]:
     return ".".join(rel[:-1] if is_pkg else rel), is_pkg
 
 
-def imports_of(path: str, module: str, is_pkg: bool) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in the file. `from X import a` yields X and X.a,
-    since `a` may be a submodule (`from .. import calibrate`)."""
+def _nodes(tree, module_level: bool):
+    """Every node of the tree; module_level: not those inside functions (run when called, not at import)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if module_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(path: str, module: str, is_pkg: bool, module_level: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file (module_level: those run at import,
+    not inside functions). `from X import a` yields X and X.a, since `a` may be a submodule
+    (`from .. import calibrate`)."""
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), path)
     out = []
-    for node in ast.walk(tree):
+    for node in _nodes(tree, module_level):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -81,16 +93,17 @@ def imports_of(path: str, module: str, is_pkg: bool) -> list[tuple[int, str]]:
     return out
 
 
-def import_map(root: str, prefix: str = "") -> dict[str, tuple[str, list[tuple[int, str]]]]:
+def import_map(root: str, prefix: str = "", module_level: bool = False) -> dict[str, tuple[str, list[tuple[int, str]]]]:
     """module -> (file, its imports) for every .py file under `root`; `prefix` goes before each module
-    name (kernels/ is installed as mlx_flash.kernels: prefix "mlx_flash.")."""
+    name (kernels/ is installed as mlx_flash.kernels: prefix "mlx_flash."); module_level: only the
+    imports run at import time."""
     out = {}
     for d, _, files in os.walk(root):
         for f in sorted(files):
             if f.endswith(".py"):
                 path = os.path.join(d, f)
                 module, is_pkg = module_name(path, root)
-                out[prefix + module] = (path, imports_of(path, prefix + module, is_pkg))
+                out[prefix + module] = (path, imports_of(path, prefix + module, is_pkg, module_level))
     return out
 
 
@@ -277,3 +290,41 @@ def test_the_circle_finder_finds_circles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def package_graph(imports: dict) -> dict[str, set[str]]:
+    """package -> the packages it imports: a subpackage (mlx_flash.offload) or a top-level module
+    (mlx_flash.engine) is one node; the package root mlx_flash itself is left out (it re-exports)."""
+    def node(name):
+        parts = name.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else None
+
+    graph: dict[str, set[str]] = {}
+    for m, (_, imported) in imports.items():
+        a = node(m)
+        if a is None:
+            continue
+        graph.setdefault(a, set())
+        graph[a] |= {b for _, n in imported if n.startswith("mlx_flash.") and (b := node(n)) not in (None, a)}
+    return graph
+
+
+def test_no_two_packages_import_each_other_at_import_time():
+    """What runs at import forms layers (docs/architecture.md): a package that imports one above it,
+    even through others, loads half the engine with it and breaks the moment the order changes.
+    Imports inside functions are not counted here (the knots they make are listed in that page)."""
+    graph = package_graph({**import_map(PACKAGE_DIR, module_level=True),
+                           **import_map(KERNELS_DIR, "mlx_flash.", module_level=True)})
+    assert {"mlx_flash.offload", "mlx_flash.service", "mlx_flash.backends", "mlx_flash.kernels"} <= set(graph)
+    found = circles(graph)
+    assert not found, "packages importing each other: " + "; ".join(" <-> ".join(g) for g in found)
+    assert circles(package_graph({"mlx_flash.a.x": ("x.py", [(1, "mlx_flash.b.y")]),
+                                  "mlx_flash.b.y": ("y.py", [(1, "mlx_flash.a")])})) == [["mlx_flash.a", "mlx_flash.b"]]
+
+
+def test_module_level_imports_leave_out_those_inside_functions(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\ntry:\n    import json\nexcept ImportError:\n    pass\n"
+                 "def f():\n    import sys\nclass C:\n    import re\n")
+    assert sorted(n for _, n in imports_of(str(f), "m", False, module_level=True)) == ["json", "os", "re"]
+    assert sorted(n for _, n in imports_of(str(f), "m", False)) == ["json", "os", "re", "sys"]

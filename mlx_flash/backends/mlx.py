@@ -23,12 +23,14 @@ from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
 from ..ffn_source import GateActivation
 from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
-from ..memory.process_plan import MLX_CACHE_LIMIT
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
 from . import block_matrix, cpu_threads, mlx_scores, mlx_sparse, walk
 
 NAME = "mlx"
+# MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
+# (memory/process_plan.py, RUNTIME_SLACK) holds the cache at its cap, not whatever a long prefill left.
+MLX_CACHE_LIMIT = 32 << 20
 
 
 @dataclass
@@ -64,8 +66,6 @@ class MLXOps:
         self._rope_freqs: dict = {}  # (dims, base) -> inverse frequencies, for the CPU rope
         self._turns: list[SlotTurns] = []  # streamed slots' turns, settled after each evaluation
         self._slabs: dict = {}  # (address, shape) of a sparse FFN's slab -> (slab, its graph operations)
-        # MLX keeps freed buffers for reuse; the memory plan counts this cache at its cap, not at
-        # whatever a long prefill left in it.
         mx.set_cache_limit(MLX_CACHE_LIMIT)
         if not self.on_gpu:
             mlx_kernels.extension()  # a missing, stale or mismatched kernel build fails here, at load, naming the fix

@@ -7,8 +7,8 @@ decides resident vs streamed FFN for ffn="auto".
 
 floor: this process's RSS when planning (interpreter, frameworks, tokenizer, anything the caller
 already holds). RUNTIME_SLACK: what a backend allocates on its first forward passes beyond the
-floor (thread pools, allocator caches: MLX's buffer cache is capped at MLX_CACHE_LIMIT by the
-backend), measured on a 24 KB model. KV cache: `kv_tokens` tokens of every layer's keys and values
+floor (thread pools, allocator caches: MLX's buffer cache is capped at backends/mlx.py's
+MLX_CACHE_LIMIT), measured on a 24 KB model. KV cache: `kv_tokens` tokens of every layer's keys and values
 in float32. Work buffers: the activations of one prefill chunk (attention scores included).
 Reader buffers: what the reader pools of streamed weights hold (their threads' scratch buffers and
 stacks: store/reader_pool.py), counted whether or not the plan streams, so that the minimum is one
@@ -42,7 +42,6 @@ BEFORE_PLAN = 48 << 20
 # default model per backend, 2 to 16 threads): the minimum a refusal names carries this much more, so
 # that a run given that number is planned, not refused by a floor a little higher than the last.
 FLOOR_JITTER = 2 << 20
-MLX_CACHE_LIMIT = 32 << 20
 MIN_KV_TOKENS = 128
 AUTO_KV_SHARE = 0.10  # "auto" context: the model's whole context, or what this share of the limit holds
 # Prefill chunks halve (down to MIN_CHUNK) while their buffers take more than this share of the limit:

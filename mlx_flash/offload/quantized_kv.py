@@ -3,7 +3,7 @@ an approximation chosen by policy.kv_bits), which holds a quarter of float16's b
 scale and bias per group and so fits ~6x more sequences' KV in the same memory.
 
 `QuantizedKV` keeps codes, not floats: each update quantizes the new keys and values (affine,
-min..max, the service's quantizer in service/compression.py) into preallocated numpy buffers and
+min..max, models/kv_quant.py, as the service's chunks) into preallocated numpy buffers and
 hands the graph the held tokens dequantized, a temporary of one layer that lives while that layer
 computes.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from ..memory.process_plan import ModelShape
 from ..models.cache import KVCache, LayerKV
-from ..service.compression import dequantize, quantize
+from ..models.kv_quant import dequantize, quantize
 from .policy import KEY_BLOCK, KV_GROUP
 
 

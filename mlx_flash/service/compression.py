@@ -25,6 +25,7 @@ from enum import Enum
 import numpy as np
 
 from ..errors import ConfigError
+from ..models.kv_quant import dequantize, quantize
 
 WIDTHS = (8, 4, 2)
 GROUP = 32
@@ -176,38 +177,6 @@ def choose_widths(c: Compression, density: np.ndarray | None, fixed: dict[int, i
 def lossy(x: np.ndarray, bits: int) -> np.ndarray:
     """What a chunk holds once compressed to `bits` and read back."""
     return decode(np.frombuffer(encode(x, bits), np.uint8), x.shape, bits)
-
-
-# ---- quantization (numpy, the swap files' side) ----------------------------------------------------------
-def quantize(x: np.ndarray, bits: int, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x [..., hd] float32 -> (codes packed into uint8 [..., hd * bits / 8], scales, biases float16
-    [..., hd / group]): affine per group, x ~ codes * scale + bias."""
-    *lead, hd = x.shape
-    if hd % group or (group * bits) % 8:
-        raise ValueError(f"head dim {hd} does not split into groups of {group} at {bits} bits")
-    g = x.reshape(*lead, hd // group, group).astype(np.float32)
-    lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
-    levels = (1 << bits) - 1
-    scale = ((hi - lo) / levels).astype(np.float16)
-    bias = lo.astype(np.float16)
-    s32 = scale.astype(np.float32)
-    codes = np.where(s32 > 0, np.rint((g - bias.astype(np.float32)) / np.where(s32 > 0, s32, 1)), 0)
-    codes = np.clip(codes, 0, levels).astype(np.uint8).reshape(*lead, hd)
-    per = 8 // bits
-    c = codes.reshape(*lead, hd // per, per)
-    packed = np.zeros((*lead, hd // per), np.uint8)
-    for j in range(per):
-        packed |= (c[..., j] << (bits * j)).astype(np.uint8)
-    return packed, scale[..., 0], bias[..., 0]
-
-
-def dequantize(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int, group: int = GROUP) -> np.ndarray:
-    per = 8 // bits
-    *lead, n = packed.shape
-    codes = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
-    codes = codes.reshape(*lead, n * per // group, group).astype(np.float32)
-    out = codes * scale.astype(np.float32)[..., None] + bias.astype(np.float32)[..., None]
-    return out.reshape(*lead, n * per)
 
 
 def packed_bytes(shape, bits: int) -> int:

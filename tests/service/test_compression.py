@@ -8,9 +8,9 @@ import pytest
 from mlx_flash.backends import get_backend
 from mlx_flash.errors import ConfigError
 from mlx_flash.service.chunk_pool import ChunkShape
+from mlx_flash.models.kv_quant import dequantize, quantize
 from mlx_flash.service.compression import (Compression, DensityTracker, Scheme, assign_widths, choose_widths,
-                                           attention_columns_ref, decode, dequantize, encode, lossy,
-                                           packed_bytes, quantize)
+                                           attention_columns_ref, decode, encode, lossy, packed_bytes)
 from mlx_flash.service.swap_files import SwapDir, chunk_data, file_bytes, payload_bytes
 
 
