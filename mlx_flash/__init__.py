@@ -44,7 +44,7 @@ __all__ = ["load", "load_config", "Policy", "Service", "EngineConfig", "FlashOpt
 def __getattr__(name: str):
     # moefy is offline code (calibrate/): imported on first use, so an inference process never loads it.
     if name == "moefy":
-        from .calibrate import moefy
+        from .calibrate import moefy  # deferred: offline code an inference process never loads
 
         return moefy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,6 +24,8 @@ from .models import model_module
 from .store.stream_pool import stream_pool, stream_pools_bytes
 from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
+from .moe.build import expert_source
+from .sparse.build import sparse_source
 
 
 def load(model: str | None = None, backend: str = "auto", ffn: str = "auto", *, memory_budget: str | int = "auto",
@@ -105,8 +107,6 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
     FFN is resident or streamed whole)."""
     cap = plan.weights_budget
     if store.manifest.ffn.n_experts:
-        from .moe.build import expert_source
-
         return expert_source(ops, store, cfg, resident_held, cap, progress)
     if cfg.ffn is FFNMode.RESIDENT:  # one sequential pass at load time: the page cache is fine
         with ReaderPool(threads=2, mode="buffered") as pool:
@@ -115,7 +115,6 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
         lay = store.manifest.ffn
         return StreamedFFN(ops, store, stream_pool(cfg.cache_dir, lay.layer_nbytes, cfg.io.mode.value,
                                                    cfg.io.threads, progress)), {}
-    from .sparse.build import sparse_source
 
     # 4-bit gate predictor weights run on torch's int4 kernel in its bfloat16 mode; MLX has them natively.
     gate_ops = backend_ops(cfg, Backend.TORCH, "bfloat16") if cfg.backend is Backend.TORCH else ops

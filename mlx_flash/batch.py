@@ -21,6 +21,10 @@ from .distributed.flags import add_pipeline_arguments
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 from .sampling import check_int, check_sampling_flags
+from .distributed.launch import load_for
+from .distributed.transport import launcher_rank
+from .offload import Policy
+from .offload.run import run_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,10 +120,6 @@ def done_ids(path: str) -> set:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from .distributed.launch import load_for
-        from .distributed.transport import launcher_rank
-        from .offload import Policy
-
         policy = Policy.from_json(args.policy) if args.policy is not None else None
         check_int("--max-tokens", args.max_tokens, low=1)
         check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)  # run_batch does not check them
@@ -144,7 +144,6 @@ def main(argv=None) -> int:
                                       "finish_reason": seq.finish_reason}) + "\n")
                 out.flush()
 
-            from .offload.run import run_batch
 
             if todo:
                 run_batch(engine, [j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp, args.top_p,

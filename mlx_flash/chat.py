@@ -19,6 +19,9 @@ from .errors import ConfigError, FlashError, PipelineFault, first_paragraph
 from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
 from .sampling import check_int, check_sampling_flags
+from .service import Service
+from .distributed.conversations import PipelineConversations
+from .distributed.launch import load_for
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -112,13 +115,11 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     import io
     import tempfile
 
-    from .service import Service
 
     interactive = inp.isatty()
     if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
         inp.reconfigure(errors="surrogateescape")
     if engine.pipeline is not None:  # a model split across ranks: each conversation's KV on every rank
-        from .distributed.conversations import PipelineConversations
 
         with PipelineConversations(engine) as conversations:
             _converse(engine, conversations, args, inp, out, interactive)
@@ -229,8 +230,6 @@ def check_flags(args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from .distributed.launch import load_for
-
         check_flags(args)
 
         cfg = from_arguments(EngineConfig, args)

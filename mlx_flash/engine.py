@@ -287,8 +287,8 @@ class Engine:
         prompt; sampling as generate() (each sequence samples as it would alone, from `seed`).
         policy: an offload.Policy, or None to choose one by the cost model and LP search; the stats
         of the run (tokens/s, the policy, its predicted and measured time) are in `last_batch`."""
-        from .offload import Policy
-        from .offload.run import run_batch
+        from .offload import Policy  # deferred: the throughput mode and its LP search (scipy), for batch jobs only
+        from .offload.run import run_batch  # deferred: as above
 
         check_sampling(temperature, top_p, top_k)
         check_seed("seed", seed)

@@ -17,6 +17,13 @@ from .distributed.flags import add_pipeline_arguments
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 from .sampling import check_int
+from .distributed.launch import load_for
+from .service import Service
+from .service.compression import Compression
+from .service.server import Server, ServerOptions
+from .distributed.conversations import PipelineConversations
+from .distributed.serving import PipelineLoop
+from .default_model import resolve_store
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,10 +85,6 @@ def main(argv=None) -> int:
     try:
         from aiohttp import web
 
-        from .distributed.launch import load_for
-        from .service import Service
-        from .service.compression import Compression
-        from .service.server import Server, ServerOptions
 
         Compression.parse(args.kv_compression)  # a bad option is refused before the model loads
         check_flags(args)
@@ -94,9 +97,6 @@ def main(argv=None) -> int:
                                 queue_limit=args.queue_limit, max_tokens_default=args.max_tokens,
                                 max_batch=args.max_batch)
         if engine.pipeline is not None:
-            from .distributed.conversations import PipelineConversations
-            from .distributed.serving import PipelineLoop
-
             svc = PipelineConversations(engine)
             server = Server(svc, options, PipelineLoop(svc, options.max_batch))
         else:
@@ -128,8 +128,6 @@ def _model_name(model: str | None, engine, cfg) -> str:
     its stage store was cut from)."""
     path = engine.store.path
     if engine.pipeline is not None:
-        from .default_model import resolve_store
-
         path = resolve_store(model, cfg.cache_dir, cfg.store_precision(), False)
     return os.path.basename(path.rstrip(os.sep))
 

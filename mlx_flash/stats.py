@@ -3,6 +3,7 @@ did. Per-token timings and bytes are in `engine.last.steps` (TokenStats); these 
 longer than one generation."""
 
 from __future__ import annotations
+from .errors import ConfigError
 
 
 def memory_plan(engine) -> dict:
@@ -23,7 +24,6 @@ def expert_cache_stats(engine) -> dict:
     {"policy", "slots", "hits", "misses", "hit_rate", "per_layer": [(hits, misses), ...]}.
     A hit is a routed expert already in the cache; a miss is read from flash. Take two snapshots
     and subtract to measure a stretch of decoding on its own."""
-    from .errors import ConfigError
 
     st = engine.ffn.stats()
     if not st.expert_policy:

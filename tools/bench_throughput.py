@@ -23,7 +23,7 @@ import sys
 
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
-from mlx_flash.offload.bench import MODES, BenchConfig, run_config
+from mlx_flash.bench.throughput import MODES, BenchConfig, run_config
 
 LABELS = {"single": "(a) one at a time", "row": "(b) batched, row order", "flexgen": "(c) zig-zag + search",
           "compressed": "(d) (c) + 4-bit weights", "naive": "ablation: no search", "no-overlap": "ablation: no overlap"}

@@ -9,6 +9,7 @@ import importlib
 import os
 
 from ..errors import ConfigError
+from ..kernels.blockmatmul import BlockMatrix
 
 BACKENDS = ("mlx", "torch")
 
@@ -116,7 +117,6 @@ def leaves(tree):
 def block_matrix(raw, quant, transposed: bool):
     """The CPU block kernel's view of a stored GGUF block-type weight (rows of whole blocks, as the
     store holds them: never dequantized as a whole), shared by both backends."""
-    from ..kernels.blockmatmul import BlockMatrix
 
     if transposed:
         raise ConfigError(f"{quant.kind} weights are stored with rows as outputs; a transposed one cannot be built")

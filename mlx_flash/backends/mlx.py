@@ -25,7 +25,7 @@ from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import block_matrix, cpu_threads, mlx_scores, mlx_sparse, walk
+from . import block_matrix, covered_bytes, cpu_threads, leaves, mlx_scores, mlx_sparse, owner, walk
 
 NAME = "mlx"
 # MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
@@ -108,7 +108,6 @@ class MLXOps:
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
-        from . import covered_bytes, leaves, owner
 
         arrays, ranges = {}, []
         for a in leaves(tree):

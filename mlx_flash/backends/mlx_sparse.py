@@ -8,6 +8,7 @@ import numpy as np
 
 from ..ffn_source import GateActivation
 from ..kernels import mlx_kernels
+from ..kernels.metal_sparse import MetalSparseFFN
 from ..kernels.sparse_ffn import CpuSparseFFN
 
 
@@ -18,8 +19,6 @@ def sparse_kernel(self, spec, act: GateActivation):
     if spec is None or (self.on_gpu and act is not GateActivation.SILU):
         return None
     if self.on_gpu:
-        from ..kernels.metal_sparse import MetalSparseFFN
-
         return MetalSparseFFN(spec)
     return CpuSparseFFN(spec, self.kernel_threads)
 

@@ -29,7 +29,7 @@ from ..ffn_source import GateActivation
 from ..quant_spec import QuantSpec
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import block_matrix, cpu_threads
+from . import block_matrix, covered_bytes, cpu_threads, leaves, owner
 from . import torch_scores, torch_sparse
 from .torch_quant import dequantize, int4pack, unpack_bits
 from .torch_rope import RopeTables
@@ -108,7 +108,6 @@ class TorchOps:
     def held_bytes(self, tree) -> int:
         """Bytes of memory the tensors of a weights tree hold as this backend keeps them (a float32
         copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
-        from . import covered_bytes, leaves, owner
 
         ranges = []  # a torch tensor and a numpy view of one buffer count once
         for t in leaves(tree):

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..ffn_source import GateActivation
 from ..kernels import torch_ops
+from ..kernels.cuda_sparse import CudaSparseFFN
 from ..kernels.sparse_ffn import CpuSparseFFN
 
 try:
@@ -22,8 +23,6 @@ def sparse_kernel(self, spec, act: GateActivation):
     if spec is None or (self.device.type == "cuda" and act is not GateActivation.SILU):
         return None
     if self.device.type == "cuda":
-        from ..kernels.cuda_sparse import CudaSparseFFN
-
         return CudaSparseFFN(spec)
     return CpuSparseFFN(spec, self.kernel_threads)
 

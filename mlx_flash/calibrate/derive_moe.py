@@ -17,6 +17,9 @@ from ..api import load
 from ..errors import ConfigError, UnsupportedModelError
 from ..store.atomic_dir import atomic_dir
 from .moefication import balanced_clusters, expert_contributions, expert_order, router_quality, train_router
+from ..convert.sources import read_source
+from .activations import collect
+from ..default_model import default_model_path
 
 
 def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
@@ -60,14 +63,10 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     import mlx.core as mx
     from tqdm import tqdm
 
-    from ..convert.sources import read_source
-    from .activations import collect
 
     if not 0 < top_k <= n_experts:
         raise ConfigError(f"top_k {top_k} is not in 1..n_experts ({n_experts})")
     if source is None:
-        from ..default_model import default_model_path
-
         source = default_model_path()
     src = read_source(source)
     cfg = src.config

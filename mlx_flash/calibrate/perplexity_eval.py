@@ -8,6 +8,8 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
+from ..offload.quantized_kv import make_row_caches
+from ..offload.sparse_attention import with_top_k
 
 
 def token_nlls(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -38,9 +40,6 @@ def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, pr
         if len(window) < 2:
             break
         if kv_bits or attention_keep < 1.0:
-            from ..offload.quantized_kv import make_row_caches
-            from ..offload.sparse_attention import with_top_k
-
             caches = with_top_k(make_row_caches(engine, kv_bits, len(window)), attention_keep)
             logits = engine.prefill(window, caches, all_logits=True)
         else:

@@ -30,6 +30,9 @@ import numpy as np
 from ..config import default_cache_dir
 from ..errors import ConfigError
 from .synthetic import QK_NORM_TYPES, SHAPES
+from ..convert.gguf_quantize import _pack_scales_k4
+from ..convert.gguf_tokenizer import tokenizer_fields as fields_of
+from ..default_model import default_model_path
 
 # quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names. Q4_K_M is a
 # mix, as llama.cpp's quantizer makes it (tensor_type): Q4_K, with Q6_K for the output matrix and for
@@ -73,7 +76,6 @@ def _k_blocks(rng, kind: str, n: int) -> np.ndarray:
     """Random Q4_K / Q6_K blocks whose weights are centred, |w| <= about WEIGHT_RANGE.
     Q4_K: w = d sc q - dmin m with dmin = d, sc in 4..8 and m = round(7.5 sc) (so w ~ d sc (q - 7.5));
     Q6_K: w = d sc (q - 32), sc in 8..16."""
-    from ..convert.gguf_quantize import _pack_scales_k4
 
     out = np.frombuffer(rng.bytes(n * (144 if kind == "Q4_K" else 210)), np.uint8).reshape(n, -1).copy()
     if kind == "Q4_K":
@@ -123,7 +125,6 @@ def tokenizer_fields(path: str) -> dict:
     """Every `tokenizer.*` field of the GGUF at `path`: key -> (value, type, array item type or None)."""
     from gguf import GGUFValueType
 
-    from ..convert.gguf_tokenizer import tokenizer_fields as fields_of
 
     out = {}
     for key, field in fields_of(path, "no vocabulary to copy").items():
@@ -260,8 +261,6 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
         raise ConfigError(f"GGUF quantization {quant!r} is unknown (choose one of: {', '.join(QUANTS)})")
     cfg = shape_config(shape, layers)
     if tokenizer is None:
-        from ..default_model import default_model_path
-
         tokenizer = default_model_path()
     tok = tokenizer_fields(tokenizer) if isinstance(tokenizer, str) else tokenizer
     cfg["vocab_size"] = len(tok["tokenizer.ggml.tokens"][0])

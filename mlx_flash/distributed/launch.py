@@ -34,6 +34,13 @@ from .rank_serve import StageProfile, serve
 from .stage_policy import WIRE_WORDS, StageSpeed, calibrate, stage_speed
 from .stages import plan_stages
 from .transport import open_transport
+from ..api import load_config
+from ..config import default_cache_dir
+from ..default_model import resolve_store
+from ..memory import resolve_limit
+from ..store import open_store
+from ..store.stage import cut_stage
+from ..backends import cpu_threads
 
 MIB = 1 << 20
 
@@ -71,7 +78,6 @@ def load_for(args, cfg, batch: bool = False, verbose: bool = False):
     """The engine a command's flags ask for: (engine, None); on a pipeline's rank other than 0, once
     rank 0 stopped it, (None, its exit status). args: model, pipeline, pipeline_timeout; verbose (or
     batch): rank 0 prints the layer ranges."""
-    from ..api import load_config
 
     if not args.pipeline:
         return load_config(args.model, cfg, batch=batch), None
@@ -114,12 +120,6 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     digests and exchange their memory limits; each then cuts the store of its own layers (cached
     under `<cache>/stages/`) and loads that, planned under its own limit. verbose: the other ranks
     print where their time went when they stop."""
-    from ..config import default_cache_dir
-    from ..default_model import resolve_store
-    from ..api import load_config
-    from ..memory import resolve_limit
-    from ..store import open_store
-    from ..store.stage import cut_stage
 
     t = open_transport()
     hosts = t.all_gather(np.array([_host_id()]))[:, 0]
@@ -127,7 +127,6 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     if cfg.threads is None:  # (a waiting rank polls its socket)
         from dataclasses import replace
 
-        from ..backends import cpu_threads
 
         cfg = replace(cfg, threads=max(1, cpu_threads() // here))
     limit = resolve_limit(cfg.memory_budget)

@@ -46,6 +46,7 @@ import numpy as np
 from ..errors import FlashError, PipelineFault
 from ..models.batch_cache import batch_caches
 from ..offload.schedule import LayerOnce
+from .batch import pipelined_batch
 from .transport import Outbox, PeerLostError, Transport
 
 HEADER = 6
@@ -131,6 +132,13 @@ class Pipeline:
         self._on_stall = callback
 
     # ---- the model call ---------------------------------------------------------------------------
+    @staticmethod
+    def run_batch(engine, work, opts, micro_batches: int = 0, on_done=None, on_token=None, on_policy=None):
+        """The throughput mode across the ranks (distributed/batch.py pipelined_batch): what
+        offload/run.py calls for an engine with a pipeline, so the throughput mode knows no ranks."""
+        return pipelined_batch(engine, work, opts, micro_batches, on_done=on_done, on_token=on_token,
+                               on_policy=on_policy)
+
     def forward(self, tokens, caches, all_logits: bool):
         """One sequence's step, round the ranks and back (nothing else in flight)."""
         self.submit(tokens, [caches], all_logits)

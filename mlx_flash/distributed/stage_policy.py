@@ -35,6 +35,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..offload.engine_room import read_bps, streams_layers
+from ..memory.allocator import return_free_memory
+from ..offload.calibration import measure_compute
 
 NS = 1e-9
 WIRE_WORDS = 10  # StageSpeed.to_wire's length
@@ -138,8 +140,6 @@ def calibrate(engine, outer: bool) -> tuple:
     and decode steps (offload/calibration.py) and, on rank 0 (`outer`), the head's decode step as
     (fixed, per row). Run before FFN layers are placed, so the calibration's buffers come out of the
     room they would take, and are handed back after."""
-    from ..memory.allocator import return_free_memory
-    from ..offload.calibration import measure_compute
 
     c = measure_compute(engine, CALIBRATION_PROMPT, CALIBRATION_CONTEXT, CALIBRATION_ROWS)
     head = _head_speed(engine) if outer else (0.0, 0.0)

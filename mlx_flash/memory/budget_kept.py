@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from ..errors import FlashError
+from .harness import MemoryCgroup
 
 PROMPT = "Write a short poem about the sea."
 # The chat's parent: its children's ru_maxrss is the chat's VmHWM (the one child it waits for).
@@ -29,8 +30,6 @@ def chat_at(backend: str, budget: int, model: str | None = None, cgroups: bool =
            "--max-tokens", "32", "--verbose", "--backend", backend, "--memory-budget", str(budget)]
     cmd += ["--model", model] if model else []
     if cgroups:
-        from .harness import MemoryCgroup
-
         with MemoryCgroup(-(-budget // 4096) * 4096) as cg:  # the kernel rounds a limit down to a page
             r = cg.run(cmd, timeout=timeout)
         code, err, ooms = r.returncode, r.stderr, r.oom_kills

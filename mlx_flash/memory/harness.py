@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FlashError
+from ..store.reader_pool import ReaderPool
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 _serial = itertools.count()
@@ -195,7 +196,6 @@ def read_bandwidth(path: str, grid=PROBE_GRID) -> float:
     reads a layer). Reading a byte twice would measure a cache: behind a virtual disk the host keeps
     what was just read, and a probe drawing random offsets with repeats saw 7.4 GB/s here where
     reading each byte once gives 2.2."""
-    from ..store.reader_pool import ReaderPool
 
     size = os.path.getsize(path)
     part = size // len(grid) // 4096 * 4096

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, MemoryBudgetError
 from ..units import fmt
 from .limit import MemoryLimit
+from .import_cost import ImportKilled, measured_import_cost
 
 RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
 # What importing a backend's framework adds to RSS (torch 2.13 CPU: 208 MB on one machine, about 60 MB
@@ -122,7 +123,6 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: st
     the estimate to matter: memory/import_cost.py) and loading the tokenizer (BEFORE_PLAN)."""
     import sys
 
-    from .import_cost import ImportKilled, measured_import_cost
 
     module, cost = BACKEND_IMPORT[backend]
     how = "about"

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..choices import ExpertPolicy
+from ..errors import ConfigError
 
 
 ONLINE_POLICIES = tuple(p.value for p in ExpertPolicy)
@@ -83,8 +84,6 @@ class EdgeMoE(Policy):
 
 
 def make_policy(name: "ExpertPolicy | str", n_layers: int) -> Policy:
-    from ..errors import ConfigError
-
     name = name.value if isinstance(name, ExpertPolicy) else name
     classes = {"edgemoe": EdgeMoE, "lru": LRU, "lfu": LFU, "fifo": FIFO}  # ONLINE_POLICIES
     if name not in classes:

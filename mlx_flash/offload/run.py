@@ -121,16 +121,15 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
 
 
 def _pipelined(engine, work, opts, policy, progress: bool, on_done, micro_batches: int):
-    """A model split across ranks: micro-batches flow through them (distributed/batch.py)."""
-    from ..distributed.batch import pipelined_batch
-
+    """A model split across ranks: micro-batches flow through them, as the engine's pipeline runs a
+    batch (distributed/pipeline.py Pipeline.run_batch: this package knows no ranks)."""
     if policy is not None:
         raise ConfigError("a policy places weights and KV in one process; across ranks the micro-batches "
                           "flow through the pipeline instead: leave the policy out")
     bar = _progress_bar(len(work), progress)
     t0 = time.perf_counter()
     try:
-        seqs, run = pipelined_batch(engine, work, opts, micro_batches, on_done=_chain(on_done, bar),
+        seqs, run = engine.pipeline.run_batch(engine, work, opts, micro_batches, on_done=_chain(on_done, bar),
                                     on_token=(lambda n: _tick(bar, n, t0)) if bar else None,
                                     on_policy=(lambda c: _say(bar, c.line())) if progress else None)
     finally:

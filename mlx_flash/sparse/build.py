@@ -21,6 +21,7 @@ from .selectors import AllActive, LowRankSelector, PredictorKind, StatisticalSel
 from .statistical import StatisticalActivity
 from .sparse_source import SparseSource
 from .unbundled import ensure_unbundled, field_offsets
+from .gateup import GateUpSelector
 
 
 def _first_layer_rows(store):
@@ -41,8 +42,6 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
         return StatisticalSelector(model, lay.block), model.p.nbytes, None
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
     if opts.predictor is PredictorKind.GATE:
-        from .gateup import GateUpSelector
-
         with ReaderPool(threads=2, mode="buffered") as pool:
             sel = GateUpSelector(gate_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay),
                                  preds.magnitude_thresholds, progress)
@@ -88,8 +87,6 @@ def row_source(ops, store, pool, opts: FlashOptions, selector, progress: bool):
     (all), from the unbundled per-field copy (predictor, window), or down columns alone (down-only)."""
     lay = store.manifest.ffn
     if opts.down_only:
-        from .gateup import GateUpSelector
-
         if not isinstance(selector, GateUpSelector):
             raise ConfigError("down-only reads need the gate predictor")
         fmt = DownRows(ops, lay, selector.weights)

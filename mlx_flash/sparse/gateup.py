@@ -15,6 +15,7 @@ from ..ffn_source import FFNWeights
 from ..quant_spec import QuantSpec
 from ..weights import fused_weight, linear_parts, neuron_arrays
 from .selectors import Selection
+from ..kernels.gguf_blocks_ref import dequantize
 
 GROUP = 32
 
@@ -42,7 +43,6 @@ def _four_bit(parts: dict, dtypes: dict, quant: QuantSpec | None):
         return parts, dtypes, quant
     w = parts["weight"]
     if quant is not None and quant.is_block:  # GGUF block types: their values, then 4 bits
-        from ..kernels.gguf_blocks_ref import dequantize
 
         w = dequantize(np.asarray(w), quant.kind)
     elif quant is not None:  # other bit widths: back to floats first

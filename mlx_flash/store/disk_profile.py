@@ -17,6 +17,8 @@ import numpy as np
 
 from ..errors import FlashError
 from .reader_pool import BLOCK, ReaderPool
+from ..config import default_cache_dir
+from ..progress import step
 
 KiB, MiB = 1024, 1024 * 1024
 CHUNKS = [4 * KiB, 8 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB]
@@ -181,8 +183,6 @@ def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, 
     """The disk profile load() sizes its reader pools with: the one saved in `cache_dir` (default:
     $MLX_FLASH_CACHE or ~/.cache/mlx_flash) by `python -m mlx_flash.profile_disk` or an earlier probe, or a
     quick probe (9 points of 0.25 s on a 256 MiB scratch file), run once and saved there."""
-    from ..config import default_cache_dir
-    from ..progress import step
 
     cache_dir = cache_dir or default_cache_dir()
     path = os.path.join(cache_dir, PROFILE_NAME)

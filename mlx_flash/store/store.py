@@ -10,6 +10,7 @@ from ..errors import ModelNotFoundError, StoreError
 from .bundles import NUMPY_DTYPES
 from .manifest import MANIFEST_NAME, Manifest
 from .safetensors_io import tensor_layer
+from ..config import default_cache_dir
 
 
 class Store:
@@ -131,8 +132,6 @@ def open_store(path: str, verify_checksums: bool = False, progress: bool = False
     with open(mpath, encoding="utf-8", errors="replace") as fh:
         manifest = Manifest.from_json(fh.read(), mpath)
     if cache_dir is None:
-        from ..config import default_cache_dir
-
         cache_dir = default_cache_dir()
     manifest.validate(path, verify_checksums=verify_checksums, progress=progress, cache_dir=cache_dir)
     return Store(os.path.abspath(path), manifest)

@@ -24,6 +24,7 @@ import json
 import os
 
 from ..errors import StoreError
+from ..progress import byte_bar
 
 STAMPS = "verified"
 
@@ -78,7 +79,6 @@ def verify_files(store_dir: str, files: dict[str, dict], cache_dir: str | None, 
                  progress: bool = False) -> int:
     """Hash every listed file whose stamp does not match (all of them when `force` or without a
     cache directory) and compare with the manifest's sha256; returns the bytes hashed."""
-    from ..progress import byte_bar
 
     path = stamp_file(cache_dir, store_dir) if cache_dir else None
     stamps = _load(path) if path and not force else {}

@@ -19,9 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..api import load
 from ..memory import peak_rss
-from .policy import Policy
-from .schedule import Order
+from ..offload.batch_generate import encode_all
+from ..offload.cost_model import Workload
+from ..offload.policy import Policy
+from ..offload.run import choose, run_batch
+from ..offload.schedule import Order
 
 MODES = ("single", "row", "flexgen", "naive", "no-overlap")
 NAIVE_BATCH = 8  # the fixed policy of the no-search ablation: blocks of 8 sequences, nothing held
@@ -58,7 +62,6 @@ def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> li
 
 
 def run_config(cfg: BenchConfig, text: str) -> dict:
-    from ..api import load
 
     t_load = time.perf_counter()
     engine = load(cfg.store, backend=cfg.backend, memory_budget=cfg.memory_budget, weights_budget=cfg.weights_budget,
@@ -92,10 +95,6 @@ def _single(engine, prompts, generate: int) -> dict:
 
 
 def _batched(engine, prompts, cfg: BenchConfig) -> dict:
-    from .run import choose, run_batch
-    from .batch_generate import encode_all
-    from .cost_model import Workload
-
     kv = (0, 4) if cfg.kv_bits else (0,)
     policy = None
     if cfg.mode in ("row", "no-overlap"):  # the searched policy's batch shape, one thing changed
