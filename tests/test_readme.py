@@ -1,13 +1,15 @@
-"""The README's Python blocks run as written, in order, in one namespace (what a reader pasting them
-one after another gets), so the guide cannot drift from the API. The only changes are the names a
+"""The README's Python blocks run as written, in order, in one fresh Python process (what a reader
+pasting them one after another gets: the memory limits in them hold for a process of their own), so
+the guide cannot drift from the API. The only changes are the names a
 reader supplies themselves: a GGUF file of theirs (here the default model's), a MoE model directory
 (a tiny random Mixtral), the service's directory (a fresh one) and the prompts of a batch job. Each
 placeholder must appear in the README, so this table cannot outlive what it replaces."""
 
-import contextlib
-import io
+import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -38,11 +40,13 @@ def test_the_readme_python_blocks_run_as_written(tmp_path):
     for name, value in placeholders.items():
         assert name in source, f"the README no longer has {name}: drop it from this test"
         source = source.replace(name, value)
-    namespace = {"prompts": [f"Question {i}: what is {i} plus {i}?" for i in range(8)]}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(source, "README.md", "exec"), namespace)
-    printed = out.getvalue()
-    assert "Paris" in printed  # the quickstart's completion and the service's answer
-    assert len(namespace["texts"]) == len(namespace["prompts"]) and all(isinstance(t, str) for t in namespace["texts"])
-    assert isinstance(namespace["text"], str)
+    prompts = [f"Question {i}: what is {i} plus {i}?" for i in range(8)]
+    script = tmp_path / "readme_blocks.py"
+    script.write_text(f"prompts = {prompts!r}\n" + source + "\nimport json\n"
+                      "print('RESULT ' + json.dumps({'texts': texts, 'text': text}))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Paris" in r.stdout  # the quickstart's completion and the service's answer
+    result = json.loads(r.stdout.rsplit("RESULT ", 1)[1])
+    assert len(result["texts"]) == len(prompts) and all(isinstance(t, str) for t in result["texts"])
+    assert isinstance(result["text"], str)
