@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlx_flash.errors import KernelUnavailableError
+
 from .gguf_blocks_ref import BLOCKS, GgufBlock
 from .metal_sparse import SIMD, built_kernel
+from .mlx_kernels import framework_array
 
 MAX_TOKENS = 8  # per pass over a row (register accumulators); a launch makes as many passes as it needs
 SIMDGROUPS = 4  # SIMD groups (rows) per threadgroup
@@ -82,8 +85,6 @@ class MetalBlockMatmul:
     def __init__(self, raw, kind: str):
         import mlx.core as mx
 
-        from mlx_flash.errors import KernelUnavailableError
-
         if not mx.metal.is_available():
             raise KernelUnavailableError("the Metal block kernel needs a Metal GPU (mx.metal.is_available() is false); "
                                          "use the CPU block kernel (blockmatmul.BlockMatrix)")
@@ -96,7 +97,6 @@ class MetalBlockMatmul:
     def of(cls, matrix) -> "MetalBlockMatmul":
         """Over a BlockMatrix's rows as an mx.array the GPU reads: where the read put them when that is
         MLX memory (unified on a Mac), else copied once as bytes (never a float copy)."""
-        from .mlx_kernels import framework_array
 
         return cls(framework_array(plain_rows(matrix)), matrix.kind)
 

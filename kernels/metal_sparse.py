@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from importlib import resources
 
+from mlx_flash.errors import KernelUnavailableError
+
 from .slab_spec import DownLayout, SlabSpec
 
 MAX_TOKENS = 8  # per launch (register accumulators); more tokens run as several launches
@@ -106,8 +108,6 @@ class MetalSparseFFN:
 
     def __init__(self, spec: SlabSpec):
         import mlx.core as mx
-
-        from mlx_flash.errors import KernelUnavailableError
 
         if not mx.metal.is_available():
             raise KernelUnavailableError("the Metal sparse FFN kernels need a Metal GPU (mx.metal.is_available() "

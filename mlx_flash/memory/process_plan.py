@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, MemoryBudgetError
 from ..units import fmt
 from .limit import MemoryLimit
-from . import import_cost  # used through the module: one place to stand in for the measurement
+from .import_cost import ImportKilled, measured_import_cost
 
 RUNTIME_SLACK = {"mlx": 48 << 20, "torch": 64 << 20}
 # What importing a backend's framework adds to RSS (torch 2.13 CPU: 208 MB on one machine, about 60 MB
@@ -130,8 +130,8 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: st
         cost = 0
     elif limit.bytes < rss + BEFORE_PLAN + FLOOR_JITTER + 2 * cost:
         try:
-            cost, how = import_cost.measured_import_cost(module, cost, cache_dir, backend), "measured here:"
-        except import_cost.ImportKilled as e:
+            cost, how = measured_import_cost(module, cost, cache_dir, backend), "measured here:"
+        except ImportKilled as e:
             raise MemoryBudgetError(f"memory budget {fmt(limit.bytes)} does not hold importing {module}: {e}") from None
     if limit.bytes < rss + cost + BEFORE_PLAN:  # (named with FLOOR_JITTER: RSS now moves between runs too)
         raise MemoryBudgetError(

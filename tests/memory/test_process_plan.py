@@ -59,12 +59,12 @@ def test_explicit_context_is_planned_or_refused():
 def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_import(monkeypatch, tmp_path):
     import sys
 
-    from mlx_flash.memory import import_cost
+    from mlx_flash.memory import process_plan
     from mlx_flash.memory.process_plan import BACKEND_IMPORT, BEFORE_PLAN, check_backend_room
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     cost = 230 * MB  # what the child measures on this imagined machine (more than the estimate)
-    monkeypatch.setattr(import_cost, "measured_import_cost", lambda module, estimate, cache, backend: cost)
+    monkeypatch.setattr(process_plan, "measured_import_cost", lambda module, estimate, cache, backend: cost)
     before = 300 * MB - cost - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
     # (the refusal names it with FLOOR_JITTER, rounded up: 302.1 MB)
     with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"
@@ -72,7 +72,7 @@ def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_im
         check_backend_room(MemoryLimit(299 * MB, "given"), "torch", before, str(tmp_path))
     check_backend_room(MemoryLimit(300 * MB, "given"), "torch", before, str(tmp_path))
     # far above it the estimate is enough: nothing is measured
-    monkeypatch.setattr(import_cost, "measured_import_cost", lambda *a: pytest.fail("measured"))
+    monkeypatch.setattr(process_plan, "measured_import_cost", lambda *a: pytest.fail("measured"))
     check_backend_room(MemoryLimit(300 * MB + 3 * BACKEND_IMPORT["torch"][1], "given"), "torch", before, str(tmp_path))
 
 
