@@ -9,6 +9,7 @@ import importlib
 import os
 
 from ..errors import ConfigError
+from ..ffn_source import GateActivation
 from ..kernels.blockmatmul import BlockMatrix
 
 BACKENDS = ("mlx", "torch")
@@ -121,3 +122,25 @@ def block_matrix(raw, quant, transposed: bool):
     if transposed:
         raise ConfigError(f"{quant.kind} weights are stored with rows as outputs; a transposed one cannot be built")
     return BlockMatrix(raw, quant.kind)
+
+
+def fused_ffn_weights(act, gate_up, down, takes):
+    """(gate, up or None, down) when a gated FFN over these weights is one kernel call: SwiGLU, gate|up
+    one weight or two (gate, up), and every weight one the backend's kernel `takes`; else None (the
+    graph composes the pieces). Both backends' gated_ffn ask this."""
+    parts = gate_up if isinstance(gate_up, tuple) else (gate_up,)
+    if act is not GateActivation.SILU or len(parts) > 2 or not all(takes(w) for w in (*parts, down)):
+        return None
+    return parts[0], parts[1] if len(parts) == 2 else None, down
+
+
+def slab_operators(cache: dict, call, make) -> tuple:
+    """The operators `make(matrix)` builds over a sparse call's slab (gate, up, down), kept in `cache`
+    per slab: a neuron cache's rows stay where they are, so a step builds none."""
+    slab = call.slab
+    key = (slab.ctypes.data, slab.shape)
+    if key not in cache:
+        if len(cache) > 256:  # slabs come and go (whole layers read into transient buffers)
+            cache.clear()
+        cache[key] = (slab, tuple(make(m) for m in call.kernel.matrices(slab)))  # the slab kept alive
+    return cache[key][1]

@@ -25,7 +25,8 @@ from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import block_matrix, covered_bytes, cpu_threads, leaves, mlx_scores, mlx_sparse, owner, walk
+from . import (block_matrix, covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, owner,
+               walk)
 
 NAME = "mlx"
 # MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
@@ -108,7 +109,6 @@ class MLXOps:
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
-
         arrays, ranges = {}, []
         for a in leaves(tree):
             if isinstance(a, mx.array):
@@ -265,17 +265,16 @@ class MLXOps:
 
     def gated_ffn(self, act: GateActivation, gate_up, down, x):
         """down(act(gate) * up) of x as one node where this backend has one for these weights (SwiGLU over
-        stored matrices without biases, gate|up one matrix or two, on the CPU: mlx_kernels.gated_ffn,
-        identical to the pieces), else None: the caller composes the pieces."""
-        parts = gate_up if isinstance(gate_up, tuple) else (gate_up,)
-        if act is not GateActivation.SILU or self.on_gpu or len(parts) > 2:
+        stored matrices without biases, on the CPU: mlx_kernels.gated_ffn, identical to the pieces),
+        else None: the caller composes the pieces."""
+        found = None if self.on_gpu else fused_ffn_weights(
+            act, gate_up, down, lambda w: isinstance(w, Weight) and w.graph is not None and w.bias is None)
+        if found is None:
             return None
-        weights = (*parts, down)
-        if not all(isinstance(w, Weight) and w.graph is not None and w.bias is None for w in weights):
-            return None
-        if any(w.graph.external for w in weights):  # evaluated as it is built (kernels/mlx_kernels.py)
+        gate, up, dn = (w.graph if w is not None else None for w in found)
+        if any(g is not None and g.external for g in (gate, up, dn)):  # evaluated as built (mlx_kernels.py)
             self.host_syncs += 1
-        return mlx_kernels.gated_ffn(x, parts[0].graph, parts[1].graph if len(parts) == 2 else None, down.graph)
+        return mlx_kernels.gated_ffn(x, gate, up, dn)
 
     def write_tokens(self, buffer, x, offset: int):
         """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.. (a KV cache's

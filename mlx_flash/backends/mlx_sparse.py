@@ -10,6 +10,7 @@ from ..ffn_source import GateActivation
 from ..kernels import mlx_kernels
 from ..kernels.metal_sparse import MetalSparseFFN
 from ..kernels.sparse_ffn import CpuSparseFFN
+from . import slab_operators
 
 
 def sparse_kernel(self, spec, act: GateActivation):
@@ -52,13 +53,5 @@ def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
 
 
 def slab_graphs(self, call):
-    """The graph operations of a slab's gate, up and down (kept per slab: a neuron cache's rows
-    stay where they are)."""
-    slab = call.slab
-    key = (slab.ctypes.data, slab.shape)
-    if key not in self._slabs:
-        if len(self._slabs) > 256:  # slabs come and go (whole layers read into transient buffers)
-            self._slabs.clear()
-        self._slabs[key] = (slab, tuple(mlx_kernels.GraphMatrix(m, self.kernel_threads)
-                                        for m in call.kernel.matrices(slab)))
-    return self._slabs[key][1]
+    """The graph operations of a slab's gate, up and down (backends.slab_operators: kept per slab)."""
+    return slab_operators(self._slabs, call, lambda m: mlx_kernels.GraphMatrix(m, self.kernel_threads))

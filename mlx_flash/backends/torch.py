@@ -29,7 +29,7 @@ from ..ffn_source import GateActivation
 from ..quant_spec import QuantSpec
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import block_matrix, covered_bytes, cpu_threads, leaves, owner
+from . import block_matrix, covered_bytes, cpu_threads, fused_ffn_weights, leaves, owner
 from . import torch_scores, torch_sparse
 from .torch_quant import dequantize, int4pack, unpack_bits
 from .torch_rope import RopeTables
@@ -108,7 +108,6 @@ class TorchOps:
     def held_bytes(self, tree) -> int:
         """Bytes of memory the tensors of a weights tree hold as this backend keeps them (a float32
         copy of 4-bit weights holds 8x their stored size); shared storage counted once."""
-
         ranges = []  # a torch tensor and a numpy view of one buffer count once
         for t in leaves(tree):
             if isinstance(t, torch.Tensor):
@@ -234,15 +233,14 @@ class TorchOps:
 
     def gated_ffn(self, act: GateActivation, gate_up, down, x):
         """down(act(gate) * up) of x in one operator call where this backend has one for these weights
-        (SwiGLU over stored matrices without biases, gate|up one matrix or two, with the CPU kernel;
-        identical to the pieces), else None: the caller composes the pieces."""
-        parts = gate_up if isinstance(gate_up, tuple) else (gate_up,)
-        if act is not GateActivation.SILU or not self.stored_kernel or len(parts) > 2:
+        (SwiGLU over stored matrices without biases, with the CPU kernel; identical to the pieces),
+        else None: the caller composes the pieces."""
+        found = fused_ffn_weights(act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored"
+                                  and w.bias is None) if self.stored_kernel else None
+        if found is None:
             return None
-        weights = (*parts, down)
-        if not all(isinstance(w, Weight) and w.kind == "stored" and w.bias is None for w in weights):
-            return None
-        return torch_ops.TorchMatrix.gated_ffn(x, parts[0].op, parts[1].op if len(parts) == 2 else None, down.op)
+        gate, up, dn = found
+        return torch_ops.TorchMatrix.gated_ffn(x, gate.op, up.op if up is not None else None, dn.op)
 
     @staticmethod
     def write_tokens(buffer, x, offset: int):

@@ -9,6 +9,7 @@ from ..ffn_source import GateActivation
 from ..kernels import torch_ops
 from ..kernels.cuda_sparse import CudaSparseFFN
 from ..kernels.sparse_ffn import CpuSparseFFN
+from . import slab_operators
 
 try:
     import torch
@@ -56,11 +57,5 @@ def sparse_ffn(self, call, x, act: GateActivation):
 
 
 def slab_ops(self, call):
-    """The operators of a slab's gate, up and down (kept per slab: a neuron cache's rows stay put)."""
-    key = (call.slab.ctypes.data, call.slab.shape)
-    if key not in self._slabs:
-        if len(self._slabs) > 256:  # slabs come and go (whole layers read into transient buffers)
-            self._slabs.clear()
-        self._slabs[key] = (call.slab, tuple(torch_ops.TorchMatrix(m, self.kernel_threads)
-                                             for m in call.kernel.matrices(call.slab)))
-    return self._slabs[key][1]
+    """The operators of a slab's gate, up and down (backends.slab_operators: kept per slab)."""
+    return slab_operators(self._slabs, call, lambda m: torch_ops.TorchMatrix(m, self.kernel_threads))
