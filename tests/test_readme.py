@@ -2,7 +2,8 @@
 pasting them one after another gets: the memory limits in them hold for a process of their own), so
 the guide cannot drift from the API. The only changes are the names a
 reader supplies themselves: a GGUF file of theirs (here the default model's), a MoE model directory
-(a tiny random Mixtral), the service's directory (a fresh one) and the prompts of a batch job. Each
+(a tiny random Mixtral), the service's directory (a fresh one) and the prompts of a batch job; the
+cache starts empty, as on a fresh machine. Each
 placeholder must appear in the README, so this table cannot outlive what it replaces."""
 
 import json
@@ -44,7 +45,10 @@ def test_the_readme_python_blocks_run_as_written(tmp_path):
     script = tmp_path / "readme_blocks.py"
     script.write_text(f"prompts = {prompts!r}\n" + source + "\nimport json\n"
                       "print('RESULT ' + json.dumps({'texts': texts, 'text': text}))\n")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    # an empty cache, as on a fresh machine: nothing converted, trained or profiled before
+    env = {**os.environ, "MLX_FLASH_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Paris" in r.stdout  # the quickstart's completion and the service's answer
     result = json.loads(r.stdout.rsplit("RESULT ", 1)[1])

@@ -73,7 +73,10 @@ def test_a_sparse_decode_step_is_at_most_one_round_trip_per_layer(store_dir, mod
 
 
 # ---- the streamed modes inside a memory cgroup at their planned limit --------------------------------------
-LIMIT = 260_000_000  # the cgroup's limit; the plan's budget is "auto" under it (the limit less its margin)
+# the cgroup's limit; the plan's budget is "auto" under it (the limit less its margin). What it leaves for
+# weights (the measured runtime differs by ~10 MB between machines) holds the 40 MB weights budget with
+# room on every machine seen; 40 MB hold the embeddings but not every layer's attention, so layers stream.
+LIMIT = 270_000_000
 CHILD = """
 import sys
 import mlx_flash
@@ -84,6 +87,7 @@ with mlx_flash.load(store, backend="mlx", progress=False, **kw) as e:
     read = e.io_bytes()
     print("round_trips", decode_round_trips(e, "The history of the city begins in the year", 8))
     print("read", e.io_bytes() - read)
+    print("streamed_layers", mlx_flash.memory_plan(e).get("streamed_layers", 0))
 # VmHWM: this process's own peak (ru_maxrss would carry the forking parent's over the exec)
 print("peak", next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM:")))
 """
@@ -110,5 +114,7 @@ def test_streamed_modes_keep_one_round_trip_inside_a_cgroup_at_their_limit(store
     out = dict(line.split() for line in r.stdout.splitlines() if line.strip())
     assert int(out["round_trips"]) == 8, r.stdout
     assert int(out["read"]) > 0, "a streamed mode reads every token"
+    if mode == "streamed layers":
+        assert int(out["streamed_layers"]) > 0, r.stdout
     budget = LIMIT - max(LIMIT * 0.05, SAFETY_MIN)  # the automatic budget under the cgroup's limit
     assert int(out["peak"]) < budget, f"peak RSS {int(out['peak']) / 1e6:.0f} MB over the {budget / 1e6:.0f} MB budget"
