@@ -1,6 +1,7 @@
 """Backends: one op set with MLX names and semantics, implemented by MLX (primary) and torch.
 
-Model graphs are written once against these ops (see models/); a backend is chosen per engine.
+Model graphs are written once against these ops (see models/); a backend is chosen per engine. The op
+set is declared as the Protocol `Ops` (backends/ops.py; `LazyOps` adds a lazy backend's slot turns).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import os
 from ..errors import ConfigError
 from ..ffn_source import GateActivation
 from ..kernels.blockmatmul import BlockMatrix
+from .ops import LazyOps as LazyOps, Ops  # re-exported: the declared op set
 
 BACKENDS = ("mlx", "torch")
 
 
-def get_backend(name: str = "mlx", **kwargs):
-    """Instantiate the ops object of backend `name` ("mlx" or "torch")."""
+def get_backend(name: str = "mlx", **kwargs) -> Ops:
+    """Instantiate the ops object of backend `name` ("mlx" or "torch"): an `Ops` (backends/ops.py)."""
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r} is unknown (choose one of: {', '.join(BACKENDS)})")
     mod = importlib.import_module(f"mlx_flash.backends.{name}")

@@ -53,6 +53,9 @@ class Weight:
 
 
 class MLXOps:
+    """The MLX backend's op set: implements backends.ops.Ops, and LazyOps (its slot turns) since a
+    CPU graph is lazy."""
+
     name = NAME
 
     def __init__(self, device: str | None = None, threads: int | None = None):

@@ -66,6 +66,8 @@ class Weight:
 
 
 class TorchOps:
+    """The torch backend's op set: implements backends.ops.Ops (eager: lazy is False, so not LazyOps)."""
+
     name = NAME
 
     def __init__(self, device: str | None = None, threads: int | None = None, dtype: str = "float32"):

@@ -1,0 +1,195 @@
+"""The backend op set as a declared Protocol: what the model graphs, FFN sources, caches and the
+engine call on `ops` (MLX names and semantics), which `MLXOps` (backends/mlx.py) and `TorchOps`
+(backends/torch.py) both implement. tests/backends/test_ops_protocol.py checks both classes against
+it (names, parameters, defaults) and that every `ops.<name>` the package uses is declared here.
+
+Arrays are the backend's own (mx.array or torch.Tensor), written "array" below; shapes use B batch
+rows, T tokens, S keys, H heads, hd head width, D model width. A weight is the backend's Weight.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..ffn_source import GateActivation
+    from ..quant_spec import QuantSpec
+    from ..slot_turns import SlotTurns
+
+
+@runtime_checkable
+class Ops(Protocol):
+    """The op set both backends implement; a model graph is written once against it."""
+
+    # ---- what the backend is ---------------------------------------------------------------------
+    name: str  # "mlx" or "torch": messages and per-backend choices
+    act_dtype: Any  # the activations' dtype (float32 on a CPU; MLX's GPU float16)
+    kernel_threads: int  # threads the CPU kernels run on
+
+    @property
+    def lazy(self) -> bool:
+        """Whether a product runs when the graph is evaluated (MLX on a CPU), not when it is called:
+        a lazy backend also implements LazyOps."""
+
+    @property
+    def in_place_kernel(self) -> bool:
+        """Whether kernel_weight() works here (quantized linears run the CPU kernel)."""
+
+    def describe(self) -> str:
+        """One line naming the framework, its version, the device and how linears run."""
+
+    # ---- arrays in and out -----------------------------------------------------------------------
+    def array(self, a: np.ndarray, dtype: str | None = None, cast: bool = True) -> Any:
+        """numpy -> a backend array on its device ("bfloat16" dtype: a uint16 view); floats become
+        act_dtype unless cast=False."""
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A backend array -> a float32 numpy copy on the host (evaluates a lazy graph)."""
+
+    def tokens(self, ids) -> Any:
+        """Token ids [T] (one sequence) or [B, T] -> an int array [1 or B, T]."""
+
+    def index(self, ids) -> Any:
+        """A 1-D integer array to index with (x[:, idx] gathers, x[:, idx] = y scatters)."""
+
+    def mask(self, keep: np.ndarray) -> Any:
+        """A boolean numpy mask [B, 1, T, S] (True: attend) as sdpa takes it."""
+
+    def positions(self, offset, T: int) -> Any:
+        """Token positions [1 or B, T] from `offset` (an int, or int numpy [B] per row)."""
+
+    def materialize(self, *arrays) -> None:
+        """Compute lazy arrays now (a no-op on an eager backend)."""
+
+    def inference(self) -> AbstractContextManager:
+        """Context for model calls (torch: inference_mode, no autograd bookkeeping)."""
+
+    # ---- weights: stored bytes to backend weights ------------------------------------------------
+    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False,
+               dtypes: dict | None = None) -> Any:
+        """A linear's Weight from its stored numpy parts ("weight", and "scales"/"biases" when
+        quantized, "bias"); transposed: stored [in, out]; dtypes: a part's stored dtype by key."""
+
+    def kernel_weight(self, matrix, quant: QuantSpec) -> Any:
+        """A Weight the CPU kernel multiplies where its bytes lie (a StoredMatrix or BlockMatrix over
+        laid-out rows); not an embedding. Only where in_place_kernel."""
+
+    def matmul_only(self, w: Any) -> Any:
+        """The weight without what only an embedding lookup needs (it is only multiplied)."""
+
+    # ---- products over stored bytes and pointwise ops --------------------------------------------
+    def linear(self, x: Any, w: Any) -> Any:
+        """x [.., in] @ w -> [.., out] (+ its bias), over the weight as stored."""
+
+    def embedding(self, w: Any, ids: Any) -> Any:
+        """Rows `ids` of an embedding table -> [.., D] in act_dtype (quantized rows dequantized)."""
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        """RMSNorm over the last axis, scaled by `weight`."""
+
+    def layer_norm(self, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+        """LayerNorm over the last axis, with `weight` and `bias`."""
+
+    def rope(self, x: Any, dims: int, traditional: bool, base: float, offset, scale: float = 1.0,
+             freqs=None) -> Any:
+        """mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd] from position `offset`
+        (an int, or int numpy [B]); freqs: inverse frequencies [dims / 2] replacing base's."""
+
+    def silu(self, x: Any) -> Any:
+        """x * sigmoid(x)."""
+
+    def relu(self, x: Any) -> Any:
+        """max(x, 0)."""
+
+    def gelu(self, x: Any, approximate: bool = False) -> Any:
+        """GELU, exact (erf) or with the tanh approximation."""
+
+    def sigmoid(self, x: Any) -> Any:
+        """1 / (1 + exp(-x))."""
+
+    def gated(self, act: GateActivation, gate: Any, up: Any) -> Any:
+        """act(gate) * up: a gated FFN's activations (the one place every path takes them)."""
+
+    def gated_ffn(self, act: GateActivation, gate_up, down, x: Any) -> Any | None:
+        """down(act(gate) * up) of x as one kernel call where the backend has one for these weights,
+        else None (the caller composes linear and gated)."""
+
+    # ---- the sparse FFN (LLM in a flash) ---------------------------------------------------------
+    def sparse_kernel(self, spec, act: GateActivation) -> Any | None:
+        """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec), or None where none applies."""
+
+    def sparse_ffn(self, call, x: Any, act: GateActivation) -> Any:
+        """x [.., D] -> the FFN output over `call`'s active bundles (an ffn_source.SparseCall)."""
+
+    # ---- shapes and indexing ---------------------------------------------------------------------
+    def reshape(self, x: Any, shape) -> Any:
+        """x with the given shape."""
+
+    def transpose(self, x: Any, axes) -> Any:
+        """x with its axes permuted as `axes`."""
+
+    def zeros(self, shape, like: Any) -> Any:
+        """Zeros of `shape` with like's dtype (and device)."""
+
+    def split(self, x: Any, sizes) -> Any:
+        """The last axis split into consecutive pieces of the given sizes (a sequence of arrays)."""
+
+    def concatenate(self, xs, axis: int) -> Any:
+        """The arrays joined along `axis`."""
+
+    def take(self, x: Any, idx: Any) -> Any:
+        """Entries idx (an int array from index()) of the last axis."""
+
+    def take_tokens(self, x: Any, idx: Any) -> Any:
+        """Entries idx of axis 1: tokens of a KV array [H, N, hd]."""
+
+    def take_rows(self, x: Any, idx: Any) -> Any:
+        """Rows idx of x [N, ...]."""
+
+    def add_rows(self, x: Any, idx: Any, y: Any) -> Any:
+        """x with y added to its rows idx (distinct), as a new array."""
+
+    def last_token(self, x: Any) -> Any:
+        """x [B, T, D] -> its last token [B, 1, D]."""
+
+    # ---- attention and caches --------------------------------------------------------------------
+    def sdpa(self, q: Any, k: Any, v: Any, scale: float, mask=None) -> Any:
+        """Attention: q [B, Hq, T, hd], k/v [B, Hkv, S, hd] (grouped heads) -> [B, Hq, T, hd]; mask:
+        None, "causal" (last query aligned with last key) or a boolean mask from mask()."""
+
+    def attention_columns(self, q: Any, k: Any, scale: float) -> Any:
+        """Causal attention mass each key receives, summed over heads and queries: q [1, Hq, T, hd],
+        k [1, Hkv, S, hd] -> [S] float32 (KV compression's information density)."""
+
+    def top_k_mask(self, q: Any, k: Any, scale: float, mask, keep: float) -> Any:
+        """Each query's top `keep` share of the keys it may see, as a bool mask [B, Hq, T, S] for sdpa."""
+
+    def write_tokens(self, buffer: Any, x: Any, offset: int) -> Any:
+        """A KV cache's append: buffer [B, H, cap, hd] with x [B, H, T, hd] written at tokens
+        offset.. (in place where the backend can); returns the buffer."""
+
+    # ---- memory accounting -----------------------------------------------------------------------
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A writable, page-aligned uint8 numpy view of `nbytes` for reads from the store, in memory
+        the backend's kernels take in place."""
+
+    def held_bytes(self, tree) -> int:
+        """Bytes of memory the arrays of a weights tree hold as this backend keeps them (each buffer
+        counted once)."""
+
+
+@runtime_checkable
+class LazyOps(Ops, Protocol):
+    """What a backend adds where `lazy` may be true (MLXOps): streamed slots take turns inside the
+    graph, fenced. The callers ask for these only after checking `ops.lazy` (TorchOps is eager)."""
+
+    host_syncs: int  # times a lazy array was turned into host memory (a graph evaluated and waited for)
+
+    def slot_turns(self, name: str) -> SlotTurns:
+        """Turns of a set of streamed slots over this backend's fences (slot_turns.SlotTurns)."""
+
+    def gate_weights(self, tree, gate) -> None:
+        """Make every product over the weights of `tree` (a layer's) wait for `gate`'s turn."""
