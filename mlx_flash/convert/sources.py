@@ -15,13 +15,15 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable
 
 import numpy as np
 
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
-from ..models import model_module
+from ..models import GGUF_MOE_ARCHS, gguf_model_type, model_entry, model_module
 from ..quant_spec import QuantSpec
 from .gguf_header import check_gguf_header
 from .gguf_tokenizer import check_vocabulary_buildable, save_gguf_tokenizer, save_through_transformers
@@ -61,7 +63,9 @@ def read_source(path: str) -> SourceModel:
 
 # ---- GGUF --------------------------------------------------------------------------------------
 
-# GGUF tensor names (llama.cpp convention) -> HF names; {i} is the layer.
+# GGUF tensor names (llama.cpp convention) -> HF names; {i} is the layer. What a family's GGUFs do
+# their own way (layer names, norms stored as 1 + w, config the metadata implies) its graph module
+# says (models/common.GGUFLayout), and what an architecture's name implies, models.MODEL_TYPES.
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
@@ -74,31 +78,17 @@ _GGUF_LAYER_NAMES = {
 _GGUF_EXPERT_NAMES = {"ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
                       "ffn_down_exps": "mlp.experts.{}.down_proj"}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# Architectures whose layers name their norms apart from llama's (Gemma 3: a norm before and after
-# each block); these override _GGUF_LAYER_NAMES.
-_GGUF_ARCH_LAYER_NAMES = {"gemma3": {"ffn_norm": "pre_feedforward_layernorm",
-                                     "post_attention_norm": "post_attention_layernorm",
-                                     "post_ffw_norm": "post_feedforward_layernorm"}}
-# Architectures whose GGUF norm weights are stored as 1 + w (llama.cpp's converter adds the 1 that
-# HF's Gemma norms add at run time); they are read back as w, as transformers' GGUF loader does.
-_GGUF_NORM_PLUS_ONE = {"gemma3"}
-# llama.cpp permutes q/k rows of these architectures for the interleaved ("traditional") RoPE layout
-# (qwen3moe, like qwen2/qwen3, is stored as HF has it and rotated in halves: llama.cpp's NEOX rope).
-_GGUF_INTERLEAVED_ROPE = {"llama", "mistral"}
-# MoE GGUF architectures read -> model_type. llama.cpp's qwen3moe graph always renormalizes the top-k
-# router weights (HF norm_topk_prob) and has no shared expert.
-_GGUF_MOE_ARCHS = {"qwen3moe": "qwen3_moe"}
 
 
-def _gguf_name(name: str, arch: str = "") -> str | None:
+def _gguf_name(name: str, layer_names: Mapping[str, str] = MappingProxyType({})) -> str | None:
+    """The HF name of a GGUF tensor; `layer_names` (the family's GGUFLayout) go before the shared ones."""
     base, _, suffix = name.rpartition(".")  # suffix: weight / bias / scales / biases
     if base.startswith("blk."):
         pieces = base.split(".", 2)
         if len(pieces) != 3 or not (pieces[1].isascii() and pieces[1].isdigit()):
             return None  # not blk.<layer>.<role>: a name of no known role
         _, layer, part = pieces
-        hf = (_GGUF_ARCH_LAYER_NAMES.get(arch, {}).get(part) or _GGUF_LAYER_NAMES.get(part)
-              or _GGUF_EXPERT_NAMES.get(part))
+        hf = layer_names.get(part) or _GGUF_LAYER_NAMES.get(part) or _GGUF_EXPERT_NAMES.get(part)
         if hf is None:
             return None
         return f"model.layers.{layer}.{hf}.{suffix}"
@@ -182,11 +172,12 @@ def read_gguf(path: str) -> SourceModel:
         return meta.get(f"{arch}.{key}", default)
 
     moe = bool(m("expert_count")) or any("_exps." in t.name for t in reader.tensors)
-    if moe and arch not in _GGUF_MOE_ARCHS:
+    if moe and arch not in GGUF_MOE_ARCHS:
         raise UnsupportedModelError(f"{path}: mixture-of-experts GGUF of architecture {arch!r} is not supported "
-                                    f"(supported: {', '.join(_GGUF_MOE_ARCHS)})")
-    model_type = _GGUF_MOE_ARCHS.get(arch, arch)
+                                    f"(supported: {', '.join(GGUF_MOE_ARCHS)})")
+    model_type = gguf_model_type(arch)
     mod = model_module(model_type, path)
+    implied = model_entry(model_type, path).gguf_config  # what the architecture's name says
     required = ("block_count", "embedding_length", "attention.head_count") + (() if moe else ("feed_forward_length",))
     missing = [f"{arch}.{k}" for k in required if m(k) is None]
     if missing:
@@ -216,8 +207,8 @@ def read_gguf(path: str) -> SourceModel:
     if m("attention.key_length") is None and d_model % n_heads:
         raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide "
                              f"embedding_length {d_model}")
-    adjust = _minus_one if arch in _GGUF_NORM_PLUS_ONE else None
-    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, arch), adjust,
+    adjust = _minus_one if mod.GGUF.norm_plus_one else None
+    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, mod.GGUF.layer_names), adjust,
                           [(p, r) for p, (r, _) in zip(parts[1:], opened[1:])])
     del reader, opened  # their memory maps of the files are not needed past the tensor tables
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
@@ -241,7 +232,7 @@ def read_gguf(path: str) -> SourceModel:
         "head_dim": count("attention.key_length", hi=1 << 14, default=d_model // n_heads),
         "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-5),
         "rope_theta": number("rope.freq_base", 10000.0),
-        "rope_traditional": arch in _GGUF_INTERLEAVED_ROPE,
+        "rope_traditional": False,  # unless the architecture implies it
         "max_position_embeddings": count("context_length", hi=1 << 26, default=4096),
         "vocab_size": vocab,
         "tie_word_embeddings": "lm_head.weight" not in tensors,
@@ -251,11 +242,11 @@ def read_gguf(path: str) -> SourceModel:
     }
     if moe:
         hf_config.update(_gguf_moe_config(path, arch, m, tensors))
+    hf_config.update(implied)
     if m("attention.sliding_window") is not None:
         hf_config["sliding_window"] = count("attention.sliding_window", hi=1 << 26)
-    if arch == "gemma3":  # the query scale llama.cpp uses: 1/sqrt(head_dim), d_model/heads for 27B (62 layers)
-        hf_config["query_pre_attn_scalar"] = (d_model // n_heads if hf_config["num_hidden_layers"] == 62
-                                              else hf_config["head_dim"])
+    if mod.GGUF.config is not None:
+        hf_config.update(mod.GGUF.config(hf_config))
     scaling = _gguf_rope_scaling(path, m, tensors)
     if scaling:
         hf_config["rope_scaling"] = scaling
@@ -295,7 +286,8 @@ def _gguf_rope_scaling(path: str, m, tensors: GGUFTensors) -> dict | None:
 
 
 def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
-    """The HF MoE fields of a qwen3moe GGUF; every stack of experts must hold expert_count of them."""
+    """The HF MoE fields a MoE GGUF's metadata states; every stack of experts must hold expert_count
+    of them (what its architecture implies, qwen3moe's norm_topk_prob, is in models.MODEL_TYPES)."""
     keys = {"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
             "moe_intermediate_size": "expert_feed_forward_length"}
     missing = [f"{arch}.{k}" for k in keys.values() if m(k) is None]
@@ -308,7 +300,6 @@ def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
             raise ModelFileError(f"{path}: GGUF metadata {arch}.{k} = {str(value)[:40]!r} is not an integer in "
                                  "1..16777216")
         cfg[hf] = value
-    cfg["norm_topk_prob"] = True
     for name, n in tensors.stacks().items():
         if n != cfg["num_experts"]:
             raise ModelFileError(f"{path}: {name} holds {n} experts, but {arch}.expert_count is {cfg['num_experts']}")

@@ -1,6 +1,7 @@
 """Pieces shared by the architecture modules."""
 
-from dataclasses import fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
 
 class ArgsFromDict:
@@ -9,6 +10,17 @@ class ArgsFromDict:
         """Build from a store config, ignoring keys this architecture does not use."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """How llama.cpp's GGUF files of a graph part from the tensor names and metadata all families
+    share (convert/sources.py holds those and asks the graph's module, its GGUF, for the rest)."""
+    # blk.<i>.<role> -> the name under model.layers.<i>., where the graph's differs from the shared one
+    layer_names: Mapping[str, str] = field(default_factory=dict)
+    norm_plus_one: bool = False  # norm weights stored as 1 + w: read back as w, as transformers does
+    # HF config fields llama.cpp's graph assumes and the metadata leaves out, from the config read so far
+    config: Callable[[dict], dict] | None = None
 
 
 def linear(ops, x, w):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .common import ArgsFromDict, gated_hidden, gated_mlp, linear
+from .common import ArgsFromDict, GGUFLayout, gated_hidden, gated_mlp, linear
 from .rope import rope_frequencies
 
 LAYER = "model.layers.{}."
@@ -101,6 +101,21 @@ def normalize_config(hf: dict, where: str) -> dict:
     elif kind not in (None, "default"):
         raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported")
     return cfg
+
+
+def _gguf_config(hf: dict) -> dict:
+    """The query scale llama.cpp's gemma3 graph uses, which its GGUFs do not state: 1/sqrt(head_dim),
+    1/sqrt(d_model / heads) for the 27B (62 layers)."""
+    big = hf["num_hidden_layers"] == 62
+    return {"query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if big else hf["head_dim"]}
+
+
+# llama.cpp's Gemma 3 GGUFs name the norms before and after each block their own way, and store every
+# norm weight as 1 + w (its converter adds the 1 that this graph adds at build).
+GGUF = GGUFLayout(layer_names={"ffn_norm": "pre_feedforward_layernorm",
+                               "post_attention_norm": "post_attention_layernorm",
+                               "post_ffw_norm": "post_feedforward_layernorm"},
+                  norm_plus_one=True, config=_gguf_config)
 
 
 def canonical_tensors(tensors: dict, config: dict, where: str) -> dict:

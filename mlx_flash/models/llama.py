@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .common import ArgsFromDict, gated_hidden, gated_mlp, linear
+from .common import ArgsFromDict, GGUFLayout, gated_hidden, gated_mlp, linear
 from .rope import SCALINGS, rope_frequencies
 
 LAYER = "model.layers.{}."
+GGUF = GGUFLayout()  # llama.cpp's own family: its GGUFs use the shared names
 
 
 @dataclass

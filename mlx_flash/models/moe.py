@@ -1,4 +1,7 @@
-"""Mixture-of-experts graph: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE (EdgeMoE's target models).
+"""Mixture-of-experts graph: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE (EdgeMoE's target models), and
+dense Llama-family models split into experts by `tools/moefy.py` (model_type moefied_llama,
+MoEfication, see moe/moefication.py), whose chosen experts add up unweighted, as the pieces of the
+dense FFN they are.
 
 Attention is the Llama family's (llama.py). The FFN of every layer is a router over E experts, each
 a SwiGLU FFN of `moe_intermediate_size` neurons; the top-k experts of each token are computed and
@@ -24,6 +27,7 @@ from ..ffn_source import ExpertSource, FFNWeights
 from . import llama
 
 LAYER = llama.LAYER
+GGUF = llama.GGUF  # the expert stacks' names are shared by every MoE architecture (convert/sources.py)
 # Mixtral names its block differently; the store uses the Qwen/OLMoE names for every family.
 _MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
                   ".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
@@ -65,6 +69,8 @@ def normalize_config(hf: dict, where: str) -> dict:
         moe["qk_norm_full"] = True
         if hf.get("clip_qkv") is not None:
             raise UnsupportedModelError(f"{where}: OLMoE clip_qkv is not supported yet")
+    if kind == "moefied_llama":  # its router picks pieces of one dense FFN, which add up unscaled
+        moe["unit_router_weights"] = True
     cfg.update(moe)
     cfg["intermediate_size"] = moe["num_experts"] * moe["moe_intermediate_size"]  # every expert's neurons
     return cfg

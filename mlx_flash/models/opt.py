@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, LayerSource
-from .common import ArgsFromDict
+from .common import ArgsFromDict, GGUFLayout
 
 LAYER = "model.decoder.layers.{}."
 POSITION_OFFSET = 2  # OPT's learned position table reserves its first two rows
+GGUF = GGUFLayout()  # llama.cpp writes no OPT; a GGUF that says it is one is read with the shared names
 
 
 @dataclass
