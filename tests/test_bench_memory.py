@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mlx_flash.errors import FlashError
-from mlx_flash.memory.harness import own_memory_cgroup
+from mlx_flash.bench.cgroup import own_memory_cgroup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))

@@ -1,8 +1,9 @@
 """The package's layers, read from its source with ast (nothing is imported): store/ deals in bytes
 (no framework, no model, no compute), backends/ know no store, sparse/ (LLM in a flash) and moe/
 (EdgeMoE) ignore each other, the per-token path never reaches offline code (calibrate/) or
-conversion (convert/), and calibrate/ is reached from outside only through the public re-exports
-of mlx_flash/__init__.py. Relative imports are resolved; imports inside functions count too."""
+conversion (convert/), calibrate/ is reached from outside only through the public re-exports of
+mlx_flash/__init__.py, and no runtime package imports the measuring harnesses of bench/. Relative
+imports are resolved; imports inside functions count too."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ RULES = (
     Rule("moe/ does not import sparse/", ("mlx_flash.moe",), ("mlx_flash.sparse",)),
     Rule("the per-token path imports no offline (calibrate/) or conversion (convert/) code",
          PER_TOKEN_PATH, ("mlx_flash.calibrate", "mlx_flash.convert")),
+    Rule("no runtime package imports bench/ (the measuring harnesses of tools/ and tests, above what they measure)",
+         ("mlx_flash",), ("mlx_flash.bench",), exempt_within=("mlx_flash.bench",)),
     Rule("calibrate/ is imported from outside it only by mlx_flash/__init__.py (public re-exports)",
          ("mlx_flash",), ("mlx_flash.calibrate",), exempt=("mlx_flash",), exempt_within=("mlx_flash.calibrate",)),
 )
@@ -185,12 +188,17 @@ def test_each_rule_catches_its_violation():
         "mlx_flash": ("__init__.py", [(13, "mlx_flash.calibrate")]),  # allowed: public re-exports
         "mlx_flash.calibrate.a": ("calibrate/a.py", [(14, "mlx_flash.sparse.x"), (15, "mlx_flash.calibrate.b")]),
         "mlx_flash.convert.a": ("convert/a.py", [(16, "mlx_flash.models")]),  # allowed: convert may read models
+        "mlx_flash.memory.a": ("memory/a.py", [(17, "mlx_flash.bench.cgroup")]),
+        "mlx_flash.service.a": ("service/a.py", [(18, "mlx_flash.bench")]),
+        "mlx_flash.bench.a": ("bench/a.py", [(19, "mlx_flash.bench.cgroup"), (20, "mlx_flash.service.service")]),
     }
     got = violations(fake)
-    expected_lines = {1, 2, 3, 7, 8, 9, 10, 11, 12}
+    expected_lines = {1, 2, 3, 7, 8, 9, 10, 11, 12, 17, 18}
     assert {int(v.split(":")[1]) for v in got} == expected_lines, "\n".join(got)
     assert any(v.startswith("engine.py:10: imports mlx_flash.calibrate.routes (rule: the per-token path") for v in got)
     assert any(v.startswith("chat.py:12: imports mlx_flash.calibrate (rule: calibrate/ is imported") for v in got)
+    assert any(v.startswith("memory/a.py:17: imports mlx_flash.bench.cgroup (rule: no runtime package imports bench/")
+               for v in got)
 
 
 def test_relative_and_nested_imports_are_resolved(tmp_path):

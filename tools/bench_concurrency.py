@@ -24,7 +24,7 @@ the server process's peak RSS, against memory.limit). --repeat N: N fresh server
 the table shows the run of median tokens/s, and the best run with its ratio to 1 client's best. The
 server's CPU seconds over each run and the machine's load average are kept: other processes on the
 same cores slow every figure. The server subprocess and the streaming clients are
-mlx_flash/service/load_client.py (the standard library's http.client; no openai package needed).
+mlx_flash/bench/load_client.py (the standard library's http.client; no openai package needed).
 """
 
 import argparse
@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 from mlx_flash.errors import first_paragraph
-from mlx_flash.service.load_client import Server, concurrent, stream_chat, warm
+from mlx_flash.bench.load_client import Server, concurrent, stream_chat, warm
 
 PROMPTS = [
     "Explain how a refrigerator keeps food cold.",

@@ -17,7 +17,7 @@ weights (interpreter, libraries, KV cache, buffers), taken as its peak RSS runni
 with no limit less that model's weights, measured once per engine/mode before the limited runs.
 
 Disk bound: the drive's read bandwidth (the best of a few in-flight settings reading the model's
-file at the start, page cache bypassed; harness.read_bandwidth) over the bytes each token must read
+file at the start, page cache bypassed; bench/cgroup.read_bandwidth) over the bytes each token must read
 at that limit, the weights that do not fit beside the floor, max(0, weights - (limit - floor)): the
 decode rate no engine can pass when every weight is used every token. "-" where the weights fit.
 For a sparse row the weights a token uses are the resident tensors and that share of the FFN, for a
@@ -63,8 +63,8 @@ from mlx_flash.config import default_cache_dir
 from mlx_flash.default_model import default_model_path, resolve_store
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
 from mlx_flash.memory import available_memory
-from mlx_flash.memory.budget_kept import kept_rows
-from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
+from mlx_flash.bench.budget_kept import kept_rows
+from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
 from mlx_flash.tokenizer import Tokenizer
 
 from bench_memory_report import MB, fmt_cell, model_title, plot, print_table, replot

@@ -30,7 +30,7 @@ import threading
 from mlx_flash.budget import parse_budget
 from mlx_flash.distributed.local import rank_envs
 from mlx_flash.errors import exit_status, first_paragraph
-from mlx_flash.memory.harness import MemoryCgroup, drop_page_cache
+from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache
 from mlx_flash.units import fmt
 
 PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."

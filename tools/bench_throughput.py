@@ -38,7 +38,7 @@ def store_bytes(path):
 def run_one(cfg: BenchConfig, cgroup_limit) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg.__dict__)]
     if cgroup_limit:
-        from mlx_flash.memory.harness import MemoryCgroup
+        from mlx_flash.bench.cgroup import MemoryCgroup
 
         with MemoryCgroup(cgroup_limit) as cg:
             r = cg.run(cmd)

@@ -99,7 +99,7 @@ def test_streamed_modes_keep_one_round_trip_inside_a_cgroup_at_their_limit(store
     under its limit: 8 round trips for 8 tokens, reads every token, no OOM kill, peak RSS under the
     limit."""
     from mlx_flash.errors import FlashError
-    from mlx_flash.memory.harness import MemoryCgroup, own_memory_cgroup
+    from mlx_flash.bench.cgroup import MemoryCgroup, own_memory_cgroup
     from mlx_flash.memory.limit import SAFETY_MIN
 
     try:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mlx_flash.memory.budget_kept import BEFORE_PLAN, MINIMUM, chat_at
+from mlx_flash.bench.budget_kept import BEFORE_PLAN, MINIMUM, chat_at
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux")]

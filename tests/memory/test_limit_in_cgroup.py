@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mlx_flash.errors import FlashError
-from mlx_flash.memory.harness import MemoryCgroup, own_memory_cgroup
+from mlx_flash.bench.cgroup import MemoryCgroup, own_memory_cgroup
 from mlx_flash.memory.limit import SAFETY_MIN
 
 CHAT = [sys.executable, "-m", "mlx_flash.chat", "--prompt", "What is the capital of France?", "--max-tokens", "4"]

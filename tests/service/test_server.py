@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from mlx_flash.service.load_client import stop_process
+from mlx_flash.bench.load_client import stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST = "127.0.0.1"  # loopback only

@@ -212,7 +212,7 @@ def test_restart_restores_contexts_with_identical_output(engines, store_dir, tmp
 def test_baseline_lifecycles_keep_answers(engines, store_dir, tmp_path, name):
     """The benchmark's baselines (whole-context eviction, dropping and recomputing, static 8-bit
     chunks) under a budget that forces their eviction path still answer each call."""
-    from mlx_flash.service.trace_bench import VARIANTS
+    from mlx_flash.bench.service_trace import VARIANTS
 
     v = next(x for x in VARIANTS if x.name == name)
     engine = engines(store_dir, "torch")

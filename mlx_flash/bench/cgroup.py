@@ -1,9 +1,10 @@
 """Run a command inside a memory limit and read what it cost, for benchmarks at limits below the
-model's size (tools/bench_memory.py): a fresh child of this process's own memory cgroup with the
-limit (cgroup v1 memory.limit_in_bytes, swap included where memsw exists; v2 memory.max, no
-swap), the peak the kernel charged to it (RSS and page cache), the pages it read again after the
-limit evicted them, and its OOM kills; the page cache dropped before a cold run; the read
-bandwidth of the drive holding a file.
+model's size (tools/bench_memory.py, bench_pipeline.py, bench_throughput.py --cgroup and
+budget_kept.py here): a fresh child of this process's own memory cgroup with the limit (cgroup v1
+memory.limit_in_bytes, swap included where memsw exists; v2 memory.max, no swap), the peak the
+kernel charged to it (RSS and page cache), the pages it read again after the limit evicted them,
+and its OOM kills; the page cache dropped before a cold run; the read bandwidth of the drive
+holding a file.
 
 Linux and root only; anything else is refused with one line saying what is missing."""
 

@@ -1,4 +1,4 @@
-"""The client side of a load test on the OpenAI-compatible server (server.py): start
+"""The client side of a load test on the OpenAI-compatible server (service/server.py): start
 `python -m mlx_flash.serve` as a subprocess on a free loopback port with a fresh service directory,
 stream chat completions from it, many at once, and read its /v1/stats (tools/bench_concurrency.py
 drives it).

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from ..errors import FlashError
-from .harness import MemoryCgroup
+from .cgroup import MemoryCgroup
 
 PROMPT = "Write a short poem about the sea."
 # The chat's parent: its children's ru_maxrss is the chat's VmHWM (the one child it waits for).
