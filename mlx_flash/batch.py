@@ -24,7 +24,6 @@ from .sampling import check_int, check_sampling_flags
 from .distributed.launch import load_for
 from .distributed.transport import launcher_rank
 from .offload import Policy
-from .offload.run import run_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
     try:
         policy = Policy.from_json(args.policy) if args.policy is not None else None
         check_int("--max-tokens", args.max_tokens, low=1)
-        check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)  # run_batch does not check them
+        check_sampling_flags(args.temp, args.top_p, args.top_k, args.seed)  # one line each, as the other commands
         todo = []
         if not args.pipeline or launcher_rank() == 0:  # the other ranks of a pipeline never see the prompts
             jobs = read_jobs(args.input, args.max_tokens)
@@ -146,9 +145,9 @@ def main(argv=None) -> int:
 
 
             if todo:
-                run_batch(engine, [j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp, args.top_p,
-                          args.top_k, args.seed, None, policy, True, on_done=write,
-                          kv_bits=(0, 4) if args.kv_bits else (0,), micro_batches=args.micro_batches)
+                engine.generate_batch([j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp,
+                                      args.top_p, args.top_k, args.seed, None, policy, True, on_done=write,
+                                      kv_bits=(0, 4) if args.kv_bits else (0,), micro_batches=args.micro_batches)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,9 +19,8 @@ from .errors import ConfigError, FlashError, PipelineFault, first_paragraph
 from .memory import peak_rss, process_rss
 from .options import add_arguments, from_arguments
 from .sampling import check_int, check_sampling_flags
-from .service import Service
-from .distributed.conversations import PipelineConversations
 from .distributed.launch import load_for
+from .distributed.serving import conversations_for
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -119,13 +118,11 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     interactive = inp.isatty()
     if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
         inp.reconfigure(errors="surrogateescape")
-    if engine.pipeline is not None:  # a model split across ranks: each conversation's KV on every rank
-
-        with PipelineConversations(engine) as conversations:
-            _converse(engine, conversations, args, inp, out, interactive)
-        return
-    with tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp, Service(engine, directory=tmp) as svc:
-        _converse(engine, svc, args, inp, out, interactive)
+    # a model split across ranks keeps each conversation's KV on every rank; else a service in a folder that
+    # lasts as long as the chat
+    with (tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
+          conversations_for(engine, directory=tmp) as conversations):
+        _converse(engine, conversations, args, inp, out, interactive)
 
 
 def _converse(engine, svc, args, inp, out, interactive: bool) -> None:

@@ -1,7 +1,9 @@
 """Prefill + decode loop with explicit caches and per-token stats.
 
 The engine owns a backend, the resident weights, an FFN source (ffn_source: resident, streamed,
-sparse or experts; it calls only the protocol) and the tokenizer; KV caches are created per generation and passed to the graph explicitly.
+sparse or experts; it calls only the protocol), the tokenizer and its runner (runner.py: where the
+forward passes run, this process or a pipeline of ranks); KV caches are created per generation and
+passed to the graph explicitly.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from typing import Iterator
 
 import numpy as np
 
+from .batching.finishing import TextStream
+from .batching.sequence import SamplingOptions
 from .errors import ConfigError, ContextLengthError
 from .ffn_source import FFNSource
 from .models.cache import make_caches
-from .sampling import check_generation, check_sampling, check_seed, partial_stop, sample, shown, stop_strings
+from .runner import LocalRunner, Runner
+from .sampling import check_generation, check_sampling, check_seed, sample, shown, stop_strings
 from .speculative import accepted_prefix, ngram_draft
 
 
@@ -70,7 +75,8 @@ def model_context(args) -> int:
 
 class Engine:
     def __init__(self, ops, module, args, weights, ffn: FFNSource, tokenizer, config, store,
-                 memory_plan: dict | None = None, kv_tokens: int | None = None, layer_slots=None):
+                 memory_plan: dict | None = None, kv_tokens: int | None = None, layer_slots=None,
+                 runner: Runner | None = None):
         self.ops = ops
         self.module = module
         self.args = args
@@ -82,8 +88,16 @@ class Engine:
         self.memory_plan = dict(memory_plan or {})  # how the planner split memory_budget (mlx_flash.memory_plan)
         self.kv_tokens = kv_tokens  # tokens the memory plan holds KV for (None: the model's context)
         self.layer_slots = layer_slots  # streamed layers' buffers (layer_stream.LayerSlots) or None
-        self.pipeline = None  # rank 0 of a model split across ranks (distributed.pipeline.Pipeline), or None
+        # where the forward passes run: every layer here, or a pipeline of ranks (distributed.pipeline)
+        self.runner = runner or LocalRunner()
         self.last = GenerationSummary()
+        self.last_batch = None  # the stats of the last generate_batch (offload.run.BatchRun)
+
+    def with_runner(self, runner: Runner) -> "Engine":
+        """The same loaded model, its forward passes run by `runner` (rank 0 of a pipeline: its own
+        layers through this engine, the others' on their ranks)."""
+        return Engine(self.ops, self.module, self.args, self.weights, self.ffn, self.tokenizer, self.config,
+                      self.store, self.memory_plan, self.kv_tokens, self.layer_slots, runner)
 
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self, tokens: int | None = None):
@@ -92,8 +106,7 @@ class Engine:
         self.ffn.reset()
         tokens = min(tokens or self.context_limit, self.context_limit)
         caches = make_caches(self.args.num_hidden_layers, tokens)
-        if self.pipeline is not None:  # every rank makes its own layers' caches
-            self.pipeline.new_sequence(caches, tokens)
+        self.runner.new_sequence(caches, tokens)
         return caches
 
     @property
@@ -116,12 +129,7 @@ class Engine:
             raise ContextLengthError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
                                      f"{self.model_context})")
         with self.ops.inference():
-            if self.pipeline is None:
-                out = self.module.forward(self.ops, self.args, self.weights, self.ops.tokens(ids), caches, self.ffn,
-                                          all_logits)
-            else:
-                out = self.pipeline.forward(self.ops.tokens(ids), caches, all_logits)
-            return self.ops.to_numpy(out)[0]
+            return self.ops.to_numpy(self.runner.forward(self, self.ops.tokens(ids), caches, all_logits))[0]
 
     def prefill(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """Run the prompt in chunks of config.prefill_chunk tokens; returns logits of the last token
@@ -144,8 +152,7 @@ class Engine:
     def release(self, caches) -> None:
         """Caches this engine made are done with: a pipeline's other ranks drop theirs (elsewhere the
         caller dropping them is enough)."""
-        if self.pipeline is not None and self.pipeline.broken is None:
-            self.pipeline.free(caches)
+        self.runner.free(caches)
 
     # ---- generation -----------------------------------------------------------------------------
     def encode_prompt(self, prompt) -> list[int]:
@@ -172,7 +179,7 @@ class Engine:
         hold a prefix of `ids` (their offset; fewer than len(ids)): only the rest is prefilled. None:
         fresh caches. The caches end holding ids and every generated token but the last."""
         check_generation(max_tokens, temperature, top_p, top_k, seed, stop, speculative)
-        stops = stop_strings(stop)
+        opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
         limit = self.context_limit if caches is None else min(self.model_context,
@@ -183,7 +190,6 @@ class Engine:
         cached = caches[0].offset if caches is not None else 0
         if not 0 <= cached < len(ids):
             raise ValueError(f"the caches hold {cached} tokens; a prompt of {len(ids)} needs fewer")
-        rng = np.random.default_rng(seed)
         summary = self.last = GenerationSummary(prompt_tokens=len(ids), cached_tokens=cached)
         if max_tokens == 0:
             return
@@ -193,55 +199,41 @@ class Engine:
         else:
             self.ffn.reset()  # a sparse FFN's neuron windows follow one sequence
         try:
-            yield from self._steps(ids, caches, max_tokens, temperature, top_p, top_k, stops, speculative, rng,
-                                   summary, limit, cached)
+            yield from self._steps(ids, caches, max_tokens, opts, speculative, summary, limit, cached)
         finally:
             if own:
                 self.release(caches)
 
-    def _steps(self, ids, caches, max_tokens, temperature, top_p, top_k, stops, speculative, rng, summary, limit,
-               cached) -> Iterator[GenerationStep]:
+    def _steps(self, ids, caches, max_tokens: int, opts: SamplingOptions, speculative: int, summary, limit: int,
+               cached: int) -> Iterator[GenerationStep]:
         t0 = time.perf_counter()
         logits = self.prefill(ids[cached:], caches)
         summary.prefill_s = time.perf_counter() - t0
         io0 = self.io_counters()
-        detok = self.tokenizer.detokenizer(ids)
-        text, emitted = "", 0
+        stream = TextStream(self.tokenizer.detokenizer(ids))  # the finishing rules every batch uses too
+        eos = self.tokenizer.eos_token_ids
         tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary, limit) if speculative else
-                  self._sampled_tokens(logits, caches, temperature, top_p, top_k, rng))
+                  self._sampled_tokens(logits, caches, opts))
         for n in range(max_tokens):
             t_start = time.perf_counter()
             token = next(tokens)
-            finish = None
-            if token in self.tokenizer.eos_token_ids:
-                finish = "stop"
-                text += detok.finalize()
-            else:
-                text += detok.add_token(token)
+            stream.add(token, eos, opts.stop, last=n + 1 == max_tokens)
             stats = self._step_stats(t_start, io0)
             io0 = self.io_counters()
             summary.steps.append(stats)
             summary.tokens.append(token)
-            summary.generated_tokens += finish is None
-            # Stop strings: emit nothing that could still turn out to start one.
-            hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                text, finish = text[:hit], "stop"
-            if finish is None and n + 1 == max_tokens:
-                text += detok.finalize()
-                finish = "length"
-            safe = len(text) if finish else len(text) - partial_stop(text, stops)
+            summary.generated_tokens += not stream.ended_on_eos
             summary.decode_s += time.perf_counter() - t_start
-            yield GenerationStep(text[emitted:safe], token, stats, finish)
-            emitted = max(emitted, safe)
-            if finish:
+            yield GenerationStep(stream.delta(opts.stop), token, stats, stream.finish_reason)
+            if stream.done:
                 return
 
-    def _sampled_tokens(self, logits, caches, temperature, top_p, top_k, rng) -> Iterator[int]:
+    def _sampled_tokens(self, logits, caches, opts: SamplingOptions) -> Iterator[int]:
         """One token per forward pass. Lazy: the pass for token n runs when token n+1 is asked for,
         so the last token costs none."""
+        rng = np.random.default_rng(opts.seed)
         while True:
-            token = sample(logits, temperature, top_p, top_k, rng)
+            token = sample(logits, opts.temperature, opts.top_p, opts.top_k, rng)
             yield token
             logits = self.forward([token], caches)[-1]
 
@@ -269,11 +261,7 @@ class Engine:
 
     def _trim(self, caches, n: int) -> None:
         """Forget the last n tokens of a sequence's caches (on every rank of a pipeline)."""
-        if self.pipeline is not None:
-            self.pipeline.trim(caches, caches[0].offset - n)
-            return
-        for c in caches:
-            c.trim(n)
+        self.runner.trim(caches, caches[0].offset - n)
 
     def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop=None, speculative: int = 0) -> str:
@@ -281,22 +269,20 @@ class Engine:
                                                             speculative))
 
     def generate_batch(self, prompts, max_tokens=256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                       seed: int | None = None, stop=None, policy=None, progress: bool = False) -> list[str]:
+                       seed: int | None = None, stop=None, policy=None, progress: bool = False, on_done=None,
+                       kv_bits=(0,), micro_batches: int = 0) -> list[str]:
         """Throughput mode (FlexGen, mlx_flash/offload): every prompt's completion, in prompt order.
         prompts: strings (raw completions) or message lists; max_tokens: one budget or one per
         prompt; sampling as generate() (each sequence samples as it would alone, from `seed`).
-        policy: an offload.Policy, or None to choose one by the cost model and LP search; the stats
-        of the run (tokens/s, the policy, its predicted and measured time) are in `last_batch`."""
-        from .offload import Policy  # deferred: the throughput mode and its LP search (scipy), for batch jobs only
-        from .offload.run import run_batch  # deferred: as above
-
+        policy: an offload.Policy, or None to choose one by the cost model and LP search (kv_bits: the
+        KV widths it may pick); on_done(sequence) as each finishes; micro_batches: across ranks, the
+        decode micro-batches in flight (0: chosen). The stats of the run (tokens/s, the policy, its
+        predicted and measured time) are in `last_batch`."""
         check_sampling(temperature, top_p, top_k)
         check_seed("seed", seed)
-        stop_strings(stop)
-        if policy is not None and not isinstance(policy, Policy):
-            raise ConfigError(f"policy must be a mlx_flash.Policy or None (got {shown(policy)})")
-        seqs, self.last_batch = run_batch(self, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy,
-                                          progress)
+        opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop_strings(stop))
+        seqs, self.last_batch = self.runner.run_batch(self, prompts, max_tokens, opts, policy, progress, on_done,
+                                                      kv_bits, micro_batches)
         return [s.text for s in seqs]
 
     # ---- stats ----------------------------------------------------------------------------------
@@ -320,8 +306,7 @@ class Engine:
                           mem_ms=mem * 1e3, bytes_read=io1[2] - io0[2], reads=io1[3] - io0[3])
 
     def close(self) -> None:
-        if self.pipeline is not None:  # the other ranks leave their serving loops
-            self.pipeline.stop()
+        self.runner.close()  # a pipeline's other ranks leave their serving loops
         self.ffn.close()
         if self.layer_slots is not None:
             self.layer_slots.close()

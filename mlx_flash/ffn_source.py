@@ -119,7 +119,7 @@ class FFNSource(ABC):
     forget inherits these."""
 
     # True when a dense source's layer(i, x) is the same weights whatever x is (resident, or read
-    # whole): a batch's micro-batches then share one call per layer (offload/schedule.py)
+    # whole): a batch's micro-batches then share one call per layer (batching/schedule.py)
     same_for_every_input: bool = False
 
     def stats(self) -> FFNStats:

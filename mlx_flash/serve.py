@@ -14,16 +14,13 @@ import sys
 from .budget import parse_budget
 from .config import EngineConfig
 from .distributed.flags import add_pipeline_arguments
+from .distributed.launch import load_for
+from .distributed.serving import conversations_for, model_store_path, server_for
 from .errors import ConfigError, FlashError, first_paragraph
 from .options import add_arguments, from_arguments
 from .sampling import check_int
-from .distributed.launch import load_for
-from .service import Service
 from .service.compression import Compression
-from .service.server import Server, ServerOptions
-from .distributed.conversations import PipelineConversations
-from .distributed.serving import PipelineLoop
-from .default_model import resolve_store
+from .service.server import ServerOptions
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,18 +90,14 @@ def main(argv=None) -> int:
         engine, status = load_for(args, cfg)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
-        options = ServerOptions(model_name=args.model_name or _model_name(args.model, engine, cfg), api_keys=keys,
+        options = ServerOptions(model_name=args.model_name or _model_name(engine), api_keys=keys,
                                 queue_limit=args.queue_limit, max_tokens_default=args.max_tokens,
                                 max_batch=args.max_batch)
-        if engine.pipeline is not None:
-            svc = PipelineConversations(engine)
-            server = Server(svc, options, PipelineLoop(svc, options.max_batch))
-        else:
-            svc = Service(engine, directory=args.service_dir, kv_budget=args.kv_budget,
-                          chunk_tokens=args.chunk_tokens, kv_compression=args.kv_compression, progress=True)
-            for line in svc.problems:
-                print(f"warning: {line}", file=sys.stderr)
-            server = Server(svc, options)
+        svc = conversations_for(engine, directory=args.service_dir, kv_budget=args.kv_budget,
+                                chunk_tokens=args.chunk_tokens, kv_compression=args.kv_compression, progress=True)
+        for line in svc.problems:
+            print(f"warning: {line}", file=sys.stderr)
+        server = server_for(svc, options)
         name = options.model_name
         print(f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
               flush=True)
@@ -123,13 +116,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _model_name(model: str | None, engine, cfg) -> str:
+def _model_name(engine) -> str:
     """The id /v1/models reports: the store's name (on a pipeline's rank 0, the whole store's, which
     its stage store was cut from)."""
-    path = engine.store.path
-    if engine.pipeline is not None:
-        path = resolve_store(model, cfg.cache_dir, cfg.store_precision(), False)
-    return os.path.basename(path.rstrip(os.sep))
+    return os.path.basename(model_store_path(engine).rstrip(os.sep))
 
 
 if __name__ == "__main__":

@@ -20,12 +20,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..api import load
+from ..batching.prompts import encode_all
+from ..batching.schedule import Order
+from ..batching.sequence import SamplingOptions
 from ..memory import peak_rss
-from ..offload.batch_generate import encode_all
 from ..offload.cost_model import Workload
 from ..offload.policy import Policy
 from ..offload.run import choose, run_batch
-from ..offload.schedule import Order
 
 MODES = ("single", "row", "flexgen", "naive", "no-overlap")
 NAIVE_BATCH = 8  # the fixed policy of the no-search ablation: blocks of 8 sequences, nothing held
@@ -104,7 +105,7 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
         policy = replace(best, order=Order.ROW) if cfg.mode == "row" else replace(best, overlap=False)
     elif cfg.mode == "naive":
         policy = Policy.from_json(cfg.policy) if cfg.policy else Policy(gpu_batch=min(cfg.sequences, NAIVE_BATCH))
-    seqs, run = run_batch(engine, prompts, cfg.generate, 0.0, 1.0, 0, None, None, policy, False, kv_bits=kv)
+    seqs, run = run_batch(engine, prompts, cfg.generate, SamplingOptions(), policy, False, kv_bits=kv)
     return {"sequences": run.sequences, "generated_tokens": run.generated_tokens, "prefill_s": run.prefill_s,
             "decode_s": run.decode_s, "seconds": run.seconds, "tokens_per_s": run.tokens_per_s,
             "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,

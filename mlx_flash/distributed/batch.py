@@ -9,7 +9,7 @@ reading their streamed layers (once per micro-batch) bounds them. Prompts are pr
 messages, several sequences' chunks packed up to the engine's prefill_chunk tokens, in as many
 messages as the policy's prefill choice; every rank runs a group layer by layer, so a streamed layer
 is read once for the group, and each sequence computes (and its KV holds) what a single run does. The live
-sequences then decode in the policy's groups of rows (models/batch_cache.BatchKV on every rank: each
+sequences then decode in the policy's groups of rows (batching/batch_cache.BatchKV on every rank: each
 row keeps its own caches and position). A sequence that finishes is freed on every rank. Each rank's
 KV for its layers must fit what its memory plan set aside: the batch's tokens are checked against
 the smallest plan before anything runs.
@@ -17,15 +17,16 @@ the smallest plan before anything runs.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
+from ..batching.progress_bar import chain_done, progress_bar, say, tick
+from ..batching.prompts import BatchStats, encode_all
+from ..batching.sequence import SamplingOptions, Sequence
+from ..config import FFNMode
 from ..errors import ConfigError, MemoryBudgetError
-from ..offload.batch_generate import BatchStats
-from ..offload.sequence import SamplingOptions, Sequence
 from .stage_policy import choose, choose_prefill, micro_batches_text
 
 
@@ -90,12 +91,36 @@ def prefill_budget(pipeline, work: list[tuple[list[int], int]], chunk: int) -> i
     return max(1, min(chunk, -(-total // m)))
 
 
-def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOptions, micro_batches: int = 0,
+def run_pipelined(engine, pipeline, prompts, max_tokens, opts: SamplingOptions, policy, progress: bool, on_done=None,
+                  micro_batches: int = 0) -> tuple[list[Sequence], PipelineBatchRun]:
+    """The throughput mode across the ranks (rank 0's Pipeline.run_batch): every prompt's Sequence in
+    prompt order and the run's stats, with a progress bar when asked."""
+    if policy is not None:
+        raise ConfigError("a policy places weights and KV in one process; across ranks the micro-batches "
+                          "flow through the pipeline instead: leave the policy out")
+    if engine.config.ffn is FFNMode.SPARSE:
+        raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
+                          "when it fits); a sparse FFN follows one sequence's neurons")
+    work = encode_all(engine, prompts, max_tokens)
+    bar = progress_bar(len(work), progress)
+    t0 = time.perf_counter()
+    try:
+        seqs, run = pipelined_batch(engine, pipeline, work, opts, micro_batches, on_done=chain_done(on_done, bar),
+                                    on_token=(lambda n: tick(bar, n, t0)) if bar else None,
+                                    on_policy=(lambda c: say(bar, c.line())) if progress else None)
+    finally:
+        if bar:
+            bar.close()
+    if progress:
+        print(run.line(), file=sys.stderr)
+    return seqs, run
+
+
+def pipelined_batch(engine, p, work: list[tuple[list[int], int]], opts: SamplingOptions, micro_batches: int = 0,
                     on_done=None, on_token=None, on_policy=None) -> tuple[list[Sequence], PipelineBatchRun]:
     """Every prompt's Sequence (work: encode_all's (ids, token budget) per prompt), in prompt order,
-    and the run's stats. micro_batches: decode groups in flight (0: the stage policy's choice, made
-    once the prompts are prefilled; on_policy(choice) is told it)."""
-    p = engine.pipeline
+    and the run's stats, through pipeline `p`. micro_batches: decode groups in flight (0: the stage
+    policy's choice, made once the prompts are prefilled; on_policy(choice) is told it)."""
     check_kv_room(p, work)
     if micro_batches < 0:
         raise ConfigError(f"micro_batches must be >= 0 (got {micro_batches})")
@@ -107,8 +132,7 @@ def pipelined_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpt
             on_policy(c)
 
     eos = set(engine.tokenizer.eos_token_ids)
-    seqs = [Sequence(index=k, ids=ids, max_tokens=n, caches=engine.new_caches(len(ids) + n),  # KV sized to it
-                     detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
+    seqs = [Sequence.start(k, ids, n, engine.new_caches(len(ids) + n), engine.tokenizer, opts)  # KV sized to it
             for k, (ids, n) in enumerate(work)]
     def finish(g):
         for s in [s for s in g if s.done]:

@@ -20,6 +20,7 @@ from ..errors import ConfigError, ContextLengthError, MemoryBudgetError
 from ..engine import unicode_text
 from ..models.cache import KVCache
 from ..service.service import common_prefix, owned
+from .pipeline import Pipeline
 
 
 @dataclass
@@ -37,9 +38,10 @@ class Conversation:
 
 class PipelineConversations:
     def __init__(self, engine):
-        if engine.pipeline is None:
+        if not isinstance(engine.runner, Pipeline):
             raise ValueError("PipelineConversations is for an engine split across ranks")
         self.engine = engine
+        self.problems: list[str] = []  # (a Service's contexts read back from disk that failed: none here)
         self.contexts: dict[str, Conversation] = {}
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
@@ -50,7 +52,7 @@ class PipelineConversations:
     @property
     def max_tokens(self) -> int:
         """Most tokens one conversation may hold: what every rank's plan holds KV for."""
-        return min([self.engine.context_limit] + list(self.engine.pipeline.kv_tokens or []))
+        return min([self.engine.context_limit] + list(self.engine.runner.kv_tokens or []))
 
     def new_context(self, system: str | None = None, owner: str = "") -> str:
         if system is not None and not isinstance(system, str):
@@ -118,7 +120,7 @@ class PipelineConversations:
         self.make_room(c, len(ids) + max_new)
         keep = min(common_prefix(ids, c.held), len(ids) - 1)
         if keep < c.caches[0].offset:
-            self.engine.pipeline.trim(c.caches, keep)
+            self.engine.runner.trim(c.caches, keep)
         c.held = c.held[:keep]
         self.calls += 1
         self.prompt_tokens += len(ids)
@@ -177,7 +179,7 @@ class PipelineConversations:
 
     def stats_sections(self) -> dict:
         """The /v1/stats sections of this service: its conversations, calls and the ranks."""
-        p = self.engine.pipeline
+        p = self.engine.runner
         return {"contexts": {"total": len(self.contexts), "kv_dropped": self.evicted},
                 "calls": {"total": self.calls, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens},
                 "pipeline": {"ranks": p.t.size, "layers": [[s.start, s.stop] for s in p.stages],
@@ -185,7 +187,7 @@ class PipelineConversations:
 
     def close(self) -> None:
         for ctx in list(self.contexts):
-            if self.engine.pipeline.broken is not None:
+            if self.engine.runner.broken is not None:
                 break  # a broken pipeline has nobody to tell
             self.contexts[ctx].busy = False
             self.delete(ctx, self.contexts[ctx].owner)

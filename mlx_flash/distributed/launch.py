@@ -85,7 +85,7 @@ def load_for(args, cfg, batch: bool = False, verbose: bool = False):
     if engine is None:
         return None, status
     if verbose or batch:
-        held = engine.pipeline.held_ffn_layers
+        held = engine.runner.held_ffn_layers
         print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" + (f" ({held[r]} FFN layers held)"
                                                                                     if batch else "")
                                        for r, s in enumerate(status)), file=sys.stderr)
@@ -158,8 +158,8 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     hop_s = _hop_seconds(t) if batch else 0.0
     if t.rank == 0:
         speeds = [StageSpeed.from_wire(r[2:]) for r in rows] if batch else None
-        engine.pipeline = Pipeline(engine, t, stages, timeout, kv_tokens, held_layers, speeds, hop_s)
-        return engine, stages
+        pipeline = Pipeline(engine, t, stages, timeout, kv_tokens, held_layers, speeds, hop_s, store.path)
+        return engine.with_runner(pipeline), stages
     profile = StageProfile(t.rank)
     with engine:
         status = serve(engine, t, stages, profile)

@@ -12,7 +12,7 @@ that every rank is alive:
   NEW_SEQ  a new sequence of at most `tokens` tokens: every rank makes KV caches for its layers under
            this sequence number
   FORWARD  run your layers on these rows' hidden states, each row with its sequence's caches (one
-           row: that sequence's caches; several: a batch over them, models/batch_cache.BatchKV)
+           row: that sequence's caches; several: a batch over them, batching/batch_cache.BatchKV)
   GROUP    several sequences' prompt chunks of different lengths (int32 [rows] sequence numbers, int32
            [rows] lengths, then [sum of lengths, D] float32): run your layers layer by layer over
            all of them, so a layer read from flash is read once for the whole group (FlexGen's
@@ -44,9 +44,10 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from ..errors import FlashError, PipelineFault
-from ..models.batch_cache import batch_caches
-from ..offload.schedule import LayerOnce
-from .batch import pipelined_batch
+from ..batching.batch_cache import batch_caches
+from ..batching.schedule import LayerOnce
+from ..runner import Runner
+from .batch import run_pipelined
 from .transport import Outbox, PeerLostError, Transport
 
 HEADER = 6
@@ -69,7 +70,7 @@ def run_layers(engine, layers: range, h: np.ndarray, caches) -> np.ndarray:
 def run_group(engine, layers: range, hs: list, caches: list) -> list:
     """This rank's layers over several sequences (hs[k]: [1, T_k, D] framework arrays, caches[k] that
     sequence's caches), layer by layer: each layer's weights are fetched once for all of them
-    (offload/schedule.LayerOnce), and every sequence computes exactly as it would alone."""
+    (batching/schedule.LayerOnce), and every sequence computes exactly as it would alone."""
     ops, mod, w = engine.ops, engine.module, engine.weights
     ffn = LayerOnce(engine.ffn) if engine.ffn.same_for_every_input else engine.ffn
     hs = list(hs)
@@ -97,15 +98,17 @@ def rows_caches(rows: list):
     return rows[0] if len(rows) == 1 else batch_caches(rows)
 
 
-class Pipeline:
-    """Rank 0's side: the model call of its Engine (Engine.forward calls `forward`)."""
+class Pipeline(Runner):
+    """Rank 0's side, its engine's runner (runner.py): rank 0's layers run through `engine` (the stage it
+    loaded), the others' on their ranks. Engine.with_runner(pipeline) is the engine that asks it."""
 
     def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0,
                  kv_tokens: list[int] | None = None, held_ffn_layers: list[int] | None = None,
-                 stage_speeds: list | None = None, hop_s: float = 0.0):
+                 stage_speeds: list | None = None, hop_s: float = 0.0, store_path: str = ""):
         if transport.rank != 0:
             raise ValueError("the Pipeline object is rank 0's; other ranks run rank_serve.serve()")
         self.engine, self.t, self.stages, self.timeout = engine, transport, stages, timeout
+        self.store_path = store_path  # the whole model's store, which rank 0's stage store was cut from
         # tokens of KV each rank's memory plan holds (None: not exchanged): a batch must fit them all
         self.kv_tokens = kv_tokens
         self.seqs: OrderedDict[int, object] = OrderedDict()  # sequence number -> rank 0's caches (kept alive)
@@ -132,15 +135,15 @@ class Pipeline:
         self._on_stall = callback
 
     # ---- the model call ---------------------------------------------------------------------------
-    @staticmethod
-    def run_batch(engine, work, opts, micro_batches: int = 0, on_done=None, on_token=None, on_policy=None):
-        """The throughput mode across the ranks (distributed/batch.py pipelined_batch): what
-        offload/run.py calls for an engine with a pipeline, so the throughput mode knows no ranks."""
-        return pipelined_batch(engine, work, opts, micro_batches, on_done=on_done, on_token=on_token,
-                               on_policy=on_policy)
+    def run_batch(self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,),
+                  micro_batches: int = 0):
+        """The throughput mode across the ranks (distributed/batch.py; kv_bits are a one-process
+        policy's and are not used): micro-batches flow through them."""
+        return run_pipelined(engine, self, prompts, max_tokens, opts, policy, progress, on_done, micro_batches)
 
-    def forward(self, tokens, caches, all_logits: bool):
-        """One sequence's step, round the ranks and back (nothing else in flight)."""
+    def forward(self, engine, tokens, caches, all_logits: bool):
+        """One sequence's step, round the ranks and back (nothing else in flight); rank 0's layers run
+        through the stage engine this pipeline was made with."""
         self.submit(tokens, [caches], all_logits)
         return self.collect()
 
@@ -211,7 +214,10 @@ class Pipeline:
             self._round([NEW_SEQ, seq, 0, tokens, 0, -1])
 
     def free(self, caches) -> None:
-        """That sequence is done: every rank drops its caches (the echo is collected with the next step's)."""
+        """That sequence is done: every rank drops its caches (the echo is collected with the next step's);
+        a broken pipeline has no rank to tell."""
+        if self.broken is not None:
+            return
         seq = self._seq_of(caches)
         del self.seqs[seq]
         if self.t.size > 1:
@@ -232,6 +238,9 @@ class Pipeline:
             kind, _ = self.inflight.popleft()
             if kind != "ready":
                 self._take()
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         """Every other rank leaves its serving loop (best effort: a broken pipeline has nobody to tell)."""

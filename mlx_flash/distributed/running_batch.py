@@ -15,10 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..engine import GenerationStep, TokenStats
-from ..offload.sequence import SamplingOptions, Sequence
+from ..batching.sequence import SamplingOptions, Sequence
 from ..service.reports import CallReport
 from ..service.running_batch import CallBatch
 from .conversations import Conversation
@@ -50,8 +49,7 @@ class PipelineRunningBatch(CallBatch):
         svc, engine = self.svc, self.svc.engine
         conv, ids, history, keep = svc.prepare(ctx_id, prompt, owner, whole, max_tokens)
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
-        seq = Sequence(index=0, ids=ids, max_tokens=min(max_tokens, svc.max_tokens - len(ids)), caches=conv.caches,
-                       detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(seed))
+        seq = Sequence.start(0, ids, min(max_tokens, svc.max_tokens - len(ids)), conv.caches, engine.tokenizer, opts)
         call = PipelineCall(conv, ids, history, CallReport(context=conv.id, prompt_tokens=len(ids), cached_tokens=keep),
                             seq, opts)
         conv.busy = True
@@ -76,7 +74,7 @@ class PipelineRunningBatch(CallBatch):
         """One decode step of every joined call, in one micro-batch per rank (fewer with fewer calls),
         all in flight at once: (call, its step) each. Finished calls are closed and leave."""
         engine = self.svc.engine
-        p, ops = engine.pipeline, engine.ops
+        p, ops = engine.runner, engine.ops
         m = min(len(self.calls), p.t.size)
         self.svc.most_together = max(self.svc.most_together, len(self.calls))
         groups = [self.calls[i::m] for i in range(m)]

@@ -13,9 +13,36 @@ from __future__ import annotations
 import concurrent.futures
 
 from ..errors import PipelineFault
+from ..service import Service
 from ..service import openai_api as oa
 from ..service.engine_loop import DONE, EngineLoop, api_error
+from ..service.server import Server, ServerOptions
+from .conversations import PipelineConversations
+from .pipeline import Pipeline
 from .running_batch import PipelineRunningBatch
+
+
+def conversations_for(engine, **service_options):
+    """What holds a command's conversations: on a model split across ranks, each conversation's KV on
+    every rank (PipelineConversations: the service options are a one-process service's); else an
+    in-process Service made with `service_options`."""
+    if isinstance(engine.runner, Pipeline):
+        return PipelineConversations(engine)
+    return Service(engine, **service_options)
+
+
+def server_for(conversations, options: ServerOptions) -> Server:
+    """The OpenAI-compatible server over conversations_for()'s conversations, with the engine loop
+    that drives them."""
+    if isinstance(conversations, PipelineConversations):
+        return Server(conversations, options, PipelineLoop(conversations, options.max_batch))
+    return Server(conversations, options)
+
+
+def model_store_path(engine) -> str:
+    """The store the model was loaded from: on a pipeline's rank 0, the whole model's, which its stage
+    store was cut from."""
+    return engine.runner.store_path if isinstance(engine.runner, Pipeline) else engine.store.path
 
 
 class PipelineLoop(EngineLoop):
@@ -23,12 +50,12 @@ class PipelineLoop(EngineLoop):
         super().__init__(conversations, max_batch, PipelineRunningBatch(conversations, max_batch))
         self._starting = None  # the job whose call is being started (its prompt prefilled), not yet active
         # a stalled rank: the requests waiting on it get 503 now (this thread stays blocked in the wait)
-        conversations.engine.pipeline.report_stalls_to(self._stalled)
+        conversations.engine.runner.report_stalls_to(self._stalled)
 
     @property
     def problem(self) -> str | None:
         """Why no request can be answered (a broken pipeline), or None."""
-        return self.svc.engine.pipeline.broken
+        return self.svc.engine.runner.broken
 
     def stop(self) -> None:
         """As the one-process loop stops, but not waiting on a thread a stalled rank holds."""

@@ -24,7 +24,7 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
 
 Members: `KVCache` here (one sequence, one growing buffer per layer), the service's chunked
 cache (mlx_flash/service/chunked_kv.py: fixed-size chunks of every layer from a preallocated pool,
-swappable one chunk at a time) and `BatchKV` (models/batch_cache.py: B sequences' caches, of any
+swappable one chunk at a time) and `BatchKV` (batching/batch_cache.py: B sequences' caches, of any
 member, run as one batch).
 """
 

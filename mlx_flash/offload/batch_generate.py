@@ -4,8 +4,8 @@
 Sequences go in blocks of policy.block_size. A block is prefilled layer by layer, every sequence
 of it through layer i before layer i + 1 (each with its own prompt length, as a micro-batch of one
 row, so its KV is exactly what a single run computes), then decoded step by step in micro-batches
-of policy.gpu_batch rows (models/batch_cache.BatchKV: each row keeps its own cache and position),
-in the policy's order (offload/schedule.py). A sequence that finishes leaves its micro-batch; the
+of policy.gpu_batch rows (batching/batch_cache.py BatchKV: each row keeps its own cache and position),
+in the policy's order (batching/schedule.py). A sequence that finishes leaves its micro-batch; the
 block ends when all have. The sequences of the block's last policy.kv_on_flash micro-batches keep
 their KV in files on flash (offload/kv_spill.py), removed when the block ends.
 """
@@ -13,69 +13,19 @@ their KV in files on flash (offload/kv_spill.py), removed when the block ends.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
-from ..errors import ConfigError, ContextLengthError
+from ..batching.batch_cache import BlockKV, batch_caches
+from ..batching.prompts import BatchStats, prefill_together
+from ..batching.schedule import MicroBatch, run_block
+from ..batching.sequence import SamplingOptions, Sequence
 from ..memory.allocator import return_free_memory
 from ..memory.process_plan import ModelShape
-from ..models.batch_cache import BlockKV, batch_caches
 from ..sampling import check_sampling
 from .kv_spill import SpilledKV, SpillFolder, spilled_rows
 from .policy import Policy
 from .quantized_kv import make_row_caches
-from .schedule import MicroBatch, run_block
 from .sparse_attention import with_top_k
-from .sequence import SamplingOptions, Sequence
-
-
-@dataclass
-class BatchStats:
-    sequences: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    bytes_read: int = 0
-    blocks: int = 0
-    policy: dict = field(default_factory=dict)
-
-    @property
-    def seconds(self) -> float:
-        return self.prefill_s + self.decode_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second of the whole run (prefill included), FlexGen's measure."""
-        return self.generated_tokens / self.seconds if self.seconds else 0.0
-
-
-def encode_all(engine, prompts, max_tokens) -> list[tuple[list[int], int]]:
-    """(prompt ids, token budget) of each prompt; one line naming the prompt that cannot run."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
-        raise ConfigError("prompts must be a list of strings or of message lists")
-    if not prompts:
-        raise ConfigError("the prompt list is empty")
-    budgets = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
-    if len(budgets) != len(prompts):
-        raise ConfigError(f"{len(budgets)} max_tokens for {len(prompts)} prompts")
-    limit = engine.context_limit
-    out = []
-    for k, (p, n) in enumerate(zip(prompts, budgets)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ConfigError(f"prompt {k}: max_tokens must be an integer >= 1 (got {n!r})")
-        try:
-            ids = engine.encode_prompt(p)
-        except ConfigError as e:
-            raise ConfigError(f"prompt {k}: {e}") from None
-        if not ids:
-            raise ConfigError(f"prompt {k} encodes to zero tokens")
-        if len(ids) >= limit:
-            raise ContextLengthError(f"prompt {k} has {len(ids)} tokens; the model's context is {limit}")
-        out.append((ids, min(n, limit - len(ids))))
-    return out
 
 
 def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOptions, policy: Policy,
@@ -92,14 +42,14 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
     eos = set(engine.tokenizer.eos_token_ids)
     for start in range(0, len(work), policy.block_size):
         with SpillFolder(engine.config.cache_dir) if policy.kv_on_flash else _NoSpill() as folder:
-            block = [Sequence(index=start + k, ids=ids, max_tokens=n,
-                              caches=_row_caches(engine, policy, k, folder, len(ids) + n),
-                              detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(opts.seed))
+            block = [Sequence.start(start + k, ids, n, _row_caches(engine, policy, k, folder, len(ids) + n),
+                                    engine.tokenizer, opts)
                      for k, (ids, n) in enumerate(work[start:start + policy.block_size])]
             stats.blocks += 1
             stats.prompt_tokens += sum(len(s.ids) for s in block)
             t0 = time.perf_counter()
-            _prefill(engine, block, policy, opts, eos)
+            prefill_together(engine, block, policy.order, opts, eos,
+                             lambda caches: with_top_k(caches, policy.attention_keep))
             stats.prefill_s += time.perf_counter() - t0
             return_free_memory()  # the prefill's activations, freed, leave the process (memory/allocator.py)
             made = sum(len(s.tokens) for s in block)
@@ -183,22 +133,6 @@ class _Group:
             if keep:
                 for c in self.caches:
                     c.keep(ops, keep)
-
-
-def _prefill(engine, block: list[Sequence], policy: Policy, opts: SamplingOptions, eos) -> None:
-    """Every prompt in chunks of config.prefill_chunk tokens (the chunks a single run uses), each
-    round of chunks through the block schedule; the first token of each sequence is sampled."""
-    chunk = engine.config.prefill_chunk
-    while True:
-        todo = [s for s in block if s.prefilled < len(s.ids)]
-        if not todo:
-            return
-        batches = [MicroBatch(engine.ops.tokens(s.ids[s.prefilled:s.prefilled + chunk]),
-                              with_top_k(s.caches, policy.attention_keep)) for s in todo]
-        for s, logits in zip(todo, run_block(engine, batches, policy.order)):
-            s.prefilled = min(len(s.ids), s.prefilled + chunk)
-            if s.prefilled == len(s.ids):
-                s.take(logits[0, -1], opts, eos)
 
 
 def _finish(block: list[Sequence], on_done) -> None:

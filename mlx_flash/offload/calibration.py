@@ -10,10 +10,10 @@ import time
 import numpy as np
 
 from ..memory.process_plan import ModelShape
-from ..models.batch_cache import BatchKV
+from ..batching.batch_cache import BatchKV
 from ..models.cache import KVCache
 from .cost_model import ComputeSpeed
-from .schedule import LayerOnce
+from ..batching.schedule import LayerOnce
 
 
 def _fit(xs, ys) -> tuple[float, float]:

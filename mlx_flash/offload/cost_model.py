@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..memory.process_plan import ModelShape, kv_bytes_per_token, work_bytes
 from .policy import KEY_BLOCK, KV_GROUP, Policy
-from .schedule import Order
+from ..batching.schedule import Order
 
 _F32 = 4
 

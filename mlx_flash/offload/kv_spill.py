@@ -9,7 +9,7 @@ the layer a micro-batch is computing is in memory.
 A layer's turn (SpilledKV.update) reads each row's held tokens (read ahead by `prefetch` while the
 micro-batch before it computes), writes the step's new tokens at each row's own length, and hands
 the graph the keys and values right-padded to the longest row, with the same mask and positions as
-models/batch_cache.BlockKV gives: the attention sees the same numbers, so the tokens are the same.
+batching/batch_cache.BlockKV gives: the attention sees the same numbers, so the tokens are the same.
 Written pages go to the page cache and are flushed by the kernel behind the compute (the writer).
 
 The folder is private to the run (mode 0700, under the cache directory or the system's temporary
@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..errors import FlashError
-from ..models.batch_cache import padded_mask
+from ..batching.batch_cache import padded_mask
 from ..models.cache import LayerKV
 
 _F32 = 4

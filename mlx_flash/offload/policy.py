@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import ConfigError
-from .schedule import Order
+from ..batching.schedule import Order
 
 KV_BITS = (0, 4)  # 0: the activation dtype (exact)
 KV_GROUP = 64  # values: a scale and bias per this many channels of a token

@@ -9,18 +9,21 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from ..batching.progress_bar import chain_done, progress_bar, tick
+from ..batching.prompts import BatchStats, encode_all
+from ..batching.sequence import SamplingOptions
 from ..config import FFNMode
 from ..errors import ConfigError
 from ..memory import process_rss
 from ..memory.process_plan import RUNTIME_SLACK, ModelShape
+from ..sampling import shown
 from ..units import fmt
-from .batch_generate import BatchStats, encode_all, generate_batch
+from .batch_generate import generate_batch
 from .calibration import measure_compute
 from .cost_model import Machine, Workload
 from .engine_room import read_bps, streams_layers, weights_room
 from .policy import Policy
 from .search import Choice, describe, search
-from .sequence import SamplingOptions
 
 ROOM_SHARE = 0.8  # of what the limit leaves, what a policy may plan for (allocators keep freed memory)
 
@@ -76,18 +79,16 @@ def choose(engine, workload: Workload, policy: Policy | None, kv_bits=(0,)) -> t
     return m, c
 
 
-def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop, policy: Policy | None,
-              progress: bool, on_done=None, kv_bits=(0,), micro_batches: int = 0) -> tuple[list, BatchRun]:
-    """micro_batches: across ranks, the decode micro-batches in flight (0: the stage policy's choice)."""
+def run_batch(engine, prompts, max_tokens, opts: SamplingOptions, policy: Policy | None, progress: bool,
+              on_done=None, kv_bits=(0,)) -> tuple[list, BatchRun]:
+    """The throughput mode in one process: every prompt's Sequence in prompt order and the run's stats
+    (policy: searched when None; kv_bits: the KV widths the search may pick)."""
+    if policy is not None and not isinstance(policy, Policy):
+        raise ConfigError(f"policy must be a mlx_flash.Policy or None (got {shown(policy)})")
     if engine.config.ffn is FFNMode.SPARSE:
         raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
                           "when it fits); a sparse FFN follows one sequence's neurons")
-    opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
     work = encode_all(engine, prompts, max_tokens)
-    if micro_batches and engine.pipeline is None:
-        raise ConfigError("micro_batches applies to a model split across ranks; one process's policy sets its batches")
-    if engine.pipeline is not None:
-        return _pipelined(engine, work, opts, policy, progress, on_done, micro_batches)
     workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work),
                         generate=max(n for _, n in work))
     m, c = choose(engine, workload, policy, kv_bits)
@@ -101,11 +102,11 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
         engine.ffn.place(p.resident_layers, p.overlap)
     if slots is not None:
         slots.read_ahead = p.overlap
-    bar = _progress_bar(len(work), progress)
+    bar = progress_bar(len(work), progress)
     t0 = time.perf_counter()
     try:
-        seqs, stats = generate_batch(engine, work, opts, p, on_done=_chain(on_done, bar),
-                                     on_token=(lambda n: _tick(bar, n, t0)) if bar else None)
+        seqs, stats = generate_batch(engine, work, opts, p, on_done=chain_done(on_done, bar),
+                                     on_token=(lambda n: tick(bar, n, t0)) if bar else None)
     finally:
         if placed:
             engine.ffn.place(0, True)  # held layers go: the memory is the next run's to plan
@@ -118,59 +119,3 @@ def run_batch(engine, prompts, max_tokens, temperature, top_p, top_k, seed, stop
     if progress:
         print(run.line(), file=sys.stderr)
     return seqs, run
-
-
-def _pipelined(engine, work, opts, policy, progress: bool, on_done, micro_batches: int):
-    """A model split across ranks: micro-batches flow through them, as the engine's pipeline runs a
-    batch (distributed/pipeline.py Pipeline.run_batch: this package knows no ranks)."""
-    if policy is not None:
-        raise ConfigError("a policy places weights and KV in one process; across ranks the micro-batches "
-                          "flow through the pipeline instead: leave the policy out")
-    bar = _progress_bar(len(work), progress)
-    t0 = time.perf_counter()
-    try:
-        seqs, run = engine.pipeline.run_batch(engine, work, opts, micro_batches, on_done=_chain(on_done, bar),
-                                    on_token=(lambda n: _tick(bar, n, t0)) if bar else None,
-                                    on_policy=(lambda c: _say(bar, c.line())) if progress else None)
-    finally:
-        if bar:
-            bar.close()
-    if progress:
-        print(run.line(), file=sys.stderr)
-    return seqs, run
-
-
-def _say(bar, line: str) -> None:
-    """A line on stderr, above the progress bar when there is one."""
-    if bar is not None:
-        bar.write(line, file=sys.stderr)
-    else:
-        print(line, file=sys.stderr)
-
-
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="seq", desc="sequences", file=sys.stderr)
-    bar.tokens = 0
-    return bar
-
-
-def _tick(bar, n: int, t0: float) -> None:
-    bar.tokens += n
-    bar.set_postfix_str(f"{bar.tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s", refresh=False)
-    bar.refresh()
-
-
-def _chain(on_done, bar):
-    if on_done is None and bar is None:
-        return None
-
-    def done(seq):
-        if bar is not None:
-            bar.update(1)
-        if on_done is not None:
-            on_done(seq)
-    return done

@@ -26,7 +26,7 @@ from ..units import fmt
 from .cost_model import (Machine, Workload, block_seconds, fits, kv_flash_seconds, memory_bytes, minimum_bytes,
                          run_seconds, tokens_per_s)
 from .policy import Policy
-from .schedule import Order
+from ..batching.schedule import Order
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 

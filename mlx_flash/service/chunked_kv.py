@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.batch_cache import BatchKV
+from ..batching.batch_cache import BatchKV
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool
 

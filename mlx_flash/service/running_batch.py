@@ -2,7 +2,7 @@
 
 A call joins when `start` prefills its new tokens alone (its context's chunks, as Service.call
 does) and samples its first token; from then on every `step` runs one batched decode pass over all
-joined calls (the throughput mode's graph pieces, offload/schedule.py, with `ChunkedBatchKV`: every
+joined calls (the throughput mode's graph pieces, batching/schedule.py, with `ChunkedBatchKV`: every
 context's chunks read with one gather of the pool per layer), so N clients cost one pass of the weights per token instead of N. A call
 leaves when it finishes, is cancelled, or its context cannot grow within the KV budget; `finish`
 then writes its context back exactly as Service.call would. One thread drives a RunningBatch (the
@@ -14,12 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..engine import GenerationStep, GenerationSummary, TokenStats
 from ..errors import MemoryBudgetError
-from ..offload.schedule import MicroBatch, Order, run_block
-from ..offload.sequence import SamplingOptions, Sequence
+from ..batching.schedule import MicroBatch, Order, run_block
+from ..batching.sequence import SamplingOptions, Sequence
 from .chunked_kv import chunked_batch_caches
 from .context import Context
 from .reports import CallReport
@@ -86,8 +85,7 @@ class RunningBatch(CallBatch):
             caches = svc.open_call(ctx, ids, report)
             summary.cached_tokens = report.cached_tokens
             limit = min(engine.model_context, caches[0].capacity or engine.model_context)
-            seq = Sequence(index=0, ids=ids, max_tokens=min(max_tokens, limit - len(ids)), caches=caches,
-                           detok=engine.tokenizer.detokenizer(ids), rng=np.random.default_rng(seed))
+            seq = Sequence.start(0, ids, min(max_tokens, limit - len(ids)), caches, engine.tokenizer, opts)
             call = BatchedCall(ctx, ids, history, report, caches, seq, opts, summary)
             if seq.max_tokens <= 0:
                 self._close(call, failed=False)

@@ -13,14 +13,13 @@ from mlx_flash.errors import MemoryBudgetError
 def conversations(store_dir):
     import mlx_flash
 
-    e = mlx_flash.load(store_dir, backend="torch")
-    e.pipeline = Pipeline(e, OneRank(), [range(e.args.num_hidden_layers)], kv_tokens=[600])
+    local = mlx_flash.load(store_dir, backend="torch")
+    e = local.with_runner(Pipeline(local, OneRank(), [range(local.args.num_hidden_layers)], kv_tokens=[600]))
     try:
         with PipelineConversations(e) as svc:
             yield svc
     finally:
-        e.pipeline = None
-        e.close()
+        local.close()  # (the pipeline of one rank has no other rank to stop)
 
 
 def answer(svc, ctx, prompt, max_tokens):

@@ -17,9 +17,10 @@ PROMPTS = [[1, 520, 3312, 314, 4470, 30], [1, 28, 1090, 2096, 253, 5646, 314, 25
 def test_a_group_computes_each_sequence_as_alone(store_dir, backend):
     import mlx_flash
 
-    e = mlx_flash.load(store_dir, backend=backend, ffn="stream")  # layers read from flash: each once per group
+    local = mlx_flash.load(store_dir, backend=backend, ffn="stream")  # layers read from flash: each once per group
     try:
-        e.pipeline = p = Pipeline(e, OneRank(), [range(e.args.num_hidden_layers)])
+        p = Pipeline(local, OneRank(), [range(local.args.num_hidden_layers)])
+        e = local.with_runner(p)
         with e.ops.inference():
             # alone: each sequence's steps; the second split in two chunks
             alone = []
@@ -27,7 +28,7 @@ def test_a_group_computes_each_sequence_as_alone(store_dir, backend):
                 c = e.new_caches(64)
                 chunks = [ids[:4], ids[4:]] if k == 1 else [ids]
                 for chunk in chunks:
-                    logits = e.ops.to_numpy(p.forward(e.ops.tokens([chunk]), c, False))
+                    logits = e.ops.to_numpy(p.forward(e, e.ops.tokens([chunk]), c, False))
                 alone.append(logits[0, -1])
             # grouped: the first chunks of all three in one message, then the rest of the second
             caches = [e.new_caches(64) for _ in PROMPTS]
@@ -43,5 +44,4 @@ def test_a_group_computes_each_sequence_as_alone(store_dir, backend):
         np.testing.assert_array_equal(second[0, -1], alone[1])
         assert [c[0].offset for c in caches] == [len(ids) for ids in PROMPTS]
     finally:
-        e.pipeline = None
-        e.close()
+        local.close()  # (the pipeline of one rank has no other rank to stop)

@@ -10,12 +10,12 @@ import pytest
 import mlx_flash
 from mlx_flash.backends import get_backend
 from mlx_flash.memory.process_plan import ModelShape
-from mlx_flash.models.batch_cache import BatchKV, BlockKV, batch_caches
+from mlx_flash.batching.batch_cache import BatchKV, BlockKV, batch_caches
 from mlx_flash.models.cache import KVCache
 from mlx_flash.offload.cost_model import kv_bytes
 from mlx_flash.offload.kv_spill import SpilledKV, SpillFolder
 from mlx_flash.offload.quantized_kv import QuantizedKV, make_row_caches
-from mlx_flash.offload.schedule import MicroBatch, Order, run_block
+from mlx_flash.batching.schedule import MicroBatch, Order, run_block
 
 H, HD = 2, 8
 BACKENDS = ["torch", "mlx"]

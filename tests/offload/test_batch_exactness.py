@@ -23,6 +23,7 @@ import pytest
 
 import mlx_flash
 from mlx_flash.offload import Order, Policy
+from mlx_flash.batching.sequence import SamplingOptions
 from mlx_flash.offload.run import run_batch
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_every_sequence_equals_its_run_alone(case, schedule):
         pytest.skip(f"MLX runs {' and '.join(MLX_SCHEDULES)} unless MLX_FLASH_FULL=1 (the schedules are one code "
                     "path on every backend; torch runs all four)")
     policy = SCHEDULES[schedule](len(prompts))
-    seqs, stats = run_batch(engine, prompts, max_tokens, 0.0, 1.0, 0, None, None, policy, False)
+    seqs, stats = run_batch(engine, prompts, max_tokens, SamplingOptions(), policy, False)
     assert sorted(s.index for s in seqs) == list(range(len(prompts)))
     by_index = {s.index: s for s in seqs}
     wrong = [k for k, (tokens, _, _) in enumerate(refs) if by_index[k].tokens != tokens]
@@ -104,7 +105,7 @@ def test_sequences_leaving_their_micro_batch_part_way_are_exact(case):
     budgets[5] = 1
     refs = [alone(engine, p, n)[0] for p, n in zip(batch, budgets)]
     for policy in (Policy(4, 3), Policy(4, 3, order=Order.ROW), Policy(3, 2)):
-        seqs, stats = run_batch(engine, batch, budgets, 0.0, 1.0, 0, None, None, policy, False)
+        seqs, stats = run_batch(engine, batch, budgets, SamplingOptions(), policy, False)
         got = [s.tokens for s in sorted(seqs, key=lambda s: s.index)]
         assert got == refs, policy
         assert [len(t) for t in got] == budgets or any(t[-1] in engine.tokenizer.eos_token_ids for t in got)
@@ -162,7 +163,7 @@ def test_prompts_prefilled_in_chunks_equal_their_runs_alone(chunked, wiki_text):
     assert lengths[0] < 32 < lengths[-2] and lengths[-1] > 2 * 32  # one, two and three chunks
     refs = [alone(chunked, p, 6)[0] for p in prompts]
     for policy in (Policy(2, 2), Policy(2, 2, order=Order.ROW)):
-        seqs, _ = run_batch(chunked, prompts, 6, 0.0, 1.0, 0, None, None, policy, False)
+        seqs, _ = run_batch(chunked, prompts, 6, SamplingOptions(), policy, False)
         assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs, policy
 
 
@@ -206,7 +207,7 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     e, prompts, refs = streamed
     spills = lambda: {n for n in os.listdir(e.config.cache_dir) if n.startswith("kv-spill-")}  # noqa: E731
     before = spills()  # (a process killed mid-run elsewhere may have left one in a shared cache)
-    seqs, stats = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, policy, False)
+    seqs, stats = run_batch(e, prompts, 8, SamplingOptions(), policy, False)
     assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs
     assert stats.policy == policy.to_dict()
     layer = e.store.manifest.ffn.layer_nbytes
@@ -219,7 +220,7 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
 
 def test_the_streamed_engine_runs_alone_exactly_after_a_batch(streamed):
     e, prompts, refs = streamed
-    run_batch(e, prompts[:2], 8, 0.0, 1.0, 0, None, None, Policy(2, 1, resident_layers=12), False)
+    run_batch(e, prompts[:2], 8, SamplingOptions(), Policy(2, 1, resident_layers=12), False)
     assert alone(e, prompts[1], 8)[0] == refs[1]
 
 
@@ -228,11 +229,11 @@ def test_sparse_attention_runs_over_every_kind_of_block_cache(streamed):
     every key leaves the greedy tokens as they were; a small one runs, and changes them."""
     e, prompts, refs = streamed
     for base in (Policy(3, 2), Policy(3, 2, kv_on_flash=1), Policy(2, 3, kv_bits=4)):
-        seqs, _ = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, replace(base, attention_keep=0.999999), False)
+        seqs, _ = run_batch(e, prompts, 8, SamplingOptions(), replace(base, attention_keep=0.999999), False)
         got = [s.tokens for s in sorted(seqs, key=lambda s: s.index)]
         if not base.kv_bits:
             assert got == refs, base
-        seqs, _ = run_batch(e, prompts, 8, 0.0, 1.0, 0, None, None, replace(base, attention_keep=0.05), False)
+        seqs, _ = run_batch(e, prompts, 8, SamplingOptions(), replace(base, attention_keep=0.05), False)
         sparse = [s.tokens for s in sorted(seqs, key=lambda s: s.index)]
         assert all(len(t) == len(r) or t[-1] in e.tokenizer.eos_token_ids for t, r in zip(sparse, refs))
         assert sparse != refs, base

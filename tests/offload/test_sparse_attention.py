@@ -7,7 +7,7 @@ import pytest
 
 import mlx_flash
 from mlx_flash.backends import get_backend
-from mlx_flash.models.batch_cache import padded_mask
+from mlx_flash.batching.batch_cache import padded_mask
 from mlx_flash.offload.quantized_kv import make_row_caches
 from mlx_flash.offload.sparse_attention import TopKAttention, top_k_mask_reference, visible_reference, with_top_k
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mlx_flash
-from mlx_flash.models.batch_cache import batch_caches
-from mlx_flash.offload.schedule import MicroBatch, Order, run_block
+from mlx_flash.batching.batch_cache import batch_caches
+from mlx_flash.batching.schedule import MicroBatch, Order, run_block
 from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
 from mlx_flash.service.chunked_kv import ChunkedBatchKV, ChunkTable, chunked_batch_caches
 

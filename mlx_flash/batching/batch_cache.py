@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import LayerKV
+from ..models.cache import LayerKV
 
 
 class BatchKV(LayerKV):

@@ -1,7 +1,6 @@
 """One sequence of a batch: its prompt, its KV caches, what it has generated and why it stopped.
 
-Text is made exactly as `Engine.stream_tokens` makes it (the same incremental detokenizer, stop
-strings cut where they start, EOS finishing with "stop" and the token budget with "length"), so a
+Text is made by the finishing rules `Engine.stream_tokens` uses too (batching/finishing.py), so a
 sequence's text in a batch is its text alone whenever its tokens are.
 """
 
@@ -11,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import partial_stop, sample
+from ..sampling import sample
+from .finishing import TextStream
 
 
 @dataclass
@@ -39,46 +39,43 @@ class Sequence:
     ids: list  # prompt token ids
     max_tokens: int
     caches: list  # one LayerKV per layer
-    detok: object  # the tokenizer's StreamDecoder
+    stream: TextStream  # its text and finish (batching/finishing.py)
     rng: np.random.Generator
     prefilled: int = 0  # prompt tokens already in the caches
     tokens: list = field(default_factory=list)  # sampled, the final EOS included
-    text: str = ""
-    finish_reason: str | None = None
-    ended_on_eos: bool = False
     reported: bool = False  # handed to the caller's on_done
-    emitted: int = 0  # characters of text handed out by delta()
+
+    @classmethod
+    def start(cls, index: int, ids: list, max_tokens: int, caches: list, tokenizer, opts: SamplingOptions) -> Sequence:
+        """A sequence about to run: its text starts after the prompt, its rng from opts.seed (so it
+        samples as it would alone)."""
+        return cls(index, ids, max_tokens, caches, TextStream(tokenizer.detokenizer(ids)),
+                   np.random.default_rng(opts.seed))
 
     @property
     def done(self) -> bool:
-        return self.finish_reason is not None
+        return self.stream.done
+
+    @property
+    def text(self) -> str:
+        return self.stream.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stream.finish_reason
 
     @property
     def generated(self) -> int:
         """Tokens generated, an ending EOS not counted (as GenerationSummary.generated_tokens)."""
-        return len(self.tokens) - self.ended_on_eos
+        return len(self.tokens) - self.stream.ended_on_eos
 
     def take(self, logits: np.ndarray, opts: SamplingOptions, eos_ids) -> int:
         """Sample the next token from this sequence's logits [vocab] and account for it; returns it."""
         token = sample(logits, opts.temperature, opts.top_p, opts.top_k, self.rng)
         self.tokens.append(token)
-        if token in eos_ids:
-            self.text += self.detok.finalize()
-            self.finish_reason, self.ended_on_eos = "stop", True
-        else:
-            self.text += self.detok.add_token(token)
-        hits = [i for i in (self.text.find(s) for s in opts.stop) if i >= 0]
-        if hits:
-            self.text, self.finish_reason = self.text[:min(hits)], "stop"
-        elif self.finish_reason is None and len(self.tokens) == self.max_tokens:
-            self.text += self.detok.finalize()
-            self.finish_reason = "length"
+        self.stream.add(token, eos_ids, opts.stop, last=len(self.tokens) == self.max_tokens)
         return token
 
     def delta(self, opts: SamplingOptions) -> str:
-        """The text made since the last delta, less a tail that may still turn out to start a stop
-        string (all of it once the sequence is done): what a stream shows after each token."""
-        safe = len(self.text) if self.done else len(self.text) - partial_stop(self.text, list(opts.stop))
-        out = self.text[self.emitted:safe]
-        self.emitted = max(self.emitted, safe)
-        return out
+        """The text made since the last delta that a stream may show (TextStream.delta)."""
+        return self.stream.delta(opts.stop)

@@ -1,0 +1,55 @@
+"""Where an engine's forward passes run: the protocol the engine calls, and the runner of one process.
+
+An `Engine` is given its runner when it is made: `LocalRunner` (every layer in this process, the
+default) or a pipeline of ranks (`distributed.pipeline.Pipeline`, rank 0's side of a model split by
+layers), which `Engine.with_runner` puts under the same loaded model. The engine asks only this
+protocol, so its loop has no branch for where the layers are.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from .errors import ConfigError
+
+
+class Runner(ABC):
+    @abstractmethod
+    def forward(self, engine, tokens, caches, all_logits: bool):
+        """`engine`'s graph over backend tokens [1, T] with the sequence's `caches`: logits
+        [1, T or 1, vocab] as a backend array; the caches advance."""
+
+    def new_sequence(self, caches, tokens: int) -> None:
+        """`caches` were made for a new sequence of at most `tokens` tokens (a pipeline's other ranks
+        make their layers' caches)."""
+
+    def trim(self, caches, keep: int) -> None:
+        """The sequence's caches keep their first `keep` tokens."""
+        for c in caches:
+            c.trim(c.offset - keep)
+
+    def free(self, caches) -> None:
+        """The sequence is done with (dropping the caches is enough in one process)."""
+
+    def close(self) -> None:
+        """The engine closes: nothing of the runner's own to release in one process."""
+
+    def run_batch(self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,),
+                  micro_batches: int = 0):
+        """The throughput mode over `prompts` (Engine.generate_batch): (every prompt's
+        batching.sequence.Sequence in prompt order, the run's stats). In one process a policy places
+        weights and KV (offload/); micro-batches in flight are a pipeline's."""
+        from .offload.run import run_batch  # deferred: the throughput mode and its LP search (scipy), for batch jobs only
+
+        if micro_batches:
+            raise ConfigError("micro_batches applies to a model split across ranks; one process's policy sets its "
+                              "batches")
+        return run_batch(engine, prompts, max_tokens, opts, policy, progress, on_done, kv_bits)
+
+
+class LocalRunner(Runner):
+    """Every layer in this process: the model module's whole graph in one call, with the FFN source the
+    engine holds at the time (a calibration run records through a stand-in for a while)."""
+
+    def forward(self, engine, tokens, caches, all_logits: bool):
+        return engine.module.forward(engine.ops, engine.args, engine.weights, tokens, caches, engine.ffn, all_logits)
