@@ -12,7 +12,7 @@ import pytest
 import mlx_flash
 from fuzz_helpers import templated_store
 from mlx_flash.budget import parse_budget
-from mlx_flash.chat import main as chat_main
+from mlx_flash.cli.chat import main as chat_main
 from mlx_flash.errors import ConfigError, FlashError, MemoryBudgetError
 from mlx_flash.units import fmt_apart
 

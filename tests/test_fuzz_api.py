@@ -72,7 +72,7 @@ def service(engine, tmp_path_factory):
 def sandbox(tmp_path_factory):
     """A working directory and cache of its own: random --cache-dir / --model values are relative
     paths, and nothing a case writes may land in the checkout."""
-    from mlx_flash import chat
+    from mlx_flash.cli import chat
 
     root = tmp_path_factory.mktemp("fuzz-cwd")
     answer = chat.stream_answer
@@ -284,7 +284,7 @@ def argvs(draw):
 @fuzz_settings("chat")
 @given(argv=argvs())
 def test_chat_main_ends_in_an_answer_or_one_error_line(store, sandbox, argv):
-    from mlx_flash.chat import main
+    from mlx_flash.cli.chat import main
 
     RAN["chat"] += 1
     (sandbox / "afile").write_text("not a directory")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlx_flash")
 KERNELS_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")  # installed as mlx_flash.kernels
 
-PER_TOKEN_PATH = ("mlx_flash.engine", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.sparse", "mlx_flash.moe",
+PER_TOKEN_PATH = ("mlx_flash.engine", "mlx_flash.runner", "mlx_flash.batching", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.sparse", "mlx_flash.moe",
                   "mlx_flash.store", "mlx_flash.weights", "mlx_flash.ffn_source", "mlx_flash.sampling",
                   "mlx_flash.speculative", "mlx_flash.tokenizer")
 
@@ -302,9 +303,13 @@ def test_the_circle_finder_finds_circles():
 
 def package_graph(imports: dict) -> dict[str, set[str]]:
     """package -> the packages it imports: a subpackage (mlx_flash.offload) or a top-level module
-    (mlx_flash.engine) is one node; the package root mlx_flash itself is left out (it re-exports)."""
+    (mlx_flash.engine) is one node; the package root mlx_flash itself is left out (it re-exports). A
+    package's `__main__` (`python -m mlx_flash.convert`) is a node of its own: an entry point that nothing
+    imports, handing over to its command in cli/, so it ties no package to another."""
     def node(name):
         parts = name.split(".")
+        if parts[-1] == "__main__":
+            return name
         return ".".join(parts[:2]) if len(parts) > 1 else None
 
     graph: dict[str, set[str]] = {}
@@ -329,6 +334,55 @@ def test_no_two_packages_import_each_other():
         assert not found, "packages importing each other: " + "; ".join(" <-> ".join(g) for g in found)
     assert circles(package_graph({"mlx_flash.a.x": ("x.py", [(1, "mlx_flash.b.y")]),
                                   "mlx_flash.b.y": ("y.py", [(1, "mlx_flash.a")])})) == [["mlx_flash.a", "mlx_flash.b"]]
+    # an entry point importing the command that imports its package: no circle (nothing imports __main__)
+    assert circles(package_graph({"mlx_flash.a.__main__": ("m.py", [(1, "mlx_flash.cli.a")]),
+                                  "mlx_flash.cli.a": ("a.py", [(1, "mlx_flash.a.x")]),
+                                  "mlx_flash.a.x": ("x.py", [])})) == []
+
+
+ENTRY_MODULES = tuple(f"mlx_flash.{m}" for m in ("chat", "serve", "batch", "verify", "profile_disk",
+                                                 "convert.__main__"))
+
+
+def documented_levels(path: str) -> dict[str, int]:
+    """node -> level, from the table of docs/architecture.md's "What may import what" (a row: | level |
+    `names` | ...; `x.py` and `x/` name mlx_flash.x; "the leaves" and "the entry modules" name those)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    table = text[text.index("| level | packages and modules |"):]
+    levels = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = line.split("|")
+        level, names = int(cells[1]), cells[2]
+        nodes = [f"mlx_flash.{n.rstrip('/').removesuffix('.py')}" for n in re.findall(r"`([a-z_]+(?:\.py|/))`", names)]
+        nodes += LEAVES if "the leaves" in names else ()
+        nodes += ENTRY_MODULES if "the entry modules" in names else ()
+        levels.update(dict.fromkeys(nodes, level))
+    return levels
+
+
+def level_violations(graph: dict[str, set[str]], levels: dict[str, int]) -> list[str]:
+    """Each package or module missing from the table, and each import of one at its own level or above."""
+    bad = [f"{a} has no level in the table" for a in sorted(graph) if a not in levels]
+    bad += [f"{a} (level {levels[a]}) imports {b} (level {levels[b]})" for a in sorted(graph) if a in levels
+            for b in sorted(graph[a]) if b in levels and levels[b] >= levels[a]]
+    return bad
+
+
+def test_the_documented_levels_hold():
+    """The package order is written down once, in docs/architecture.md's table, and this reads it: every
+    package and top-level module has a level, and each imports (at module level) only lower ones."""
+    levels = documented_levels(os.path.join(os.path.dirname(PACKAGE_DIR), "docs", "architecture.md"))
+    assert levels["mlx_flash.errors"] == 0 and "mlx_flash.batching" in levels
+    graph = package_graph({**import_map(PACKAGE_DIR, module_level=True),
+                           **import_map(KERNELS_DIR, "mlx_flash.", module_level=True)})
+    bad = level_violations(graph, levels)
+    assert not bad, "docs/architecture.md's levels do not hold:\n" + "\n".join(bad)
+    assert level_violations({"mlx_flash.a": {"mlx_flash.b"}, "mlx_flash.c": set()},
+                            {"mlx_flash.a": 1, "mlx_flash.b": 1}) == [
+        "mlx_flash.c has no level in the table", "mlx_flash.a (level 1) imports mlx_flash.b (level 1)"]
 
 
 def test_module_level_imports_leave_out_those_inside_functions(tmp_path):

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from mlx_flash.chat import parse_args
+from mlx_flash.cli.chat import parse_args
 from mlx_flash.config import Backend, EngineConfig, FFNMode
 from mlx_flash.errors import ConfigError
 from mlx_flash.moe.policies import ExpertPolicy

@@ -91,7 +91,7 @@ def test_unknown_policy_is_named(tiny_store):
 
 
 def test_chat_stats_report_the_expert_cache(tiny_store):
-    from mlx_flash.chat import format_stats
+    from mlx_flash.cli.chat import format_stats
 
     store, _ = tiny_store("mixtral")
     with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="90%", progress=False,
