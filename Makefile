@@ -12,7 +12,7 @@ TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 UNAME := $(shell uname -s)
 
-.PHONY: chat test test-full install install-dev data bench peers clean
+.PHONY: chat test test-full lint install install-dev data bench peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ data: install-dev
 
 test: data
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The formatter and the linter, one line length (pyproject.toml [tool.ruff]); CI runs this first.
+lint: install-dev
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 test-full: data
 	MLX_FLASH_FULL=1 $(BIN)/python -m pytest -q $(ARGS)

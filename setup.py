@@ -23,8 +23,18 @@ from setuptools.command.build_ext import build_ext
 # No -march/-m flags: the x86 paths carry target attributes and are chosen at run time from the CPU,
 # so one build runs on AVX2-only and AVX-512 machines alike.
 CXX_FLAGS = ["-O3", "-std=c++17", "-fvisibility=hidden"] if sys.platform != "win32" else ["/O2", "/std:c++17"]
-CPU_SOURCES = ("qmatmul", "qmatmul_portable", "qmatmul_avx2", "qmatmul_avx512", "blockmatmul", "blockmatmul_x86",
-               "rows", "attention", "pointwise", "gated_ffn")
+CPU_SOURCES = (
+    "qmatmul",
+    "qmatmul_portable",
+    "qmatmul_avx2",
+    "qmatmul_avx512",
+    "blockmatmul",
+    "blockmatmul_x86",
+    "rows",
+    "attention",
+    "pointwise",
+    "gated_ffn",
+)
 
 
 class CMakeExtension(Extension):
@@ -43,12 +53,25 @@ class BuildExt(build_ext):
         build_dir = os.path.abspath(os.path.join(self.build_temp, ext.name))
         os.makedirs(build_dir, exist_ok=True)
         try:
-            subprocess.run(["cmake", "-S", ext.source_dir, "-B", build_dir, f"-DPython_EXECUTABLE={sys.executable}",
-                            f"-DMLX_FLASH_OUTPUT_DIR={out_dir}", "-DCMAKE_BUILD_TYPE=Release"], check=True)
+            subprocess.run(
+                [
+                    "cmake",
+                    "-S",
+                    ext.source_dir,
+                    "-B",
+                    build_dir,
+                    f"-DPython_EXECUTABLE={sys.executable}",
+                    f"-DMLX_FLASH_OUTPUT_DIR={out_dir}",
+                    "-DCMAKE_BUILD_TYPE=Release",
+                ],
+                check=True,
+            )
             subprocess.run(["cmake", "--build", build_dir, f"-j{os.cpu_count() or 1}"], check=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            print(f"warning: {ext.name} was not built ({e}); the MLX backend on a CPU will say so at load",
-                  file=sys.stderr)
+            print(
+                f"warning: {ext.name} was not built ({e}); the MLX backend on a CPU will say so at load",
+                file=sys.stderr,
+            )
 
     def get_outputs(self):  # a CMake extension that failed to build is not an output to copy
         return [p for p in super().get_outputs() if os.path.exists(p) or "_mlx_kernels" not in p]
@@ -57,9 +80,15 @@ class BuildExt(build_ext):
 setup(
     packages=find_packages(include=["mlx_flash", "mlx_flash.*"]) + ["mlx_flash.kernels"],
     package_dir={"mlx_flash.kernels": "kernels"},
-    ext_modules=[Extension("mlx_flash.kernels._qmatmul", language="c++", extra_compile_args=CXX_FLAGS,
-                           sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
-                           depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h", "kernels/cpu/matrix_ref.h"]),
-                 CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx")],
+    ext_modules=[
+        Extension(
+            "mlx_flash.kernels._qmatmul",
+            language="c++",
+            extra_compile_args=CXX_FLAGS,
+            sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
+            depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h", "kernels/cpu/matrix_ref.h"],
+        ),
+        CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx"),
+    ],
     cmdclass={"build_ext": BuildExt},
 )

@@ -41,5 +41,7 @@ for root, dirs, files in os.walk(kernels_dir):
 from mlx_flash.kernels.qmatmul import cpu_isa  # noqa: E402  (compiled at install; raises if it was not)
 
 print(f"CPU kernel compiled at install, running its {cpu_isa().name} path")
-print(f"{len(names)} modules imported ({len(subpackages)} subpackages: {', '.join(subpackages)}); "
-      f"{count} kernels/ files shipped; no torch, no transformers")
+print(
+    f"{len(names)} modules imported ({len(subpackages)} subpackages: {', '.join(subpackages)}); "
+    f"{count} kernels/ files shipped; no torch, no transformers"
+)

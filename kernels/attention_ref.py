@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kv_len=None, q_pos=None,
-                  table=None) -> np.ndarray:
+def attention_ref(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kv_len=None, q_pos=None, table=None
+) -> np.ndarray:
     """q [B, Hq, T, hd]; k, v [B, Hkv, S, hd] (row b's keys), or pools [blocks, Hkv, block_tokens, hd]
     read through table [B, max_blocks] (key j of row b: block table[b, j // block_tokens], token
     j % block_tokens). Row b holds kv_len[b] keys (default S) and its first query is at position
@@ -28,6 +29,7 @@ def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kv_
 
         def rows(a, b):
             return a[b]
+
     kv_len = np.full(B, S) if kv_len is None else np.asarray(kv_len)
     q_pos = np.full(B, S - T) if q_pos is None else np.asarray(q_pos)
     out = np.zeros((B, Hq, T, hd))

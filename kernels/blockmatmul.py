@@ -20,16 +20,19 @@ class BlockMatrix:
     def __init__(self, raw: np.ndarray, kind: str):
         blk = _block(kind)
         if raw.dtype != np.uint8 or raw.ndim != 2 or raw.strides[1] != 1 or raw.strides[0] < 0:
-            raise ValueError(f"a block matrix is 2-D uint8 rows with contiguous bytes (got {raw.dtype} {raw.shape} "
-                             f"strides {raw.strides})")
+            raise ValueError(
+                f"a block matrix is 2-D uint8 rows with contiguous bytes (got {raw.dtype} {raw.shape} "
+                f"strides {raw.strides})"
+            )
         if raw.shape[1] % blk.nbytes:
             raise ValueError(f"a {kind} row is whole {blk.nbytes}-byte blocks (got {raw.shape[1]} bytes)")
         layout = None if raw.flags.c_contiguous else (raw.shape[0], 0, raw.strides[0], blk.nbytes)
         self._setup(raw, kind, raw.shape[0], raw.shape[1] // blk.nbytes * blk.weights, layout)
 
     @classmethod
-    def in_buffer(cls, buf: np.ndarray, offset: int, kind: str, n_out: int, k_in: int, rpb: int, wb: int, wr: int,
-                  wg: int) -> "BlockMatrix":
+    def in_buffer(
+        cls, buf: np.ndarray, offset: int, kind: str, n_out: int, k_in: int, rpb: int, wb: int, wr: int, wg: int
+    ) -> "BlockMatrix":
         """Rows laid out in `buf` (C-contiguous uint8, kept alive): row n's block g at byte
         offset + (n // rpb) * wb + (n % rpb) * wr + g * wg (e.g. gate rows in blocks of neurons, one
         block per bundle, or a down matrix whose blocks are the bundles). Every byte it names must
@@ -38,14 +41,17 @@ class BlockMatrix:
         if buf.dtype != np.uint8 or not buf.flags.c_contiguous:
             raise ValueError("a laid-out block matrix lies in a C-contiguous uint8 buffer")
         if min(n_out, k_in, rpb) < 1 or k_in % blk.weights or min(offset, wb, wr, wg) < 0:
-            raise ValueError(f"bad layout for a {kind} matrix: n_out {n_out}, k_in {k_in}, rpb {rpb}, offset {offset}, "
-                             f"strides {wb}, {wr}, {wg}")
+            raise ValueError(
+                f"bad layout for a {kind} matrix: n_out {n_out}, k_in {k_in}, rpb {rpb}, offset {offset}, "
+                f"strides {wb}, {wr}, {wg}"
+            )
         lastblock = (n_out - 1) // rpb  # the farthest row: the last one, or the last of the block before
         far = max(lastblock * wb + (n_out - 1) % rpb * wr, (lastblock - 1) * wb + (rpb - 1) * wr if lastblock else 0)
         last = offset + far + (k_in // blk.weights - 1) * wg
         if last + blk.nbytes > buf.nbytes:
-            raise ValueError(f"the {kind} matrix's last block ends at byte {last + blk.nbytes}, past its buffer "
-                             f"({buf.nbytes} bytes)")
+            raise ValueError(
+                f"the {kind} matrix's last block ends at byte {last + blk.nbytes}, past its buffer ({buf.nbytes} bytes)"
+            )
         m = cls.__new__(cls)
         m._setup(buf.reshape(-1)[offset:], kind, n_out, k_in, (rpb, wb, wr, wg))
         return m

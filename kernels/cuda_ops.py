@@ -34,9 +34,17 @@ def ops():
         torch = cuda_torch(what, "the CPU kernel's operators (torch_ops.py) run elsewhere")
         torch_ops.ops()  # the schema the CUDA implementation registers under
         arch, sm = cuda_arch_flag(torch)
-        build(what, "mf_cuda_ops", os.path.join(default_cache_dir(), "cuda_ext"),
-              [("cuda", name) for name in SOURCES], ["ops_cuda.cpp", "qmatmul.cu"], f"{torch.__version__} {sm}",
-              cuda_flags=[arch], python_module=False, note="once per torch version and GPU; about a minute")
+        build(
+            what,
+            "mf_cuda_ops",
+            os.path.join(default_cache_dir(), "cuda_ext"),
+            [("cuda", name) for name in SOURCES],
+            ["ops_cuda.cpp", "qmatmul.cu"],
+            f"{torch.__version__} {sm}",
+            cuda_flags=[arch],
+            python_module=False,
+            note="once per torch version and GPU; about a minute",
+        )
         _LOADED = True
     return torch_ops.ops()
 
@@ -66,8 +74,10 @@ class CudaMatrix:
         op = operands(matrix)
         st, bits, group = op.quant
         if op.layout or not readable(bits, group):
-            raise ValueError(f"the CUDA stored product takes plain matrices of {CUDA_BITS}-bit codes in groups of a "
-                             f"multiple of 32 (got {bits}-bit, group {group}{', laid out' if op.layout else ''})")
+            raise ValueError(
+                f"the CUDA stored product takes plain matrices of {CUDA_BITS}-bit codes in groups of a "
+                f"multiple of 32 (got {bits}-bit, group {group}{', laid out' if op.layout else ''})"
+            )
         self.quant, self.n_out, self.transposed = op.quant, op.n_out, op.transposed
         self.shapes = [a.shape for a in op.views]
         self.offsets, size = [], 0
@@ -76,7 +86,7 @@ class CudaMatrix:
             size += -(-a.nbytes // _ALIGN) * _ALIGN
         self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
         for a, o in zip(op.views, self.offsets):
-            self.buffer[o:o + a.nbytes].copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+            self.buffer[o : o + a.nbytes].copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
 
     def __call__(self, x):
         st, bits, group = self.quant
@@ -91,5 +101,5 @@ class CudaMatrix:
         out = []
         for shape, o, dt in zip(self.shapes, self.offsets, dtypes):
             n = int(np.prod(shape)) * dt.itemsize
-            out.append(self.buffer[o:o + n].view(dt).reshape(shape))
+            out.append(self.buffer[o : o + n].view(dt).reshape(shape))
         return tuple(out)

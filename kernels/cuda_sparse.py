@@ -35,9 +35,15 @@ def extension():
     if _EXT is None:
         torch = cuda_torch("the CUDA sparse FFN kernels", "the CPU kernel (sparse_ffn.CpuSparseFFN) runs elsewhere")
         arch, sm = cuda_arch_flag(torch)
-        _EXT = build("the CUDA sparse FFN kernels", "mf_sparse_ffn", os.path.join(default_cache_dir(), "cuda_ext"),
-                     [("cuda", name) for name in SOURCES], ["sparse_ffn_torch.cpp", "sparse_ffn.cu"],
-                     f"{torch.__version__} {sm}", cuda_flags=[arch])
+        _EXT = build(
+            "the CUDA sparse FFN kernels",
+            "mf_sparse_ffn",
+            os.path.join(default_cache_dir(), "cuda_ext"),
+            [("cuda", name) for name in SOURCES],
+            ["sparse_ffn_torch.cpp", "sparse_ffn.cu"],
+            f"{torch.__version__} {sm}",
+            cuda_flags=[arch],
+        )
     return _EXT
 
 
@@ -55,7 +61,9 @@ class CudaSparseFFN:
 
         stream = torch.cuda.current_stream(a.device).cuda_stream
         a, idx, count = a.float().contiguous(), idx.to(torch.int32).contiguous(), count.to(torch.int32).reshape(1)
-        outs = [fn(a[i:i + MAX_TOKENS], slab, idx, count, self._spec, stream) for i in range(0, a.shape[0], MAX_TOKENS)]
+        outs = [
+            fn(a[i : i + MAX_TOKENS], slab, idx, count, self._spec, stream) for i in range(0, a.shape[0], MAX_TOKENS)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def gate_up(self, x, slab, idx, count):

@@ -23,8 +23,17 @@ def shipped(folder: str, name: str) -> str:
     return resources.files("mlx_flash.kernels").joinpath(folder, name).read_text()
 
 
-def build(what: str, prefix: str, root: str, files, sources, salt: str, cuda_flags=(), python_module: bool = True,
-          note: str | None = None):
+def build(
+    what: str,
+    prefix: str,
+    root: str,
+    files,
+    sources,
+    salt: str,
+    cuda_flags=(),
+    python_module: bool = True,
+    note: str | None = None,
+):
     """Build (or load the build of) the extension `prefix` from `files`, (folder, name) pairs of
     shipped sources copied side by side into root/<hash>, compiling those named in `sources`; `what`
     names it in messages, `note` (e.g. how long it takes) is printed when it is built rather than
@@ -52,9 +61,15 @@ def build(what: str, prefix: str, root: str, files, sources, salt: str, cuda_fla
             print(f"building {what} ({note})", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            module = cpp_extension.load(name=f"{prefix}_{key[:8]}", sources=[os.path.join(where, n) for n in sources],
-                                        extra_cflags=["-O3"], extra_cuda_cflags=["-O3", *cuda_flags],
-                                        build_directory=where, is_python_module=python_module, verbose=False)
+            module = cpp_extension.load(
+                name=f"{prefix}_{key[:8]}",
+                sources=[os.path.join(where, n) for n in sources],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", *cuda_flags],
+                build_directory=where,
+                is_python_module=python_module,
+                verbose=False,
+            )
         except Exception as e:  # a compiler's many lines: the first one names it
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise KernelUnavailableError(f"building {what} in {where} failed: {first}") from None
@@ -69,8 +84,9 @@ def cuda_torch(what: str, elsewhere: str):
     try:
         import torch
     except ImportError:
-        raise KernelUnavailableError(f"{what}: torch is not installed "
-                                     "(pip install 'mlx-flash-engine[torch]')") from None
+        raise KernelUnavailableError(
+            f"{what}: torch is not installed (pip install 'mlx-flash-engine[torch]')"
+        ) from None
     if not torch.cuda.is_available():
         raise KernelUnavailableError(f"{what}: no NVIDIA GPU (torch.cuda.is_available() is false); {elsewhere}")
     return torch

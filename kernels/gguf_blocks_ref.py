@@ -25,8 +25,8 @@ def _bits(qh: np.ndarray, count: int) -> np.ndarray:
 def _q5(b: np.ndarray, with_min: bool) -> np.ndarray:
     d = _f16(b[:, 0:2])[:, None]
     at = 4 if with_min else 2
-    hi = _bits(b[:, at:at + 4], 32).astype(np.int32) << 4
-    qs = b[:, at + 4:at + 20]
+    hi = _bits(b[:, at : at + 4], 32).astype(np.int32) << 4
+    qs = b[:, at + 4 : at + 20]
     q = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32) | hi
     if with_min:
         return d * q.astype(np.float32) + _f16(b[:, 2:4])[:, None]

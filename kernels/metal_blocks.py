@@ -55,8 +55,13 @@ def launch(kind: str, tokens: int, n_out: int, out_dtype, max_rows: int = MAX_RO
     if tokens < 1 or n_out < 1:
         raise ValueError(f"a launch needs tokens and rows (got {tokens} tokens, {n_out} rows)")
     template = [("KIND", block_of(kind).ggml_type), ("TT", min(tokens, MAX_TOKENS)), ("OT", out_dtype)]
-    return {"template": template, "grid": (SIMD, max(1, min(n_out, max_rows)), 1),
-            "threadgroup": (SIMD, SIMDGROUPS, 1), "output_shapes": [(tokens, n_out)], "init_value": None}
+    return {
+        "template": template,
+        "grid": (SIMD, max(1, min(n_out, max_rows)), 1),
+        "threadgroup": (SIMD, SIMDGROUPS, 1),
+        "output_shapes": [(tokens, n_out)],
+        "init_value": None,
+    }
 
 
 def plain_rows(matrix) -> np.ndarray:
@@ -68,8 +73,10 @@ def plain_rows(matrix) -> np.ndarray:
         return matrix.raw
     if matrix.raw.ndim == 2:  # plain rows with a row stride
         return np.ascontiguousarray(matrix.raw)
-    raise ValueError("block rows inside a layer's bundles are multiplied in place by the CPU block kernel, "
-                     "not copied for the Metal one")
+    raise ValueError(
+        "block rows inside a layer's bundles are multiplied in place by the CPU block kernel, "
+        "not copied for the Metal one"
+    )
 
 
 def _metal_kernel():
@@ -86,8 +93,10 @@ class MetalBlockMatmul:
         import mlx.core as mx
 
         if not mx.metal.is_available():
-            raise KernelUnavailableError("the Metal block kernel needs a Metal GPU (mx.metal.is_available() is false); "
-                                         "use the CPU block kernel (blockmatmul.BlockMatrix)")
+            raise KernelUnavailableError(
+                "the Metal block kernel needs a Metal GPU (mx.metal.is_available() is false); "
+                "use the CPU block kernel (blockmatmul.BlockMatrix)"
+            )
         if raw.dtype != mx.uint8:
             raise ValueError(f"block rows are a uint8 array (got {raw.dtype})")
         self.k_in, self.n_out = check_rows(kind, raw.shape)

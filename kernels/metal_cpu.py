@@ -33,23 +33,41 @@ CXX_FLAGS = ["-std=c++17", "-O1", "-fPIC", "-shared", "-fno-strict-aliasing"]
 
 # numpy dtype -> the type name MLX writes into the signature (get_type_string)
 MSL_TYPES = {
-    np.dtype(np.bool_): "bool", np.dtype(np.uint8): "uint8_t", np.dtype(np.uint16): "uint16_t",
-    np.dtype(np.uint32): "uint32_t", np.dtype(np.uint64): "uint64_t", np.dtype(np.int8): "int8_t",
-    np.dtype(np.int16): "int16_t", np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t",
-    np.dtype(np.float16): "float16_t", np.dtype(np.float32): "float",
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.uint8): "uint8_t",
+    np.dtype(np.uint16): "uint16_t",
+    np.dtype(np.uint32): "uint32_t",
+    np.dtype(np.uint64): "uint64_t",
+    np.dtype(np.int8): "int8_t",
+    np.dtype(np.int16): "int16_t",
+    np.dtype(np.int32): "int32_t",
+    np.dtype(np.int64): "int64_t",
+    np.dtype(np.float16): "float16_t",
+    np.dtype(np.float32): "float",
 }
 
 # The thread attributes MLX adds to the signature when the body's text contains their name (the
 # same substring test, so a body gets here exactly the parameters it gets from MLX).
 ATTRIBUTES = {
-    "dispatch_quadgroups_per_threadgroup": "uint", "dispatch_simdgroups_per_threadgroup": "uint",
-    "dispatch_threads_per_threadgroup": "uint3", "grid_origin": None, "grid_size": None,
-    "quadgroup_index_in_threadgroup": "uint", "quadgroups_per_threadgroup": "uint",
-    "simdgroup_index_in_threadgroup": "uint", "simdgroups_per_threadgroup": "uint",
-    "thread_execution_width": "uint", "thread_index_in_quadgroup": "uint", "thread_index_in_simdgroup": "uint",
-    "thread_index_in_threadgroup": "uint", "thread_position_in_grid": "uint3",
-    "thread_position_in_threadgroup": "uint3", "threadgroup_position_in_grid": "uint3",
-    "threadgroups_per_grid": "uint3", "threads_per_grid": "uint3", "threads_per_simdgroup": "uint",
+    "dispatch_quadgroups_per_threadgroup": "uint",
+    "dispatch_simdgroups_per_threadgroup": "uint",
+    "dispatch_threads_per_threadgroup": "uint3",
+    "grid_origin": None,
+    "grid_size": None,
+    "quadgroup_index_in_threadgroup": "uint",
+    "quadgroups_per_threadgroup": "uint",
+    "simdgroup_index_in_threadgroup": "uint",
+    "simdgroups_per_threadgroup": "uint",
+    "thread_execution_width": "uint",
+    "thread_index_in_quadgroup": "uint",
+    "thread_index_in_simdgroup": "uint",
+    "thread_index_in_threadgroup": "uint",
+    "thread_position_in_grid": "uint3",
+    "thread_position_in_threadgroup": "uint3",
+    "threadgroup_position_in_grid": "uint3",
+    "threadgroups_per_grid": "uint3",
+    "threads_per_grid": "uint3",
+    "threads_per_simdgroup": "uint",
     "threads_per_threadgroup": "uint3",
 }
 
@@ -89,7 +107,8 @@ def compiler() -> str:
 
 def _cache_dir() -> str:
     d = os.environ.get("MLX_FLASH_METAL_CPU_CACHE") or os.path.join(
-        tempfile.gettempdir(), f"mlx_flash-metal-cpu-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        tempfile.gettempdir(), f"mlx_flash-metal-cpu-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    )
     os.makedirs(d, exist_ok=True)
     return d
 
@@ -116,8 +135,7 @@ def _load(tu: str) -> ctypes.CDLL:
                 with open(src + mine, "w") as f:
                     f.write(tu)
                 os.replace(src + mine, src)
-                r = subprocess.run([cxx, *CXX_FLAGS, "-o", so + mine, src], check=False, capture_output=True,
-                                   text=True)
+                r = subprocess.run([cxx, *CXX_FLAGS, "-o", so + mine, src], check=False, capture_output=True, text=True)
                 if r.returncode:
                     raise MetalShimError(f"{src} does not compile:\n{r.stderr[-6000:]}")
                 os.replace(so + mine, so)
@@ -142,8 +160,9 @@ def _template_value(v) -> tuple[str, str]:
 class CpuMetalKernel:
     """mx.fast.metal_kernel's object, run on the CPU (numpy arrays in and out)."""
 
-    def __init__(self, name, input_names, output_names, source, header="", ensure_row_contiguous=True,
-                 atomic_outputs=False):
+    def __init__(
+        self, name, input_names, output_names, source, header="", ensure_row_contiguous=True, atomic_outputs=False
+    ):
         if atomic_outputs:
             raise MetalShimError("atomic outputs are not emulated")
         if not output_names:
@@ -152,8 +171,9 @@ class CpuMetalKernel:
         (self.source, self.source_name), (self.header, self.header_name) = _text(source), _text(header)
         self.ensure_row_contiguous = ensure_row_contiguous
         # as MLX: shape / strides / ndim buffers where the body names them, attributes likewise
-        self.shape_info = [tuple(f"{n}_{k}" in self.source for k in ("shape", "strides", "ndim"))
-                           for n in self.input_names]
+        self.shape_info = [
+            tuple(f"{n}_{k}" in self.source for k in ("shape", "strides", "ndim")) for n in self.input_names
+        ]
         self.attributes = [a for a in ATTRIBUTES if a in self.source]
         bad = [a for a in self.attributes if ATTRIBUTES[a] is None]
         if bad:
@@ -199,38 +219,53 @@ class CpuMetalKernel:
         inst = f"<{', '.join(v for _, _, v in tmpl)}>" if tmpl else ""
 
         def tg(text):
-            return _TG_DECL.sub(lambda m: f"static {m[1]} {m[2]}{m[3]}; mf::register_region(&{m[2]}, sizeof({m[2]}));",
-                                text)
+            return _TG_DECL.sub(
+                lambda m: f"static {m[1]} {m[2]}{m[3]}; mf::register_region(&{m[2]}, sizeof({m[2]}));", text
+            )
 
         sep = ",\n    "
-        return (f'#line 1 "msl_shim.h"\n{metal_text("msl_shim.h")}\n'
-                f'#line 1 "{self.header_name}"\n{tg(self.header)}\n'
-                f"#line 1 \"generated signature\"\n{head}static void kernel_{self.name}(\n    {sep.join(params)}) {{\n"
-                f'#line 1 "{self.source_name}"\n{tg(self.source)}\n}}\n\n'
-                '#line 1 "generated launcher"\n'
-                "namespace {\nstruct Args {\n  void* const* data;\n  const int* const* shapes;\n"
-                "  const int64_t* const* strides;\n  const int* ndims;\n};\n"
-                "void call(void* closure, const mf::Ids& id) {\n  const Args& a = *(const Args*)closure;\n"
-                f"  (void)id;\n  kernel_{self.name}{inst}(\n    {sep.join(args)});\n}}\n}}  // namespace\n\n"
-                'extern "C" int mf_launch(void* const* data, const int* const* shapes, const int64_t* const* strides,\n'
-                "                         const int* ndims, const unsigned* grid, const unsigned* tg,\n"
-                "                         unsigned long long seed, char* err, int errlen, uintptr_t* fault) {\n"
-                "  Args a{data, shapes, strides, ndims};\n"
-                "  return mf::launch(grid, tg, seed, call, &a, err, errlen, fault);\n}\n")
+        return (
+            f'#line 1 "msl_shim.h"\n{metal_text("msl_shim.h")}\n'
+            f'#line 1 "{self.header_name}"\n{tg(self.header)}\n'
+            f'#line 1 "generated signature"\n{head}static void kernel_{self.name}(\n    {sep.join(params)}) {{\n'
+            f'#line 1 "{self.source_name}"\n{tg(self.source)}\n}}\n\n'
+            '#line 1 "generated launcher"\n'
+            "namespace {\nstruct Args {\n  void* const* data;\n  const int* const* shapes;\n"
+            "  const int64_t* const* strides;\n  const int* ndims;\n};\n"
+            "void call(void* closure, const mf::Ids& id) {\n  const Args& a = *(const Args*)closure;\n"
+            f"  (void)id;\n  kernel_{self.name}{inst}(\n    {sep.join(args)});\n}}\n}}  // namespace\n\n"
+            'extern "C" int mf_launch(void* const* data, const int* const* shapes, const int64_t* const* strides,\n'
+            "                         const int* ndims, const unsigned* grid, const unsigned* tg,\n"
+            "                         unsigned long long seed, char* err, int errlen, uintptr_t* fault) {\n"
+            "  Args a{data, shapes, strides, ndims};\n"
+            "  return mf::launch(grid, tg, seed, call, &a, err, errlen, fault);\n}\n"
+        )
 
     def _prepared(self, inputs):
         inputs = [np.asarray(a) for a in inputs]
         if len(inputs) != len(self.input_names):
-            raise MetalShimError(f"[metal_kernel] Expected `inputs` to have size {len(self.input_names)} but got "
-                                 f"size {len(inputs)}.")
+            raise MetalShimError(
+                f"[metal_kernel] Expected `inputs` to have size {len(self.input_names)} but got size {len(inputs)}."
+            )
         return [np.ascontiguousarray(a) if self.ensure_row_contiguous else a for a in inputs]
 
     def build(self, inputs, output_dtypes, template=()) -> ctypes.CDLL:
         """Compile without running (tests build many variants at once on several cores)."""
         return _load(self.unit(self._prepared(inputs), output_dtypes, template))
 
-    def __call__(self, *, inputs, grid, threadgroup, output_shapes, output_dtypes, template=(), init_value=None,
-                 verbose=False, seed=0):
+    def __call__(
+        self,
+        *,
+        inputs,
+        grid,
+        threadgroup,
+        output_shapes,
+        output_dtypes,
+        template=(),
+        init_value=None,
+        verbose=False,
+        seed=0,
+    ):
         inputs = self._prepared(inputs)
         if not self.ensure_row_contiguous and any(not a.flags.c_contiguous for a in inputs):
             raise MetalShimError("non-contiguous inputs need ensure_row_contiguous=True here")
@@ -243,8 +278,9 @@ class CpuMetalKernel:
         with _run_lock:  # the runtime's state is one per library
             bufs = []  # (name, address, nbytes, is_input), unmapped whatever happens
             try:
-                return self._launch(lib, bufs, inputs, output_shapes, output_dtypes, grid, threadgroup, init_value,
-                                    seed)
+                return self._launch(
+                    lib, bufs, inputs, output_shapes, output_dtypes, grid, threadgroup, init_value, seed
+                )
             finally:
                 for _, p, nbytes, _ in bufs:
                     lib.mf_free(p, nbytes)
@@ -282,8 +318,18 @@ class CpuMetalKernel:
         ndims = (ctypes.c_int * max(n_in, 1))(*(a.ndim for a in inputs))
         err = ctypes.create_string_buffer(1024)
         fault = ctypes.c_size_t(0)
-        rc = lib.mf_launch(data, shape_p, stride_p, ndims, (ctypes.c_uint * 3)(*grid),
-                           (ctypes.c_uint * 3)(*threadgroup), ctypes.c_ulonglong(seed), err, 1024, ctypes.byref(fault))
+        rc = lib.mf_launch(
+            data,
+            shape_p,
+            stride_p,
+            ndims,
+            (ctypes.c_uint * 3)(*grid),
+            (ctypes.c_uint * 3)(*threadgroup),
+            ctypes.c_ulonglong(seed),
+            err,
+            1024,
+            ctypes.byref(fault),
+        )
         if rc == 2:
             raise MetalShimError(f"{self.name}: {_fault_message(fault.value, bufs)}")
         if rc:
@@ -301,21 +347,38 @@ def _fault_message(addr: int, bufs) -> str:
     return f"memory fault at {addr:#x}, outside every buffer (a stray index, or a thread's stack overflowed)"
 
 
-def metal_kernel(name, input_names, output_names, source, header="", ensure_row_contiguous=True,
-                 atomic_outputs=False) -> CpuMetalKernel:
+def metal_kernel(
+    name, input_names, output_names, source, header="", ensure_row_contiguous=True, atomic_outputs=False
+) -> CpuMetalKernel:
     """mx.fast.metal_kernel, run on the CPU: same arguments (source/header may also name a file of
     metal/), and its kernels take the same call arguments with numpy arrays."""
     return CpuMetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs)
 
 
-def run_metal_body(source, inputs: dict, outputs: dict, template=(), grid=(1, 1, 1), threadgroup=(1, 1, 1),
-                   header="", seed=0, name="body") -> dict:
+def run_metal_body(
+    source,
+    inputs: dict,
+    outputs: dict,
+    template=(),
+    grid=(1, 1, 1),
+    threadgroup=(1, 1, 1),
+    header="",
+    seed=0,
+    name="body",
+) -> dict:
     """One run of a body: inputs {name: array}, outputs {name: (shape, dtype, init value or None)}
     -> {name: array}."""
     k = metal_kernel(name, list(inputs), list(outputs), source, header)
-    outs = k(inputs=list(inputs.values()), grid=grid, threadgroup=threadgroup, template=template, seed=seed,
-             output_shapes=[o[0] for o in outputs.values()], output_dtypes=[o[1] for o in outputs.values()],
-             init_value=_one_init(outputs))
+    outs = k(
+        inputs=list(inputs.values()),
+        grid=grid,
+        threadgroup=threadgroup,
+        template=template,
+        seed=seed,
+        output_shapes=[o[0] for o in outputs.values()],
+        output_dtypes=[o[1] for o in outputs.values()],
+        init_value=_one_init(outputs),
+    )
     return dict(zip(outputs, outs))
 
 

@@ -40,15 +40,21 @@ def check_spec(spec: SlabSpec) -> None:
     be 4-byte aligned (the store aligns its fields so)."""
     offsets = [getattr(getattr(spec, m), f) for m in ("gate", "up", "down") for f in ("w", "s", "b")]
     if spec.row_bytes % 4 or any(o % 4 for o in offsets):
-        raise ValueError(f"the Metal sparse kernels need 4-byte aligned rows and fields (row {spec.row_bytes} B, "
-                         f"offsets {offsets})")
+        raise ValueError(
+            f"the Metal sparse kernels need 4-byte aligned rows and fields (row {spec.row_bytes} B, offsets {offsets})"
+        )
 
 
 def _common(spec: SlabSpec, tokens: int) -> list[tuple[str, int]]:
     if not 1 <= tokens <= MAX_TOKENS:
         raise ValueError(f"one launch takes 1 to {MAX_TOKENS} tokens (got {tokens})")
-    return [("T", tokens), ("D", spec.d_model), ("BLOCK", spec.block), ("ROW_BYTES", spec.row_bytes),
-            ("ST", int(spec.scale_type))]
+    return [
+        ("T", tokens),
+        ("D", spec.d_model),
+        ("BLOCK", spec.block),
+        ("ROW_BYTES", spec.row_bytes),
+        ("ST", int(spec.scale_type)),
+    ]
 
 
 def gate_up_launch(spec: SlabSpec, tokens: int, slots: int, max_rows: int = GATE_UP_MAX_ROWS) -> dict:
@@ -56,11 +62,25 @@ def gate_up_launch(spec: SlabSpec, tokens: int, slots: int, max_rows: int = GATE
     dtype): one SIMD group per neuron row, at most max_rows of them."""
     g, u = spec.gate, spec.up
     template = _common(spec, tokens) + [
-        ("GBITS", g.bits), ("GGROUP", g.group), ("GW", g.w), ("GS", g.s), ("GB", g.b),
-        ("UBITS", u.bits), ("UGROUP", u.group), ("UW", u.w), ("US", u.s), ("UB", u.b)]
+        ("GBITS", g.bits),
+        ("GGROUP", g.group),
+        ("GW", g.w),
+        ("GS", g.s),
+        ("GB", g.b),
+        ("UBITS", u.bits),
+        ("UGROUP", u.group),
+        ("UW", u.w),
+        ("US", u.s),
+        ("UB", u.b),
+    ]
     rows = max(1, min(slots * spec.block, max_rows))
-    return {"template": template, "grid": (SIMD, rows, 1), "threadgroup": (SIMD, GATE_UP_SIMDGROUPS, 1),
-            "output_shapes": [(tokens, slots * spec.block)], "init_value": 0.0}
+    return {
+        "template": template,
+        "grid": (SIMD, rows, 1),
+        "threadgroup": (SIMD, GATE_UP_SIMDGROUPS, 1),
+        "output_shapes": [(tokens, slots * spec.block)],
+        "init_value": 0.0,
+    }
 
 
 def down_launch(spec: SlabSpec, tokens: int, slots: int, simdgroups: int = DOWN_SIMDGROUPS) -> dict:
@@ -70,11 +90,22 @@ def down_launch(spec: SlabSpec, tokens: int, slots: int, simdgroups: int = DOWN_
     d = spec.down
     per = 1 if spec.down_layout is DownLayout.BLOCK else 32 // d.bits
     template = _common(spec, tokens) + [
-        ("DBITS", d.bits), ("DGROUP", d.group), ("DW", d.w), ("DS", d.s), ("DB", d.b),
-        ("LAYOUT", int(spec.down_layout)), ("SG", simdgroups)]
+        ("DBITS", d.bits),
+        ("DGROUP", d.group),
+        ("DW", d.w),
+        ("DS", d.s),
+        ("DB", d.b),
+        ("LAYOUT", int(spec.down_layout)),
+        ("SG", simdgroups),
+    ]
     units = -(-spec.d_model // per)
-    return {"template": template, "grid": (SIMD * -(-units // SIMD), simdgroups, 1),
-            "threadgroup": (SIMD, simdgroups, 1), "output_shapes": [(tokens, spec.d_model)], "init_value": None}
+    return {
+        "template": template,
+        "grid": (SIMD * -(-units // SIMD), simdgroups, 1),
+        "threadgroup": (SIMD, simdgroups, 1),
+        "output_shapes": [(tokens, spec.d_model)],
+        "init_value": None,
+    }
 
 
 def token_slices(tokens: int) -> list[slice]:
@@ -90,9 +121,14 @@ def built_kernel(name: str, inputs, outputs, header: str):
     if name not in _kernels:
         import mlx.core as mx
 
-        _kernels[name] = mx.fast.metal_kernel(name=name, input_names=list(inputs), output_names=list(outputs),
-                                              source=metal_source(f"{name}.metal"), header=metal_source(header),
-                                              ensure_row_contiguous=True)
+        _kernels[name] = mx.fast.metal_kernel(
+            name=name,
+            input_names=list(inputs),
+            output_names=list(outputs),
+            source=metal_source(f"{name}.metal"),
+            header=metal_source(header),
+            ensure_row_contiguous=True,
+        )
     return _kernels[name]
 
 
@@ -110,8 +146,10 @@ class MetalSparseFFN:
         import mlx.core as mx
 
         if not mx.metal.is_available():
-            raise KernelUnavailableError("the Metal sparse FFN kernels need a Metal GPU (mx.metal.is_available() "
-                                         "is false); use the CPU kernel (sparse_ffn.CpuSparseFFN)")
+            raise KernelUnavailableError(
+                "the Metal sparse FFN kernels need a Metal GPU (mx.metal.is_available() "
+                "is false); use the CPU kernel (sparse_ffn.CpuSparseFFN)"
+            )
         check_spec(spec)
         self.spec = spec
 
@@ -119,13 +157,16 @@ class MetalSparseFFN:
         import mlx.core as mx
 
         if slab.dtype != mx.uint8 or slab.ndim != 2 or slab.shape[1] != self.spec.row_bytes:
-            raise ValueError(f"slab must be a uint8 [slots, {self.spec.row_bytes}] array (got {slab.dtype} "
-                             f"{slab.shape})")
+            raise ValueError(
+                f"slab must be a uint8 [slots, {self.spec.row_bytes}] array (got {slab.dtype} {slab.shape})"
+            )
         a = a.astype(mx.float32)
         idx, count = idx.astype(mx.int32), count.astype(mx.int32).reshape(1)
         k, S = _metal_kernel(name), slab.shape[0]
-        outs = [k(inputs=[a[s], slab, idx, count], output_dtypes=[mx.float32],
-                  **launch(self.spec, s.stop - s.start, S))[0] for s in token_slices(a.shape[0])]
+        outs = [
+            k(inputs=[a[s], slab, idx, count], output_dtypes=[mx.float32], **launch(self.spec, s.stop - s.start, S))[0]
+            for s in token_slices(a.shape[0])
+        ]
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
 
     def gate_up(self, x, slab, idx, count):

@@ -40,13 +40,17 @@ def extension():
     try:
         ext = importlib.import_module(__name__.rpartition(".")[0] + "._mlx_kernels")
     except ImportError as e:
-        raise KernelUnavailableError(f"the MLX kernels extension (mlx_flash.kernels._mlx_kernels) is not built or does "
-                                     f"not load ({e}); reinstall the package (pip install -e . or make install) with "
-                                     "cmake and a C++17 compiler") from None
+        raise KernelUnavailableError(
+            f"the MLX kernels extension (mlx_flash.kernels._mlx_kernels) is not built or does "
+            f"not load ({e}); reinstall the package (pip install -e . or make install) with "
+            "cmake and a C++17 compiler"
+        ) from None
     if ext.mlx_version() != mx.__version__:
-        raise KernelUnavailableError(f"the MLX kernels extension was built for MLX {ext.mlx_version()}, and MLX "
-                                     f"{mx.__version__} is installed; install mlx=={ext.mlx_version()} or rebuild "
-                                     "(pip install -e .)")
+        raise KernelUnavailableError(
+            f"the MLX kernels extension was built for MLX {ext.mlx_version()}, and MLX "
+            f"{mx.__version__} is installed; install mlx=={ext.mlx_version()} or rebuild "
+            "(pip install -e .)"
+        )
     qmatmul.library()  # loads and checks the CPU kernel library first
     ext.load_kernel_library(qmatmul.library_path())
     _EXT = ext
@@ -92,7 +96,7 @@ def framework_array(view: np.ndarray) -> mx.array:
     if found is None:
         return mx.array(view)
     mem, offset = found
-    return mem.reshape(-1)[offset:offset + view.nbytes].reshape(view.shape)
+    return mem.reshape(-1)[offset : offset + view.nbytes].reshape(view.shape)
 
 
 def locate(views) -> Located:
@@ -120,8 +124,11 @@ class GraphMatrix:
         self.ext, self.threads = extension(), max(int(threads), 1)
         self.op = operands(matrix)
         where = locate(self.op.views)
-        self.buffer, self.offsets, self.external = where.buffer, where.offsets + (0,) * (3 - len(where.offsets)), \
-            where.external
+        self.buffer, self.offsets, self.external = (
+            where.buffer,
+            where.offsets + (0,) * (3 - len(where.offsets)),
+            where.external,
+        )
         self.k_in, self.n_out = self.op.k_in, self.op.n_out
         self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operations take it
         self.matrix = matrix  # kept alive: its views are what the offsets point into
@@ -145,8 +152,21 @@ class GraphMatrix:
         st, bits, group = self.op.quant
         first = self.op.views[0]
         scale_row = self.op.views[1].strides[0] if self.op.kind == 0 else 0
-        return self.ext.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, first.shape[0],
-                                    self.k_in, first.strides[0], scale_row)
+        return self.ext.stored_rows(
+            ids,
+            self.buffer,
+            self.op.kind,
+            w,
+            s,
+            b,
+            st,
+            bits,
+            group,
+            first.shape[0],
+            self.k_in,
+            first.strides[0],
+            scale_row,
+        )
 
     def input_buffer(self, x: mx.array) -> mx.array:
         """The buffer as a product over x takes it: for a streamed slot, its bytes once read, after x
@@ -159,15 +179,31 @@ class GraphMatrix:
     def _op(self, x, n_out, ids, listed):
         w, s, b = self.offsets
         st, bits, group = self.op.quant
-        y = self.ext.stored_matmul(x, self.input_buffer(x), self.op.kind, w, s, b, st, bits, group, n_out,
-                                   self.op.transposed, self.op.layout, self.threads, ids, int(listed))
+        y = self.ext.stored_matmul(
+            x,
+            self.input_buffer(x),
+            self.op.kind,
+            w,
+            s,
+            b,
+            st,
+            bits,
+            group,
+            n_out,
+            self.op.transposed,
+            self.op.layout,
+            self.threads,
+            ids,
+            int(listed),
+        )
         if self.external:  # the memory may be refilled once this returns
             mx.eval(y)
         return y
 
 
-def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: GraphMatrix, ids: mx.array | None = None,
-              n: int = 0) -> mx.array:
+def gated_ffn(
+    x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: GraphMatrix, ids: mx.array | None = None, n: int = 0
+) -> mx.array:
     """down(silu(gate) * up) of x [.., K] as one node of the graph; up None: gate is gate|up, one
     matrix of 2F outputs (gate first). With ids (MLX int32, each checked by the caller to lie in
     range): the sparse layer over n listed units of each matrix (StoredMatrix.sparse's meaning). The
@@ -181,8 +217,9 @@ def gated_ffn(x: mx.array, gate: GraphMatrix, up: GraphMatrix | None, down: Grap
         return given[key]
 
     specs, listed = layer_specs((gate, up, down), n if ids is not None else None)
-    y = gate.ext.gated_ffn(x, take(gate), specs[0], take(up or gate), specs[1], take(down), specs[2], gate.threads, ids,
-                           listed)
+    y = gate.ext.gated_ffn(
+        x, take(gate), specs[0], take(up or gate), specs[1], take(down), specs[2], gate.threads, ids, listed
+    )
     if any(m.external for m in (gate, up or gate, down)):  # the memory may be refilled once this returns
         mx.eval(y)
     return y
@@ -210,8 +247,9 @@ def write_tokens(buffer: mx.array, x: mx.array, offset: int) -> mx.array:
     return extension().write_tokens(buffer, x, int(offset))
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, threads: int, kv_len=None, q_pos=None,
-              table=None) -> mx.array:
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, threads: int, kv_len=None, q_pos=None, table=None
+) -> mx.array:
     """softmax(scale q k^T) v, lazily (kernels/cpu/attention.cpp): q [B, Hq, T, hd]; k, v [B, Hkv, S, hd]
     (each row's queries the last T of its S keys, or per row kv_len / q_pos int32 [B]), or pools
     [blocks, Hkv, block_tokens, hd] with a slot table int32 [B, max_blocks]."""

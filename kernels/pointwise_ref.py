@@ -10,8 +10,9 @@ def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
-def rope_ref(x: np.ndarray, inv_freq: np.ndarray, pos: np.ndarray, dims: int, traditional: bool,
-             scale: float) -> np.ndarray:
+def rope_ref(
+    x: np.ndarray, inv_freq: np.ndarray, pos: np.ndarray, dims: int, traditional: bool, scale: float
+) -> np.ndarray:
     """x [B, H, T, hd]: token t of row b turns pair i by (pos[b] + t) * scale * inv_freq[i]; pairs
     interleaved (traditional) or halves; features past dims unchanged."""
     B, H, T, hd = x.shape

@@ -43,8 +43,10 @@ def library() -> ctypes.CDLL:
         here = os.path.dirname(os.path.abspath(__file__))
         found = sorted(glob.glob(os.path.join(here, "_qmatmul*.so")) + glob.glob(os.path.join(here, "_qmatmul*.pyd")))
         if not found:
-            raise KernelUnavailableError(f"{here}: the CPU kernel library (_qmatmul) is not built; reinstall the "
-                                         "package (pip install -e . or make install) to compile it")
+            raise KernelUnavailableError(
+                f"{here}: the CPU kernel library (_qmatmul) is not built; reinstall the "
+                "package (pip install -e . or make install) to compile it"
+            )
         try:
             lib = ctypes.CDLL(found[0])
         except OSError as e:
@@ -54,11 +56,27 @@ def library() -> ctypes.CDLL:
         except AttributeError:
             version = 0
         if version != ABI_VERSION:
-            raise KernelUnavailableError(f"{found[0]}: the CPU kernel library is stale (version {version}, this "
-                                         f"package needs {ABI_VERSION}); reinstall (pip install -e . or make install)")
+            raise KernelUnavailableError(
+                f"{found[0]}: the CPU kernel library is stale (version {version}, this "
+                f"package needs {ABI_VERSION}); reinstall (pip install -e . or make install)"
+            )
         i64, vp = ctypes.c_int64, ctypes.c_void_p
-        lib.mf_qmatmul.argtypes = [vp, i64, i64, vp, vp, vp, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int,
-                                   ctypes.c_int, vp, ctypes.c_int, vp]
+        lib.mf_qmatmul.argtypes = [
+            vp,
+            i64,
+            i64,
+            vp,
+            vp,
+            vp,
+            ctypes.c_int,
+            i64,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            vp,
+            ctypes.c_int,
+            vp,
+        ]
         lib.mf_qmatmul.restype = ctypes.c_int
         lib.mf_cpu_isa.restype = ctypes.c_int
         lib.mf_set_isa.argtypes = [ctypes.c_int]
@@ -132,8 +150,16 @@ class StoredMatrix:
     are its bundles), so a layer read from flash is multiplied without being unpacked.
     """
 
-    def __init__(self, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
-                 rows_are_outputs: bool = True, bf16_scales: bool = False):
+    def __init__(
+        self,
+        packed: np.ndarray,
+        scales: np.ndarray,
+        biases: np.ndarray,
+        bits: int,
+        group: int,
+        rows_are_outputs: bool = True,
+        bf16_scales: bool = False,
+    ):
         if bits not in KERNEL_BITS:
             raise ValueError(f"bits must be one of {KERNEL_BITS} (got {bits})")
         if group <= 0 or group % 8:
@@ -142,8 +168,11 @@ class StoredMatrix:
         self.sparse_axis, self.units = None, 0  # what sparse() lists (see there), and how many there are
         if packed.ndim == 4:
             packed, scales, biases = self._laid_out(packed, scales, biases, bits, group, rows_are_outputs)
-        elif not rows_are_outputs and packed.ndim == 2 and not (packed.flags.c_contiguous and scales.flags.c_contiguous
-                                                                 and biases.flags.c_contiguous):
+        elif (
+            not rows_are_outputs
+            and packed.ndim == 2
+            and not (packed.flags.c_contiguous and scales.flags.c_contiguous and biases.flags.c_contiguous)
+        ):
             self._strided_inputs(packed, scales, biases, bits, group)
         if packed.dtype != np.uint32 or packed.ndim != 2:
             raise ValueError(f"packed weights must be 2-D uint32 (got {packed.dtype} {packed.shape})")
@@ -166,9 +195,17 @@ class StoredMatrix:
         library()
         self._call = _QMATMUL
         # every argument but x, T, out and threads, in the module function's order
-        self._w = (packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, self.scale_type, self.n_out,
-                   self.bits, self.group, int(self.rows_are_outputs),
-                   0 if self._layout is None else self._layout.ctypes.data)
+        self._w = (
+            packed.ctypes.data,
+            scales.ctypes.data,
+            biases.ctypes.data,
+            self.scale_type,
+            self.n_out,
+            self.bits,
+            self.group,
+            int(self.rows_are_outputs),
+            0 if self._layout is None else self._layout.ctypes.data,
+        )
         if self.sparse_axis is None and not rows_are_outputs:
             self.sparse_axis, self.units = "rows", self.k_in
 
@@ -189,14 +226,16 @@ class StoredMatrix:
         per-neuron bundles: [K, N/pack] words and [K, groups] scales/biases views, each row's words
         contiguous; row k at k * row stride."""
         if packed.dtype != np.uint32 or packed.strides[1] != 4:
-            raise ValueError(f"packed rows must be uint32 with contiguous words (got {packed.dtype} strides "
-                             f"{packed.strides})")
+            raise ValueError(
+                f"packed rows must be uint32 with contiguous words (got {packed.dtype} strides {packed.strides})"
+            )
         if biases.strides != scales.strides or biases.dtype != scales.dtype:
             raise ValueError("biases must lie like the scales (same strides and type)")
         if min(packed.strides + scales.strides) < 0:
             raise ValueError("strided rows must have non-negative strides")
-        self._layout = np.array([1, 0, packed.strides[0], group * bits // 8, 0, scales.strides[0], scales.strides[1]],
-                                dtype=np.int64)
+        self._layout = np.array(
+            [1, 0, packed.strides[0], group * bits // 8, 0, scales.strides[0], scales.strides[1]], dtype=np.int64
+        )
         self._views = (packed, scales, biases)
 
     def _laid_out(self, packed, scales, biases, bits, group, rows_are_outputs):
@@ -206,8 +245,10 @@ class StoredMatrix:
         if not rows_are_outputs:
             raise ValueError("laid-out rows are for rows_are_outputs matrices only")
         if packed.dtype != np.uint32 or packed.strides[3] != 4 or packed.shape[3] * (32 // bits) != group:
-            raise ValueError(f"packed view must be uint32 [blocks, rows, groups, {group * bits // 32}] with "
-                             f"contiguous words (got {packed.dtype} {packed.shape} strides {packed.strides})")
+            raise ValueError(
+                f"packed view must be uint32 [blocks, rows, groups, {group * bits // 32}] with "
+                f"contiguous words (got {packed.dtype} {packed.shape} strides {packed.strides})"
+            )
         nb, rpb, groups = packed.shape[:3]
         for name, a in (("scales", scales), ("biases", biases)):
             if a.shape != (nb, rpb, groups):
@@ -229,8 +270,11 @@ class StoredMatrix:
         def stand_in(a, shape):
             return np.lib.stride_tricks.as_strided(a, shape=shape, strides=(0, 0), writeable=False)
 
-        return (stand_in(packed, (rows, groups * packed.shape[3])), stand_in(scales, (rows, groups)),
-                stand_in(biases, (rows, groups)))
+        return (
+            stand_in(packed, (rows, groups * packed.shape[3])),
+            stand_in(scales, (rows, groups)),
+            stand_in(biases, (rows, groups)),
+        )
 
     def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given). The kernel checks
@@ -287,9 +331,18 @@ class StoredMatrix:
         return out
 
 
-def qmatmul(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
-            transposed: bool = True, threads: int = 1, bf16_scales: bool = False,
-            out: np.ndarray | None = None) -> np.ndarray:
+def qmatmul(
+    x: np.ndarray,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    biases: np.ndarray,
+    bits: int,
+    group: int,
+    transposed: bool = True,
+    threads: int = 1,
+    bf16_scales: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """One product x [T, K] @ W^T (W stored [N, K/(32/bits)] words, `transposed`) or @ W (W stored
     [K, N/...]); StoredMatrix when one matrix is multiplied many times."""
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -17,8 +17,15 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits:
     return q * s + b
 
 
-def qmatmul_ref(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group: int,
-                transposed: bool = True) -> np.ndarray:
+def qmatmul_ref(
+    x: np.ndarray,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    biases: np.ndarray,
+    bits: int,
+    group: int,
+    transposed: bool = True,
+) -> np.ndarray:
     """x [T, K] @ W^T (W stored [N, K], transposed) or x @ W (W stored [K, N]), in float64."""
     w = dequantize(packed, scales, biases, bits, group)
     return x.astype(np.float64) @ (w.T if transposed else w)

@@ -71,8 +71,9 @@ class SlabSpec:
         if self.d_model % self.gate.group or self.d_model % self.up.group:
             raise ValueError(f"d_model {self.d_model} is not a multiple of the gate/up group sizes")
         if self.down_layout is DownLayout.BLOCK and self.down.group != self.block:
-            raise ValueError(f"a block down layout needs one group per block (group {self.down.group}, "
-                             f"block {self.block})")
+            raise ValueError(
+                f"a block down layout needs one group per block (group {self.down.group}, block {self.block})"
+            )
         if self.down_layout is DownLayout.COLUMN and (self.block != 1 or self.d_model % self.down.group):
             raise ValueError("a column down layout needs bundles of one neuron and d_model a multiple of its group")
 
@@ -118,7 +119,8 @@ def spec_of(layout) -> SlabSpec | None:
         return None
     down = DownLayout.BLOCK if layout.block > 1 else DownLayout.COLUMN
     try:
-        return SlabSpec(layout.d_model, layout.block, layout.bundle_bytes, mats["gate"], mats["up"], mats["down"],
-                        down, types.pop())
+        return SlabSpec(
+            layout.d_model, layout.block, layout.bundle_bytes, mats["gate"], mats["up"], mats["down"], down, types.pop()
+        )
     except ValueError:
         return None

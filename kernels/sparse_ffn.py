@@ -30,8 +30,9 @@ def slab_matrices(slab: np.ndarray, spec: SlabSpec) -> tuple[StoredMatrix, Store
     or as input rows one per slot (column layout). No byte is copied."""
     S, rb = slab.shape
     if rb != spec.row_bytes or not slab.flags.c_contiguous or slab.dtype != np.uint8:
-        raise ValueError(f"slab must be a C-contiguous uint8 [slots, {spec.row_bytes}] array (got {slab.dtype} "
-                         f"{slab.shape})")
+        raise ValueError(
+            f"slab must be a C-contiguous uint8 [slots, {spec.row_bytes}] array (got {slab.dtype} {slab.shape})"
+        )
     D, B, st = spec.d_model, spec.block, spec.scale_type
     sdt, ss = _SCALE_NP[st], SCALE_BYTES[st]
     bf16 = st is ScaleType.BF16
@@ -105,5 +106,5 @@ class CpuSparseFFN:
         """h [T, >= count*block] float32 -> y [T, D]."""
         _, _, down = self._matrices(slab)
         ids = np.ascontiguousarray(idx[:count], dtype=np.int32)
-        h = np.ascontiguousarray(h[:, :count * self.spec.block], dtype=np.float32)
+        h = np.ascontiguousarray(h[:, : count * self.spec.block], dtype=np.float32)
         return down.sparse(h, ids, self.threads)

@@ -33,7 +33,7 @@ def _codes(words: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _part(rows: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
-    return np.ascontiguousarray(rows[:, offset:offset + nbytes])
+    return np.ascontiguousarray(rows[:, offset : offset + nbytes])
 
 
 def dequantized(slab: np.ndarray, idx: np.ndarray, count: int, spec: SlabSpec, name: str) -> np.ndarray:
@@ -70,13 +70,22 @@ def sparse_gate_up_ref(x: np.ndarray, slab: np.ndarray, idx: np.ndarray, count: 
 
 def sparse_down_ref(h: np.ndarray, slab: np.ndarray, idx: np.ndarray, count: int, spec: SlabSpec) -> np.ndarray:
     """h [T, >= count*block] (entries past count*block ignored) -> y [T, D] (float64)."""
-    h = np.asarray(h, dtype=np.float64)[:, :count * spec.block]
+    h = np.asarray(h, dtype=np.float64)[:, : count * spec.block]
     return h @ dequantized(slab, idx, count, spec, "down").T
 
 
-def random_slab(rng: np.random.Generator, slots: int, d_model: int, block: int, bits: int = 4, group: int = 32,
-                scale_type: ScaleType = ScaleType.F16, down_bits: int | None = None, down_group: int | None = None,
-                pad: int = 0) -> tuple[np.ndarray, SlabSpec]:
+def random_slab(
+    rng: np.random.Generator,
+    slots: int,
+    d_model: int,
+    block: int,
+    bits: int = 4,
+    group: int = 32,
+    scale_type: ScaleType = ScaleType.F16,
+    down_bits: int | None = None,
+    down_group: int | None = None,
+    pad: int = 0,
+) -> tuple[np.ndarray, SlabSpec]:
     """A slab of `slots` random bundles and its spec, laid out like the store's (gate | up | down,
     each words | scales | biases, 4-byte aligned), plus `pad` spare bytes per row. Block layout
     for block > 1 (down group = block), column layout for block 1 (down group `down_group`)."""
@@ -110,5 +119,5 @@ def random_slab(rng: np.random.Generator, slots: int, d_model: int, block: int, 
                 raw = v.astype(np.float16).view(np.uint8)
             else:
                 raw = (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-            slab[:, off:off + ns * sb] = raw.reshape(slots, -1)
+            slab[:, off : off + ns * sb] = raw.reshape(slots, -1)
     return slab, spec

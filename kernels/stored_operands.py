@@ -55,11 +55,21 @@ class Operands:
 def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:
     layout = [] if matrix.layout is None else [int(v) for v in matrix.layout]
     if isinstance(matrix, BlockMatrix):
-        return Operands(matrix.block.ggml_type, (0, 0, 0), layout, matrix.n_out, matrix.k_in, True, None, 1,
-                        (matrix.raw,))
+        return Operands(
+            matrix.block.ggml_type, (0, 0, 0), layout, matrix.n_out, matrix.k_in, True, None, 1, (matrix.raw,)
+        )
     rpb = layout[0] if layout else 1
-    return Operands(0, (matrix.scale_type, matrix.bits, matrix.group), layout, matrix.n_out, matrix.k_in,
-                    matrix.rows_are_outputs, matrix.sparse_axis, rpb, matrix.parts)
+    return Operands(
+        0,
+        (matrix.scale_type, matrix.bits, matrix.group),
+        layout,
+        matrix.n_out,
+        matrix.k_in,
+        matrix.rows_are_outputs,
+        matrix.sparse_axis,
+        rpb,
+        matrix.parts,
+    )
 
 
 def layer_specs(matrices, n: int | None = None) -> tuple[list, list[int]]:
@@ -105,5 +115,5 @@ def one_buffer(views) -> tuple[np.ndarray, list[int], bool]:
         size += -(-o.nbytes // 64) * 64
     buf = np.empty(size, np.uint8)
     for k, o in owners.items():
-        buf[at[k]:at[k] + o.nbytes] = np.ascontiguousarray(o).reshape(-1).view(np.uint8)
+        buf[at[k] : at[k] + o.nbytes] = np.ascontiguousarray(o).reshape(-1).view(np.uint8)
     return buf, [at[id(owner(v))] + (v.ctypes.data - owner(v).ctypes.data) for v in views], False

@@ -21,7 +21,11 @@ from . import qmatmul
 from .extension_build import build
 from .stored_operands import one_buffer, operands, layer_specs
 
-SOURCES = (("torch", "ops.cpp"), ("cpu", "kernel_table.h"), ("cpu", "matrix_ref.h"))  # (folder, file) of the shipped kernels
+SOURCES = (
+    ("torch", "ops.cpp"),
+    ("cpu", "kernel_table.h"),
+    ("cpu", "matrix_ref.h"),
+)  # (folder, file) of the shipped kernels
 _OPS = None
 
 
@@ -41,8 +45,16 @@ def ops():
         return _OPS
     import torch
 
-    build("the torch operators of mlx_flash's CPU kernels", "mf_torch_ops", _build_root(), SOURCES, ["ops.cpp"],
-          f"torch {torch.__version__} {sys.version}", python_module=False, note="once per torch version; about 15 s")
+    build(
+        "the torch operators of mlx_flash's CPU kernels",
+        "mf_torch_ops",
+        _build_root(),
+        SOURCES,
+        ["ops.cpp"],
+        f"torch {torch.__version__} {sys.version}",
+        python_module=False,
+        note="once per torch version; about 15 s",
+    )
     torch.ops.mlx_flash.use_kernel_library(qmatmul.library_path())
     _register_fakes(torch)
     _OPS = torch.ops.mlx_flash
@@ -54,8 +66,23 @@ def _register_fakes(torch) -> None:
     lib = "mlx_flash::"
 
     @torch.library.register_fake(lib + "stored_matmul")
-    def _(x, buffer, kind, w_off, s_off, b_off, scale_type, bits, group, n_out, transposed, layout, threads, ids=None,
-          listed=0):
+    def _(
+        x,
+        buffer,
+        kind,
+        w_off,
+        s_off,
+        b_off,
+        scale_type,
+        bits,
+        group,
+        n_out,
+        transposed,
+        layout,
+        threads,
+        ids=None,
+        listed=0,
+    ):
         return x.new_empty((*x.shape[:-1], n_out))
 
     @torch.library.register_fake(lib + "stored_rows")
@@ -91,7 +118,7 @@ def framework_buffer(nbytes: int) -> np.ndarray:
 
     t = torch.empty(max(int(nbytes), 1) + 4096, dtype=torch.uint8)
     start = (-t.data_ptr()) % 4096
-    return t[start:start + nbytes].numpy()
+    return t[start : start + nbytes].numpy()
 
 
 def tensor_of(view: np.ndarray):
@@ -128,15 +155,32 @@ class TorchMatrix:
         self.n_out, self.k_in = self.op.n_out, self.op.k_in
         self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operators take it
         first = self.op.views[0]  # rows, K, bytes a row, bytes a row of scales: what rows() reads
-        self.row_geometry = (first.shape[0], self.k_in, first.strides[0],
-                             self.op.views[1].strides[0] if self.op.kind == 0 else 0)
+        self.row_geometry = (
+            first.shape[0],
+            self.k_in,
+            first.strides[0],
+            self.op.views[1].strides[0] if self.op.kind == 0 else 0,
+        )
         self.matrix = matrix  # kept alive: its views are what the offsets point into
 
     def __call__(self, x):
         w, s, b = self.offsets
         st, bits, group = self.op.quant
-        return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, self.n_out,
-                                      self.op.transposed, self.op.layout, self.threads)
+        return self.ops.stored_matmul(
+            x,
+            self.buffer,
+            self.op.kind,
+            w,
+            s,
+            b,
+            st,
+            bits,
+            group,
+            self.n_out,
+            self.op.transposed,
+            self.op.layout,
+            self.threads,
+        )
 
     def sparse(self, x, ids, n: int):
         """The product over n listed units (StoredMatrix.sparse's meaning; ids an int32 tensor, each
@@ -144,8 +188,23 @@ class TorchMatrix:
         w, s, b = self.offsets
         st, bits, group = self.op.quant
         n_out, listed = self.op.sparse_output(n)
-        return self.ops.stored_matmul(x, self.buffer, self.op.kind, w, s, b, st, bits, group, n_out,
-                                      self.op.transposed, self.op.layout, self.threads, ids, int(listed))
+        return self.ops.stored_matmul(
+            x,
+            self.buffer,
+            self.op.kind,
+            w,
+            s,
+            b,
+            st,
+            bits,
+            group,
+            n_out,
+            self.op.transposed,
+            self.op.layout,
+            self.threads,
+            ids,
+            int(listed),
+        )
 
     @staticmethod
     def gated_ffn(x, gate: "TorchMatrix", up: "TorchMatrix | None", down: "TorchMatrix", ids=None, n: int = 0):
@@ -154,8 +213,9 @@ class TorchMatrix:
         over n listed units of each matrix (StoredMatrix.sparse's meaning). The products and the
         activation in one operator call, identical to separate calls."""
         specs, listed = layer_specs((gate, up, down), n if ids is not None else None)
-        return gate.ops.gated_ffn(x, gate.buffer, specs[0], (up or gate).buffer, specs[1], down.buffer, specs[2],
-                                  gate.threads, ids, listed)
+        return gate.ops.gated_ffn(
+            x, gate.buffer, specs[0], (up or gate).buffer, specs[1], down.buffer, specs[2], gate.threads, ids, listed
+        )
 
     def rows(self, ids):
         if self.op.layout and self.op.kind == 0:

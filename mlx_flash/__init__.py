@@ -27,8 +27,17 @@ scripts mlx-flash-chat, -serve, -batch, -convert, -verify, -profile-disk).
 from .api import load, load_config
 from .config import EngineConfig
 from .convert import convert
-from .errors import (ConfigError, ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError,
-                     ModelFileError, ModelNotFoundError, StoreError, UnsupportedModelError)
+from .errors import (
+    ConfigError,
+    ContextLengthError,
+    ContextNotFoundError,
+    FlashError,
+    MemoryBudgetError,
+    ModelFileError,
+    ModelNotFoundError,
+    StoreError,
+    UnsupportedModelError,
+)
 from .offload import Policy
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .service import Service
@@ -36,9 +45,33 @@ from .stats import expert_cache_stats, memory_plan
 from .store.disk_profile import best_threads, coalesce_gap, default_profile, profile_disk
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_config", "Policy", "Service", "EngineConfig", "FlashOptions", "ExpertOptions", "IOOptions", "memory_plan",
-           "expert_cache_stats", "convert", "moefy", "profile_disk", "default_profile", "best_threads", "coalesce_gap", "FlashError", "ConfigError", "ContextLengthError", "ContextNotFoundError", "MemoryBudgetError", "ModelFileError", "ModelNotFoundError",
-           "StoreError", "UnsupportedModelError"]
+__all__ = [
+    "load",
+    "load_config",
+    "Policy",
+    "Service",
+    "EngineConfig",
+    "FlashOptions",
+    "ExpertOptions",
+    "IOOptions",
+    "memory_plan",
+    "expert_cache_stats",
+    "convert",
+    "moefy",
+    "profile_disk",
+    "default_profile",
+    "best_threads",
+    "coalesce_gap",
+    "FlashError",
+    "ConfigError",
+    "ContextLengthError",
+    "ContextNotFoundError",
+    "MemoryBudgetError",
+    "ModelFileError",
+    "ModelNotFoundError",
+    "StoreError",
+    "UnsupportedModelError",
+]
 
 
 def __getattr__(name: str):

@@ -28,12 +28,27 @@ from .moe.build import expert_source
 from .sparse.build import sparse_source
 
 
-def load(model: str | None = None, backend: str = "auto", ffn: str = "auto", *, memory_budget: str | int = "auto",
-         weights_budget: str | int | None = None, context: int = 0,
-         precision: str = "auto", threads: int | None = None, progress: bool = True,
-         flash: FlashOptions | None = None, experts: ExpertOptions | None = None, io: IOOptions | None = None,
-         device: str | None = None, torch_dtype: str = "float32", prefill_chunk: int = 512,
-         verify_checksums: bool = False, cache_dir: str = "", batch: bool = False) -> Engine:
+def load(
+    model: str | None = None,
+    backend: str = "auto",
+    ffn: str = "auto",
+    *,
+    memory_budget: str | int = "auto",
+    weights_budget: str | int | None = None,
+    context: int = 0,
+    precision: str = "auto",
+    threads: int | None = None,
+    progress: bool = True,
+    flash: FlashOptions | None = None,
+    experts: ExpertOptions | None = None,
+    io: IOOptions | None = None,
+    device: str | None = None,
+    torch_dtype: str = "float32",
+    prefill_chunk: int = 512,
+    verify_checksums: bool = False,
+    cache_dir: str = "",
+    batch: bool = False,
+) -> Engine:
     """Load a model and return an Engine.
 
     model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
@@ -50,10 +65,23 @@ def load(model: str | None = None, backend: str = "auto", ffn: str = "auto", *, 
     batch: the engine is for engine.generate_batch (throughput mode): ffn="auto" then reads whole FFN
         layers once per step for a whole batch when the model does not fit, instead of sparse reads.
     """
-    cfg = EngineConfig(backend=backend, ffn=ffn, memory_budget=memory_budget, weights_budget=weights_budget,
-                       context=context, precision=precision, threads=threads,
-                       device=device, torch_dtype=torch_dtype, prefill_chunk=prefill_chunk,
-                       verify_checksums=verify_checksums, cache_dir=cache_dir, flash=flash, experts=experts, io=io)
+    cfg = EngineConfig(
+        backend=backend,
+        ffn=ffn,
+        memory_budget=memory_budget,
+        weights_budget=weights_budget,
+        context=context,
+        precision=precision,
+        threads=threads,
+        device=device,
+        torch_dtype=torch_dtype,
+        prefill_chunk=prefill_chunk,
+        verify_checksums=verify_checksums,
+        cache_dir=cache_dir,
+        flash=flash,
+        experts=experts,
+        io=io,
+    )
     return load_config(model, cfg, progress, batch)
 
 
@@ -63,8 +91,12 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     chosen, why = choose_backend(cfg.backend.value, cfg.device)
     cfg = dataclasses.replace(cfg, backend=Backend(chosen))
-    store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
-                       progress, cfg.cache_dir)
+    store = open_store(
+        resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress),
+        cfg.verify_checksums,
+        progress,
+        cfg.cache_dir,
+    )
     check_backend_room(limit, cfg.backend.value, process_rss(), cfg.cache_dir or default_cache_dir())
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
@@ -72,18 +104,43 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return_free_memory()
-    plan = plan_process(limit, process_rss(), cfg.backend.value, ModelShape.from_config(store.config),
-                        model_context(args), weights_minimum(store), cfg.context, cfg.prefill_chunk,
-                        stream_pools_bytes(cfg.cache_dir or default_cache_dir(), cfg.io.threads))
+    plan = plan_process(
+        limit,
+        process_rss(),
+        cfg.backend.value,
+        ModelShape.from_config(store.config),
+        model_context(args),
+        weights_minimum(store),
+        cfg.context,
+        cfg.prefill_chunk,
+        stream_pools_bytes(cfg.cache_dir or default_cache_dir(), cfg.io.threads),
+    )
     # (below what a streamed dense FFN holds it is refused here; below what a sparse or expert FFN needs,
     # by that FFN's planner, with its own minimum: neither holds one whole layer's reads)
-    plan.weights_budget = weights_budget(cfg.weights_budget, model_bytes(store), plan.weights_budget,
-                                         weights_minimum(store) if cfg.ffn is FFNMode.STREAM
-                                         and not store.manifest.ffn.n_experts else 0)
+    plan.weights_budget = weights_budget(
+        cfg.weights_budget,
+        model_bytes(store),
+        plan.weights_budget,
+        weights_minimum(store) if cfg.ffn is FFNMode.STREAM and not store.manifest.ffn.n_experts else 0,
+    )
     cfg = resolve_ffn(cfg, store, plan, batch)
     streamed = streamed_layers(cfg, store, plan.weights_budget)
-    slots = LayerSlots(store, streamed, stream_pool(cfg.cache_dir, max(n for *_, n in store.layer_regions().values()),
-                                                    cfg.io.mode.value, cfg.io.threads, progress), ops) if streamed else None
+    slots = (
+        LayerSlots(
+            store,
+            streamed,
+            stream_pool(
+                cfg.cache_dir,
+                max(n for *_, n in store.layer_regions().values()),
+                cfg.io.mode.value,
+                cfg.io.threads,
+                progress,
+            ),
+            ops,
+        )
+        if streamed
+        else None
+    )
     weights = module.build(ops, args, resident_getter(ops, store, slots))
     held = ops.held_bytes(weights)  # before the layers are wrapped: counting them must not read them
     if slots is not None:
@@ -91,13 +148,28 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
             slots.attach(ops, weights["layers"][i], i)
         weights["layers"] = StreamedLayers(weights["layers"], slots)
     ffn_source, account = ffn_source_for(ops, store, cfg, module, args, held, plan, progress)
-    account = {**account, "streamed_layers": len(streamed), "layer_slots": slots.nbytes if slots else 0,
-               "backend": f"{ops.describe()} ({why})"}
+    account = {
+        **account,
+        "streamed_layers": len(streamed),
+        "layer_slots": slots.nbytes if slots else 0,
+        "backend": f"{ops.describe()} ({why})",
+    }
     if progress:
         print(f"backend: {account['backend']}", file=sys.stderr)
         print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
-    engine = Engine(ops, module, args, weights, ffn_source, tokenizer, cfg, store,
-                    {**plan.account(), **account}, kv_tokens=plan.kv_tokens, layer_slots=slots)
+    engine = Engine(
+        ops,
+        module,
+        args,
+        weights,
+        ffn_source,
+        tokenizer,
+        cfg,
+        store,
+        {**plan.account(), **account},
+        kv_tokens=plan.kv_tokens,
+        layer_slots=slots,
+    )
     return_free_memory()
     return engine
 
@@ -113,8 +185,9 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
             return ResidentFFN(ops, store, pool), {}
     if cfg.ffn is FFNMode.STREAM:
         lay = store.manifest.ffn
-        return StreamedFFN(ops, store, stream_pool(cfg.cache_dir, lay.layer_nbytes, cfg.io.mode.value,
-                                                   cfg.io.threads, progress)), {}
+        return StreamedFFN(
+            ops, store, stream_pool(cfg.cache_dir, lay.layer_nbytes, cfg.io.mode.value, cfg.io.threads, progress)
+        ), {}
 
     # 4-bit gate predictor weights run on torch's int4 kernel in its bfloat16 mode; MLX has them natively.
     gate_ops = backend_ops(cfg, Backend.TORCH, "bfloat16") if cfg.backend is Backend.TORCH else ops
@@ -123,8 +196,5 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
 
 def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = None):
     if backend is Backend.TORCH:
-        return get_backend("torch", device=cfg.device, threads=cfg.threads,
-                           dtype=torch_dtype or cfg.torch_dtype.value)
+        return get_backend("torch", device=cfg.device, threads=cfg.threads, dtype=torch_dtype or cfg.torch_dtype.value)
     return get_backend("mlx", device=cfg.device, threads=cfg.threads)
-
-

@@ -1,4 +1,5 @@
-"""`python -m mlx_flash.batch`: the throughput mode over a JSON-lines file of prompts; the command's code is mlx_flash/cli/batch.py."""
+"""`python -m mlx_flash.batch`: the throughput mode over a JSON-lines file of prompts; the command's code
+is mlx_flash/cli/batch.py."""
 
 import sys
 

@@ -26,8 +26,10 @@ def parse_budget(value, total: int, what: str = "memory budget") -> int:
         n = int(total * num / 100) if unit == "%" else int(num * _UNITS[unit.lower()])
     if n <= 0:
         # Say what the value was read as: '0.5' meant as a share reads as half a byte.
-        raise ConfigError(f"{what} {value!r} is {n} bytes, and must be at least 1 byte (a number without a unit "
-                          f"is bytes; use {FORMS})")
+        raise ConfigError(
+            f"{what} {value!r} is {n} bytes, and must be at least 1 byte (a number without a unit "
+            f"is bytes; use {FORMS})"
+        )
     return n
 
 
@@ -39,10 +41,14 @@ def weights_budget(value, model_bytes: int, cap: int, minimum: int = 0) -> int:
         return cap
     n = parse_budget(value, model_bytes, "weights budget")
     if n > cap:
-        raise ConfigError(f"weights budget {value} ({fmt(n)}) is more than the memory budget leaves for weights "
-                          f"({fmt(cap)}); raise the memory budget or lower the weights budget")
+        raise ConfigError(
+            f"weights budget {value} ({fmt(n)}) is more than the memory budget leaves for weights "
+            f"({fmt(cap)}); raise the memory budget or lower the weights budget"
+        )
     if n < minimum:
         low, need = fmt_apart(n, minimum)
-        raise MemoryBudgetError(f"weights budget {value} ({low}) is below the {need} this model's weights need at "
-                                f"the least (resident tensors, two layers' buffers and one FFN layer's reads)")
+        raise MemoryBudgetError(
+            f"weights budget {value} ({low}) is below the {need} this model's weights need at "
+            f"the least (resident tensors, two layers' buffers and one FFN layer's reads)"
+        )
     return n

@@ -1,4 +1,5 @@
-"""`python -m mlx_flash.chat`: the chat (a REPL, or one answer with --prompt); the command's code is mlx_flash/cli/chat.py."""
+"""`python -m mlx_flash.chat`: the chat (a REPL, or one answer with --prompt); the command's code is
+mlx_flash/cli/chat.py."""
 
 import sys
 

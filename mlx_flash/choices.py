@@ -23,7 +23,6 @@ class SparseMode(Enum):
     WINDOW = "window"
     ALL = "all"
 
-
     @property
     def needs_predictor(self) -> bool:
         """Reads only the rows a predictor selects (the other modes read whole layers)."""

@@ -37,44 +37,71 @@ def default_cache_dir() -> str:
 
 @dataclass
 class EngineConfig:
-    backend: Backend = option(Backend.AUTO, "compute backend: auto (the default: MLX on Apple silicon; elsewhere torch "
-                              "when it is installed, CUDA when present, else MLX on the CPU), mlx (Metal on a Mac, "
-                              "CPU elsewhere) or torch (CPU / CUDA)")
-    ffn: FFNMode = option(FFNMode.AUTO, "FFN weights: auto (the default: resident when the model fits the memory "
-                          "budget, else exact streaming: a hybrid sparse FFN whose resident share is what fits, "
-                          "the rest read every token; MoE: streamed experts), resident (in memory), stream (read "
-                          "from the bundle file every layer; MoE: experts read when routed into a cache) or sparse "
-                          "(LLM in a flash: only the rows each token needs)")
-    memory_budget: str | float = option("auto", "the cap on this process's peak RSS, everything included (runtime, "
-                                        "weights, caches, KV cache, buffers): auto (all the memory available to the "
-                                        "process, its cgroup limit or else the machine's available memory, less 5% "
-                                        "(at least 64 MB)), a share of that available memory (60%) or bytes (2GB, "
-                                        "1.5GiB). A budget that cannot hold the model's minimum is refused, naming it")
-    weights_budget: str | float | None = option(None, "what weights, predictors, read buffers and FFN row / "
-                                                "expert caches may hold, as a share of the fully resident model's "
-                                                "bytes (50%) or bytes; default: all that --memory-budget leaves "
-                                                "after the runtime, KV cache and buffers (more than that is refused)",
-                                                kind=str)
-    context: int = option(0, "tokens the KV cache is planned for (0: the model's context, or as many as 10% of "
-                          "the memory budget holds, at least 128); longer conversations are refused, naming it")
-    precision: str = option("auto", "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
-                            "lossless; a quantized down projection makes a bundle a block of neurons), "
-                            "source-neuron (down re-quantized to 8 bits so each neuron is its own read unit), f16, "
-                            "q4, q8, or auto (the default: source-neuron for a sparse FFN whose predictor selects "
-                            "neurons approximately, where blocks would read far more for the same quality; source "
-                            "otherwise)")
-    threads: int | None = option(None, "CPU threads (1-256) of the quantized-matmul kernel (both backends on a "
-                                 "CPU; torch's own ops then run on one) or of torch on CUDA (default: the CPUs this "
-                                 "process may use)", kind=int)
+    backend: Backend = option(
+        Backend.AUTO,
+        "compute backend: auto (the default: MLX on Apple silicon; elsewhere torch "
+        "when it is installed, CUDA when present, else MLX on the CPU), mlx (Metal on a Mac, "
+        "CPU elsewhere) or torch (CPU / CUDA)",
+    )
+    ffn: FFNMode = option(
+        FFNMode.AUTO,
+        "FFN weights: auto (the default: resident when the model fits the memory "
+        "budget, else exact streaming: a hybrid sparse FFN whose resident share is what fits, "
+        "the rest read every token; MoE: streamed experts), resident (in memory), stream (read "
+        "from the bundle file every layer; MoE: experts read when routed into a cache) or sparse "
+        "(LLM in a flash: only the rows each token needs)",
+    )
+    memory_budget: str | float = option(
+        "auto",
+        "the cap on this process's peak RSS, everything included (runtime, "
+        "weights, caches, KV cache, buffers): auto (all the memory available to the "
+        "process, its cgroup limit or else the machine's available memory, less 5% "
+        "(at least 64 MB)), a share of that available memory (60%) or bytes (2GB, "
+        "1.5GiB). A budget that cannot hold the model's minimum is refused, naming it",
+    )
+    weights_budget: str | float | None = option(
+        None,
+        "what weights, predictors, read buffers and FFN row / "
+        "expert caches may hold, as a share of the fully resident model's "
+        "bytes (50%) or bytes; default: all that --memory-budget leaves "
+        "after the runtime, KV cache and buffers (more than that is refused)",
+        kind=str,
+    )
+    context: int = option(
+        0,
+        "tokens the KV cache is planned for (0: the model's context, or as many as 10% of "
+        "the memory budget holds, at least 128); longer conversations are refused, naming it",
+    )
+    precision: str = option(
+        "auto",
+        "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
+        "lossless; a quantized down projection makes a bundle a block of neurons), "
+        "source-neuron (down re-quantized to 8 bits so each neuron is its own read unit), f16, "
+        "q4, q8, or auto (the default: source-neuron for a sparse FFN whose predictor selects "
+        "neurons approximately, where blocks would read far more for the same quality; source "
+        "otherwise)",
+    )
+    threads: int | None = option(
+        None,
+        "CPU threads (1-256) of the quantized-matmul kernel (both backends on a "
+        "CPU; torch's own ops then run on one) or of torch on CUDA (default: the CPUs this "
+        "process may use)",
+        kind=int,
+    )
     device: str | None = option(None, "backend device: cpu or gpu (mlx), cpu or cuda (torch)", kind=str)
-    torch_dtype: TorchDtype = option(TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast "
-                                     "int4 kernel; approximate)")
+    torch_dtype: TorchDtype = option(
+        TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast int4 kernel; approximate)"
+    )
     prefill_chunk: int = option(512, "prompt tokens per forward pass during prefill")
-    verify_checksums: bool = option(False, "hash every store file again when opening it (otherwise each file is "
-                                           "hashed once and stamped, and hashed again only when it changed)",
-                                    flag="--verify")
-    cache_dir: str = option("", "where converted stores and the disk profile live (default: $MLX_FLASH_CACHE or "
-                            "~/.cache/mlx_flash)")
+    verify_checksums: bool = option(
+        False,
+        "hash every store file again when opening it (otherwise each file is "
+        "hashed once and stamped, and hashed again only when it changed)",
+        flag="--verify",
+    )
+    cache_dir: str = option(
+        "", "where converted stores and the disk profile live (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)"
+    )
     flash: FlashOptions = option(None, "LLM-in-a-flash options", kind=FlashOptions, factory=FlashOptions)
     experts: ExpertOptions = option(None, "expert-cache options", kind=ExpertOptions, factory=ExpertOptions)
     io: IOOptions = option(None, "read options", kind=IOOptions, factory=IOOptions)
@@ -100,8 +127,11 @@ class EngineConfig:
         """The precision a GGUF/HF source is converted at for this configuration ("auto" resolved)."""
         if self.precision != "auto":
             return self.precision
-        approximate = self.ffn is FFNMode.SPARSE and self.flash.mode.needs_predictor \
+        approximate = (
+            self.ffn is FFNMode.SPARSE
+            and self.flash.mode.needs_predictor
             and self.flash.predictor not in (PredictorKind.DENSE, PredictorKind.STATISTICAL)
+        )
         return "source-neuron" if approximate else "source"
 
 

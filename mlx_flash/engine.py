@@ -74,9 +74,21 @@ def model_context(args) -> int:
 
 
 class Engine:
-    def __init__(self, ops, module, args, weights, ffn: FFNSource, tokenizer, config, store,
-                 memory_plan: dict | None = None, kv_tokens: int | None = None, layer_slots=None,
-                 runner: Runner | None = None):
+    def __init__(
+        self,
+        ops,
+        module,
+        args,
+        weights,
+        ffn: FFNSource,
+        tokenizer,
+        config,
+        store,
+        memory_plan: dict | None = None,
+        kv_tokens: int | None = None,
+        layer_slots=None,
+        runner: Runner | None = None,
+    ):
         self.ops = ops
         self.module = module
         self.args = args
@@ -96,8 +108,20 @@ class Engine:
     def with_runner(self, runner: Runner) -> "Engine":
         """The same loaded model, its forward passes run by `runner` (rank 0 of a pipeline: its own
         layers through this engine, the others' on their ranks)."""
-        return Engine(self.ops, self.module, self.args, self.weights, self.ffn, self.tokenizer, self.config,
-                      self.store, self.memory_plan, self.kv_tokens, self.layer_slots, runner)
+        return Engine(
+            self.ops,
+            self.module,
+            self.args,
+            self.weights,
+            self.ffn,
+            self.tokenizer,
+            self.config,
+            self.store,
+            self.memory_plan,
+            self.kv_tokens,
+            self.layer_slots,
+            runner,
+        )
 
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self, tokens: int | None = None):
@@ -126,8 +150,9 @@ class Engine:
             raise ContextLengthError(f"{n} tokens exceed the model's context of {self.model_context} tokens")
         room = caches[0].capacity
         if room is not None and n > room:
-            raise ContextLengthError(f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes "
-                                     f"{self.model_context})")
+            raise ContextLengthError(
+                f"{n} tokens exceed the {room} tokens {caches[0].holds} (the model takes {self.model_context})"
+            )
         with self.ops.inference():
             return self.ops.to_numpy(self.runner.forward(self, self.ops.tokens(ids), caches, all_logits))[0]
 
@@ -137,7 +162,7 @@ class Engine:
         chunk = self.config.prefill_chunk
         outs = []
         for s in range(0, len(ids), chunk):
-            logits = self.forward(ids[s:s + chunk], caches, all_logits)
+            logits = self.forward(ids[s : s + chunk], caches, all_logits)
             outs.append(logits)
         return np.concatenate(outs, 0) if all_logits else outs[-1][-1]
 
@@ -160,21 +185,39 @@ class Engine:
             return self.tokenizer.encode(unicode_text("the prompt", prompt))
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             return self.tokenizer.apply_chat_template([_message(k, m) for k, m in enumerate(prompt)])
-        raise ConfigError(f"prompt must be a string or a non-empty list of {{'role', 'content'}} messages "
-                          f"(got {shown(prompt)})")
+        raise ConfigError(
+            f"prompt must be a string or a non-empty list of {{'role', 'content'}} messages (got {shown(prompt)})"
+        )
 
-    def stream_generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                        top_k: int = 0, seed: int | None = None, stop=None,
-                        speculative: int = 0) -> Iterator[GenerationStep]:
+    def stream_generate(
+        self,
+        prompt,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        speculative: int = 0,
+    ) -> Iterator[GenerationStep]:
         """Yield one GenerationStep per generated token. A str prompt is a raw completion; a list of
         messages goes through the model's chat template. speculative=λ > 0 (greedy only) drafts λ
         tokens by prompt lookup and verifies them in one pass; the output is the greedy output."""
         ids = self.encode_prompt(prompt)
         yield from self.stream_tokens(ids, None, max_tokens, temperature, top_p, top_k, seed, stop, speculative)
 
-    def stream_tokens(self, ids: list[int], caches=None, max_tokens: int = 256, temperature: float = 0.0,
-                      top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None,
-                      speculative: int = 0) -> Iterator[GenerationStep]:
+    def stream_tokens(
+        self,
+        ids: list[int],
+        caches=None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        speculative: int = 0,
+    ) -> Iterator[GenerationStep]:
         """stream_generate over token ids. `caches` (KV-cache protocol, models/cache.py) may already
         hold a prefix of `ids` (their offset; fewer than len(ids)): only the rest is prefilled. None:
         fresh caches. The caches end holding ids and every generated token but the last."""
@@ -182,8 +225,9 @@ class Engine:
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
-        limit = self.context_limit if caches is None else min(self.model_context,
-                                                              caches[0].capacity or self.model_context)
+        limit = (
+            self.context_limit if caches is None else min(self.model_context, caches[0].capacity or self.model_context)
+        )
         if len(ids) >= limit:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
         max_tokens = min(max_tokens, limit - len(ids))
@@ -204,16 +248,20 @@ class Engine:
             if own:
                 self.release(caches)
 
-    def _steps(self, ids, caches, max_tokens: int, opts: SamplingOptions, speculative: int, summary, limit: int,
-               cached: int) -> Iterator[GenerationStep]:
+    def _steps(
+        self, ids, caches, max_tokens: int, opts: SamplingOptions, speculative: int, summary, limit: int, cached: int
+    ) -> Iterator[GenerationStep]:
         t0 = time.perf_counter()
         logits = self.prefill(ids[cached:], caches)
         summary.prefill_s = time.perf_counter() - t0
         io0 = self.io_counters()
         stream = TextStream(self.tokenizer.detokenizer(ids))  # the finishing rules every batch uses too
         eos = self.tokenizer.eos_token_ids
-        tokens = (self._speculative_tokens(ids, logits, caches, speculative, summary, limit) if speculative else
-                  self._sampled_tokens(logits, caches, opts))
+        tokens = (
+            self._speculative_tokens(ids, logits, caches, speculative, summary, limit)
+            if speculative
+            else self._sampled_tokens(logits, caches, opts)
+        )
         for n in range(max_tokens):
             t_start = time.perf_counter()
             token = next(tokens)
@@ -263,14 +311,36 @@ class Engine:
         """Forget the last n tokens of a sequence's caches (on every rank of a pipeline)."""
         self.runner.trim(caches, caches[0].offset - n)
 
-    def generate(self, prompt, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, stop=None, speculative: int = 0) -> str:
-        return "".join(s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop,
-                                                            speculative))
+    def generate(
+        self,
+        prompt,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        speculative: int = 0,
+    ) -> str:
+        return "".join(
+            s.text for s in self.stream_generate(prompt, max_tokens, temperature, top_p, top_k, seed, stop, speculative)
+        )
 
-    def generate_batch(self, prompts, max_tokens=256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                       seed: int | None = None, stop=None, policy=None, progress: bool = False, on_done=None,
-                       kv_bits=(0,), micro_batches: int = 0) -> list[str]:
+    def generate_batch(
+        self,
+        prompts,
+        max_tokens=256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        policy=None,
+        progress: bool = False,
+        on_done=None,
+        kv_bits=(0,),
+        micro_batches: int = 0,
+    ) -> list[str]:
         """Throughput mode (FlexGen, mlx_flash/offload): every prompt's completion, in prompt order.
         prompts: strings (raw completions) or message lists; max_tokens: one budget or one per
         prompt; sampling as generate() (each sequence samples as it would alone, from `seed`).
@@ -281,8 +351,9 @@ class Engine:
         check_sampling(temperature, top_p, top_k)
         check_seed("seed", seed)
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop_strings(stop))
-        seqs, self.last_batch = self.runner.run_batch(self, prompts, max_tokens, opts, policy, progress, on_done,
-                                                      kv_bits, micro_batches)
+        seqs, self.last_batch = self.runner.run_batch(
+            self, prompts, max_tokens, opts, policy, progress, on_done, kv_bits, micro_batches
+        )
         return [s.text for s in seqs]
 
     # ---- stats ----------------------------------------------------------------------------------
@@ -302,8 +373,14 @@ class Engine:
         wall = time.perf_counter() - t_start
         io1 = self.io_counters()
         io, mem = io1[0] - io0[0], io1[1] - io0[1]
-        return TokenStats(wall_ms=wall * 1e3, compute_ms=(wall - io - mem) * 1e3, io_ms=io * 1e3,
-                          mem_ms=mem * 1e3, bytes_read=io1[2] - io0[2], reads=io1[3] - io0[3])
+        return TokenStats(
+            wall_ms=wall * 1e3,
+            compute_ms=(wall - io - mem) * 1e3,
+            io_ms=io * 1e3,
+            mem_ms=mem * 1e3,
+            bytes_read=io1[2] - io0[2],
+            reads=io1[3] - io0[3],
+        )
 
     def close(self) -> None:
         self.runner.close()  # a pipeline's other ranks leave their serving loops

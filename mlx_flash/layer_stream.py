@@ -31,8 +31,10 @@ class LayerSlots:
         """`ops`: the backend; a lazy one gets slots in its memory and turns (slot_turns.py)."""
         regions = store.layer_regions()
         if regions is None:
-            raise ConfigError(f"{store.path}: its resident file does not keep each layer's tensors together "
-                              "(converted by an older version): convert the model again to stream layers")
+            raise ConfigError(
+                f"{store.path}: its resident file does not keep each layer's tensors together "
+                "(converted by an older version): convert the model again to stream layers"
+            )
         self.store, self.pool, self.order = store, pool, list(layers)
         self.regions = {i: regions[i] for i in self.order}
         size = max(n for _, _, n in self.regions.values())
@@ -141,8 +143,10 @@ class LayerSlots:
         slot = self.slots[self.slot_of[layer]]
         copied = held - (slot.nbytes if held >= slot.nbytes else 0)
         if copied > self.regions[layer][2] // 4:
-            raise ConfigError(f"the {ops.name} backend holds layer {layer}'s weights as copies ({copied} bytes beyond "
-                              "its read buffer), so layers cannot be streamed on it; give it memory for every layer")
+            raise ConfigError(
+                f"the {ops.name} backend holds layer {layer}'s weights as copies ({copied} bytes beyond "
+                "its read buffer), so layers cannot be streamed on it; give it memory for every layer"
+            )
 
     def close(self) -> None:
         """Wait for reads in flight (they write into the slots), then close the reader pool."""

@@ -70,8 +70,7 @@ def _check_types(obj) -> None:
             continue  # an enum or an option group: checked by its own parser
         value = getattr(obj, f.name)
         if not any(_is(value, k) for k in kinds):
-            raise ConfigError(f"{_name(f)} must be {' or '.join(_WORDS[k] for k in kinds)} "
-                              f"(got {reprlib.repr(value)})")
+            raise ConfigError(f"{_name(f)} must be {' or '.join(_WORDS[k] for k in kinds)} (got {reprlib.repr(value)})")
 
 
 def _is(value, kind: str) -> bool:
@@ -82,28 +81,52 @@ def _is(value, kind: str) -> bool:
 
 @dataclass(frozen=True)
 class FlashOptions:
-    mode: SparseMode = option(SparseMode.ALL, "sparse FFN: what is read per token (naive: whole layers; hybrid: "
-                              "a resident share plus the rest; predictor: the predicted rows; window: + rows of the "
-                              "last k tokens kept cached; all: + bundled reads)", flag="--sparse-mode")
-    window: int = option(0, "sparse FFN: tokens whose active rows stay cached (0: the planner picks it from the "
-                         "measured activity and the disk profile)")
-    predictor: PredictorKind = option(PredictorKind.LOWRANK, "sparse FFN: which neurons a token needs: lowrank "
-                                      "(trained, in the store), gate (the resident 4-bit gate/up projection: the "
-                                      "selection lowrank approximates), dense (every neuron: exact) or statistical "
-                                      "(synthetic checkpoints only: a labelled statistical model draws "
-                                      "--statistical-active of the read units per token; the output is noise)")
-    statistical_active: float = option(0.5, "sparse FFN with the statistical predictor: the share of read units "
-                                       "(neurons, or blocks of them) active per token")
-    recall: float | None = option(None, "sparse FFN with the lowrank predictor: use its cuts calibrated for this "
-                                  "recall (higher reads more; default: as trained)", flag="--predictor-recall", kind=float)
-    kernel: SparseKernel = option(SparseKernel.AUTO, "sparse FFN decode steps: auto (the backend's sparse kernel "
-                                  "over the neuron cache: cpu, metal or cuda, where the store's layout allows) or "
-                                  "reference (the active rows as framework weights; slower, equal up to float32 "
-                                  "summation order)",
-                                  flag="--sparse-kernel")
-    down_only: bool = option(False, "sparse FFN with the gate predictor: read only down columns, computing gate/up "
-                             "from its resident 4-bit copy (a third of the bytes; exact when the store's gate/up "
-                             "are 4-bit, otherwise an approximation)")
+    mode: SparseMode = option(
+        SparseMode.ALL,
+        "sparse FFN: what is read per token (naive: whole layers; hybrid: "
+        "a resident share plus the rest; predictor: the predicted rows; window: + rows of the "
+        "last k tokens kept cached; all: + bundled reads)",
+        flag="--sparse-mode",
+    )
+    window: int = option(
+        0,
+        "sparse FFN: tokens whose active rows stay cached (0: the planner picks it from the "
+        "measured activity and the disk profile)",
+    )
+    predictor: PredictorKind = option(
+        PredictorKind.LOWRANK,
+        "sparse FFN: which neurons a token needs: lowrank "
+        "(trained, in the store), gate (the resident 4-bit gate/up projection: the "
+        "selection lowrank approximates), dense (every neuron: exact) or statistical "
+        "(synthetic checkpoints only: a labelled statistical model draws "
+        "--statistical-active of the read units per token; the output is noise)",
+    )
+    statistical_active: float = option(
+        0.5,
+        "sparse FFN with the statistical predictor: the share of read units "
+        "(neurons, or blocks of them) active per token",
+    )
+    recall: float | None = option(
+        None,
+        "sparse FFN with the lowrank predictor: use its cuts calibrated for this "
+        "recall (higher reads more; default: as trained)",
+        flag="--predictor-recall",
+        kind=float,
+    )
+    kernel: SparseKernel = option(
+        SparseKernel.AUTO,
+        "sparse FFN decode steps: auto (the backend's sparse kernel "
+        "over the neuron cache: cpu, metal or cuda, where the store's layout allows) or "
+        "reference (the active rows as framework weights; slower, equal up to float32 "
+        "summation order)",
+        flag="--sparse-kernel",
+    )
+    down_only: bool = option(
+        False,
+        "sparse FFN with the gate predictor: read only down columns, computing gate/up "
+        "from its resident 4-bit copy (a third of the bytes; exact when the store's gate/up "
+        "are 4-bit, otherwise an approximation)",
+    )
 
     def __post_init__(self):
         _check_enums(self)
@@ -114,17 +137,24 @@ class FlashOptions:
         if self.recall is not None and not 0 < self.recall <= 1:
             raise ConfigError(f"predictor recall must be in (0, 1] (got {self.recall})")
         if self.down_only and (self.predictor is not PredictorKind.GATE or not self.mode.needs_predictor):
-            raise ConfigError("down-only reads need the gate predictor (its resident gate/up copy computes the "
-                              "activations) and a predictor mode (predictor, window or all)")
+            raise ConfigError(
+                "down-only reads need the gate predictor (its resident gate/up copy computes the "
+                "activations) and a predictor mode (predictor, window or all)"
+            )
 
 
 @dataclass(frozen=True)
 class ExpertOptions:
-    policy: ExpertPolicy = option(ExpertPolicy.EDGEMOE, "MoE with streamed experts: expert-cache eviction policy",
-                                  flag="--expert-policy")
-    preload: int = option(-1, "MoE with streamed experts: next-layer experts read ahead per decode step from the "
-                          "store's routing predictor (tools/trace_experts.py); -1: as many as a token routes to "
-                          "when the store has one, 0: off", flag="--expert-preload")
+    policy: ExpertPolicy = option(
+        ExpertPolicy.EDGEMOE, "MoE with streamed experts: expert-cache eviction policy", flag="--expert-policy"
+    )
+    preload: int = option(
+        -1,
+        "MoE with streamed experts: next-layer experts read ahead per decode step from the "
+        "store's routing predictor (tools/trace_experts.py); -1: as many as a token routes to "
+        "when the store has one, 0: off",
+        flag="--expert-preload",
+    )
 
     def __post_init__(self):
         _check_enums(self)
@@ -134,10 +164,17 @@ class ExpertOptions:
 
 @dataclass(frozen=True)
 class IOOptions:
-    mode: ReadMode = option(ReadMode.DIRECT, "how streamed FFN bytes are read: direct (bypassing the page cache) "
-                            "or buffered", flag="--io-mode")
-    threads: int | None = option(None, "reader threads, 1-256 (default: the best count for the read size, "
-                                 "from the disk profile)", flag="--io-threads", kind=int)
+    mode: ReadMode = option(
+        ReadMode.DIRECT,
+        "how streamed FFN bytes are read: direct (bypassing the page cache) or buffered",
+        flag="--io-mode",
+    )
+    threads: int | None = option(
+        None,
+        "reader threads, 1-256 (default: the best count for the read size, from the disk profile)",
+        flag="--io-threads",
+        kind=int,
+    )
 
     def __post_init__(self):
         _check_enums(self)

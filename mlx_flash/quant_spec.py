@@ -22,9 +22,16 @@ class GgufBlock:
         return cols // self.weights * self.nbytes
 
 
-BLOCKS = {b.name: b for b in (GgufBlock("Q5_0", 6, 32, 22), GgufBlock("Q5_1", 7, 32, 24),
-                              GgufBlock("Q4_K", 12, 256, 144), GgufBlock("Q5_K", 13, 256, 176),
-                              GgufBlock("Q6_K", 14, 256, 210))}
+BLOCKS = {
+    b.name: b
+    for b in (
+        GgufBlock("Q5_0", 6, 32, 22),
+        GgufBlock("Q5_1", 7, 32, 24),
+        GgufBlock("Q4_K", 12, 256, 144),
+        GgufBlock("Q5_K", 13, 256, 176),
+        GgufBlock("Q6_K", 14, 256, 210),
+    )
+}
 
 
 @dataclass

@@ -34,16 +34,27 @@ class Runner(ABC):
     def close(self) -> None:
         """The engine closes: nothing of the runner's own to release in one process."""
 
-    def run_batch(self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,),
-                  micro_batches: int = 0):
+    def run_batch(
+        self,
+        engine,
+        prompts,
+        max_tokens,
+        opts,
+        policy,
+        progress: bool,
+        on_done=None,
+        kv_bits=(0,),
+        micro_batches: int = 0,
+    ):
         """The throughput mode over `prompts` (Engine.generate_batch): (every prompt's
         batching.sequence.Sequence in prompt order, the run's stats). In one process a policy places
         weights and KV (offload/); micro-batches in flight are a pipeline's."""
-        from .offload.run import run_batch  # deferred: the throughput mode and its LP search (scipy), for batch jobs only
+        from .offload.run import run_batch  # deferred: the throughput mode and its LP solver (scipy)
 
         if micro_batches:
-            raise ConfigError("micro_batches applies to a model split across ranks; one process's policy sets its "
-                              "batches")
+            raise ConfigError(
+                "micro_batches applies to a model split across ranks; one process's policy sets its batches"
+            )
         return run_batch(engine, prompts, max_tokens, opts, policy, progress, on_done, kv_bits)
 
 

@@ -22,8 +22,9 @@ def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
     check_int("top_k", top_k, low=0)
 
 
-def check_generation(max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop,
-                     speculative: int) -> None:
+def check_generation(
+    max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None, stop, speculative: int
+) -> None:
     """Every option of generate() / stream_generate(), refused with its name before anything runs."""
     check_sampling(temperature, top_p, top_k)
     check_int("max_tokens", max_tokens, low=0)

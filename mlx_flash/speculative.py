@@ -13,10 +13,10 @@ def ngram_draft(context: list[int], lam: int, max_n: int = 3, min_n: int = 1) ->
         return []
     L = len(context)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        tail = context[L - n:]
+        tail = context[L - n :]
         for s in range(L - n - 1, -1, -1):  # latest match first, never the tail itself
-            if context[s:s + n] == tail:
-                return list(context[s + n:s + n + lam])
+            if context[s : s + n] == tail:
+                return list(context[s + n : s + n + lam])
     return []
 
 

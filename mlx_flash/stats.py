@@ -27,9 +27,16 @@ def expert_cache_stats(engine) -> dict:
 
     st = engine.ffn.stats()
     if not st.expert_policy:
-        raise ConfigError("expert_cache_stats needs a MoE model loaded with ffn='stream' or 'sparse' "
-                          "(resident experts have no cache)")
+        raise ConfigError(
+            "expert_cache_stats needs a MoE model loaded with ffn='stream' or 'sparse' (resident experts have no cache)"
+        )
     per_layer = list(st.expert_hits)
     hits, misses = sum(h for h, _ in per_layer), sum(m for _, m in per_layer)
-    return {"policy": engine.config.experts.policy.value, "slots": st.expert_slots, "hits": hits, "misses": misses,
-            "hit_rate": hits / max(1, hits + misses), "per_layer": per_layer}
+    return {
+        "policy": engine.config.experts.policy.value,
+        "slots": st.expert_slots,
+        "hits": hits,
+        "misses": misses,
+        "hit_rate": hits / max(1, hits + misses),
+        "per_layer": per_layer,
+    }

@@ -116,8 +116,11 @@ class Tokenizer:
         if self._template is None:
             self._template = compile_template(self.chat_template)
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True,
-                                         **{k: v for k, v in self.special.items() if v is not None})
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                **{k: v for k, v in self.special.items() if v is not None},
+            )
         except jinja2.exceptions.TemplateError as e:
             raise ModelFileError(f"chat template: {e}") from None
 
@@ -138,7 +141,7 @@ class StreamDecoder:
 
     def __init__(self, tok: Tokenizer, context: list[int]):
         self.tok = tok
-        self.context = list(context[-self.CONTEXT:])
+        self.context = list(context[-self.CONTEXT :])
         self.base = tok.decode(self.context) if self.context else ""
         self.ids: list[int] = []
         self.text = ""
@@ -147,17 +150,17 @@ class StreamDecoder:
         """Append a token; return the newly completed text (possibly "")."""
         self.ids.append(token)
         full = self.tok.decode(self.context + self.ids)
-        full = full[len(self.base):] if full.startswith(self.base) else full
+        full = full[len(self.base) :] if full.startswith(self.base) else full
         if full.endswith("\ufffd"):
             return ""
-        new = full[len(self.text):] if full.startswith(self.text) else ""
+        new = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text = full
         return new
 
     def finalize(self) -> str:
         """Flush whatever is held back (an incomplete character decodes as U+FFFD)."""
         full = self.tok.decode(self.context + self.ids)
-        full = full[len(self.base):] if full.startswith(self.base) else full
-        new = full[len(self.text):] if full.startswith(self.text) else ""
+        full = full[len(self.base) :] if full.startswith(self.base) else full
+        new = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text = full
         return new

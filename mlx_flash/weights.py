@@ -55,15 +55,20 @@ def join_rows(arrays: list[np.ndarray]) -> np.ndarray:
     a0, root = arrays[0], owner(arrays[0])
     end = a0.ctypes.data
     for a in arrays:
-        if (a.dtype != a0.dtype or a.shape[1:] != a0.shape[1:] or not a.flags.c_contiguous
-                or a.ctypes.data != end or owner(a) is not root):
+        if (
+            a.dtype != a0.dtype
+            or a.shape[1:] != a0.shape[1:]
+            or not a.flags.c_contiguous
+            or a.ctypes.data != end
+            or owner(a) is not root
+        ):
             return np.concatenate(arrays)
         end += a.nbytes
     if root.dtype != np.uint8 or not root.flags.c_contiguous:  # views are cut from the file's uint8 buffer
         return np.concatenate(arrays)
     flat = root.reshape(-1)  # (a buffer past 1 GiB comes as rows of 4 KiB from MLX: kernels/mlx_kernels.py)
     start = a0.ctypes.data - root.ctypes.data
-    return flat[start:start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
+    return flat[start : start + (end - a0.ctypes.data)].view(a0.dtype).reshape(-1, *a0.shape[1:])
 
 
 class _Tensors:
@@ -147,10 +152,15 @@ def in_place(ops, layout: FFNLayout) -> bool:
     if layout.has_blocks:
         return True
     roles = ("gate", "up", "down") if layout.gated else ("up", "down")
-    return (layout.block > 1 and not layout.n_experts and not layout.down_rows and ops.in_place_kernel
-            and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)
-            and layout.quant["down"].group_size == layout.block
-            and not any(f.name.endswith(".bias") for f in layout.fields))
+    return (
+        layout.block > 1
+        and not layout.n_experts
+        and not layout.down_rows
+        and ops.in_place_kernel
+        and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)
+        and layout.quant["down"].group_size == layout.block
+        and not any(f.name.endswith(".bias") for f in layout.fields)
+    )
 
 
 def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWeights:
@@ -166,22 +176,41 @@ def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWe
     def rows_of(role):  # [blocks, block rows, groups, words per group] and scales/biases views
         q, w = quant[role], f[f"{role}.weight"]
         if q.is_block:  # row n: bundle n // block, row n % block of its field
-            return ops.kernel_weight(BlockMatrix.in_buffer(rows, w.offset, q.kind, nb * layout.block, layout.d_model,
-                                                           layout.block, bb, w.shape[-1], BLOCKS[q.kind].nbytes), q)
+            return ops.kernel_weight(
+                BlockMatrix.in_buffer(
+                    rows,
+                    w.offset,
+                    q.kind,
+                    nb * layout.block,
+                    layout.d_model,
+                    layout.block,
+                    bb,
+                    w.shape[-1],
+                    BLOCKS[q.kind].nbytes,
+                ),
+                q,
+            )
         s = f[f"{role}.scales"]
         groups, wpg, ss = s.shape[-1], q.group_size * q.bits // 32, s.nbytes // (layout.block * s.shape[-1])
         dt = NUMPY_DTYPES[s.dtype]
-        views = [np.ndarray((nb, layout.block, groups, wpg), np.uint32, rows, w.offset,
-                            (bb, w.shape[-1] * 4, wpg * 4, 4))]
-        views += [np.ndarray((nb, layout.block, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
-                  for p in ("scales", "biases")]
+        views = [
+            np.ndarray((nb, layout.block, groups, wpg), np.uint32, rows, w.offset, (bb, w.shape[-1] * 4, wpg * 4, 4))
+        ]
+        views += [
+            np.ndarray((nb, layout.block, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
+            for p in ("scales", "biases")
+        ]
         return ops.kernel_weight(StoredMatrix(*views, q.bits, q.group_size, True, s.dtype == "bfloat16"), q)
 
     def down():  # row d, group b: bundle b's slice of row d
         q, w = quant["down"], f["down.weight"]
         if q.is_block:
-            return ops.kernel_weight(BlockMatrix.in_buffer(rows, w.offset, q.kind, layout.d_model, nb * layout.block,
-                                                           layout.d_model, 0, w.shape[-1], bb), q)
+            return ops.kernel_weight(
+                BlockMatrix.in_buffer(
+                    rows, w.offset, q.kind, layout.d_model, nb * layout.block, layout.d_model, 0, w.shape[-1], bb
+                ),
+                q,
+            )
         s = f["down.scales"]
         D, wpg, ss = w.shape[0], w.shape[1], s.nbytes // s.shape[0]
         dt = NUMPY_DTYPES[s.dtype]
@@ -210,8 +239,11 @@ def bundle_weights(ops, layout: FFNLayout, rows: np.ndarray, layer: int = 0) -> 
     if not layout.gated:
         up, dt = linear_parts(arrays, "up")
         return FFNWeights(up=ops.weight(up, layout.quant.get("up"), dtypes=dt), down=down)
-    gate_up = fused_weight(ops, [linear_parts(arrays, "gate"), linear_parts(arrays, "up")],
-                           [layout.quant.get("gate"), layout.quant.get("up")])
+    gate_up = fused_weight(
+        ops,
+        [linear_parts(arrays, "gate"), linear_parts(arrays, "up")],
+        [layout.quant.get("gate"), layout.quant.get("up")],
+    )
     return FFNWeights(gate_up=gate_up, down=down)
 
 
@@ -224,8 +256,10 @@ class ResidentFFN(LayerSource):
         layout = store.manifest.ffn
         reader = FFNReader(pool, store.file_path(layout.file), layout)
         own = in_place(ops, layout)  # weights that are views need each layer in a buffer of its own
-        self.layers = [bundle_weights(ops, layout, reader.read_into(i, ops.host_buffer) if own else reader.read_layer(i),
-                                      i) for i in range(len(layout.layer_offsets))]
+        self.layers = [
+            bundle_weights(ops, layout, reader.read_into(i, ops.host_buffer) if own else reader.read_layer(i), i)
+            for i in range(len(layout.layer_offsets))
+        ]
 
     def layer(self, i: int, x=None) -> FFNWeights:
         return self.layers[i]
@@ -294,8 +328,9 @@ class StreamedFFN(LayerSource):
         self.ops = ops
         self.pool = pool
         self.layout = store.manifest.ffn
-        self.reader = FFNReader(pool, store.file_path(self.layout.file), self.layout, prefetch=True,
-                                alloc=ops.host_buffer)
+        self.reader = FFNReader(
+            pool, store.file_path(self.layout.file), self.layout, prefetch=True, alloc=ops.host_buffer
+        )
         self.turned = turned_layers(ops, self.reader, "mlx-flash-ffn-turns")
         self.mem_seconds = 0.0
         self.held: dict[int, FFNWeights] = {}
@@ -318,9 +353,11 @@ class StreamedFFN(LayerSource):
         next one's read started when a layer is handed out unless `read_ahead` is off (the
         no-overlap ablation). Returns the bytes held."""
         n = len(self.layout.layer_offsets)
-        self.held = {i: self.held.get(i) or bundle_weights(self.ops, self.layout,
-                                                           self.reader.read_into(i, self.ops.host_buffer), i)
-                     for i in range(resident)}
+        self.held = {
+            i: self.held.get(i)
+            or bundle_weights(self.ops, self.layout, self.reader.read_into(i, self.ops.host_buffer), i)
+            for i in range(resident)
+        }
         self.reader.order = list(range(resident, n)) or list(range(n))
         self.reader.prefetch = read_ahead
         return resident * self.layout.layer_nbytes
@@ -328,10 +365,15 @@ class StreamedFFN(LayerSource):
     def stats(self) -> FFNStats:
         r, t = self.reader, self.turned
         if t is None:
-            return FFNStats(io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read,
-                            reads=r.reads)
-        return FFNStats(io_seconds=r.wait_seconds + t.turns.wait_seconds, mem_seconds=self.mem_seconds,
-                        bytes_read=r.bytes_read + t.turns.bytes_read, reads=r.reads + t.turns.reads)
+            return FFNStats(
+                io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads
+            )
+        return FFNStats(
+            io_seconds=r.wait_seconds + t.turns.wait_seconds,
+            mem_seconds=self.mem_seconds,
+            bytes_read=r.bytes_read + t.turns.bytes_read,
+            reads=r.reads + t.turns.reads,
+        )
 
     def close(self) -> None:
         self.held = {}

@@ -56,8 +56,9 @@ def f16_store_dir(tmp_path_factory, default_gguf) -> str:
     """The default model with float16 FFN bundles (lossless w.r.t. the GGUF up to fp16 rounding)."""
     from mlx_flash.convert import convert
 
-    return convert(default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-f16"), precision="f16",
-                   progress=False)
+    return convert(
+        default_gguf, str(tmp_path_factory.mktemp("stores") / "smollm2-f16"), precision="f16", progress=False
+    )
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +96,8 @@ def hf_reference(default_gguf):
     pytest.importorskip("gguf")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf)).eval()
+        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf)
+    ).eval()
     return model
 
 
@@ -108,8 +110,9 @@ def tiny_store(tmp_path):
 
     def make(family="llama", precision="source", dtype="float32", **over):
         hf = tiny_models.build(family, str(tmp_path / f"{family}-hf"), dtype=dtype, **over)
-        store = convert(str(tmp_path / f"{family}-hf"), str(tmp_path / f"{family}-{precision}"),
-                        precision=precision, progress=False)
+        store = convert(
+            str(tmp_path / f"{family}-hf"), str(tmp_path / f"{family}-{precision}"), precision=precision, progress=False
+        )
         return store, hf
 
     return make

@@ -8,8 +8,10 @@ import signal
 import sys
 
 CASE_SECONDS = 10
-TEMPLATE = ("{% for m in messages %}w{{ loop.index }} {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}w3{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}w{{ loop.index }} {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}w3{% endif %}"
+)
 
 
 class Hang(BaseException):

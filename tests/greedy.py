@@ -34,9 +34,13 @@ def hf_references(model, prompts, steps):
     for ids in prompts:
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].numpy()
-            tokens = model.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False,
-                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        out.append((ids, logits, tokens[0, len(ids):].tolist()))
+            tokens = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=steps,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            )
+        out.append((ids, logits, tokens[0, len(ids) :].tolist()))
     return out
 
 

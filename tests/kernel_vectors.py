@@ -34,9 +34,9 @@ def lay_out(words, scales, biases, bits, group, rows_per_block, as_groups):
         buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
         for b in range(groups):
             o = b * bundle
-            buf[o:o + code_bytes] = words[:, b * wpg:(b + 1) * wpg].copy().view(np.uint8).reshape(-1)
-            buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[:, b].copy().view(np.uint8)
-            buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[:, b].copy().view(np.uint8)
+            buf[o : o + code_bytes] = words[:, b * wpg : (b + 1) * wpg].copy().view(np.uint8).reshape(-1)
+            buf[o + code_bytes : o + code_bytes + scale_bytes] = scales[:, b].copy().view(np.uint8)
+            buf[o + code_bytes + scale_bytes : o + code_bytes + 2 * scale_bytes] = biases[:, b].copy().view(np.uint8)
         w = np.ndarray((1, rows, groups, wpg), np.uint32, buf, 0, (0, wpg * 4, bundle, 4))
         s = np.ndarray((1, rows, groups), np.float16, buf, code_bytes, (0, 2, bundle))
         bi = np.ndarray((1, rows, groups), np.float16, buf, code_bytes + scale_bytes, (0, 2, bundle))
@@ -48,9 +48,11 @@ def lay_out(words, scales, biases, bits, group, rows_per_block, as_groups):
     buf = rng.integers(0, 255, size=n_bundles * bundle, dtype=np.uint8)
     for b in range(n_bundles):
         o, sl = b * bundle, slice(b * R, (b + 1) * R)
-        buf[o:o + code_bytes] = words[sl].copy().view(np.uint8).reshape(-1)
-        buf[o + code_bytes:o + code_bytes + scale_bytes] = scales[sl].copy().view(np.uint8).reshape(-1)
-        buf[o + code_bytes + scale_bytes:o + code_bytes + 2 * scale_bytes] = biases[sl].copy().view(np.uint8).reshape(-1)
+        buf[o : o + code_bytes] = words[sl].copy().view(np.uint8).reshape(-1)
+        buf[o + code_bytes : o + code_bytes + scale_bytes] = scales[sl].copy().view(np.uint8).reshape(-1)
+        buf[o + code_bytes + scale_bytes : o + code_bytes + 2 * scale_bytes] = (
+            biases[sl].copy().view(np.uint8).reshape(-1)
+        )
     w = np.ndarray((n_bundles, R, groups, wpg), np.uint32, buf, 0, (bundle, words_per_row * 4, wpg * 4, 4))
     s = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes, (bundle, groups * 2, 2))
     bi = np.ndarray((n_bundles, R, groups), np.float16, buf, code_bytes + scale_bytes, (bundle, groups * 2, 2))
@@ -65,5 +67,5 @@ def random_bytes(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     halves = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}[kind]
     for at in halves:
         d = (rng.standard_normal(raw.shape[:2]) * 0.01).astype(np.float16)
-        raw[..., at:at + 2] = d[..., None].view(np.uint8)
+        raw[..., at : at + 2] = d[..., None].view(np.uint8)
     return raw.reshape(rows, -1)

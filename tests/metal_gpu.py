@@ -14,8 +14,11 @@ def metal_available() -> bool:
 
 def needs_metal(what: str):
     """A skip mark naming what ran instead."""
-    return pytest.mark.skipif(not metal_available(), reason="no Metal GPU here (mx.metal.is_available() is false); "
-                              f"{what} ran on the CPU through the MSL shim above")
+    return pytest.mark.skipif(
+        not metal_available(),
+        reason="no Metal GPU here (mx.metal.is_available() is false); "
+        f"{what} ran on the CPU through the MSL shim above",
+    )
 
 
 def require_shim() -> None:

@@ -16,6 +16,7 @@ from mlx_flash.cli.chat import main as chat_main
 from mlx_flash.errors import ConfigError, FlashError, MemoryBudgetError
 from mlx_flash.units import fmt_apart
 
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     return templated_store(tmp_path_factory.mktemp("bad-inputs"))
@@ -36,13 +37,23 @@ def one_line_error(text: str) -> str:
 
 
 # ---- 1. odd sampling values: the chat's flags, and the API's keywords -----------------------------
-@pytest.mark.parametrize("argv,name", [
-    (["--temp", "nan"], "--temp"), (["--temp", "inf"], "--temp"), (["--temp", "-1"], "--temp"),
-    (["--seed", "-1"], "--seed"), (["--top-p", "2"], "--top-p"), (["--top-p", "0"], "--top-p"),
-    (["--top-p", "nan"], "--top-p"), (["--top-k", "-1"], "--top-k"), (["--max-tokens", "-5"], "--max-tokens"),
-    (["--max-tokens", "0"], "--max-tokens"), (["--speculative", "-2"], "--speculative"),
-    (["--speculative", "2", "--temp", "0.5"], "--speculative"),
-])
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--temp", "nan"], "--temp"),
+        (["--temp", "inf"], "--temp"),
+        (["--temp", "-1"], "--temp"),
+        (["--seed", "-1"], "--seed"),
+        (["--top-p", "2"], "--top-p"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "nan"], "--top-p"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--max-tokens", "-5"], "--max-tokens"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--speculative", "-2"], "--speculative"),
+        (["--speculative", "2", "--temp", "0.5"], "--speculative"),
+    ],
+)
 def test_chat_refuses_odd_sampling_flags_in_one_line(argv, name, capsys):
     # Refused before any model loads: the default model is never looked for.
     assert chat_main(argv + ["--model", "/nonexistent/model"]) == 2
@@ -51,16 +62,26 @@ def test_chat_refuses_odd_sampling_flags_in_one_line(argv, name, capsys):
 
 @pytest.mark.parametrize("argv", [["--temp", "nan"], ["--seed", "-1"]])
 def test_chat_command_refuses_odd_values_without_a_traceback(argv):
-    r = subprocess.run([sys.executable, "-m", "mlx_flash.chat", *argv], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlx_flash.chat", *argv],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
     assert r.returncode == 2
     one_line_error(r.stderr)
 
 
-@pytest.mark.parametrize("argv,name", [
-    (["--temp", "nan"], "--temp"), (["--seed", "-1"], "--seed"), (["--top-k", "-1"], "--top-k"),
-    (["--max-tokens", "0"], "--max-tokens"),
-])
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--temp", "nan"], "--temp"),
+        (["--seed", "-1"], "--seed"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--max-tokens", "0"], "--max-tokens"),
+    ],
+)
 def test_batch_refuses_odd_sampling_flags_in_one_line(argv, name, tmp_path, capsys):
     from mlx_flash.batch import main as batch_main
 
@@ -70,11 +91,16 @@ def test_batch_refuses_odd_sampling_flags_in_one_line(argv, name, tmp_path, caps
     assert one_line_error(capsys.readouterr().err).startswith(f"error: {name} ")
 
 
-@pytest.mark.parametrize("argv,name", [
-    (["--port", "70000"], "--port"), (["--queue-limit", "0"], "--queue-limit"),
-    (["--max-tokens", "-1"], "--max-tokens"),
-    (["--kv-budget", "0.5"], "--kv-budget"), (["--kv-budget", "lots"], "--kv-budget"),
-])
+@pytest.mark.parametrize(
+    "argv,name",
+    [
+        (["--port", "70000"], "--port"),
+        (["--queue-limit", "0"], "--queue-limit"),
+        (["--max-tokens", "-1"], "--max-tokens"),
+        (["--kv-budget", "0.5"], "--kv-budget"),
+        (["--kv-budget", "lots"], "--kv-budget"),
+    ],
+)
 def test_serve_refuses_odd_flags_in_one_line(argv, name, capsys):
     pytest.importorskip("aiohttp")
     from mlx_flash.serve import main as serve_main
@@ -84,14 +110,27 @@ def test_serve_refuses_odd_flags_in_one_line(argv, name, capsys):
 
 
 BAD_SAMPLING = [
-    (dict(temperature=float("nan")), "temperature"), (dict(temperature=float("inf")), "temperature"),
-    (dict(temperature=-0.5), "temperature"), (dict(temperature="0.5"), "temperature"),
-    (dict(top_p=2.0), "top_p"), (dict(top_p=float("nan")), "top_p"), (dict(top_p=0), "top_p"),
-    (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_k=True), "top_k"),
-    (dict(seed=-1, temperature=1.0), "seed"), (dict(seed="7"), "seed"), (dict(seed=1.5), "seed"),
-    (dict(max_tokens=-5), "max_tokens"), (dict(max_tokens="5"), "max_tokens"), (dict(max_tokens=2.0), "max_tokens"),
-    (dict(stop=[5]), "stop"), (dict(stop=5), "stop"), (dict(stop={"a": 1}), "stop"),
-    (dict(speculative=-1), "speculative"), (dict(speculative="1"), "speculative"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature="0.5"), "temperature"),
+    (dict(top_p=2.0), "top_p"),
+    (dict(top_p=float("nan")), "top_p"),
+    (dict(top_p=0), "top_p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(top_k=True), "top_k"),
+    (dict(seed=-1, temperature=1.0), "seed"),
+    (dict(seed="7"), "seed"),
+    (dict(seed=1.5), "seed"),
+    (dict(max_tokens=-5), "max_tokens"),
+    (dict(max_tokens="5"), "max_tokens"),
+    (dict(max_tokens=2.0), "max_tokens"),
+    (dict(stop=[5]), "stop"),
+    (dict(stop=5), "stop"),
+    (dict(stop={"a": 1}), "stop"),
+    (dict(speculative=-1), "speculative"),
+    (dict(speculative="1"), "speculative"),
     (dict(speculative=2, temperature=0.7), "speculative"),
 ]
 
@@ -172,18 +211,25 @@ def test_an_unreadable_store_file_is_named(store, tmp_path):
 
 
 # ---- 3. prompts and wrong-typed keywords of the API ---------------------------------------------
-@pytest.mark.parametrize("prompt,message", [
-    ([{"role": "user", "content": None}], "message 0: 'content' must be a string"),
-    ([{"role": "user", "content": 5}], "message 0: 'content' must be a string"),
-    ([{"role": 1, "content": "w1"}], "message 0: 'role' must be a string"),
-    ([], "non-empty list"),
-    ([{"content": "w1"}], "message 0 has no 'role'"),
-    ([{"role": "user", "content": "w1"}, "w2"], "non-empty list"),
-    (None, "prompt must be"), (5, "prompt must be"), (b"w1", "prompt must be"), ([1, 2], "prompt must be"),
-    ({"role": "user", "content": "w1"}, "prompt must be"),
-    ("w1 \ud800", "not valid Unicode"), ([{"role": "user", "content": "\udcff"}], "message 0 'content' is not valid"),
-    ("", "zero tokens"),
-])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ([{"role": "user", "content": None}], "message 0: 'content' must be a string"),
+        ([{"role": "user", "content": 5}], "message 0: 'content' must be a string"),
+        ([{"role": 1, "content": "w1"}], "message 0: 'role' must be a string"),
+        ([], "non-empty list"),
+        ([{"content": "w1"}], "message 0 has no 'role'"),
+        ([{"role": "user", "content": "w1"}, "w2"], "non-empty list"),
+        (None, "prompt must be"),
+        (5, "prompt must be"),
+        (b"w1", "prompt must be"),
+        ([1, 2], "prompt must be"),
+        ({"role": "user", "content": "w1"}, "prompt must be"),
+        ("w1 \ud800", "not valid Unicode"),
+        ([{"role": "user", "content": "\udcff"}], "message 0 'content' is not valid"),
+        ("", "zero tokens"),
+    ],
+)
 def test_bad_prompts_are_named(engine, prompt, message):
     with pytest.raises(ConfigError, match=message):
         engine.generate(prompt, max_tokens=2)
@@ -210,36 +256,42 @@ def test_a_device_this_machine_lacks_is_named(store):
         mlx_flash.load(store, backend="torch", device="cuda", progress=False)
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(backend="torch", device="tpu"), "device 'tpu' is unknown for backend torch"),
-    (dict(backend="mlx", device="cuda"), "device 'cuda' is unknown for backend mlx"),
-    (dict(backend="torch", device=5), "device must be a string or None"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(backend="torch", device="tpu"), "device 'tpu' is unknown for backend torch"),
+        (dict(backend="mlx", device="cuda"), "device 'cuda' is unknown for backend mlx"),
+        (dict(backend="torch", device=5), "device must be a string or None"),
+    ],
+)
 def test_unknown_devices_are_named(store, kw, message):
     with pytest.raises(ConfigError, match=message):
         mlx_flash.load(store, progress=False, **kw)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: mlx_flash.FlashOptions(window="3"), "window must be an integer"),
-    (lambda: mlx_flash.FlashOptions(window=3.0), "window must be an integer"),
-    (lambda: mlx_flash.FlashOptions(recall="0.9"), "predictor_recall must be a number or None"),
-    (lambda: mlx_flash.FlashOptions(statistical_active="0.5"), "statistical_active must be a number"),
-    (lambda: mlx_flash.FlashOptions(down_only="yes"), "down_only must be True or False"),
-    (lambda: mlx_flash.FlashOptions(mode=3), "sparse_mode 3 is unknown"),
-    (lambda: mlx_flash.ExpertOptions(preload="2"), "expert_preload must be an integer"),
-    (lambda: mlx_flash.IOOptions(threads="4"), "io_threads must be an integer or None"),
-    (lambda: mlx_flash.IOOptions(threads=100_000), "io threads must be in 1-256"),
-    (lambda: mlx_flash.EngineConfig(threads=100_000), "threads must be in 1-256"),
-    (lambda: mlx_flash.EngineConfig(context="3"), "context must be an integer"),
-    (lambda: mlx_flash.EngineConfig(threads=True), "threads must be an integer or None"),
-    (lambda: mlx_flash.EngineConfig(prefill_chunk="64"), "prefill_chunk must be an integer"),
-    (lambda: mlx_flash.EngineConfig(memory_budget=["1GB"]), "memory_budget must be a string or a number"),
-    (lambda: mlx_flash.EngineConfig(weights_budget=True), "weights_budget must be a string or a number or None"),
-    (lambda: mlx_flash.EngineConfig(cache_dir=5), "cache_dir must be a string"),
-    (lambda: mlx_flash.EngineConfig(verify_checksums="no"), "verify must be True or False"),
-    (lambda: mlx_flash.EngineConfig(precision=None), "precision must be a string"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: mlx_flash.FlashOptions(window="3"), "window must be an integer"),
+        (lambda: mlx_flash.FlashOptions(window=3.0), "window must be an integer"),
+        (lambda: mlx_flash.FlashOptions(recall="0.9"), "predictor_recall must be a number or None"),
+        (lambda: mlx_flash.FlashOptions(statistical_active="0.5"), "statistical_active must be a number"),
+        (lambda: mlx_flash.FlashOptions(down_only="yes"), "down_only must be True or False"),
+        (lambda: mlx_flash.FlashOptions(mode=3), "sparse_mode 3 is unknown"),
+        (lambda: mlx_flash.ExpertOptions(preload="2"), "expert_preload must be an integer"),
+        (lambda: mlx_flash.IOOptions(threads="4"), "io_threads must be an integer or None"),
+        (lambda: mlx_flash.IOOptions(threads=100_000), "io threads must be in 1-256"),
+        (lambda: mlx_flash.EngineConfig(threads=100_000), "threads must be in 1-256"),
+        (lambda: mlx_flash.EngineConfig(context="3"), "context must be an integer"),
+        (lambda: mlx_flash.EngineConfig(threads=True), "threads must be an integer or None"),
+        (lambda: mlx_flash.EngineConfig(prefill_chunk="64"), "prefill_chunk must be an integer"),
+        (lambda: mlx_flash.EngineConfig(memory_budget=["1GB"]), "memory_budget must be a string or a number"),
+        (lambda: mlx_flash.EngineConfig(weights_budget=True), "weights_budget must be a string or a number or None"),
+        (lambda: mlx_flash.EngineConfig(cache_dir=5), "cache_dir must be a string"),
+        (lambda: mlx_flash.EngineConfig(verify_checksums="no"), "verify must be True or False"),
+        (lambda: mlx_flash.EngineConfig(precision=None), "precision must be a string"),
+    ],
+)
 def test_wrong_typed_options_are_named(make, message):
     with pytest.raises(ConfigError, match=message):
         make()
@@ -255,8 +307,10 @@ def test_load_keywords_of_the_wrong_type_are_named(store):
 def test_numpy_numbers_are_numbers(engine):
     import numpy as np
 
-    assert isinstance(engine.generate("w1", max_tokens=np.int64(2), temperature=np.float32(0.5), top_k=np.int64(3),
-                                      seed=np.int64(1)), str)
+    assert isinstance(
+        engine.generate("w1", max_tokens=np.int64(2), temperature=np.float32(0.5), top_k=np.int64(3), seed=np.int64(1)),
+        str,
+    )
     assert mlx_flash.FlashOptions(window=np.int64(3)).window == 3
 
 
@@ -280,8 +334,9 @@ def test_the_weights_budget_is_named_as_itself(store):
         mlx_flash.load(store, backend="torch", weights_budget="0.5", progress=False)
 
 
-@pytest.mark.parametrize("a,b", [(60_000_000, 60_012_345), (60_000_000, 60_000_001), (59_990_000, 60_040_000),
-                                 (1000, 300_000)])
+@pytest.mark.parametrize(
+    "a,b", [(60_000_000, 60_012_345), (60_000_000, 60_000_001), (59_990_000, 60_040_000), (1000, 300_000)]
+)
 def test_amounts_that_differ_are_written_differently(a, b):
     x, y = fmt_apart(a, b)
     assert x != y and x.endswith(" MB")
@@ -295,8 +350,16 @@ def test_the_memory_minimum_message_shows_two_different_numbers():
     from mlx_flash.memory.limit import MemoryLimit
     from mlx_flash.memory.process_plan import plan_process
 
-    shape = ModelShape.from_config({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                                    "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 96})
+    shape = ModelShape.from_config(
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": 96,
+        }
+    )
 
     def refusal(n):
         try:
@@ -322,8 +385,15 @@ def test_a_weights_budget_below_the_minimum_is_refused_in_stream_mode(store):
         mlx_flash.load(store, backend="torch", ffn="stream", weights_budget=1000, progress=False)
 
 
-@pytest.mark.parametrize("ffn,flash", [("auto", None), ("resident", None), ("stream", None),
-                                       ("sparse", mlx_flash.FlashOptions(mode="hybrid", predictor="dense"))])
+@pytest.mark.parametrize(
+    "ffn,flash",
+    [
+        ("auto", None),
+        ("resident", None),
+        ("stream", None),
+        ("sparse", mlx_flash.FlashOptions(mode="hybrid", predictor="dense")),
+    ],
+)
 def test_the_memory_budget_is_honoured_in_every_ffn_mode(store, ffn, flash):
     with pytest.raises(MemoryBudgetError, match="memory budget 1.0 MB is below"):
         mlx_flash.load(store, backend="torch", ffn=ffn, flash=flash, memory_budget="1MB", progress=False)

@@ -22,8 +22,13 @@ JOBS = [
 
 
 def batch(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "mlx_flash.batch", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_flash.batch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def write_lines(path, lines):
@@ -55,23 +60,39 @@ GOOD = {"id": 1, "prompt": "hello"}
 RUN = ("--backend", "torch", "--max-tokens", "8", "--threads", "1")
 
 
-@pytest.mark.parametrize("lines,words", [
-    ([GOOD, "{not json"], ["line 2", "not JSON"]),
-    ([GOOD, "[1, 2]"], ["line 2", 'an object with an "id"']),
-    ([{"prompt": "no id"}], ["line 1", '"id"']),
-    ([GOOD, {"id": 1, "prompt": "again"}], ["line 2", "id 1 appears twice"]),
-    ([{"id": "x", "prompt": "p", "messages": [{"role": "user", "content": "m"}]}], ["line 1", "exactly one of"]),
-    ([{"id": "x"}], ["line 1", "exactly one of"]),
-    ([GOOD, {"id": 2, "prompt": "p", "max_tokens": "8"}], ["line 2", "max_tokens", "'8'"]),
-    ([{"id": 2, "prompt": "p", "max_tokens": 2.5}], ["line 1", "max_tokens", "2.5"]),
-    ([{"id": 2, "prompt": "p", "max_tokens": 0}], ["line 1", "max_tokens", ">= 1"]),
-    ([{"id": 2, "prompt": "p", "max_tokens": True}], ["line 1", "max_tokens"]),
-    ([{"id": 2, "prompt": ["not", "a", "string"]}], ["line 1", '"prompt" must be a string']),
-    ([{"id": 2, "messages": []}], ["line 1", '"messages" must be a non-empty list']),
-    ([{"id": 2, "messages": [{"role": "user"}]}], ["line 1", '"messages"']),
-], ids=["not-json", "not-an-object", "missing-id", "duplicate-id", "prompt-and-messages", "neither",
-        "max-tokens-string", "max-tokens-float", "max-tokens-zero", "max-tokens-bool", "prompt-not-string",
-        "messages-empty", "message-without-content"])
+@pytest.mark.parametrize(
+    "lines,words",
+    [
+        ([GOOD, "{not json"], ["line 2", "not JSON"]),
+        ([GOOD, "[1, 2]"], ["line 2", 'an object with an "id"']),
+        ([{"prompt": "no id"}], ["line 1", '"id"']),
+        ([GOOD, {"id": 1, "prompt": "again"}], ["line 2", "id 1 appears twice"]),
+        ([{"id": "x", "prompt": "p", "messages": [{"role": "user", "content": "m"}]}], ["line 1", "exactly one of"]),
+        ([{"id": "x"}], ["line 1", "exactly one of"]),
+        ([GOOD, {"id": 2, "prompt": "p", "max_tokens": "8"}], ["line 2", "max_tokens", "'8'"]),
+        ([{"id": 2, "prompt": "p", "max_tokens": 2.5}], ["line 1", "max_tokens", "2.5"]),
+        ([{"id": 2, "prompt": "p", "max_tokens": 0}], ["line 1", "max_tokens", ">= 1"]),
+        ([{"id": 2, "prompt": "p", "max_tokens": True}], ["line 1", "max_tokens"]),
+        ([{"id": 2, "prompt": ["not", "a", "string"]}], ["line 1", '"prompt" must be a string']),
+        ([{"id": 2, "messages": []}], ["line 1", '"messages" must be a non-empty list']),
+        ([{"id": 2, "messages": [{"role": "user"}]}], ["line 1", '"messages"']),
+    ],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "missing-id",
+        "duplicate-id",
+        "prompt-and-messages",
+        "neither",
+        "max-tokens-string",
+        "max-tokens-float",
+        "max-tokens-zero",
+        "max-tokens-bool",
+        "prompt-not-string",
+        "messages-empty",
+        "message-without-content",
+    ],
+)
 def test_bad_input_lines_are_one_error_line(tmp_path, lines, words):
     src = write_lines(tmp_path / "in.jsonl", lines)
     r = batch(src, tmp_path / "out.jsonl", "--backend", "torch")
@@ -79,13 +100,16 @@ def test_bad_input_lines_are_one_error_line(tmp_path, lines, words):
     assert not (tmp_path / "out.jsonl").exists()  # nothing written for a refused input
 
 
-@pytest.mark.parametrize("policy,words", [
-    ("{gpu_batch: 8}", ["policy: not JSON"]),
-    ('{"gpu_batch": 8, "batches": 2}', ["policy: unknown field(s) batches"]),
-    ('{"gpu_batch": 0}', ["policy: gpu_batch and num_batches must be >= 1"]),
-    ('{"order": "sideways"}', ["policy: order must be one of"]),
-    ('{"overlap": "no"}', ["policy: overlap must be true or false"]),
-])
+@pytest.mark.parametrize(
+    "policy,words",
+    [
+        ("{gpu_batch: 8}", ["policy: not JSON"]),
+        ('{"gpu_batch": 8, "batches": 2}', ["policy: unknown field(s) batches"]),
+        ('{"gpu_batch": 0}', ["policy: gpu_batch and num_batches must be >= 1"]),
+        ('{"order": "sideways"}', ["policy: order must be one of"]),
+        ('{"overlap": "no"}', ["policy: overlap must be true or false"]),
+    ],
+)
 def test_a_bad_policy_is_one_error_line(tmp_path, policy, words):
     src = write_lines(tmp_path / "in.jsonl", [GOOD])
     one_error_line(batch(src, tmp_path / "out.jsonl", "--backend", "torch", "--policy", policy), *words)
@@ -107,6 +131,7 @@ def test_a_missing_input_or_a_foreign_output_is_one_error_line(tmp_path):
 
 
 # ---- runs on the default model ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def engine(default_gguf):
@@ -145,7 +170,7 @@ def test_run_resume_and_a_cut_last_line(tmp_path, engine):
 
     # an interrupted run left its last line cut short: dropped with a warning, that prompt run again
     lines = first.splitlines(keepends=True)
-    out.write_text("".join(lines[:-1]) + lines[-1][:len(lines[-1]) // 2])
+    out.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
     r = batch(src, out, *RUN)
     assert r.returncode == 0, r.stderr
     assert "warning:" in r.stderr and "cut short" in r.stderr

@@ -17,8 +17,22 @@ def run(*args):
 
 def test_short_run_checks_times_and_reports(tmp_path):
     out = tmp_path / "k.json"
-    r = run("--shapes", "default", "--bits", "4", "--sparsity", "0,50", "--layers", "3", "--rounds", "1",
-            "--json", str(out), "--plot", str(tmp_path / "k.png"))
+    r = run(
+        "--shapes",
+        "default",
+        "--bits",
+        "4",
+        "--sparsity",
+        "0,50",
+        "--layers",
+        "3",
+        "--rounds",
+        "1",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "k.png"),
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [(x["target"], x["sparsity"]) for x in rows] == [("cpu", 0), ("cpu", 50)]

@@ -41,9 +41,24 @@ def test_short_form_at_one_limit(default_gguf, tmp_path):
         pytest.skip(str(e))
     out = tmp_path / "bench.json"
     limit = 600_000_000
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_memory.py"), "--backends", "mlx",
-                        "--limits", "600MB", "--tokens", "4", "--json", str(out)],
-                       capture_output=True, text=True, timeout=240, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "bench_memory.py"),
+            "--backends",
+            "mlx",
+            "--limits",
+            "600MB",
+            "--tokens",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["rows"]
     ours = [row for row in rows if row["engine"] == "mlx_flash"]

@@ -13,21 +13,45 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def chat(*args, stdin=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "mlx_flash.chat", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_flash.chat", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_one_shot_raw_paris(store_dir, backend):
-    r = chat("--model", store_dir, "--prompt", "The capital of France is", "--temp", "0", "--max-tokens", "8",
-             "--raw", "--backend", backend)
+    r = chat(
+        "--model",
+        store_dir,
+        "--prompt",
+        "The capital of France is",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--raw",
+        "--backend",
+        backend,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(" Paris"), r.stdout
 
 
 def test_repl_over_piped_stdin(store_dir):
-    r = chat("--model", store_dir, "--backend", "torch", "--max-tokens", "30",
-             stdin="What is the capital of France?\n/stats\n/reset\n/bogus\n/quit\nnever read\n")
+    r = chat(
+        "--model",
+        store_dir,
+        "--backend",
+        "torch",
+        "--max-tokens",
+        "30",
+        stdin="What is the capital of France?\n/stats\n/reset\n/bogus\n/quit\nnever read\n",
+    )
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "tok/s" in r.stdout and "per token" in r.stdout
@@ -72,10 +96,18 @@ def test_cli_truncated_store_and_edited_manifest(tiny_store):
     assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "ffn_bundles.bin", "truncated")
     with open(bundles, "r+b") as fh:
         fh.truncate(size)
-    tiny_models.edit_manifest(store, lambda m: m["tensors"]["model.embed_tokens.weight"].__setitem__(
-        "offset", m["tensors"]["model.embed_tokens.weight"]["offset"] + 10**9))
-    assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "resident.safetensors",
-                          "model.embed_tokens.weight", "past the end")
+    tiny_models.edit_manifest(
+        store,
+        lambda m: m["tensors"]["model.embed_tokens.weight"].__setitem__(
+            "offset", m["tensors"]["model.embed_tokens.weight"]["offset"] + 10**9
+        ),
+    )
+    assert_one_line_error(
+        chat("--model", store, "--prompt", "x", "--raw"),
+        "resident.safetensors",
+        "model.embed_tokens.weight",
+        "past the end",
+    )
 
 
 def test_cli_usage_error():
@@ -85,9 +117,13 @@ def test_cli_usage_error():
 
 def test_repl_survives_a_line_that_is_not_utf8(store_dir):
     """Case 5 of the hardening probe: one undecodable line ended the session."""
-    r = subprocess.run([sys.executable, "-m", "mlx_flash.chat", "--model", store_dir, "--backend", "torch",
-                        "--max-tokens", "20"], input=b"caf\xe9 \xff\xfe?\nWhat is the capital of France?\n",
-                       capture_output=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "mlx_flash.chat", "--model", store_dir, "--backend", "torch", "--max-tokens", "20"],
+        input=b"caf\xe9 \xff\xfe?\nWhat is the capital of France?\n",
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr.decode()
     assert "error: that line is not valid UTF-8; nothing was sent" in out
@@ -96,8 +132,17 @@ def test_repl_survives_a_line_that_is_not_utf8(store_dir):
 
 def test_repl_drops_the_oldest_turns_when_the_conversation_outgrows_the_context(store_dir):
     turns = [f"Tell me one fact about the number {n}, in a long sentence about mathematics." for n in range(12)]
-    r = chat("--model", store_dir, "--backend", "torch", "--max-tokens", "24", "--context", "256",
-             stdin="\n".join(turns + ["What is the capital of France?"]) + "\n")
+    r = chat(
+        "--model",
+        store_dir,
+        "--backend",
+        "torch",
+        "--max-tokens",
+        "24",
+        "--context",
+        "256",
+        stdin="\n".join(turns + ["What is the capital of France?"]) + "\n",
+    )
     assert r.returncode == 0, r.stderr
     assert "outgrew the context: its oldest" in r.stdout
     assert "Paris" in r.stdout.split("outgrew the context")[-1]

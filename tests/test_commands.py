@@ -21,8 +21,14 @@ def python(*args, timeout=300):
 
 
 def test_the_commands_have_console_scripts():
-    assert set(SCRIPTS) == {"mlx-flash-chat", "mlx-flash-serve", "mlx-flash-batch", "mlx-flash-convert",
-                            "mlx-flash-verify", "mlx-flash-profile-disk"}
+    assert set(SCRIPTS) == {
+        "mlx-flash-chat",
+        "mlx-flash-serve",
+        "mlx-flash-batch",
+        "mlx-flash-convert",
+        "mlx-flash-verify",
+        "mlx-flash-profile-disk",
+    }
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
@@ -34,8 +40,17 @@ def test_console_script_entry_points_exist_and_run(script):
     assert r.stdout.startswith("usage: ")
 
 
-@pytest.mark.parametrize("module", ["mlx_flash.chat", "mlx_flash.serve", "mlx_flash.batch", "mlx_flash.convert",
-                                    "mlx_flash.verify", "mlx_flash.profile_disk"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "mlx_flash.chat",
+        "mlx_flash.serve",
+        "mlx_flash.batch",
+        "mlx_flash.convert",
+        "mlx_flash.verify",
+        "mlx_flash.profile_disk",
+    ],
+)
 def test_python_m_help(module):
     r = python("-m", module, "--help")
     assert r.returncode == 0, r.stderr

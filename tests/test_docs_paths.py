@@ -13,8 +13,9 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
-                                                                            recursive=True))
+DOCS = ["README.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+)
 SOURCE = r"\.(?:py|cpp|h|cu|cuh|metal|ipynb|sh)"
 REFERENCE = re.compile(r"^(mlx_flash(?:\.\w+)*):(\w+(?:\.\w+)*)$")
 PATH = re.compile(r"^[\w*.-]+(?:/[\w*.-]+)+/?$")
@@ -43,13 +44,14 @@ def path_exists(path: str) -> bool:
     if path.startswith(("~", "/", "http")) or "://" in path:
         return True  # not a path of the tree
     if path.startswith("mlx_flash/kernels"):  # kernels/ installs as mlx_flash/kernels
-        path = path[len("mlx_flash/"):]
+        path = path[len("mlx_flash/") :]
     return any(glob.glob(os.path.join(ROOT, base, path)) for base in ("", "mlx_flash"))
 
 
 def bare_exists(name: str) -> bool:
-    return any(glob.glob(os.path.join(ROOT, top, "**", name), recursive=True) for top in TREE) or \
-        bool(glob.glob(os.path.join(ROOT, name)))
+    return any(glob.glob(os.path.join(ROOT, top, "**", name), recursive=True) for top in TREE) or bool(
+        glob.glob(os.path.join(ROOT, name))
+    )
 
 
 @pytest.mark.parametrize("doc", DOCS)

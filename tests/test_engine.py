@@ -68,8 +68,12 @@ def test_stream_mode_reads_every_layer(engines, store_dir):
 def test_zero_tokens_and_bad_arguments(engines, store_dir):
     e = engines(store_dir)
     assert e.generate("Hi", max_tokens=0) == ""
-    for kw, msg in (({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"),
-                    ({"max_tokens": -1}, "max_tokens")):
+    for kw, msg in (
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_tokens": -1}, "max_tokens"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             e.generate("Hi", **kw)
     with pytest.raises(ConfigError, match="prompt must be"):

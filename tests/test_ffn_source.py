@@ -15,9 +15,14 @@ from mlx_flash.ffn_source import ExpertSource, FFNStats, LayerSource
 FIELDS = {f.name for f in dataclasses.fields(FFNStats)}
 
 
-@pytest.mark.parametrize("ffn,options", [("resident", {}), ("stream", {}),
-                                         ("sparse", {"flash": mlx_flash.FlashOptions(predictor="dense"),
-                                                     "weights_budget": "160%"})])
+@pytest.mark.parametrize(
+    "ffn,options",
+    [
+        ("resident", {}),
+        ("stream", {}),
+        ("sparse", {"flash": mlx_flash.FlashOptions(predictor="dense"), "weights_budget": "160%"}),
+    ],
+)
 def test_dense_sources_share_the_protocol(tiny_store, ffn, options):
     store, _ = tiny_store("llama")
     with mlx_flash.load(store, backend="torch", ffn=ffn, progress=False, **options) as e:

@@ -37,8 +37,13 @@ ENDED = collections.Counter()  # how the calls ended: normal output, a FlashErro
 def fuzz_settings(name: str):
     """The test's example count (COUNTS); no deadline (a case may load a model or generate); a fixed
     seed by default, so a failure reproduces, and a random one with MLX_FLASH_FUZZ=full."""
-    return settings(max_examples=COUNTS[name][1 if FULL else 0], deadline=None, derandomize=not FULL,
-                    suppress_health_check=list(HealthCheck), database=None)
+    return settings(
+        max_examples=COUNTS[name][1 if FULL else 0],
+        deadline=None,
+        derandomize=not FULL,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,9 +51,11 @@ def report():
     """The counts, printed when the module ends (visible with pytest -s)."""
     t0 = time.perf_counter()
     yield
-    print(f"\nAPI fuzz: {sum(RAN.values())} cases ({', '.join(f'{k} {v}' for k, v in RAN.items())}) "
-          f"in {time.perf_counter() - t0:.1f} s{' (MLX_FLASH_FUZZ=full)' if FULL else ''}; calls ended in: "
-          + ", ".join(f"{k} {v}" for k, v in ENDED.items()))
+    print(
+        f"\nAPI fuzz: {sum(RAN.values())} cases ({', '.join(f'{k} {v}' for k, v in RAN.items())}) "
+        f"in {time.perf_counter() - t0:.1f} s{' (MLX_FLASH_FUZZ=full)' if FULL else ''}; calls ended in: "
+        + ", ".join(f"{k} {v}" for k, v in ENDED.items())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,22 +95,32 @@ def sandbox(tmp_path_factory):
 # ---- strategies ------------------------------------------------------------------------------------
 WORDS = [f"w{i}" for i in range(12)] + ["</s>", "<s>", "<unk>"]
 # Surrogates included (undecodable bytes become them), and drawn often: uniform code points rarely are.
-any_char = st.one_of(st.characters(exclude_categories=()), st.sampled_from(["\ud800", "\udcff", "\x00", "\ufeff",
-                                                                           "\U0010ffff", "\n", "\u202e"]))
+any_char = st.one_of(
+    st.characters(exclude_categories=()),
+    st.sampled_from(["\ud800", "\udcff", "\x00", "\ufeff", "\U0010ffff", "\n", "\u202e"]),
+)
 words = st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join)
 texts = st.one_of(words, st.text(any_char, max_size=20), st.just(""), st.text(max_size=300))
-huge_ints = st.integers(min_value=-(2 ** 80), max_value=2 ** 80)
-scalars = st.one_of(st.none(), st.booleans(), huge_ints, st.floats(), st.text(any_char, max_size=8),
-                    st.binary(max_size=4))
-odd = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(any_char, max_size=5), st.integers()), inner,
-                                                 max_size=3)), max_leaves=8)
+huge_ints = st.integers(min_value=-(2**80), max_value=2**80)
+scalars = st.one_of(
+    st.none(), st.booleans(), huge_ints, st.floats(), st.text(any_char, max_size=8), st.binary(max_size=4)
+)
+odd = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.text(any_char, max_size=5), st.integers()), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
 roles = st.one_of(st.sampled_from(["user", "system", "assistant"]), odd)
 contents = st.one_of(words, texts, odd)
-message = st.fixed_dictionaries({"role": roles, "content": contents},
-                                optional={"name": odd, "": odd, "role ": odd, "tool_calls": odd})
-messages = st.lists(st.one_of(message, st.dictionaries(st.text(any_char, max_size=6), odd, max_size=3), odd),
-                    max_size=4)
+message = st.fixed_dictionaries(
+    {"role": roles, "content": contents}, optional={"name": odd, "": odd, "role ": odd, "tool_calls": odd}
+)
+messages = st.lists(
+    st.one_of(message, st.dictionaries(st.text(any_char, max_size=6), odd, max_size=3), odd), max_size=4
+)
 prompts = st.one_of(texts, messages, st.lists(messages, max_size=2), odd)
 
 
@@ -111,15 +128,18 @@ def number(good):
     return st.one_of(good, good, st.floats(), huge_ints, scalars)
 
 
-sampling = st.fixed_dictionaries({}, optional={
-    "max_tokens": number(st.integers(min_value=-2, max_value=4)),
-    "temperature": number(st.floats(min_value=0, max_value=3)),
-    "top_p": number(st.floats(min_value=0, max_value=1.2)),
-    "top_k": number(st.integers(min_value=-1, max_value=200)),
-    "seed": number(st.integers(min_value=-1, max_value=2 ** 70)),
-    "stop": st.one_of(st.none(), texts, st.lists(st.one_of(texts, odd), max_size=3), odd),
-    "speculative": number(st.integers(min_value=-1, max_value=3)),
-})
+sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": number(st.integers(min_value=-2, max_value=4)),
+        "temperature": number(st.floats(min_value=0, max_value=3)),
+        "top_p": number(st.floats(min_value=0, max_value=1.2)),
+        "top_k": number(st.integers(min_value=-1, max_value=200)),
+        "seed": number(st.integers(min_value=-1, max_value=2**70)),
+        "stop": st.one_of(st.none(), texts, st.lists(st.one_of(texts, odd), max_size=3), odd),
+        "speculative": number(st.integers(min_value=-1, max_value=3)),
+    },
+)
 
 
 def bounded(kw: dict) -> dict:
@@ -181,6 +201,7 @@ def test_service_call_ends_in_steps_or_a_flash_error(service, prompt, kw, system
 @dataclass
 class Build:
     """An option group to build inside the case (its constructor's refusal is part of the case)."""
+
     cls: type
     kw: dict
 
@@ -194,35 +215,56 @@ def built(kw: dict) -> dict:
     return {k: v.cls(**v.kw) if isinstance(v, Build) else v for k, v in kw.items()}
 
 
-load_keywords = st.fixed_dictionaries({}, optional={
-    "backend": st.one_of(st.sampled_from(["torch", "mlx", "jax"]), odd),
-    "ffn": st.one_of(st.sampled_from(["auto", "resident", "stream", "sparse"]), odd),
-    "memory_budget": st.one_of(st.sampled_from(["auto", "50%", "600MB", "1MB", "0.5", "-1", "1e9"]), number(
-        st.integers(min_value=0, max_value=2 * 10**9))),
-    "weights_budget": st.one_of(st.sampled_from(["50%", "1000", "0.5", "100MB"]), number(st.integers(0, 10**8))),
-    "context": number(st.integers(min_value=-1, max_value=300)),
-    "precision": st.one_of(st.sampled_from(["auto", "source", "q4", "q5"]), odd),
-    "threads": number(st.integers(min_value=-1, max_value=300)),
-    "device": st.one_of(st.sampled_from(["cpu", "cuda", "gpu", "cuda:1", ""]), odd),
-    "torch_dtype": st.one_of(st.sampled_from(["float32", "bfloat16"]), odd),
-    "prefill_chunk": number(st.integers(min_value=-1, max_value=600)),
-    "verify_checksums": st.one_of(st.booleans(), odd),
-    # relative (the sandbox's), so that no case writes where it should not
-    "cache_dir": st.one_of(st.sampled_from(["", "cache", "afile", "afile/sub"]), st.text(any_char, max_size=6).map(
-        lambda t: "c" + t.replace("..", "")), odd),
-    "flash": options(mlx_flash.FlashOptions, {
-        "mode": st.one_of(st.sampled_from(["naive", "hybrid", "predictor", "window", "all"]), odd),
-        "window": number(st.integers(min_value=-1, max_value=10**6)),
-        "predictor": st.one_of(st.sampled_from(["dense", "gate", "lowrank", "statistical"]), odd),
-        "statistical_active": number(st.floats(0, 1)), "recall": number(st.floats(0, 1.1)),
-        "down_only": st.one_of(st.booleans(), odd)}),
-    "experts": options(mlx_flash.ExpertOptions, {
-        "policy": st.one_of(st.sampled_from(["edgemoe", "lru", "lfu"]), odd),
-        "preload": number(st.integers(min_value=-2, max_value=8))}),
-    "io": options(mlx_flash.IOOptions, {
-        "mode": st.one_of(st.sampled_from(["direct", "buffered"]), odd),
-        "threads": number(st.integers(min_value=-1, max_value=300))}),
-})
+load_keywords = st.fixed_dictionaries(
+    {},
+    optional={
+        "backend": st.one_of(st.sampled_from(["torch", "mlx", "jax"]), odd),
+        "ffn": st.one_of(st.sampled_from(["auto", "resident", "stream", "sparse"]), odd),
+        "memory_budget": st.one_of(
+            st.sampled_from(["auto", "50%", "600MB", "1MB", "0.5", "-1", "1e9"]),
+            number(st.integers(min_value=0, max_value=2 * 10**9)),
+        ),
+        "weights_budget": st.one_of(st.sampled_from(["50%", "1000", "0.5", "100MB"]), number(st.integers(0, 10**8))),
+        "context": number(st.integers(min_value=-1, max_value=300)),
+        "precision": st.one_of(st.sampled_from(["auto", "source", "q4", "q5"]), odd),
+        "threads": number(st.integers(min_value=-1, max_value=300)),
+        "device": st.one_of(st.sampled_from(["cpu", "cuda", "gpu", "cuda:1", ""]), odd),
+        "torch_dtype": st.one_of(st.sampled_from(["float32", "bfloat16"]), odd),
+        "prefill_chunk": number(st.integers(min_value=-1, max_value=600)),
+        "verify_checksums": st.one_of(st.booleans(), odd),
+        # relative (the sandbox's), so that no case writes where it should not
+        "cache_dir": st.one_of(
+            st.sampled_from(["", "cache", "afile", "afile/sub"]),
+            st.text(any_char, max_size=6).map(lambda t: "c" + t.replace("..", "")),
+            odd,
+        ),
+        "flash": options(
+            mlx_flash.FlashOptions,
+            {
+                "mode": st.one_of(st.sampled_from(["naive", "hybrid", "predictor", "window", "all"]), odd),
+                "window": number(st.integers(min_value=-1, max_value=10**6)),
+                "predictor": st.one_of(st.sampled_from(["dense", "gate", "lowrank", "statistical"]), odd),
+                "statistical_active": number(st.floats(0, 1)),
+                "recall": number(st.floats(0, 1.1)),
+                "down_only": st.one_of(st.booleans(), odd),
+            },
+        ),
+        "experts": options(
+            mlx_flash.ExpertOptions,
+            {
+                "policy": st.one_of(st.sampled_from(["edgemoe", "lru", "lfu"]), odd),
+                "preload": number(st.integers(min_value=-2, max_value=8)),
+            },
+        ),
+        "io": options(
+            mlx_flash.IOOptions,
+            {
+                "mode": st.one_of(st.sampled_from(["direct", "buffered"]), odd),
+                "threads": number(st.integers(min_value=-1, max_value=300)),
+            },
+        ),
+    },
+)
 
 
 @fuzz_settings("load")
@@ -248,17 +290,34 @@ def flag_values():
         return st.one_of(st.sampled_from(v), junk)
 
     return {
-        "--temp": reals, "--top-p": reals, "--top-k": ints, "--seed": ints, "--max-tokens": ints,
-        "--speculative": ints, "--memory-budget": st.one_of(budgets, junk),
+        "--temp": reals,
+        "--top-p": reals,
+        "--top-k": ints,
+        "--seed": ints,
+        "--max-tokens": ints,
+        "--speculative": ints,
+        "--memory-budget": st.one_of(budgets, junk),
         "--weights-budget": st.one_of(budgets, junk),
-        "--context": ints, "--prefill-chunk": ints, "--threads": ints, "--io-threads": ints, "--window": ints,
-        "--ffn": c("auto", "resident", "stream", "sparse"), "--backend": c("torch", "mlx"),
-        "--device": c("cpu", "cuda", "gpu", "cuda:3", ""), "--torch-dtype": c("float32", "bfloat16"),
-        "--precision": c("auto", "source", "q4", "q5"), "--io-mode": c("direct", "buffered"),
+        "--context": ints,
+        "--prefill-chunk": ints,
+        "--threads": ints,
+        "--io-threads": ints,
+        "--window": ints,
+        "--ffn": c("auto", "resident", "stream", "sparse"),
+        "--backend": c("torch", "mlx"),
+        "--device": c("cpu", "cuda", "gpu", "cuda:3", ""),
+        "--torch-dtype": c("float32", "bfloat16"),
+        "--precision": c("auto", "source", "q4", "q5"),
+        "--io-mode": c("direct", "buffered"),
         "--sparse-mode": c("naive", "hybrid", "predictor", "window", "all"),
-        "--predictor": c("dense", "gate", "lowrank", "statistical"), "--predictor-recall": reals,
-        "--statistical-active": reals, "--expert-preload": ints, "--cache-dir": st.one_of(dirs, junk),
-        "--system": texts, "--prompt": texts, "--model": st.one_of(st.just("STORE"), junk),
+        "--predictor": c("dense", "gate", "lowrank", "statistical"),
+        "--predictor-recall": reals,
+        "--statistical-active": reals,
+        "--expert-preload": ints,
+        "--cache-dir": st.one_of(dirs, junk),
+        "--system": texts,
+        "--prompt": texts,
+        "--model": st.one_of(st.just("STORE"), junk),
     }
 
 
@@ -290,8 +349,9 @@ def test_chat_main_ends_in_an_answer_or_one_error_line(store, sandbox, argv):
     (sandbox / "afile").write_text("not a directory")
     # The store and a one-shot prompt come first, so that the drawn flags override them (no REPL on
     # the test's stdin); a small answer keeps a case short.
-    argv = ["--model", store, "--backend", "torch", "--prompt", "w1 w2", "--max-tokens", "3"] + \
-        [store if a == "STORE" else a for a in argv]
+    argv = ["--model", store, "--backend", "torch", "--prompt", "w1 w2", "--max-tokens", "3"] + [
+        store if a == "STORE" else a for a in argv
+    ]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), time_limit(CASE_SECONDS):
         try:

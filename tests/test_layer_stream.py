@@ -18,8 +18,9 @@ def test_streamed_layers_equal_resident(store_dir, engines, backend):
         pytest.importorskip("torch")
     store = open_store(store_dir)
     regions = store.layer_regions()
-    assert regions is not None and len(regions) == store.config["num_hidden_layers"], \
+    assert regions is not None and len(regions) == store.config["num_hidden_layers"], (
         "the converter writes each layer's tensors together"
+    )
     ref = engines(store_dir, backend).logits(PROMPT)
     # 40 MB for weights: not the 40.4 MB of embeddings and attention plus a streamed FFN, so layers stream
     with mlx_flash.load(store_dir, backend=backend, weights_budget="40MB", context=128, progress=False) as e:

@@ -17,9 +17,21 @@ from dataclasses import dataclass
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlx_flash")
 KERNELS_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")  # installed as mlx_flash.kernels
 
-PER_TOKEN_PATH = ("mlx_flash.engine", "mlx_flash.runner", "mlx_flash.batching", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.sparse", "mlx_flash.moe",
-                  "mlx_flash.store", "mlx_flash.weights", "mlx_flash.ffn_source", "mlx_flash.sampling",
-                  "mlx_flash.speculative", "mlx_flash.tokenizer")
+PER_TOKEN_PATH = (
+    "mlx_flash.engine",
+    "mlx_flash.runner",
+    "mlx_flash.batching",
+    "mlx_flash.models",
+    "mlx_flash.backends",
+    "mlx_flash.sparse",
+    "mlx_flash.moe",
+    "mlx_flash.store",
+    "mlx_flash.weights",
+    "mlx_flash.ffn_source",
+    "mlx_flash.sampling",
+    "mlx_flash.speculative",
+    "mlx_flash.tokenizer",
+)
 
 
 def within(name: str, prefixes) -> bool:
@@ -36,24 +48,48 @@ class Rule:
     exempt_within: tuple = ()  # ... and packages it leaves out (prefixes)
 
     def applies_to(self, module: str) -> bool:
-        return (within(module, self.importers) and module not in self.exempt
-                and not within(module, self.exempt_within))
+        return within(module, self.importers) and module not in self.exempt and not within(module, self.exempt_within)
 
 
 RULES = (
-    Rule("store/ deals in bytes: no framework, no model, no compute",
-         ("mlx_flash.store",),
-         ("mlx", "torch", "mlx_flash.models", "mlx_flash.backends", "mlx_flash.convert", "mlx_flash.sparse",
-          "mlx_flash.moe", "mlx_flash.calibrate", "mlx_flash.engine", "mlx_flash.api", "mlx_flash.weights")),
+    Rule(
+        "store/ deals in bytes: no framework, no model, no compute",
+        ("mlx_flash.store",),
+        (
+            "mlx",
+            "torch",
+            "mlx_flash.models",
+            "mlx_flash.backends",
+            "mlx_flash.convert",
+            "mlx_flash.sparse",
+            "mlx_flash.moe",
+            "mlx_flash.calibrate",
+            "mlx_flash.engine",
+            "mlx_flash.api",
+            "mlx_flash.weights",
+        ),
+    ),
     Rule("backends/ compute on arrays and know no store", ("mlx_flash.backends",), ("mlx_flash.store",)),
     Rule("sparse/ does not import moe/", ("mlx_flash.sparse",), ("mlx_flash.moe",)),
     Rule("moe/ does not import sparse/", ("mlx_flash.moe",), ("mlx_flash.sparse",)),
-    Rule("the per-token path imports no offline (calibrate/) or conversion (convert/) code",
-         PER_TOKEN_PATH, ("mlx_flash.calibrate", "mlx_flash.convert")),
-    Rule("no runtime package imports bench/ (the measuring harnesses of tools/ and tests, above what they measure)",
-         ("mlx_flash",), ("mlx_flash.bench",), exempt_within=("mlx_flash.bench",)),
-    Rule("calibrate/ is imported from outside it only by mlx_flash/__init__.py (public re-exports)",
-         ("mlx_flash",), ("mlx_flash.calibrate",), exempt=("mlx_flash",), exempt_within=("mlx_flash.calibrate",)),
+    Rule(
+        "the per-token path imports no offline (calibrate/) or conversion (convert/) code",
+        PER_TOKEN_PATH,
+        ("mlx_flash.calibrate", "mlx_flash.convert"),
+    ),
+    Rule(
+        "no runtime package imports bench/ (the measuring harnesses of tools/ and tests, above what they measure)",
+        ("mlx_flash",),
+        ("mlx_flash.bench",),
+        exempt_within=("mlx_flash.bench",),
+    ),
+    Rule(
+        "calibrate/ is imported from outside it only by mlx_flash/__init__.py (public re-exports)",
+        ("mlx_flash",),
+        ("mlx_flash.calibrate",),
+        exempt=("mlx_flash",),
+        exempt_within=("mlx_flash.calibrate",),
+    ),
 )
 
 
@@ -128,8 +164,20 @@ def test_the_package_keeps_its_layers():
     assert not bad, "layering broken:\n" + "\n".join(bad)
 
 
-LEAVES = tuple(f"mlx_flash.{m}" for m in ("errors", "choices", "units", "quant_spec", "host_memory", "progress",
-                                          "slot_turns", "ffn_source", "speculative"))
+LEAVES = tuple(
+    f"mlx_flash.{m}"
+    for m in (
+        "errors",
+        "choices",
+        "units",
+        "quant_spec",
+        "host_memory",
+        "progress",
+        "slot_turns",
+        "ffn_source",
+        "speculative",
+    )
+)
 FLOOR = (  # (importers, the only modules of mlx_flash they may import besides their own package)
     (LEAVES, ()),
     (("mlx_flash.options", "mlx_flash.models"), LEAVES),
@@ -145,8 +193,11 @@ def floor_violations(imports: dict) -> list[str]:
         for module, (path, imported) in imports.items():
             if within(module, importers):
                 own = tuple(p for p in importers if within(module, (p,)))
-                bad |= {f"{path}:{line}: imports {name}" for line, name in imported
-                        if within(name, ("mlx_flash",)) and not within(name, own + allowed)}
+                bad |= {
+                    f"{path}:{line}: imports {name}"
+                    for line, name in imported
+                    if within(name, ("mlx_flash",)) and not within(name, own + allowed)
+                }
     return sorted(bad)
 
 
@@ -159,27 +210,47 @@ def test_the_floor_imports_only_the_floor():
     assert "mlx_flash.kernels.qmatmul" in imports and all(m in imports for m in LEAVES)
     bad = floor_violations(imports)
     assert not bad, "upward imports from the floor:\n" + "\n".join(bad)
-    fake = {"mlx_flash.units": ("units.py", [(1, "mlx_flash.errors")]),
-            "mlx_flash.kernels.q": ("q.py", [(2, "mlx_flash.kernels.r"), (3, "mlx_flash.store.bundles")]),
-            "mlx_flash.models.llama": ("llama.py", [(4, "mlx_flash.ffn_source"), (5, "mlx_flash")])}
-    assert floor_violations(fake) == ["llama.py:5: imports mlx_flash", "q.py:3: imports mlx_flash.store.bundles",
-                                      "units.py:1: imports mlx_flash.errors"]
+    fake = {
+        "mlx_flash.units": ("units.py", [(1, "mlx_flash.errors")]),
+        "mlx_flash.kernels.q": ("q.py", [(2, "mlx_flash.kernels.r"), (3, "mlx_flash.store.bundles")]),
+        "mlx_flash.models.llama": ("llama.py", [(4, "mlx_flash.ffn_source"), (5, "mlx_flash")]),
+    }
+    assert floor_violations(fake) == [
+        "llama.py:5: imports mlx_flash",
+        "q.py:3: imports mlx_flash.store.bundles",
+        "units.py:1: imports mlx_flash.errors",
+    ]
 
 
 def test_the_scan_sees_the_whole_package():
     imports = import_map(PACKAGE_DIR)
-    for module in ("mlx_flash", "mlx_flash.engine", "mlx_flash.store.manifest", "mlx_flash.backends.torch",
-                   "mlx_flash.sparse.cached_rows", "mlx_flash.moe.experts", "mlx_flash.calibrate",
-                   "mlx_flash.convert.converter"):
+    for module in (
+        "mlx_flash",
+        "mlx_flash.engine",
+        "mlx_flash.store.manifest",
+        "mlx_flash.backends.torch",
+        "mlx_flash.sparse.cached_rows",
+        "mlx_flash.moe.experts",
+        "mlx_flash.calibrate",
+        "mlx_flash.convert.converter",
+    ):
         assert module in imports, f"{module} was not scanned"
     _, init = imports["mlx_flash"]
-    assert ("mlx_flash.calibrate" in {n for _, n in init}), "the lazy moefy re-export is an import of calibrate"
+    assert "mlx_flash.calibrate" in {n for _, n in init}, "the lazy moefy re-export is an import of calibrate"
 
 
 def test_each_rule_catches_its_violation():
     fake = {
-        "mlx_flash.store.a": ("store/a.py", [(1, "torch"), (2, "mlx.core"), (3, "mlx_flash.models.llama"),
-                                             (4, "mlx_flash.store.manifest"), (5, "numpy")]),
+        "mlx_flash.store.a": (
+            "store/a.py",
+            [
+                (1, "torch"),
+                (2, "mlx.core"),
+                (3, "mlx_flash.models.llama"),
+                (4, "mlx_flash.store.manifest"),
+                (5, "numpy"),
+            ],
+        ),
         "mlx_flash.backends.mlx": ("backends/mlx.py", [(6, "mlx.core"), (7, "mlx_flash.store.manifest")]),
         "mlx_flash.sparse.a": ("sparse/a.py", [(8, "mlx_flash.moe.routing")]),
         "mlx_flash.moe.a": ("moe/a.py", [(9, "mlx_flash.sparse.planner")]),
@@ -198,8 +269,10 @@ def test_each_rule_catches_its_violation():
     assert {int(v.split(":")[1]) for v in got} == expected_lines, "\n".join(got)
     assert any(v.startswith("engine.py:10: imports mlx_flash.calibrate.routes (rule: the per-token path") for v in got)
     assert any(v.startswith("chat.py:12: imports mlx_flash.calibrate (rule: calibrate/ is imported") for v in got)
-    assert any(v.startswith("memory/a.py:17: imports mlx_flash.bench.cgroup (rule: no runtime package imports bench/")
-               for v in got)
+    assert any(
+        v.startswith("memory/a.py:17: imports mlx_flash.bench.cgroup (rule: no runtime package imports bench/")
+        for v in got
+    )
 
 
 def test_relative_and_nested_imports_are_resolved(tmp_path):
@@ -207,25 +280,31 @@ def test_relative_and_nested_imports_are_resolved(tmp_path):
     (root / "store").mkdir(parents=True)
     (root / "__init__.py").write_text("")
     (root / "store" / "__init__.py").write_text("from ..calibrate import moefy\n")
-    (root / "store" / "a.py").write_text("from . import b\nfrom .. import moe\n\n\ndef f():\n    import torch\n"
-                                         "    from ...outside import x\n")
+    (root / "store" / "a.py").write_text(
+        "from . import b\nfrom .. import moe\n\n\ndef f():\n    import torch\n    from ...outside import x\n"
+    )
     imports = import_map(str(root))
-    assert ("mlx_flash.calibrate" in {n for _, n in imports["mlx_flash.store"][1]})
+    assert "mlx_flash.calibrate" in {n for _, n in imports["mlx_flash.store"][1]}
     names = {n for _, n in imports["mlx_flash.store.a"][1]}
     assert {"mlx_flash.store.b", "mlx_flash.moe", "torch"} <= names
     bad = violations(imports)
     init, a = str(root / "store" / "__init__.py"), str(root / "store" / "a.py")
-    assert bad == sorted([f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[0].name})",
-                          f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[4].name})",
-                          f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[-1].name})",
-                          f"{a}:2: imports mlx_flash.moe (rule: {RULES[0].name})",
-                          f"{a}:6: imports torch (rule: {RULES[0].name})"]), bad
+    assert bad == sorted(
+        [
+            f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[0].name})",
+            f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[4].name})",
+            f"{init}:1: imports mlx_flash.calibrate (rule: {RULES[-1].name})",
+            f"{a}:2: imports mlx_flash.moe (rule: {RULES[0].name})",
+            f"{a}:6: imports torch (rule: {RULES[0].name})",
+        ]
+    ), bad
 
 
 def test_importing_the_package_loads_no_offline_code():
     code = "import sys, mlx_flash; print(sorted(m for m in sys.modules if m.startswith('mlx_flash.calibrate')))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=os.path.dirname(PACKAGE_DIR))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=os.path.dirname(PACKAGE_DIR)
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -306,6 +385,7 @@ def package_graph(imports: dict) -> dict[str, set[str]]:
     (mlx_flash.engine) is one node; the package root mlx_flash itself is left out (it re-exports). A
     package's `__main__` (`python -m mlx_flash.convert`) is a node of its own: an entry point that nothing
     imports, handing over to its command in cli/, so it ties no package to another."""
+
     def node(name):
         parts = name.split(".")
         if parts[-1] == "__main__":
@@ -327,21 +407,38 @@ def test_no_two_packages_import_each_other():
     package that imports one above it, even through others and even inside a function, loads half the
     engine with it and breaks the moment the order changes. At import time (module level) too."""
     for module_level in (False, True):
-        graph = package_graph({**import_map(PACKAGE_DIR, module_level=module_level),
-                               **import_map(KERNELS_DIR, "mlx_flash.", module_level=module_level)})
+        graph = package_graph(
+            {
+                **import_map(PACKAGE_DIR, module_level=module_level),
+                **import_map(KERNELS_DIR, "mlx_flash.", module_level=module_level),
+            }
+        )
         assert {"mlx_flash.offload", "mlx_flash.service", "mlx_flash.backends", "mlx_flash.kernels"} <= set(graph)
         found = circles(graph)
         assert not found, "packages importing each other: " + "; ".join(" <-> ".join(g) for g in found)
-    assert circles(package_graph({"mlx_flash.a.x": ("x.py", [(1, "mlx_flash.b.y")]),
-                                  "mlx_flash.b.y": ("y.py", [(1, "mlx_flash.a")])})) == [["mlx_flash.a", "mlx_flash.b"]]
+    assert circles(
+        package_graph(
+            {"mlx_flash.a.x": ("x.py", [(1, "mlx_flash.b.y")]), "mlx_flash.b.y": ("y.py", [(1, "mlx_flash.a")])}
+        )
+    ) == [["mlx_flash.a", "mlx_flash.b"]]
     # an entry point importing the command that imports its package: no circle (nothing imports __main__)
-    assert circles(package_graph({"mlx_flash.a.__main__": ("m.py", [(1, "mlx_flash.cli.a")]),
-                                  "mlx_flash.cli.a": ("a.py", [(1, "mlx_flash.a.x")]),
-                                  "mlx_flash.a.x": ("x.py", [])})) == []
+    assert (
+        circles(
+            package_graph(
+                {
+                    "mlx_flash.a.__main__": ("m.py", [(1, "mlx_flash.cli.a")]),
+                    "mlx_flash.cli.a": ("a.py", [(1, "mlx_flash.a.x")]),
+                    "mlx_flash.a.x": ("x.py", []),
+                }
+            )
+        )
+        == []
+    )
 
 
-ENTRY_MODULES = tuple(f"mlx_flash.{m}" for m in ("chat", "serve", "batch", "verify", "profile_disk",
-                                                 "convert.__main__"))
+ENTRY_MODULES = tuple(
+    f"mlx_flash.{m}" for m in ("chat", "serve", "batch", "verify", "profile_disk", "convert.__main__")
+)
 
 
 def documented_levels(path: str) -> dict[str, int]:
@@ -349,7 +446,7 @@ def documented_levels(path: str) -> dict[str, int]:
     `names` | ...; `x.py` and `x/` name mlx_flash.x; "the leaves" and "the entry modules" name those)."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
-    table = text[text.index("| level | packages and modules |"):]
+    table = text[text.index("| level | packages and modules |") :]
     levels = {}
     for line in table.splitlines()[2:]:
         if not line.startswith("|"):
@@ -366,8 +463,13 @@ def documented_levels(path: str) -> dict[str, int]:
 def level_violations(graph: dict[str, set[str]], levels: dict[str, int]) -> list[str]:
     """Each package or module missing from the table, and each import of one at its own level or above."""
     bad = [f"{a} has no level in the table" for a in sorted(graph) if a not in levels]
-    bad += [f"{a} (level {levels[a]}) imports {b} (level {levels[b]})" for a in sorted(graph) if a in levels
-            for b in sorted(graph[a]) if b in levels and levels[b] >= levels[a]]
+    bad += [
+        f"{a} (level {levels[a]}) imports {b} (level {levels[b]})"
+        for a in sorted(graph)
+        if a in levels
+        for b in sorted(graph[a])
+        if b in levels and levels[b] >= levels[a]
+    ]
     return bad
 
 
@@ -376,19 +478,22 @@ def test_the_documented_levels_hold():
     package and top-level module has a level, and each imports (at module level) only lower ones."""
     levels = documented_levels(os.path.join(os.path.dirname(PACKAGE_DIR), "docs", "architecture.md"))
     assert levels["mlx_flash.errors"] == 0 and "mlx_flash.batching" in levels
-    graph = package_graph({**import_map(PACKAGE_DIR, module_level=True),
-                           **import_map(KERNELS_DIR, "mlx_flash.", module_level=True)})
+    graph = package_graph(
+        {**import_map(PACKAGE_DIR, module_level=True), **import_map(KERNELS_DIR, "mlx_flash.", module_level=True)}
+    )
     bad = level_violations(graph, levels)
     assert not bad, "docs/architecture.md's levels do not hold:\n" + "\n".join(bad)
-    assert level_violations({"mlx_flash.a": {"mlx_flash.b"}, "mlx_flash.c": set()},
-                            {"mlx_flash.a": 1, "mlx_flash.b": 1}) == [
-        "mlx_flash.c has no level in the table", "mlx_flash.a (level 1) imports mlx_flash.b (level 1)"]
+    assert level_violations(
+        {"mlx_flash.a": {"mlx_flash.b"}, "mlx_flash.c": set()}, {"mlx_flash.a": 1, "mlx_flash.b": 1}
+    ) == ["mlx_flash.c has no level in the table", "mlx_flash.a (level 1) imports mlx_flash.b (level 1)"]
 
 
 def test_module_level_imports_leave_out_those_inside_functions(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import os\ntry:\n    import json\nexcept ImportError:\n    pass\n"
-                 "def f():\n    import sys\nclass C:\n    import re\n")
+    f.write_text(
+        "import os\ntry:\n    import json\nexcept ImportError:\n    pass\n"
+        "def f():\n    import sys\nclass C:\n    import re\n"
+    )
     assert sorted(n for _, n in imports_of(str(f), "m", False, module_level=True)) == ["json", "os", "re"]
     assert sorted(n for _, n in imports_of(str(f), "m", False)) == ["json", "os", "re", "sys"]
 
@@ -399,8 +504,9 @@ def deferred_imports(root: str, prefix: str = "") -> list[tuple[str, int, str]]:
     out = set()
     for module, (path, imported) in everywhere.items():
         early = set(at_import[module][1])
-        out |= {(path, line, name) for line, name in imported
-                if (line, name) not in early and within(name, ("mlx_flash",))}
+        out |= {
+            (path, line, name) for line, name in imported if (line, name) not in early and within(name, ("mlx_flash",))
+        }
     return sorted({(p, line, min(n for q, ln, n in out if q == p and ln == line)) for p, line, _ in out})
 
 
@@ -409,8 +515,9 @@ def test_imports_inside_functions_are_few_and_say_why():
     check: it is kept only where it defers something heavy or optional (offline code, the LP solver,
     a GPU build) or where a knot is still open, and it says which on its line ("# deferred: ...")."""
     found = deferred_imports(PACKAGE_DIR) + deferred_imports(KERNELS_DIR, "mlx_flash.")
-    assert len(found) <= 10, f"{len(found)} imports inside functions (at most 10): " + \
-        ", ".join(f"{os.path.relpath(p, PACKAGE_DIR)}:{line}" for p, line, _ in found)
+    assert len(found) <= 10, f"{len(found)} imports inside functions (at most 10): " + ", ".join(
+        f"{os.path.relpath(p, PACKAGE_DIR)}:{line}" for p, line, _ in found
+    )
     silent = []
     for path, line, name in found:
         with open(path, encoding="utf-8") as fh:

@@ -19,8 +19,12 @@ MODES = {
     "resident": dict(ffn="resident"),
     "stream": dict(ffn="stream"),
     "streamed layers": dict(weights_budget="40MB", context=128),
-    "sparse": dict(ffn="sparse", weights_budget="200%", io=mlx_flash.IOOptions(mode="buffered"),
-                   flash=mlx_flash.FlashOptions(mode="window", predictor="statistical")),
+    "sparse": dict(
+        ffn="sparse",
+        weights_budget="200%",
+        io=mlx_flash.IOOptions(mode="buffered"),
+        flash=mlx_flash.FlashOptions(mode="window", predictor="statistical"),
+    ),
 }
 
 

@@ -14,8 +14,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-NOTEBOOKS = ["01_quickstart.ipynb", "02_flash_budget.ipynb", "03_moe_experts.ipynb", "04_disk_profile.ipynb",
-             "05_service.ipynb", "06_batch.ipynb"]
+NOTEBOOKS = [
+    "01_quickstart.ipynb",
+    "02_flash_budget.ipynb",
+    "03_moe_experts.ipynb",
+    "04_disk_profile.ipynb",
+    "05_service.ipynb",
+    "06_batch.ipynb",
+]
 CELL_TIMEOUT = 600  # seconds; a whole notebook takes under ~2 minutes on the 2-core test machine
 KERNEL = "mlx-flash-tests"
 REQUIRE = os.environ.get("MLX_FLASH_REQUIRE_DATA") == "1"
@@ -62,15 +68,23 @@ def kernel_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "mlx_flash tests", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "mlx_flash tests",
+                "language": "python",
+            }
+        )
+    )
     return str(root)
 
 
 # The quickstart and the service run in the default tier; the others (1-2 minutes each) in the full one.
-RUN = [n if n in ("01_quickstart.ipynb", "05_service.ipynb") else pytest.param(n, marks=pytest.mark.full)
-       for n in NOTEBOOKS]
+RUN = [
+    n if n in ("01_quickstart.ipynb", "05_service.ipynb") else pytest.param(n, marks=pytest.mark.full)
+    for n in NOTEBOOKS
+]
 
 
 @pytest.mark.slow
@@ -84,14 +98,16 @@ def test_notebook_runs(name, default_gguf, kernel_dir, tmp_path, monkeypatch):
 
     monkeypatch.setenv("JUPYTER_PATH", kernel_dir)  # the kernel inherits the rest (MLX_FLASH_CACHE included)
     nb = nbformat.read(os.path.join(EXAMPLES, name), as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL, resources={"metadata": {"path": str(tmp_path)}}
+    )
     t0 = time.perf_counter()
     try:
         client.execute()
     finally:
         nbformat.write(nb, str(tmp_path / name))  # the executed copy, to look at when a cell fails
     print(f"{name}: {time.perf_counter() - t0:.1f} s")
-    images = sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-                  for out in cell.outputs)
+    images = sum(
+        "image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+    )
     assert images >= 1, f"{name} drew no plot"

@@ -35,20 +35,26 @@ def test_the_readme_python_blocks_run_as_written(tmp_path):
 
     moe_dir = str(tmp_path / "moe")
     build("mixtral", moe_dir)
-    placeholders = {'"model.gguf"': repr(default_model_path()), '"path/to/moe"': repr(moe_dir),
-                    '"~/contexts"': repr(str(tmp_path / "contexts"))}
+    placeholders = {
+        '"model.gguf"': repr(default_model_path()),
+        '"path/to/moe"': repr(moe_dir),
+        '"~/contexts"': repr(str(tmp_path / "contexts")),
+    }
     source = "\n".join(python_blocks())
     for name, value in placeholders.items():
         assert name in source, f"the README no longer has {name}: drop it from this test"
         source = source.replace(name, value)
     prompts = [f"Question {i}: what is {i} plus {i}?" for i in range(8)]
     script = tmp_path / "readme_blocks.py"
-    script.write_text(f"prompts = {prompts!r}\n" + source + "\nimport json\n"
-                      "print('RESULT ' + json.dumps({'texts': texts, 'text': text}))\n")
+    script.write_text(
+        f"prompts = {prompts!r}\n" + source + "\nimport json\n"
+        "print('RESULT ' + json.dumps({'texts': texts, 'text': text}))\n"
+    )
     # an empty cache, as on a fresh machine: nothing converted, trained or profiled before
     env = {**os.environ, "MLX_FLASH_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                       env=env)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Paris" in r.stdout  # the quickstart's completion and the service's answer
     result = json.loads(r.stdout.rsplit("RESULT ", 1)[1])

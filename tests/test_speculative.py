@@ -7,8 +7,9 @@ import mlx_flash
 from mlx_flash.errors import ConfigError
 from mlx_flash.speculative import accepted_prefix, ngram_draft
 
-PROMPT = ("The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog sat on the log. "
-          "The cat sat on the")
+PROMPT = (
+    "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog sat on the log. The cat sat on the"
+)
 
 
 def test_ngram_draft_takes_the_latest_longest_match():
@@ -22,10 +23,14 @@ def test_ngram_draft_takes_the_latest_longest_match():
 
 @pytest.mark.parametrize("ffn", ["resident", pytest.param("sparse", marks=pytest.mark.full)])  # sparse: ~25 s
 def test_speculative_greedy_equals_plain_greedy(f16_store_dir, ffn):
-    kw = dict(ffn="sparse", weights_budget="60%", flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) \
-        if ffn == "sparse" else {}
-    with mlx_flash.load(f16_store_dir, backend="torch", progress=False, io=mlx_flash.IOOptions(mode="buffered"),
-                        **kw) as e:
+    kw = (
+        dict(ffn="sparse", weights_budget="60%", flash=mlx_flash.FlashOptions(mode="all", predictor="dense"))
+        if ffn == "sparse"
+        else {}
+    )
+    with mlx_flash.load(
+        f16_store_dir, backend="torch", progress=False, io=mlx_flash.IOOptions(mode="buffered"), **kw
+    ) as e:
         plain = [s.token for s in e.stream_generate(PROMPT, max_tokens=48)]
         spec = [s.token for s in e.stream_generate(PROMPT, max_tokens=48, speculative=4)]
         summary = e.last

@@ -10,8 +10,10 @@ import pytest
 from mlx_flash.errors import ModelFileError
 from mlx_flash.tokenizer import Tokenizer, compile_template
 
-TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] | tojson }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant:{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] | tojson }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _store_with(tmp_path, template=None, files=None):
@@ -31,7 +33,7 @@ def _store_with(tmp_path, template=None, files=None):
 
 def test_chat_template_rendered_with_special_tokens_and_json(tmp_path):
     tok = Tokenizer(_store_with(tmp_path, TEMPLATE))
-    text = tok.render_chat([{"role": "user", "content": "é \"q\" <b>"}])
+    text = tok.render_chat([{"role": "user", "content": 'é "q" <b>'}])
     assert text == 'user: "é \\"q\\" <b>"\nassistant:'.replace("user", "<s>user", 1)
 
 
@@ -71,8 +73,13 @@ print(repr(out), sorted(m for m in ("torch", "transformers", "mlx_lm") if m in s
 
 @pytest.mark.slow
 def test_mlx_path_imports_neither_torch_nor_transformers(store_dir):
-    r = subprocess.run([sys.executable, "-c", PROBE, store_dir], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE, store_dir],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith("' Paris")
     assert r.stdout.strip().endswith("[]"), r.stdout

@@ -43,8 +43,14 @@ def drop_layer_count(store):
     tiny_models.edit_manifest(store, lambda m: m["config"].pop("num_hidden_layers"))
 
 
-@pytest.mark.parametrize("damage, says", [(corrupt, "sha256 mismatch"), (truncate, "truncated or replaced"),
-                                          (drop_layer_count, "config.num_hidden_layers = None: is missing")])
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (corrupt, "sha256 mismatch"),
+        (truncate, "truncated or replaced"),
+        (drop_layer_count, "config.num_hidden_layers = None: is missing"),
+    ],
+)
 def test_a_bad_store_fails_with_one_line(tiny_store, capsys, damage, says):
     store, _ = tiny_store("llama")
     damage(store)

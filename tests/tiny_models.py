@@ -20,20 +20,39 @@ def write_tokenizer(out_dir: str, vocab: int = VOCAB) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
-                   "eos_token": "</s>"}, fh)
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "<unk>",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+            },
+            fh,
+        )
 
 
 def hf_config(family: str, **over):
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if family == "opt":
         cfg = tf.OPTConfig(**{**common, "ffn_dim": 128, "word_embed_proj_dim": 64, **over})
     elif family in MOE_FAMILIES:
-        kw = dict(intermediate_size=32, num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                  num_experts_per_tok=2)
+        kw = dict(
+            intermediate_size=32,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            num_experts_per_tok=2,
+        )
         if family == "mixtral":
             cfg = tf.MixtralConfig(**{**common, **kw, "num_local_experts": 4, **over})
         else:
@@ -45,12 +64,19 @@ def hf_config(family: str, **over):
             cls = {"qwen2_moe": tf.Qwen2MoeConfig, "qwen3_moe": tf.Qwen3MoeConfig, "olmoe": tf.OlmoeConfig}[family]
             cfg = cls(**{**common, **kw, **over})
     elif family == "gemma3_text":  # six layers: five sliding (a window of 8) and one full
-        kw = dict(intermediate_size=96, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                  query_pre_attn_scalar=16, rms_norm_eps=1e-6)
+        kw = dict(
+            intermediate_size=96,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=16,
+            rms_norm_eps=1e-6,
+        )
         cfg = tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 6, **kw, **over})
     else:
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config,
-               "qwen3": tf.Qwen3Config}[family]
+        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}[
+            family
+        ]
         kw = dict(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=False)
         if family == "qwen3":
             kw["head_dim"] = 16
@@ -98,8 +124,11 @@ def quantize_dir(hf_dir, out_dir, bits=4, group=32, overrides=None):
     os.makedirs(out_dir, exist_ok=True)
     mx.save_safetensors(os.path.join(out_dir, "model.safetensors"), out)
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    cfg["quantization"] = {"group_size": group, "bits": bits,
-                           **{k: {"group_size": group, "bits": v} for k, v in overrides.items()}}
+    cfg["quantization"] = {
+        "group_size": group,
+        "bits": bits,
+        **{k: {"group_size": group, "bits": v} for k, v in overrides.items()},
+    }
     json.dump(cfg, open(os.path.join(out_dir, "config.json"), "w"))
     write_tokenizer(out_dir)
     return exact

@@ -68,8 +68,12 @@ def run_llama_cpp(llm, ids, gen):
 def measure(fn, runs):
     fn()  # warm-up (first-touch of weights, allocator, kernel selection)
     pre, dec = zip(*(fn() for _ in range(runs)))
-    return {"prefill_tps": statistics.median(pre), "decode_tps": statistics.median(dec),
-            "prefill_all": list(pre), "decode_all": list(dec)}
+    return {
+        "prefill_tps": statistics.median(pre),
+        "decode_tps": statistics.median(dec),
+        "prefill_all": list(pre),
+        "decode_all": list(dec),
+    }
 
 
 def main() -> int:
@@ -105,8 +109,9 @@ def main() -> int:
             results["llama.cpp"] = "not installed"
         else:
             gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
-            llm = Llama(gguf, n_ctx=max(1024, len(ids) + a.gen_tokens + 16), n_threads=a.threads, n_batch=512,
-                        verbose=False)
+            llm = Llama(
+                gguf, n_ctx=max(1024, len(ids) + a.gen_tokens + 16), n_threads=a.threads, n_batch=512, verbose=False
+            )
             results["llama.cpp"] = measure(lambda: run_llama_cpp(llm, ids, a.gen_tokens), a.runs)
     print(f"\nprompt {a.prompt_tokens} tokens, generate {a.gen_tokens}, median of {a.runs} runs, {a.threads} threads")
     print(f"{'config':<14}{'prefill tok/s':>15}{'decode tok/s':>15}")
@@ -119,14 +124,26 @@ def main() -> int:
         ref = results["llama.cpp"]["decode_tps"]
         for name, r in results.items():
             if name != "llama.cpp" and isinstance(r, dict):
-                print(f"decode ratio {name} / llama.cpp = {r['decode_tps'] / ref:.2f}; prefill ratio "
-                      f"{r['prefill_tps'] / results['llama.cpp']['prefill_tps']:.2f} "
-                      f"({len(ids) / r['prefill_tps']:.2f} s against {len(ids) / results['llama.cpp']['prefill_tps']:.2f} s)")
+                print(
+                    f"decode ratio {name} / llama.cpp = {r['decode_tps'] / ref:.2f}; prefill ratio "
+                    f"{r['prefill_tps'] / results['llama.cpp']['prefill_tps']:.2f} "
+                    f"({len(ids) / r['prefill_tps']:.2f} s against "
+                    f"{len(ids) / results['llama.cpp']['prefill_tps']:.2f} s)"
+                )
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
-            json.dump({"prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens, "runs": a.runs,
-                       "threads": a.threads, "results": results}, fh, indent=1)
+            json.dump(
+                {
+                    "prompt_tokens": a.prompt_tokens,
+                    "gen_tokens": a.gen_tokens,
+                    "runs": a.runs,
+                    "threads": a.threads,
+                    "results": results,
+                },
+                fh,
+                indent=1,
+            )
         print(f"wrote {a.json}")
     return 0
 

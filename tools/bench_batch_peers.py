@@ -47,7 +47,7 @@ from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.offload import Policy
 
 # Runs under --mlx-lm-python: argv[1] a request JSON, argv[2] where to write the results JSON.
-PEER_WORKER = r'''
+PEER_WORKER = r"""
 import json, statistics, sys, time
 import mlx.core as mx
 import mlx_lm
@@ -123,7 +123,7 @@ if req["sequential"]:
     row.update(engine="mlx-lm stream_generate", batch=1, token_ids=ids)
     out["rows"].append(row)
 json.dump(out, open(sys.argv[2], "w"))
-'''
+"""
 
 
 def corpus_prompts(engine, count: int, lo: int, hi: int) -> list[str]:
@@ -135,13 +135,21 @@ def corpus_prompts(engine, count: int, lo: int, hi: int) -> list[str]:
         n = lo + (7 * k) % (hi - lo + 1)
         if at + n > len(ids):
             raise FlashError(f"the corpus gave {len(ids)} tokens, too few for {count} prompts")
-        out.append(engine.tokenizer.decode(ids[at:at + n]))
+        out.append(engine.tokenizer.decode(ids[at : at + n]))
         at += n
     return out
 
 
-def run_ours(backend: str, prompts: list[str], gen: int, batches: list[int], runs: int, check: str,
-             check_tokens: int, model: str | None) -> tuple[list[dict], dict]:
+def run_ours(
+    backend: str,
+    prompts: list[str],
+    gen: int,
+    batches: list[int],
+    runs: int,
+    check: str,
+    check_tokens: int,
+    model: str | None,
+) -> tuple[list[dict], dict]:
     rows, info = [], {}
     with mlx_flash.load(model, backend=backend, progress=False) as engine:
         info["describe"] = engine.ops.describe()
@@ -155,25 +163,57 @@ def run_ours(backend: str, prompts: list[str], gen: int, batches: list[int], run
                 texts = engine.generate_batch(prompts, max_tokens=gen, policy=policy)
                 outer = time.perf_counter() - t0
                 s = engine.last_batch
-                results.append({"generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
-                                "prefill_s": s.prefill_s, "decode_s": s.decode_s, "seconds": s.seconds,
-                                "outer_s": outer})
+                results.append(
+                    {
+                        "generated_tokens": s.generated_tokens,
+                        "prompt_tokens": s.prompt_tokens,
+                        "prefill_s": s.prefill_s,
+                        "decode_s": s.decode_s,
+                        "seconds": s.seconds,
+                        "outer_s": outer,
+                    }
+                )
             row = {k: statistics.median(r[k] for r in results) for k in results[0]}
             row.update(engine=f"ours {backend}", batch=b, runs=runs, policy=str(policy), texts=texts)
             rows.append(row)
-            print(f"ours {backend} batch {b}: {rate(row, 'decode_s'):.1f} decode tok/s, "
-                  f"{rate(row, 'seconds'):.1f} end-to-end tok/s", file=sys.stderr, flush=True)
+            print(
+                f"ours {backend} batch {b}: {rate(row, 'decode_s'):.1f} decode tok/s, "
+                f"{rate(row, 'seconds'):.1f} end-to-end tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows, info
 
 
-def run_mlx_lm(python: str, model_dir: str, prompt_ids: list, gen: int, batches: list[int], runs: int,
-               check_ids: list, check_tokens: int, prefill_batch: int, sequential: bool) -> dict:
+def run_mlx_lm(
+    python: str,
+    model_dir: str,
+    prompt_ids: list,
+    gen: int,
+    batches: list[int],
+    runs: int,
+    check_ids: list,
+    check_tokens: int,
+    prefill_batch: int,
+    sequential: bool,
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         req, res = os.path.join(tmp, "req.json"), os.path.join(tmp, "res.json")
         with open(req, "w") as fh:
-            json.dump({"model_dir": model_dir, "prompts": prompt_ids, "max_tokens": gen, "batches": batches,
-                       "runs": runs, "check_ids": check_ids, "check_tokens": check_tokens,
-                       "prefill_batch": prefill_batch, "sequential": sequential}, fh)
+            json.dump(
+                {
+                    "model_dir": model_dir,
+                    "prompts": prompt_ids,
+                    "max_tokens": gen,
+                    "batches": batches,
+                    "runs": runs,
+                    "check_ids": check_ids,
+                    "check_tokens": check_tokens,
+                    "prefill_batch": prefill_batch,
+                    "sequential": sequential,
+                },
+                fh,
+            )
         r = subprocess.run([python, "-c", PEER_WORKER, req, res], stdout=sys.stderr)  # its output shows as it runs
         if r.returncode != 0:
             raise FlashError(f"mlx-lm under {python} failed (exit {r.returncode}; its output is above)")
@@ -189,36 +229,54 @@ def print_table(rows: list[dict], batch: int) -> None:
     print("| engine | batch | tokens generated | prefill s | decode s | decode tok/s | end-to-end tok/s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['engine']} | {r['batch']} | {r['generated_tokens']} | {r['prefill_s']:.2f} | "
-              f"{r['decode_s']:.2f} | {rate(r, 'decode_s'):.1f} | {rate(r, 'seconds'):.1f} |")
+        print(
+            f"| {r['engine']} | {r['batch']} | {r['generated_tokens']} | {r['prefill_s']:.2f} | "
+            f"{r['decode_s']:.2f} | {rate(r, 'decode_s'):.1f} | {rate(r, 'seconds'):.1f} |"
+        )
     print()
     by = {(r["engine"], r["batch"]): r for r in rows}
     for eng in dict.fromkeys(r["engine"] for r in rows):
         one, big = by.get((eng, 1)), by.get((eng, batch))
         if one and big and batch != 1:
-            print(f"{eng}: batch {batch} / batch 1 = {rate(big, 'decode_s') / rate(one, 'decode_s'):.2f}x decode, "
-                  f"{rate(big, 'seconds') / rate(one, 'seconds'):.2f}x end to end")
+            print(
+                f"{eng}: batch {batch} / batch 1 = {rate(big, 'decode_s') / rate(one, 'decode_s'):.2f}x decode, "
+                f"{rate(big, 'seconds') / rate(one, 'seconds'):.2f}x end to end"
+            )
     peer = by.get(("mlx-lm batch_generate", batch))
     if peer:
         for eng in dict.fromkeys(r["engine"] for r in rows if r["engine"].startswith("ours")):
             if (eng, batch) in by:
                 r = by[(eng, batch)]
-                print(f"{eng} / mlx-lm at batch {batch} = {rate(r, 'decode_s') / rate(peer, 'decode_s'):.2f}x decode, "
-                      f"{rate(r, 'seconds') / rate(peer, 'seconds'):.2f}x end to end")
+                print(
+                    f"{eng} / mlx-lm at batch {batch} = {rate(r, 'decode_s') / rate(peer, 'decode_s'):.2f}x decode, "
+                    f"{rate(r, 'seconds') / rate(peer, 'seconds'):.2f}x end to end"
+                )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None,
-                   help="a llama GGUF of Q4_0 / Q4_1 / Q8_0 weights (default: the package's SmolLM2 Q4_1)")
-    p.add_argument("--mlx-lm-python", default=os.environ.get("MLX_LM_PYTHON"),
-                   help="python of an environment with mlx-lm (default: $MLX_LM_PYTHON; none: mlx-lm is skipped)")
-    p.add_argument("--mlx-lm-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                   help="dtype of mlx-lm's scales, biases and norms, so of its activations (default: float32, "
-                        "as our MLX backend computes on the CPU; float16 is the GGUF's own, and MLX's CPU "
-                        "quantized_matmul runs it ~80x slower)")
-    p.add_argument("--mlx-lm-prefill-batch", type=int, default=0,
-                   help="prompts mlx-lm prefills together (default 0: the batch size; mlx-lm's own default is 8)")
+    p.add_argument(
+        "--model", default=None, help="a llama GGUF of Q4_0 / Q4_1 / Q8_0 weights (default: the package's SmolLM2 Q4_1)"
+    )
+    p.add_argument(
+        "--mlx-lm-python",
+        default=os.environ.get("MLX_LM_PYTHON"),
+        help="python of an environment with mlx-lm (default: $MLX_LM_PYTHON; none: mlx-lm is skipped)",
+    )
+    p.add_argument(
+        "--mlx-lm-dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="dtype of mlx-lm's scales, biases and norms, so of its activations (default: float32, "
+        "as our MLX backend computes on the CPU; float16 is the GGUF's own, and MLX's CPU "
+        "quantized_matmul runs it ~80x slower)",
+    )
+    p.add_argument(
+        "--mlx-lm-prefill-batch",
+        type=int,
+        default=0,
+        help="prompts mlx-lm prefills together (default 0: the batch size; mlx-lm's own default is 8)",
+    )
     p.add_argument("--no-sequential", action="store_true", help="skip mlx-lm's one-sequence stream_generate row")
     p.add_argument("--backends", default="mlx,torch", help="our backends, comma list of mlx, torch")
     p.add_argument("--prompts", type=int, default=32)
@@ -255,17 +313,30 @@ def main() -> int:
         else:
             model_dir = build_peer_dir(a.model or default_model_path(), default_cache_dir(), a.mlx_lm_dtype)
             print(f"mlx-lm under {a.mlx_lm_python} on {model_dir}", file=sys.stderr, flush=True)
-            peer = run_mlx_lm(a.mlx_lm_python, model_dir, prompt_ids, a.gen_tokens, batches, a.runs,
-                              check_prompt_ids, a.check_tokens, a.mlx_lm_prefill_batch, not a.no_sequential)
+            peer = run_mlx_lm(
+                a.mlx_lm_python,
+                model_dir,
+                prompt_ids,
+                a.gen_tokens,
+                batches,
+                a.runs,
+                check_prompt_ids,
+                a.check_tokens,
+                a.mlx_lm_prefill_batch,
+                not a.no_sequential,
+            )
             peer["model_dir"] = model_dir
             for r in peer["rows"]:
                 r["texts"] = [tok.decode(t) for t in r.pop("token_ids")]
-                print(f"{r['engine']} batch {r['batch']}: {rate(r, 'decode_s'):.1f} decode tok/s, "
-                      f"{rate(r, 'seconds'):.1f} end-to-end tok/s", file=sys.stderr, flush=True)
+                print(
+                    f"{r['engine']} batch {r['batch']}: {rate(r, 'decode_s'):.1f} decode tok/s, "
+                    f"{rate(r, 'seconds'):.1f} end-to-end tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             rows += peer["rows"]
         for backend in backends:
-            r, info = run_ours(backend, prompts, a.gen_tokens, batches, a.runs, a.check_prompt, a.check_tokens,
-                               a.model)
+            r, info = run_ours(backend, prompts, a.gen_tokens, batches, a.runs, a.check_prompt, a.check_tokens, a.model)
             rows += r
             infos[backend] = info
     except FlashError as e:
@@ -274,8 +345,10 @@ def main() -> int:
     if peer:
         for backend, info in infos.items():
             same = peer["check_ids"] == info["check_ids"]
-            notes.append(f"greedy {a.check_prompt!r}: ours {backend} {tok.decode(info['check_ids'])!r}, mlx-lm "
-                         f"{tok.decode(peer['check_ids'])!r}: {'same tokens' if same else 'DIFFERENT tokens'}")
+            notes.append(
+                f"greedy {a.check_prompt!r}: ours {backend} {tok.decode(info['check_ids'])!r}, mlx-lm "
+                f"{tok.decode(peer['check_ids'])!r}: {'same tokens' if same else 'DIFFERENT tokens'}"
+            )
     big = {r["engine"]: r for r in rows if r["batch"] == a.batch}
     base = big.get("mlx-lm batch_generate") or big.get(f"ours {backends[0]}" if backends else "")
     if base:
@@ -283,19 +356,25 @@ def main() -> int:
             if "texts" in r and r is not base:
                 same = sum(x == y for x, y in zip(r["texts"], base["texts"]))
                 r["same_texts_as_" + base["engine"].replace(" ", "_") + f"_{a.batch}"] = same
-                notes.append(f"{r['engine']} batch {r['batch']}: {same}/{len(r['texts'])} completions identical to "
-                             f"{base['engine']} batch {a.batch}'s")
+                notes.append(
+                    f"{r['engine']} batch {r['batch']}: {same}/{len(r['texts'])} completions identical to "
+                    f"{base['engine']} batch {a.batch}'s"
+                )
     load_after = os.getloadavg()
     plens = [len(x) for x in prompt_ids]
-    print(f"\n{len(plens)} prompts of {min(plens)}-{max(plens)} tokens (Wikipedia), up to {a.gen_tokens} new tokens "
-          f"each, greedy; median of {a.runs} run(s); {os.cpu_count()} cores, load average {load_before[0]:.1f} at "
-          f"the start, {load_after[0]:.1f} at the end")
+    print(
+        f"\n{len(plens)} prompts of {min(plens)}-{max(plens)} tokens (Wikipedia), up to {a.gen_tokens} new tokens "
+        f"each, greedy; median of {a.runs} run(s); {os.cpu_count()} cores, load average {load_before[0]:.1f} at "
+        f"the start, {load_after[0]:.1f} at the end"
+    )
     for backend, info in infos.items():
         if "describe" in info:
             print(f"ours {backend}: {info['describe']}")
     if peer:
-        print(f"mlx-lm {peer['mlx_lm']} (mlx {peer['mlx']}, {peer['device']}), {a.mlx_lm_dtype} activations, "
-              f"prefill batch {a.mlx_lm_prefill_batch or a.batch}")
+        print(
+            f"mlx-lm {peer['mlx_lm']} (mlx {peer['mlx']}, {peer['device']}), {a.mlx_lm_dtype} activations, "
+            f"prefill batch {a.mlx_lm_prefill_batch or a.batch}"
+        )
     print()
     print_table(rows, a.batch)
     for n in notes:
@@ -303,11 +382,19 @@ def main() -> int:
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
-            json.dump({"args": vars(a), "prompt_tokens": plens, "load_average": [load_before, load_after],
-                       "rows": rows, "notes": notes,
-                       "ours": {k: {"describe": v.get("describe"), "check_ids": v["check_ids"]}
-                                for k, v in infos.items()},
-                       "mlx_lm": {k: v for k, v in (peer or {}).items() if k != "rows"}}, fh, indent=1)
+            json.dump(
+                {
+                    "args": vars(a),
+                    "prompt_tokens": plens,
+                    "load_average": [load_before, load_after],
+                    "rows": rows,
+                    "notes": notes,
+                    "ours": {k: {"describe": v.get("describe"), "check_ids": v["check_ids"]} for k, v in infos.items()},
+                    "mlx_lm": {k: v for k, v in (peer or {}).items() if k != "rows"},
+                },
+                fh,
+                indent=1,
+            )
         print(f"wrote {a.json}")
     return 0
 

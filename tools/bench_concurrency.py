@@ -71,15 +71,28 @@ def compare(text: str, ref: str, deltas: list, ref_deltas: list) -> dict:
         return {"identical": True}
     char = next((k for k, (a, b) in enumerate(zip(text, ref)) if a != b), min(len(text), len(ref)))
     tok = next((k for k, (a, b) in enumerate(zip(deltas, ref_deltas)) if a != b), min(len(deltas), len(ref_deltas)))
-    return {"identical": False, "first_diff_char": char, "first_diff_token": tok,
-            "got": text[max(0, char - 20):char + 40], "expected": ref[max(0, char - 20):char + 40]}
+    return {
+        "identical": False,
+        "first_diff_char": char,
+        "first_diff_token": tok,
+        "got": text[max(0, char - 20) : char + 40],
+        "expected": ref[max(0, char - 20) : char + 40],
+    }
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
 def server_flags(args, clients: int) -> list:
     """The server's flags for a run of `clients` clients (its queue holds them all)."""
-    flags = ["--backend", args.backend, "--memory-budget", args.memory_budget, "--max-batch", str(args.max_batch),
-             "--queue-limit", str(max(16, clients + 1))]
+    flags = [
+        "--backend",
+        args.backend,
+        "--memory-budget",
+        args.memory_budget,
+        "--max-batch",
+        str(args.max_batch),
+        "--queue-limit",
+        str(max(16, clients + 1)),
+    ]
     if args.model:
         flags += ["--model", args.model]
     if args.kv_budget:
@@ -98,8 +111,11 @@ def references(args, base: str, n: int) -> list:
             if r["error"]:
                 raise RuntimeError(f"reference prompt {i}: {r['error']}\n{srv.log_text()[-2000:]}")
             refs.append(r)
-            print(f"  reference {i:2d}: {r['tokens']:3d} tokens in {r['end'] - r['start']:.2f} s, "
-                  f"TTFT {r['ttft_s'] * 1e3:.0f} ms: {r['text'][:60]!r}", flush=True)
+            print(
+                f"  reference {i:2d}: {r['tokens']:3d} tokens in {r['end'] - r['start']:.2f} s, "
+                f"TTFT {r['ttft_s'] * 1e3:.0f} ms: {r['text'][:60]!r}",
+                flush=True,
+            )
     return refs
 
 
@@ -114,22 +130,42 @@ def run(args, base: str, clients: int, refs: list) -> dict:
         wall = max(r["end"] for r in results) - t0
         tokens = sum(r["tokens"] for r in results)
         ttft = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
-        checks = [compare(r["text"], refs[i]["text"], r["deltas"], refs[i]["deltas"]) | {"client": i}
-                  for i, r in enumerate(results)]
+        checks = [
+            compare(r["text"], refs[i]["text"], r["deltas"], refs[i]["deltas"]) | {"client": i}
+            for i, r in enumerate(results)
+        ]
         mem = stats["memory"]
-        row = {"clients": clients, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-               "ttft_median_ms": statistics.median(ttft) * 1e3 if ttft else None,
-               "ttft_max_ms": max(ttft) * 1e3 if ttft else None,
-               "server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
-               "load_average": [load0, load1],
-               "per_client_tokens_per_s": statistics.median(r["tokens"] / (r["end"] - r["start"]) for r in results),
-               "identical": sum(c["identical"] for c in checks), "streams": clients,
-               "mismatches": [c for c in checks if not c["identical"]], "errors": errors,
-               "peak_rss": mem.get("peak"), "limit": mem.get("limit"), "held_rss": mem.get("held"),
-               "stats": stats,
-               "streams_detail": [{"client": i, "prompt": r["prompt"], "tokens": r["tokens"], "ttft_s": r["ttft_s"],
-                                   "seconds": r["end"] - r["start"], "finish_reason": r["finish_reason"],
-                                   "text": r.get("text", "")} for i, r in enumerate(results)]}
+        row = {
+            "clients": clients,
+            "tokens": tokens,
+            "wall_s": wall,
+            "tokens_per_s": tokens / wall if wall else 0.0,
+            "ttft_median_ms": statistics.median(ttft) * 1e3 if ttft else None,
+            "ttft_max_ms": max(ttft) * 1e3 if ttft else None,
+            "server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            "load_average": [load0, load1],
+            "per_client_tokens_per_s": statistics.median(r["tokens"] / (r["end"] - r["start"]) for r in results),
+            "identical": sum(c["identical"] for c in checks),
+            "streams": clients,
+            "mismatches": [c for c in checks if not c["identical"]],
+            "errors": errors,
+            "peak_rss": mem.get("peak"),
+            "limit": mem.get("limit"),
+            "held_rss": mem.get("held"),
+            "stats": stats,
+            "streams_detail": [
+                {
+                    "client": i,
+                    "prompt": r["prompt"],
+                    "tokens": r["tokens"],
+                    "ttft_s": r["ttft_s"],
+                    "seconds": r["end"] - r["start"],
+                    "finish_reason": r["finish_reason"],
+                    "text": r.get("text", ""),
+                }
+                for i, r in enumerate(results)
+            ],
+        }
         if errors:
             print("  " + "\n  ".join(errors[:5]), file=sys.stderr)
     return row
@@ -147,8 +183,21 @@ def median_row(runs: list) -> dict:
     """The run of median total tokens/s among repeats (each a fresh server), with every repeat's figures."""
     ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
     row = dict(ranked[(len(ranked) - 1) // 2])
-    row["repeats"] = [{k: r[k] for k in ("tokens_per_s", "wall_s", "ttft_median_ms", "ttft_max_ms", "server_cpu_s",
-                                         "load_average", "identical")} for r in runs]
+    row["repeats"] = [
+        {
+            k: r[k]
+            for k in (
+                "tokens_per_s",
+                "wall_s",
+                "ttft_median_ms",
+                "ttft_max_ms",
+                "server_cpu_s",
+                "load_average",
+                "identical",
+            )
+        }
+        for r in runs
+    ]
     row["best_tokens_per_s"] = ranked[-1]["tokens_per_s"]
     row["mismatches"] = [m | {"repeat": k} for k, r in enumerate(runs) for m in r["mismatches"]]
     row["errors"] = [f"repeat {k}, {e}" for k, r in enumerate(runs) for e in r["errors"]]
@@ -158,6 +207,7 @@ def median_row(runs: list) -> dict:
 
 def plot(rows, path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -202,10 +252,18 @@ def main() -> int:
     p.add_argument("--kv-budget", default=None, help="the server's --kv-budget (default: the server's)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch (default: 32)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default: 64)")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="more flags for the server, e.g. --server-arg='--threads 1' (repeatable)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per client count, each on a fresh server; the table shows the median (default: 1)")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="more flags for the server, e.g. --server-arg='--threads 1' (repeatable)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per client count, each on a fresh server; the table shows the median (default: 1)",
+    )
     p.add_argument("--start-timeout", type=float, default=300, help="seconds a server may take to come up")
     p.add_argument("--dir", default=None, help="keep the servers' directories (logs, contexts) here")
     p.add_argument("--json", default=None)
@@ -229,10 +287,13 @@ def main() -> int:
                 row = run(a, os.path.join(base, f"r{k}"), c, refs)
                 runs[c].append(row)
                 cpu = "-" if row["server_cpu_s"] is None else f"{row['server_cpu_s']:.1f}"
-                print(f"{c:3d} clients{f' (repeat {k + 1})' if a.repeat > 1 else ''}: {row['tokens']} tokens in "
-                      f"{row['wall_s']:.2f} s: {row['tokens_per_s']:.1f} tok/s, TTFT median "
-                      f"{fmt_ms(row['ttft_median_ms'])} ms max {fmt_ms(row['ttft_max_ms'])} ms, {row['identical']}/{c} "
-                      f"identical, server CPU {cpu} s, load {row['load_average'][0]:.1f}", flush=True)
+                print(
+                    f"{c:3d} clients{f' (repeat {k + 1})' if a.repeat > 1 else ''}: {row['tokens']} tokens in "
+                    f"{row['wall_s']:.2f} s: {row['tokens_per_s']:.1f} tok/s, TTFT median "
+                    f"{fmt_ms(row['ttft_median_ms'])} ms max {fmt_ms(row['ttft_max_ms'])} ms, {row['identical']}/{c} "
+                    f"identical, server CPU {cpu} s, load {row['load_average'][0]:.1f}",
+                    flush=True,
+                )
         rows = [median_row(runs[c]) for c in counts]
     except (RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -244,10 +305,14 @@ def main() -> int:
     one_best = next((r["best_tokens_per_s"] for r in rows if r["clients"] == 1), None)
     solo = statistics.median(r["tokens"] / (r["end"] - r["start"]) for r in refs)
     extra = f" {' '.join(a.server_arg)}" if a.server_arg else ""
-    print(f"\n{a.backend}, --memory-budget {a.memory_budget}{extra}, max_tokens {a.max_tokens}, greedy, {a.repeat} "
-          f"repeat(s); reference: each prompt alone, median {solo:.1f} tok/s")
-    print("| clients | tokens | wall s | total tok/s | x vs 1 client | best tok/s | best x | per-stream tok/s | "
-          "TTFT median ms | TTFT max ms | server CPU ms/token | identical | peak RSS / limit |")
+    print(
+        f"\n{a.backend}, --memory-budget {a.memory_budget}{extra}, max_tokens {a.max_tokens}, greedy, {a.repeat} "
+        f"repeat(s); reference: each prompt alone, median {solo:.1f} tok/s"
+    )
+    print(
+        "| clients | tokens | wall s | total tok/s | x vs 1 client | best tok/s | best x | per-stream tok/s | "
+        "TTFT median ms | TTFT max ms | server CPU ms/token | identical | peak RSS / limit |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / one if one else None
@@ -256,28 +321,47 @@ def main() -> int:
         bsp = f"{r['best_speedup']:.2f}x" if r["best_speedup"] else "-"
         cpu = "-" if r["server_cpu_s"] is None or not r["tokens"] else f"{r['server_cpu_s'] / r['tokens'] * 1e3:.1f}"
         same = sum(x["identical"] for x in r["repeats"])
-        print(f"| {r['clients']} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {sp} | "
-              f"{r['best_tokens_per_s']:.1f} | {bsp} | {r['per_client_tokens_per_s']:.1f} | "
-              f"{fmt_ms(r['ttft_median_ms'])} | {fmt_ms(r['ttft_max_ms'])} | {cpu} | "
-              f"{same}/{r['streams'] * len(r['repeats'])} | {fmt_mb(r['peak_rss'])} / {fmt_mb(r['limit'])} |")
+        print(
+            f"| {r['clients']} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.1f} | {sp} | "
+            f"{r['best_tokens_per_s']:.1f} | {bsp} | {r['per_client_tokens_per_s']:.1f} | "
+            f"{fmt_ms(r['ttft_median_ms'])} | {fmt_ms(r['ttft_max_ms'])} | {cpu} | "
+            f"{same}/{r['streams'] * len(r['repeats'])} | {fmt_mb(r['peak_rss'])} / {fmt_mb(r['limit'])} |"
+        )
     same = sum(x["identical"] for r in rows for x in r["repeats"])
     total = sum(r["streams"] * len(r["repeats"]) for r in rows)
     print(f"\nstreams identical to their prompt alone: {same} of {total}")
     for r in rows:
         for m in r["mismatches"]:
-            print(f"{r['clients']} clients, repeat {m['repeat'] + 1}, client {m['client']}: differs from its prompt "
-                  f"alone at token {m['first_diff_token']} (char {m['first_diff_char']}): {m['got']!r} vs "
-                  f"{m['expected']!r}")
+            print(
+                f"{r['clients']} clients, repeat {m['repeat'] + 1}, client {m['client']}: differs from its prompt "
+                f"alone at token {m['first_diff_token']} (char {m['first_diff_char']}): {m['got']!r} vs "
+                f"{m['expected']!r}"
+            )
         if r["errors"]:
             print(f"{r['clients']} clients: {len(r['errors'])} errors: {r['errors'][0]}")
         if r["peak_rss"] and r["limit"] and r["peak_rss"] > r["limit"]:
             print(f"{r['clients']} clients: peak RSS {fmt_mb(r['peak_rss'])} is over the limit {fmt_mb(r['limit'])}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"config": {k: v for k, v in vars(a).items() if k not in ("json", "plot")},
-                       "reference": [{"prompt": r["prompt"], "tokens": r["tokens"], "ttft_s": r["ttft_s"],
-                                      "seconds": r["end"] - r["start"], "text": r["text"]} for r in refs],
-                       "reference_median_tokens_per_s": solo, "rows": rows}, fh, indent=1)
+            json.dump(
+                {
+                    "config": {k: v for k, v in vars(a).items() if k not in ("json", "plot")},
+                    "reference": [
+                        {
+                            "prompt": r["prompt"],
+                            "tokens": r["tokens"],
+                            "ttft_s": r["ttft_s"],
+                            "seconds": r["end"] - r["start"],
+                            "text": r["text"],
+                        }
+                        for r in refs
+                    ],
+                    "reference_median_tokens_per_s": solo,
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
     if a.plot and rows:
         plot(rows, a.plot)
     return 1 if any(r["errors"] for r in rows) else 0

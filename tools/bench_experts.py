@@ -40,7 +40,9 @@ def main() -> int:
     p.add_argument("--sizes", default="1,2,4,8", help="cache sizes, experts per layer (default 1,2,4,8)")
     p.add_argument("--int4", default=None, help="the all-INT4 store (default <store>-int4)")
     p.add_argument("--mixed", default=None, help="the expert-wise widths store (default <store>-mixP005)")
-    p.add_argument("--synthetic", default=None, help="a synthetic MoE store (tools/make_synthetic.py --shape mixtral-8x7b)")
+    p.add_argument(
+        "--synthetic", default=None, help="a synthetic MoE store (tools/make_synthetic.py --shape mixtral-8x7b)"
+    )
     p.add_argument("--routes", default=None, help="with --synthetic: a routes-wikipedia.npy to replay")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -84,17 +86,35 @@ def policy_table(store: str, sizes: list[int]) -> None:
 
 # ---- speed on a real model ---------------------------------------------------------------------
 
+
 def account_of(path: str) -> dict:
-    with mlx_flash.load(path, backend="torch", ffn="stream", weights_budget="100%", progress=False,
-                        experts=mlx_flash.ExpertOptions(preload=0)) as e:
-        return dict(mlx_flash.memory_plan(e), n_layers=e.ffn.n_layers, n_experts=e.ffn.layout.n_experts,
-                    k=e.args.num_experts_per_tok)
+    with mlx_flash.load(
+        path,
+        backend="torch",
+        ffn="stream",
+        weights_budget="100%",
+        progress=False,
+        experts=mlx_flash.ExpertOptions(preload=0),
+    ) as e:
+        return dict(
+            mlx_flash.memory_plan(e),
+            n_layers=e.ffn.n_layers,
+            n_experts=e.ffn.layout.n_experts,
+            k=e.args.num_experts_per_tok,
+        )
 
 
 def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
     budget = acct["resident_weights"] + slots * acct["slot_bytes"]
-    with mlx_flash.load(path, backend="torch", ffn="stream", weights_budget=budget, progress=False,
-                        experts=mlx_flash.ExpertOptions(preload=preload), io=mlx_flash.IOOptions(mode="direct")) as e:
+    with mlx_flash.load(
+        path,
+        backend="torch",
+        ffn="stream",
+        weights_budget=budget,
+        progress=False,
+        experts=mlx_flash.ExpertOptions(preload=preload),
+        io=mlx_flash.IOOptions(mode="direct"),
+    ) as e:
         f = e.ffn
         b0 = f.stats().bytes_read
         e.forward(e.encode_prompt(prompt), e.new_caches())  # the prompt alone: what an expert-major prefill reads
@@ -104,21 +124,33 @@ def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int
         med = lambda xs: statistics.median(xs)  # noqa: E731
         st = f.stats()
         h, m = map(sum, zip(*st.expert_hits))
-        return {"label": label, "slots": st.expert_slots, "total_ms": med([s.wall_ms for s in steps]),
-                "io_ms": med([s.io_ms for s in steps]), "mem_ms": med([s.mem_ms for s in steps]),
-                "compute_ms": med([s.compute_ms for s in steps]), "mb": med([s.bytes_read / 1e6 for s in steps]),
-                "hit": h / max(1, h + m), "useful": st.preloaded_used / max(1, st.routed_experts),
-                "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
-                "prefill_mb": prefill_mb, "prompt_tokens": e.last.prompt_tokens}
+        return {
+            "label": label,
+            "slots": st.expert_slots,
+            "total_ms": med([s.wall_ms for s in steps]),
+            "io_ms": med([s.io_ms for s in steps]),
+            "mem_ms": med([s.mem_ms for s in steps]),
+            "compute_ms": med([s.compute_ms for s in steps]),
+            "mb": med([s.bytes_read / 1e6 for s in steps]),
+            "hit": h / max(1, h + m),
+            "useful": st.preloaded_used / max(1, st.routed_experts),
+            "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
+            "prefill_mb": prefill_mb,
+            "prompt_tokens": e.last.prompt_tokens,
+        }
 
 
 def print_rows(rows: list[dict], base: dict) -> None:
-    print("| config | slots | ms/token | tok/s | vs IO-EXP | I/O ms | mem ms | compute ms | MB read | hit rate | "
-          "preloaded |\n" + "|---" * 11 + "|")
+    print(
+        "| config | slots | ms/token | tok/s | vs IO-EXP | I/O ms | mem ms | compute ms | MB read | hit rate | "
+        "preloaded |\n" + "|---" * 11 + "|"
+    )
     for r in rows:
-        print(f"| {r['label']} | {r['slots']} | {r['total_ms']:.1f} | {1e3 / r['total_ms']:.2f} | "
-              f"{base['total_ms'] / r['total_ms']:.2f}x | {r['io_ms']:.1f} | {r['mem_ms']:.1f} | {r['compute_ms']:.1f} | "
-              f"{r['mb']:.1f} | {r['hit']:.1%} | {r['useful']:.1%} |")
+        print(
+            f"| {r['label']} | {r['slots']} | {r['total_ms']:.1f} | {1e3 / r['total_ms']:.2f} | "
+            f"{base['total_ms'] / r['total_ms']:.2f}x | {r['io_ms']:.1f} | {r['mem_ms']:.1f} | {r['compute_ms']:.1f} | "
+            f"{r['mb']:.1f} | {r['hit']:.1%} | {r['useful']:.1%} |"
+        )
 
 
 def bench_model(a, store: str) -> None:
@@ -128,31 +160,49 @@ def bench_model(a, store: str) -> None:
         if not os.path.isdir(p):
             raise FlashError(f"{p}: no such store (run tools/expert_bits.py --model {store})")
     with mlx_flash.load(store, backend="torch", progress=False) as e:
-        ids = e.tokenizer.encode(read_corpus("wikipedia")[20000:20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
+        ids = e.tokenizer.encode(read_corpus("wikipedia")[20000 : 20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
         prompt = e.tokenizer.decode(ids)
     acct = {p: account_of(p) for p in (store, int4, mixed)}
     L, E, K = acct[store]["n_layers"], acct[store]["n_experts"], acct[store]["k"]
-    rows = [decode_row("IO-EXP (float16, no cache)", store, K, 0, prompt, a.tokens, acct[store]),
-            decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, prompt, a.tokens, acct[int4]),
-            decode_row("Q", mixed, K, 0, prompt, a.tokens, acct[mixed]),
-            decode_row("Q+P", mixed, 2 * K, K, prompt, a.tokens, acct[mixed])]
+    rows = [
+        decode_row("IO-EXP (float16, no cache)", store, K, 0, prompt, a.tokens, acct[store]),
+        decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, prompt, a.tokens, acct[int4]),
+        decode_row("Q", mixed, K, 0, prompt, a.tokens, acct[mixed]),
+        decode_row("Q+P", mixed, 2 * K, K, prompt, a.tokens, acct[mixed]),
+    ]
     for share in SHARES:
-        rows.append(decode_row(f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, max(2 * K, int(share * L * E)),
-                               K, prompt, a.tokens, acct[mixed]))
+        rows.append(
+            decode_row(
+                f"Q+P+C, {share:.0%} of experts cached (ours)",
+                mixed,
+                max(2 * K, int(share * L * E)),
+                K,
+                prompt,
+                a.tokens,
+                acct[mixed],
+            )
+        )
     n_prompt = rows[0]["prompt_tokens"]
-    print(f"\ndecode of {a.tokens} tokens after a {n_prompt}-token prompt, cold reads (direct I/O), torch "
-          f"float32, {L} layers x {E} experts, top-{K}\n")
+    print(
+        f"\ndecode of {a.tokens} tokens after a {n_prompt}-token prompt, cold reads (direct I/O), torch "
+        f"float32, {L} layers x {E} experts, top-{K}\n"
+    )
     print_rows(rows, rows[0])
     q, qp = rows[2], rows[3]
-    print(f"\npreloading hid {1 - qp['io_ms'] / q['io_ms']:.0%} of Q's blocked read time "
-          f"({q['io_ms']:.1f} -> {qp['io_ms']:.1f} ms/token); {qp['useful']:.1%} of routed experts were preloaded")
+    print(
+        f"\npreloading hid {1 - qp['io_ms'] / q['io_ms']:.0%} of Q's blocked read time "
+        f"({q['io_ms']:.1f} -> {qp['io_ms']:.1f} ms/token); {qp['useful']:.1%} of routed experts were preloaded"
+    )
     eb = acct[store]["expert_bytes"]
-    print(f"expert-major prefill of {n_prompt} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
-          f"token by token it would read {n_prompt * L * K * eb / 1e6:.1f} MB "
-          f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)")
+    print(
+        f"expert-major prefill of {n_prompt} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
+        f"token by token it would read {n_prompt * L * K * eb / 1e6:.1f} MB "
+        f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)"
+    )
 
 
 # ---- speed on a synthetic store (replayed routing) ---------------------------------------------
+
 
 def replayed_routes(path: str, n_layers: int, n_experts: int, k: int, tokens: int) -> np.ndarray:
     """[n_layers, tokens, k]: a MoE-fied model's routing, its experts merged in groups to n_experts,
@@ -186,14 +236,15 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
     lay = store.manifest.ffn
     L, N, K = routes.shape
     x = ops.array(np.random.default_rng(0).standard_normal((1, lay.d_model)).astype(np.float32) * 0.01)
-    src = StreamedExperts(ops, store, ReaderPool(threads=4, mode="direct"), slots, "edgemoe",
-                          predictor if preload else None, preload)
+    src = StreamedExperts(
+        ops, store, ReaderPool(threads=4, mode="direct"), slots, "edgemoe", predictor if preload else None, preload
+    )
     times, ios, mems = [], [], []
     try:
         for t in range(N):
             t0, io0, mem0 = time.perf_counter(), src.io_seconds, src.mem_seconds
             for layer in range(L):
-                ids = routes[layer, t:t + 1].astype(np.int64)
+                ids = routes[layer, t : t + 1].astype(np.int64)
                 for e, w in src.experts(layer, ids):
                     ops.to_numpy(llama.mlp(ops, args, w, x))
             times.append((time.perf_counter() - t0) * 1e3)
@@ -202,9 +253,17 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
         h, m = map(sum, zip(*src.hit_stats()))
         warm = times[1:] or times
         med = lambda xs: statistics.median(xs[1:] or xs)  # noqa: E731  the first token starts cold
-        return {"label": label, "slots": slots, "total_ms": statistics.median(warm), "io_ms": med(ios),
-                "mem_ms": med(mems), "compute_ms": med([a - b - c for a, b, c in zip(times, ios, mems)]),
-                "mb": src.bytes_read / 1e6 / N, "hit": h / max(1, h + m), "useful": src.useful / max(1, src.routed_experts)}
+        return {
+            "label": label,
+            "slots": slots,
+            "total_ms": statistics.median(warm),
+            "io_ms": med(ios),
+            "mem_ms": med(mems),
+            "compute_ms": med([a - b - c for a, b, c in zip(times, ios, mems)]),
+            "mb": src.bytes_read / 1e6 / N,
+            "hit": h / max(1, h + m),
+            "useful": src.useful / max(1, src.routed_experts),
+        }
     finally:
         src.close()
 
@@ -233,21 +292,28 @@ def bench_synthetic(a) -> None:
     pred = fit_routing_predictor(fit, model_id(int4), E)
     ops = get_backend("torch")
     args = ModelArgs.from_dict(cfg)
-    rows = [replay_row("IO-EXP (float16, no cache)", store, K, 0, run_routes, None, ops, args),
-            replay_row("IO-QEXP = Q (INT4, no cache)", int4, K, 0, run_routes, None, ops, args),
-            replay_row("Q+P", int4, 2 * K, K, run_routes, pred, ops, args)]
+    rows = [
+        replay_row("IO-EXP (float16, no cache)", store, K, 0, run_routes, None, ops, args),
+        replay_row("IO-QEXP = Q (INT4, no cache)", int4, K, 0, run_routes, None, ops, args),
+        replay_row("Q+P", int4, 2 * K, K, run_routes, pred, ops, args),
+    ]
     slot_bytes = int4.manifest.ffn.expert_nbytes + 4 * 3 * lay.expert_neurons * lay.d_model  # stored + float32
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for share in SHARES:
         slots = max(2 * K, int(share * L * E))
         if slots * slot_bytes > 0.7 * ram:
-            print(f"skipping {share:.0%} cached: {slots} slots need {slots * slot_bytes / 1e9:.1f} GB "
-                  f"(stored and converted), more than 70% of this machine's {ram / 1e9:.1f} GB")
+            print(
+                f"skipping {share:.0%} cached: {slots} slots need {slots * slot_bytes / 1e9:.1f} GB "
+                f"(stored and converted), more than 70% of this machine's {ram / 1e9:.1f} GB"
+            )
             continue
-        rows.append(replay_row(f"Q+P+C, {share:.0%} of experts cached (ours)", int4, slots, K, run_routes, pred,
-                               ops, args))
-    print(f"\nsynthetic {cfg['model_type']} store, {L} layers x {E} experts of {lay.expert_neurons} neurons, top-{K}; "
-          f"random weights, routing replayed; experts only (no attention); ms per token over {L} layers\n")
+        rows.append(
+            replay_row(f"Q+P+C, {share:.0%} of experts cached (ours)", int4, slots, K, run_routes, pred, ops, args)
+        )
+    print(
+        f"\nsynthetic {cfg['model_type']} store, {L} layers x {E} experts of {lay.expert_neurons} neurons, top-{K}; "
+        f"random weights, routing replayed; experts only (no attention); ms per token over {L} layers\n"
+    )
     print_rows(rows, rows[0])
 
 

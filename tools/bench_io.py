@@ -25,9 +25,22 @@ SIZES = {"4K": 4096, "32K": 32768, "128K": 131072, "1M": 1 << 20}
 
 
 def fio(path, bs, jobs, seconds):
-    cmd = ["fio", "--name=r", f"--filename={path}", "--direct=1", "--rw=randread", "--ioengine=psync",
-           f"--numjobs={jobs}", f"--bs={bs}", f"--runtime={seconds}", "--time_based", "--group_reporting",
-           "--output-format=json", "--norandommap", "--randrepeat=0"]
+    cmd = [
+        "fio",
+        "--name=r",
+        f"--filename={path}",
+        "--direct=1",
+        "--rw=randread",
+        "--ioengine=psync",
+        f"--numjobs={jobs}",
+        f"--bs={bs}",
+        f"--runtime={seconds}",
+        "--time_based",
+        "--group_reporting",
+        "--output-format=json",
+        "--norandommap",
+        "--randrepeat=0",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout)["jobs"][0]["read"]["bw_bytes"]
 
@@ -56,8 +69,17 @@ def main() -> int:
                 fs.append(fio(a.file, name, t, a.seconds))
                 ps.append(dp.pool_throughput(a.file, SIZES[name], t, a.seconds, align=SIZES[name]))
             f, ours = statistics.median(fs), statistics.median(ps)
-            rows.append({"bs": name, "threads": t, "fio_Bps": f, "pool_Bps": ours, "ratio": ours / f,
-                         "fio_runs": fs, "pool_runs": ps})
+            rows.append(
+                {
+                    "bs": name,
+                    "threads": t,
+                    "fio_Bps": f,
+                    "pool_Bps": ours,
+                    "ratio": ours / f,
+                    "fio_runs": fs,
+                    "pool_runs": ps,
+                }
+            )
             print(f"{name:>5} {t:>7} {f / 1e6:>10.1f} {ours / 1e6:>10.1f} {ours / f:>9.2f}", flush=True)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

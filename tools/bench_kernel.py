@@ -22,8 +22,12 @@ from mlx_flash.kernels.qmatmul import cpu_isa, qmatmul
 from mlx_flash.kernels.qmatmul_ref import dequantize
 
 # (name, outputs N, inputs K, transposed): transposed=False is the neuron-major down projection.
-SHAPES = [("135M gate_up", 3072, 576, True), ("135M down (neuron-major)", 576, 1536, False),
-          ("7B up", 14336, 4096, True), ("7B down", 4096, 14336, True)]
+SHAPES = [
+    ("135M gate_up", 3072, 576, True),
+    ("135M down (neuron-major)", 576, 1536, False),
+    ("7B up", 14336, 4096, True),
+    ("7B down", 4096, 14336, True),
+]
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -65,8 +69,9 @@ def main() -> int:
     threads = [int(t) for t in a.threads.split(",")]
     rng = np.random.default_rng(0)
     bw = memory_bandwidth_gbs()
-    print(f"CPU path: {cpu_isa().name}; cores: {os.cpu_count()}; memory bandwidth (numpy copy, 1 thread): "
-          f"{bw:.1f} GB/s")
+    print(
+        f"CPU path: {cpu_isa().name}; cores: {os.cpu_count()}; memory bandwidth (numpy copy, 1 thread): {bw:.1f} GB/s"
+    )
     rows = []
     for bits in [int(b) for b in a.bits.split(",")]:
         for name, n_out, k_in, transposed in SHAPES:
@@ -85,11 +90,16 @@ def main() -> int:
                     import mlx.core as mx
 
                     xm, wm, sm, bm = mx.array(x), mx.array(w), mx.array(s), mx.array(b)
-                    row["mlx_qmm_ms"] = median_ms(lambda: mx.eval(mx.quantized_matmul(
-                        xm, wm, sm, bm, transpose=transposed, group_size=32, bits=bits)), max(3, a.repeat // 4))
+                    row["mlx_qmm_ms"] = median_ms(
+                        lambda: mx.eval(
+                            mx.quantized_matmul(xm, wm, sm, bm, transpose=transposed, group_size=32, bits=bits)
+                        ),
+                        max(3, a.repeat // 4),
+                    )
                 rows.append(row)
-                cells = " | ".join(f"{th}t {row[f'ours_{th}t_ms']:.3f} ms {row[f'ours_{th}t_GBs']:.1f} GB/s"
-                                   for th in threads)
+                cells = " | ".join(
+                    f"{th}t {row[f'ours_{th}t_ms']:.3f} ms {row[f'ours_{th}t_GBs']:.1f} GB/s" for th in threads
+                )
                 extra = f" | numpy f32 {row['numpy_f32_ms']:.3f} ms"
                 if "mlx_qmm_ms" in row:
                     extra += f" | mlx qmm {row['mlx_qmm_ms']:.3f} ms"

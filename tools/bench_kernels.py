@@ -70,7 +70,7 @@ def copy_gbs(slabs, nbytes: int, threads: int, rounds: int, pool: ThreadPoolExec
     def copy(s):
         src = s.reshape(-1)[:nbytes]
         jobs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
-        np.copyto(dst[cuts[0]:cuts[1]], src[cuts[0]:cuts[1]])
+        np.copyto(dst[cuts[0] : cuts[1]], src[cuts[0] : cuts[1]])
         for j in jobs:
             j.result()
 
@@ -84,8 +84,10 @@ def check(run, slab, spec, x, count, rng, to_host=np.asarray) -> float:
     h_ref = sparse_gate_up_ref(x, slab, idx, count, spec)
     y_ref = sparse_down_ref(h_ref, slab, idx, count, spec)
     h, y = run(slab, idx, count, h_ref.astype(np.float32))
-    h, y = to_host(h)[:, :count * spec.block], to_host(y)
-    return max(float(np.abs(h - h_ref).max() / np.abs(h_ref).max()), float(np.abs(y - y_ref).max() / np.abs(y_ref).max()))
+    h, y = to_host(h)[:, : count * spec.block], to_host(y)
+    return max(
+        float(np.abs(h - h_ref).max() / np.abs(h_ref).max()), float(np.abs(y - y_ref).max() / np.abs(y_ref).max())
+    )
 
 
 def bench_cpu(args, pool) -> list[dict]:
@@ -117,9 +119,24 @@ def bench_cpu(args, pool) -> list[dict]:
                 nbytes = count * spec.bytes_per_bundle()
                 copy = copy_gbs(slabs, nbytes, threads, args.rounds, pool) if count else float("nan")
                 gbs = nbytes / t / 1e9
-                rows.append(dict(target="cpu", shape=shape, d_model=D, d_ff=S * BLOCK, bits=bits, sparsity=sp,
-                                 ms=t * 1e3, gbs=gbs, copy_gbs=copy, of_copy=gbs / copy, dense_ms=t_dense * 1e3,
-                                 speedup=t_dense / t, max_rel_error=err, threads=threads))
+                rows.append(
+                    dict(
+                        target="cpu",
+                        shape=shape,
+                        d_model=D,
+                        d_ff=S * BLOCK,
+                        bits=bits,
+                        sparsity=sp,
+                        ms=t * 1e3,
+                        gbs=gbs,
+                        copy_gbs=copy,
+                        of_copy=gbs / copy,
+                        dense_ms=t_dense * 1e3,
+                        speedup=t_dense / t,
+                        max_rel_error=err,
+                        threads=threads,
+                    )
+                )
                 print(table_row(rows[-1]), flush=True)
             views.clear()  # free this shape's layers before the next one is built
             slabs.clear()
@@ -161,8 +178,11 @@ def bench_metal(args) -> list[dict]:
             def dense_pass():
                 out = []
                 for wq, sc, bi in dense_w:
-                    out.append(mx.quantized_matmul(xm.astype(mx.float16), wq, sc.astype(mx.float16),
-                                                   bi.astype(mx.float16), True, 32, bits))
+                    out.append(
+                        mx.quantized_matmul(
+                            xm.astype(mx.float16), wq, sc.astype(mx.float16), bi.astype(mx.float16), True, 32, bits
+                        )
+                    )
                 mx.eval(out)
 
             t_dense = timed_passes(dense_pass, args.rounds) / args.layers
@@ -181,9 +201,24 @@ def bench_metal(args) -> list[dict]:
 
                 copy = nbytes / (timed_passes(copy_pass, args.rounds) / args.layers) / 1e9 if count else float("nan")
                 gbs = nbytes / t / 1e9
-                rows.append(dict(target="metal", shape=shape, d_model=D, d_ff=S * BLOCK, bits=bits, sparsity=sp,
-                                 ms=t * 1e3, gbs=gbs, copy_gbs=copy, of_copy=gbs / copy, dense_ms=t_dense * 1e3,
-                                 speedup=t_dense / t, max_rel_error=err, threads=0))
+                rows.append(
+                    dict(
+                        target="metal",
+                        shape=shape,
+                        d_model=D,
+                        d_ff=S * BLOCK,
+                        bits=bits,
+                        sparsity=sp,
+                        ms=t * 1e3,
+                        gbs=gbs,
+                        copy_gbs=copy,
+                        of_copy=gbs / copy,
+                        dense_ms=t_dense * 1e3,
+                        speedup=t_dense / t,
+                        max_rel_error=err,
+                        threads=0,
+                    )
+                )
                 print(table_row(rows[-1]), flush=True)
     return rows
 
@@ -241,8 +276,13 @@ def bench_cuda(args) -> list[dict]:
                     times.append(a.elapsed_time(b) / 1e3 / args.layers)
                 return statistics.median(times)
 
-            all_idx, all_cnt = torch.arange(S, dtype=torch.int32, device=dev), torch.tensor([S], dtype=torch.int32, device=dev)
-            t_dense = cuda_time(lambda: [k.down(k.gate_up(xt, s, all_idx, all_cnt), s, all_idx, all_cnt) for s in slabs])
+            all_idx, all_cnt = (
+                torch.arange(S, dtype=torch.int32, device=dev),
+                torch.tensor([S], dtype=torch.int32, device=dev),
+            )
+            t_dense = cuda_time(
+                lambda: [k.down(k.gate_up(xt, s, all_idx, all_cnt), s, all_idx, all_cnt) for s in slabs]
+            )
             for sp in args.sparsity:
                 count = int(round((1 - sp / 100) * S))
                 idx = torch.from_numpy(rng.permutation(S).astype(np.int32)).to(dev)
@@ -250,12 +290,30 @@ def bench_cuda(args) -> list[dict]:
                 t = cuda_time(lambda: [k.down(k.gate_up(xt, s, idx, cnt), s, idx, cnt) for s in slabs])
                 nbytes = count * spec.bytes_per_bundle()
                 dst = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
-                copy = nbytes / cuda_time(lambda: [dst.copy_(s.view(-1)[:nbytes]) for s in slabs]) / 1e9 \
-                    if count else float("nan")
+                copy = (
+                    nbytes / cuda_time(lambda: [dst.copy_(s.view(-1)[:nbytes]) for s in slabs]) / 1e9
+                    if count
+                    else float("nan")
+                )
                 gbs = nbytes / t / 1e9
-                rows.append(dict(target="cuda", shape=shape, d_model=D, d_ff=S * BLOCK, bits=bits, sparsity=sp,
-                                 ms=t * 1e3, gbs=gbs, copy_gbs=copy, of_copy=gbs / copy, dense_ms=t_dense * 1e3,
-                                 speedup=t_dense / t, max_rel_error=err, threads=0))
+                rows.append(
+                    dict(
+                        target="cuda",
+                        shape=shape,
+                        d_model=D,
+                        d_ff=S * BLOCK,
+                        bits=bits,
+                        sparsity=sp,
+                        ms=t * 1e3,
+                        gbs=gbs,
+                        copy_gbs=copy,
+                        of_copy=gbs / copy,
+                        dense_ms=t_dense * 1e3,
+                        speedup=t_dense / t,
+                        max_rel_error=err,
+                        threads=0,
+                    )
+                )
                 print(table_row(rows[-1]), flush=True)
     return rows
 
@@ -283,26 +341,39 @@ def syncs(tokens: int, runs: int = 3) -> list[dict]:
                     tok = int(np.argmax(e.forward([tok], caches)[-1]))
                 dt = time.perf_counter() - t
                 st = e.ffn.stats()
-                seen[(predictor, kernel)].append(dict(
-                    predictor=predictor, kernel=st.sparse_kernel, layers=len(st.cached_rows),
-                    syncs_per_token=(e.ops.host_syncs - before) / tokens, tok_s=tokens / dt))
+                seen[(predictor, kernel)].append(
+                    dict(
+                        predictor=predictor,
+                        kernel=st.sparse_kernel,
+                        layers=len(st.cached_rows),
+                        syncs_per_token=(e.ops.host_syncs - before) / tokens,
+                        tok_s=tokens / dt,
+                    )
+                )
     out = []
     for c in configs:
         row = dict(seen[c][0], tok_s=statistics.median(r["tok_s"] for r in seen[c]), runs=runs)
         out.append(row)
-        print(f"syncs: predictor {row['predictor']:11s} kernel {row['kernel']:9s} {row['syncs_per_token']:6.1f} host "
-              f"syncs/token ({row['syncs_per_token'] / row['layers']:.1f} per layer), {row['tok_s']:.1f} tok/s "
-              f"(median of {runs})", flush=True)
+        print(
+            f"syncs: predictor {row['predictor']:11s} kernel {row['kernel']:9s} {row['syncs_per_token']:6.1f} host "
+            f"syncs/token ({row['syncs_per_token'] / row['layers']:.1f} per layer), {row['tok_s']:.1f} tok/s "
+            f"(median of {runs})",
+            flush=True,
+        )
     return out
 
 
-HEADER = (f"{'target':6s} {'shape':9s} {'bits':>4s} {'sparsity':>8s} {'ms/layer':>9s} {'GB/s':>6s} {'copy GB/s':>9s} "
-          f"{'of copy':>7s} {'dense ms':>8s} {'speedup':>7s} {'max rel err':>11s}")
+HEADER = (
+    f"{'target':6s} {'shape':9s} {'bits':>4s} {'sparsity':>8s} {'ms/layer':>9s} {'GB/s':>6s} {'copy GB/s':>9s} "
+    f"{'of copy':>7s} {'dense ms':>8s} {'speedup':>7s} {'max rel err':>11s}"
+)
 
 
 def table_row(r: dict) -> str:
-    return (f"{r['target']:6s} {r['shape']:9s} {r['bits']:4d} {r['sparsity']:7d}% {r['ms']:9.3f} {r['gbs']:6.1f} "
-            f"{r['copy_gbs']:9.1f} {r['of_copy']:7.0%} {r['dense_ms']:8.3f} {r['speedup']:6.2f}x {r['max_rel_error']:11.1e}")
+    return (
+        f"{r['target']:6s} {r['shape']:9s} {r['bits']:4d} {r['sparsity']:7d}% {r['ms']:9.3f} {r['gbs']:6.1f} "
+        f"{r['copy_gbs']:9.1f} {r['of_copy']:7.0%} {r['dense_ms']:8.3f} {r['speedup']:6.2f}x {r['max_rel_error']:11.1e}"
+    )
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -317,15 +388,23 @@ def plot(rows: list[dict], path: str) -> None:
         rs = [r for r in rows if (r["target"], r["shape"], r["bits"]) == key and r["sparsity"] < 100]
         sp = [r["sparsity"] for r in rs]
         label = f"{key[0]} {key[1]} {key[2]}-bit"
-        line, = a.plot(sp, [r["speedup"] for r in rs], marker="o", label=label)
+        (line,) = a.plot(sp, [r["speedup"] for r in rs], marker="o", label=label)
         b.plot(sp, [r["gbs"] for r in rs], marker="o", color=line.get_color(), label=label)
         b.plot(sp, [r["copy_gbs"] for r in rs], ls=":", color=line.get_color())
     xs = np.linspace(0, 90, 50)
     a.plot(xs, 1 / (1 - xs / 100), "k:", label="bytes ratio 1/(1-s)")
-    a.set(xlabel="sparsity (% of bundles inactive)", ylabel="speedup over the dense matvec", yscale="log",
-          title="sparse FFN layer vs dense")
-    b.set(xlabel="sparsity (% of bundles inactive)", ylabel="GB/s", ylim=(0, None),
-          title="GB/s on the bytes read (solid), copy (dotted)")
+    a.set(
+        xlabel="sparsity (% of bundles inactive)",
+        ylabel="speedup over the dense matvec",
+        yscale="log",
+        title="sparse FFN layer vs dense",
+    )
+    b.set(
+        xlabel="sparsity (% of bundles inactive)",
+        ylabel="GB/s",
+        ylim=(0, None),
+        title="GB/s on the bytes read (solid), copy (dotted)",
+    )
     a.legend(fontsize=7)
     b.legend(fontsize=7)
     fig.tight_layout()

@@ -5,7 +5,8 @@ usage, the process's peak RSS, major faults, bytes read and OOM kills beside the
 one table, JSON and a plot.
 
     python tools/bench_memory.py [--model GGUF] [--limits 25%,50%,75%,100%,150%] [--backends mlx,torch]
-                                 [--sparse 0.5,0.1] [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32] [--runs 1]
+                                 [--sparse 0.5,0.1] [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32]
+                                 [--runs 1]
                                  [--json OUT] [--plot OUT.png]
     python tools/bench_memory.py --no-limit [--backends mlx,torch] [--tokens 16] [--runs 3]
     python tools/bench_memory.py --kept [--backends mlx,torch] [--model M]
@@ -114,8 +115,9 @@ def store_sizes(store: str) -> tuple[int, int, float]:
     return model_bytes(s), m.ffn.layer_nbytes * len(m.ffn.layer_offsets), routed
 
 
-def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
-                sparse: tuple[float, ...] = ()) -> tuple[list[Engine], str]:
+def engines_for(
+    gguf: str | None, store: str, backends: list[str], peer: str, sparse: tuple[float, ...] = ()
+) -> tuple[list[Engine], str]:
     """The engine/modes to run, peer and ours alternating, and a note on the peer ("" when it runs)."""
     weights, ffn, routed = store_sizes(store)
     ours = [Engine("mlx_flash", b, store, weights, None, ffn, routed) for b in backends]
@@ -132,7 +134,7 @@ def engines_for(gguf: str | None, store: str, backends: list[str], peer: str,
         peers = [Engine("llama.cpp", m, gguf, os.path.getsize(gguf), None, ffn, routed) for m in ("mmap", "no-mmap")]
     order = []
     for i in range(max(len(peers), len(ours))):
-        order += peers[i:i + 1] + ours[i:i + 1]
+        order += peers[i : i + 1] + ours[i : i + 1]
     return order, note
 
 
@@ -206,9 +208,19 @@ def one_run(e: Engine, limit: int, tokens: int, ids: list[int], timeout: float) 
         outcome = "failed: " + (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:120]
     else:
         outcome = "ok"
-    return {**out, "outcome": outcome, "limit": limit, "peak_cgroup": r.peak, "refault_bytes": r.refault_bytes,
-            "oom_kills": r.oom_kills, "major_faults_all": r.major_faults, "read_bytes_all": r.read_bytes,
-            "wall_s": r.wall_s, "others_cpu": r.others_share, "plan_line": plan_line(r.stderr)}
+    return {
+        **out,
+        "outcome": outcome,
+        "limit": limit,
+        "peak_cgroup": r.peak,
+        "refault_bytes": r.refault_bytes,
+        "oom_kills": r.oom_kills,
+        "major_faults_all": r.major_faults,
+        "read_bytes_all": r.read_bytes,
+        "wall_s": r.wall_s,
+        "others_cpu": r.others_share,
+        "plan_line": plan_line(r.stderr),
+    }
 
 
 def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, runs: list[dict]) -> dict:
@@ -222,23 +234,38 @@ def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, r
 
     must_read = max(0, e.used_per_token - (limit - floor))
     per_token, rate = med("decode_read_bytes_per_token"), med("decode_tps")
-    return {"engine": e.name, "mode": e.label.split(" ", 1)[1], "limit_label": label, "limit": limit, "floor": floor,
-            "weights": e.weights, "outcome": outcome, "prefill_tps": med("prefill_tps"), "ttft_s": med("first_token_s"),
-            "decode_tps": med("decode_tps"), "peak_cgroup": max(r["peak_cgroup"] for r in runs),
-            "vmhwm": med("vmhwm"), "major_faults": statistics.median(r["major_faults_all"] for r in runs),
-            "read_bytes": statistics.median(r["read_bytes_all"] for r in runs),
-            "refault_bytes": statistics.median(r["refault_bytes"] for r in runs),
-            "decode_read_per_token": per_token, "decode_read_rate": per_token * rate if rate else None,
-            "oom_kills": sum(r["oom_kills"] for r in runs), "must_read_per_token": must_read,
-            "disk_bound_tps": bandwidth / must_read if must_read else None,
-            "others_cpu": max(r["others_cpu"] for r in runs),
-            "refused": next((r["refused"] for r in runs if "refused" in r), None),
-            "plan_line": next((r["plan_line"] for r in runs if r["plan_line"]), ""), "runs": runs}
+    return {
+        "engine": e.name,
+        "mode": e.label.split(" ", 1)[1],
+        "limit_label": label,
+        "limit": limit,
+        "floor": floor,
+        "weights": e.weights,
+        "outcome": outcome,
+        "prefill_tps": med("prefill_tps"),
+        "ttft_s": med("first_token_s"),
+        "decode_tps": med("decode_tps"),
+        "peak_cgroup": max(r["peak_cgroup"] for r in runs),
+        "vmhwm": med("vmhwm"),
+        "major_faults": statistics.median(r["major_faults_all"] for r in runs),
+        "read_bytes": statistics.median(r["read_bytes_all"] for r in runs),
+        "refault_bytes": statistics.median(r["refault_bytes"] for r in runs),
+        "decode_read_per_token": per_token,
+        "decode_read_rate": per_token * rate if rate else None,
+        "oom_kills": sum(r["oom_kills"] for r in runs),
+        "must_read_per_token": must_read,
+        "disk_bound_tps": bandwidth / must_read if must_read else None,
+        "others_cpu": max(r["others_cpu"] for r in runs),
+        "refused": next((r["refused"] for r in runs if "refused" in r), None),
+        "plan_line": next((r["plan_line"] for r in runs if r["plan_line"]), ""),
+        "runs": runs,
+    }
 
 
 def git_version() -> str:
-    r = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                       cwd=os.path.dirname(RUN))
+    r = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=os.path.dirname(RUN)
+    )
     return r.stdout.strip() if r.returncode == 0 else ""
 
 
@@ -258,9 +285,12 @@ def limited(a) -> None:
     probe = gguf or max((os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs), key=os.path.getsize)
     bandwidth = read_bandwidth(probe)
     cap = int(available_memory().bytes * CAP_SHARE)
-    print(f"model {model}\nstore {store}\nread bandwidth {bandwidth / 1e9:.2f} GB/s; limits capped at "
-          f"{cap / MB:.0f} MB;"
-          f" floors " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in floor.items()), file=sys.stderr)
+    print(
+        f"model {model}\nstore {store}\nread bandwidth {bandwidth / 1e9:.2f} GB/s; limits capped at "
+        f"{cap / MB:.0f} MB;"
+        f" floors " + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in floor.items()),
+        file=sys.stderr,
+    )
     limits = {e.label: resolve_limits(a.limits, e, floor[e.label], cap) for e in engines}
     rows = []
     for i in range(len(limits[engines[0].label])):
@@ -269,9 +299,12 @@ def limited(a) -> None:
             for e in engines:  # peer, ours, peer, ours: drift in the machine hits both alike
                 label, limit = limits[e.label][i]
                 r = one_run(e, limit, a.tokens, ids, a.timeout)
-                print(f"  {e.label} at {limit / MB:.0f} MB: {r['outcome']}, decode "
-                      f"{fmt_cell(r.get('decode_tps'), '.3f')} tok/s, {r['wall_s']:.0f} s, other processes used "
-                      f"{r['others_cpu']:.0%} of the CPUs", file=sys.stderr)
+                print(
+                    f"  {e.label} at {limit / MB:.0f} MB: {r['outcome']}, decode "
+                    f"{fmt_cell(r.get('decode_tps'), '.3f')} tok/s, {r['wall_s']:.0f} s, other processes used "
+                    f"{r['others_cpu']:.0%} of the CPUs",
+                    file=sys.stderr,
+                )
                 runs[e.label].append(r)
         rows += [summarize(e, *limits[e.label][i], floor[e.label], bandwidth, runs[e.label]) for e in engines]
     print_table(rows, bandwidth)
@@ -280,9 +313,23 @@ def limited(a) -> None:
     title = model_title(model)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"model": model, "title": title, "store": store, "version": version, "tokens": a.tokens,
-                       "prompt_tokens": a.prompt_tokens, "bandwidth": bandwidth, "cap": cap, "floors": floor,
-                       "peer": note or "llama.cpp", "rows": rows}, fh, indent=1)
+            json.dump(
+                {
+                    "model": model,
+                    "title": title,
+                    "store": store,
+                    "version": version,
+                    "tokens": a.tokens,
+                    "prompt_tokens": a.prompt_tokens,
+                    "bandwidth": bandwidth,
+                    "cap": cap,
+                    "floors": floor,
+                    "peer": note or "llama.cpp",
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
     if a.plot:
         plot(rows, title, bandwidth, a.plot)
 
@@ -314,12 +361,19 @@ def kept(a) -> None:
     print("| budget | backend | run | peak RSS | peak / budget |" + (" OOM kills |" if cgroups else ""))
     print("|---|---|---|---|---|" + ("---|" if cgroups else ""))
     for r in rows:
-        outcome = (f"answered ({r['tokens']} tokens)" if r["code"] == 0 else
-                   "refused, naming it" if r["code"] == 2 else f"exit {r['code']}")
+        outcome = (
+            f"answered ({r['tokens']} tokens)"
+            if r["code"] == 0
+            else "refused, naming it"
+            if r["code"] == 2
+            else f"exit {r['code']}"
+        )
         peak = f"{r['peak'] / MB:.1f} MB" if r["peak"] else "-"
         share = f"{r['peak'] / r['budget']:.0%}" if r["peak"] else "-"
-        print(f"| {r['budget'] / MB:.1f} MB | {r['backend']} | {r['what']}: {outcome} | {peak} | {share} |"
-              + (f" {r['oom_kills']} |" if cgroups else ""))
+        print(
+            f"| {r['budget'] / MB:.1f} MB | {r['backend']} | {r['what']}: {outcome} | {peak} | {share} |"
+            + (f" {r['oom_kills']} |" if cgroups else "")
+        )
     over = [r for r in rows if r["peak"] and r["peak"] > r["budget"]]
     for r in over:
         print(f"over the budget: {r['backend']} at {r['budget'] / MB:.1f} MB peaked at {r['peak'] / MB:.1f} MB")
@@ -333,23 +387,34 @@ def kept(a) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="GGUF (or store / HF dir: ours only; default: the default model)")
-    p.add_argument("--limits", default="25%,50%,75%,100%,150%",
-                   help="memory limits: %% of an engine's weights plus its floor, or bytes (2GB); default 25%%..150%%")
+    p.add_argument(
+        "--limits",
+        default="25%,50%,75%,100%,150%",
+        help="memory limits: %% of an engine's weights plus its floor, or bytes (2GB); default 25%%..150%%",
+    )
     p.add_argument("--backends", "--configs", default="mlx,torch", help="our backends, or none (default: mlx,torch)")
-    p.add_argument("--sparse", default="", metavar="SHARES",
-                   help="also our sparse operating points on a synthetic checkpoint: shares of the FFN's read units "
-                        "a statistical activity model draws per token, e.g. 0.5,0.1 (labelled; default: none)")
+    p.add_argument(
+        "--sparse",
+        default="",
+        metavar="SHARES",
+        help="also our sparse operating points on a synthetic checkpoint: shares of the FFN's read units "
+        "a statistical activity model draws per token, e.g. 0.5,0.1 (labelled; default: none)",
+    )
     p.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp", help="the peer engine")
     p.add_argument("--tokens", type=int, default=16, help="tokens generated per run (default: 16)")
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default: 32)")
-    p.add_argument("--runs", type=int, default=None,
-                   help="runs per engine and limit, medians (default 1; 3 with --no-limit)")
+    p.add_argument(
+        "--runs", type=int, default=None, help="runs per engine and limit, medians (default 1; 3 with --no-limit)"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default: 600)")
     p.add_argument("--json", default=None, metavar="OUT", help="write every row and run as JSON")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="tokens/s against the limit, a line per engine/mode")
     p.add_argument("--no-limit", action="store_true", help="RSS after load + tokens and peak RSS, no cgroup")
-    p.add_argument("--kept", action="store_true",
-                   help="peak RSS at the stated minimum memory budget and twice it, per backend (see above)")
+    p.add_argument(
+        "--kept",
+        action="store_true",
+        help="peak RSS at the stated minimum memory budget and twice it, per backend (see above)",
+    )
     p.add_argument("--from-json", default=None, metavar="IN", help="print the table (and --plot) of an earlier --json")
     a = p.parse_args()
     a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]

@@ -14,10 +14,14 @@ def fmt_cell(v, spec: str) -> str:
 
 
 def print_table(rows: list[dict], bandwidth: float) -> None:
-    head = (f"{'engine/mode':26} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
-            f"{'major':>8} {'read':>7} {'MB read':>8} {'read':>6} {'disk-bound':>10}  outcome")
-    units = (f"{'':26} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
-             f"{'faults':>8} {'MB':>7} {'/token':>8} {'GB/s':>6} {'tok/s':>10}")
+    head = (
+        f"{'engine/mode':26} {'limit':>14} {'prefill':>8} {'TTFT':>7} {'decode':>7} {'peak cg':>8} {'VmHWM':>7} "
+        f"{'major':>8} {'read':>7} {'MB read':>8} {'read':>6} {'disk-bound':>10}  outcome"
+    )
+    units = (
+        f"{'':26} {'MB':>14} {'tok/s':>8} {'s':>7} {'tok/s':>7} {'MB':>8} {'MB':>7} "
+        f"{'faults':>8} {'MB':>7} {'/token':>8} {'GB/s':>6} {'tok/s':>10}"
+    )
     print(head + "\n" + units)
     for r in rows:
         limit = f"{r['limit'] / MB:.0f}"
@@ -26,19 +30,25 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
         per_tok = None if r["decode_read_per_token"] is None else r["decode_read_per_token"] / MB
         vm = None if r["vmhwm"] is None else r["vmhwm"] / MB
         gbs = None if not r["decode_read_rate"] else r["decode_read_rate"] / 1e9
-        print(f"{r['engine'] + ' ' + r['mode']:26} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
-              f"{fmt_cell(r['ttft_s'], '7.2f')} {fmt_cell(r['decode_tps'], '7.3f')} {r['peak_cgroup'] / MB:8.0f} "
-              f"{fmt_cell(vm, '7.0f')} {r['major_faults']:8.0f} {r['read_bytes'] / MB:7.0f} "
-              f"{fmt_cell(per_tok, '8.1f')} {fmt_cell(gbs, '6.2f')} {fmt_cell(r['disk_bound_tps'], '10.3f')}  "
-              f"{r['outcome']}")
+        print(
+            f"{r['engine'] + ' ' + r['mode']:26} {limit:>14} {fmt_cell(r['prefill_tps'], '8.2f')} "
+            f"{fmt_cell(r['ttft_s'], '7.2f')} {fmt_cell(r['decode_tps'], '7.3f')} {r['peak_cgroup'] / MB:8.0f} "
+            f"{fmt_cell(vm, '7.0f')} {r['major_faults']:8.0f} {r['read_bytes'] / MB:7.0f} "
+            f"{fmt_cell(per_tok, '8.1f')} {fmt_cell(gbs, '6.2f')} {fmt_cell(r['disk_bound_tps'], '10.3f')}  "
+            f"{r['outcome']}"
+        )
     fast = max((r["decode_read_rate"] or 0 for r in rows), default=0)
     if fast > bandwidth:
-        print(f"  decode read {fast / 1e9:.2f} GB/s in a row, more than the probe's {bandwidth / 1e9:.2f} GB/s: this "
-              "drive (or a cache beneath it) gave more than the probe saw, and the disk bound is low")
+        print(
+            f"  decode read {fast / 1e9:.2f} GB/s in a row, more than the probe's {bandwidth / 1e9:.2f} GB/s: this "
+            "drive (or a cache beneath it) gave more than the probe saw, and the disk bound is low"
+        )
     busy = [r for r in rows if r["others_cpu"] > 0.1]
     if busy:
-        print(f"  other processes used more than 10% of the CPUs during {len(busy)} rows (up to "
-              f"{max(r['others_cpu'] for r in busy):.0%}): those numbers are low")
+        print(
+            f"  other processes used more than 10% of the CPUs during {len(busy)} rows (up to "
+            f"{max(r['others_cpu'] for r in busy):.0%}): those numbers are low"
+        )
     for r in rows:
         if r["plan_line"] or r["refused"]:
             print(f"  {r['engine']} {r['mode']} at {r['limit'] / MB:.0f} MB: {r['refused'] or r['plan_line']}")
@@ -69,16 +79,36 @@ def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
         sparse = "sparse" in label  # approximate operating points: dotted, and no disk bound (a loose one)
         for ax, key in ((dec, "decode_tps"), (pre, "prefill_tps")):
             ok = [r for r in mine if r[key]]
-            ax.plot([r["limit"] / 1e9 for r in ok], [r[key] for r in ok], "s:" if sparse else "o-", color=color,
-                    label=label + (" (statistical activity)" if sparse else ""))
+            ax.plot(
+                [r["limit"] / 1e9 for r in ok],
+                [r[key] for r in ok],
+                "s:" if sparse else "o-",
+                color=color,
+                label=label + (" (statistical activity)" if sparse else ""),
+            )
             failed = [r for r in mine if not r[key]]
             if failed:  # OOM-killed, refused, timed out: a cross on the x axis
-                ax.plot([r["limit"] / 1e9 for r in failed], [0] * len(failed), "x", color=color, markersize=10,
-                        mew=2, clip_on=False, transform=ax.get_xaxis_transform())
+                ax.plot(
+                    [r["limit"] / 1e9 for r in failed],
+                    [0] * len(failed),
+                    "x",
+                    color=color,
+                    markersize=10,
+                    mew=2,
+                    clip_on=False,
+                    transform=ax.get_xaxis_transform(),
+                )
         bound = [] if sparse else [r for r in mine if r["disk_bound_tps"]]
         if bound:
-            dec.plot([r["limit"] / 1e9 for r in bound], [r["disk_bound_tps"] for r in bound], "_--", color=color, ms=14,
-                     alpha=0.7, label=f"{label}: disk bound")
+            dec.plot(
+                [r["limit"] / 1e9 for r in bound],
+                [r["disk_bound_tps"] for r in bound],
+                "_--",
+                color=color,
+                ms=14,
+                alpha=0.7,
+                label=f"{label}: disk bound",
+            )
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     for ax, what in ((dec, "decode tokens/s"), (pre, "prefill tokens/s")):
         ax.set_xlabel("memory limit (GB)")
@@ -90,8 +120,9 @@ def plot(rows: list[dict], title: str, bandwidth: float, png: str) -> None:
     handles, names = dec.get_legend_handles_labels()  # below both panels: inside, it hides the lines
     fig.legend(handles, names, loc="lower center", ncol=4, fontsize=7, frameon=False)
     note = " (synthetic random weights)" if "synthetic" in title.lower() and "random" not in title.lower() else ""
-    fig.suptitle(f"{title}{note}: cold page cache; x = OOM-killed/refused; disk read {bandwidth / 1e9:.2f} GB/s",
-                 fontsize=10)
+    fig.suptitle(
+        f"{title}{note}: cold page cache; x = OOM-killed/refused; disk read {bandwidth / 1e9:.2f} GB/s", fontsize=10
+    )
     fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(names) + 3) // 4), 1, 1))
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -48,12 +48,18 @@ def greedy(prefill, step, ids: list[int], tokens: int) -> dict:
         out.append(int(np.argmax(step(out[-1]))))
     c2 = counters()
     passes = tokens - 1
-    return {"prompt_tokens": len(ids), "tokens": tokens, "ttft_s": c1[0] - c0[0],
-            "prefill_tps": len(ids) / (c1[0] - c0[0]),
-            "decode_tps": passes / (c2[0] - c1[0]) if passes else 0.0,
-            "prefill_read_bytes": c1[1] - c0[1], "decode_read_bytes": c2[1] - c1[1],
-            "decode_read_bytes_per_token": (c2[1] - c1[1]) / passes if passes else 0.0,
-            "decode_major_faults": c2[2] - c1[2], "generated": out}
+    return {
+        "prompt_tokens": len(ids),
+        "tokens": tokens,
+        "ttft_s": c1[0] - c0[0],
+        "prefill_tps": len(ids) / (c1[0] - c0[0]),
+        "decode_tps": passes / (c2[0] - c1[0]) if passes else 0.0,
+        "prefill_read_bytes": c1[1] - c0[1],
+        "decode_read_bytes": c2[1] - c1[1],
+        "decode_read_bytes_per_token": (c2[1] - c1[1]) / passes if passes else 0.0,
+        "decode_major_faults": c2[2] - c1[2],
+        "generated": out,
+    }
 
 
 def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
@@ -61,8 +67,11 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
     from mlx_flash.errors import MemoryBudgetError
 
     backend, _, share = mode.partition(":")
-    sparse = {"ffn": "sparse", "flash": mlx_flash.FlashOptions(predictor="statistical",
-                                                               statistical_active=float(share))} if share else {}
+    sparse = (
+        {"ffn": "sparse", "flash": mlx_flash.FlashOptions(predictor="statistical", statistical_active=float(share))}
+        if share
+        else {}
+    )
     t0 = time.perf_counter()
     try:  # "auto": the cgroup's limit less the safety margin, split by the planner (one line on stderr)
         engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse)
@@ -81,8 +90,15 @@ def run_llama_cpp(gguf: str, mode: str, tokens: int, ids: list[int]) -> dict:
 
     t0 = time.perf_counter()
     # logits_all=False: llama.cpp computes the last position's logits only, as ours does
-    llm = Llama(model_path=gguf, n_ctx=256, n_threads=2, n_threads_batch=2, use_mmap=mode == "mmap",
-                logits_all=False, verbose=False)
+    llm = Llama(
+        model_path=gguf,
+        n_ctx=256,
+        n_threads=2,
+        n_threads_batch=2,
+        use_mmap=mode == "mmap",
+        logits_all=False,
+        verbose=False,
+    )
     load_s = time.perf_counter() - t0
 
     def last_logits():  # the last evaluated position's logits, read in place
@@ -108,9 +124,12 @@ def main() -> int:
     run = run_ours if engine == "mlx_flash" else run_llama_cpp
     r = run(model, mode, int(tokens), ids)
     # VmHWM: the peak of this process image (ru_maxrss would carry the parent's peak across fork + exec)
-    r.update(vmhwm=status_bytes("VmHWM"), read_bytes=read_bytes(),
-             major_faults=resource.getrusage(resource.RUSAGE_SELF).ru_majflt,
-             imported=sorted(m for m in ("torch", "transformers", "mlx_lm") if m in sys.modules))
+    r.update(
+        vmhwm=status_bytes("VmHWM"),
+        read_bytes=read_bytes(),
+        major_faults=resource.getrusage(resource.RUSAGE_SELF).ru_majflt,
+        imported=sorted(m for m in ("torch", "transformers", "mlx_lm") if m in sys.modules),
+    )
     print(json.dumps(r))
     return 0
 

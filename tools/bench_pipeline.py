@@ -34,20 +34,54 @@ from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache
 from mlx_flash.units import fmt
 
 PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."
-TOPICS = ["a lighthouse keeper", "the first snow", "a lost map", "an old clock", "a river town", "a night train",
-          "a garden in spring", "a chess match", "a mountain pass", "a bakery at dawn", "a quiet library",
-          "a storm at sea", "a market day", "a forgotten song", "a desert well", "a city bridge"]
+TOPICS = [
+    "a lighthouse keeper",
+    "the first snow",
+    "a lost map",
+    "an old clock",
+    "a river town",
+    "a night train",
+    "a garden in spring",
+    "a chess match",
+    "a mountain pass",
+    "a bakery at dawn",
+    "a quiet library",
+    "a storm at sea",
+    "a market day",
+    "a forgotten song",
+    "a desert well",
+    "a city bridge",
+]
 DECODE = re.compile(r"generated (\d+) tok at ([0-9.]+) tok/s")
 THROUGHPUT = re.compile(r"(?:measured [0-9.]+ s|in [0-9.]+ s) \(([0-9.]+) tok/s\)")
 
 
 def chat_cmd(a, pipeline: bool) -> list[str]:
     if a.batch:
-        cmd = [sys.executable, "-m", "mlx_flash.batch", a.prompts, a.outputs[pipeline], "--max-tokens", str(a.tokens),
-               "--backend", a.backend]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_flash.batch",
+            a.prompts,
+            a.outputs[pipeline],
+            "--max-tokens",
+            str(a.tokens),
+            "--backend",
+            a.backend,
+        ]
     else:
-        cmd = [sys.executable, "-m", "mlx_flash.chat", "--prompt", PROMPT, "--max-tokens", str(a.tokens), "--verbose",
-               "--backend", a.backend]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_flash.chat",
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            str(a.tokens),
+            "--verbose",
+            "--backend",
+            a.backend,
+        ]
     if a.model:
         cmd += ["--model", a.model]
     cmd += shlex.split(a.engine_args)
@@ -79,9 +113,16 @@ def one_process(a, limit: int) -> dict:
     drop_page_cache()
     with MemoryCgroup(limit) as cg:
         r = cg.run(chat_cmd(a, False), timeout=3600)
-    return {"config": "one process", "tok_s": decode_rate(r.stderr, bool(a.batch)), "peaks": [r.peak],
-            "oom_kills": r.oom_kills,
-            "plans": plan_lines(r.stderr), "returncodes": [r.returncode], "tail": r.stderr[-400:], "answer": r.stdout}
+    return {
+        "config": "one process",
+        "tok_s": decode_rate(r.stderr, bool(a.batch)),
+        "peaks": [r.peak],
+        "oom_kills": r.oom_kills,
+        "plans": plan_lines(r.stderr),
+        "returncodes": [r.returncode],
+        "tail": r.stderr[-400:],
+        "answer": r.stdout,
+    }
 
 
 def pipeline(a, limit: int) -> dict:
@@ -91,6 +132,7 @@ def pipeline(a, limit: int) -> dict:
         envs = rank_envs(a.ranks, tmp, a.launcher)
         groups = [MemoryCgroup(limit, name=f"mlx_flash_rank{r}") for r in range(a.ranks)]
         try:
+
             def run(r):
                 runs[r] = groups[r].run(chat_cmd(a, True), timeout=3600, env={**os.environ, **envs[r]})
 
@@ -102,10 +144,16 @@ def pipeline(a, limit: int) -> dict:
         finally:
             for g in groups:
                 g.close()
-    return {"config": f"{a.ranks} ranks ({a.launcher})", "tok_s": decode_rate(runs[0].stderr, bool(a.batch)),
-            "peaks": [r.peak for r in runs], "oom_kills": sum(r.oom_kills for r in runs),
-            "plans": [line for r in runs for line in plan_lines(r.stderr)], "returncodes": [r.returncode for r in runs],
-            "tail": runs[0].stderr[-400:], "answer": runs[0].stdout}
+    return {
+        "config": f"{a.ranks} ranks ({a.launcher})",
+        "tok_s": decode_rate(runs[0].stderr, bool(a.batch)),
+        "peaks": [r.peak for r in runs],
+        "oom_kills": sum(r.oom_kills for r in runs),
+        "plans": [line for r in runs for line in plan_lines(r.stderr)],
+        "returncodes": [r.returncode for r in runs],
+        "tail": runs[0].stderr[-400:],
+        "answer": runs[0].stdout,
+    }
 
 
 def llama_cpp(a, limit: int) -> dict:
@@ -118,14 +166,22 @@ def llama_cpp(a, limit: int) -> dict:
     drop_page_cache()
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
     with MemoryCgroup(limit, name="mlx_flash_peer") as cg:
-        r = cg.run([sys.executable, runner, "llama.cpp", a.gguf, "mmap", str(a.tokens), ",".join(map(str, ids))],
-                   timeout=3600)
+        r = cg.run(
+            [sys.executable, runner, "llama.cpp", a.gguf, "mmap", str(a.tokens), ",".join(map(str, ids))], timeout=3600
+        )
     try:
         rate = json.loads(r.stdout.strip().splitlines()[-1])["decode_tps"]
     except (ValueError, IndexError, KeyError):
         rate = None
-    return {"config": "llama.cpp (mmap)", "tok_s": rate, "peaks": [r.peak], "oom_kills": r.oom_kills, "plans": [],
-            "returncodes": [r.returncode], "tail": (r.stderr or r.stdout)[-400:]}
+    return {
+        "config": "llama.cpp (mmap)",
+        "tok_s": rate,
+        "peaks": [r.peak],
+        "oom_kills": r.oom_kills,
+        "plans": [],
+        "returncodes": [r.returncode],
+        "tail": (r.stderr or r.stdout)[-400:],
+    }
 
 
 def run(a) -> None:
@@ -140,26 +196,37 @@ def run(a) -> None:
         if a.gguf and not a.batch:
             rows.append(llama_cpp(a, limit))
         if a.batch:
-            texts = [sorted(open(a.outputs[k]).read().splitlines()) if os.path.exists(a.outputs[k]) else []
-                     for k in (False, True)]
-            print(f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
-                  f"({len(texts[1])} of {a.batch})")
+            texts = [
+                sorted(open(a.outputs[k]).read().splitlines()) if os.path.exists(a.outputs[k]) else []
+                for k in (False, True)
+            ]
+            print(
+                f"answers of the ranks {'equal' if texts[0] == texts[1] else 'DIFFER FROM'} the one process's "
+                f"({len(texts[1])} of {a.batch})"
+            )
         else:  # greedy: the same tokens, so the same text
             same = rows[0]["answer"] == rows[1]["answer"] and rows[0]["answer"]
             print(f"the ranks' answer {'equals' if same else 'DIFFERS FROM'} the one process's: {rows[1]['answer']!r}")
     base = rows[0]["tok_s"]
     if a.batch:
-        print(f"\n{a.batch} prompts, {a.tokens} greedy tokens each; each rank in its own {fmt(limit)} memory cgroup, "
-              f"one process in {fmt(limit * a.ranks)}; {a.backend} backend")
+        print(
+            f"\n{a.batch} prompts, {a.tokens} greedy tokens each; each rank in its own {fmt(limit)} memory cgroup, "
+            f"one process in {fmt(limit * a.ranks)}; {a.backend} backend"
+        )
     else:
         print(f"\n{a.tokens} greedy tokens, each process in its own {fmt(limit)} memory cgroup, {a.backend} backend")
-    print(f"{'config':<22}{'tok/s' if a.batch else 'decode tok/s':>14}{'vs one':>9}  peaks per cgroup            OOM kills  exit codes")
+    print(
+        f"{'config':<22}{'tok/s' if a.batch else 'decode tok/s':>14}{'vs one':>9}"
+        "  peaks per cgroup            OOM kills  exit codes"
+    )
     for row in rows:
         rate = row["tok_s"]
         ratio = f"{rate / base:.2f}x" if rate and base else "-"
         peaks = ", ".join(fmt(p) for p in row["peaks"])
-        print(f"{row['config']:<22}{rate if rate is not None else '-':>14}{ratio:>9}  {peaks:<28}{row['oom_kills']:>9}"
-              f"  {row['returncodes']}")
+        print(
+            f"{row['config']:<22}{rate if rate is not None else '-':>14}{ratio:>9}  {peaks:<28}{row['oom_kills']:>9}"
+            f"  {row['returncodes']}"
+        )
     for row in rows:
         print(f"\n{row['config']}:")
         for line in row["plans"]:
@@ -168,8 +235,9 @@ def run(a) -> None:
             print("  (no answer) " + row["tail"])
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"limit": limit, "tokens": a.tokens, "backend": a.backend, "batch": a.batch, "rows": rows}, fh,
-                      indent=1)
+            json.dump(
+                {"limit": limit, "tokens": a.tokens, "backend": a.backend, "batch": a.batch, "rows": rows}, fh, indent=1
+            )
 
 
 def main() -> int:
@@ -180,13 +248,23 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--backend", default="mlx", choices=("mlx", "torch"))
     p.add_argument("--launcher", default="ring", choices=("ring", "gloo"))
-    p.add_argument("--batch", type=int, default=0,
-                   help="N prompts through the throughput mode (python -m mlx_flash.batch) instead of one chat answer")
-    p.add_argument("--gguf", default=None,
-                   help="the model's GGUF file: llama.cpp (llama-cpp-python, mmap) decodes it too, in one cgroup of "
-                        "--limit (not with --batch)")
-    p.add_argument("--engine-args", default="",
-                   help="more flags for every run of this engine, one process and ranks alike (e.g. \"--context 64\")")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="N prompts through the throughput mode (python -m mlx_flash.batch) instead of one chat answer",
+    )
+    p.add_argument(
+        "--gguf",
+        default=None,
+        help="the model's GGUF file: llama.cpp (llama-cpp-python, mmap) decodes it too, in one cgroup of "
+        "--limit (not with --batch)",
+    )
+    p.add_argument(
+        "--engine-args",
+        default="",
+        help='more flags for every run of this engine, one process and ranks alike (e.g. "--context 64")',
+    )
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.ranks < 2:

@@ -18,12 +18,12 @@ import tempfile
 from mlx_flash import load
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
-from mlx_flash.bench.service_trace import (PATTERNS, VARIANTS, TraceConfig, build_texts, full_context_restore,
-                                           run_trace)
+from mlx_flash.bench.service_trace import PATTERNS, VARIANTS, TraceConfig, build_texts, full_context_restore, run_trace
 
 
 def plot(rows, names, patterns, path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
@@ -31,8 +31,9 @@ def plot(rows, names, patterns, path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.6))
     w = 0.8 / len(names)
     for k, name in enumerate(names):
-        vals = [next(x for x in rows if x["variant"] == name and x["pattern"] == pt)["switch_mean_ms"]
-                for pt in patterns]
+        vals = [
+            next(x for x in rows if x["variant"] == name and x["pattern"] == pt)["switch_mean_ms"] for pt in patterns
+        ]
         ax.bar(np.arange(len(patterns)) + k * w, vals, w, label=name)
     ax.set_xticks(np.arange(len(patterns)) + w * (len(names) - 1) / 2, patterns)
     ax.set_yscale("log")
@@ -66,8 +67,10 @@ def main() -> int:
         names = list(dict.fromkeys(r["variant"] for r in rows))
         patterns = list(dict.fromkeys(r["pattern"] for r in rows))
         for r in rows:
-            print(f"{r['pattern']:9s} {r['variant']:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft "
-                  f"{r['ttft_mean_ms']:8.1f} ms")
+            print(
+                f"{r['pattern']:9s} {r['variant']:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft "
+                f"{r['ttft_mean_ms']:8.1f} ms"
+            )
         if a.plot:
             plot(rows, names, patterns, a.plot)
         return 0
@@ -87,17 +90,22 @@ def main() -> int:
             for v in variants:
                 r = run_trace(engine, v, pattern, starts, pieces, cfg, os.path.join(base, "svc")).summary()
                 rows.append(r)
-                print(f"{pattern:9s} {v.name:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft {r['ttft_mean_ms']:8.1f} "
-                      f"ms  read {r['chunks_read']:5d}  recomputed {r['chunks_recomputed']:5d}  written "
-                      f"{r['chunks_written']:5d}", flush=True)
+                print(
+                    f"{pattern:9s} {v.name:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft {r['ttft_mean_ms']:8.1f} "
+                    f"ms  read {r['chunks_read']:5d}  recomputed {r['chunks_recomputed']:5d}  written "
+                    f"{r['chunks_written']:5d}",
+                    flush=True,
+                )
         if a.full_context:
             full = full_context_restore(engine, text, os.path.join(base, "full"))
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"\n{cfg.contexts} contexts of {cfg.context_tokens} tokens, {cfg.calls} calls of {cfg.call_tokens} new "
-          f"tokens, KV budget {cfg.kv_share:.0%} of their KV, {a.backend}; mean switching latency (ms) and its "
-          "ratio to LLMS, mean time to first token (ms)")
+    print(
+        f"\n{cfg.contexts} contexts of {cfg.context_tokens} tokens, {cfg.calls} calls of {cfg.call_tokens} new "
+        f"tokens, KV budget {cfg.kv_share:.0%} of their KV, {a.backend}; mean switching latency (ms) and its "
+        "ratio to LLMS, mean time to first token (ms)"
+    )
     patterns = list(dict.fromkeys(r["pattern"] for r in rows))
     print("| variant | " + " | ".join(f"{p} switch | x | {p} TTFT" for p in patterns) + " |")
     print("|---|" + "---|---|---|" * len(patterns))
@@ -111,10 +119,12 @@ def main() -> int:
         print(f"| {v.name} | " + " | ".join(cells) + " |")
     if full:
         rc = full["recompute"]["seconds"]
-        print(f"\nfull context ({full['tokens']} tokens) swapped to flash, ready again: pipeline "
-              f"{full['pipeline']['seconds']:.3f} s ({full['pipeline']['read']} chunks read, "
-              f"{full['pipeline']['recomputed']} recomputed), read only {full['read']['seconds']:.3f} s, "
-              f"recompute {rc:.3f} s: {rc / full['pipeline']['seconds']:.1f}x faster than re-prefill")
+        print(
+            f"\nfull context ({full['tokens']} tokens) swapped to flash, ready again: pipeline "
+            f"{full['pipeline']['seconds']:.3f} s ({full['pipeline']['read']} chunks read, "
+            f"{full['pipeline']['recomputed']} recomputed), read only {full['read']['seconds']:.3f} s, "
+            f"recompute {rc:.3f} s: {rc / full['pipeline']['seconds']:.1f}x faster than re-prefill"
+        )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"config": vars(cfg), "rows": rows, "full_context": full}, fh, indent=1)

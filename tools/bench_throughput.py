@@ -25,8 +25,14 @@ from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.throughput import MODES, BenchConfig, run_config
 
-LABELS = {"single": "(a) one at a time", "row": "(b) batched, row order", "flexgen": "(c) zig-zag + search",
-          "compressed": "(d) (c) + 4-bit weights", "naive": "ablation: no search", "no-overlap": "ablation: no overlap"}
+LABELS = {
+    "single": "(a) one at a time",
+    "row": "(b) batched, row order",
+    "flexgen": "(c) zig-zag + search",
+    "compressed": "(d) (c) + 4-bit weights",
+    "naive": "ablation: no search",
+    "no-overlap": "ablation: no overlap",
+}
 
 
 def store_bytes(path):
@@ -55,6 +61,7 @@ def run_one(cfg: BenchConfig, cgroup_limit) -> dict:
 
 def plot(rows, path, title):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -64,8 +71,9 @@ def plot(rows, path, title):
     ax.barh(names, [r["tokens_per_s"] for r in ok], label="measured")
     pred = [(r["predicted_tokens_per_s"], n) for r, n in zip(ok, names) if r.get("predicted_tokens_per_s")]
     if pred:
-        ax.scatter([p for p, _ in pred], [n for _, n in pred], color="k", marker="|", s=300, label="cost model",
-                   zorder=3)
+        ax.scatter(
+            [p for p, _ in pred], [n for _, n in pred], color="k", marker="|", s=300, label="cost model", zorder=3
+        )
     ax.set_xlabel("generated tokens/s (prefill included)")
     import textwrap
 
@@ -81,8 +89,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--store", default=None, help="store to run (default: the default model)")
-    p.add_argument("--compressed-store", default=None,
-                   help="the same source converted to 4 bits (--precision q4 --group-size 64): configuration (d)")
+    p.add_argument(
+        "--compressed-store",
+        default=None,
+        help="the same source converted to 4 bits (--precision q4 --group-size 64): configuration (d)",
+    )
     p.add_argument("--label", default=None, help="what the store is, for the table (say 'synthetic' for one)")
     p.add_argument("--backend", default="torch", choices=("torch", "mlx"))
     p.add_argument("--memory-budget", default="auto")
@@ -115,13 +126,28 @@ def main() -> int:
         if a.cgroup and limit is None:
             raise FlashError("--cgroup needs --memory-budget in bytes (e.g. 2GB)")
         # inside a cgroup the engine's "auto" budget is the cgroup's limit (less the planner's margin)
-        base = dict(backend=a.backend, memory_budget="auto" if a.cgroup else a.memory_budget, sequences=a.sequences, prompt=a.prompt,
-                    generate=a.generate, single_sequences=a.single_sequences)
-        runs = [(m, BenchConfig(mode=m, store=a.store, weights_budget=weights_budget(a.store), **base))
-                for m in a.modes.split(",")]
+        base = dict(
+            backend=a.backend,
+            memory_budget="auto" if a.cgroup else a.memory_budget,
+            sequences=a.sequences,
+            prompt=a.prompt,
+            generate=a.generate,
+            single_sequences=a.single_sequences,
+        )
+        runs = [
+            (m, BenchConfig(mode=m, store=a.store, weights_budget=weights_budget(a.store), **base))
+            for m in a.modes.split(",")
+        ]
         if a.compressed_store:
-            runs.insert(3, ("compressed", BenchConfig(mode="flexgen", store=a.compressed_store,
-                                                      weights_budget=weights_budget(a.store), **base)))
+            runs.insert(
+                3,
+                (
+                    "compressed",
+                    BenchConfig(
+                        mode="flexgen", store=a.compressed_store, weights_budget=weights_budget(a.store), **base
+                    ),
+                ),
+            )
         rows = []
         for label, cfg in runs:
             r = {"label": label, **run_one(cfg, limit)}
@@ -129,28 +155,51 @@ def main() -> int:
             if "error" in r:
                 print(f"{LABELS.get(label, label)}: error: {r['error']}", flush=True)
                 continue
-            pred = (f"predicted {r['predicted_s']:.1f} s / measured {r['seconds']:.1f} s "
-                    f"({r['seconds'] / r['predicted_s']:.2f}x)") if r.get("predicted_s") else ""
-            mem = (f"peak {r['peak_rss'] / 2**20:.0f} MiB" + (f", cgroup peak {r['cgroup_peak'] / 2**20:.0f} MiB of "
-                                                              f"{r['cgroup_limit'] / 2**20:.0f}, {r['oom_kills']} OOM"
-                                                              if "cgroup_peak" in r else ""))
-            print(f"{LABELS.get(label, label):26s} {r['tokens_per_s']:7.2f} tok/s  decode {r['decode_tokens_per_s']:7.2f} "
-                  f"tok/s  prefill {r['prefill_s']:6.1f} s  read {r['bytes_read'] / 2**30:6.2f} GiB  {mem}  {pred}  "
-                  f"{json.dumps(r.get('policy')) if r.get('policy') else ''}", flush=True)
+            pred = (
+                (
+                    f"predicted {r['predicted_s']:.1f} s / measured {r['seconds']:.1f} s "
+                    f"({r['seconds'] / r['predicted_s']:.2f}x)"
+                )
+                if r.get("predicted_s")
+                else ""
+            )
+            mem = f"peak {r['peak_rss'] / 2**20:.0f} MiB" + (
+                f", cgroup peak {r['cgroup_peak'] / 2**20:.0f} MiB of "
+                f"{r['cgroup_limit'] / 2**20:.0f}, {r['oom_kills']} OOM"
+                if "cgroup_peak" in r
+                else ""
+            )
+            print(
+                f"{LABELS.get(label, label):26s} {r['tokens_per_s']:7.2f} tok/s  "
+                f"decode {r['decode_tokens_per_s']:7.2f} "
+                f"tok/s  prefill {r['prefill_s']:6.1f} s  read {r['bytes_read'] / 2**30:6.2f} GiB  {mem}  {pred}  "
+                f"{json.dumps(r.get('policy')) if r.get('policy') else ''}",
+                flush=True,
+            )
         single = next((r for r in rows if r["label"] == "single" and "tokens_per_s" in r), None)
         for r in rows:
             if single and "tokens_per_s" in r:
                 r["vs_single"] = r["tokens_per_s"] / single["tokens_per_s"]
                 r["decode_vs_single"] = r["decode_tokens_per_s"] / single["decode_tokens_per_s"]
         if single:
-            print("vs (a): " + ", ".join(f"{r['label']} {r['vs_single']:.1f}x (decode {r['decode_vs_single']:.1f}x)"
-                                         for r in rows if "vs_single" in r))
+            print(
+                "vs (a): "
+                + ", ".join(
+                    f"{r['label']} {r['vs_single']:.1f}x (decode {r['decode_vs_single']:.1f}x)"
+                    for r in rows
+                    if "vs_single" in r
+                )
+            )
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump({"label": a.label, "args": vars(a), "rows": rows}, fh, indent=1)
         if a.plot:
-            plot(rows, a.plot, f"{a.label or a.store or 'default model'}: {a.sequences} sequences, prompt {a.prompt}, "
-                               f"generate {a.generate}, weights budget {a.weights_share:.0%} of the model")
+            plot(
+                rows,
+                a.plot,
+                f"{a.label or a.store or 'default model'}: {a.sequences} sequences, prompt {a.prompt}, "
+                f"generate {a.generate}, weights budget {a.weights_share:.0%} of the model",
+            )
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

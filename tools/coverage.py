@@ -39,26 +39,41 @@ FLOATS = {"F32": 128, "F16": 64, "BF16": 64}
 # test file, or file::test-name prefix -> (what it checks, the family a test id names: a regex on the
 # id or a fixed family)
 FAMILY_TESTS = {
-    "tests/models/test_tiny_families.py": ("tiny random model vs transformers, resident and streamed FFN",
-                                           r"(llama|mistral|qwen2|qwen3|opt)-"),
+    "tests/models/test_tiny_families.py": (
+        "tiny random model vs transformers, resident and streamed FFN",
+        r"(llama|mistral|qwen2|qwen3|opt)-",
+    ),
     "tests/models/test_gemma3.py": ("tiny random model vs transformers (sliding and full layers)", "gemma3_text"),
     "tests/moe/test_moe_models.py": ("tiny random MoE vs transformers", r"(mixtral|qwen2_moe|qwen3_moe|olmoe)"),
-    "tests/models/test_rope_scaling.py": ("RoPE llama3 / yarn vs transformers past the original context",
-                                          r"(llama3|yarn)"),
+    "tests/models/test_rope_scaling.py": (
+        "RoPE llama3 / yarn vs transformers past the original context",
+        r"(llama3|yarn)",
+    ),
     "tests/convert/test_gguf_kquants.py::test_logits_equal_transformers": (
-        "tiny Gemma 3 Q4_K_M-style GGUF vs transformers on the same file", "gemma3 GGUF"),
+        "tiny Gemma 3 Q4_K_M-style GGUF vs transformers on the same file",
+        "gemma3 GGUF",
+    ),
     "tests/convert/test_gguf_kquants.py::test_sparse_modes_on_block_types": (
-        "tiny Gemma 3 Q4_K_M-style GGUF: every exact sparse FFN mode = resident", "gemma3 GGUF, sparse FFN"),
-    "tests/sparse/test_sparse_geglu.py::test_all_active": ("tiny random model, q8: sparse kernel (GeGLU) = resident",
-                                                          "gemma3_text, sparse FFN"),
+        "tiny Gemma 3 Q4_K_M-style GGUF: every exact sparse FFN mode = resident",
+        "gemma3 GGUF, sparse FFN",
+    ),
+    "tests/sparse/test_sparse_geglu.py::test_all_active": (
+        "tiny random model, q8: sparse kernel (GeGLU) = resident",
+        "gemma3_text, sparse FFN",
+    ),
     "tests/moe/test_block_experts.py::test_streamed": (
         "tiny Qwen3-MoE Q4_K_M GGUF: k-quant experts streamed = resident, within float16 of dequantized",
-        "qwen3_moe GGUF"),
+        "qwen3_moe GGUF",
+    ),
     "tests/convert/test_gguf_rope_freqs.py": ("Llama 3.x GGUF rope_freqs vs transformers", "llama3 GGUF"),
-    "tests/models/test_smollm2_vs_transformers.py": ("real SmolLM2-135M Q4_1: 32 greedy tokens = transformers",
-                                                     "llama (real file)"),
-    "tests/models/test_gemma3_real_file.py": ("real Gemma 3 270M Q4_K_M: 32 greedy tokens = transformers",
-                                              "gemma3 (real file)"),
+    "tests/models/test_smollm2_vs_transformers.py": (
+        "real SmolLM2-135M Q4_1: 32 greedy tokens = transformers",
+        "llama (real file)",
+    ),
+    "tests/models/test_gemma3_real_file.py": (
+        "real Gemma 3 270M Q4_K_M: 32 greedy tokens = transformers",
+        "gemma3 (real file)",
+    ),
 }
 
 
@@ -120,10 +135,17 @@ def quant_rows(threads: int) -> list[dict]:
             ref = x.astype(np.float64) @ want.astype(np.float64).T
             err = worst(m, ref)
             big = _big_affine(rng, bt, gguf)
-            out.append({"type": name, "kept": f"affine {bt.bits}-bit triple (exact re-expression)",
-                        "size": bits_stored_file[1] / bits_stored_file[2], "kernel": "CPU qmatmul",
-                        "equal": _equality(got.astype(np.float32), want),
-                        "error": err, "gws": 2048 * 2048 / _median_seconds(lambda: big(x2048, threads)) / 1e9})
+            out.append(
+                {
+                    "type": name,
+                    "kept": f"affine {bt.bits}-bit triple (exact re-expression)",
+                    "size": bits_stored_file[1] / bits_stored_file[2],
+                    "kernel": "CPU qmatmul",
+                    "equal": _equality(got.astype(np.float32), want),
+                    "error": err,
+                    "gws": 2048 * 2048 / _median_seconds(lambda: big(x2048, threads)) / 1e9,
+                }
+            )
         for name, blk in BLOCKS.items():
             qtype = gguf.GGMLQuantizationType[name]
             raw = gguf.quants.quantize(w, qtype) if name in ("Q5_0", "Q5_1") else quantize_k(w, name)
@@ -132,14 +154,31 @@ def quant_rows(threads: int) -> list[dict]:
             ref = block_matmul_ref(x, raw, name)
             err = worst(m, ref)
             big = BlockMatrix(np.tile(raw, (8, 1)), name)
-            out.append({"type": name, "kept": "GGUF blocks, as stored", "size": 1.0, "kernel": "CPU block kernel",
-                        "equal": _equality(dequantize(raw, name), want),
-                        "error": err, "gws": 2048 * 2048 / _median_seconds(lambda: big(x2048, threads)) / 1e9})
+            out.append(
+                {
+                    "type": name,
+                    "kept": "GGUF blocks, as stored",
+                    "size": 1.0,
+                    "kernel": "CPU block kernel",
+                    "equal": _equality(dequantize(raw, name), want),
+                    "error": err,
+                    "gws": 2048 * 2048 / _median_seconds(lambda: big(x2048, threads)) / 1e9,
+                }
+            )
     finally:
         use_isa(before)
     for name, file_bytes in FLOATS.items():
-        out.append({"type": name, "kept": "float rows, as stored", "size": 1.0, "kernel": "backend matmul",
-                    "equal": "bit for bit", "error": 0.0, "gws": None})
+        out.append(
+            {
+                "type": name,
+                "kept": "float rows, as stored",
+                "size": 1.0,
+                "kernel": "backend matmul",
+                "equal": "bit for bit",
+                "error": 0.0,
+                "gws": None,
+            }
+        )
     return out
 
 
@@ -148,8 +187,9 @@ def _big_affine(rng, bt, gguf):
     from mlx_flash.convert.gguf_blocks import decode_blocks
     from mlx_flash.kernels.qmatmul import StoredMatrix
 
-    raw = gguf.quants.quantize((rng.standard_normal((2048, 2048)) * 0.05).astype(np.float32),
-                               gguf.GGMLQuantizationType[bt.name])
+    raw = gguf.quants.quantize(
+        (rng.standard_normal((2048, 2048)) * 0.05).astype(np.float32), gguf.GGMLQuantizationType[bt.name]
+    )
     t = decode_blocks(bt, raw, 2048)
     return StoredMatrix(t["weight"], t["scales"], t["biases"], bt.bits, 32)
 
@@ -171,8 +211,12 @@ def family_rows() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         files = sorted({f.split("::")[0] for f in FAMILY_TESTS if os.path.exists(os.path.join(ROOT, f.split("::")[0]))})
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
-                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         if not os.path.exists(report):
             raise FlashError("the family tests wrote no report (pytest did not run)")
         cases = ET.parse(report).getroot().iter("testcase")
@@ -180,8 +224,14 @@ def family_rows() -> list[dict]:
         for c in cases:
             path = c.get("classname", "").replace(".", "/") + ".py"
             name = c.get("name", "")
-            key = next((k for k in FAMILY_TESTS if k == path or (k.startswith(path + "::")
-                                                                 and name.startswith(k.split("::")[1]))), None)
+            key = next(
+                (
+                    k
+                    for k in FAMILY_TESTS
+                    if k == path or (k.startswith(path + "::") and name.startswith(k.split("::")[1]))
+                ),
+                None,
+            )
             if key is None:
                 continue
             how, fam = FAMILY_TESTS[key]
@@ -191,10 +241,15 @@ def family_rows() -> list[dict]:
             if family is None:
                 continue
             backend = "mlx" if "mlx" in name else "torch" if "torch" in name else "both"
-            outcome = ("failed" if c.find("failure") is not None or c.find("error") is not None
-                       else "skipped" if c.find("skipped") is not None else "passed")
+            outcome = (
+                "failed"
+                if c.find("failure") is not None or c.find("error") is not None
+                else "skipped"
+                if c.find("skipped") is not None
+                else "passed"
+            )
             row = rows.setdefault((family, how), {"family": family, "how": how, "mlx": [], "torch": []})
-            for b in (("mlx", "torch") if backend == "both" else (backend,)):
+            for b in ("mlx", "torch") if backend == "both" else (backend,):
                 row[b].append(outcome)
     return list(rows.values())
 
@@ -212,46 +267,79 @@ def speed_rows(threads: int) -> list[dict]:
     for title, path in models:
         with tempfile.TemporaryDirectory() as tmp:
             js = os.path.join(tmp, "bench.json")
-            cmd = [sys.executable, os.path.join(ROOT, "tools", "bench.py"), "--configs", "mlx,torch", "--runs", "3",
-                   "--prompt-tokens", "64", "--gen-tokens", "64", "--threads", str(threads), "--json", js]
-            subprocess.run(cmd + (["--model", path] if path else []), cwd=ROOT, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+            cmd = [
+                sys.executable,
+                os.path.join(ROOT, "tools", "bench.py"),
+                "--configs",
+                "mlx,torch",
+                "--runs",
+                "3",
+                "--prompt-tokens",
+                "64",
+                "--gen-tokens",
+                "64",
+                "--threads",
+                str(threads),
+                "--json",
+                js,
+            ]
+            subprocess.run(
+                cmd + (["--model", path] if path else []),
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             if not os.path.exists(js):
                 raise FlashError(f"tools/bench.py wrote no results for {title}")
             with open(js) as fh:
                 res = json.load(fh)["results"]
         peer = res.get("llama.cpp")
-        out.append({"model": title, **{b: res[b]["decode_tps"] for b in ("mlx", "torch") if isinstance(res.get(b), dict)},
-                    "llama.cpp": peer["decode_tps"] if isinstance(peer, dict) else None})
+        out.append(
+            {
+                "model": title,
+                **{b: res[b]["decode_tps"] for b in ("mlx", "torch") if isinstance(res.get(b), dict)},
+                "llama.cpp": peer["decode_tps"] if isinstance(peer, dict) else None,
+            }
+        )
     return out
 
 
 def markdown(quants, families, speeds, threads: int) -> str:
     from mlx_flash.kernels.qmatmul import cpu_isa
 
-    lines = [f"*Generated by `python tools/coverage.py` on {datetime.date.today()}: {platform.machine()}, "
-             f"{os.cpu_count()} cores, kernel path {cpu_isa().name}, {threads} threads.*", "",
-             "| type | kept as | stored / file bytes | CPU kernel | dequantization = gguf's | kernel vs reference "
-             "(max rel. error, every path) | decode Gw/s (2048x2048) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"*Generated by `python tools/coverage.py` on {datetime.date.today()}: {platform.machine()}, "
+        f"{os.cpu_count()} cores, kernel path {cpu_isa().name}, {threads} threads.*",
+        "",
+        "| type | kept as | stored / file bytes | CPU kernel | dequantization = gguf's | kernel vs reference "
+        "(max rel. error, every path) | decode Gw/s (2048x2048) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for q in quants:
         gws = f"{q['gws']:.1f}" if q["gws"] else "-"
-        lines.append(f"| {q['type']} | {q['kept']} | {q['size']:.3f} | {q['kernel']} | "
-                     f"{q['equal']} | {q['error']:.1e} | {gws} |")
+        lines.append(
+            f"| {q['type']} | {q['kept']} | {q['size']:.3f} | {q['kernel']} | {q['equal']} | {q['error']:.1e} | {gws} |"
+        )
     if families:
         lines += ["", "| family | checked how | mlx | torch |", "|---|---|---|---|"]
         for f in sorted(families, key=lambda r: r["family"]):
             cell = {b: _outcome(f[b]) for b in ("mlx", "torch")}
             lines.append(f"| {f['family']} | {f['how']} | {cell['mlx']} | {cell['torch']} |")
     if speeds:
-        lines += ["", "| real file | mlx decode tok/s | torch decode tok/s | llama.cpp decode tok/s | best / llama.cpp |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| real file | mlx decode tok/s | torch decode tok/s | llama.cpp decode tok/s | best / llama.cpp |",
+            "|---|---|---|---|---|",
+        ]
         for s in speeds:
             peer = s["llama.cpp"]
             best = max(s.get("mlx", 0), s.get("torch", 0))
             ratio = f"{best / peer:.2f}x" if peer else "llama.cpp not installed"
-            lines.append(f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | "
-                         f"{peer:.1f} | {ratio} |" if peer else
-                         f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | - | {ratio} |")
+            lines.append(
+                f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | {peer:.1f} | {ratio} |"
+                if peer
+                else f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | - | {ratio} |"
+            )
     return "\n".join(lines)
 
 
@@ -282,8 +370,11 @@ def main() -> int:
     p.add_argument("--families", action="store_true", help="run the family tests for the families table")
     p.add_argument("--speed", action="store_true", help="run tools/bench.py on real files (llama.cpp beside)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--write", metavar="FILE",
-                   help="replace the tables between the coverage markers in this file (docs/coverage.md)")
+    p.add_argument(
+        "--write",
+        metavar="FILE",
+        help="replace the tables between the coverage markers in this file (docs/coverage.md)",
+    )
     p.add_argument("--json", metavar="OUT", help="also write every number as JSON")
     a = p.parse_args()
     try:

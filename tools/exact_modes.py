@@ -1,5 +1,7 @@
 """Greedy tokens, a hash of every step's logits, bytes read and read counts of every exact FFN mode,
-as JSON: run it on two checkouts and compare, to show a change left behaviour and I/O alone.
+and the text generate() makes (greedy with a stop string, and sampled from a seed) and, where the
+throughput mode runs (resident and stream), generate_batch's, as JSON: run it on two checkouts and
+compare, to show a change left behaviour and I/O alone.
 
     python tools/exact_modes.py [--moe DIR] [--budget 80%] [--tokens 24] [--out FILE]
 
@@ -20,6 +22,8 @@ import mlx_flash
 from mlx_flash.errors import FlashError, first_paragraph
 
 PROMPT = "The history of the city begins in the twelfth century, when a small market grew along the river"
+STOP = ["river", "\n\n"]  # a stop string the greedy text may meet, cut where it starts
+BATCH = [PROMPT, "Once upon a time", "The capital of France is"]
 SPARSE_MODES = ("naive", "hybrid", "predictor", "window", "all")
 
 
@@ -37,13 +41,27 @@ def configs(moe: str | None, budget: str):
         for ffn in ("resident", "stream"):
             yield None, {"backend": backend, "ffn": ffn}
         for mode in SPARSE_MODES:
-            yield None, {"backend": backend, "ffn": "sparse", "weights_budget": budget,
-                         "flash": mlx_flash.FlashOptions(mode=mode, predictor="dense")}
+            yield (
+                None,
+                {
+                    "backend": backend,
+                    "ffn": "sparse",
+                    "weights_budget": budget,
+                    "flash": mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+                },
+            )
     if moe:
         yield moe, {"backend": "torch", "ffn": "resident"}
         for policy in ("edgemoe", "lru"):
-            yield moe, {"backend": "torch", "ffn": "stream", "weights_budget": "50%",
-                        "experts": mlx_flash.ExpertOptions(policy=policy, preload=0)}
+            yield (
+                moe,
+                {
+                    "backend": "torch",
+                    "ffn": "stream",
+                    "weights_budget": "50%",
+                    "experts": mlx_flash.ExpertOptions(policy=policy, preload=0),
+                },
+            )
 
 
 def main() -> int:
@@ -60,10 +78,20 @@ def main() -> int:
                 s0 = e.ffn.stats()
                 tokens, logits = greedy(e, e.tokenizer.encode(PROMPT), a.tokens)
                 s1 = e.ffn.stats()
+                texts = [
+                    e.generate(PROMPT, max_tokens=a.tokens, stop=STOP),
+                    e.generate(PROMPT, max_tokens=a.tokens, temperature=0.8, top_p=0.95, seed=3),
+                ]
+                batch = e.generate_batch(BATCH, max_tokens=a.tokens) if kw.get("ffn") != "sparse" else None
             key = ("moe " if model else "dense ") + " ".join(f"{k}={v}" for k, v in kw.items())
-            out[key] = {"tokens": tokens,
-                        "logits_sha256": hashlib.sha256(logits.astype(np.float32).tobytes()).hexdigest()[:16],
-                        "bytes_read": s1.bytes_read - s0.bytes_read, "reads": s1.reads - s0.reads}
+            out[key] = {
+                "tokens": tokens,
+                "logits_sha256": hashlib.sha256(logits.astype(np.float32).tobytes()).hexdigest()[:16],
+                "bytes_read": s1.bytes_read - s0.bytes_read,
+                "reads": s1.reads - s0.reads,
+                "texts": texts,
+                "batch_texts": batch,
+            }
             print(key, out[key]["bytes_read"], out[key]["reads"], out[key]["logits_sha256"], file=sys.stderr)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)

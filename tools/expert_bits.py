@@ -49,24 +49,40 @@ def run(a) -> None:
         imp = result.pop("importance")
     base = store.path.rstrip("/")
     tag = f"{a.tolerance:g}".replace(".", "")
-    outs = {"INT4": write_expert_store(store, base + "-int4", [[4] * E] * L),
-            "INT2": write_expert_store(store, base + "-int2", [[2] * E] * L),
-            f"mix (P={a.tolerance:.0%})": write_expert_store(store, a.out or f"{base}-mixP{tag}", result["bits"])}
+    outs = {
+        "INT4": write_expert_store(store, base + "-int4", [[4] * E] * L),
+        "INT2": write_expert_store(store, base + "-int2", [[2] * E] * L),
+        f"mix (P={a.tolerance:.0%})": write_expert_store(store, a.out or f"{base}-mixP{tag}", result["bits"]),
+    }
     rows_out = []
     for label, path in [("float16", store.path)] + list(outs.items()):
         with mlx_flash.load(path, backend="torch", ffn="resident", progress=False) as e:
             ppl = perplexity(e, wiki, 512, a.ppl_tokens, progress=True)["perplexity"]
             rows_out.append((label, expert_bytes(e.store), ppl, path))
     counts = {b: sum(r.count(b) for r in result["bits"]) for b in (2, 4, 8, 16)}
-    print(f"\nexpert bit-widths for P = {a.tolerance:.0%}: low INT{result['low']}, high INT{result['high']}, "
-          f"{result['k']} of {L * E} experts low; counts {counts}")
+    print(
+        f"\nexpert bit-widths for P = {a.tolerance:.0%}: low INT{result['low']}, high INT{result['high']}, "
+        f"{result['k']} of {L * E} experts low; counts {counts}"
+    )
     print("| experts | expert storage | vs float16 | Wikipedia perplexity | change |\n|---|---|---|---|---|")
     for label, nbytes, ppl, _ in rows_out:
-        print(f"| {label} | {nbytes / 1e6:.1f} MB | {nbytes / rows_out[0][1]:.3f} | {ppl:.3f} | "
-              f"{ppl / rows_out[0][2] - 1:+.2%} |")
+        print(
+            f"| {label} | {nbytes / 1e6:.1f} MB | {nbytes / rows_out[0][1]:.3f} | {ppl:.3f} | "
+            f"{ppl / rows_out[0][2] - 1:+.2%} |"
+        )
     with open(os.path.join(outs[f"mix (P={a.tolerance:.0%})"], "expert_bits.json"), "w") as fh:
-        json.dump({"tolerance": a.tolerance, "search": {k: v for k, v in result.items() if k != "bits"},
-                   "bits": result["bits"], "importance": imp.tolist(), "table": rows_out}, fh, indent=1, default=str)
+        json.dump(
+            {
+                "tolerance": a.tolerance,
+                "search": {k: v for k, v in result.items() if k != "bits"},
+                "bits": result["bits"],
+                "importance": imp.tolist(),
+                "table": rows_out,
+            },
+            fh,
+            indent=1,
+            default=str,
+        )
 
 
 if __name__ == "__main__":

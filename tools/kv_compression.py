@@ -35,7 +35,7 @@ def main() -> int:
     try:
         schemes = [Compression.parse(s) for s in a.schemes.split(",")]
         engine = load(a.model, backend=a.backend, progress=False)
-        ids = engine.tokenizer.encode(read_corpus(a.corpus))[:a.tokens]
+        ids = engine.tokenizer.encode(read_corpus(a.corpus))[: a.tokens]
         rows = [kv_quality(engine, ids, c, a.context, a.turn, progress=True) for c in schemes]
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -48,22 +48,30 @@ def main() -> int:
         r["agreement"] = float(np.mean(r["picks"] == base["picks"]))
         r["delta"] = r["perplexity"] / base["perplexity"] - 1
         bits = "32 (float)" if r["compression"] == "off" else f"{r['mean_bits']:.2f}"
-        print(f"| {r['compression']} | {bits} | {r['bytes_vs_float32']:.1%} | {r['perplexity']:.3f} | "
-              f"{r['delta']:+.2%} | {r['agreement']:.1%} |")
+        print(
+            f"| {r['compression']} | {bits} | {r['bytes_vs_float32']:.1%} | {r['perplexity']:.3f} | "
+            f"{r['delta']:+.2%} | {r['agreement']:.1%} |"
+        )
     out = [{k: v for k, v in r.items() if k != "picks"} for r in rows]
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
     if a.plot:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for r in out:
             ax.scatter(100 * r["bytes_vs_float32"], r["perplexity"], s=40)
-            ax.annotate(r["compression"], (100 * r["bytes_vs_float32"], r["perplexity"]), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")
+            ax.annotate(
+                r["compression"],
+                (100 * r["bytes_vs_float32"], r["perplexity"]),
+                fontsize=8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         ax.set_xlabel("KV bytes stored, % of float32")
         ax.set_ylabel(f"perplexity ({a.corpus})")
         ax.set_title("KV chunk compression: quality against bytes")

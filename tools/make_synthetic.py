@@ -33,8 +33,12 @@ from mlx_flash.errors import FlashError, exit_status, first_paragraph
 
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
-    p.add_argument("--format", default="store", choices=("store", "gguf"),
-                   help="store: float16 store (default); gguf: a quantized GGUF checkpoint")
+    p.add_argument(
+        "--format",
+        default="store",
+        choices=("store", "gguf"),
+        help="store: float16 store (default); gguf: a quantized GGUF checkpoint",
+    )
     p.add_argument("--shape", default="llama-2-7b", choices=sorted(SHAPES))
     p.add_argument("--quant", default=None, choices=list(QUANTS), help="GGUF block quantization (default Q4_1)")
     p.add_argument("--out", default=None)

@@ -27,8 +27,12 @@ def main() -> int:
     p.add_argument("--top-k", type=int, default=8, help="experts each token runs (default 8)")
     p.add_argument("--out", default=None)
     p.add_argument("--calib-tokens", type=int, default=16384)
-    p.add_argument("--block", type=int, default=None,
-                   help="neurons move between experts in blocks this big (default: the source's quantization group)")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=None,
+        help="neurons move between experts in blocks this big (default: the source's quantization group)",
+    )
     p.add_argument("--epochs", type=int, default=30, help="router training epochs (default 30)")
     p.add_argument("--ppl-tokens", type=int, default=4096, help="Wikipedia tokens scored (default 4096)")
     return exit_status(lambda: run(p.parse_args()))
@@ -48,10 +52,12 @@ def run(a) -> None:
     with open(os.path.join(out, "moefication.json"), "w") as fh:
         json.dump(report, fh, indent=1)
     rec = sum(r["oracle_recall"] for r in report["router"]) / len(report["router"])
-    print(f"derived MoE (E={a.experts}, top-{a.top_k}) written to {out}\n"
-          f"mean router recall of the oracle experts {rec:.3f}\n"
-          f"perplexity on Wikipedia ({a.ppl_tokens} tokens): dense {ppl['dense']:.3f}, "
-          f"derived MoE {ppl['moefied']:.3f} ({ppl['moefied'] / ppl['dense'] - 1:+.1%})")
+    print(
+        f"derived MoE (E={a.experts}, top-{a.top_k}) written to {out}\n"
+        f"mean router recall of the oracle experts {rec:.3f}\n"
+        f"perplexity on Wikipedia ({a.ppl_tokens} tokens): dense {ppl['dense']:.3f}, "
+        f"derived MoE {ppl['moefied']:.3f} ({ppl['moefied'] / ppl['dense'] - 1:+.1%})"
+    )
 
 
 if __name__ == "__main__":

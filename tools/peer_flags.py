@@ -9,8 +9,14 @@ avx512_vnni (a build that assumes them dies with SIGILL elsewhere); AMX off.
 import sys
 
 # ggml CMake option -> the /proc/cpuinfo flag it needs
-OPTIONS = {"GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c",
-           "GGML_AVX512": "avx512f", "GGML_AVX512_VNNI": "avx512_vnni"}
+OPTIONS = {
+    "GGML_AVX": "avx",
+    "GGML_AVX2": "avx2",
+    "GGML_FMA": "fma",
+    "GGML_F16C": "f16c",
+    "GGML_AVX512": "avx512f",
+    "GGML_AVX512_VNNI": "avx512_vnni",
+}
 ALWAYS_OFF = ["GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"]
 
 

@@ -1,9 +1,9 @@
 """Perplexity of a model or store on a text file.
 
-    python tools/perplexity.py [--model PATH] [--backend mlx|torch] [--text FILE | --corpus wikipedia]
-                               [--ffn resident|stream|sparse] [--predictor-recall R]
-                               [--score-window 512] [--tokens 4096] [--kv-bits 4] [--attention-keep 0.1]
-                               [--json OUT]
+python tools/perplexity.py [--model PATH] [--backend mlx|torch] [--text FILE | --corpus wikipedia]
+                           [--ffn resident|stream|sparse] [--predictor-recall R]
+                           [--score-window 512] [--tokens 4096] [--kv-bits 4] [--attention-keep 0.1]
+                           [--json OUT]
 """
 
 import argparse
@@ -24,16 +24,34 @@ def main() -> int:
     p.set_defaults(**{"EngineConfig.weights_budget": "200%"})  # quality only: the whole model fits, with its buffers
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="a UTF-8 text file")
-    src.add_argument("--corpus", default="wikipedia", choices=("wikipedia", "austen"),
-                     help="a fetched corpus (tools/fetch_data.py); default: wikipedia")
-    p.add_argument("--score-window", dest="window", type=int, default=512, help="tokens per window, each scored from an empty cache "
-                   "(default 512; --context is the engine's KV plan)")
+    src.add_argument(
+        "--corpus",
+        default="wikipedia",
+        choices=("wikipedia", "austen"),
+        help="a fetched corpus (tools/fetch_data.py); default: wikipedia",
+    )
+    p.add_argument(
+        "--score-window",
+        dest="window",
+        type=int,
+        default=512,
+        help="tokens per window, each scored from an empty cache (default 512; --context is the engine's KV plan)",
+    )
     p.add_argument("--tokens", type=int, default=4096, help="score the first N tokens (default 4096)")
-    p.add_argument("--kv-bits", type=int, choices=(0, 4), default=0,
-                   help="hold the KV cache at 4 bits, as the throughput mode's kv_bits policy does (default 0: exact)")
-    p.add_argument("--attention-keep", type=float, default=1.0,
-                   help="top-k sparse attention: each query attends to this share of its keys, as the throughput "
-                        "mode's attention_keep policy does (default 1.0: exact)")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(0, 4),
+        default=0,
+        help="hold the KV cache at 4 bits, as the throughput mode's kv_bits policy does (default 0: exact)",
+    )
+    p.add_argument(
+        "--attention-keep",
+        type=float,
+        default=1.0,
+        help="top-k sparse attention: each query attends to this share of its keys, as the throughput "
+        "mode's attention_keep policy does (default 1.0: exact)",
+    )
     p.add_argument("--json", default=None, help="also write the result as JSON here")
     a = p.parse_args()
     try:
@@ -46,20 +64,30 @@ def main() -> int:
         engine = load_config(a.model, cfg)
         if not 0.0 < a.attention_keep <= 1.0:
             raise FlashError(f"--attention-keep must be in (0, 1] (got {a.attention_keep})")
-        r = perplexity(engine, text, a.window, a.tokens, progress=True, kv_bits=a.kv_bits,
-                       attention_keep=a.attention_keep)
+        r = perplexity(
+            engine, text, a.window, a.tokens, progress=True, kv_bits=a.kv_bits, attention_keep=a.attention_keep
+        )
     except (FlashError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if cfg.ffn.value == "sparse":
         f = cfg.flash
-        r.update(sparse_mode=f.mode.value, predictor=f.predictor.value, predictor_recall=f.recall,
-                 down_only=f.down_only)
-    r.update(backend=cfg.backend.value, torch_dtype=cfg.torch_dtype.value, ffn=cfg.ffn.value,
-             text=os.path.basename(path), store=engine.store.path, precision=engine.store.manifest.ffn.precision)
-    print(f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.window}, {cfg.backend.value}"
-          f"{', KV at 4 bits' if a.kv_bits else ''}"
-          f"{f', top {a.attention_keep:g} of keys' if a.attention_keep < 1 else ''})")
+        r.update(
+            sparse_mode=f.mode.value, predictor=f.predictor.value, predictor_recall=f.recall, down_only=f.down_only
+        )
+    r.update(
+        backend=cfg.backend.value,
+        torch_dtype=cfg.torch_dtype.value,
+        ffn=cfg.ffn.value,
+        text=os.path.basename(path),
+        store=engine.store.path,
+        precision=engine.store.manifest.ffn.precision,
+    )
+    print(
+        f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.window}, {cfg.backend.value}"
+        f"{', KV at 4 bits' if a.kv_bits else ''}"
+        f"{f', top {a.attention_keep:g} of keys' if a.attention_keep < 1 else ''})"
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(r, fh, indent=1)

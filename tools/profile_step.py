@@ -61,7 +61,7 @@ def profile(engine, prompt_ids, tokens: int, compile_step: bool) -> dict:
         compiled = torch.compile(eager, dynamic=True)
         times = _steps(engine, compiled, prompt_ids, tokens + 1)
         out["compile_s"] = times[0]
-        out["compiled_ms"] = 1e3 * statistics.median(times[1 + warm:])
+        out["compiled_ms"] = 1e3 * statistics.median(times[1 + warm :])
     return out
 
 
@@ -83,14 +83,19 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"eager step: {res['eager_ms']:.2f} ms a token (wall, median)")
-    print(f"inside the profiled step: our kernels {res['kernels_ms']:.2f} ms, torch's ops {res['torch_ops_ms']:.2f} ms "
-          "a token (self time; the profiler adds its own cost around each call)")
+    print(
+        f"inside the profiled step: our kernels {res['kernels_ms']:.2f} ms, torch's ops {res['torch_ops_ms']:.2f} ms "
+        "a token (self time; the profiler adds its own cost around each call)"
+    )
     print("| operator | ms a token | calls a token |\n|---|---|---|")
     for name, ms, n in res["operators"][:12]:
         print(f"| {name} | {ms:.3f} | {n} |")
     if args.compile:
-        print(f"torch.compile(dynamic=True): first call {res['compile_s']:.1f} s, then {res['compiled_ms']:.2f} ms a token "
-              f"(eager {res['eager_ms']:.2f})")
+        print(
+            f"torch.compile(dynamic=True): first call {res['compile_s']:.1f} s, "
+            f"then {res['compiled_ms']:.2f} ms a token "
+            f"(eager {res['eager_ms']:.2f})"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)

@@ -46,9 +46,17 @@ def run(a) -> None:
                 ppl = perplexity(eng, wiki, 512, a.tokens, progress=True)["perplexity"]
                 units = eng.ffn.units_kept(lay.n_rows)
                 mb = units * lay.bundle_bytes * len(lay.layer_offsets) / 1e6
-                rows.append({"unit": "block" if lay.block > 1 else "neuron", "precision": precision,
-                             "neurons_per_unit": lay.block, "share": share, "units_per_layer": units,
-                             "mb_per_token": mb, "perplexity": ppl})
+                rows.append(
+                    {
+                        "unit": "block" if lay.block > 1 else "neuron",
+                        "precision": precision,
+                        "neurons_per_unit": lay.block,
+                        "share": share,
+                        "units_per_layer": units,
+                        "mb_per_token": mb,
+                        "perplexity": ppl,
+                    }
+                )
             eng.ffn = dense
     print(f"\n{'unit':<8}{'share':>7}{'MB/token':>10}{'perplexity':>12}")
     for r in rows:

@@ -36,10 +36,12 @@ def run(a) -> None:
         lay = eng.store.manifest.ffn
         if not lay.n_experts:
             raise FlashError(f"{a.model}: not a mixture-of-experts model")
-        calib = record_routes(eng, eng.tokenizer.encode(read_corpus("austen")[: a.calib_tokens * 8])[: a.calib_tokens],
-                              progress=True)
-        valid = record_routes(eng, eng.tokenizer.encode(read_corpus("wikipedia")[: a.valid_tokens * 8])[: a.valid_tokens],
-                              progress=True)
+        calib = record_routes(
+            eng, eng.tokenizer.encode(read_corpus("austen")[: a.calib_tokens * 8])[: a.calib_tokens], progress=True
+        )
+        valid = record_routes(
+            eng, eng.tokenizer.encode(read_corpus("wikipedia")[: a.valid_tokens * 8])[: a.valid_tokens], progress=True
+        )
         pred = fit_routing_predictor(calib, model_id(eng.store), lay.n_experts)
         out = a.out or os.path.join(eng.store.path, PREDICTOR_FILE)
         pred.save(out)
@@ -48,8 +50,10 @@ def run(a) -> None:
         print(f"routing of {calib.shape[1]} calibration and {valid.shape[1]} validation tokens, {E} experts, top-{K}")
         for n in sorted({max(1, K // 2), K}):
             acc = routing_accuracy(pred, valid, n)
-            print(f"predicting {n} experts per layer: {acc['accuracy']:.1%} of the routed experts named "
-                  f"(chance {n / E:.1%}); per layer " + " ".join(f"{x:.2f}" for x in acc["per_layer"][1:]))
+            print(
+                f"predicting {n} experts per layer: {acc['accuracy']:.1%} of the routed experts named "
+                f"(chance {n / E:.1%}); per layer " + " ".join(f"{x:.2f}" for x in acc["per_layer"][1:])
+            )
         print(f"predictor saved to {out}")
 
 

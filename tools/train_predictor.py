@@ -20,9 +20,12 @@ from mlx_flash.sparse.predictor import Predictors
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--model", default=None, help="store dir, GGUF or HF dir (default: the default model)")
-    p.add_argument("--precision", default="auto",
-                   help="FFN precision of the store to train for, when --model is a GGUF/HF source (default auto: "
-                        "the store load() picks for a sparse FFN with a predictor, source-neuron)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        help="FFN precision of the store to train for, when --model is a GGUF/HF source (default auto: "
+        "the store load() picks for a sparse FFN with a predictor, source-neuron)",
+    )
     p.add_argument("--sparsity", type=float, default=0.5, help="target fraction of inactive neurons (default 0.5)")
     p.add_argument("--rank", type=int, default=64, help="starting predictor rank (default 64)")
     p.add_argument("--max-rank", type=int, default=256)
@@ -30,8 +33,11 @@ def main() -> int:
     p.add_argument("--calib-tokens", type=int, default=16384)
     p.add_argument("--valid-tokens", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--activity-only", action="store_true",
-                   help="keep the store's trained predictors; only (re)measure the window activity the planner uses")
+    p.add_argument(
+        "--activity-only",
+        action="store_true",
+        help="keep the store's trained predictors; only (re)measure the window activity the planner uses",
+    )
     return exit_status(lambda: run(p.parse_args()))
 
 
@@ -48,8 +54,19 @@ def run(a) -> None:
             preds.save(eng.store.path)
             print(json.dumps({"store": eng.store.path, "window_activity": preds.activity}, indent=1))
             return
-        preds = train_predictors(eng, calib, valid, a.sparsity, a.rank, a.max_rank, a.recall, a.calib_tokens,
-                                 a.valid_tokens, a.epochs, progress=True)
+        preds = train_predictors(
+            eng,
+            calib,
+            valid,
+            a.sparsity,
+            a.rank,
+            a.max_rank,
+            a.recall,
+            a.calib_tokens,
+            a.valid_tokens,
+            a.epochs,
+            progress=True,
+        )
         preds.trained_on = f"austen[:{a.calib_tokens} tokens]"
         preds.save(eng.store.path)
         print(json.dumps({"store": eng.store.path, **summarize(preds.metrics)}, indent=1))

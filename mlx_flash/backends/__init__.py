@@ -38,8 +38,10 @@ def _check_mlx_device(device) -> None:
     import mlx.core as mx
 
     if device == "gpu" and not mx.is_available(mx.gpu):
-        raise ConfigError(f"device 'gpu': MLX {mx.__version__} has no GPU here (Metal on a Mac, or MLX's CUDA "
-                          "build on an NVIDIA GPU); use device cpu")
+        raise ConfigError(
+            f"device 'gpu': MLX {mx.__version__} has no GPU here (Metal on a Mac, or MLX's CUDA "
+            "build on an NVIDIA GPU); use device cpu"
+        )
 
 
 def _check_torch_device(torch, device) -> None:

@@ -25,5 +25,7 @@ def choose_backend(asked: str, device: str | None = None) -> tuple[str, str]:
         return "mlx", "auto: Apple silicon, MLX on its GPU"
     if importlib.util.find_spec("torch") is not None:
         return "torch", "auto: torch is installed; CUDA when a GPU is present, else its CPU path"
-    return "mlx", ("auto: torch is not installed, so MLX on the CPU; torch's CPU path decodes and prefills faster "
-                   f"here (docs/results/backends.md): {TORCH_CPU_WHEEL}")
+    return "mlx", (
+        "auto: torch is not installed, so MLX on the CPU; torch's CPU path decodes and prefills faster "
+        f"here (docs/results/backends.md): {TORCH_CPU_WHEEL}"
+    )

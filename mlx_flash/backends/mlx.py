@@ -25,8 +25,7 @@ from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import (block_matrix, covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, owner,
-               walk)
+from . import block_matrix, covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, owner, walk
 
 NAME = "mlx"
 # MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
@@ -77,8 +76,10 @@ class MLXOps:
     def describe(self) -> str:
         if self.on_gpu:
             return f"mlx {mx.__version__} (gpu)"
-        return (f"mlx {mx.__version__} (cpu; products, embedding rows and attention as MLX primitives over the "
-                f"stored bytes, {self.kernel_threads} kernel threads)")
+        return (
+            f"mlx {mx.__version__} (cpu; products, embedding rows and attention as MLX primitives over the "
+            f"stored bytes, {self.kernel_threads} kernel threads)"
+        )
 
     @property
     def lazy(self) -> bool:
@@ -138,28 +139,63 @@ class MLXOps:
         """A weight only multiplied: MLX keeps nothing extra for embedding lookups."""
         return w
 
-    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None) -> Weight:
+    def weight(
+        self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None
+    ) -> Weight:
         dtypes = dtypes or {}
         if quant is None:
-            return Weight(self.array(parts["weight"], dtypes.get("weight")), None, None,
-                          self._opt(parts, "bias", dtypes), None, transposed)
+            return Weight(
+                self.array(parts["weight"], dtypes.get("weight")),
+                None,
+                None,
+                self._opt(parts, "bias", dtypes),
+                None,
+                transposed,
+            )
         if quant.is_block:  # GGUF block rows: the Metal block kernel on a GPU, the CPU block kernel elsewhere
             matrix, metal = block_matrix(parts["weight"], quant, transposed), None
             if self.on_gpu:  # the rows as the GPU reads them (in place when MLX memory); embedding rows read those
                 metal = MetalBlockMatmul.of(matrix)
                 matrix = block_matrix(np.asarray(metal.raw), quant, False)
-            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, False, (matrix.raw,), matrix,
-                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads), metal)
+            return Weight(
+                None,
+                None,
+                None,
+                self._opt(parts, "bias", dtypes),
+                quant,
+                False,
+                (matrix.raw,),
+                matrix,
+                mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
+                metal,
+            )
         if not self.on_gpu and quant.bits in KERNEL_BITS:
-            stored = (np.ascontiguousarray(parts["weight"]).view(np.uint32), np.ascontiguousarray(parts["scales"]),
-                      np.ascontiguousarray(parts["biases"]), dtypes.get("scales") == "bfloat16")
+            stored = (
+                np.ascontiguousarray(parts["weight"]).view(np.uint32),
+                np.ascontiguousarray(parts["scales"]),
+                np.ascontiguousarray(parts["biases"]),
+                dtypes.get("scales") == "bfloat16",
+            )
             matrix = StoredMatrix(*stored[:3], quant.bits, quant.group_size, not transposed, stored[3])
-            return Weight(None, None, None, self._opt(parts, "bias", dtypes), quant, transposed, stored, matrix,
-                          mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
+            return Weight(
+                None,
+                None,
+                None,
+                self._opt(parts, "bias", dtypes),
+                quant,
+                transposed,
+                stored,
+                matrix,
+                mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
+            )
         # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
         return Weight(
-            mx.array(parts["weight"]), self.array(parts["scales"], dtypes.get("scales")),
-            self.array(parts["biases"], dtypes.get("biases")), self._opt(parts, "bias", dtypes), quant, transposed,
+            mx.array(parts["weight"]),
+            self.array(parts["scales"], dtypes.get("scales")),
+            self.array(parts["biases"], dtypes.get("biases")),
+            self._opt(parts, "bias", dtypes),
+            quant,
+            transposed,
         )
 
     @property
@@ -173,7 +209,9 @@ class MLXOps:
         layer's bundles stay where the read put them (so such layers can stream), multiplied by the CPU
         primitive; resident block weights (weight()) take the Metal kernel."""
         # () : no arrays of its own to count
-        return Weight(None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads))
+        return Weight(
+            None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads)
+        )
 
     def _opt(self, parts, key, dtypes):
         return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
@@ -215,8 +253,9 @@ class MLXOps:
                 self.host_syncs += 1
             y = w.graph(x)
         elif w.quant is not None:
-            y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=not w.transposed,
-                                    group_size=w.quant.group_size, bits=w.quant.bits)
+            y = mx.quantized_matmul(
+                x, w.w, w.scales, w.biases, transpose=not w.transposed, group_size=w.quant.group_size, bits=w.quant.bits
+            )
         else:
             y = x @ (w.w if w.transposed else w.w.T)
         return y + w.bias if w.bias is not None else y
@@ -241,14 +280,24 @@ class MLXOps:
         freqs: inverse frequencies [dims / 2] (numpy) replacing those of `base` (models/rope.py)."""
         if not self.on_gpu:  # MLX's CPU rope is several passes
             inv = self._inv_freqs(dims, base, freqs)
-            pos = mx.full((x.shape[0],), offset, dtype=mx.int32) if isinstance(offset, int) \
+            pos = (
+                mx.full((x.shape[0],), offset, dtype=mx.int32)
+                if isinstance(offset, int)
                 else mx.array(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)))
+            )
             return mlx_kernels.rope(x, inv, pos, dims, traditional, scale)
         if isinstance(offset, np.ndarray):
             offset = mx.array(offset.astype(np.int32))
         if freqs is not None:  # mx.fast.rope takes each pair's period (1 / inverse frequency)
-            return mx.fast.rope(x, dims, traditional=traditional, base=None, scale=scale, offset=offset,
-                                freqs=mx.array((1.0 / freqs).astype(np.float32)))
+            return mx.fast.rope(
+                x,
+                dims,
+                traditional=traditional,
+                base=None,
+                scale=scale,
+                offset=offset,
+                freqs=mx.array((1.0 / freqs).astype(np.float32)),
+            )
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
 
     def _inv_freqs(self, dims: int, base: float, freqs) -> mx.array:
@@ -270,8 +319,13 @@ class MLXOps:
         """down(act(gate) * up) of x as one node where this backend has one for these weights (SwiGLU over
         stored matrices without biases, on the CPU: mlx_kernels.gated_ffn, identical to the pieces),
         else None: the caller composes the pieces."""
-        found = None if self.on_gpu else fused_ffn_weights(
-            act, gate_up, down, lambda w: isinstance(w, Weight) and w.graph is not None and w.bias is None)
+        found = (
+            None
+            if self.on_gpu
+            else fused_ffn_weights(
+                act, gate_up, down, lambda w: isinstance(w, Weight) and w.graph is not None and w.bias is None
+            )
+        )
         if found is None:
             return None
         gate, up, dn = (w.graph if w is not None else None for w in found)
@@ -284,7 +338,7 @@ class MLXOps:
         append): in place on the CPU, where MLX would copy the whole buffer for a slice update."""
         if not self.on_gpu:
             return mlx_kernels.write_tokens(buffer, x, offset)
-        buffer[:, :, offset:offset + x.shape[2], :] = x
+        buffer[:, :, offset : offset + x.shape[2], :] = x
         return buffer
 
     def sdpa(self, q, k, v, scale: float, mask=None):

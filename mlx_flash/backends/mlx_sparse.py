@@ -32,18 +32,22 @@ def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
     shape = x.shape
     if self.on_gpu:  # the slab: the neuron cache where the read put it (unified memory MLX allocated)
         k, T = call.kernel, x.size // shape[-1]
-        slab, idx, count = mlx_kernels.framework_array(call.slab), mx.array(call.idx.astype(np.int32)), mx.array([call.count], mx.int32)
+        slab, idx, count = (
+            mlx_kernels.framework_array(call.slab),
+            mx.array(call.idx.astype(np.int32)),
+            mx.array([call.count], mx.int32),
+        )
         h = k.gate_up(x.reshape(T, shape[-1]).astype(mx.float32), slab, idx, count)
         if call.mask is not None:
             pad = np.zeros((T, h.shape[1]), np.float32)
-            pad[:, :call.mask.shape[1]] = call.mask
+            pad[:, : call.mask.shape[1]] = call.mask
             h = h * mx.array(pad)
         return k.down(h, slab, idx, count).astype(self.act_dtype).reshape(shape)
     if call.count == 0:
         return mx.zeros(shape, dtype=self.act_dtype)
     gate, up, down = slab_graphs(self, call)
     x2 = x.reshape(-1, shape[-1])
-    ids = mx.array(np.ascontiguousarray(call.idx[:call.count], dtype=np.int32))
+    ids = mx.array(np.ascontiguousarray(call.idx[: call.count], dtype=np.int32))
     if act is GateActivation.SILU and call.mask is None:  # the layer in one node, identical to the pieces
         return mlx_kernels.gated_ffn(x2, gate, up, down, ids, call.count).reshape(shape)
     h = self.gated(act, gate.sparse(x2, ids, call.count), up.sparse(x2, ids, call.count))

@@ -68,8 +68,7 @@ class Ops(Protocol):
         """Context for model calls (torch: inference_mode, no autograd bookkeeping)."""
 
     # ---- weights: stored bytes to backend weights ------------------------------------------------
-    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False,
-               dtypes: dict | None = None) -> Any:
+    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None) -> Any:
         """A linear's Weight from its stored numpy parts ("weight", and "scales"/"biases" when
         quantized, "bias"); transposed: stored [in, out]; dtypes: a part's stored dtype by key."""
 
@@ -93,8 +92,7 @@ class Ops(Protocol):
     def layer_norm(self, x: Any, weight: Any, bias: Any, eps: float) -> Any:
         """LayerNorm over the last axis, with `weight` and `bias`."""
 
-    def rope(self, x: Any, dims: int, traditional: bool, base: float, offset, scale: float = 1.0,
-             freqs=None) -> Any:
+    def rope(self, x: Any, dims: int, traditional: bool, base: float, offset, scale: float = 1.0, freqs=None) -> Any:
         """mx.fast.rope: rotate the first `dims` features of x [B, H, T, hd] from position `offset`
         (an int, or int numpy [B]); freqs: inverse frequencies [dims / 2] replacing base's."""
 

@@ -101,8 +101,10 @@ class TorchOps:
 
     def describe(self) -> str:
         if self.stored_kernel:
-            return (f"torch {torch.__version__} (cpu, float32; quantized linears on the stored bytes, "
-                    f"{self.kernel_threads} kernel threads; torch ops on 1 thread)")
+            return (
+                f"torch {torch.__version__} (cpu, float32; quantized linears on the stored bytes, "
+                f"{self.kernel_threads} kernel threads; torch ops on 1 thread)"
+            )
         if self.cuda_kernel:
             return f"torch {torch.__version__} ({self.device}, float32; quantized linears on the stored bytes)"
         return f"torch {torch.__version__} ({self.device}, {torch.get_num_threads()} threads, {self.dtype})"
@@ -131,7 +133,9 @@ class TorchOps:
             t = t.to(self.act_dtype)
         return t
 
-    def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None) -> Weight:
+    def weight(
+        self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None
+    ) -> Weight:
         dtypes = dtypes or {}
         bias = self.array(parts["bias"], dtypes.get("bias")) if parts.get("bias") is not None else None
         if quant is None:
@@ -142,13 +146,26 @@ class TorchOps:
             return Weight("dense", w, None, 0, w.shape[0], bias)
         if quant.is_block:  # GGUF block rows: the CPU block kernel, float32 activations
             if not self.stored_kernel:
-                raise ConfigError(f"{quant.kind} weights run on the CPU block kernel, with float32 activations; "
-                                  f"this torch backend ({self.describe()}) has no kernel for them yet")
+                raise ConfigError(
+                    f"{quant.kind} weights run on the CPU block kernel, with float32 activations; "
+                    f"this torch backend ({self.describe()}) has no kernel for them yet"
+                )
             matrix = block_matrix(parts["weight"], quant, transposed)
-            return Weight("stored", None, None, quant.group_size, matrix.n_out, bias, (matrix.raw,), quant, matrix,
-                          torch_ops.TorchMatrix(matrix, self.kernel_threads))
-        if ((self.stored_kernel and quant.bits in KERNEL_BITS)
-                or (self.cuda_kernel and cuda_ops.readable(quant.bits, quant.group_size))):
+            return Weight(
+                "stored",
+                None,
+                None,
+                quant.group_size,
+                matrix.n_out,
+                bias,
+                (matrix.raw,),
+                quant,
+                matrix,
+                torch_ops.TorchMatrix(matrix, self.kernel_threads),
+            )
+        if (self.stored_kernel and quant.bits in KERNEL_BITS) or (
+            self.cuda_kernel and cuda_ops.readable(quant.bits, quant.group_size)
+        ):
             return self._stored(parts, quant, transposed, dtypes, bias)
         packed = torch.from_numpy(np.ascontiguousarray(parts["weight"]).view(np.int32)).to(self.device)
         scales = self.array(parts["scales"], dtypes.get("scales"))
@@ -177,10 +194,23 @@ class TorchOps:
             op = cuda_ops.CudaMatrix(matrix, self.device)
             q = op.parts()
             return Weight("stored", q[0], None, quant.group_size, op.n_out, bias, q, quant, None, op)
-        q = (torch.from_numpy(words.view(np.int32)), self.array(scales, dtypes.get("scales"), cast=False),
-             self.array(biases, dtypes.get("biases"), cast=False))
-        return Weight("stored", q[0], None, quant.group_size, matrix.n_out, bias, q, quant, matrix,
-                      torch_ops.TorchMatrix(matrix, self.kernel_threads))
+        q = (
+            torch.from_numpy(words.view(np.int32)),
+            self.array(scales, dtypes.get("scales"), cast=False),
+            self.array(biases, dtypes.get("biases"), cast=False),
+        )
+        return Weight(
+            "stored",
+            q[0],
+            None,
+            quant.group_size,
+            matrix.n_out,
+            bias,
+            q,
+            quant,
+            matrix,
+            torch_ops.TorchMatrix(matrix, self.kernel_threads),
+        )
 
     @property
     def in_place_kernel(self) -> bool:
@@ -192,16 +222,27 @@ class TorchOps:
         e.g. inside a layer's bundles, or a BlockMatrix of GGUF block rows): no tensor of it exists, so
         it cannot be looked up as an embedding."""
         if not self.stored_kernel:
-            raise ConfigError(f"{quant.kind or f'{quant.bits}-bit'} weights laid out in bundles run on the CPU kernel, "
-                              f"with float32 activations; this torch backend ({self.describe()}) has none")
-        return Weight("stored", None, None, quant.group_size, matrix.n_out, None, None, quant, matrix,
-                      torch_ops.TorchMatrix(matrix, self.kernel_threads))
+            raise ConfigError(
+                f"{quant.kind or f'{quant.bits}-bit'} weights laid out in bundles run on the CPU kernel, "
+                f"with float32 activations; this torch backend ({self.describe()}) has none"
+            )
+        return Weight(
+            "stored",
+            None,
+            None,
+            quant.group_size,
+            matrix.n_out,
+            None,
+            None,
+            quant,
+            matrix,
+            torch_ops.TorchMatrix(matrix, self.kernel_threads),
+        )
 
     @staticmethod
     def matmul_only(w: Weight) -> Weight:
         """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""
         return dataclasses.replace(w, q=None)
-
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()
@@ -237,8 +278,13 @@ class TorchOps:
         """down(act(gate) * up) of x in one operator call where this backend has one for these weights
         (SwiGLU over stored matrices without biases, with the CPU kernel; identical to the pieces),
         else None: the caller composes the pieces."""
-        found = fused_ffn_weights(act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored"
-                                  and w.bias is None) if self.stored_kernel else None
+        found = (
+            fused_ffn_weights(
+                act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored" and w.bias is None
+            )
+            if self.stored_kernel
+            else None
+        )
         if found is None:
             return None
         gate, up, dn = found
@@ -247,7 +293,7 @@ class TorchOps:
     @staticmethod
     def write_tokens(buffer, x, offset: int):
         """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.., in place."""
-        buffer[:, :, offset:offset + x.shape[2], :] = x
+        buffer[:, :, offset : offset + x.shape[2], :] = x
         return buffer
 
     def host_buffer(self, nbytes: int) -> np.ndarray:
@@ -270,7 +316,7 @@ class TorchOps:
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), w.w, w.group_size, w.scale_zeros)
             if w.kind == "int4x2":
-                y = y[:, : w.out_features] + y[:, w.out_features:]
+                y = y[:, : w.out_features] + y[:, w.out_features :]
         y = y.to(self.act_dtype).reshape(*shape[:-1], w.out_features)
         return y + w.bias if w.bias is not None else y
 
@@ -301,8 +347,11 @@ class TorchOps:
             if key not in self._inv_freqs:
                 self._inv_freqs[key] = torch.from_numpy(kernel_inverse_frequencies(dims, base, freqs))
             inv = self._inv_freqs[key]
-            pos = (torch.full((x.shape[0],), offset, dtype=torch.int32) if isinstance(offset, int)
-                   else torch.from_numpy(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)).copy()))
+            pos = (
+                torch.full((x.shape[0],), offset, dtype=torch.int32)
+                if isinstance(offset, int)
+                else torch.from_numpy(np.broadcast_to(np.asarray(offset, dtype=np.int32), (x.shape[0],)).copy())
+            )
             return torch_ops.ops().rope(x, inv, pos, dims, traditional, scale)
         return self._rope_tables.rope(x, dims, traditional, base, offset, scale, freqs)
 
@@ -319,8 +368,7 @@ class TorchOps:
         if isinstance(mask, str):
             # Lower-right alignment (as mx.fast): query t sees keys up to S - T + t.
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
     # attention scores for KV compression and top-k sparse attention (backends/torch_scores.py)
     attention_columns = torch_scores.attention_columns
@@ -379,4 +427,3 @@ class TorchOps:
 
     def last_token(self, x):
         return x[:, -1:, :]
-

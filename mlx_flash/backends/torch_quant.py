@@ -52,6 +52,5 @@ def int4pack(codes, scales, biases, quant: QuantSpec):
         w4, sz = pack(codes, scales, biases + 8 * scales)
         return "int4", w4, sz
     hi, lo = codes >> 4, codes & 15
-    w4, sz = pack(torch.cat([hi, lo]), torch.cat([16 * scales, scales]),
-                  torch.cat([128 * scales, biases + 8 * scales]))
+    w4, sz = pack(torch.cat([hi, lo]), torch.cat([16 * scales, scales]), torch.cat([128 * scales, biases + 8 * scales]))
     return "int4x2", w4, sz

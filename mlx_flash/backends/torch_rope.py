@@ -23,14 +23,14 @@ class RopeTables:
             tab = self.table(dims, base, scale, int(offset.max()) + T, x.device, freqs)
             rot = tab[torch.from_numpy(offset[:, None] + np.arange(T)).to(x.device)][:, None]  # [B, 1, T, dims/2]
         else:
-            rot = self.table(dims, base, scale, offset + T, x.device, freqs)[offset:offset + T]  # [T, dims/2]
+            rot = self.table(dims, base, scale, offset + T, x.device, freqs)[offset : offset + T]  # [T, dims/2]
         xr, rest = x[..., :dims], x[..., dims:]
         if traditional:  # pairs (0,1), (2,3), ... are (real, imag) of one complex number
             z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], dims // 2, 2).contiguous())
             out = torch.view_as_real(z * rot).flatten(-2)
         else:  # halves (0, dims/2), ...
             cos, sin = rot.real, rot.imag
-            x1, x2 = xr[..., : dims // 2], xr[..., dims // 2:]
+            x1, x2 = xr[..., : dims // 2], xr[..., dims // 2 :]
             out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
         return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
@@ -40,8 +40,11 @@ class RopeTables:
         tab = self._tables.get(key)
         if tab is None or tab.shape[0] < length:
             n = max(length, 2 * tab.shape[0] if tab is not None else 1024)
-            inv = (base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims) if freqs is None
-                   else torch.from_numpy(np.asarray(freqs, np.float64)))
+            inv = (
+                base ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+                if freqs is None
+                else torch.from_numpy(np.asarray(freqs, np.float64))
+            )
             ang = (torch.arange(n, dtype=torch.float64) * scale)[:, None] * inv[None, :]
             tab = torch.polar(torch.ones_like(ang), ang).to(torch.complex64).to(device)
             self._tables[key] = tab

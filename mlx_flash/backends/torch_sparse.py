@@ -41,13 +41,13 @@ def sparse_ffn(self, call, x, act: GateActivation):
         count = torch.tensor([call.count], dtype=torch.int32, device=dev)
         h = k.gate_up(x.reshape(-1, shape[-1]).float().contiguous(), slab, idx, count)
         if call.mask is not None:
-            h[:, :call.mask.shape[1]] *= torch.from_numpy(call.mask).to(dev)
+            h[:, : call.mask.shape[1]] *= torch.from_numpy(call.mask).to(dev)
         return k.down(h, slab, idx, count).to(self.act_dtype).reshape(shape)
     if call.count == 0:
         return torch.zeros(shape, dtype=self.act_dtype)
     gate, up, down = self._slab_ops(call)  # the operators over the slab where it lies
     x2 = x.reshape(-1, shape[-1]).to(torch.float32)
-    ids = torch.from_numpy(np.ascontiguousarray(call.idx[:call.count], dtype=np.int32))
+    ids = torch.from_numpy(np.ascontiguousarray(call.idx[: call.count], dtype=np.int32))
     if act is GateActivation.SILU and call.mask is None:  # the layer in one call, identical to the pieces
         return torch_ops.TorchMatrix.gated_ffn(x2, gate, up, down, ids, call.count).to(self.act_dtype).reshape(shape)
     h = self.gated(act, gate.sparse(x2, ids, call.count), up.sparse(x2, ids, call.count))

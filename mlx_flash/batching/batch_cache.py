@@ -49,7 +49,7 @@ class BatchKV(LayerKV):
 
     def update(self, ops, k, v):
         """k, v [B, Hkv, T, hd]: row b's into row b's cache; every row's keys, right-padded to S."""
-        outs = [r.update(ops, k[b:b + 1], v[b:b + 1]) for b, r in enumerate(self.rows)]
+        outs = [r.update(ops, k[b : b + 1], v[b : b + 1]) for b, r in enumerate(self.rows)]
         self._lengths = np.array([o[0].shape[2] for o in outs], np.int64)
         S = int(self._lengths.max())
 
@@ -61,8 +61,10 @@ class BatchKV(LayerKV):
 
         if len(outs) == 1:
             return outs[0]
-        return (ops.concatenate([padded(kk) for kk, _ in outs], axis=0),
-                ops.concatenate([padded(vv) for _, vv in outs], axis=0))
+        return (
+            ops.concatenate([padded(kk) for kk, _ in outs], axis=0),
+            ops.concatenate([padded(vv) for _, vv in outs], axis=0),
+        )
 
     def mask(self, ops, T: int):
         """Row b's query t sees its own keys up to its position (no padding: what it would alone)."""
@@ -71,7 +73,7 @@ class BatchKV(LayerKV):
     def observe(self, ops, q, keys, scale: float) -> None:
         """Each row's queries and its own (unpadded) keys."""
         for b, (r, n) in enumerate(zip(self.rows, self._lengths)):
-            r.observe(ops, q[b:b + 1], keys[b:b + 1, :, :int(n)], scale)
+            r.observe(ops, q[b : b + 1], keys[b : b + 1, :, : int(n)], scale)
 
     def trim(self, n: int) -> None:
         for r in self.rows:
@@ -112,7 +114,7 @@ class BlockKV(LayerKV):
         keys = np.zeros((len(rows), H, capacity, D), np.float32)
         values = np.zeros((len(rows), H, capacity, D), np.float32)
         for b, (k, v) in enumerate(states):
-            keys[b, :, :k.shape[2]], values[b, :, :v.shape[2]] = k[0], v[0]
+            keys[b, :, : k.shape[2]], values[b, :, : v.shape[2]] = k[0], v[0]
         self.keys, self.values = ops.array(keys), ops.array(values)
 
     @property
@@ -128,13 +130,13 @@ class BlockKV(LayerKV):
         if int(L.max()) + T > self.capacity:
             raise ValueError(f"{int(L.max()) + T} tokens exceed the block's {self.capacity}")
         if (L == L[0]).all():
-            self.keys[:, :, int(L[0]):int(L[0]) + T, :] = k
-            self.values[:, :, int(L[0]):int(L[0]) + T, :] = v
+            self.keys[:, :, int(L[0]) : int(L[0]) + T, :] = k
+            self.values[:, :, int(L[0]) : int(L[0]) + T, :] = v
         else:
             for b in range(B):
                 n = int(L[b])
-                self.keys[b, :, n:n + T, :] = k[b]
-                self.values[b, :, n:n + T, :] = v[b]
+                self.keys[b, :, n : n + T, :] = k[b]
+                self.values[b, :, n : n + T, :] = v[b]
         self.lengths = L + T
         S = int(self.lengths.max())
         return self.keys[:, :, :S, :], self.values[:, :, :S, :]

@@ -37,7 +37,7 @@ class TextStream:
         # a stop string may end in text the EOS flushed: looked for either way
         hits = [i for i in (self.text.find(s) for s in stops) if i >= 0]
         if hits:
-            self.text, self.finish_reason = self.text[:min(hits)], "stop"
+            self.text, self.finish_reason = self.text[: min(hits)], "stop"
         elif self.finish_reason is None and last:
             self.text += self.detok.finalize()
             self.finish_reason = "length"
@@ -46,6 +46,6 @@ class TextStream:
         """The text made since the last delta, less a tail that may still turn out to start a stop
         string (all of it once finished): what a stream shows after each token."""
         safe = len(self.text) if self.done else len(self.text) - partial_stop(self.text, list(stops))
-        out = self.text[self.emitted:safe]
+        out = self.text[self.emitted : safe]
         self.emitted = max(self.emitted, safe)
         return out

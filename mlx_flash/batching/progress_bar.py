@@ -43,4 +43,5 @@ def chain_done(on_done, bar):
             bar.update(1)
         if on_done is not None:
             on_done(seq)
+
     return done

@@ -59,8 +59,9 @@ def encode_all(engine, prompts, max_tokens) -> list[tuple[list[int], int]]:
     return out
 
 
-def prefill_together(engine, seqs: list[Sequence], order: Order, opts: SamplingOptions, eos,
-                     attend: Callable[[list], list] | None = None) -> None:
+def prefill_together(
+    engine, seqs: list[Sequence], order: Order, opts: SamplingOptions, eos, attend: Callable[[list], list] | None = None
+) -> None:
     """Every sequence's prompt in chunks of config.prefill_chunk tokens (the chunks a single run uses),
     each round of chunks through one schedule in `order`; the first token of each is sampled.
     attend(caches): the caches a chunk attends through (the throughput mode's sparse attention), else
@@ -70,9 +71,12 @@ def prefill_together(engine, seqs: list[Sequence], order: Order, opts: SamplingO
         todo = [s for s in seqs if s.prefilled < len(s.ids)]
         if not todo:
             return
-        batches = [MicroBatch(engine.ops.tokens(s.ids[s.prefilled:s.prefilled + chunk]),
-                              attend(s.caches) if attend else s.caches)
-                   for s in todo]
+        batches = [
+            MicroBatch(
+                engine.ops.tokens(s.ids[s.prefilled : s.prefilled + chunk]), attend(s.caches) if attend else s.caches
+            )
+            for s in todo
+        ]
         for s, logits in zip(todo, run_block(engine, batches, order)):
             s.prefilled = min(len(s.ids), s.prefilled + chunk)
             if s.prefilled == len(s.ids):

@@ -72,8 +72,13 @@ def run_block(engine, batches: list[MicroBatch], order: Order) -> list:
         for i in range(L):
             lw = w["layers"][i]  # a streamed layer: read now (if not read ahead), the next one's read started
             for k, mb in enumerate(batches):
-                nxt = (batches[k + 1].caches[i] if k + 1 < len(batches)
-                       else batches[0].caches[i + 1] if i + 1 < L else None)
+                nxt = (
+                    batches[k + 1].caches[i]
+                    if k + 1 < len(batches)
+                    else batches[0].caches[i + 1]
+                    if i + 1 < L
+                    else None
+                )
                 if nxt is not None:
                     nxt.prefetch()  # the next micro-batch's KV, if on flash, is read while this one computes
                 hs[k] = module.block(ops, args, lw, i, hs[k], mb.caches[i], ffn)

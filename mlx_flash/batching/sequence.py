@@ -26,8 +26,9 @@ class SamplingOptions:
     stop: tuple = ()
 
     @classmethod
-    def of(cls, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-           stop=None) -> "SamplingOptions":
+    def of(
+        cls, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None
+    ) -> "SamplingOptions":
         """From generate()'s arguments: `stop` one string or several (empty ones dropped)."""
         stops = tuple(s for s in ([stop] if isinstance(stop, str) else list(stop or [])) if s)
         return cls(temperature, top_p, top_k, seed, stops)
@@ -49,8 +50,9 @@ class Sequence:
     def start(cls, index: int, ids: list, max_tokens: int, caches: list, tokenizer, opts: SamplingOptions) -> Sequence:
         """A sequence about to run: its text starts after the prompt, its rng from opts.seed (so it
         samples as it would alone)."""
-        return cls(index, ids, max_tokens, caches, TextStream(tokenizer.detokenizer(ids)),
-                   np.random.default_rng(opts.seed))
+        return cls(
+            index, ids, max_tokens, caches, TextStream(tokenizer.detokenizer(ids)), np.random.default_rng(opts.seed)
+        )
 
     @property
     def done(self) -> bool:

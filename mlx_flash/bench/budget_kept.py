@@ -15,10 +15,12 @@ from .cgroup import MemoryCgroup
 
 PROMPT = "Write a short poem about the sea."
 # The chat's parent: its children's ru_maxrss is the chat's VmHWM (the one child it waits for).
-PEAK = ("import resource, subprocess, sys\n"
-        "r = subprocess.run(sys.argv[1:])\n"
-        "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
-        "sys.exit(r.returncode)\n")
+PEAK = (
+    "import resource, subprocess, sys\n"
+    "r = subprocess.run(sys.argv[1:])\n"
+    "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
+    "sys.exit(r.returncode)\n"
+)
 BEFORE_PLAN = r"below the ([0-9.]+) MB this process reaches"
 MINIMUM = r"below the minimum ([0-9.]+) MB for this model"
 
@@ -26,8 +28,23 @@ MINIMUM = r"below the minimum ([0-9.]+) MB for this model"
 def chat_at(backend: str, budget: int, model: str | None = None, cgroups: bool = False, timeout: float = 600) -> dict:
     """One chat answer at `budget` bytes: exit status, peak RSS, its stderr (less the peak line), the
     error line, tokens generated, OOM kills (None outside a cgroup)."""
-    cmd = [sys.executable, "-c", PEAK, sys.executable, "-m", "mlx_flash.chat", "--prompt", PROMPT,
-           "--max-tokens", "32", "--verbose", "--backend", backend, "--memory-budget", str(budget)]
+    cmd = [
+        sys.executable,
+        "-c",
+        PEAK,
+        sys.executable,
+        "-m",
+        "mlx_flash.chat",
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "32",
+        "--verbose",
+        "--backend",
+        backend,
+        "--memory-budget",
+        str(budget),
+    ]
     cmd += ["--model", model] if model else []
     if cgroups:
         with MemoryCgroup(-(-budget // 4096) * 4096) as cg:  # the kernel rounds a limit down to a page
@@ -41,17 +58,26 @@ def chat_at(backend: str, budget: int, model: str | None = None, cgroups: bool =
     if peak is not None:
         lines = lines[:-1]
     gen = re.search(r"generated (\d+) tok", err)
-    return {"backend": backend, "budget": budget, "code": code, "peak": peak, "oom_kills": ooms,
-            "stderr": "\n".join(lines), "error": next((ln for ln in lines if ln.startswith("error: ")), ""),
-            "tokens": int(gen.group(1)) if gen else 0}
+    return {
+        "backend": backend,
+        "budget": budget,
+        "code": code,
+        "peak": peak,
+        "oom_kills": ooms,
+        "stderr": "\n".join(lines),
+        "error": next((ln for ln in lines if ln.startswith("error: ")), ""),
+        "tokens": int(gen.group(1)) if gen else 0,
+    }
 
 
 def named(run: dict, pattern: str) -> int:
     """The number of bytes a refusal names (pattern: BEFORE_PLAN or MINIMUM)."""
     m = re.search(pattern, run["error"])
     if not m:
-        raise FlashError(f"{run['backend']} at {run['budget'] / 1e6:.1f} MB was not refused as expected: "
-                         f"{run['error'] or 'exit ' + str(run['code'])}")
+        raise FlashError(
+            f"{run['backend']} at {run['budget'] / 1e6:.1f} MB was not refused as expected: "
+            f"{run['error'] or 'exit ' + str(run['code'])}"
+        )
     return int(float(m.group(1)) * 1e6)
 
 

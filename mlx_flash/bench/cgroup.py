@@ -126,8 +126,13 @@ class MemoryCgroup:
         before, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
         t0 = time.perf_counter()
         try:
-            r = subprocess.run(["sh", "-c", join, self._file("cgroup.procs"), *cmd], capture_output=True, text=True,
-                               timeout=timeout, env=env)
+            r = subprocess.run(
+                ["sh", "-c", join, self._file("cgroup.procs"), *cmd],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+            )
             code, out, err = r.returncode, r.stdout, r.stderr
         except subprocess.TimeoutExpired as e:
             code, out, err = None, _text(e.stdout), _text(e.stderr)
@@ -140,11 +145,23 @@ class MemoryCgroup:
             peak = int(_read(self._file("memory.peak"))) if os.path.exists(self._file("memory.peak")) else 0
             ooms = _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
         stat = _keyed(_read(self._file("memory.stat")))
-        refaults = (stat.get("workingset_refault_file", 0) + stat.get("workingset_refault_anon", 0)) \
-            * os.sysconf("SC_PAGE_SIZE")
-        return CgroupRun(code, out, err, self.limit, peak, refaults, ooms, after.ru_majflt - before.ru_majflt,
-                         (after.ru_inblock - before.ru_inblock) * 512, wall,
-                         after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, busy1 - busy0)
+        refaults = (stat.get("workingset_refault_file", 0) + stat.get("workingset_refault_anon", 0)) * os.sysconf(
+            "SC_PAGE_SIZE"
+        )
+        return CgroupRun(
+            code,
+            out,
+            err,
+            self.limit,
+            peak,
+            refaults,
+            ooms,
+            after.ru_majflt - before.ru_majflt,
+            (after.ru_inblock - before.ru_inblock) * 512,
+            wall,
+            after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+            busy1 - busy0,
+        )
 
     def close(self) -> None:
         for _ in range(50):  # the last task leaves the cgroup a moment after it is reaped

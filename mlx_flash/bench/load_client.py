@@ -58,9 +58,21 @@ class Server:
             self.log = os.path.join(directory, "server.log")
             with open(self.log, "w") as out:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "mlx_flash.serve", "--host", HOST, "--port", str(self.port),
-                     "--service-dir", os.path.join(directory, "svc"), *flags],
-                    stdout=out, stderr=subprocess.STDOUT)
+                    [
+                        sys.executable,
+                        "-m",
+                        "mlx_flash.serve",
+                        "--host",
+                        HOST,
+                        "--port",
+                        str(self.port),
+                        "--service-dir",
+                        os.path.join(directory, "svc"),
+                        *flags,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             deadline = time.monotonic() + start_timeout
             while time.monotonic() < deadline and self.proc.poll() is None and not self.healthy():
                 time.sleep(0.2)
@@ -110,8 +122,15 @@ def stream_chat(port: int, text: str, max_tokens: int, barrier=None, timeout: fl
     """One streamed chat completion: its chunks' texts, the usage, time to first token and end (s,
     perf_counter; `start` is when the request went out). A failure is kept in "error", not raised,
     so that one client's failure leaves the others' figures."""
-    body = json.dumps({"messages": [{"role": "user", "content": text}], "stream": True, "temperature": 0,
-                       "max_tokens": max_tokens, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": text}],
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     out = {"prompt": text, "deltas": [], "usage": None, "finish_reason": None, "error": None}
     try:

@@ -93,11 +93,17 @@ class TraceResult:
     chunks_written: int = 0
 
     def summary(self) -> dict:
-        return {"variant": self.variant, "pattern": self.pattern, "calls": len(self.switch_s),
-                "switch_mean_ms": 1e3 * float(np.mean(self.switch_s)),
-                "switch_p50_ms": 1e3 * float(np.median(self.switch_s)),
-                "ttft_mean_ms": 1e3 * float(np.mean(self.ttft_s)), "chunks_read": self.chunks_read,
-                "chunks_recomputed": self.chunks_recomputed, "chunks_written": self.chunks_written}
+        return {
+            "variant": self.variant,
+            "pattern": self.pattern,
+            "calls": len(self.switch_s),
+            "switch_mean_ms": 1e3 * float(np.mean(self.switch_s)),
+            "switch_p50_ms": 1e3 * float(np.median(self.switch_s)),
+            "ttft_mean_ms": 1e3 * float(np.mean(self.ttft_s)),
+            "chunks_read": self.chunks_read,
+            "chunks_recomputed": self.chunks_recomputed,
+            "chunks_written": self.chunks_written,
+        }
 
 
 def build_texts(engine, corpus: str, cfg: TraceConfig) -> tuple[list[list[int]], list[list[int]]]:
@@ -109,9 +115,9 @@ def build_texts(engine, corpus: str, cfg: TraceConfig) -> tuple[list[list[int]],
     starts, pieces = [], []
     for c in range(cfg.contexts):
         base = (c * per) % max(1, len(ids) - per)
-        starts.append(ids[base:base + cfg.context_tokens])
-        tail = ids[base + cfg.context_tokens:base + per]
-        pieces.append([tail[k:k + cfg.call_tokens] for k in range(0, len(tail), cfg.call_tokens)])
+        starts.append(ids[base : base + cfg.context_tokens])
+        tail = ids[base + cfg.context_tokens : base + per]
+        pieces.append([tail[k : k + cfg.call_tokens] for k in range(0, len(tail), cfg.call_tokens)])
     return starts, pieces
 
 
@@ -119,8 +125,9 @@ def run_trace(engine, variant: Variant, pattern: str, starts, pieces, cfg: Trace
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     budget = int(cfg.kv_share * cfg.contexts * -(-cfg.context_tokens // 16) * _chunk_bytes(engine))
-    svc = Service(engine, directory=directory, kv_budget=budget, kv_compression=variant.compression,
-                  lifecycle=variant.lifecycle)
+    svc = Service(
+        engine, directory=directory, kv_budget=budget, kv_compression=variant.compression, lifecycle=variant.lifecycle
+    )
     tok = engine.tokenizer
     try:
         ids = []
@@ -173,8 +180,11 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
             _drop_page_cache()
             t = time.perf_counter()
             rep = svc.bring_back(ctx, how)
-            out[how.value] = {"seconds": time.perf_counter() - t, "read": rep.chunks_read,
-                              "recomputed": rep.chunks_recomputed}
+            out[how.value] = {
+                "seconds": time.perf_counter() - t,
+                "read": rep.chunks_read,
+                "recomputed": rep.chunks_recomputed,
+            }
         return out
     finally:
         svc.close()

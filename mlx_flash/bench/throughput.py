@@ -53,7 +53,7 @@ def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> li
     rng = np.random.default_rng(seed)
     out = []
     for start in rng.integers(0, len(ids) - length - 1, n):
-        window = ids[int(start):int(start) + length]
+        window = ids[int(start) : int(start) + length]
         s = tokenizer.decode(window)
         while len(tokenizer.encode(s)) > length and len(window) > 1:  # re-encoding may merge differently
             window = window[:-1]
@@ -65,15 +65,27 @@ def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> li
 def run_config(cfg: BenchConfig, text: str) -> dict:
 
     t_load = time.perf_counter()
-    engine = load(cfg.store, backend=cfg.backend, memory_budget=cfg.memory_budget, weights_budget=cfg.weights_budget,
-                  batch=True, progress=False)
+    engine = load(
+        cfg.store,
+        backend=cfg.backend,
+        memory_budget=cfg.memory_budget,
+        weights_budget=cfg.weights_budget,
+        batch=True,
+        progress=False,
+    )
     load_s = time.perf_counter() - t_load
     prompts = prompt_texts(engine.tokenizer, text, cfg.sequences, cfg.prompt)
-    row = {"mode": cfg.mode, "store": cfg.store or "default", "backend": cfg.backend, "ffn": engine.config.ffn.value,
-           "load_s": load_s, "memory_limit": engine.memory_plan.get("limit")}
+    row = {
+        "mode": cfg.mode,
+        "store": cfg.store or "default",
+        "backend": cfg.backend,
+        "ffn": engine.config.ffn.value,
+        "load_s": load_s,
+        "memory_limit": engine.memory_plan.get("limit"),
+    }
     with engine:
         if cfg.mode == "single":
-            row.update(_single(engine, prompts[:cfg.single_sequences], cfg.generate))
+            row.update(_single(engine, prompts[: cfg.single_sequences], cfg.generate))
         else:
             row.update(_batched(engine, prompts, cfg))
     row["peak_rss"] = peak_rss()
@@ -90,9 +102,16 @@ def _single(engine, prompts, generate: int) -> dict:
         tokens += s.generated_tokens
         prefill += s.prefill_s
         decode += s.decode_s
-    return {"sequences": len(prompts), "generated_tokens": int(tokens), "prefill_s": prefill, "decode_s": decode,
-            "seconds": prefill + decode, "tokens_per_s": tokens / (prefill + decode),
-            "decode_tokens_per_s": tokens / decode if decode else 0.0, "bytes_read": engine.io_bytes() - io0}
+    return {
+        "sequences": len(prompts),
+        "generated_tokens": int(tokens),
+        "prefill_s": prefill,
+        "decode_s": decode,
+        "seconds": prefill + decode,
+        "tokens_per_s": tokens / (prefill + decode),
+        "decode_tokens_per_s": tokens / decode if decode else 0.0,
+        "bytes_read": engine.io_bytes() - io0,
+    }
 
 
 def _batched(engine, prompts, cfg: BenchConfig) -> dict:
@@ -106,9 +125,19 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
     elif cfg.mode == "naive":
         policy = Policy.from_json(cfg.policy) if cfg.policy else Policy(gpu_batch=min(cfg.sequences, NAIVE_BATCH))
     seqs, run = run_batch(engine, prompts, cfg.generate, SamplingOptions(), policy, False, kv_bits=kv)
-    return {"sequences": run.sequences, "generated_tokens": run.generated_tokens, "prefill_s": run.prefill_s,
-            "decode_s": run.decode_s, "seconds": run.seconds, "tokens_per_s": run.tokens_per_s,
-            "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,
-            "bytes_read": run.bytes_read, "policy": run.policy, "predicted_s": run.predicted_s,
-            "predicted_tokens_per_s": run.predicted_tokens_per_s, "memory_planned": run.memory_planned,
-            "room": run.room, "compute": run.compute}
+    return {
+        "sequences": run.sequences,
+        "generated_tokens": run.generated_tokens,
+        "prefill_s": run.prefill_s,
+        "decode_s": run.decode_s,
+        "seconds": run.seconds,
+        "tokens_per_s": run.tokens_per_s,
+        "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,
+        "bytes_read": run.bytes_read,
+        "policy": run.policy,
+        "predicted_s": run.predicted_s,
+        "predicted_tokens_per_s": run.predicted_tokens_per_s,
+        "memory_planned": run.memory_planned,
+        "room": run.room,
+        "compute": run.compute,
+    }

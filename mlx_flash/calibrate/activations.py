@@ -37,7 +37,7 @@ def collect(engine, ids: list[int], context: int = 256, max_tokens: int = 8192, 
     inner, engine.ffn = engine.ffn, rec
     try:
         for s in tqdm(range(0, len(ids), context), desc="activations", unit="window", disable=not progress):
-            window = ids[s:s + context]
+            window = ids[s : s + context]
             if window:
                 engine.forward(window, engine.new_caches(), all_logits=True)
     finally:
@@ -50,8 +50,9 @@ def magnitude_thresholds(mags: list[np.ndarray], sparsity: float) -> np.ndarray:
     neurons above it are 'active' (CATS-style calibrated threshold)."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1) (got {sparsity})")
-    return np.array([float(np.quantile(m.astype(np.float32), sparsity)) if sparsity > 0 else 0.0 for m in mags],
-                    dtype=np.float32)
+    return np.array(
+        [float(np.quantile(m.astype(np.float32), sparsity)) if sparsity > 0 else 0.0 for m in mags], dtype=np.float32
+    )
 
 
 def window_activity(mags: list[np.ndarray], thresholds, context: int, kmax: int = 8) -> dict:
@@ -63,14 +64,14 @@ def window_activity(mags: list[np.ndarray], thresholds, context: int, kmax: int 
     union, new, n = np.zeros(kmax), np.zeros(kmax), 0
     for m, t in zip(mags, thresholds):
         for s in range(0, len(m), context):
-            A = m[s:s + context].astype(np.float32) > t  # [T, F]
+            A = m[s : s + context].astype(np.float32) > t  # [T, F]
             T = A.shape[0]
             if T <= kmax:
                 continue
             now, prev = A[kmax:], np.zeros_like(A[kmax:])  # prev: union of the k tokens before
             for k in range(1, kmax + 1):
                 union[k - 1] += (now | prev).mean()
-                prev |= A[kmax - k:T - k]
+                prev |= A[kmax - k : T - k]
                 new[k - 1] += (now & ~prev).mean()
             n += 1
     n = max(n, 1)

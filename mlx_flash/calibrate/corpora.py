@@ -81,12 +81,14 @@ def read_r_lazyload(prefix: str) -> dict[str, list[str]]:
     blob = open(prefix + ".rdb", "rb").read()
     out = {}
     for name, (off, length) in index["variables"].items():
-        chunk = blob[int(off):int(off) + int(length)]
+        chunk = blob[int(off) : int(off) + int(length)]
         (size,) = struct.unpack(">I", chunk[:4])  # uncompressed size, then a zlib stream
         data = zlib.decompress(chunk[4:])
         if len(data) != size:
             raise FlashError(f"{prefix}.rdb: entry {name} decompressed to {len(data)} bytes, index says {size}")
-        out[str(name)] = [str(s) if s is not None else "" for s in rdata.conversion.convert(rdata.parser.parse_data(data))]
+        out[str(name)] = [
+            str(s) if s is not None else "" for s in rdata.conversion.convert(rdata.parser.parse_data(data))
+        ]
     return out
 
 
@@ -94,8 +96,10 @@ def fetch_wikipedia(out_dir: str) -> str:
     """pip download the gensim wheel (no install) and turn its enwiki test dump into plain text."""
     out = os.path.join(out_dir, WIKIPEDIA)
     with tempfile.TemporaryDirectory() as tmp:
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"gensim=={GENSIM_VERSION}",
-              "-d", tmp], tmp)
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"gensim=={GENSIM_VERSION}", "-d", tmp],
+            tmp,
+        )
         whl = glob.glob(os.path.join(tmp, "gensim-*.whl"))[0]
         with zipfile.ZipFile(whl) as z:
             name = next(n for n in z.namelist() if re.search(r"test_data/enwiki-latest-pages-articles.*\.bz2$", n))

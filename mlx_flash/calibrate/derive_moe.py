@@ -34,18 +34,30 @@ def dense_ffn(src, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]
         w = src.tensors.take(base + ".weight")
         if base in src.quant:
             q = src.quant[base]
-            w = mx.dequantize(w, src.tensors.take(base + ".scales"), src.tensors.take(base + ".biases"),
-                              q.group_size, q.bits)
+            w = mx.dequantize(
+                w, src.tensors.take(base + ".scales"), src.tensors.take(base + ".biases"), q.group_size, q.bits
+            )
         elif w.dtype == mx.float32:
             dtype = "float32"
         out.append(np.array(w.astype(mx.float32)))
     return out[0], out[1], out[2], dtype
 
 
-def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16, top_k: int = 8, calib_tokens: int = 16384,
-          block: int | None = None,
-          valid_fraction: float = 0.1, epochs: int = 30, seed: int = 0, cache_dir: str = "", progress: bool = True,
-          log=print) -> dict:
+def moefy(
+    source: str | None,
+    out_dir: str,
+    calib_text: str,
+    n_experts: int = 16,
+    top_k: int = 8,
+    calib_tokens: int = 16384,
+    block: int | None = None,
+    valid_fraction: float = 0.1,
+    epochs: int = 30,
+    seed: int = 0,
+    cache_dir: str = "",
+    progress: bool = True,
+    log=print,
+) -> dict:
     """Derive the MoE model of `source` (a dense Llama-family GGUF / HF / mlx-community model; None:
     the default model) into `out_dir`, an HF-style directory that load() and convert() take; returns
     the report saved in its config (per layer: how well the router finds the best experts).
@@ -63,7 +75,6 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     import mlx.core as mx
     from tqdm import tqdm
 
-
     if not 0 < top_k <= n_experts:
         raise ConfigError(f"top_k {top_k} is not in 1..n_experts ({n_experts})")
     if source is None:
@@ -71,13 +82,16 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
     src = read_source(source)
     cfg = src.config
     if cfg["model_type"] not in ("llama", "mistral", "qwen2", "qwen3"):
-        raise UnsupportedModelError(f"{source}: MoEfication needs a dense SwiGLU Llama-family model, "
-                                    f"not {cfg['model_type']!r}")
+        raise UnsupportedModelError(
+            f"{source}: MoEfication needs a dense SwiGLU Llama-family model, not {cfg['model_type']!r}"
+        )
     F, L = cfg["intermediate_size"], cfg["num_hidden_layers"]
     down_q = src.quant.get("model.layers.0.mlp.down_proj")
     block = block or (down_q.group_size if down_q else 1)
     if F % n_experts or (F // n_experts) % block:
-        raise ConfigError(f"{F} FFN neurons do not split evenly into {n_experts} experts of whole {block}-neuron blocks")
+        raise ConfigError(
+            f"{F} FFN neurons do not split evenly into {n_experts} experts of whole {block}-neuron blocks"
+        )
     with load(source, backend="torch", precision="f16", cache_dir=cache_dir, progress=progress) as eng:
         ids = eng.tokenizer.encode(calib_text[: calib_tokens * 8])[:calib_tokens]
         acts = collect(eng, ids, 256, calib_tokens, progress)
@@ -96,20 +110,35 @@ def moefy(source: str | None, out_dir: str, calib_text: str, n_experts: int = 16
         quality = router_quality(router, x[n_fit:], scores[n_fit:], top_k)
         layers.append(quality)
         if log:
-            log(f"layer {i:2d}: router recall of the oracle top-{top_k} {quality['oracle_recall']:.3f}, output share "
-                f"covered {quality['covered']:.3f} (oracle {quality['oracle_covered']:.3f})")
+            log(
+                f"layer {i:2d}: router recall of the oracle top-{top_k} {quality['oracle_recall']:.3f}, output share "
+                f"covered {quality['covered']:.3f} (oracle {quality['oracle_covered']:.3f})"
+            )
         p = f"model.layers.{i}.mlp."
         tensors[p + "gate.weight"] = mx.array(router.astype(np.float32))
         for e in range(n_experts):
-            rows = order[e * Fe:(e + 1) * Fe]
+            rows = order[e * Fe : (e + 1) * Fe]
             for name, w in (("gate_proj", gate[rows]), ("up_proj", up[rows]), ("down_proj", down[:, rows])):
                 tensors[f"{p}experts.{e}.{name}.weight"] = mx.array(np.ascontiguousarray(w).astype(dtype))
-    report = {"derived_from": os.path.basename(os.path.abspath(source)), "method": "MoEfication: balanced k-means "
-              "on co-activation, linear router trained on expert output norms", "calibration_tokens": len(ids), "block": block,
-              "n_experts": n_experts, "top_k": top_k, "router": layers}
+    report = {
+        "derived_from": os.path.basename(os.path.abspath(source)),
+        "method": "MoEfication: balanced k-means on co-activation, linear router trained on expert output norms",
+        "calibration_tokens": len(ids),
+        "block": block,
+        "n_experts": n_experts,
+        "top_k": top_k,
+        "router": layers,
+    }
     hf = {k: v for k, v in cfg.items() if k not in ("rope_scale", "extra")}
-    hf.update(model_type="moefied_llama", hidden_act="silu", num_experts=n_experts, num_experts_per_tok=top_k,
-              moe_intermediate_size=Fe, norm_topk_prob=False, moefication=report)
+    hf.update(
+        model_type="moefied_llama",
+        hidden_act="silu",
+        num_experts=n_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=Fe,
+        norm_topk_prob=False,
+        moefication=report,
+    )
     hf.update(quantization=_quantization_config(src))
     with atomic_dir(out_dir) as tmp:
         mx.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)

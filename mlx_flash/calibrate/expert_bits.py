@@ -34,8 +34,10 @@ class ExpertSwapper:
     def weights(self, rows: dict) -> FFNWeights:
         ops = self.engine.ops
         gate_up = np.concatenate([rows["gate"], rows["up"]])
-        return FFNWeights(gate_up=ops.weight({"weight": gate_up}, None),
-                          down=ops.weight({"weight": rows["down"]}, None, transposed=True))
+        return FFNWeights(
+            gate_up=ops.weight({"weight": gate_up}, None),
+            down=ops.weight({"weight": rows["down"]}, None, transposed=True),
+        )
 
     def set(self, bits: list[list[int]], group_size: int = 32) -> None:
         for i, row in enumerate(bits):
@@ -46,7 +48,7 @@ class ExpertSwapper:
 def mean_nll(engine, ids: list[int], context: int = 512) -> float:
     total, n = 0.0, 0
     for s in range(0, len(ids), context):
-        w = ids[s:s + context]
+        w = ids[s : s + context]
         if len(w) < 2:
             continue
         logits = np.asarray(engine.forward(w, engine.new_caches(), all_logits=True), dtype=np.float32)
@@ -115,8 +117,9 @@ def assign_widths(swapper: ExpertSwapper, ids: list[int], imp: np.ndarray, width
     return {"bits": with_k(lo), "k": lo, "probes": probes}
 
 
-def choose_widths(engine, ids: list[int], tolerance: float, importance_tokens: int = 512, progress: bool = False,
-                  log=print) -> dict:
+def choose_widths(
+    engine, ids: list[int], tolerance: float, importance_tokens: int = 512, progress: bool = False, log=print
+) -> dict:
     """Steps 1-3 on a resident MoE engine with float experts: the uniform widths around `tolerance`,
     each expert's importance (on the first `importance_tokens` of `ids`) and the greedy assignment.
     Returns uniform_widths' fields, assign_widths' (bits [L][E], k, probes) and importance [L, E]."""
@@ -125,8 +128,10 @@ def choose_widths(engine, ids: list[int], tolerance: float, importance_tokens: i
     swapper = ExpertSwapper(engine, [[expert_rows(store, i, e) for e in range(E)] for i in range(L)])
     widths = uniform_widths(swapper, ids, tolerance)
     if log:
-        log(f"calibration perplexity: float16 {widths['base']:.3f}; "
-            + ", ".join(f"INT{b} {p:.3f}" for b, p in widths["uniform"].items()))
+        log(
+            f"calibration perplexity: float16 {widths['base']:.3f}; "
+            + ", ".join(f"INT{b} {p:.3f}" for b, p in widths["uniform"].items())
+        )
     imp = np.zeros((L, E))
     if widths["low"] != widths["high"]:
         imp = importance(swapper, ids[:importance_tokens], widths["low"], widths["high"], progress=progress)

@@ -24,8 +24,15 @@ def replay(src, activity, tokens: int, profile: dict, progress: bool = False) ->
         wall = time.perf_counter() - t
         s1 = src.stats()
         nbytes, nreads = s1.bytes_read - s0.bytes_read, s1.reads - s0.reads
-        out.append({"io_ms": (s1.io_seconds - s0.io_seconds) * 1e3, "mem_ms": (s1.mem_seconds - s0.mem_seconds) * 1e3,
-                    "wall_ms": wall * 1e3, "bytes": nbytes, "reads": nreads,
-                    "rows_loaded": s1.rows_loaded - s0.rows_loaded,
-                    "model_io_ms": cost_model.io_seconds(profile, nbytes, nreads, L, src.pool.threads) * 1e3})
+        out.append(
+            {
+                "io_ms": (s1.io_seconds - s0.io_seconds) * 1e3,
+                "mem_ms": (s1.mem_seconds - s0.mem_seconds) * 1e3,
+                "wall_ms": wall * 1e3,
+                "bytes": nbytes,
+                "reads": nreads,
+                "rows_loaded": s1.rows_loaded - s0.rows_loaded,
+                "model_io_ms": cost_model.io_seconds(profile, nbytes, nreads, L, src.pool.threads) * 1e3,
+            }
+        )
     return out

@@ -20,8 +20,15 @@ from ..service.compression import Compression, DensityTracker, choose_widths, lo
 from .perplexity_eval import token_nlls
 
 
-def kv_quality(engine, ids: list[int], compression: Compression, context: int = 2048, turn: int = 128,
-               chunk_tokens: int = 16, progress: bool = False) -> dict:
+def kv_quality(
+    engine,
+    ids: list[int],
+    compression: Compression,
+    context: int = 2048,
+    turn: int = 128,
+    chunk_tokens: int = 16,
+    progress: bool = False,
+) -> dict:
     """Perplexity of ids (windows of `context` tokens) with the KV compressed as `compression`,
     the greedy next-token picks (for agreement with another run), and the widths used."""
     if context < 2 or turn < 1:
@@ -32,19 +39,19 @@ def kv_quality(engine, ids: list[int], compression: Compression, context: int = 
     from tqdm import tqdm
 
     nll, picks, widths_all = [], [], []
-    starts = [s for s in range(0, len(ids) - 1, context) if len(ids[s:s + context]) >= 2]
+    starts = [s for s in range(0, len(ids) - 1, context) if len(ids[s : s + context]) >= 2]
     for s in tqdm(starts, desc=f"KV {compression}", unit="window", disable=not progress):
-        window = ids[s:s + context]
+        window = ids[s : s + context]
         table = ChunkTable(pool, density=DensityTracker() if compression.needs_density else None)
         widths: dict[int, int] = {}
         for t in range(0, len(window) - 1, turn):
-            piece = window[t:t + turn]
+            piece = window[t : t + turn]
             caches = table.caches()
             logits = engine.forward(piece, caches, all_logits=True)
             table.tokens = caches[0].offset
-            targets = np.asarray(window[t + 1:t + 1 + len(piece)])
-            nll.append(token_nlls(logits[:len(targets)], targets))
-            picks.append(logits[:len(targets)].argmax(-1))
+            targets = np.asarray(window[t + 1 : t + 1 + len(piece)])
+            nll.append(token_nlls(logits[: len(targets)], targets))
+            picks.append(logits[: len(targets)].argmax(-1))
             n = table.tokens // chunk_tokens
             fresh = [i for i in range(n) if i not in widths]
             if compression.on and fresh:
@@ -58,8 +65,17 @@ def kv_quality(engine, ids: list[int], compression: Compression, context: int = 
         table.truncate(0)
     nll = np.concatenate(nll)
     mean_bits = float(np.mean(widths_all)) if widths_all else 32.0
-    stored = (sum(packed_bytes(shape.array_shape, w) for w in widths_all) / (len(widths_all) * shape.nbytes)
-              if widths_all else 1.0)
-    return {"compression": str(compression), "perplexity": math.exp(float(nll.mean())), "scored": int(nll.size),
-            "picks": np.concatenate(picks), "mean_bits": mean_bits, "bytes_vs_float32": stored,
-            "widths": {w: widths_all.count(w) for w in sorted(set(widths_all))}}
+    stored = (
+        sum(packed_bytes(shape.array_shape, w) for w in widths_all) / (len(widths_all) * shape.nbytes)
+        if widths_all
+        else 1.0
+    )
+    return {
+        "compression": str(compression),
+        "perplexity": math.exp(float(nll.mean())),
+        "scored": int(nll.size),
+        "picks": np.concatenate(picks),
+        "mean_bits": mean_bits,
+        "bytes_vs_float32": stored,
+        "widths": {w: widths_all.count(w) for w in sorted(set(widths_all))},
+    }

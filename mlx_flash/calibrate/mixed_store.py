@@ -39,8 +39,10 @@ def expert_rows(store, layer: int, expert: int) -> dict[str, np.ndarray]:
     """A float store's expert as float32 rows [Fe, D] per role (down as its stored transposed rows)."""
     lay = store.manifest.ffn
     if lay.expert_table or any(lay.quant.get(r) for r in ROLES):
-        raise ConfigError(f"{store.path}: expert bit-widths start from a store with float experts "
-                          f"(this one is {lay.precision}); convert with precision f16")
+        raise ConfigError(
+            f"{store.path}: expert bit-widths start from a store with float experts "
+            f"(this one is {lay.precision}); convert with precision f16"
+        )
     with open(store.file_path(lay.file), "rb") as fh:
         fh.seek(lay.expert_offset(layer, expert))
         raw = np.frombuffer(fh.read(lay.expert_nbytes), np.uint8).reshape(lay.expert_rows, lay.bundle_bytes)
@@ -58,10 +60,10 @@ def affine_quantize(w: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarr
         raise ConfigError(f"cannot quantize rows of {k} weights in groups of {group_size} at {bits} bits")
     g = w.astype(np.float32).reshape(n, k // group_size, group_size)
     lo, hi = g.min(2, keepdims=True), g.max(2, keepdims=True)
-    scale = ((hi - lo) / (2 ** bits - 1)).astype(np.float16)
+    scale = ((hi - lo) / (2**bits - 1)).astype(np.float16)
     bias = lo.astype(np.float16)
     s32 = np.where(scale == 0, 1, scale).astype(np.float32)
-    codes = np.clip(np.rint((g - bias.astype(np.float32)) / s32), 0, 2 ** bits - 1).astype(np.uint32).reshape(n, k)
+    codes = np.clip(np.rint((g - bias.astype(np.float32)) / s32), 0, 2**bits - 1).astype(np.uint32).reshape(n, k)
     per = 32 // bits
     words = (codes.reshape(n, k // per, per) << (np.arange(per, dtype=np.uint32) * bits)).sum(2, dtype=np.uint64)
     return words.astype(np.uint32), scale.reshape(n, -1), bias.reshape(n, -1)
@@ -69,7 +71,7 @@ def affine_quantize(w: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarr
 
 def affine_dequantize(words: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, group_size: int):
     per = 32 // bits
-    codes = (words[..., None] >> (np.arange(per, dtype=np.uint32) * bits)) & np.uint32(2 ** bits - 1)
+    codes = (words[..., None] >> (np.arange(per, dtype=np.uint32) * bits)) & np.uint32(2**bits - 1)
     n = words.shape[0]
     codes = codes.reshape(n, -1, group_size).astype(np.float32)
     return (codes * scales.astype(np.float32)[..., None] + biases.astype(np.float32)[..., None]).reshape(n, -1)
@@ -128,9 +130,13 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
                     if b not in formats:
                         fields, bundle_bytes = plan_fields(parts)
                         q = None if b == 16 else QuantSpec(bits=b, group_size=group_size)
-                        formats[b] = ExpertFormat(precision="f16" if b == 16 else f"q{b}", bundle_bytes=bundle_bytes,
-                                                  fields=fields, quant={r: q for r in ROLES if f"{r}.weight" in
-                                                                         {p[0] for p in parts}}, down_rows=b != 16)
+                        formats[b] = ExpertFormat(
+                            precision="f16" if b == 16 else f"q{b}",
+                            bundle_bytes=bundle_bytes,
+                            fields=fields,
+                            quant={r: q for r in ROLES if f"{r}.weight" in {p[0] for p in parts}},
+                            down_rows=b != 16,
+                        )
                     f = formats[b]
                     fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
                     row.append([b, fh.tell()])
@@ -142,16 +148,28 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         table = [[[index[b], off] for b, off in row] for row in table]
         widest = formats[max(formats, key=lambda b: formats[b].bundle_bytes)]
         starts = [row[0][1] for row in table]
-        ffn = replace(lay, file=EXPERT_FILE, bundle_bytes=widest.bundle_bytes, fields=widest.fields,
-                      quant=widest.quant, precision="mixed" if len(formats) > 1 else widest.precision,
-                      down_rows=widest.down_rows,
-                      layer_offsets=starts, expert_formats=[formats[b] for b in order], expert_table=table)
+        ffn = replace(
+            lay,
+            file=EXPERT_FILE,
+            bundle_bytes=widest.bundle_bytes,
+            fields=widest.fields,
+            quant=widest.quant,
+            precision="mixed" if len(formats) > 1 else widest.precision,
+            down_rows=widest.down_rows,
+            layer_offsets=starts,
+            expert_formats=[formats[b] for b in order],
+            expert_table=table,
+        )
         for name in os.listdir(store.path):
             if name not in (MANIFEST_NAME, lay.file) and os.path.isfile(os.path.join(store.path, name)):
                 shutil.copy2(os.path.join(store.path, name), os.path.join(tmp, name))
-        files = {RESIDENT_FILE: dict(store.manifest.files[RESIDENT_FILE]),
-                 EXPERT_FILE: {"size": os.path.getsize(os.path.join(tmp, EXPERT_FILE)),
-                               "sha256": sha256_file(os.path.join(tmp, EXPERT_FILE))}}
+        files = {
+            RESIDENT_FILE: dict(store.manifest.files[RESIDENT_FILE]),
+            EXPERT_FILE: {
+                "size": os.path.getsize(os.path.join(tmp, EXPERT_FILE)),
+                "sha256": sha256_file(os.path.join(tmp, EXPERT_FILE)),
+            },
+        }
         source = dict(store.manifest.source, expert_bits_from=os.path.basename(store.path))
         manifest = replace(store.manifest, ffn=ffn, files=files, source=source)
         with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:

@@ -53,8 +53,9 @@ def expert_order(assign: np.ndarray, n_experts: int) -> np.ndarray:
     return np.concatenate([np.nonzero(assign == e)[0] for e in range(n_experts)])
 
 
-def expert_contributions(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, order: np.ndarray,
-                         n_experts: int) -> np.ndarray:
+def expert_contributions(
+    x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, order: np.ndarray, n_experts: int
+) -> np.ndarray:
     """||expert e's share of the FFN output|| per token [N, E]: x [N, D], gate/up [F, D], down [D, F]
     of the dense layer, neurons grouped by `order`. The router learns to rank experts by this."""
     import torch
@@ -65,12 +66,18 @@ def expert_contributions(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: 
         d = torch.from_numpy(np.ascontiguousarray(down[:, order], dtype=np.float32))
         h = torch.nn.functional.silu(X @ g.T) * (X @ u.T)  # [N, F], grouped
         Fe = len(order) // n_experts
-        return np.stack([torch.linalg.vector_norm(h[:, e * Fe:(e + 1) * Fe] @ d[:, e * Fe:(e + 1) * Fe].T, dim=1).numpy()
-                         for e in range(n_experts)], axis=1)
+        return np.stack(
+            [
+                torch.linalg.vector_norm(h[:, e * Fe : (e + 1) * Fe] @ d[:, e * Fe : (e + 1) * Fe].T, dim=1).numpy()
+                for e in range(n_experts)
+            ],
+            axis=1,
+        )
 
 
-def train_router(x: np.ndarray, scores: np.ndarray, epochs: int = 30, lr: float = 3e-2, batch: int = 512,
-                 seed: int = 0) -> np.ndarray:
+def train_router(
+    x: np.ndarray, scores: np.ndarray, epochs: int = 30, lr: float = 3e-2, batch: int = 512, seed: int = 0
+) -> np.ndarray:
     """A linear router [E, D] whose softmax over experts matches each token's share of the output
     norm (scores [N, E] normalized per token; cross-entropy). Top-K of its logits picks the experts."""
     import torch
@@ -85,7 +92,7 @@ def train_router(x: np.ndarray, scores: np.ndarray, epochs: int = 30, lr: float 
     for _ in range(epochs):
         perm = torch.randperm(len(X), generator=g)
         for s in range(0, len(X), batch):
-            idx = perm[s:s + batch]
+            idx = perm[s : s + batch]
             loss = -(P[idx] * torch.log_softmax(X[idx] @ W.T, dim=1)).sum(1).mean()
             opt.zero_grad()
             loss.backward()

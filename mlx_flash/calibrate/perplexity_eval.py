@@ -20,8 +20,15 @@ def token_nlls(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return logz - z[np.arange(len(targets)), targets]
 
 
-def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, progress: bool = False,
-               kv_bits: int = 0, attention_keep: float = 1.0) -> dict:
+def perplexity(
+    engine,
+    text: str,
+    context: int = 512,
+    max_tokens: int = 4096,
+    progress: bool = False,
+    kv_bits: int = 0,
+    attention_keep: float = 1.0,
+) -> dict:
     """kv_bits 4: every window's KV cache held at 4 bits, as the throughput mode's policy.kv_bits
     holds it (offload/quantized_kv.py); attention_keep < 1: top-k sparse attention, as its
     policy.attention_keep (offload/sparse_attention.py), every query keeping that share of the keys
@@ -36,7 +43,7 @@ def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, pr
     nll, count = 0.0, 0
     starts = range(0, len(ids) - 1, context)
     for s in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
-        window = ids[s:s + context]
+        window = ids[s : s + context]
         if len(window) < 2:
             break
         if kv_bits or attention_keep < 1.0:
@@ -46,5 +53,12 @@ def perplexity(engine, text: str, context: int = 512, max_tokens: int = 4096, pr
             logits = engine.logits(window)
         nll += float(token_nlls(logits[:-1], np.asarray(window[1:])).sum())
         count += len(window) - 1
-    return {"perplexity": math.exp(nll / count), "nll": nll / count, "tokens": len(ids), "scored": count,
-            "context": context, "kv_bits": kv_bits, "attention_keep": attention_keep}
+    return {
+        "perplexity": math.exp(nll / count),
+        "nll": nll / count,
+        "tokens": len(ids),
+        "scored": count,
+        "context": context,
+        "kv_bits": kv_bits,
+        "attention_keep": attention_keep,
+    }

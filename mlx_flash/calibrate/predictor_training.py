@@ -15,9 +15,20 @@ RECALLS = (0.8, 0.9, 0.95, 0.99)  # cuts are stored for each; load(flash=FlashOp
 VALID_CONTEXT = 512  # tokens per window of validation text, as the perplexity evaluation uses
 
 
-def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: int = 64, max_rank: int = 256,
-                     recall: float = 0.9, calib_tokens: int = 16384, valid_tokens: int = 2048, epochs: int = 10,
-                     progress: bool = False, log=print) -> Predictors:
+def train_predictors(
+    engine,
+    calib_ids,
+    valid_ids,
+    sparsity: float = 0.5,
+    rank: int = 64,
+    max_rank: int = 256,
+    recall: float = 0.9,
+    calib_tokens: int = 16384,
+    valid_tokens: int = 2048,
+    epochs: int = 10,
+    progress: bool = False,
+    log=print,
+) -> Predictors:
     """Per layer: label (token, neuron) pairs active when |h| exceeds the layer's threshold for the
     target sparsity; fit a rank-`rank` predictor on 90% of the calibration activations; set its cut
     for `recall` on the other 10%; if that recall costs predicting more than (1 + the true active
@@ -53,8 +64,10 @@ def train_predictors(engine, calib_ids, valid_ids, sparsity: float = 0.5, rank: 
         metrics.append(m)
         layers.append(p)
         if log:
-            log(f"layer {i:2d}: rank {r:3d}  recall {m['recall']:.3f}  precision {m['precision']:.3f}  "
-                f"predicted {m['predicted_fraction']:.3f}  true {m['true_fraction']:.3f}")
+            log(
+                f"layer {i:2d}: rank {r:3d}  recall {m['recall']:.3f}  precision {m['precision']:.3f}  "
+                f"predicted {m['predicted_fraction']:.3f}  true {m['true_fraction']:.3f}"
+            )
     activity = window_activity([h for _, h in valid], thresholds, VALID_CONTEXT)
     return Predictors(layers, sparsity, [float(t) for t in thresholds], metrics, "", cuts, f"{recall:g}", activity)
 
@@ -75,8 +88,9 @@ def labels(mags: np.ndarray, threshold: float) -> np.ndarray:
     return mags.astype(np.float32) > threshold
 
 
-def train_layer(X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch: int = 512, lr: float = 3e-3,
-                seed: int = 0) -> LayerPredictor:
+def train_layer(
+    X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch: int = 512, lr: float = 3e-3, seed: int = 0
+) -> LayerPredictor:
     """Fit U, V, b with a balanced binary cross-entropy: positives weighted by negatives/positives
     per neuron, so rare and common neurons both count (the paper's balanced loss)."""
     import torch
@@ -86,8 +100,8 @@ def train_layer(X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch
     D, F = X.shape[1], Y.shape[1]
     pos = Yt.mean(0).clamp(1e-3, 1 - 1e-3)
     pos_weight = (1 - pos) / pos
-    U = torch.nn.Parameter(torch.randn(D, rank, generator=g) / D ** 0.5)
-    V = torch.nn.Parameter(torch.randn(rank, F, generator=g) / rank ** 0.5)
+    U = torch.nn.Parameter(torch.randn(D, rank, generator=g) / D**0.5)
+    V = torch.nn.Parameter(torch.randn(rank, F, generator=g) / rank**0.5)
     b = torch.nn.Parameter(torch.log(pos / (1 - pos)).clone())
     opt = torch.optim.Adam([U, V, b], lr=lr)
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
@@ -96,7 +110,7 @@ def train_layer(X: np.ndarray, Y: np.ndarray, rank: int, epochs: int = 20, batch
     for _ in range(epochs):
         perm = torch.randperm(len(Xt), generator=g)
         for s in range(0, len(Xt) - batch + 1 if len(Xt) >= batch else 1, batch):
-            idx = perm[s:s + batch]
+            idx = perm[s : s + batch]
             loss = loss_fn((Xt[idx] @ U) @ V + b, Yt[idx])
             opt.zero_grad()
             loss.backward()
@@ -118,5 +132,9 @@ def calibrate_cut(p: LayerPredictor, X: np.ndarray, Y: np.ndarray, recall: float
 def evaluate(p: LayerPredictor, X: np.ndarray, Y: np.ndarray) -> dict:
     pred = p.active(X)
     tp = float((pred & Y).sum())
-    return {"recall": tp / max(1.0, float(Y.sum())), "precision": tp / max(1.0, float(pred.sum())),
-            "predicted_fraction": float(pred.mean()), "true_fraction": float(Y.mean())}
+    return {
+        "recall": tp / max(1.0, float(Y.sum())),
+        "precision": tp / max(1.0, float(pred.sum())),
+        "predicted_fraction": float(pred.mean()),
+        "true_fraction": float(Y.mean()),
+    }

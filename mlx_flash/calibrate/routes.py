@@ -38,8 +38,8 @@ def record_routes(engine, ids: list[int], context: int = 512, progress: bool = F
     inner, engine.ffn = engine.ffn, rec
     try:
         for s in tqdm(range(0, len(ids), context), desc="routing", unit="window", disable=not progress):
-            if ids[s:s + context]:
-                engine.forward(ids[s:s + context], engine.new_caches(), all_logits=True)
+            if ids[s : s + context]:
+                engine.forward(ids[s : s + context], engine.new_caches(), all_logits=True)
     finally:
         engine.ffn = inner
     return rec.trace()

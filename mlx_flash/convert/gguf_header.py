@@ -29,10 +29,11 @@ def _walk(path: str, data) -> None:
     def take(n: int, what: str) -> bytes:
         nonlocal pos
         if n < 0 or pos + n > len(data):
-            raise ModelFileError(f"{path}: GGUF {what} runs past the end of the file ({len(data)} bytes): "
-                                 "truncated or corrupt")
+            raise ModelFileError(
+                f"{path}: GGUF {what} runs past the end of the file ({len(data)} bytes): truncated or corrupt"
+            )
         pos += n
-        return data[pos - n:pos]
+        return data[pos - n : pos]
 
     def u(n: int, what: str) -> int:
         return int.from_bytes(take(n, what), "little")
@@ -58,8 +59,9 @@ def _walk(path: str, data) -> None:
     u(4, "version")
     n_tensors, n_kv = u(8, "tensor count"), u(8, "metadata count")
     if n_kv * 13 + n_tensors * 24 > len(data):  # the smallest entry of each
-        raise ModelFileError(f"{path}: GGUF header claims {n_kv} metadata and {n_tensors} tensor entries, more than "
-                             "the file holds")
+        raise ModelFileError(
+            f"{path}: GGUF header claims {n_kv} metadata and {n_tensors} tensor entries, more than the file holds"
+        )
     for i in range(n_kv):
         key = take(u(8, f"metadata key {i}"), f"metadata key {i}").decode("utf-8", "replace")
         value(u(4, f"metadata {key[:60]}"), f"metadata {key[:60]}")

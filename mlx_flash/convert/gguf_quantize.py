@@ -73,9 +73,12 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     d[d == 0] = 1e-7
     sc = np.clip(np.rint(scale / d[:, None]), 1, 127).astype(np.int8)
     q = np.clip(np.rint(sub / (d[:, None, None] * sc[:, :, None])) + 32, 0, 63).astype(np.uint8).reshape(n, 2, 4, 32)
-    ql = np.concatenate([(q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4),
-                         (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)], axis=2).reshape(n, 128)
-    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)).reshape(n, 64)
+    ql = np.concatenate(
+        [(q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4), (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)], axis=2
+    ).reshape(n, 128)
+    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)).reshape(
+        n, 64
+    )
     return np.concatenate([ql, qh, sc.view(np.uint8), _f16(d)], axis=1)
 
 

@@ -26,14 +26,23 @@ CONTROL, USER_DEFINED = 3, 4
 
 # Split rules of pre-tokenizer names (`tokenizer.ggml.pre`) whose text splitting differs from GPT-2's.
 # Names not listed split like GPT-2 (the ByteLevel pre-tokenizer's own rule), as transformers does.
-_LLAMA3_RULE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RULE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_RULE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_RULE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPLIT_RULES = {
-    "llama3": _LLAMA3_RULE, "llama-v3": _LLAMA3_RULE, "llama-bpe": _LLAMA3_RULE, "falcon3": _LLAMA3_RULE,
-    "smaug-bpe": _LLAMA3_RULE, "dbrx": _LLAMA3_RULE,
-    "qwen2": _QWEN2_RULE, "deepseek-r1-qwen": _QWEN2_RULE,
+    "llama3": _LLAMA3_RULE,
+    "llama-v3": _LLAMA3_RULE,
+    "llama-bpe": _LLAMA3_RULE,
+    "falcon3": _LLAMA3_RULE,
+    "smaug-bpe": _LLAMA3_RULE,
+    "dbrx": _LLAMA3_RULE,
+    "qwen2": _QWEN2_RULE,
+    "deepseek-r1-qwen": _QWEN2_RULE,
 }
 
 INSTALL_HF = "pip install transformers sentencepiece torch==2.13.0"
@@ -41,7 +50,9 @@ INSTALL_HF = "pip install transformers sentencepiece torch==2.13.0"
 
 def byte_alphabet() -> dict[int, str]:
     """GPT-2's printable spelling of the 256 byte values (the alphabet byte-level vocabularies use)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     spelled, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -78,8 +89,10 @@ def read_tokenizer_metadata(path: str) -> dict:
             raise ModelFileError(f"{path}: GGUF metadata {k} is unreadable ({str(e)[:80]})") from None
     for key, ok, what in _TYPES:
         if f"tokenizer.ggml.{key}" in meta and not ok(meta[f"tokenizer.ggml.{key}"]):
-            raise ModelFileError(f"{path}: GGUF metadata tokenizer.ggml.{key} = "
-                                 f"{str(meta[f'tokenizer.ggml.{key}'])[:40]!r} is not {what}")
+            raise ModelFileError(
+                f"{path}: GGUF metadata tokenizer.ggml.{key} = "
+                f"{str(meta[f'tokenizer.ggml.{key}'])[:40]!r} is not {what}"
+            )
     if not meta["tokenizer.ggml.tokens"]:
         raise ModelFileError(f"{path}: GGUF metadata tokenizer.ggml.tokens is empty")
     return meta
@@ -96,11 +109,15 @@ def _list_of(kind):
 # What the builders below compute with: metadata read as whatever type the file says is checked
 # against these first, so a mangled file is one named error, not a TypeError deep in the build.
 _TYPES = (
-    ("tokens", _list_of(str), "a list of strings"), ("merges", _list_of(str), "a list of strings"),
-    ("token_type", _list_of(int), "a list of integers"), ("model", lambda v: isinstance(v, str), "a string"),
+    ("tokens", _list_of(str), "a list of strings"),
+    ("merges", _list_of(str), "a list of strings"),
+    ("token_type", _list_of(int), "a list of integers"),
+    ("model", lambda v: isinstance(v, str), "a string"),
     ("pre", lambda v: isinstance(v, str), "a string"),
-    *((f"{k}_token_id", lambda v: _int(v) and 0 <= v < 1 << 32, "a token id")
-      for k in ("bos", "eos", "unknown", "padding")),
+    *(
+        (f"{k}_token_id", lambda v: _int(v) and 0 <= v < 1 << 32, "a token id")
+        for k in ("bos", "eos", "unknown", "padding")
+    ),
 )
 
 
@@ -148,18 +165,32 @@ def byte_level_bpe(meta: dict, path: str):
             raise ModelFileError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
         pairs.append((a, b))
     try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
-                                   continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-                                   byte_fallback=False))
+        tok = Tokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=pairs,
+                dropout=None,
+                unk_token=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                byte_fallback=False,
+            )
+        )
     except Exception as e:  # the Rust library raises its own exception type (a merge of unknown tokens)
-        raise ModelFileError(f"{path}: tokenizer.ggml vocabulary and merges do not make a BPE tokenizer "
-                             f"({str(e).splitlines()[0][:100]})") from None
+        raise ModelFileError(
+            f"{path}: tokenizer.ggml vocabulary and merges do not make a BPE tokenizer ({str(e).splitlines()[0][:100]})"
+        ) from None
     rule = SPLIT_RULES.get(str(meta.get("tokenizer.ggml.pre", "")))
     if rule is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(rule), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(rule), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     types = meta.get("tokenizer.ggml.token_type") or []
     control = [t for t, ty in zip(tokens, types) if ty == CONTROL and set(t) <= alphabet]
@@ -213,8 +244,9 @@ def save_gguf_tokenizer(path: str, out_dir: str) -> None:
     meta = read_tokenizer_metadata(path)
     kind = str(meta.get("tokenizer.ggml.model", ""))
     if kind != "gpt2":
-        save_through_transformers(path, out_dir, _why(kind), os.path.dirname(os.path.abspath(path)),
-                                  gguf_file=os.path.basename(path))
+        save_through_transformers(
+            path, out_dir, _why(kind), os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
+        )
         return
     byte_level_bpe(meta, path).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:

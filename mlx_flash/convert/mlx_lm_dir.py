@@ -31,10 +31,17 @@ from .gguf_tokenizer import save_gguf_tokenizer
 PEER_FORMAT = 1  # bump when the model directory written here changes: it is part of the cache key
 
 # GGUF tensor names (llama.cpp) -> the HF names mlx-lm's llama reads; {i} is the layer.
-LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
-               "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
+LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -65,17 +72,23 @@ def peer_config(meta: dict, names: set, quant: dict, gguf: str) -> dict:
     bos = meta_value(meta.get("tokenizer.ggml.bos_token_id"))
     n_vocab = m("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     return {
-        "model_type": "llama", "hidden_size": d, "num_hidden_layers": int(m("block_count")),
-        "intermediate_size": int(m("feed_forward_length")), "num_attention_heads": heads,
+        "model_type": "llama",
+        "hidden_size": d,
+        "num_hidden_layers": int(m("block_count")),
+        "intermediate_size": int(m("feed_forward_length")),
+        "num_attention_heads": heads,
         "num_key_value_heads": int(m("attention.head_count_kv", heads)),
         "head_dim": int(m("attention.key_length", d // heads)),
         "rms_norm_eps": float(m("attention.layer_norm_rms_epsilon", 1e-5)),
-        "vocab_size": int(n_vocab), "rope_theta": float(m("rope.freq_base", 10000.0)),
+        "vocab_size": int(n_vocab),
+        "rope_theta": float(m("rope.freq_base", 10000.0)),
         # llama.cpp's converter permutes q/k rows for the interleaved RoPE: rotate them as stored
         "rope_traditional": True,
         "max_position_embeddings": int(m("context_length", 4096)),
-        "tie_word_embeddings": "lm_head.weight" not in names, "hidden_act": "silu",
-        "bos_token_id": None if bos is None else int(bos), "eos_token_id": None if eos is None else int(eos),
+        "tie_word_embeddings": "lm_head.weight" not in names,
+        "hidden_act": "silu",
+        "bos_token_id": None if bos is None else int(bos),
+        "eos_token_id": None if eos is None else int(eos),
         "quantization": quant,
     }
 

@@ -30,8 +30,15 @@ from .gguf_tokenizer import check_vocabulary_buildable, save_gguf_tokenizer, sav
 from .tensor_source import ArrayTensors, GGUFTensors, SourceTensors
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
     "generation_config.json",
 )
 
@@ -67,16 +74,26 @@ def read_source(path: str) -> SourceModel:
 # their own way (layer names, norms stored as 1 + w, config the metadata implies) its graph module
 # says (models/common.GGUFLayout), and what an architecture's name implies, models.MODEL_TYPES.
 _GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate_inp": "mlp.gate",
 }
 # A MoE layer's experts as 3-D GGUF tensors [experts, rows, columns]; "{}" is the expert, one tensor
 # per expert (tensor_source.GGUFTensors splits the stack by offset).
-_GGUF_EXPERT_NAMES = {"ffn_gate_exps": "mlp.experts.{}.gate_proj", "ffn_up_exps": "mlp.experts.{}.up_proj",
-                      "ffn_down_exps": "mlp.experts.{}.down_proj"}
+_GGUF_EXPERT_NAMES = {
+    "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{}.up_proj",
+    "ffn_down_exps": "mlp.experts.{}.down_proj",
+}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -108,8 +125,11 @@ def _gguf_metadata(reader) -> dict:
     """Every metadata field but the vocabulary arrays (large, read by gguf_tokenizer) as plain values."""
     meta = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                                                             "tokenizer.ggml.model"):
+        if key.startswith("tokenizer.ggml.") and key not in (
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.model",
+        ):
             continue
         meta[key] = field.contents()
     if "tokenizer.ggml.tokens" in reader.fields:
@@ -132,8 +152,10 @@ def gguf_parts(path: str) -> list[str]:
     parts = [f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
     missing = [os.path.basename(p) for p in parts if not os.path.isfile(p)]
     if missing:
-        raise ModelFileError(f"{path}: {len(missing)} of the {count} parts of this split GGUF are missing "
-                             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        raise ModelFileError(
+            f"{path}: {len(missing)} of the {count} parts of this split GGUF are missing "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
     return parts
 
 
@@ -163,8 +185,10 @@ def read_gguf(path: str) -> SourceModel:
     for i, (p, (_, pmeta)) in enumerate(zip(parts, opened)):
         count, no = pmeta.get("split.count"), pmeta.get("split.no")
         if len(parts) > 1 and (count != len(parts) or no != i):
-            raise ModelFileError(f"{p}: its split metadata (split.no {no}, split.count {count}) does not make it "
-                                 f"part {i + 1} of {len(parts)}")
+            raise ModelFileError(
+                f"{p}: its split metadata (split.no {no}, split.count {count}) does not make it "
+                f"part {i + 1} of {len(parts)}"
+            )
     arch = str(meta.get("general.architecture", ""))
     check_vocabulary_buildable(path, str(meta.get("tokenizer.ggml.model", "")))
 
@@ -173,8 +197,10 @@ def read_gguf(path: str) -> SourceModel:
 
     moe = bool(m("expert_count")) or any("_exps." in t.name for t in reader.tensors)
     if moe and arch not in GGUF_MOE_ARCHS:
-        raise UnsupportedModelError(f"{path}: mixture-of-experts GGUF of architecture {arch!r} is not supported "
-                                    f"(supported: {', '.join(GGUF_MOE_ARCHS)})")
+        raise UnsupportedModelError(
+            f"{path}: mixture-of-experts GGUF of architecture {arch!r} is not supported "
+            f"(supported: {', '.join(GGUF_MOE_ARCHS)})"
+        )
     model_type = gguf_model_type(arch)
     mod = model_module(model_type, path)
     implied = model_entry(model_type, path).gguf_config  # what the architecture's name says
@@ -188,8 +214,9 @@ def read_gguf(path: str) -> SourceModel:
         # anything divides by it or sizes an array with it
         value = m(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise ModelFileError(f"{path}: GGUF metadata {arch}.{key} = {str(value)[:40]!r} is not an integer "
-                                 f"in {lo}..{hi}")
+            raise ModelFileError(
+                f"{path}: GGUF metadata {arch}.{key} = {str(value)[:40]!r} is not an integer in {lo}..{hi}"
+            )
         return value
 
     def number(key, default) -> float:
@@ -202,26 +229,37 @@ def read_gguf(path: str) -> SourceModel:
     d_model = count("embedding_length")
     n_kv = count("attention.head_count_kv", hi=n_heads, default=n_heads)
     if n_heads % n_kv:
-        raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count_kv {n_kv} does not divide "
-                             f"head_count {n_heads}")
+        raise ModelFileError(
+            f"{path}: GGUF metadata {arch}.attention.head_count_kv {n_kv} does not divide head_count {n_heads}"
+        )
     if m("attention.key_length") is None and d_model % n_heads:
-        raise ModelFileError(f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide "
-                             f"embedding_length {d_model}")
+        raise ModelFileError(
+            f"{path}: GGUF metadata {arch}.attention.head_count {n_heads} does not divide embedding_length {d_model}"
+        )
     adjust = _minus_one if mod.GGUF.norm_plus_one else None
-    tensors = GGUFTensors(path, reader, lambda n: _gguf_name(n, mod.GGUF.layer_names), adjust,
-                          [(p, r) for p, (r, _) in zip(parts[1:], opened[1:])])
+    tensors = GGUFTensors(
+        path,
+        reader,
+        lambda n: _gguf_name(n, mod.GGUF.layer_names),
+        adjust,
+        [(p, r) for p, (r, _) in zip(parts[1:], opened[1:])],
+    )
     del reader, opened  # their memory maps of the files are not needed past the tensor tables
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     # 0: no vocabulary (a file read for its tensors alone; conversion refuses it when building the tokenizer)
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 <= vocab <= 1 << 24:
-        raise ModelFileError(f"{path}: GGUF vocabulary size {str(vocab)[:40]!r} ({arch}.vocab_size or the number of "
-                             "tokenizer.ggml.tokens) is not an integer in 0..16777216")
+        raise ModelFileError(
+            f"{path}: GGUF vocabulary size {str(vocab)[:40]!r} ({arch}.vocab_size or the number of "
+            "tokenizer.ggml.tokens) is not an integer in 0..16777216"
+        )
     for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
         value = meta.get(key)
         bad = isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (vocab or 1 << 24)
         if value is not None and bad:
-            raise ModelFileError(f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a token id of the "
-                                 f"vocabulary ({vocab} tokens)")
+            raise ModelFileError(
+                f"{path}: GGUF metadata {key} = {str(value)[:40]!r} is not a token id of the "
+                f"vocabulary ({vocab} tokens)"
+            )
     hf_config = {
         "model_type": model_type,
         "hidden_size": d_model,
@@ -256,9 +294,18 @@ def read_gguf(path: str) -> SourceModel:
     def save_tokenizer(out_dir: str) -> None:
         save_gguf_tokenizer(path, out_dir)
 
-    return SourceModel(config, tensors, quant, save_tokenizer,
-                       {"kind": "gguf", "file": os.path.basename(path), "size": sum(map(os.path.getsize, parts)),
-                        **({"parts": len(parts)} if len(parts) > 1 else {})})
+    return SourceModel(
+        config,
+        tensors,
+        quant,
+        save_tokenizer,
+        {
+            "kind": "gguf",
+            "file": os.path.basename(path),
+            "size": sum(map(os.path.getsize, parts)),
+            **({"parts": len(parts)} if len(parts) > 1 else {}),
+        },
+    )
 
 
 def _gguf_rope_scaling(path: str, m, tensors: GGUFTensors) -> dict | None:
@@ -279,17 +326,24 @@ def _gguf_rope_scaling(path: str, m, tensors: GGUFTensors) -> dict | None:
     if kind == "linear":
         return {"type": "linear", "factor": factor}
     if kind == "yarn":
-        return {"rope_type": "yarn", "factor": factor,
-                "original_max_position_embeddings": m("rope.scaling.original_context_length")}
-    raise UnsupportedModelError(f"{path}: RoPE scaling {kind!r} is not supported (supported: linear, yarn, and "
-                                "Llama 3.x's rope_freqs)")
+        return {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": m("rope.scaling.original_context_length"),
+        }
+    raise UnsupportedModelError(
+        f"{path}: RoPE scaling {kind!r} is not supported (supported: linear, yarn, and Llama 3.x's rope_freqs)"
+    )
 
 
 def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
     """The HF MoE fields a MoE GGUF's metadata states; every stack of experts must hold expert_count
     of them (what its architecture implies, qwen3moe's norm_topk_prob, is in models.MODEL_TYPES)."""
-    keys = {"num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
-            "moe_intermediate_size": "expert_feed_forward_length"}
+    keys = {
+        "num_experts": "expert_count",
+        "num_experts_per_tok": "expert_used_count",
+        "moe_intermediate_size": "expert_feed_forward_length",
+    }
     missing = [f"{arch}.{k}" for k in keys.values() if m(k) is None]
     if missing:
         raise ModelFileError(f"{path}: GGUF metadata lacks {', '.join(missing)}")
@@ -297,8 +351,9 @@ def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
     for hf, k in keys.items():
         value = m(k)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 24:
-            raise ModelFileError(f"{path}: GGUF metadata {arch}.{k} = {str(value)[:40]!r} is not an integer in "
-                                 "1..16777216")
+            raise ModelFileError(
+                f"{path}: GGUF metadata {arch}.{k} = {str(value)[:40]!r} is not an integer in 1..16777216"
+            )
         cfg[hf] = value
     for name, n in tensors.stacks().items():
         if n != cfg["num_experts"]:
@@ -307,6 +362,7 @@ def _gguf_moe_config(path: str, arch: str, m, tensors: GGUFTensors) -> dict:
 
 
 # ---- HF / mlx-community directories ------------------------------------------------------------
+
 
 def read_hf_dir(path: str) -> SourceModel:
     import mlx.core as mx
@@ -356,5 +412,10 @@ def read_hf_dir(path: str) -> SourceModel:
         if not os.path.isfile(os.path.join(out_dir, "tokenizer.json")):
             save_through_transformers(path, out_dir, "a tokenizer.model without tokenizer.json", path)
 
-    return SourceModel(config, ArrayTensors(tensors), quant, save_tokenizer, {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))})
-
+    return SourceModel(
+        config,
+        ArrayTensors(tensors),
+        quant,
+        save_tokenizer,
+        {"kind": "hf", "dir": os.path.basename(os.path.abspath(path))},
+    )

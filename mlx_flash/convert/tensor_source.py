@@ -104,11 +104,14 @@ class GGUFTensors(SourceTensors):
             ttype = int(t.tensor_type)
             if ttype not in BLOCK_TYPES and ttype not in PLAIN_TYPES and ttype not in KEPT_TYPES:
                 raise UnsupportedModelError(
-                    f"{file}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: {SUPPORTED}")
+                    f"{file}: tensor {t.name} has GGML type {_type_name(ttype)}; supported: {SUPPORTED}"
+                )
             per_block = GROUP if ttype in BLOCK_TYPES else KEPT_TYPES[ttype].weights if ttype in KEPT_TYPES else 0
             if per_block and (not canon.endswith(".weight") or ne[0] % per_block or len(ne) < 2):
-                raise ModelFileError(f"{file}: tensor {t.name} is block-quantized but is not a weight matrix "
-                                     f"with rows a multiple of {per_block}")
+                raise ModelFileError(
+                    f"{file}: tensor {t.name} is block-quantized but is not a weight matrix "
+                    f"with rows a multiple of {per_block}"
+                )
             for name, where in self._slices(t, canon, ne):
                 if name in self._file:
                     raise ModelFileError(f"{file}: tensor {t.name} appears twice (in this file or another part)")
@@ -130,8 +133,10 @@ class GGUFTensors(SourceTensors):
         if "{}" not in canon:
             return [(canon, (off, n, ttype, shape))]
         if len(shape) != 3 or n % shape[0]:
-            raise ModelFileError(f"{self.path}: tensor {t.name} of shape {list(ne)} is not a stack of experts "
-                                 "(3 axes, experts outermost)")
+            raise ModelFileError(
+                f"{self.path}: tensor {t.name} of shape {list(ne)} is not a stack of experts "
+                "(3 axes, experts outermost)"
+            )
         self._stacks[t.name] = shape[0]
         per = n // shape[0]
         return [(canon.format(e), (off + e * per, per, ttype, shape[1:])) for e in range(shape[0])]
@@ -158,10 +163,18 @@ class GGUFTensors(SourceTensors):
     def quant_specs(self) -> dict[str, QuantSpec]:
         """Linear base name -> its quantization, for every block-quantized tensor: an affine triple
         (Q4_0, Q4_1, Q8_0) or a block type kept as stored."""
-        out = {n[: -len(".weight")]: QuantSpec(bits=BLOCK_TYPES[e[2]].bits, group_size=GROUP)
-               for n, e in self._entries.items() if e[4] == "weight"}
-        out.update({n[: -len(".weight")]: QuantSpec.block(KEPT_TYPES[e[2]].name)
-                    for n, e in self._entries.items() if e[4] is None and e[2] in KEPT_TYPES})
+        out = {
+            n[: -len(".weight")]: QuantSpec(bits=BLOCK_TYPES[e[2]].bits, group_size=GROUP)
+            for n, e in self._entries.items()
+            if e[4] == "weight"
+        }
+        out.update(
+            {
+                n[: -len(".weight")]: QuantSpec.block(KEPT_TYPES[e[2]].name)
+                for n, e in self._entries.items()
+                if e[4] is None and e[2] in KEPT_TYPES
+            }
+        )
         return out
 
     def spec(self, name):

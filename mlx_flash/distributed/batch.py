@@ -41,12 +41,17 @@ class PipelineBatchRun(BatchStats):
     def line(self) -> str:
         decode = self.generated_tokens - self.sequences  # the first token of each comes from its prefill
         rate = decode / self.decode_s if self.decode_s and decode > 0 else 0.0
-        predicted = (f"predicted {self.predicted_decode_tokens_per_s:.1f}, "
-                     if self.predicted_decode_tokens_per_s is not None else "")
-        return (f"pipeline batch: {self.ranks} ranks, {micro_batches_text(self.micro_batches)} in flight: "
-                f"{self.generated_tokens} tokens for {self.sequences} sequences in {self.seconds:.1f} s "
-                f"({self.tokens_per_s:.1f} tok/s); prompts in {self.prefill_messages} messages of at most "
-                f"{self.prefill_budget} tokens ({self.prefill_s:.1f} s); decode {predicted}measured {rate:.1f} tok/s")
+        predicted = (
+            f"predicted {self.predicted_decode_tokens_per_s:.1f}, "
+            if self.predicted_decode_tokens_per_s is not None
+            else ""
+        )
+        return (
+            f"pipeline batch: {self.ranks} ranks, {micro_batches_text(self.micro_batches)} in flight: "
+            f"{self.generated_tokens} tokens for {self.sequences} sequences in {self.seconds:.1f} s "
+            f"({self.tokens_per_s:.1f} tok/s); prompts in {self.prefill_messages} messages of at most "
+            f"{self.prefill_budget} tokens ({self.prefill_s:.1f} s); decode {predicted}measured {rate:.1f} tok/s"
+        )
 
 
 def check_kv_room(pipeline, work: list[tuple[list[int], int]]) -> None:
@@ -57,9 +62,11 @@ def check_kv_room(pipeline, work: list[tuple[list[int], int]]) -> None:
     least = min(pipeline.kv_tokens)
     if need > least:
         rank = pipeline.kv_tokens.index(least)
-        raise MemoryBudgetError(f"the batch needs KV for {need} tokens (prompts and token budgets together); rank "
-                                f"{rank}'s memory plan holds {least}: run fewer prompts at once, fewer --max-tokens, "
-                                "or give the ranks more memory")
+        raise MemoryBudgetError(
+            f"the batch needs KV for {need} tokens (prompts and token budgets together); rank "
+            f"{rank}'s memory plan holds {least}: run fewer prompts at once, fewer --max-tokens, "
+            "or give the ranks more memory"
+        )
 
 
 def decode_groups(pipeline, live: int, micro_batches: int = 0, report=None) -> int:
@@ -91,23 +98,43 @@ def prefill_budget(pipeline, work: list[tuple[list[int], int]], chunk: int) -> i
     return max(1, min(chunk, -(-total // m)))
 
 
-def run_pipelined(engine, pipeline, prompts, max_tokens, opts: SamplingOptions, policy, progress: bool, on_done=None,
-                  micro_batches: int = 0) -> tuple[list[Sequence], PipelineBatchRun]:
+def run_pipelined(
+    engine,
+    pipeline,
+    prompts,
+    max_tokens,
+    opts: SamplingOptions,
+    policy,
+    progress: bool,
+    on_done=None,
+    micro_batches: int = 0,
+) -> tuple[list[Sequence], PipelineBatchRun]:
     """The throughput mode across the ranks (rank 0's Pipeline.run_batch): every prompt's Sequence in
     prompt order and the run's stats, with a progress bar when asked."""
     if policy is not None:
-        raise ConfigError("a policy places weights and KV in one process; across ranks the micro-batches "
-                          "flow through the pipeline instead: leave the policy out")
+        raise ConfigError(
+            "a policy places weights and KV in one process; across ranks the micro-batches "
+            "flow through the pipeline instead: leave the policy out"
+        )
     if engine.config.ffn is FFNMode.SPARSE:
-        raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
-                          "when it fits); a sparse FFN follows one sequence's neurons")
+        raise ConfigError(
+            "throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
+            "when it fits); a sparse FFN follows one sequence's neurons"
+        )
     work = encode_all(engine, prompts, max_tokens)
     bar = progress_bar(len(work), progress)
     t0 = time.perf_counter()
     try:
-        seqs, run = pipelined_batch(engine, pipeline, work, opts, micro_batches, on_done=chain_done(on_done, bar),
-                                    on_token=(lambda n: tick(bar, n, t0)) if bar else None,
-                                    on_policy=(lambda c: say(bar, c.line())) if progress else None)
+        seqs, run = pipelined_batch(
+            engine,
+            pipeline,
+            work,
+            opts,
+            micro_batches,
+            on_done=chain_done(on_done, bar),
+            on_token=(lambda n: tick(bar, n, t0)) if bar else None,
+            on_policy=(lambda c: say(bar, c.line())) if progress else None,
+        )
     finally:
         if bar:
             bar.close()
@@ -116,8 +143,16 @@ def run_pipelined(engine, pipeline, prompts, max_tokens, opts: SamplingOptions, 
     return seqs, run
 
 
-def pipelined_batch(engine, p, work: list[tuple[list[int], int]], opts: SamplingOptions, micro_batches: int = 0,
-                    on_done=None, on_token=None, on_policy=None) -> tuple[list[Sequence], PipelineBatchRun]:
+def pipelined_batch(
+    engine,
+    p,
+    work: list[tuple[list[int], int]],
+    opts: SamplingOptions,
+    micro_batches: int = 0,
+    on_done=None,
+    on_token=None,
+    on_policy=None,
+) -> tuple[list[Sequence], PipelineBatchRun]:
     """Every prompt's Sequence (work: encode_all's (ids, token budget) per prompt), in prompt order,
     and the run's stats, through pipeline `p`. micro_batches: decode groups in flight (0: the stage
     policy's choice, made once the prompts are prefilled; on_policy(choice) is told it)."""
@@ -132,8 +167,11 @@ def pipelined_batch(engine, p, work: list[tuple[list[int], int]], opts: Sampling
             on_policy(c)
 
     eos = set(engine.tokenizer.eos_token_ids)
-    seqs = [Sequence.start(k, ids, n, engine.new_caches(len(ids) + n), engine.tokenizer, opts)  # KV sized to it
-            for k, (ids, n) in enumerate(work)]
+    seqs = [
+        Sequence.start(k, ids, n, engine.new_caches(len(ids) + n), engine.tokenizer, opts)  # KV sized to it
+        for k, (ids, n) in enumerate(work)
+    ]
+
     def finish(g):
         for s in [s for s in g if s.done]:
             g.remove(s)
@@ -173,8 +211,9 @@ def pipelined_batch(engine, p, work: list[tuple[list[int], int]], opts: Sampling
                     group.append(s)
                     sizes.append(n)
                     room -= n
-                p.submit_group([s.ids[s.prefilled:s.prefilled + n] for s, n in zip(group, sizes)],
-                               [s.caches for s in group])
+                p.submit_group(
+                    [s.ids[s.prefilled : s.prefilled + n] for s, n in zip(group, sizes)], [s.caches for s in group]
+                )
                 run.prefill_messages += 1
                 inflight.append((group, sizes))
             group, sizes = inflight.popleft()

@@ -58,8 +58,12 @@ class PipelineConversations:
         if system is not None and not isinstance(system, str):
             raise ConfigError("system must be a string")
         ctx = f"conversation-{next(self._ids)}"
-        self.contexts[ctx] = Conversation(ctx, owner, self.engine.new_caches(self.max_tokens),
-                                          [{"role": "system", "content": system}] if system else [])
+        self.contexts[ctx] = Conversation(
+            ctx,
+            owner,
+            self.engine.new_caches(self.max_tokens),
+            [{"role": "system", "content": system}] if system else [],
+        )
         return ctx
 
     def get(self, ctx: str, owner: str = "") -> Conversation:
@@ -95,8 +99,9 @@ class PipelineConversations:
         c, ids, history, _ = self.prepare(ctx, prompt, owner, whole, sampling.get("max_tokens", 256))
         return self._run(c, ids, history, sampling)
 
-    def prepare(self, ctx: str, prompt, owner: str = "", whole: bool = False,
-                max_new: int = 0) -> tuple[Conversation, list, list | None, int]:
+    def prepare(
+        self, ctx: str, prompt, owner: str = "", whole: bool = False, max_new: int = 0
+    ) -> tuple[Conversation, list, list | None, int]:
         """(the conversation, the prompt's ids, its chat history or None, the tokens its caches keep):
         the caches trimmed on every rank to what the prompt starts with; the rest is to prefill. Room
         for the prompt and `max_new` more tokens is made first (make_room)."""
@@ -108,15 +113,16 @@ class PipelineConversations:
             base = [] if whole else c.sequence
             ids = base + self.engine.tokenizer.encode(unicode_text("the prompt", prompt), add_special_tokens=not base)
         elif isinstance(prompt, list):
-            history = (prompt if whole else c.messages + prompt)
+            history = prompt if whole else c.messages + prompt
             ids = self.engine.encode_prompt(history)
         else:
             raise ConfigError("a prompt is text or a list of chat messages")
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
         if len(ids) >= self.max_tokens:
-            raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than "
-                                     f"{self.max_tokens}")
+            raise ContextLengthError(
+                f"the context would hold {len(ids)} tokens; a context holds fewer than {self.max_tokens}"
+            )
         self.make_room(c, len(ids) + max_new)
         keep = min(common_prefix(ids, c.held), len(ids) - 1)
         if keep < c.caches[0].offset:
@@ -161,9 +167,11 @@ class PipelineConversations:
             o.caches, o.held = self.engine.new_caches(self.max_tokens), []
             self.evicted += 1
         if total > budget:
-            raise MemoryBudgetError(f"the running conversations' KV and this call's ({tokens} tokens) need {total} "
-                                    f"tokens; the ranks' memory plans hold {budget}: fewer requests at once, a smaller "
-                                    "max_tokens, or more memory for the ranks")
+            raise MemoryBudgetError(
+                f"the running conversations' KV and this call's ({tokens} tokens) need {total} "
+                f"tokens; the ranks' memory plans hold {budget}: fewer requests at once, a smaller "
+                "max_tokens, or more memory for the ranks"
+            )
 
     def settle(self, c: Conversation, ids: list, sampled: list, history: list | None, text: str) -> None:
         """The conversation after an answer: its caches hold the prompt and every sampled token but
@@ -180,10 +188,17 @@ class PipelineConversations:
     def stats_sections(self) -> dict:
         """The /v1/stats sections of this service: its conversations, calls and the ranks."""
         p = self.engine.runner
-        return {"contexts": {"total": len(self.contexts), "kv_dropped": self.evicted},
-                "calls": {"total": self.calls, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens},
-                "pipeline": {"ranks": p.t.size, "layers": [[s.start, s.stop] for s in p.stages],
-                             "kv_tokens": p.kv_tokens, "broken": p.broken, "most_decoded_together": self.most_together}}
+        return {
+            "contexts": {"total": len(self.contexts), "kv_dropped": self.evicted},
+            "calls": {"total": self.calls, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens},
+            "pipeline": {
+                "ranks": p.t.size,
+                "layers": [[s.start, s.stop] for s in p.stages],
+                "kv_tokens": p.kv_tokens,
+                "broken": p.broken,
+                "most_decoded_together": self.most_together,
+            },
+        }
 
     def close(self) -> None:
         for ctx in list(self.contexts):

@@ -86,9 +86,14 @@ def load_for(args, cfg, batch: bool = False, verbose: bool = False):
         return None, status
     if verbose or batch:
         held = engine.runner.held_ffn_layers
-        print("pipeline: " + ", ".join(f"rank {r} layers {s.start}-{s.stop - 1}" + (f" ({held[r]} FFN layers held)"
-                                                                                    if batch else "")
-                                       for r, s in enumerate(status)), file=sys.stderr)
+        print(
+            "pipeline: "
+            + ", ".join(
+                f"rank {r} layers {s.start}-{s.stop - 1}" + (f" ({held[r]} FFN layers held)" if batch else "")
+                for r, s in enumerate(status)
+            ),
+            file=sys.stderr,
+        )
     return engine, None
 
 
@@ -127,25 +132,33 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     if cfg.threads is None:  # (a waiting rank polls its socket)
         from dataclasses import replace
 
-
         cfg = replace(cfg, threads=max(1, cpu_threads() // here))
     limit = resolve_limit(cfg.memory_budget)
-    store = open_store(resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress), cfg.verify_checksums,
-                       progress, cfg.cache_dir)
+    store = open_store(
+        resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress),
+        cfg.verify_checksums,
+        progress,
+        cfg.cache_dir,
+    )
     digests = t.all_gather(_store_digest(store))
     limits = t.all_gather(np.array([limit.bytes // MIB]))[:, 0] * MIB
     differ = [r for r in range(t.size) if not np.array_equal(digests[r], digests[0])]
     if differ:
-        raise ConfigError(f"rank {differ[0]}'s copy of the store differs from rank 0's (manifest checksums): "
-                          "give every rank the same store")
+        raise ConfigError(
+            f"rank {differ[0]}'s copy of the store differs from rank 0's (manifest checksums): "
+            "give every rank the same store"
+        )
     per, rest = _layer_bytes(store)
     # rank 0 alone holds the embeddings and head (it embeds and samples): off its room only
     stages = plan_stages(per, [int(x) for x in limits], rank0_fixed=rest)
     mine = stages[t.rank]
     digest = "".join(f"{int(w):08x}" for w in digests[0][:2])
     outer = t.rank == 0
-    path = os.path.join(cfg.cache_dir or default_cache_dir(), "stages",
-                        f"{digest}-{mine.start}-{mine.stop}" + ("" if outer else "-inner"))
+    path = os.path.join(
+        cfg.cache_dir or default_cache_dir(),
+        "stages",
+        f"{digest}-{mine.start}-{mine.stop}" + ("" if outer else "-inner"),
+    )
     engine = load_config(cut_stage(store, mine, path, progress, outer), cfg, batch=batch)
     # the throughput mode's policy search takes every stage's measured time (distributed/stage_policy.py)
     timed = calibrate(engine, outer) if batch else None

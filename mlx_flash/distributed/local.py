@@ -32,7 +32,15 @@ def rank_envs(n: int, folder: str, launcher: str = "ring") -> list[dict]:
     if launcher == "gloo":
         port = free_ports(1)[0]
         # (gloo picks its network interface from the host name, which need not resolve: loopback, named)
-        return [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo0" if sys.platform == "darwin" else "lo"}
-                for r in range(n)]
+        return [
+            {
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": "lo0" if sys.platform == "darwin" else "lo",
+            }
+            for r in range(n)
+        ]
     raise ValueError(f"launcher {launcher!r} is not ring or gloo")

@@ -102,9 +102,18 @@ class Pipeline(Runner):
     """Rank 0's side, its engine's runner (runner.py): rank 0's layers run through `engine` (the stage it
     loaded), the others' on their ranks. Engine.with_runner(pipeline) is the engine that asks it."""
 
-    def __init__(self, engine, transport: Transport, stages: list[range], timeout: float = 30.0,
-                 kv_tokens: list[int] | None = None, held_ffn_layers: list[int] | None = None,
-                 stage_speeds: list | None = None, hop_s: float = 0.0, store_path: str = ""):
+    def __init__(
+        self,
+        engine,
+        transport: Transport,
+        stages: list[range],
+        timeout: float = 30.0,
+        kv_tokens: list[int] | None = None,
+        held_ffn_layers: list[int] | None = None,
+        stage_speeds: list | None = None,
+        hop_s: float = 0.0,
+        store_path: str = "",
+    ):
         if transport.rank != 0:
             raise ValueError("the Pipeline object is rank 0's; other ranks run rank_serve.serve()")
         self.engine, self.t, self.stages, self.timeout = engine, transport, stages, timeout
@@ -135,8 +144,18 @@ class Pipeline(Runner):
         self._on_stall = callback
 
     # ---- the model call ---------------------------------------------------------------------------
-    def run_batch(self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,),
-                  micro_batches: int = 0):
+    def run_batch(
+        self,
+        engine,
+        prompts,
+        max_tokens,
+        opts,
+        policy,
+        progress: bool,
+        on_done=None,
+        kv_bits=(0,),
+        micro_batches: int = 0,
+    ):
         """The throughput mode across the ranks (distributed/batch.py; kv_bits are a one-process
         policy's and are not used): micro-batches flow through them."""
         return run_pipelined(engine, self, prompts, max_tokens, opts, policy, progress, on_done, micro_batches)
@@ -260,8 +279,10 @@ class Pipeline(Runner):
             if c is caches:
                 self.seqs.move_to_end(seq)
                 return seq
-        raise FlashError("these KV caches were not made by this engine's new_caches() (a pipeline keeps each "
-                         "rank's caches under the sequence new_caches() started)")
+        raise FlashError(
+            "these KV caches were not made by this engine's new_caches() (a pipeline keeps each "
+            "rank's caches under the sequence new_caches() started)"
+        )
 
     def _round(self, header: list[int]) -> None:
         """A command round the ring and back, with no step in flight (freed sequences' echoes are
@@ -277,8 +298,13 @@ class Pipeline(Runner):
             self.inflight.popleft()
             self._take()
 
-    def _post(self, header: list[int], ids: np.ndarray | None = None, payload: np.ndarray | None = None,
-              lengths: np.ndarray | None = None) -> None:
+    def _post(
+        self,
+        header: list[int],
+        ids: np.ndarray | None = None,
+        payload: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> None:
         if self.broken is not None:
             raise PipelineFault(self.broken)
         arrays = [np.asarray(header, dtype=np.int32)] + ([ids] if ids is not None else [])
@@ -300,8 +326,9 @@ class Pipeline(Runner):
         try:
             back = self.t.recv((HEADER,), np.int32, last)
             if back[0] == FAULT:
-                raise PeerLostError(int(back[5]), f"lost (its downstream neighbour, rank {int(back[5]) + 1}, "
-                                    "could not receive from it)")
+                raise PeerLostError(
+                    int(back[5]), f"lost (its downstream neighbour, rank {int(back[5]) + 1}, could not receive from it)"
+                )
             out = None
             if back[0] == FORWARD:
                 B, T = int(back[2]), int(back[3])
@@ -332,8 +359,10 @@ class Pipeline(Runner):
             while self._deadline is None or time.monotonic() < self._deadline:
                 self._cv.wait(None if self._deadline is None else self._deadline - time.monotonic())
         ranks = "rank 1" if self.t.size == 2 else f"ranks 1-{self.t.size - 1}"
-        message = (f"pipeline stopped: no answer from {ranks} within {self.timeout:g} s (a rank stalled or its "
-                   "machine stopped answering)")
+        message = (
+            f"pipeline stopped: no answer from {ranks} within {self.timeout:g} s (a rank stalled or its "
+            "machine stopped answering)"
+        )
         if self._on_stall is not None:
             self.broken = message
             self._on_stall(message)

@@ -9,8 +9,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .pipeline import (FAULT, FORWARD, FREE, GROUP, HEADER, MAX_SEQS, NEW_SEQ, STOP, TRIM, joined_rows, rows_caches,
-                       run_group, run_layers, split_rows)
+from .pipeline import (
+    FAULT,
+    FORWARD,
+    FREE,
+    GROUP,
+    HEADER,
+    MAX_SEQS,
+    NEW_SEQ,
+    STOP,
+    TRIM,
+    joined_rows,
+    rows_caches,
+    run_group,
+    run_layers,
+    split_rows,
+)
 from .transport import Outbox, PeerLostError, Transport
 
 
@@ -28,9 +42,11 @@ class StageProfile:
 
     def line(self) -> str:
         n = max(1, self.steps)
-        return (f"pipeline stage: rank {self.rank} ran {self.steps} steps: per step {self.busy_s / n * 1e3:.1f} ms busy "
-                f"(io wait {self.io_s / n * 1e3:.1f} ms, read {self.bytes_read / n / 1e6:.1f} MB), "
-                f"{self.waiting_s / n * 1e3:.1f} ms waiting for the next")
+        return (
+            f"pipeline stage: rank {self.rank} ran {self.steps} steps: per step {self.busy_s / n * 1e3:.1f} ms busy "
+            f"(io wait {self.io_s / n * 1e3:.1f} ms, read {self.bytes_read / n / 1e6:.1f} MB), "
+            f"{self.waiting_s / n * 1e3:.1f} ms waiting for the next"
+        )
 
 
 def serve(engine, transport: Transport, stages: list[range], profile: StageProfile | None = None) -> int:

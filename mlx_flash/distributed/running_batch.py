@@ -34,24 +34,39 @@ class PipelineCall:
     error: Exception | None = None  # (the RunningBatch protocol's; a conversation's KV never runs out mid-call)
 
     def step_of(self, token: int, wall_s: float) -> GenerationStep:
-        return GenerationStep(self.seq.delta(self.opts), token, TokenStats(wall_ms=wall_s * 1e3, compute_ms=wall_s * 1e3),
-                              self.seq.finish_reason)
+        return GenerationStep(
+            self.seq.delta(self.opts),
+            token,
+            TokenStats(wall_ms=wall_s * 1e3, compute_ms=wall_s * 1e3),
+            self.seq.finish_reason,
+        )
 
 
 class PipelineRunningBatch(CallBatch):
     """A CallBatch over PipelineConversations."""
 
-    def start(self, ctx_id: str, prompt, owner: str = "", whole: bool = False, max_tokens: int = 256,
-              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-              stop=None) -> tuple[PipelineCall, GenerationStep | None]:
+    def start(
+        self,
+        ctx_id: str,
+        prompt,
+        owner: str = "",
+        whole: bool = False,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+    ) -> tuple[PipelineCall, GenerationStep | None]:
         """Prefill a call's new tokens and sample its first token: (the call, its first step; None
         when no token fits). A call that is already done is finished here; others join the batch."""
         svc, engine = self.svc, self.svc.engine
         conv, ids, history, keep = svc.prepare(ctx_id, prompt, owner, whole, max_tokens)
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
         seq = Sequence.start(0, ids, min(max_tokens, svc.max_tokens - len(ids)), conv.caches, engine.tokenizer, opts)
-        call = PipelineCall(conv, ids, history, CallReport(context=conv.id, prompt_tokens=len(ids), cached_tokens=keep),
-                            seq, opts)
+        call = PipelineCall(
+            conv, ids, history, CallReport(context=conv.id, prompt_tokens=len(ids), cached_tokens=keep), seq, opts
+        )
         conv.busy = True
         if seq.max_tokens <= 0:
             self._close(call, failed=False)

@@ -79,17 +79,35 @@ class StageSpeed:
 
     def to_wire(self) -> np.ndarray:
         """Integers for Transport.all_gather (times in nanoseconds, each under 2.1 s)."""
-        times = [self.dec_fixed, self.dec_per_row, self.read_s, self.extra_fixed, self.extra_per_row, self.pre_fixed,
-                 self.pre_per_token]
-        return np.array([self.layers, self.streamed, self.drive_share]
-                        + [min(int(round(t / NS)), 2 ** 31 - 1) for t in times])
+        times = [
+            self.dec_fixed,
+            self.dec_per_row,
+            self.read_s,
+            self.extra_fixed,
+            self.extra_per_row,
+            self.pre_fixed,
+            self.pre_per_token,
+        ]
+        return np.array(
+            [self.layers, self.streamed, self.drive_share] + [min(int(round(t / NS)), 2**31 - 1) for t in times]
+        )
 
     @classmethod
     def from_wire(cls, v) -> "StageSpeed":
         v = [int(x) for x in v]
         dec_fixed, dec_per_row, read_s, extra_fixed, extra_per_row, pre_fixed, pre_per_token = (x * NS for x in v[3:10])
-        return cls(v[0], v[1], dec_fixed, dec_per_row, read_s, extra_fixed, extra_per_row, drive_share=v[2],
-                   pre_fixed=pre_fixed, pre_per_token=pre_per_token)
+        return cls(
+            v[0],
+            v[1],
+            dec_fixed,
+            dec_per_row,
+            read_s,
+            extra_fixed,
+            extra_per_row,
+            drive_share=v[2],
+            pre_fixed=pre_fixed,
+            pre_per_token=pre_per_token,
+        )
 
 
 def micro_batches_text(m: int) -> str:
@@ -110,9 +128,11 @@ class StageChoice:
 
     def line(self) -> str:
         stages = ", ".join(f"rank {r} {t * 1e3:.0f} ms" for r, t in enumerate(self.stage_s))
-        return (f"pipeline policy: {micro_batches_text(self.micro_batches)} of up to {self.rows} rows for {self.sequences} "
-                f"sequences; a decode step predicted {self.step_s:.3f} s ({self.tokens_per_s:.1f} tok/s); "
-                f"one micro-batch per stage: {stages}")
+        return (
+            f"pipeline policy: {micro_batches_text(self.micro_batches)} of up to {self.rows} rows for {self.sequences} "
+            f"sequences; a decode step predicted {self.step_s:.3f} s ({self.tokens_per_s:.1f} tok/s); "
+            f"one micro-batch per stage: {stages}"
+        )
 
 
 def step_seconds(stages: list[StageSpeed], sequences: int, micro_batches: int, hop_s: float = 0.0) -> StageChoice:
@@ -155,13 +175,25 @@ def stage_speed(engine, calibration: tuple, held: int, drive_share: int) -> Stag
     n = engine.args.num_hidden_layers
     lay = engine.store.manifest.ffn
     slots = engine.layer_slots
-    reads = [(lay.layer_nbytes if streams_layers(engine) and i >= held else 0)
-             + (slots.regions[i][2] if slots is not None and i in slots else 0) for i in range(n)]
+    reads = [
+        (lay.layer_nbytes if streams_layers(engine) and i >= held else 0)
+        + (slots.regions[i][2] if slots is not None and i in slots else 0)
+        for i in range(n)
+    ]
     streamed = [r for r in reads if r]
     read_s = (sum(streamed) / len(streamed)) / read_bps(engine) if streamed else 0.0
-    return StageSpeed(layers=n, streamed=len(streamed), dec_fixed=c.dec_fixed, dec_per_row=c.dec_per_row,
-                      read_s=read_s, extra_fixed=head_fixed, extra_per_row=head_per_row, drive_share=max(1, drive_share),
-                      pre_fixed=c.pre_fixed, pre_per_token=c.pre_per_token)
+    return StageSpeed(
+        layers=n,
+        streamed=len(streamed),
+        dec_fixed=c.dec_fixed,
+        dec_per_row=c.dec_per_row,
+        read_s=read_s,
+        extra_fixed=head_fixed,
+        extra_per_row=head_per_row,
+        drive_share=max(1, drive_share),
+        pre_fixed=c.pre_fixed,
+        pre_per_token=c.pre_per_token,
+    )
 
 
 def _head_speed(engine, repeats: int = 3) -> tuple[float, float]:

@@ -18,8 +18,10 @@ def plan_stages(layer_bytes: list[int], rooms: list[int], rank0_fixed: int = 0) 
     room[0] = max(room[0] - int(rank0_fixed), 0)
     if min(room) <= 0:
         who = room.index(min(room))
-        raise ConfigError(f"rank {who} has no memory left for layers ({rooms[who]} bytes"
-                          + (f", less {rank0_fixed} for the embeddings and head)" if who == 0 else ")"))
+        raise ConfigError(
+            f"rank {who} has no memory left for layers ({rooms[who]} bytes"
+            + (f", less {rank0_fixed} for the embeddings and head)" if who == 0 else ")")
+        )
     total, whole = sum(layer_bytes), sum(room)
     bounds, start, acc, goal = [], 0, 0, 0.0
     for r in range(size - 1):

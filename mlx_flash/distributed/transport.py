@@ -62,8 +62,10 @@ class MLXRing(Transport):
         try:
             self.group = mx.distributed.init(strict=True, backend="ring")
         except (RuntimeError, ValueError) as e:
-            raise FlashError("no MLX distributed group: start every rank with `mlx.launch --backend ring "
-                             f"--hosts ...` (or `-n N` on one machine): {e}") from None
+            raise FlashError(
+                "no MLX distributed group: start every rank with `mlx.launch --backend ring "
+                f"--hosts ...` (or `-n N` on one machine): {e}"
+            ) from None
         self.rank, self.size = self.group.rank(), self.group.size()
         self.stream = mx.cpu  # the ring backend runs on the CPU
         self._local = threading.local()
@@ -79,8 +81,9 @@ class MLXRing(Transport):
 
     def send(self, array: np.ndarray, dst: int) -> None:
         try:
-            self.mx.eval(self.mx.distributed.send(self.mx.array(array), dst, group=self.group,
-                                                  stream=self._thread_stream()))
+            self.mx.eval(
+                self.mx.distributed.send(self.mx.array(array), dst, group=self.group, stream=self._thread_stream())
+            )
         except RuntimeError as e:
             raise PeerLostError(dst, f"sending to it failed ({e})") from None
 
@@ -95,11 +98,12 @@ class MLXRing(Transport):
 
     def all_gather(self, values: np.ndarray) -> np.ndarray:
         v = np.asarray(values, dtype=np.int64)
-        if np.any(np.abs(v) >= 2 ** 31):
+        if np.any(np.abs(v) >= 2**31):
             raise ValueError("all_gather carries int32 values (send sizes in MiB)")
         try:
-            out = self.mx.distributed.all_gather(self.mx.array(v.astype(np.int32).reshape(1, -1)), group=self.group,
-                                                 stream=self.stream)
+            out = self.mx.distributed.all_gather(
+                self.mx.array(v.astype(np.int32).reshape(1, -1)), group=self.group, stream=self.stream
+            )
             self.mx.eval(out)
         except RuntimeError as e:
             raise FlashError(f"a rank left the group while the ranks exchanged their plans ({e})") from None
@@ -220,6 +224,8 @@ def open_transport() -> Transport:
         return TorchGloo()
     stem = os.path.splitext(os.path.basename(sys.argv[0]))[0]
     command = f"mlx_flash.{stem}" if stem in ("chat", "serve", "batch") else "mlx_flash.chat"  # (the one running)
-    raise FlashError("--pipeline runs under a launcher that starts every rank: `mlx.launch --backend ring "
-                     f"--hosts h1,h2 -- python -m {command} --pipeline ...` or `torchrun --nnodes 2 ... -m "
-                     f"{command} --pipeline ...`")
+    raise FlashError(
+        "--pipeline runs under a launcher that starts every rank: `mlx.launch --backend ring "
+        f"--hosts h1,h2 -- python -m {command} --pipeline ...` or `torchrun --nnodes 2 ... -m "
+        f"{command} --pipeline ...`"
+    )

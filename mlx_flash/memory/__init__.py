@@ -6,5 +6,16 @@ from .available import Available, available_memory, peak_rss, process_rss
 from .limit import MemoryLimit, resolve_limit
 from .process_plan import ModelShape, ProcessPlan, kv_bytes_per_token, plan_process, work_bytes
 
-__all__ = ["Available", "available_memory", "peak_rss", "process_rss", "MemoryLimit", "resolve_limit",
-           "ModelShape", "ProcessPlan", "kv_bytes_per_token", "plan_process", "work_bytes"]
+__all__ = [
+    "Available",
+    "available_memory",
+    "peak_rss",
+    "process_rss",
+    "MemoryLimit",
+    "resolve_limit",
+    "ModelShape",
+    "ProcessPlan",
+    "kv_bytes_per_token",
+    "plan_process",
+    "work_bytes",
+]

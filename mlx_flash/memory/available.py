@@ -37,8 +37,11 @@ def _cgroup_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = _CGROUP_RO
             continue
         _, controllers, path = parts
         if controllers == "":  # v2 unified hierarchy
-            base, file, label = root if os.path.exists(os.path.join(root, "cgroup.controllers")) \
-                else os.path.join(root, "unified"), "memory.max", "cgroup v2 memory.max"
+            base, file, label = (
+                root if os.path.exists(os.path.join(root, "cgroup.controllers")) else os.path.join(root, "unified"),
+                "memory.max",
+                "cgroup v2 memory.max",
+            )
         elif "memory" in controllers.split(","):
             base, file, label = os.path.join(root, "memory"), "memory.limit_in_bytes", "cgroup v1 memory limit"
         else:

@@ -26,19 +26,21 @@ FILE = "import_cost.json"
 # The child: its RSS before the import (numpy and this package's API in, as in the caller) and its peak
 # after importing a module, or after starting a backend ("backend:NAME": the framework's import and
 # what the backend sets up when it starts, all of which the caller goes through before it plans).
-_CHILD = ("import importlib, re, sys\n"
-          "import numpy\n"
-          "import mlx_flash.api\n"
-          "def field(k):\n"
-          "    return int(re.search(k + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024\n"
-          "before = field('VmRSS')\n"
-          "what = sys.argv[1]\n"
-          "if what.startswith('backend:'):\n"
-          "    from mlx_flash.backends import get_backend\n"
-          "    get_backend(what[len('backend:'):])\n"
-          "else:\n"
-          "    importlib.import_module(what)\n"
-          "print(field('VmHWM') - before)\n")
+_CHILD = (
+    "import importlib, re, sys\n"
+    "import numpy\n"
+    "import mlx_flash.api\n"
+    "def field(k):\n"
+    "    return int(re.search(k + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024\n"
+    "before = field('VmRSS')\n"
+    "what = sys.argv[1]\n"
+    "if what.startswith('backend:'):\n"
+    "    from mlx_flash.backends import get_backend\n"
+    "    get_backend(what[len('backend:'):])\n"
+    "else:\n"
+    "    importlib.import_module(what)\n"
+    "print(field('VmHWM') - before)\n"
+)
 
 
 class ImportKilled(Exception):

@@ -35,6 +35,8 @@ def resolve_limit(value, available: Available | None = None) -> MemoryLimit:
     if isinstance(value, str) and value.strip().endswith("%"):
         return MemoryLimit(n, f"{value.strip()} of {avail.source} {fmt(avail.bytes)}")
     if n > avail.bytes:
-        raise ConfigError(f"memory budget {fmt(n)} is more than this process may use ({fmt(avail.bytes)}, "
-                          f"{avail.source}); an engine planned for it would be OOM-killed")
+        raise ConfigError(
+            f"memory budget {fmt(n)} is more than this process may use ({fmt(avail.bytes)}, "
+            f"{avail.source}); an engine planned for it would be OOM-killed"
+        )
     return MemoryLimit(n, "given")

@@ -55,6 +55,7 @@ _F32 = 4
 @dataclass(frozen=True)
 class ModelShape:
     """The sizes the plan needs, read from a store's normalized config (every family's)."""
+
     layers: int
     d_model: int
     heads: int
@@ -67,13 +68,20 @@ class ModelShape:
     def from_config(cls, c: dict) -> "ModelShape":
         D, H = int(c["hidden_size"]), int(c["num_attention_heads"])
         if c.get("num_experts"):
-            ffn = int(c["moe_intermediate_size"]) * int(c["num_experts_per_tok"]) \
-                + int(c.get("shared_expert_intermediate_size") or 0)
+            ffn = int(c["moe_intermediate_size"]) * int(c["num_experts_per_tok"]) + int(
+                c.get("shared_expert_intermediate_size") or 0
+            )
         else:
             ffn = int(c.get("intermediate_size") or c["ffn_dim"])  # OPT names it ffn_dim
-        return cls(layers=int(c["num_hidden_layers"]), d_model=D, heads=H,
-                   kv_heads=int(c.get("num_key_value_heads") or H), head_dim=int(c.get("head_dim") or D // H),
-                   ffn_width=ffn, vocab=int(c["vocab_size"]))
+        return cls(
+            layers=int(c["num_hidden_layers"]),
+            d_model=D,
+            heads=H,
+            kv_heads=int(c.get("num_key_value_heads") or H),
+            head_dim=int(c.get("head_dim") or D // H),
+            ffn_width=ffn,
+            vocab=int(c["vocab_size"]),
+        )
 
 
 def kv_bytes_per_token(shape: ModelShape) -> int:
@@ -104,17 +112,27 @@ class ProcessPlan:
     notes: list[str] = field(default_factory=list)
 
     def account(self) -> dict:
-        return {"limit": self.limit.bytes, "limit_meaning": self.limit.how, "runtime_floor": self.floor,
-                "runtime_slack": self.slack, "kv_tokens": self.kv_tokens, "kv_cache": self.kv_bytes,
-                "prefill_chunk": self.prefill_chunk, "work_buffers": self.work_bytes,
-                "reader_buffers": self.reader_bytes,
-                "weights_budget": self.weights_budget}
+        return {
+            "limit": self.limit.bytes,
+            "limit_meaning": self.limit.how,
+            "runtime_floor": self.floor,
+            "runtime_slack": self.slack,
+            "kv_tokens": self.kv_tokens,
+            "kv_cache": self.kv_bytes,
+            "prefill_chunk": self.prefill_chunk,
+            "work_buffers": self.work_bytes,
+            "reader_buffers": self.reader_bytes,
+            "weights_budget": self.weights_budget,
+        }
 
     def line(self, weights: str) -> str:
         """One line for stderr: the limit and where it goes; `weights` says what the weights' share holds."""
-        return (f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
-                f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)} + readers {fmt(self.reader_bytes)} + weights "
-                f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes))
+        return (
+            f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
+            f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)}"
+            f" + readers {fmt(self.reader_bytes)} + weights "
+            f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes)
+        )
 
 
 def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: str) -> None:
@@ -122,7 +140,6 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: st
     framework (when not imported yet; measured on this machine when the limit is close enough for
     the estimate to matter: memory/import_cost.py) and loading the tokenizer (BEFORE_PLAN)."""
     import sys
-
 
     module, cost = BACKEND_IMPORT[backend]
     how = "about"
@@ -138,7 +155,8 @@ def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: st
             f"memory budget {fmt(limit.bytes)} is below the {fmt(_stated(rss + cost + BEFORE_PLAN))} this process "
             f"reaches on {backend} before it can plan any model ({fmt(rss)} now"
             + (f" + {how} {fmt(cost)} for {module}" if cost else "")
-            + f" + about {fmt(BEFORE_PLAN)} loading a tokenizer); the minimum for a model is more")
+            + f" + about {fmt(BEFORE_PLAN)} loading a tokenizer); the minimum for a model is more"
+        )
 
 
 def _stated(n: int) -> int:
@@ -147,11 +165,20 @@ def _stated(n: int) -> int:
     return -(-(n + FLOOR_JITTER) // 100_000) * 100_000
 
 
-def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape, context_limit: int,
-                 weights_minimum: int,
-                 context: int = 0, prefill_chunk: int = 512, readers: int = 0) -> ProcessPlan:
+def plan_process(
+    limit: MemoryLimit,
+    floor: int,
+    backend: str,
+    shape: ModelShape,
+    context_limit: int,
+    weights_minimum: int,
+    context: int = 0,
+    prefill_chunk: int = 512,
+    readers: int = 0,
+) -> ProcessPlan:
     """Split `limit` (see the module docstring). context: KV tokens to plan for (0: auto, the model's
-    context or what AUTO_KV_SHARE of the limit holds, at least MIN_KV_TOKENS); weights_minimum: the least the weights need
+    context or what AUTO_KV_SHARE of the limit holds, at least MIN_KV_TOKENS); weights_minimum: the least the
+    weights need
     (resident tensors and one streamed layer's buffers), to refuse early with the minimum; readers: the
     reader pools' bytes (see the module docstring)."""
     slack = RUNTIME_SLACK[backend]
@@ -178,7 +205,8 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
             f"backend (runtime {fmt(floor + slack)} measured, KV cache {fmt(per_tok * least)} for {least} tokens, "
             f"buffers {fmt(work_bytes(shape, smallest_chunk, least))}, readers {fmt(readers)}, "
             f"weights {fmt(weights_minimum)} at the least, "
-            f"{fmt(FLOOR_JITTER)} for the runtime's run-to-run difference)")
+            f"{fmt(FLOOR_JITTER)} for the runtime's run-to-run difference)"
+        )
     chunk, notes = prefill_chunk, []
     while chunk > MIN_CHUNK and work_bytes(shape, chunk, target) > WORK_SHARE * limit.bytes:
         chunk //= 2
@@ -189,6 +217,15 @@ def plan_process(limit: MemoryLimit, floor: int, backend: str, shape: ModelShape
     kv_tokens = target
     while kv_tokens > least and left(chunk, kv_tokens) < weights_minimum:  # auto: the KV target shrinks to fit
         kv_tokens = max(least, kv_tokens // 2)
-    return ProcessPlan(limit=limit, floor=floor, slack=slack, kv_tokens=kv_tokens, kv_bytes=per_tok * kv_tokens,
-                       prefill_chunk=chunk, work_bytes=work_bytes(shape, chunk, kv_tokens),
-                       weights_budget=left(chunk, kv_tokens), reader_bytes=readers, notes=notes)
+    return ProcessPlan(
+        limit=limit,
+        floor=floor,
+        slack=slack,
+        kv_tokens=kv_tokens,
+        kv_bytes=per_tok * kv_tokens,
+        prefill_chunk=chunk,
+        work_bytes=work_bytes(shape, chunk, kv_tokens),
+        weights_budget=left(chunk, kv_tokens),
+        reader_bytes=readers,
+        notes=notes,
+    )

@@ -50,9 +50,8 @@ def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
         return []
     sizes = [n for *_, n in regions.values()]
     others = stored_resident_bytes(store) - sum(sizes)
-    keep = max(0, (weights_budget - others - ffn_minimum(store) - copied_vectors(store) - 2 * max(sizes))
-               // max(sizes))
-    return sorted(regions)[min(keep, len(sizes)):]
+    keep = max(0, (weights_budget - others - ffn_minimum(store) - copied_vectors(store) - 2 * max(sizes)) // max(sizes))
+    return sorted(regions)[min(keep, len(sizes)) :]
 
 
 def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineConfig:
@@ -62,9 +61,11 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
     experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
     fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
     if cfg.ffn is FFNMode.RESIDENT and not fits:
-        raise MemoryBudgetError(f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
-                                f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
-                                "use ffn auto or stream, or a larger memory budget")
+        raise MemoryBudgetError(
+            f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
+            f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
+            "use ffn auto or stream, or a larger memory budget"
+        )
     blocks = store.manifest.ffn.has_blocks
     if cfg.ffn is not FFNMode.AUTO:
         return cfg
@@ -72,8 +73,9 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
         return replace(cfg, ffn=FFNMode.RESIDENT)
     if store.manifest.ffn.n_experts or batch or blocks:  # (block types: exact dense streaming, see above)
         return replace(cfg, ffn=FFNMode.STREAM)
-    return replace(cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID,
-                                                         predictor=PredictorKind.DENSE))
+    return replace(
+        cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID, predictor=PredictorKind.DENSE)
+    )
 
 
 def weights_line(cfg: EngineConfig, store, account: dict) -> str:
@@ -86,13 +88,19 @@ def weights_line(cfg: EngineConfig, store, account: dict) -> str:
     embeddings = "" if inner else "embeddings and "
     attn = "attention resident" if inner else "attention and embeddings resident"
     if account["streamed_layers"]:
-        attn = (f"{embeddings}{len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
-                f"{account['streamed_layers']} layers' attention read when they compute")
+        attn = (
+            f"{embeddings}{len(lay.layer_offsets) - account['streamed_layers']} layers' attention resident, "
+            f"{account['streamed_layers']} layers' attention read when they compute"
+        )
     if "expert_slots" in account:
-        return (f"{attn}, {account['expert_slots']} of {len(lay.layer_offsets) * lay.n_experts} "
-                f"experts cached, the rest read when routed")
+        return (
+            f"{attn}, {account['expert_slots']} of {len(lay.layer_offsets) * lay.n_experts} "
+            f"experts cached, the rest read when routed"
+        )
     if "ffn_rows_per_layer" in account:
         share = account["ffn_rows_per_layer"] / max(1, lay.n_rows)
-        return (f"{attn}, {share:.0%} of each FFN layer cached, the rest read every token "
-                f"({cfg.flash.mode.value}, predictor {cfg.flash.predictor.value})")
+        return (
+            f"{attn}, {share:.0%} of each FFN layer cached, the rest read every token "
+            f"({cfg.flash.mode.value}, predictor {cfg.flash.predictor.value})"
+        )
     return f"{attn}, every FFN layer read each token"

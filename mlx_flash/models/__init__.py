@@ -36,6 +36,7 @@ from ..errors import UnsupportedModelError
 class ModelType:
     """One supported model_type: the module that runs it and its GGUF facts that depend on the
     architecture's name rather than on the graph (those of the graph are the module's GGUF)."""
+
     module: str  # models/<module>.py implements the graph
     gguf_arch: str = ""  # llama.cpp's general.architecture for this type, where it is not the model_type
     gguf_experts: bool = False  # its GGUFs' expert stacks are read (llama.cpp's MoE layout of this arch)
@@ -78,7 +79,8 @@ def model_entry(model_type: str, where: str) -> ModelType:
     entry = MODEL_TYPES.get(str(model_type).replace("-", "_"))
     if entry is None:
         raise UnsupportedModelError(
-            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
     return entry
 
 

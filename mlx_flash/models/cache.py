@@ -111,8 +111,10 @@ class KVCache(LayerKV):
         if self.keys is None:
             raise ValueError("an empty cache has no state")
         # copies: a backend's numpy view would change with the cache
-        return (np.array(ops.to_numpy(self.keys[:, :, :self.offset, :])),
-                np.array(ops.to_numpy(self.values[:, :, :self.offset, :])))
+        return (
+            np.array(ops.to_numpy(self.keys[:, :, : self.offset, :])),
+            np.array(ops.to_numpy(self.values[:, :, : self.offset, :])),
+        )
 
 
 def make_caches(n_layers: int, max_tokens: int | None = None) -> list[KVCache]:

@@ -16,6 +16,7 @@ class ArgsFromDict:
 class GGUFLayout:
     """How llama.cpp's GGUF files of a graph part from the tensor names and metadata all families
     share (convert/sources.py holds those and asks the graph's module, its GGUF, for the rest)."""
+
     # blk.<i>.<role> -> the name under model.layers.<i>., where the graph's differs from the shared one
     layer_names: Mapping[str, str] = field(default_factory=dict)
     norm_plus_one: bool = False  # norm weights stored as 1 + w: read back as w, as transformers does

@@ -57,8 +57,10 @@ def normalize_config(hf: dict, where: str) -> dict:
     hf = hf.get("text_config") or hf  # a multimodal Gemma 3 config holds the text model's inside
     try:
         n = int(hf["num_hidden_layers"])
-        types = list(hf.get("layer_types") or [FULL if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0
-                                              else SLIDING for i in range(n)])
+        types = list(
+            hf.get("layer_types")
+            or [FULL if (i + 1) % int(hf.get("sliding_window_pattern", 6)) == 0 else SLIDING for i in range(n)]
+        )
         params = hf.get("rope_parameters") or {}
         full = params.get(FULL) or {"rope_theta": hf.get("rope_theta", 1_000_000.0), **(hf.get("rope_scaling") or {})}
         local = params.get(SLIDING) or {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
@@ -96,8 +98,10 @@ def normalize_config(hf: dict, where: str) -> dict:
     if kind == "linear":
         cfg["rope_scale"] = 1.0 / float(full["factor"])
     elif kind in ("llama3", "yarn"):
-        cfg["rope_scaling"] = {"rope_type": kind, **{k: v for k, v in full.items() if k not in ("rope_type", "type",
-                                                                                              "rope_theta")}}
+        cfg["rope_scaling"] = {
+            "rope_type": kind,
+            **{k: v for k, v in full.items() if k not in ("rope_type", "type", "rope_theta")},
+        }
     elif kind not in (None, "default"):
         raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported")
     return cfg
@@ -112,10 +116,15 @@ def _gguf_config(hf: dict) -> dict:
 
 # llama.cpp's Gemma 3 GGUFs name the norms before and after each block their own way, and store every
 # norm weight as 1 + w (its converter adds the 1 that this graph adds at build).
-GGUF = GGUFLayout(layer_names={"ffn_norm": "pre_feedforward_layernorm",
-                               "post_attention_norm": "post_attention_layernorm",
-                               "post_ffw_norm": "post_feedforward_layernorm"},
-                  norm_plus_one=True, config=_gguf_config)
+GGUF = GGUFLayout(
+    layer_names={
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    norm_plus_one=True,
+    config=_gguf_config,
+)
 
 
 def canonical_tensors(tensors: dict, config: dict, where: str) -> dict:
@@ -135,6 +144,7 @@ def ffn_parts(config: dict, layer: int) -> dict:
 
 def build(ops, args: ModelArgs, get) -> dict:
     """Resident weights; every RMSNorm weight w as 1 + w (what Gemma's norm multiplies by)."""
+
     def norm(name):
         w = get(name)
         return None if w is None else w + 1.0
@@ -142,16 +152,18 @@ def build(ops, args: ModelArgs, get) -> dict:
     layers = []
     for i in range(args.num_hidden_layers):
         p = LAYER.format(i)
-        layers.append({
-            "attn_norm": norm(p + "input_layernorm.weight"),
-            "post_attn_norm": norm(p + "post_attention_layernorm.weight"),
-            "ffn_norm": norm(p + "pre_feedforward_layernorm.weight"),
-            "post_ffn_norm": norm(p + "post_feedforward_layernorm.weight"),
-            "qkv": get([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
-            "o": get(p + "self_attn.o_proj"),
-            "q_norm": norm(p + "self_attn.q_norm.weight"),
-            "k_norm": norm(p + "self_attn.k_norm.weight"),
-        })
+        layers.append(
+            {
+                "attn_norm": norm(p + "input_layernorm.weight"),
+                "post_attn_norm": norm(p + "post_attention_layernorm.weight"),
+                "ffn_norm": norm(p + "pre_feedforward_layernorm.weight"),
+                "post_ffn_norm": norm(p + "post_feedforward_layernorm.weight"),
+                "qkv": get([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
+                "o": get(p + "self_attn.o_proj"),
+                "q_norm": norm(p + "self_attn.q_norm.weight"),
+                "k_norm": norm(p + "self_attn.k_norm.weight"),
+            }
+        )
     embed = get("model.embed_tokens")
     head = embed if args.tie_word_embeddings else get("lm_head")
     return {"embed": embed, "norm": norm("model.norm.weight"), "head": head, "layers": layers}
@@ -191,7 +203,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache, sliding: bool):
     q = rope(ops.rms_norm(heads(q, Hq), lw["q_norm"], args.rms_norm_eps))
     k = rope(ops.rms_norm(heads(k, Hk), lw["k_norm"], args.rms_norm_eps))
     k, v = cache.update(ops, k, heads(v, Hk))
-    scale_qk = args.query_pre_attn_scalar ** -0.5
+    scale_qk = args.query_pre_attn_scalar**-0.5
     cache.observe(ops, q, k, scale_qk)
     S = k.shape[2]
     mask = cache.mask(ops, T)
@@ -216,7 +228,7 @@ def mlp(ops, args: ModelArgs, fw: FFNWeights, x):
 
 
 def embed(ops, args: ModelArgs, w: dict, tokens, caches):
-    return ops.embedding(w["embed"], tokens) * (args.hidden_size ** 0.5)
+    return ops.embedding(w["embed"], tokens) * (args.hidden_size**0.5)
 
 
 def block(ops, args: ModelArgs, lw: dict, i: int, h, cache, ffn: LayerSource):

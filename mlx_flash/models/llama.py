@@ -42,7 +42,6 @@ class ModelArgs(ArgsFromDict):
     extra: dict = field(default_factory=dict)
 
 
-
 def normalize_config(hf: dict, where: str) -> dict:
     try:
         n_heads = int(hf["num_attention_heads"])
@@ -61,8 +60,9 @@ def normalize_config(hf: dict, where: str) -> dict:
             "rope_traditional": bool(hf.get("rope_traditional", False)),
             "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
             "max_position_embeddings": int(hf.get("max_position_embeddings", 4096)),
-            "sliding_window": (int(hf["sliding_window"]) if hf.get("sliding_window")
-                               and hf.get("use_sliding_window", True) else None),
+            "sliding_window": (
+                int(hf["sliding_window"]) if hf.get("sliding_window") and hf.get("use_sliding_window", True) else None
+            ),
             "bos_token_id": hf.get("bos_token_id"),
             "eos_token_id": hf.get("eos_token_id"),
         }
@@ -77,20 +77,40 @@ def normalize_config(hf: dict, where: str) -> dict:
         if kind == "linear":
             cfg["rope_scale"] = 1.0 / float(scaling["factor"])
         elif kind == "llama3":
-            cfg["rope_scaling"] = {"rope_type": kind, **{k: float(scaling[k]) for k in (
-                "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+            cfg["rope_scaling"] = {
+                "rope_type": kind,
+                **{
+                    k: float(scaling[k])
+                    for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                },
+            }
         elif kind == "yarn":
-            cfg["rope_scaling"] = {"rope_type": kind, **{k: scaling[k] for k in (
-                "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-                "attention_factor", "truncate") if scaling.get(k) is not None}}
+            cfg["rope_scaling"] = {
+                "rope_type": kind,
+                **{
+                    k: scaling[k]
+                    for k in (
+                        "factor",
+                        "original_max_position_embeddings",
+                        "beta_fast",
+                        "beta_slow",
+                        "mscale",
+                        "mscale_all_dim",
+                        "attention_factor",
+                        "truncate",
+                    )
+                    if scaling.get(k) is not None
+                },
+            }
         elif kind == "factors":  # a GGUF's rope_freqs: llama.cpp's per-pair divisors (Llama 3.x files)
             factors = [float(f) for f in scaling["factors"]]
             if len(factors) != cfg["head_dim"] // 2 or not all(0 < f < float("inf") for f in factors):
                 raise ValueError(f"{len(factors)} factors for {cfg['head_dim'] // 2} pairs, each positive and finite")
             cfg["rope_scaling"] = {"rope_type": kind, "factors": factors}
         elif kind not in (None, "default"):
-            raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} is not supported (supported: "
-                                        f"{', '.join(SCALINGS)})")
+            raise UnsupportedModelError(
+                f"{where}: rope_scaling {kind!r} is not supported (supported: {', '.join(SCALINGS)})"
+            )
     except (KeyError, TypeError, ValueError) as e:
         raise UnsupportedModelError(f"{where}: rope_scaling {kind!r} lacks or mangles a field ({e})") from None
     return cfg
@@ -112,15 +132,17 @@ def build(ops, args: ModelArgs, get) -> dict:
     layers = []
     for i in range(args.num_hidden_layers):
         p = LAYER.format(i)
-        layers.append({
-            "attn_norm": get(p + "input_layernorm.weight"),
-            "ffn_norm": get(p + "post_attention_layernorm.weight"),
-            # q, k, v fused along the output axis: one matmul instead of three.
-            "qkv": get([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
-            "o": get(p + "self_attn.o_proj"),
-            "q_norm": get(p + "self_attn.q_norm.weight", optional=True),
-            "k_norm": get(p + "self_attn.k_norm.weight", optional=True),
-        })
+        layers.append(
+            {
+                "attn_norm": get(p + "input_layernorm.weight"),
+                "ffn_norm": get(p + "post_attention_layernorm.weight"),
+                # q, k, v fused along the output axis: one matmul instead of three.
+                "qkv": get([p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"]),
+                "o": get(p + "self_attn.o_proj"),
+                "q_norm": get(p + "self_attn.q_norm.weight", optional=True),
+                "k_norm": get(p + "self_attn.k_norm.weight", optional=True),
+            }
+        )
     embed = get("model.embed_tokens")
     head = embed if args.tie_word_embeddings else get("lm_head")
     return {"embed": embed, "norm": get("model.norm.weight"), "head": head, "layers": layers}
@@ -148,15 +170,19 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     else:
         q, k, v = ops.split(qkv, [Hq * hd, Hk * hd, Hk * hd])
         if args.qk_norm_full:  # OLMoE: RMSNorm over the whole q and k projections, before the heads split
-            q, k = heads(ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps), Hq), \
-                heads(ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps), Hk)
+            q, k = (
+                heads(ops.rms_norm(q, lw["q_norm"], args.rms_norm_eps), Hq),
+                heads(ops.rms_norm(k, lw["k_norm"], args.rms_norm_eps), Hk),
+            )
         else:  # Qwen3: per-head RMSNorm before RoPE
-            q, k = ops.rms_norm(heads(q, Hq), lw["q_norm"], args.rms_norm_eps), \
-                ops.rms_norm(heads(k, Hk), lw["k_norm"], args.rms_norm_eps)
+            q, k = (
+                ops.rms_norm(heads(q, Hq), lw["q_norm"], args.rms_norm_eps),
+                ops.rms_norm(heads(k, Hk), lw["k_norm"], args.rms_norm_eps),
+            )
         q, k = rope(q), rope(k)
     k, v = cache.update(ops, k, heads(v, Hk))
-    cache.observe(ops, q, k, hd ** -0.5)
-    o = ops.sdpa(q, k, v, hd ** -0.5, cache.mask(ops, T))
+    cache.observe(ops, q, k, hd**-0.5)
+    o = ops.sdpa(q, k, v, hd**-0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 

@@ -29,8 +29,13 @@ from . import llama
 LAYER = llama.LAYER
 GGUF = llama.GGUF  # the expert stacks' names are shared by every MoE architecture (convert/sources.py)
 # Mixtral names its block differently; the store uses the Qwen/OLMoE names for every family.
-_MIXTRAL_NAMES = {"block_sparse_moe.gate.": "mlp.gate.", "block_sparse_moe.experts.": "mlp.experts.",
-                  ".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+_MIXTRAL_NAMES = {
+    "block_sparse_moe.gate.": "mlp.gate.",
+    "block_sparse_moe.experts.": "mlp.experts.",
+    ".w1.": ".gate_proj.",
+    ".w3.": ".up_proj.",
+    ".w2.": ".down_proj.",
+}
 
 
 @dataclass
@@ -48,21 +53,29 @@ def normalize_config(hf: dict, where: str) -> dict:
     kind = hf["model_type"]
     try:
         if kind == "mixtral":
-            moe = {"num_experts": int(hf["num_local_experts"]), "moe_intermediate_size": int(hf["intermediate_size"]),
-                   "norm_topk_prob": True}
+            moe = {
+                "num_experts": int(hf["num_local_experts"]),
+                "moe_intermediate_size": int(hf["intermediate_size"]),
+                "norm_topk_prob": True,
+            }
         else:
-            moe = {"num_experts": int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]),
-                   "moe_intermediate_size": int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
-                   "norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
+            moe = {
+                "num_experts": int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]),
+                "moe_intermediate_size": int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
+                "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+            }
         moe["num_experts_per_tok"] = int(hf["num_experts_per_tok"])
     except (KeyError, TypeError, ValueError) as e:
         raise UnsupportedModelError(f"{where}: MoE config lacks or mangles a required field ({e})") from None
     if not 0 < moe["num_experts_per_tok"] <= moe["num_experts"]:
-        raise UnsupportedModelError(f"{where}: num_experts_per_tok {moe['num_experts_per_tok']} is not in "
-                                    f"1..num_experts ({moe['num_experts']})")
+        raise UnsupportedModelError(
+            f"{where}: num_experts_per_tok {moe['num_experts_per_tok']} is not in 1..num_experts ({moe['num_experts']})"
+        )
     if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
-        raise UnsupportedModelError(f"{where}: MoE models with dense layers between sparse ones "
-                                    f"(decoder_sparse_step / mlp_only_layers) are not supported yet")
+        raise UnsupportedModelError(
+            f"{where}: MoE models with dense layers between sparse ones "
+            f"(decoder_sparse_step / mlp_only_layers) are not supported yet"
+        )
     if kind == "qwen2_moe":
         moe["shared_expert_intermediate_size"] = int(hf.get("shared_expert_intermediate_size") or 0)
     if kind == "olmoe":
@@ -108,8 +121,11 @@ def _check_expert_count(tensors: dict, config: dict, where: str) -> None:
     E = config["num_experts"]
     for i in range(config["num_hidden_layers"]):
         p = LAYER.format(i) + "mlp."
-        found = {int(k[len(p + "experts."):].split(".")[0]) for k in tensors
-                 if k.startswith(p + "experts.") and k[len(p + "experts."):].split(".")[0].isdigit()}
+        found = {
+            int(k[len(p + "experts.") :].split(".")[0])
+            for k in tensors
+            if k.startswith(p + "experts.") and k[len(p + "experts.") :].split(".")[0].isdigit()
+        }
         router = tensors.get(p + "gate.weight")
         rows = None if router is None else int(router.shape[0])
         if found != set(range(E)) or rows not in (None, E):
@@ -121,8 +137,10 @@ def expert_parts(config: dict, layer: int) -> list[dict]:
     """Per expert: role -> linear name. The store keeps expert e's neurons as rows
     [e * moe_intermediate_size, (e + 1) * moe_intermediate_size) of the layer's bundle region."""
     p = LAYER.format(layer) + "mlp.experts.{}."
-    return [{"gate": p.format(e) + "gate_proj", "up": p.format(e) + "up_proj", "down": p.format(e) + "down_proj"}
-            for e in range(config["num_experts"])]
+    return [
+        {"gate": p.format(e) + "gate_proj", "up": p.format(e) + "up_proj", "down": p.format(e) + "down_proj"}
+        for e in range(config["num_experts"])
+    ]
 
 
 def ffn_parts(config: dict, layer: int) -> dict:
@@ -135,8 +153,10 @@ def build(ops, args: ModelArgs, get) -> dict:
         p = LAYER.format(i) + "mlp."
         lw["router"] = get(p + "gate")
         if args.shared_expert_intermediate_size:
-            lw["shared"] = FFNWeights(gate_up=get([p + "shared_expert.gate_proj", p + "shared_expert.up_proj"]),
-                                      down=get(p + "shared_expert.down_proj"))
+            lw["shared"] = FFNWeights(
+                gate_up=get([p + "shared_expert.gate_proj", p + "shared_expert.up_proj"]),
+                down=get(p + "shared_expert.down_proj"),
+            )
             lw["shared_gate"] = get(p + "shared_expert_gate")
     return w
 
@@ -171,8 +191,12 @@ def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn: ExpertSource):
     """x [B, T, D] -> [B, T, D]: the routed experts' weighted sum (plus the shared expert)."""
     B, T, D = x.shape
     xf = ops.reshape(x, (B * T, D))
-    ids, wts = route(ops.to_numpy(ops.linear(xf, lw["router"])), args.num_experts_per_tok, args.norm_topk_prob,
-                     args.unit_router_weights)
+    ids, wts = route(
+        ops.to_numpy(ops.linear(xf, lw["router"])),
+        args.num_experts_per_tok,
+        args.norm_topk_prob,
+        args.unit_router_weights,
+    )
     groups = expert_groups(ids, wts)
     out = ops.zeros((B * T, D), xf)
     # The source yields the routed experts by ascending id, as expert_groups lists them, loading them

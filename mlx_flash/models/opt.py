@@ -38,7 +38,6 @@ class ModelArgs(ArgsFromDict):
         return self.hidden_size // self.num_attention_heads
 
 
-
 def normalize_config(hf: dict, where: str) -> dict:
     try:
         cfg = {
@@ -84,21 +83,28 @@ def build(ops, args: ModelArgs, get) -> dict:
     layers = []
     for i in range(args.num_hidden_layers):
         p = LAYER.format(i)
-        layers.append({
-            "q": get(p + "self_attn.q_proj"), "k": get(p + "self_attn.k_proj"),
-            "v": get(p + "self_attn.v_proj"), "o": get(p + "self_attn.out_proj"),
-            "attn_ln": (get(p + "self_attn_layer_norm.weight"), get(p + "self_attn_layer_norm.bias")),
-            "ffn_ln": (get(p + "final_layer_norm.weight"), get(p + "final_layer_norm.bias")),
-            "fc2_bias": get(p + "fc2.bias"),
-        })
+        layers.append(
+            {
+                "q": get(p + "self_attn.q_proj"),
+                "k": get(p + "self_attn.k_proj"),
+                "v": get(p + "self_attn.v_proj"),
+                "o": get(p + "self_attn.out_proj"),
+                "attn_ln": (get(p + "self_attn_layer_norm.weight"), get(p + "self_attn_layer_norm.bias")),
+                "ffn_ln": (get(p + "final_layer_norm.weight"), get(p + "final_layer_norm.bias")),
+                "fc2_bias": get(p + "fc2.bias"),
+            }
+        )
     d = "model.decoder."
     final = get(d + "final_layer_norm.weight", optional=True)
     embed = get(d + "embed_tokens")
     return {
-        "embed": embed, "positions": get(d + "embed_positions"),
-        "project_in": get(d + "project_in", optional=True), "project_out": get(d + "project_out", optional=True),
+        "embed": embed,
+        "positions": get(d + "embed_positions"),
+        "project_in": get(d + "project_in", optional=True),
+        "project_out": get(d + "project_out", optional=True),
         "final_ln": (final, get(d + "final_layer_norm.bias")) if final is not None else None,
-        "head": get("lm_head", optional=True) or embed, "layers": layers,
+        "head": get("lm_head", optional=True) or embed,
+        "layers": layers,
     }
 
 
@@ -108,8 +114,8 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     split = lambda y: ops.transpose(ops.reshape(y, (B, T, H, hd)), (0, 2, 1, 3))  # noqa: E731
     q, k, v = split(ops.linear(x, lw["q"])), split(ops.linear(x, lw["k"])), split(ops.linear(x, lw["v"]))
     k, v = cache.update(ops, k, v)
-    cache.observe(ops, q, k, hd ** -0.5)
-    o = ops.sdpa(q, k, v, hd ** -0.5, cache.mask(ops, T))
+    cache.observe(ops, q, k, hd**-0.5)
+    o = ops.sdpa(q, k, v, hd**-0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 
 

@@ -79,7 +79,9 @@ def yarn_inverse_frequencies(dims: int, base: float, s: dict, max_positions: int
     return inv, float(attention)
 
 
-def rope_frequencies(dims: int, base: float, scaling: dict | None, max_positions: int) -> tuple[np.ndarray | None, float]:
+def rope_frequencies(
+    dims: int, base: float, scaling: dict | None, max_positions: int
+) -> tuple[np.ndarray | None, float]:
     """(inverse frequencies [dims / 2] or None for plain RoPE, attention factor) of a normalized
     config's `rope_scaling` (models/llama.py normalize_config); worked out once per model (the
     graph asks every layer and step)."""

@@ -5,8 +5,8 @@ order, so every source gives the same result bit for bit).
 ResidentExperts  every expert read once at load and kept as backend weights (the reference)
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
                  slots as the memory budget allows, each with the expert's weights as converted for
-                 compute (a hit converts nothing; moe.planner counts both); a step that routes to more experts than there
-                 are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
+                 compute (a hit converts nothing; moe.planner counts both); a step that routes to more experts
+                 than there are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
                  a decode step preloads the next layer's most probable experts while this layer
                  computes; the router's real choice still decides what runs, so a wrong guess costs
                  only the bandwidth and the slot it took.
@@ -102,7 +102,7 @@ class StreamedExperts(ExpertSource):
             self.useful += sum((layer, e) in self._preloaded for e in ids)
         self._preloaded = {k for k in self._preloaded if k[0] != layer}  # used now, or a wrong guess
         for s in range(0, len(ids), cache.slots):
-            wave = list(ids[s:s + cache.slots])
+            wave = list(ids[s : s + cache.slots])
             pinned = {(layer, e) for e in wave}
             t = time.perf_counter()
             todo = cache.place(layer, wave, pinned=pinned)
@@ -110,8 +110,14 @@ class StreamedExperts(ExpertSource):
             if todo:
                 for _, slot in todo:
                     self._weights.pop(slot, None)  # new bytes land there: drop the old expert's weights
-                self._account(self.pool.read([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),
-                                               cache.buf[slot]) for e, slot in todo]))
+                self._account(
+                    self.pool.read(
+                        [
+                            (self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e), cache.buf[slot])
+                            for e, slot in todo
+                        ]
+                    )
+                )
             if single and self._path[0] and layer + 1 < self.n_layers and self.preload:
                 self._start_preload(layer + 1, pinned)
             for e in wave:
@@ -129,15 +135,24 @@ class StreamedExperts(ExpertSource):
 
     def _start_preload(self, layer: int, pinned: set) -> None:
         """Read the predicted experts of `layer` into slots that this layer's experts do not hold."""
-        guess = self.predictor.predict(layer, self._path[0], self._path[1], min(self.preload, self.cache.slots - len(pinned)))
+        guess = self.predictor.predict(
+            layer, self._path[0], self._path[1], min(self.preload, self.cache.slots - len(pinned))
+        )
         self.predicted += len(guess)
         todo = self.cache.prefetch(layer, guess, pinned)
         for _, slot in todo:
             self._weights.pop(slot, None)
         if todo:
             lay = self.layout
-            self._inflight.append(self.pool.submit([(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e),
-                                                     self.cache.buf[slot]) for e, slot in todo], PRELOAD_PRIORITY))
+            self._inflight.append(
+                self.pool.submit(
+                    [
+                        (self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e), self.cache.buf[slot])
+                        for e, slot in todo
+                    ],
+                    PRELOAD_PRIORITY,
+                )
+            )
             self._preloaded |= {(layer, e) for e, _ in todo}
 
     def _settle(self) -> None:
@@ -157,10 +172,18 @@ class StreamedExperts(ExpertSource):
         self.reads += batch.reads
 
     def stats(self) -> FFNStats:
-        return FFNStats(io_seconds=self.io_seconds, mem_seconds=self.mem_seconds, bytes_read=self.bytes_read,
-                        reads=self.reads, expert_policy=self.cache.policy.__class__.__name__,
-                        expert_slots=self.cache.slots, expert_hits=tuple(self.hit_stats()), preload=self.preload,
-                        preloaded_used=self.useful, routed_experts=self.routed_count)
+        return FFNStats(
+            io_seconds=self.io_seconds,
+            mem_seconds=self.mem_seconds,
+            bytes_read=self.bytes_read,
+            reads=self.reads,
+            expert_policy=self.cache.policy.__class__.__name__,
+            expert_slots=self.cache.slots,
+            expert_hits=tuple(self.hit_stats()),
+            preload=self.preload,
+            preloaded_used=self.useful,
+            routed_experts=self.routed_count,
+        )
 
     def hit_stats(self) -> list[tuple[int, int]]:
         """Per layer (hits, misses) since load."""

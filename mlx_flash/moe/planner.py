@@ -16,11 +16,20 @@ def plan_experts(budget: int, resident: int, layout, converted_expert: int) -> t
     slot = eb + converted_expert
     minimum = resident + slot
     if budget < minimum:
-        raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
-                                f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
-                                f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as "
-                                f"stored and {fmt(converted_expert)} converted for compute)")
+        raise MemoryBudgetError(
+            f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+            f"--weights-budget) is below the minimum {fmt(minimum)} for this MoE model "
+            f"(non-expert weights {fmt(resident)}, one expert slot {fmt(slot)}: {fmt(eb)} as "
+            f"stored and {fmt(converted_expert)} converted for compute)"
+        )
     slots = min(L * E, (budget - resident) // slot)
-    return slots, {"budget": budget, "resident_weights": resident, "converted_expert": converted_expert,
-                   "expert_slots": slots, "expert_bytes": eb, "slot_bytes": slot, "all_experts_bytes": L * E * slot,
-                   "planned_total": resident + slots * slot}
+    return slots, {
+        "budget": budget,
+        "resident_weights": resident,
+        "converted_expert": converted_expert,
+        "expert_slots": slots,
+        "expert_bytes": eb,
+        "slot_bytes": slot,
+        "all_experts_bytes": L * E * slot,
+        "planned_total": resident + slots * slot,
+    }

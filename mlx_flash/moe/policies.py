@@ -88,7 +88,9 @@ def make_policy(name: "ExpertPolicy | str", n_layers: int) -> Policy:
     classes = {"edgemoe": EdgeMoE, "lru": LRU, "lfu": LFU, "fifo": FIFO}  # ONLINE_POLICIES
     if name not in classes:
         extra = " (belady needs the future: it exists only in moe.policies.simulate)" if name == "belady" else ""
-        raise ConfigError(f"expert cache policy {name!r} is unknown{extra} (choose one of: {', '.join(ONLINE_POLICIES)})")
+        raise ConfigError(
+            f"expert cache policy {name!r} is unknown{extra} (choose one of: {', '.join(ONLINE_POLICIES)})"
+        )
     return classes[name](n_layers)
 
 

@@ -32,8 +32,9 @@ class RoutingPredictor:
     """Routing-path counts (fitted offline by calibrate.routes.fit_routing_predictor) and the expert
     ranking decoding preloads from."""
 
-    def __init__(self, pair: np.ndarray, single: np.ndarray, marginal: np.ndarray, k: int, model: str,
-                 smoothing: float = 1.0):
+    def __init__(
+        self, pair: np.ndarray, single: np.ndarray, marginal: np.ndarray, k: int, model: str, smoothing: float = 1.0
+    ):
         self.pair = pair  # [L, E(a at l-1), E(b at l-2), E] tokens with a, b before and e at l
         self.single = single  # [L, E(a at l-1), E] tokens with a before and e at l
         self.marginal = marginal  # [L, E] tokens with e at l
@@ -68,8 +69,14 @@ class RoutingPredictor:
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp.npz"
-        np.savez_compressed(tmp, pair=self.pair, single=self.single, marginal=self.marginal, k=np.array(self.k),
-                            model=np.array(self.model))
+        np.savez_compressed(
+            tmp,
+            pair=self.pair,
+            single=self.single,
+            marginal=self.marginal,
+            k=np.array(self.k),
+            model=np.array(self.model),
+        )
         os.replace(tmp, path)
 
     @classmethod
@@ -82,6 +89,7 @@ class RoutingPredictor:
         except (OSError, ValueError, KeyError) as e:
             raise ModelFileError(f"{path}: not a routing predictor file ({e})") from None
         if pred.model != model:
-            raise ConfigError(f"{path}: routing trace of another model (recorded for {pred.model[:12]}, "
-                              f"this model is {model[:12]})")
+            raise ConfigError(
+                f"{path}: routing trace of another model (recorded for {pred.model[:12]}, this model is {model[:12]})"
+            )
         return pred

@@ -28,9 +28,14 @@ from .quantized_kv import make_row_caches
 from .sparse_attention import with_top_k
 
 
-def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOptions, policy: Policy,
-                   on_done: Callable[[Sequence], None] | None = None,
-                   on_token: Callable[[int], None] | None = None) -> tuple[list[Sequence], BatchStats]:
+def generate_batch(
+    engine,
+    work: list[tuple[list[int], int]],
+    opts: SamplingOptions,
+    policy: Policy,
+    on_done: Callable[[Sequence], None] | None = None,
+    on_token: Callable[[int], None] | None = None,
+) -> tuple[list[Sequence], BatchStats]:
     """Every prompt's Sequence (work: encode_all's (ids, token budget) per prompt), in prompt order,
     and the run's stats. on_done(seq) is called as each sequence finishes; on_token(n) after each
     step with the tokens it made (progress)."""
@@ -42,14 +47,18 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
     eos = set(engine.tokenizer.eos_token_ids)
     for start in range(0, len(work), policy.block_size):
         with SpillFolder(engine.config.cache_dir) if policy.kv_on_flash else _NoSpill() as folder:
-            block = [Sequence.start(start + k, ids, n, _row_caches(engine, policy, k, folder, len(ids) + n),
-                                    engine.tokenizer, opts)
-                     for k, (ids, n) in enumerate(work[start:start + policy.block_size])]
+            block = [
+                Sequence.start(
+                    start + k, ids, n, _row_caches(engine, policy, k, folder, len(ids) + n), engine.tokenizer, opts
+                )
+                for k, (ids, n) in enumerate(work[start : start + policy.block_size])
+            ]
             stats.blocks += 1
             stats.prompt_tokens += sum(len(s.ids) for s in block)
             t0 = time.perf_counter()
-            prefill_together(engine, block, policy.order, opts, eos,
-                             lambda caches: with_top_k(caches, policy.attention_keep))
+            prefill_together(
+                engine, block, policy.order, opts, eos, lambda caches: with_top_k(caches, policy.attention_keep)
+            )
             stats.prefill_s += time.perf_counter() - t0
             return_free_memory()  # the prefill's activations, freed, leave the process (memory/allocator.py)
             made = sum(len(s.tokens) for s in block)
@@ -60,12 +69,18 @@ def generate_batch(engine, work: list[tuple[list[int], int]], opts: SamplingOpti
             groups = []
             for on_flash in (False, True):
                 live = [s for k, s in enumerate(block) if not s.done and policy.on_flash(k) is on_flash]
-                groups += [_Group(engine, live[i:i + policy.gpu_batch], policy.kv_bits, on_flash)
-                           for i in range(0, len(live), policy.gpu_batch)]
+                groups += [
+                    _Group(engine, live[i : i + policy.gpu_batch], policy.kv_bits, on_flash)
+                    for i in range(0, len(live), policy.gpu_batch)
+                ]
             while groups:
                 made = sum(len(g.seqs) for g in groups)
-                batches = [MicroBatch(engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]),
-                                      with_top_k(g.caches, policy.attention_keep)) for g in groups]
+                batches = [
+                    MicroBatch(
+                        engine.ops.tokens([[s.tokens[-1]] for s in g.seqs]), with_top_k(g.caches, policy.attention_keep)
+                    )
+                    for g in groups
+                ]
                 for g, logits in zip(groups, run_block(engine, batches, policy.order)):
                     for b, s in enumerate(g.seqs):
                         s.take(logits[b, -1], opts, eos)

@@ -4,9 +4,9 @@ from the bandwidths and compute speed measured on this machine and a policy.
 Per layer, a block's prefill computes every sequence's prompt (`compute.prefill(P)` each) and its
 decode step computes every micro-batch (`compute.decode(gpu_batch)` each); a streamed layer also
 reads its FFN (`read_s`), and a block whose last micro-batches keep their KV on flash reads their
-held KV every layer and step (and writes their prompts' KV in prefill). With overlap, a streamed layer takes the longer of the two (the read of
-layer i + 1 runs while layer i computes), without it their sum; in the row order every micro-batch
-reads each streamed layer again. Resident layers only compute.
+held KV every layer and step (and writes their prompts' KV in prefill). With overlap, a streamed
+layer takes the longer of the two (the read of layer i + 1 runs while layer i computes), without it
+their sum; in the row order every micro-batch reads each streamed layer again. Resident layers only compute.
 
     block time = sum over layers (prefill layer time + G x decode layer time)
     tokens/s   = block size x G / block time

@@ -28,6 +28,11 @@ def weights_room(engine, default: int = 0) -> int:
     lay = engine.store.manifest.ffn
     slots = engine.layer_slots
     attn = sum(slots.regions[i][2] for i in slots.regions) if slots is not None else 0
-    held = (stored_resident_bytes(engine.store) - attn + (slots.nbytes if slots is not None else 0)
-            + (2 * lay.layer_nbytes if streams_layers(engine) else 0) + copied_vectors(engine.store))
+    held = (
+        stored_resident_bytes(engine.store)
+        - attn
+        + (slots.nbytes if slots is not None else 0)
+        + (2 * lay.layer_nbytes if streams_layers(engine) else 0)
+        + copied_vectors(engine.store)
+    )
     return max(0, engine.memory_plan.get("weights_budget", default) - held)

@@ -74,8 +74,9 @@ class SpillFolder:
             self._lock = open(os.path.join(self.path, LOCK), "w")
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
         except OSError as e:
-            raise SpillError(f"KV spill folder under {parent or tempfile.gettempdir()}: cannot create it "
-                             f"({e.strerror})") from None
+            raise SpillError(
+                f"KV spill folder under {parent or tempfile.gettempdir()}: cannot create it ({e.strerror})"
+            ) from None
         reap_orphans(os.path.dirname(self.path))
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-spill")
         self._files: list[SpillFile] = []
@@ -197,7 +198,7 @@ class SpilledKV(LayerKV):
             n = int(n)
             f.write(self.layer, n, new_k[b].transpose(1, 0, 2), new_v[b].transpose(1, 0, 2))
             keys[b, :, :n], values[b, :, :n] = held_k[b, :n].transpose(1, 0, 2), held_v[b, :n].transpose(1, 0, 2)
-            keys[b, :, n:n + T], values[b, :, n:n + T] = new_k[b], new_v[b]
+            keys[b, :, n : n + T], values[b, :, n : n + T] = new_k[b], new_v[b]
         return ops.array(keys), ops.array(values)
 
     def mask(self, ops, T: int):

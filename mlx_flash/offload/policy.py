@@ -7,8 +7,8 @@ are placed by layer: the first `resident_layers` layers' FFNs stay in memory as 
 read once per layer and step (once per micro-batch in the row order). KV caches stay in memory, at
 float or (`kv_bits` 4) group-wise 4-bit, except the last `kv_on_flash` micro-batches' (exact KV),
 which live in files on flash between their turns (offload/kv_spill.py). `attention_keep` below 1
-is top-k sparse attention (offload/sparse_attention.py), an approximation. Activations of a block (its hidden states between layers)
-always stay in memory: they are a few rows per sequence.
+is top-k sparse attention (offload/sparse_attention.py), an approximation. Activations of a block
+(its hidden states between layers) always stay in memory: they are a few rows per sequence.
 """
 
 from __future__ import annotations
@@ -37,14 +37,17 @@ class Policy:
 
     def __post_init__(self):
         if self.gpu_batch < 1 or self.num_batches < 1:
-            raise ConfigError(f"policy: gpu_batch and num_batches must be >= 1 (got {self.gpu_batch}, "
-                              f"{self.num_batches})")
+            raise ConfigError(
+                f"policy: gpu_batch and num_batches must be >= 1 (got {self.gpu_batch}, {self.num_batches})"
+            )
         if self.resident_layers < 0:
             raise ConfigError(f"policy: resident_layers must be >= 0 (got {self.resident_layers})")
         if self.kv_bits not in KV_BITS:
             raise ConfigError(f"policy: kv_bits must be one of {KV_BITS} (got {self.kv_bits})")
         if not 0 <= self.kv_on_flash <= self.num_batches:
-            raise ConfigError(f"policy: kv_on_flash must be in 0..num_batches={self.num_batches} (got {self.kv_on_flash})")
+            raise ConfigError(
+                f"policy: kv_on_flash must be in 0..num_batches={self.num_batches} (got {self.kv_on_flash})"
+            )
         if self.kv_on_flash and self.kv_bits:
             raise ConfigError("policy: KV on flash is kept exact; kv_on_flash needs kv_bits 0")
         if not 0.0 < self.attention_keep <= 1.0:

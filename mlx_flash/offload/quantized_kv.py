@@ -42,8 +42,9 @@ class QuantizedKV(LayerKV):
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.kcodes, self.kscale, self.kbias, self.ktail, self.vcodes, self.vscale,
-                                      self.vbias))
+        return sum(
+            a.nbytes for a in (self.kcodes, self.kscale, self.kbias, self.ktail, self.vcodes, self.vscale, self.vbias)
+        )
 
     def update(self, ops, k, v):
         B, _, T, _ = k.shape
@@ -55,7 +56,11 @@ class QuantizedKV(LayerKV):
         kn = np.asarray(ops.to_numpy(k)[0], np.float32)  # [H, T, hd]
         vn = np.asarray(ops.to_numpy(v)[0], np.float32)
         c, sc, bi = quantize(vn, self.bits, self.group)
-        self.vcodes[:, self.offset:end], self.vscale[:, self.offset:end], self.vbias[:, self.offset:end] = c, sc, bi
+        self.vcodes[:, self.offset : end], self.vscale[:, self.offset : end], self.vbias[:, self.offset : end] = (
+            c,
+            sc,
+            bi,
+        )
         for t in range(T):  # keys into the tail; a full tail becomes a quantized block
             pos = self.offset + t
             self.ktail[:, pos % KEY_BLOCK] = kn[:, t]
@@ -78,10 +83,15 @@ class QuantizedKV(LayerKV):
         H, _, hd, _ = self.kcodes.shape
         keys = np.empty((H, n, hd), np.float32)
         if full:
-            kq = dequantize(self.kcodes[:, :full], self.kscale[:, :full, :, None], self.kbias[:, :full, :, None],
-                            self.bits, KEY_BLOCK)  # [H, full, hd, KEY_BLOCK]
-            keys[:, :full * KEY_BLOCK] = kq.transpose(0, 1, 3, 2).reshape(H, full * KEY_BLOCK, hd)
-        keys[:, full * KEY_BLOCK:] = self.ktail[:, :n - full * KEY_BLOCK]
+            kq = dequantize(
+                self.kcodes[:, :full],
+                self.kscale[:, :full, :, None],
+                self.kbias[:, :full, :, None],
+                self.bits,
+                KEY_BLOCK,
+            )  # [H, full, hd, KEY_BLOCK]
+            keys[:, : full * KEY_BLOCK] = kq.transpose(0, 1, 3, 2).reshape(H, full * KEY_BLOCK, hd)
+        keys[:, full * KEY_BLOCK :] = self.ktail[:, : n - full * KEY_BLOCK]
         values = dequantize(self.vcodes[:, :n], self.vscale[:, :n], self.vbias[:, :n], self.bits, self.group)
         return keys[None], values[None]
 

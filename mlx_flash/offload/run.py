@@ -39,10 +39,13 @@ class BatchRun(BatchStats):
 
     def line(self) -> str:
         """The policy, its prediction and the measurement side by side."""
-        return (f"policy {json.dumps(self.policy)}: predicted {self.predicted_s:.1f} s ({self.predicted_tokens_per_s:.1f} tok/s), "
-                f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
-                f"{self.generated_tokens} tokens; the policy holds {fmt(self.memory_planned)} of {fmt(self.room)}"
-                + ("; the whole model resident" if self.weights == "resident" else ""))
+        return (
+            f"policy {json.dumps(self.policy)}: predicted {self.predicted_s:.1f} s "
+            f"({self.predicted_tokens_per_s:.1f} tok/s), "
+            f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
+            f"{self.generated_tokens} tokens; the policy holds {fmt(self.memory_planned)} of {fmt(self.room)}"
+            + ("; the whole model resident" if self.weights == "resident" else "")
+        )
 
 
 def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
@@ -56,10 +59,16 @@ def describe_machine(engine, workload: Workload, max_rows: int) -> Machine:
     room = int(((plan.get("limit") or 0) - process_rss() - RUNTIME_SLACK[engine.config.backend.value]) * ROOM_SHARE)
     slots = engine.layer_slots
     attn = tuple(slots.regions[i][2] if slots is not None and i in slots else 0 for i in range(L))
-    return Machine(room=room, weights_room=weights_room(engine, room), ffn_layer_bytes=lay.layer_nbytes if streamed else 0,
-                   n_layers=L,
-                   read_bps=read_bps(engine) if streamed or any(attn) else 1e12, compute=compute,
-                   shape=ModelShape.from_config(engine.store.config), attn_read_bytes=attn)
+    return Machine(
+        room=room,
+        weights_room=weights_room(engine, room),
+        ffn_layer_bytes=lay.layer_nbytes if streamed else 0,
+        n_layers=L,
+        read_bps=read_bps(engine) if streamed or any(attn) else 1e12,
+        compute=compute,
+        shape=ModelShape.from_config(engine.store.config),
+        attn_read_bytes=attn,
+    )
 
 
 def choose(engine, workload: Workload, policy: Policy | None, kv_bits=(0,)) -> tuple[Machine, Choice]:
@@ -71,31 +80,47 @@ def choose(engine, workload: Workload, policy: Policy | None, kv_bits=(0,)) -> t
     else:
         policy.check(m.n_layers)
         if not streams_layers(engine) and policy.resident_layers:
-            raise ConfigError("policy: resident_layers places FFN layers of a model read whole from flash (ffn stream); "
-                              "this engine's FFN is already placed")
+            raise ConfigError(
+                "policy: resident_layers places FFN layers of a model read whole from flash (ffn stream); "
+                "this engine's FFN is already placed"
+            )
         c = describe(m, workload, policy)
     if not streams_layers(engine):
         c = replace(c, policy=replace(c.policy, resident_layers=0))
     return m, c
 
 
-def run_batch(engine, prompts, max_tokens, opts: SamplingOptions, policy: Policy | None, progress: bool,
-              on_done=None, kv_bits=(0,)) -> tuple[list, BatchRun]:
+def run_batch(
+    engine,
+    prompts,
+    max_tokens,
+    opts: SamplingOptions,
+    policy: Policy | None,
+    progress: bool,
+    on_done=None,
+    kv_bits=(0,),
+) -> tuple[list, BatchRun]:
     """The throughput mode in one process: every prompt's Sequence in prompt order and the run's stats
     (policy: searched when None; kv_bits: the KV widths the search may pick)."""
     if policy is not None and not isinstance(policy, Policy):
         raise ConfigError(f"policy must be a mlx_flash.Policy or None (got {shown(policy)})")
     if engine.config.ffn is FFNMode.SPARSE:
-        raise ConfigError("throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
-                          "when it fits); a sparse FFN follows one sequence's neurons")
+        raise ConfigError(
+            "throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
+            "when it fits); a sparse FFN follows one sequence's neurons"
+        )
     work = encode_all(engine, prompts, max_tokens)
-    workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work),
-                        generate=max(n for _, n in work))
+    workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work), generate=max(n for _, n in work))
     m, c = choose(engine, workload, policy, kv_bits)
     p = c.policy
-    run = BatchRun(predicted_s=c.seconds, predicted_tokens_per_s=c.tokens_per_s, memory_planned=c.memory,
-                   room=m.room, compute=asdict(m.compute),
-                   weights="placed" if streams_layers(engine) else "resident")
+    run = BatchRun(
+        predicted_s=c.seconds,
+        predicted_tokens_per_s=c.tokens_per_s,
+        memory_planned=c.memory,
+        room=m.room,
+        compute=asdict(m.compute),
+        weights="placed" if streams_layers(engine) else "resident",
+    )
     slots = engine.layer_slots
     placed = streams_layers(engine)  # a StreamedFFN (ffn stream, dense): the policy places its layers
     if placed:
@@ -105,8 +130,14 @@ def run_batch(engine, prompts, max_tokens, opts: SamplingOptions, policy: Policy
     bar = progress_bar(len(work), progress)
     t0 = time.perf_counter()
     try:
-        seqs, stats = generate_batch(engine, work, opts, p, on_done=chain_done(on_done, bar),
-                                     on_token=(lambda n: tick(bar, n, t0)) if bar else None)
+        seqs, stats = generate_batch(
+            engine,
+            work,
+            opts,
+            p,
+            on_done=chain_done(on_done, bar),
+            on_token=(lambda n: tick(bar, n, t0)) if bar else None,
+        )
     finally:
         if placed:
             engine.ffn.place(0, True)  # held layers go: the memory is the next run's to plan

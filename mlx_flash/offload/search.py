@@ -23,8 +23,17 @@ from scipy.optimize import linprog
 
 from ..errors import MemoryBudgetError
 from ..units import fmt
-from .cost_model import (Machine, Workload, block_seconds, fits, kv_flash_seconds, memory_bytes, minimum_bytes,
-                         run_seconds, tokens_per_s)
+from .cost_model import (
+    Machine,
+    Workload,
+    block_seconds,
+    fits,
+    kv_flash_seconds,
+    memory_bytes,
+    minimum_bytes,
+    run_seconds,
+    tokens_per_s,
+)
 from .policy import Policy
 from ..batching.schedule import Order
 
@@ -75,9 +84,11 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
     that cannot hold one sequence with nothing resident, naming the minimum."""
     need = minimum_bytes(m, w)
     if m.room < need:
-        raise MemoryBudgetError(f"the memory budget leaves {fmt(max(m.room, 0))} for the batch; one sequence needs "
-                                f"{fmt(need)} at the least (its KV cache and one layer's activations): raise "
-                                "memory_budget or shorten the prompts")
+        raise MemoryBudgetError(
+            f"the memory budget leaves {fmt(max(m.room, 0))} for the batch; one sequence needs "
+            f"{fmt(need)} at the least (its KV cache and one layer's activations): raise "
+            "memory_budget or shorten the prompts"
+        )
     best: Choice | None = None
     for gb in SIZES:
         if gb > w.sequences:
@@ -86,8 +97,9 @@ def search(m: Machine, w: Workload, kv_bits=(0,), order: Order = Order.ZIGZAG, o
             if gb * nb > w.sequences * 2 - 1 and nb > 1:  # no block much larger than the work
                 break
             for bits, spilled in _kv_placements(kv_bits, nb):
-                p = Policy(gpu_batch=gb, num_batches=nb, kv_bits=bits, order=order, overlap=overlap,
-                           kv_on_flash=spilled)
+                p = Policy(
+                    gpu_batch=gb, num_batches=nb, kv_bits=bits, order=order, overlap=overlap, kv_on_flash=spilled
+                )
                 share = resident_share(m, w, p)
                 if share is None:
                     continue
@@ -113,9 +125,11 @@ def describe(m: Machine, w: Workload, p: Policy) -> Choice:
     """The cost model's view of a given policy (for --policy runs and ablations); refuses one that does
     not fit the room."""
     if not fits(m, w, p):
-        raise MemoryBudgetError(f"policy {p} needs {fmt(memory_bytes(m, w, p))} ({fmt(p.resident_layers * m.ffn_layer_bytes)} "
-                                f"of resident layers); the memory budget leaves {fmt(max(m.room, 0))} "
-                                f"({fmt(max(m.weights_room, 0))} for weights)")
+        raise MemoryBudgetError(
+            f"policy {p} needs {fmt(memory_bytes(m, w, p))} ({fmt(p.resident_layers * m.ffn_layer_bytes)} "
+            f"of resident layers); the memory budget leaves {fmt(max(m.room, 0))} "
+            f"({fmt(max(m.weights_room, 0))} for weights)"
+        )
     return Choice(p, tokens_per_s(m, w, p), run_seconds(m, w, p), memory_bytes(m, w, p))
 
 

@@ -43,8 +43,10 @@ class ChunkShape:
 class ChunkPool:
     def __init__(self, ops, shape: ChunkShape, n_slots: int):
         if n_slots < 1:
-            raise MemoryBudgetError(f"a KV budget of {n_slots} chunks holds nothing; it needs at least one chunk "
-                                    f"({shape.nbytes / 1e6:.2f} MB)")
+            raise MemoryBudgetError(
+                f"a KV budget of {n_slots} chunks holds nothing; it needs at least one chunk "
+                f"({shape.nbytes / 1e6:.2f} MB)"
+            )
         self.ops, self.shape, self.n_slots = ops, shape, n_slots
         like = ops.array(np.zeros(1, np.float32))  # the activation dtype
         dims = (shape.kv_heads, n_slots * shape.tokens, shape.head_dim)
@@ -95,7 +97,7 @@ class ChunkPool:
         """Slot dst gets slot src's keys and values (copy on write of a shared chunk)."""
         C = self.shape.tokens
         for arr in self.keys + self.values:
-            arr[:, dst * C:(dst + 1) * C, :] = arr[:, src * C:(src + 1) * C, :]
+            arr[:, dst * C : (dst + 1) * C, :] = arr[:, src * C : (src + 1) * C, :]
 
     @property
     def nbytes(self) -> int:
@@ -115,10 +117,10 @@ class ChunkPool:
         sh = self.shape
         idx = self.ops.index(self.rows(slots, len(slots) * sh.tokens))
         out = np.empty((len(slots),) + sh.array_shape, np.float32)
-        for l in range(sh.layers):
-            for j, arr in enumerate((self.keys[l], self.values[l])):
+        for layer in range(sh.layers):
+            for j, arr in enumerate((self.keys[layer], self.values[layer])):
                 rows = self.ops.to_numpy(arr[:, idx, :])  # [Hkv, n*C, hd]
-                out[:, l, j] = rows.reshape(sh.kv_heads, len(slots), sh.tokens, sh.head_dim).transpose(1, 0, 2, 3)
+                out[:, layer, j] = rows.reshape(sh.kv_heads, len(slots), sh.tokens, sh.head_dim).transpose(1, 0, 2, 3)
         return out
 
     def load(self, slots, data: np.ndarray) -> None:
@@ -127,8 +129,10 @@ class ChunkPool:
         if data.shape != (len(slots),) + sh.array_shape:
             raise ValueError(f"chunk data of shape {data.shape} does not fit {len(slots)} slots of {sh.array_shape}")
         idx = self.ops.index(self.rows(slots, len(slots) * sh.tokens))
-        for l in range(sh.layers):
-            for arr, j in ((self.keys[l], 0), (self.values[l], 1)):
-                rows = np.ascontiguousarray(data[:, l, j].transpose(1, 0, 2, 3)).reshape(sh.kv_heads, -1, sh.head_dim)
+        for layer in range(sh.layers):
+            for arr, j in ((self.keys[layer], 0), (self.values[layer], 1)):
+                rows = np.ascontiguousarray(data[:, layer, j].transpose(1, 0, 2, 3)).reshape(
+                    sh.kv_heads, -1, sh.head_dim
+                )
                 arr[:, idx, :] = self.ops.array(rows)
         self.ops.materialize(*self.keys, *self.values)

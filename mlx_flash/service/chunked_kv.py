@@ -70,15 +70,15 @@ class ChunkTable:
         """One view per layer, positioned after the held tokens, or at `start` (recomputing chunks
         from there: the chunks before it must be in memory)."""
         start = self.tokens if start is None else start
-        if any(s is None for s in self.slots[:self.chunks_for(start)]):
+        if any(s is None for s in self.slots[: self.chunks_for(start)]):
             raise RuntimeError("a chunk of this sequence is not in memory")
-        return [ChunkedKV(self, l, start) for l in range(self.pool.shape.layers)]
+        return [ChunkedKV(self, layer, start) for layer in range(self.pool.shape.layers)]
 
     def rows(self, start: int, end: int):
         """Pool rows of tokens [start, end): a slice when they are consecutive, else an index array."""
         first = start // self.chunk_tokens  # only the chunks [start, end) touches: a decode step's write is one row
         base = first * self.chunk_tokens
-        rows = self.pool.rows(self.slots[first:self.chunks_for(end)], end - base)[start - base:]
+        rows = self.pool.rows(self.slots[first : self.chunks_for(end)], end - base)[start - base :]
         if rows.size and bool(np.all(np.diff(rows) == 1)):  # every step, not just the ends: [0, 10, 2] is no run
             return slice(int(rows[0]), int(rows[-1]) + 1)
         return self.pool.ops.index(rows)
@@ -130,9 +130,10 @@ class ChunkedKV(LayerKV):
         idx = self.table.fetch_index(self.offset)
         pool = self.table.pool
         # copies: a backend's numpy view would change with the pool
-        return (np.array(ops.to_numpy(pool.keys[self.layer][:, idx, :]))[None],
-                np.array(ops.to_numpy(pool.values[self.layer][:, idx, :]))[None])
-
+        return (
+            np.array(ops.to_numpy(pool.keys[self.layer][:, idx, :]))[None],
+            np.array(ops.to_numpy(pool.values[self.layer][:, idx, :]))[None],
+        )
 
 
 class ChunkedBatchKV(BatchKV):
@@ -189,7 +190,7 @@ class StepRows:
                 t, end = r.table, r.offset + T
                 t.make_writable(r.offset, end)  # a table's chunks serve every layer: once per step
                 t.reserve(end)
-                new.append(pool.rows(t.slots, end)[r.offset:])
+                new.append(pool.rows(t.slots, end)[r.offset :])
                 ends.append(end)
             S = max(ends)
             held = np.zeros((len(rows), S), np.int64)  # padding: pool row 0, masked

@@ -58,8 +58,10 @@ class Compression:
                     return cls(Scheme.TOLERANCE, ratio=float(arg))
             except ValueError:
                 pass
-        raise ConfigError(f"kv_compression {value!r} is not understood (off, static:8|4|2, or tolerance:R "
-                          "with R from 0.25 to 1, e.g. tolerance:0.5)")
+        raise ConfigError(
+            f"kv_compression {value!r} is not understood (off, static:8|4|2, or tolerance:R "
+            "with R from 0.25 to 1, e.g. tolerance:0.5)"
+        )
 
     @property
     def on(self) -> bool:
@@ -71,8 +73,9 @@ class Compression:
         return self.scheme is Scheme.TOLERANCE
 
     def __str__(self) -> str:
-        return {Scheme.OFF: "off", Scheme.STATIC: f"static:{self.bits}",
-                Scheme.TOLERANCE: f"tolerance:{self.ratio:g}"}[self.scheme]
+        return {Scheme.OFF: "off", Scheme.STATIC: f"static:{self.bits}", Scheme.TOLERANCE: f"tolerance:{self.ratio:g}"}[
+            self.scheme
+        ]
 
 
 # ---- information density -----------------------------------------------------------------------------
@@ -145,7 +148,7 @@ def assign_widths(density: np.ndarray, errors: np.ndarray, budget_bits: float) -
             if u > U:
                 continue
             cand = np.full(U + 1, np.inf)
-            cand[u:] = best[:U + 1 - u] + cost[i, j]
+            cand[u:] = best[: U + 1 - u] + cost[i, j]
             take = cand < nxt
             nxt[take], choice[i, take] = cand[take], j
         best = nxt
@@ -158,8 +161,9 @@ def assign_widths(density: np.ndarray, errors: np.ndarray, budget_bits: float) -
     return out
 
 
-def choose_widths(c: Compression, density: np.ndarray | None, fixed: dict[int, int], fresh: dict[int, np.ndarray]
-                  ) -> dict[int, int]:
+def choose_widths(
+    c: Compression, density: np.ndarray | None, fixed: dict[int, int], fresh: dict[int, np.ndarray]
+) -> dict[int, int]:
     """Widths for the chunks `fresh` (index -> float32 data; complete, not compressed yet) of a
     sequence whose complete chunks have `density` and whose compressed chunks have the widths
     `fixed`: static, or tolerance-aware so that fixed and fresh chunks together average at most
@@ -208,7 +212,7 @@ def decode(buf: np.ndarray, shape, bits: int) -> np.ndarray:
     def take(count, dtype, dims):
         nonlocal pos
         nbytes = count * np.dtype(dtype).itemsize
-        a = buf[pos:pos + nbytes].view(dtype).reshape(dims)
+        a = buf[pos : pos + nbytes].view(dtype).reshape(dims)
         pos += nbytes
         return a
 

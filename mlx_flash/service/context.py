@@ -29,7 +29,7 @@ class Context:
 
     def held(self) -> list[int]:
         """The tokens whose KV the context holds (in memory or on flash)."""
-        return self.sequence[:self.table.tokens]
+        return self.sequence[: self.table.tokens]
 
     def chunks_in_memory(self) -> list[int]:
         return [i for i, s in enumerate(self.table.slots) if s is not None]
@@ -52,9 +52,17 @@ class Context:
         return max(0, min(C, self.table.tokens - i * C))
 
     def record(self, model: str) -> dict:
-        return {"version": RECORD_VERSION, "id": self.id, "owner": self.owner, "model": model,
-                "kv_tokens": self.table.tokens, "sequence": self.sequence, "messages": self.messages,
-                "disk": self.disk, "widths": self.widths}
+        return {
+            "version": RECORD_VERSION,
+            "id": self.id,
+            "owner": self.owner,
+            "model": model,
+            "kv_tokens": self.table.tokens,
+            "sequence": self.sequence,
+            "messages": self.messages,
+            "disk": self.disk,
+            "widths": self.widths,
+        }
 
     @classmethod
     def from_record(cls, rec: dict, table: ChunkTable, model: str) -> "Context":
@@ -65,10 +73,16 @@ class Context:
         if rec.get("model") != model:
             raise ValueError("it was made with another model")
         seq, kv, disk, widths = rec.get("sequence"), rec.get("kv_tokens"), rec.get("disk"), rec.get("widths")
-        if not (isinstance(seq, list) and all(isinstance(t, int) for t in seq) and isinstance(kv, int)
-                and 0 <= kv <= len(seq) and isinstance(disk, list)
-                and all(c is None or isinstance(c, int) for c in disk)
-                and isinstance(widths, list) and all(w in (0, 2, 4, 8) for w in widths)):
+        if not (
+            isinstance(seq, list)
+            and all(isinstance(t, int) for t in seq)
+            and isinstance(kv, int)
+            and 0 <= kv <= len(seq)
+            and isinstance(disk, list)
+            and all(c is None or isinstance(c, int) for c in disk)
+            and isinstance(widths, list)
+            and all(w in (0, 2, 4, 8) for w in widths)
+        ):
             raise ValueError("its tokens, KV length or chunk list are malformed")
         msgs = rec.get("messages") or []
         if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
@@ -76,6 +90,13 @@ class Context:
         n = table.chunks_for(kv)
         table.slots = [None] * n
         table.tokens = kv
-        ctx = cls(id=rec["id"], owner=str(rec.get("owner", "")), table=table, sequence=list(seq), messages=msgs,
-                  disk=(list(disk) + [None] * n)[:n], widths=(list(widths) + [0] * n)[:n])
+        ctx = cls(
+            id=rec["id"],
+            owner=str(rec.get("owner", "")),
+            table=table,
+            sequence=list(seq),
+            messages=msgs,
+            disk=(list(disk) + [None] * n)[:n],
+            widths=(list(widths) + [0] * n)[:n],
+        )
         return ctx

@@ -130,7 +130,7 @@ class EngineLoop:
                 ctx, whole = job.explicit, False
                 svc.get(ctx, job.owner)
             else:
-                ids = (svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt))
+                ids = svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt)
                 ctx, made = self._context_for(ids, job.owner)
                 whole = True
             job.context = ctx

@@ -40,8 +40,17 @@ class MoveCounts:
 
 
 class KVMemory:
-    def __init__(self, engine, pool: ChunkPool, swap: SwapDir, compression: Compression, lifecycle: Lifecycle,
-                 contexts: dict[str, Context], save: Callable[[Context], None], reader_threads: int = 4):
+    def __init__(
+        self,
+        engine,
+        pool: ChunkPool,
+        swap: SwapDir,
+        compression: Compression,
+        lifecycle: Lifecycle,
+        contexts: dict[str, Context],
+        save: Callable[[Context], None],
+        reader_threads: int = 4,
+    ):
         self.engine, self.pool, self.swap = engine, pool, swap
         self.compression, self.lifecycle = compression, lifecycle
         self.contexts, self.save = contexts, save  # the service's contexts, and how a record is written
@@ -69,8 +78,10 @@ class KVMemory:
             if free >= n:
                 break
         if free < n:
-            raise MemoryBudgetError(f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens) "
-                                    f"cannot hold {n} more chunks: the contexts in use hold the rest")
+            raise MemoryBudgetError(
+                f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens) "
+                f"cannot hold {n} more chunks: the contexts in use hold the rest"
+            )
         if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
             ctxs = {c.id: c for c, _ in victims}
             victims = [(c, i) for c in ctxs.values() for i in c.chunks_in_memory()]
@@ -133,8 +144,18 @@ class KVMemory:
     def restore(self, ctx: Context, n_tokens: int, how: Restore | None = None) -> RestoreReport:
         """Bring the chunks of ctx's first n_tokens into memory (ctx must be pinned)."""
         how = how or self.lifecycle.restore
-        report = restore(self.engine, self.pool, self.swap, self.reader, ctx, n_tokens, self.costs, self.claim,
-                         recompute_only=how is Restore.RECOMPUTE, read_only=how is Restore.READ)
+        report = restore(
+            self.engine,
+            self.pool,
+            self.swap,
+            self.reader,
+            ctx,
+            n_tokens,
+            self.costs,
+            self.claim,
+            recompute_only=how is Restore.RECOMPUTE,
+            read_only=how is Restore.READ,
+        )
         self.counts.read += report.chunks_read
         self.counts.recomputed += report.chunks_recomputed
         self.counts.bad_files += len(report.bad_files)

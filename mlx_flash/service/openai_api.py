@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
@@ -34,8 +40,14 @@ class Sampling:
     stop: list[str] = field(default_factory=list)
 
     def kwargs(self) -> dict:
-        return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                    seed=self.seed, stop=self.stop)
+        return dict(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=self.stop,
+        )
 
 
 @dataclass
@@ -49,8 +61,24 @@ class Request:
     context_id: str | None
 
 
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
-           "user", "context_id", "frequency_penalty", "presence_penalty", "logprobs", "logit_bias"}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "context_id",
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+    "logit_bias",
+}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 ROLES = ("system", "user", "assistant")
@@ -151,8 +179,9 @@ def _messages(v) -> list[dict]:
             raise ApiError(400, f"messages[{i}] needs a role among {', '.join(ROLES)}", "messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
@@ -167,9 +196,12 @@ def new_id(chat: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 def completion(req: Request, rid: str, model: str, text: str, finish: str | None, use: dict) -> dict:
@@ -177,12 +209,25 @@ def completion(req: Request, rid: str, model: str, text: str, finish: str | None
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": use}
+    return {
+        "id": rid,
+        "object": "chat.completion" if req.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
 
 
-def chunk(req: Request, rid: str, model: str, text: str | None, finish: str | None, first: bool = False,
-          use: dict | None = None) -> dict:
+def chunk(
+    req: Request,
+    rid: str,
+    model: str,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+    use: dict | None = None,
+) -> dict:
     if use is not None:
         choices = []
     elif req.chat:
@@ -190,8 +235,13 @@ def chunk(req: Request, rid: str, model: str, text: str | None, finish: str | No
         choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
     else:
         choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
-    out = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-           "created": int(time.time()), "model": model, "choices": choices}
+    out = {
+        "id": rid,
+        "object": "chat.completion.chunk" if req.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
     if use is not None:
         out["usage"] = use
     return out

@@ -54,8 +54,18 @@ class RestoreReport:
     seconds: float = 0.0
 
 
-def restore(engine, pool, swap, reader, ctx, n_tokens: int, costs: LoadCosts, claim, recompute_only: bool = False,
-            read_only: bool = False) -> RestoreReport:
+def restore(
+    engine,
+    pool,
+    swap,
+    reader,
+    ctx,
+    n_tokens: int,
+    costs: LoadCosts,
+    claim,
+    recompute_only: bool = False,
+    read_only: bool = False,
+) -> RestoreReport:
     """Bring the chunks holding ctx's first n_tokens tokens into memory (slots from `claim`).
     recompute_only / read_only force one technique (the benchmark's ablations)."""
     t0 = time.perf_counter()
@@ -65,8 +75,7 @@ def restore(engine, pool, swap, reader, ctx, n_tokens: int, costs: LoadCosts, cl
     if not missing:
         return report
     mean_bytes = sum(payload_bytes(shape, ctx.widths[i]) for i in missing) / len(missing)
-    k = len(missing) if recompute_only else 0 if read_only else \
-        costs.recompute_count(len(missing), C, mean_bytes)
+    k = len(missing) if recompute_only else 0 if read_only else costs.recompute_count(len(missing), C, mean_bytes)
     try:
         for i in missing:
             table.slots[i] = claim()
@@ -87,7 +96,7 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
     # Start the reads, then recompute the leading chunks while they run.
     row = file_bytes(shape, 0)  # the widest file; page-aligned rows, so whole-block reads land in place
     mem = mmap.mmap(-1, max(1, len(to_read) * row))
-    buf = np.frombuffer(mem, np.uint8)[:len(to_read) * row].reshape(len(to_read), row)
+    buf = np.frombuffer(mem, np.uint8)[: len(to_read) * row].reshape(len(to_read), row)
     files, ranges, t_read = {}, [], time.perf_counter()
     for j, i in enumerate(to_read):
         try:
@@ -119,8 +128,15 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
             elif read_error:
                 problem = read_error
             else:
-                problem = swap.chunk_problem(path, bytes(buf[j, :HEADER]), buf[j, HEADER:], shape,
-                                             ctx.chunk_tokens(i), ctx.widths[i], ctx.disk[i])
+                problem = swap.chunk_problem(
+                    path,
+                    bytes(buf[j, :HEADER]),
+                    buf[j, HEADER:],
+                    shape,
+                    ctx.chunk_tokens(i),
+                    ctx.widths[i],
+                    ctx.disk[i],
+                )
             if problem is None:
                 good_slots.append(table.slots[i])
                 good_data.append(chunk_data(buf[j, HEADER:], shape, ctx.widths[i]))
@@ -156,5 +172,5 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         rc_s += time.perf_counter() - t
         rc_tokens += end - start
         report.chunks_recomputed += j - i + 1
-        del recompute[:j - i + 1]
+        del recompute[: j - i + 1]
     costs.update(rc_s, rc_tokens, 0.0, 0)

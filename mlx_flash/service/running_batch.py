@@ -3,10 +3,10 @@
 A call joins when `start` prefills its new tokens alone (its context's chunks, as Service.call
 does) and samples its first token; from then on every `step` runs one batched decode pass over all
 joined calls (the throughput mode's graph pieces, batching/schedule.py, with `ChunkedBatchKV`: every
-context's chunks read with one gather of the pool per layer), so N clients cost one pass of the weights per token instead of N. A call
-leaves when it finishes, is cancelled, or its context cannot grow within the KV budget; `finish`
-then writes its context back exactly as Service.call would. One thread drives a RunningBatch (the
-server's engine loop), as one thread drives a Service.
+context's chunks read with one gather of the pool per layer), so N clients cost one pass of the
+weights per token instead of N. A call leaves when it finishes, is cancelled, or its context cannot
+grow within the KV budget; `finish` then writes its context back exactly as Service.call would. One
+thread drives a RunningBatch (the server's engine loop), as one thread drives a Service.
 """
 
 from __future__ import annotations
@@ -69,10 +69,19 @@ class CallBatch:
 
 
 class RunningBatch(CallBatch):
-
-    def start(self, ctx_id: str, prompt, owner: str = "", whole: bool = False, max_tokens: int = 256,
-              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-              stop=None) -> tuple[BatchedCall, GenerationStep | None]:
+    def start(
+        self,
+        ctx_id: str,
+        prompt,
+        owner: str = "",
+        whole: bool = False,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+    ) -> tuple[BatchedCall, GenerationStep | None]:
         """Prefill a call's new tokens and sample its first token: (the call, its first step; None
         when max_tokens is 0). A call that is already done is finished here; others join the batch."""
         svc, engine = self.svc, self.svc.engine
@@ -92,7 +101,7 @@ class RunningBatch(CallBatch):
                 return call, None
             t0 = time.perf_counter()
             engine.ffn.reset()
-            logits = engine.prefill(ids[report.cached_tokens:], caches)
+            logits = engine.prefill(ids[report.cached_tokens :], caches)
             summary.prefill_s = time.perf_counter() - t0
             token = seq.take(logits, opts, set(engine.tokenizer.eos_token_ids))
         except BaseException:
@@ -119,8 +128,9 @@ class RunningBatch(CallBatch):
                 out.append((c, None))
         if ready:
             t0 = time.perf_counter()
-            batch = MicroBatch(engine.ops.tokens([[c.seq.tokens[-1]] for c in ready]),
-                               chunked_batch_caches([c.caches for c in ready]))
+            batch = MicroBatch(
+                engine.ops.tokens([[c.seq.tokens[-1]] for c in ready]), chunked_batch_caches([c.caches for c in ready])
+            )
             logits = run_block(engine, [batch], Order.ZIGZAG)[0]
             wall = (time.perf_counter() - t0) * 1e3
             eos = set(engine.tokenizer.eos_token_ids)

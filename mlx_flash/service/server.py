@@ -111,8 +111,12 @@ class Server:
         key = auth[7:].strip() if auth.startswith("Bearer ") else ""
         digest = hashlib.sha256(key.encode()).hexdigest()[:32]
         if not key or digest not in self._keys:
-            raise oa.ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                              code="invalid_api_key", kind="authentication_error")
+            raise oa.ApiError(
+                401,
+                "missing or wrong API key (Authorization: Bearer <key>)",
+                code="invalid_api_key",
+                kind="authentication_error",
+            )
         return digest
 
     async def _json(self, request):
@@ -137,14 +141,22 @@ class Server:
         owner = self._owner(request)
         req = oa.parse_request(await self._json(request), chat, self.opt.max_tokens_default)
         if req.model not in (None, self.opt.model_name):
-            raise oa.ApiError(404, f"model {req.model!r} does not exist (this server runs {self.opt.model_name!r})",
-                              "model", "model_not_found")
+            raise oa.ApiError(
+                404,
+                f"model {req.model!r} does not exist (this server runs {self.opt.model_name!r})",
+                "model",
+                "model_not_found",
+            )
         explicit = req.context_id or request.headers.get("X-Context-Id")
         if self.engine.problem is not None:  # (a pipeline whose rank stalled: its engine thread is stuck)
             raise oa.ApiError(503, self.engine.problem, code="pipeline_stopped", kind="server_error")
         if self.engine.queued >= self.opt.queue_limit:
-            raise oa.ApiError(503, f"{self.engine.queued} requests are already waiting; retry later", code="overloaded",
-                              kind="server_error")
+            raise oa.ApiError(
+                503,
+                f"{self.engine.queued} requests are already waiting; retry later",
+                code="overloaded",
+                kind="server_error",
+            )
         job = _Job(req, owner, explicit, asyncio.get_running_loop(), asyncio.Queue())
         self.engine.submit(job)
         try:
@@ -178,8 +190,9 @@ class Server:
         return web.json_response(body, headers={"X-Context-Id": job.context})
 
     async def _stream(self, request, job: _Job, first):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Context-Id": job.context})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Context-Id": job.context}
+        )
         await resp.prepare(request)
         rid, model, opened = oa.new_id(job.req.chat), self.opt.model_name, False
 
@@ -206,8 +219,12 @@ class Server:
     # ---- other endpoints ------------------------------------------------------------------------
     async def models(self, request):
         self._owner(request)
-        return web.json_response({"object": "list", "data": [
-            {"id": self.opt.model_name, "object": "model", "created": 0, "owned_by": "mlx_flash"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.opt.model_name, "object": "model", "created": 0, "owned_by": "mlx_flash"}],
+            }
+        )
 
     async def health(self, request):
         problem = self.engine.problem
@@ -219,12 +236,26 @@ class Server:
         self._owner(request)
         sections = await self._on_worker(self.svc.stats_sections)
         plan = self.svc.engine.memory_plan
-        return web.json_response({
-            **sections,
-            "memory": {"limit": plan.get("limit"), "limit_meaning": plan.get("limit_meaning"),
-                       "held": process_rss(), "peak": peak_rss(), "plan": plan, **sections.get("memory", {})},
-            "queue": {"waiting": self.engine.queued, "running": len(self.engine.active), "busy": self.engine.busy,
-                      "limit": self.opt.queue_limit, "max_batch": self.opt.max_batch}})
+        return web.json_response(
+            {
+                **sections,
+                "memory": {
+                    "limit": plan.get("limit"),
+                    "limit_meaning": plan.get("limit_meaning"),
+                    "held": process_rss(),
+                    "peak": peak_rss(),
+                    "plan": plan,
+                    **sections.get("memory", {}),
+                },
+                "queue": {
+                    "waiting": self.engine.queued,
+                    "running": len(self.engine.active),
+                    "busy": self.engine.busy,
+                    "limit": self.opt.queue_limit,
+                    "max_batch": self.opt.max_batch,
+                },
+            }
+        )
 
     async def create_context(self, request):
         owner = self._owner(request)

@@ -50,9 +50,18 @@ DEFAULT_CHUNK = 16
 
 
 class Service:
-    def __init__(self, engine, directory: str | None = None, kv_budget=None, chunk_tokens: int = DEFAULT_CHUNK,
-                 kv_compression: str | None = None, reader_threads: int = 4, max_contexts: int = 1024,
-                 lifecycle: Lifecycle = Lifecycle(), progress: bool = False):
+    def __init__(
+        self,
+        engine,
+        directory: str | None = None,
+        kv_budget=None,
+        chunk_tokens: int = DEFAULT_CHUNK,
+        kv_compression: str | None = None,
+        reader_threads: int = 4,
+        max_contexts: int = 1024,
+        lifecycle: Lifecycle = Lifecycle(),
+        progress: bool = False,
+    ):
         self.compression = Compression.parse(kv_compression)
         if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be a positive integer (got {chunk_tokens!r})")
@@ -60,22 +69,36 @@ class Service:
         a = engine.args
         self.shape = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, chunk_tokens)
         self.model_id = _model_id(engine.store.path)
-        self.directory = directory or os.path.join(engine.config.cache_dir or default_cache_dir(), "service",
-                                                   self.model_id)
+        self.directory = directory or os.path.join(
+            engine.config.cache_dir or default_cache_dir(), "service", self.model_id
+        )
         self.kv_budget = self._budget(kv_budget)
-        slot_bytes = self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4  # in the activation dtype
+        slot_bytes = (
+            self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4
+        )  # in the activation dtype
         self.swap = SwapDir(self.directory)
         self.max_contexts = max_contexts
         self.contexts: dict[str, Context] = {}
-        self.kv = KVMemory(engine, ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes), self.swap,
-                           self.compression, lifecycle, self.contexts, self._save, reader_threads)
+        self.kv = KVMemory(
+            engine,
+            ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes),
+            self.swap,
+            self.compression,
+            lifecycle,
+            self.contexts,
+            self._save,
+            reader_threads,
+        )
         self.pool = self.kv.pool
         self.last = CallReport()
         self._stats = ServiceStats(self.kv_budget, chunk_tokens, slot_bytes, self.pool.n_slots, 0, 0, 0, 0)
         self.problems = self._load_records()
         if progress:
-            print(f"service: {len(self.contexts)} contexts in {self.directory}; KV budget {fmt(self.kv_budget)} = "
-                  f"{self.pool.n_slots} chunks of {chunk_tokens} tokens", flush=True)
+            print(
+                f"service: {len(self.contexts)} contexts in {self.directory}; KV budget {fmt(self.kv_budget)} = "
+                f"{self.pool.n_slots} chunks of {chunk_tokens} tokens",
+                flush=True,
+            )
 
     # ---- budget and records ----------------------------------------------------------------------
     def _budget(self, kv_budget) -> int:
@@ -89,8 +112,10 @@ class Service:
             return min(want, room) if room is not None else want
         want = parse_budget(kv_budget, limit or 0, "KV budget")
         if room is not None and want > room:
-            raise MemoryBudgetError(f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
-                                    f"{fmt(limit)} with the model loaded)")
+            raise MemoryBudgetError(
+                f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
+                f"{fmt(limit)} with the model loaded)"
+            )
         return want
 
     def _load_records(self) -> list[str]:
@@ -114,8 +139,12 @@ class Service:
         if system is not None and not isinstance(system, str):
             raise ConfigError("system must be a string")
         self._room_for_context()
-        ctx = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
-                      messages=[{"role": "system", "content": system}] if system else [])
+        ctx = Context(
+            id=secrets.token_urlsafe(18),
+            owner=owner,
+            table=self._table(),
+            messages=[{"role": "system", "content": system}] if system else [],
+        )
         self.contexts[ctx.id] = ctx
         self._save(ctx)
         return ctx.id
@@ -138,8 +167,13 @@ class Service:
 
     def describe(self, ctx: Context) -> dict:
         mem = ctx.chunks_in_memory()
-        return {"id": ctx.id, "tokens": ctx.kv_tokens, "messages": len(ctx.messages),
-                "chunks": len(ctx.table.slots), "chunks_in_memory": len(mem)}
+        return {
+            "id": ctx.id,
+            "tokens": ctx.kv_tokens,
+            "messages": len(ctx.messages),
+            "chunks": len(ctx.table.slots),
+            "chunks_in_memory": len(mem),
+        }
 
     def delete(self, ctx_id: str, owner: str = "") -> None:
         ctx = self.get(ctx_id, owner)
@@ -160,9 +194,8 @@ class Service:
         finally:
             src.pinned = False
         self._room_for_context()
-        dst = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(),
-                      sequence=src.sequence[:n_tokens])
-        dst.table.slots = [self.pool.share(s) for s in src.table.slots[:src.table.chunks_for(n_tokens)]]
+        dst = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(), sequence=src.sequence[:n_tokens])
+        dst.table.slots = [self.pool.share(s) for s in src.table.slots[: src.table.chunks_for(n_tokens)]]
         dst.table.tokens = n_tokens
         dst.mark_changed(0)
         self.contexts[dst.id] = dst
@@ -186,9 +219,20 @@ class Service:
         return (best.id, best_n) if best_n else (None, 0)
 
     # ---- calls --------------------------------------------------------------------------------
-    def call(self, ctx_id: str, prompt, owner: str = "", max_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop=None,
-             speculative: int = 0, whole: bool = False) -> Iterator[GenerationStep]:
+    def call(
+        self,
+        ctx_id: str,
+        prompt,
+        owner: str = "",
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop=None,
+        speculative: int = 0,
+        whole: bool = False,
+    ) -> Iterator[GenerationStep]:
         """Stream the answer to `prompt` in context ctx_id, appending both to it. A str prompt
         continues the context's text as a raw completion; a list of messages is appended to its
         chat and the whole chat goes through the chat template. whole=True: `prompt` is the whole
@@ -196,11 +240,32 @@ class Service:
         hold are prefilled. Errors in the arguments raise before the first step."""
         check_generation(max_tokens, temperature, top_p, top_k, seed, stop, speculative)
         ctx, ids, history = self.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
-        return self._run(ctx, ids, history, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                                 top_k=top_k, seed=seed, stop=stop, speculative=speculative))
+        return self._run(
+            ctx,
+            ids,
+            history,
+            dict(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                stop=stop,
+                speculative=speculative,
+            ),
+        )
 
-    def prepare(self, ctx_id: str, prompt, owner: str, max_tokens: int, temperature: float, top_p: float, top_k: int,
-                whole: bool) -> tuple[Context, list[int], list | None]:
+    def prepare(
+        self,
+        ctx_id: str,
+        prompt,
+        owner: str,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        whole: bool,
+    ) -> tuple[Context, list[int], list | None]:
         """A call's checks and tokens: (the context, the call's whole token sequence, the chat
         history it makes, None for a raw completion). Raises before anything changes."""
         ctx = self.get(ctx_id, owner)
@@ -219,9 +284,11 @@ class Service:
             raise ConfigError("the prompt encodes to zero tokens")
         limit = self.max_tokens
         if len(ids) >= limit:
-            raise ContextLengthError(f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
-                              f"(the model's context {self.engine.model_context}, the KV budget "
-                              f"{self.pool.n_slots * self.shape.tokens} tokens)")
+            raise ContextLengthError(
+                f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
+                f"(the model's context {self.engine.model_context}, the KV budget "
+                f"{self.pool.n_slots * self.shape.tokens} tokens)"
+            )
         return ctx, ids, history
 
     @property
@@ -269,8 +336,9 @@ class Service:
         report.switch_s = time.perf_counter() - t0
         return ctx.table.caches()
 
-    def close_call(self, ctx: Context, ids: list[int], history, caches, summary, text: str, failed: bool,
-                   report: CallReport) -> None:
+    def close_call(
+        self, ctx: Context, ids: list[int], history, caches, summary, text: str, failed: bool, report: CallReport
+    ) -> None:
         """After a call (caches None: it failed before them): the context holds ids and every sampled
         token but the last (summary.tokens), the chat gains the answer unless the call failed, the
         record is written, the context unpinned."""
@@ -348,13 +416,26 @@ class Service:
     def stats_sections(self) -> dict:
         """The /v1/stats sections of this service (the server adds memory and queue)."""
         s = self.stats()
-        return {"memory": {"kv_budget": s.kv_budget},
-                "contexts": {"total": s.contexts, "resident": s.contexts_resident, "swapped": s.contexts_swapped},
-                "kv": {"chunk_tokens": s.chunk_tokens, "chunk_bytes": s.chunk_bytes, "slots": s.slots,
-                       "slots_free": s.slots_free, "chunks_written": s.chunks_written, "chunks_read": s.chunks_read,
-                       "chunks_recomputed": s.chunks_recomputed, "bad_swap_files": s.bad_swap_files},
-                "calls": {"total": s.calls, "cache_hits": s.cache_hits, "prompt_tokens": s.prompt_tokens,
-                          "cached_tokens": s.cached_tokens}}
+        return {
+            "memory": {"kv_budget": s.kv_budget},
+            "contexts": {"total": s.contexts, "resident": s.contexts_resident, "swapped": s.contexts_swapped},
+            "kv": {
+                "chunk_tokens": s.chunk_tokens,
+                "chunk_bytes": s.chunk_bytes,
+                "slots": s.slots,
+                "slots_free": s.slots_free,
+                "chunks_written": s.chunks_written,
+                "chunks_read": s.chunks_read,
+                "chunks_recomputed": s.chunks_recomputed,
+                "bad_swap_files": s.bad_swap_files,
+            },
+            "calls": {
+                "total": s.calls,
+                "cache_hits": s.cache_hits,
+                "prompt_tokens": s.prompt_tokens,
+                "cached_tokens": s.cached_tokens,
+            },
+        }
 
     def close(self) -> None:
         self.kv.close()

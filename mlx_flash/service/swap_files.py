@@ -94,8 +94,9 @@ class SwapDir:
             os.rmdir(folder)
 
     # ---- chunks ---------------------------------------------------------------------------------
-    def write_chunk(self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, data: np.ndarray,
-                    width: int = 0) -> int:
+    def write_chunk(
+        self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, data: np.ndarray, width: int = 0
+    ) -> int:
         """Write chunk `index` (float32 [layers, 2, Hkv, C, hd]) in float32 (width 0) or quantized
         to `width` bits; returns the payload's crc32."""
         data = np.ascontiguousarray(data, dtype=np.float32)
@@ -103,15 +104,26 @@ class SwapDir:
             raise ValueError(f"chunk of shape {data.shape} is not {shape.array_shape}")
         payload = np.frombuffer(encode(data, width), np.uint8) if width else data.view(np.uint8).reshape(-1)
         crc = zlib.crc32(payload)
-        header = _FIELDS.pack(MAGIC, VERSION, shape.layers, shape.kv_heads, shape.head_dim, shape.tokens, n_tokens,
-                              width, crc, payload.nbytes).ljust(HEADER, b"\0")
+        header = _FIELDS.pack(
+            MAGIC,
+            VERSION,
+            shape.layers,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.tokens,
+            n_tokens,
+            width,
+            crc,
+            payload.nbytes,
+        ).ljust(HEADER, b"\0")
         pad = bytes(file_bytes(shape, width) - HEADER - payload.nbytes)
         os.makedirs(self.folder(ctx_id), exist_ok=True)
         _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad])
         return crc
 
-    def chunk_problem(self, path: str, header: bytes, payload: np.ndarray, shape: ChunkShape, n_tokens: int,
-                      width: int, crc: int) -> str | None:
+    def chunk_problem(
+        self, path: str, header: bytes, payload: np.ndarray, shape: ChunkShape, n_tokens: int, width: int, crc: int
+    ) -> str | None:
         """Why a chunk file read back cannot be used (None: it can): its header must say this
         format, shape, token count, width and checksum, and the payload must hash to it."""
         if len(header) < _FIELDS.size:
@@ -119,8 +131,13 @@ class SwapDir:
         magic, version, L, H, hd, C, n, w, hcrc, nbytes = _FIELDS.unpack_from(header)
         if magic != MAGIC or version != VERSION:
             return f"{path}: not a KV chunk file of version {VERSION}"
-        if (L, H, hd, C, nbytes) != (shape.layers, shape.kv_heads, shape.head_dim, shape.tokens,
-                                     payload_bytes(shape, width)):
+        if (L, H, hd, C, nbytes) != (
+            shape.layers,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.tokens,
+            payload_bytes(shape, width),
+        ):
             return f"{path}: holds a chunk of another shape"
         if n != n_tokens or w != width or hcrc != crc:
             return f"{path}: is not the chunk the context's record names"
@@ -143,7 +160,7 @@ def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int) -> np.ndarray
     """A checked payload (uint8) as float32 [layers, 2, Hkv, C, hd]."""
     if width:
         return decode(payload, shape.array_shape, width)
-    return payload[:shape.nbytes].view(np.float32).reshape(shape.array_shape)
+    return payload[: shape.nbytes].view(np.float32).reshape(shape.array_shape)
 
 
 def _atomic_write(path: str, parts) -> None:

@@ -43,16 +43,24 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
     if opts.predictor is PredictorKind.GATE:
         with ReaderPool(threads=2, mode="buffered") as pool:
-            sel = GateUpSelector(gate_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay),
-                                 preds.magnitude_thresholds, progress)
+            sel = GateUpSelector(
+                gate_ops,
+                module,
+                args,
+                lay,
+                FFNReader(pool, store.file_path(lay.file), lay),
+                preds.magnitude_thresholds,
+                progress,
+            )
         return sel, gate_ops.held_bytes(sel.weights), preds.activity
     if opts.recall is not None:
         preds.use_recall(opts.recall)
     return LowRankSelector(preds, ops), sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers), preds.activity
 
 
-def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, cap: int,
-                  progress: bool = False) -> tuple[SparseSource, dict]:
+def sparse_source(
+    ops, store, cfg, module, args, resident_held: int, gate_ops, cap: int, progress: bool = False
+) -> tuple[SparseSource, dict]:
     """(the source for cfg.flash, how the planner split the budget): planned under `cap`, the weights'
     share of the process's memory limit (cfg.weights_budget when given), in bytes as held
     (`resident_held`: what the backend holds for the resident tensors)."""
@@ -67,10 +75,26 @@ def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, c
     budget = cap
     row_bytes = down_fields(lay)[2] if opts.down_only else lay.bundle_bytes  # one cached row
     # Threads suit the reads this mode makes: whole layers, or single rows.
-    pool = stream_pool(cfg.cache_dir, row_bytes if opts.mode.needs_predictor else lay.layer_nbytes,
-                       cfg.io.mode.value, cfg.io.threads, progress)
-    plan, account = plan_budget(opts.mode, budget, store, pbytes, opts.window, row_bytes, activity,
-                                default_profile(cfg.cache_dir), pool.threads, resident_held, layer_held)
+    pool = stream_pool(
+        cfg.cache_dir,
+        row_bytes if opts.mode.needs_predictor else lay.layer_nbytes,
+        cfg.io.mode.value,
+        cfg.io.threads,
+        progress,
+    )
+    plan, account = plan_budget(
+        opts.mode,
+        budget,
+        store,
+        pbytes,
+        opts.window,
+        row_bytes,
+        activity,
+        default_profile(cfg.cache_dir),
+        pool.threads,
+        resident_held,
+        layer_held,
+    )
     account["model_bytes"] = total
     if not opts.mode.needs_predictor:
         return DenseSlabFFN(ops, store, pool, plan), account
@@ -78,8 +102,9 @@ def sparse_source(ops, store, cfg, module, args, resident_held: int, gate_ops, c
     kernel, spec = None, spec_of(lay)  # (a spec only for gated FFNs: their module names the gate's activation)
     if opts.kernel is SparseKernel.AUTO and not opts.down_only and spec is not None:
         kernel = ops.sparse_kernel(spec, module.GATE_ACTIVATION)
-    return CachedRowsFFN(ops, store, pool, plan, *row_source(ops, store, pool, opts, selector, progress),
-                         selector, kernel), account
+    return CachedRowsFFN(
+        ops, store, pool, plan, *row_source(ops, store, pool, opts, selector, progress), selector, kernel
+    ), account
 
 
 def row_source(ops, store, pool, opts: FlashOptions, selector, progress: bool):
@@ -104,5 +129,3 @@ def replay_source(store, pool, plan, progress: bool = False) -> SparseSource:
         return DenseSlabFFN(None, store, pool, plan)
     opts = FlashOptions(mode=plan.mode, predictor=PredictorKind.DENSE)
     return CachedRowsFFN(None, store, pool, plan, *row_source(None, store, pool, opts, None, progress))
-
-

@@ -79,7 +79,7 @@ class CachedRowsFFN(SparseSource):
         if self.plan.mode.keeps_window:  # seed the window and cache from the rows in hand
             t = time.perf_counter()
             cache, win = self.caches[i], self.windows[i]
-            for a in self.row_activity(sel.active)[-win.k:]:
+            for a in self.row_activity(sel.active)[-win.k :]:
                 win.push(np.flatnonzero(a), cache.capacity)
             keep = win.members()
             cache.delete(cache.live_ids()[~win.contains(cache.live_ids())])

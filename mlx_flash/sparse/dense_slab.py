@@ -20,8 +20,9 @@ class DenseSlabFFN(SparseSource):
         super().__init__(ops, store, pool, plan, prefetch=True, alloc=ops.host_buffer)
         lay = self.layout
         self.R = min(max(plan.resident_rows, 0), lay.n_rows) if plan.mode is SparseMode.HYBRID else 0
-        self.resident = [self.reader.read_layer(i)[:self.R].copy() for i in range(len(lay.layer_offsets))] \
-            if self.R else []
+        self.resident = (
+            [self.reader.read_layer(i)[: self.R].copy() for i in range(len(lay.layer_offsets))] if self.R else []
+        )
         # a lazy backend: slabs read and resident rows copied in turn with the graph (weights.TurnedLayers)
         self.turned = turned_layers(ops, self.reader, "mlx-flash-slab-turns")
 
@@ -54,8 +55,10 @@ class DenseSlabFFN(SparseSource):
     def _filler(self, i: int):
         """Writes layer i's resident rows into a slab read without them: one slab in neuron order, the
         same matmul as the dense model."""
+
         def fill(rows):
-            rows[:self.R] = self.resident[i]
+            rows[: self.R] = self.resident[i]
+
         return fill
 
     def _count(self, decode: bool) -> None:
@@ -70,8 +73,12 @@ class DenseSlabFFN(SparseSource):
         if self.turned is None:
             return st
         t = self.turned.turns
-        return dataclasses.replace(st, io_seconds=st.io_seconds + t.wait_seconds, bytes_read=st.bytes_read + t.bytes_read,
-                                   reads=st.reads + t.reads)
+        return dataclasses.replace(
+            st,
+            io_seconds=st.io_seconds + t.wait_seconds,
+            bytes_read=st.bytes_read + t.bytes_read,
+            reads=st.reads + t.reads,
+        )
 
     def close(self) -> None:
         if self.turned is not None:

@@ -43,13 +43,19 @@ def _four_bit(parts: dict, dtypes: dict, quant: QuantSpec | None):
         return parts, dtypes, quant
     w = parts["weight"]
     if quant is not None and quant.is_block:  # GGUF block types: their values, then 4 bits
-
         w = dequantize(np.asarray(w), quant.kind)
     elif quant is not None:  # other bit widths: back to floats first
         import mlx.core as mx
 
-        w = np.array(mx.dequantize(mx.array(w), mx.array(parts["scales"]), mx.array(parts["biases"]),
-                                   group_size=quant.group_size, bits=quant.bits).astype(mx.float32))
+        w = np.array(
+            mx.dequantize(
+                mx.array(w),
+                mx.array(parts["scales"]),
+                mx.array(parts["biases"]),
+                group_size=quant.group_size,
+                bits=quant.bits,
+            ).astype(mx.float32)
+        )
     elif dtypes["weight"] == "bfloat16":
         w = (w.astype(np.uint32) << 16).view(np.float32)
     out = quantize4(np.asarray(w, dtype=np.float32))
@@ -61,8 +67,10 @@ class GateUpSelector:
         from tqdm import tqdm
 
         if not layout.gated:
-            raise ConfigError("predictor 'gate' needs a gated (SwiGLU, GeGLU) FFN; this model's FFN has no gate "
-                              "projection (use 'lowrank' or 'dense')")
+            raise ConfigError(
+                "predictor 'gate' needs a gated (SwiGLU, GeGLU) FFN; this model's FFN has no gate "
+                "projection (use 'lowrank' or 'dense')"
+            )
         self.ops, self.module, self.args = ops, module, args
         self.thresholds = np.asarray(thresholds, dtype=np.float32)
         self.weights = []

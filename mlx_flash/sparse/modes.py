@@ -1,10 +1,10 @@
 """What the sparse FFN reads per token: the rows of the paper's Table 2, chosen once at load.
 
-  naive      read the whole FFN layer every token
-  hybrid     `resident_rows` rows of every layer kept in memory, the rest read every token (exact)
-  predictor  read the predicted-active rows every token (no reuse), unbundled layout
-  window     + keep the last k tokens' active rows cached and read only the difference, unbundled
-  all        + bundled reads (gate row | up row | down column in one read)
+naive      read the whole FFN layer every token
+hybrid     `resident_rows` rows of every layer kept in memory, the rest read every token (exact)
+predictor  read the predicted-active rows every token (no reuse), unbundled layout
+window     + keep the last k tokens' active rows cached and read only the difference, unbundled
+all        + bundled reads (gate row | up row | down column in one read)
 """
 
 from __future__ import annotations

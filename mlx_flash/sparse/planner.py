@@ -39,8 +39,9 @@ def model_bytes(store, resident: int | None = None, ffn_layer: int | None = None
     return res + (lay.layer_nbytes if ffn_layer is None else ffn_layer) * len(lay.layer_offsets)
 
 
-def choose_window(activity: dict, capacity: int, n_rows: int, n_layers: int, row_bytes: int, profile: dict,
-                  threads: int) -> tuple[int, list[dict]]:
+def choose_window(
+    activity: dict, capacity: int, n_rows: int, n_layers: int, row_bytes: int, profile: dict, threads: int
+) -> tuple[int, list[dict]]:
     """(window, one row per window size tried: the rows it caches and reads per layer and its predicted
     I/O ms per token). Windows whose union overflows `capacity` rows are not eligible; window 1
     always is (its overflow is read every token whatever the window)."""
@@ -57,9 +58,19 @@ def choose_window(activity: dict, capacity: int, n_rows: int, n_layers: int, row
     return best[1], table
 
 
-def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, window: int,
-                row_bytes: int | None = None, activity: dict | None = None, profile: dict | None = None,
-                threads: int = 1, resident: int | None = None, converted_layer: int = 0) -> tuple[SparsePlan, dict]:
+def plan_budget(
+    mode: SparseMode,
+    budget: int,
+    store,
+    predictor_bytes: int,
+    window: int,
+    row_bytes: int | None = None,
+    activity: dict | None = None,
+    profile: dict | None = None,
+    threads: int = 1,
+    resident: int | None = None,
+    converted_layer: int = 0,
+) -> tuple[SparsePlan, dict]:
     """row_bytes: bytes of one cached row (default a whole bundle; less when only down columns are read).
     resident: bytes the backend holds for the resident tensors (default: as stored); converted_layer:
     bytes of one FFN layer converted for compute (0 when compute reads the rows as they are).
@@ -73,11 +84,13 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
     caches = mode is not SparseMode.NAIVE  # naive holds no rows beyond the layer buffer
     minimum = fixed + (L * bb if caches else 0)
     if budget < minimum:
-        raise MemoryBudgetError(f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
-                                f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
-                                f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
-                                f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"
-                                + (", one FFN row per layer)" if caches else ")"))
+        raise MemoryBudgetError(
+            f"weights budget {fmt(budget)} (what the memory budget leaves for weights, or "
+            f"--weights-budget) is below the minimum {fmt(minimum)} for mode "
+            f"{mode.value!r} (resident weights {fmt(resident)}, predictors {fmt(preds)}, layer "
+            f"buffers {fmt(buffers)}, one converted layer {fmt(converted_layer)}"
+            + (", one FFN row per layer)" if caches else ")")
+        )
     rows = min(F, (budget - fixed) // (L * bb)) if caches else 0
     table = []
     if window == 0:
@@ -86,9 +99,17 @@ def plan_budget(mode: SparseMode, budget: int, store, predictor_bytes: int, wind
             # activity is measured per neuron; for block bundles the share of bundles needed is at
             # least that (a bundle is needed when any of its neurons is), so this is a lower bound
             window, table = choose_window(activity, rows, F, L, bb, profile, threads)
-    plan = SparsePlan(mode=mode, capacity=rows, window=window,
-                      resident_rows=rows if mode is SparseMode.HYBRID else 0)
-    account = {"window": window, "window_costs": table, "budget": budget, "resident_weights": resident,
-               "predictors": preds, "layer_buffer": buffers, "converted_layer": converted_layer,
-               "ffn_rows_per_layer": rows, "ffn_rows_bytes": rows * L * bb, "planned_total": fixed + rows * L * bb}
+    plan = SparsePlan(mode=mode, capacity=rows, window=window, resident_rows=rows if mode is SparseMode.HYBRID else 0)
+    account = {
+        "window": window,
+        "window_costs": table,
+        "budget": budget,
+        "resident_weights": resident,
+        "predictors": preds,
+        "layer_buffer": buffers,
+        "converted_layer": converted_layer,
+        "ffn_rows_per_layer": rows,
+        "ffn_rows_bytes": rows * L * bb,
+        "planned_total": fixed + rows * L * bb,
+    }
     return plan, account

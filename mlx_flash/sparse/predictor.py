@@ -59,8 +59,10 @@ class Predictors:
         """Switch every layer to the cuts calibrated for this recall (a quality/I-O knob)."""
         key = f"{float(recall):g}"
         if key not in self.cuts_by_recall:
-            raise StoreError(f"predictors have no cut for recall {key} (calibrated: "
-                             f"{', '.join(sorted(self.cuts_by_recall)) or 'none'}; retrain with tools/train_predictor.py)")
+            raise StoreError(
+                f"predictors have no cut for recall {key} (calibrated: "
+                f"{', '.join(sorted(self.cuts_by_recall)) or 'none'}; retrain with tools/train_predictor.py)"
+            )
         for p, c in zip(self.layers, self.cuts_by_recall[key]):
             p.cut = float(c)
         self.recall = key
@@ -71,10 +73,18 @@ class Predictors:
         tensors = {}
         for i, p in enumerate(self.layers):
             tensors.update({f"layers.{i}.U": p.U, f"layers.{i}.V": p.V, f"layers.{i}.b": p.b})
-        meta = {"format_version": FORMAT_VERSION, "sparsity": self.sparsity, "cuts": [p.cut for p in self.layers],
-                "ranks": [p.rank for p in self.layers], "magnitude_thresholds": list(map(float, self.magnitude_thresholds)),
-                "metrics": self.metrics, "trained_on": self.trained_on, "cuts_by_recall": self.cuts_by_recall,
-                "recall": self.recall, "window_activity": self.activity}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "sparsity": self.sparsity,
+            "cuts": [p.cut for p in self.layers],
+            "ranks": [p.rank for p in self.layers],
+            "magnitude_thresholds": list(map(float, self.magnitude_thresholds)),
+            "metrics": self.metrics,
+            "trained_on": self.trained_on,
+            "cuts_by_recall": self.cuts_by_recall,
+            "recall": self.recall,
+            "window_activity": self.activity,
+        }
         wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
         save_file(tensors, wpath + ".tmp")
         with open(mpath + ".tmp", "w") as fh:
@@ -86,8 +96,10 @@ class Predictors:
     def load(cls, store_path: str, n_layers: int, d_model: int, n_neurons: int) -> "Predictors":
         mpath, wpath = os.path.join(store_path, META_NAME), os.path.join(store_path, WEIGHTS_NAME)
         if not os.path.isfile(mpath) or not os.path.isfile(wpath):
-            raise StoreError(f"{store_path}: the store has no sparsity predictors (train them with "
-                             f"python tools/train_predictor.py --model {store_path})")
+            raise StoreError(
+                f"{store_path}: the store has no sparsity predictors (train them with "
+                f"python tools/train_predictor.py --model {store_path})"
+            )
         try:
             with open(mpath) as fh:
                 meta = json.load(fh)
@@ -107,13 +119,22 @@ class Predictors:
             U, V, b = (t[n].astype(np.float32) for n in names)
             r = U.shape[1] if U.ndim == 2 else -1
             if U.shape != (d_model, r) or V.shape != (r, n_neurons) or b.shape != (n_neurons,):
-                raise StoreError(f"{wpath}: predictor of layer {i} has shapes U{list(U.shape)} V{list(V.shape)} "
-                                 f"b{list(b.shape)}; the model needs U[{d_model}, r] V[r, {n_neurons}] b[{n_neurons}]")
+                raise StoreError(
+                    f"{wpath}: predictor of layer {i} has shapes U{list(U.shape)} V{list(V.shape)} "
+                    f"b{list(b.shape)}; the model needs U[{d_model}, r] V[r, {n_neurons}] b[{n_neurons}]"
+                )
             layers.append(LayerPredictor(U, V, b, float(meta["cuts"][i])))
         cuts = {k: list(map(float, v)) for k, v in meta.get("cuts_by_recall", {}).items()}
         bad = [k for k, v in cuts.items() if len(v) != n_layers]
         if bad:
             raise StoreError(f"{mpath}: cuts for recall {bad[0]} cover {len(cuts[bad[0]])} layers, not {n_layers}")
-        return cls(layers, float(meta["sparsity"]), list(meta["magnitude_thresholds"]), meta.get("metrics", []),
-                   meta.get("trained_on", ""), cuts, meta.get("recall", ""),
-                   meta.get("window_activity", {}))
+        return cls(
+            layers,
+            float(meta["sparsity"]),
+            list(meta["magnitude_thresholds"]),
+            meta.get("metrics", []),
+            meta.get("trained_on", ""),
+            cuts,
+            meta.get("recall", ""),
+            meta.get("window_activity", {}),
+        )

@@ -31,8 +31,9 @@ def down_fields(layout: FFNLayout) -> tuple[list[BundleField], list[int], int]:
     """The down-projection fields of a bundle packed into a row of their own, laid out like any
     bundle: (fields with their offsets in that row, their indices in layout.fields, row bytes)."""
     index = [k for k, f in enumerate(layout.fields) if f.name.startswith("down.")]
-    fields, row_bytes = plan_fields([(layout.fields[k].name, np.empty((0, *layout.fields[k].shape)),
-                                      layout.fields[k].dtype) for k in index])
+    fields, row_bytes = plan_fields(
+        [(layout.fields[k].name, np.empty((0, *layout.fields[k].shape)), layout.fields[k].dtype) for k in index]
+    )
     return fields, index, row_bytes
 
 
@@ -66,9 +67,12 @@ class DownRows:
         arrays, transposed = neuron_arrays(self.layout, rows, self.fields)
         d, ddt = linear_parts(arrays, "down")
         neurons = None if row_ids is None else block_neurons(row_ids, self.layout.block)
-        return FFNWeights(gate_up=self.gate_up[layer], hidden=selection.hidden,
-                          down=self.ops.weight(d, self.layout.quant.get("down"), transposed=transposed, dtypes=ddt),
-                          rows=None if neurons is None else self.ops.array(neurons))
+        return FFNWeights(
+            gate_up=self.gate_up[layer],
+            hidden=selection.hidden,
+            down=self.ops.weight(d, self.layout.quant.get("down"), transposed=transposed, dtypes=ddt),
+            rows=None if neurons is None else self.ops.array(neurons),
+        )
 
 
 class BundleFile:
@@ -80,8 +84,9 @@ class BundleFile:
     def submit(self, layer: int, ids: np.ndarray, flat: np.ndarray, slots: np.ndarray):
         """Start reading bundles `ids` into rows `slots` of `flat` (a [rows * row_bytes] view)."""
         bb = self.layout.bundle_bytes
-        return self.pool.submit_rows(self.file, self.layout.layer_offsets[layer] + ids * bb, bb, flat, slots * bb,
-                                     row_bytes=bb)
+        return self.pool.submit_rows(
+            self.file, self.layout.layer_offsets[layer] + ids * bb, bb, flat, slots * bb, row_bytes=bb
+        )
 
 
 class FieldFile:
@@ -97,5 +102,6 @@ class FieldFile:
             offs.append(self.offsets[layer][k] + ids * f.nbytes)
             lens.append(np.full(ids.size, f.nbytes))
             douts.append(slots * rb + f.offset)
-        return self.pool.submit_rows(self.file, np.concatenate(offs), np.concatenate(lens), flat,
-                                     np.concatenate(douts), row_bytes=rb)
+        return self.pool.submit_rows(
+            self.file, np.concatenate(offs), np.concatenate(lens), flat, np.concatenate(douts), row_bytes=rb
+        )

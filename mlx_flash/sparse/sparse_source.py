@@ -46,12 +46,20 @@ class SparseSource(LayerSource):
 
     def stats(self) -> FFNStats:
         r, x = self.reader, self.extra
-        return FFNStats(io_seconds=r.wait_seconds + x.io_seconds, mem_seconds=x.mem_seconds,
-                        bytes_read=r.bytes_read + x.bytes_read, reads=r.reads + x.reads,
-                        sparse_mode=self.plan.mode.value, sparse_kernel=self.kernel_name(), neurons=self.layout.n_neurons,
-                        rows_active=self.rows_active, rows_loaded=self.rows_loaded,
-                        decode_layer_steps=self.decode_layer_steps, cached_rows=tuple(self.cached_rows()),
-                        cache_capacity=self.plan.capacity * self.layout.block)
+        return FFNStats(
+            io_seconds=r.wait_seconds + x.io_seconds,
+            mem_seconds=x.mem_seconds,
+            bytes_read=r.bytes_read + x.bytes_read,
+            reads=r.reads + x.reads,
+            sparse_mode=self.plan.mode.value,
+            sparse_kernel=self.kernel_name(),
+            neurons=self.layout.n_neurons,
+            rows_active=self.rows_active,
+            rows_loaded=self.rows_loaded,
+            decode_layer_steps=self.decode_layer_steps,
+            cached_rows=tuple(self.cached_rows()),
+            cache_capacity=self.plan.capacity * self.layout.block,
+        )
 
     def close(self) -> None:
         self.reader.close()

@@ -39,4 +39,3 @@ class StatisticalActivity:
         out = np.zeros((1, F), dtype=bool)
         out[0, ids] = True
         return out
-

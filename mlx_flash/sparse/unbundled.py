@@ -42,13 +42,14 @@ def ensure_unbundled(store, progress: bool = False) -> str:
     buf = np.empty(layout.layer_nbytes, dtype=np.uint8)  # one layer at a time: no mapping of the whole file
     with open(store.file_path(layout.file), "rb") as src, open(tmp, "wb") as fh:
         fh.truncate(size)
-        for layer, base in enumerate(tqdm(layout.layer_offsets, desc="unbundled layout", unit="layer",
-                                          disable=not progress)):
+        for layer, base in enumerate(
+            tqdm(layout.layer_offsets, desc="unbundled layout", unit="layer", disable=not progress)
+        ):
             src.seek(base)
             src.readinto(memoryview(buf))
             rows = buf.reshape(layout.n_rows, layout.bundle_bytes)
             for f, off in zip(layout.fields, offsets[layer]):
                 fh.seek(off)
-                fh.write(np.ascontiguousarray(rows[:, f.offset:f.offset + f.nbytes]).tobytes())
+                fh.write(np.ascontiguousarray(rows[:, f.offset : f.offset + f.nbytes]).tobytes())
     os.replace(tmp, path)
     return path

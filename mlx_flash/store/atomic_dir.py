@@ -128,7 +128,7 @@ def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
         os.makedirs(parent, exist_ok=True)
     except OSError as e:
         raise OutputError(f"{parent}: cannot create it ({e.strerror})") from None
-    with (nullcontext() if locked else output_lock(out_dir, progress)), _terminate_as_exit():
+    with nullcontext() if locked else output_lock(out_dir, progress), _terminate_as_exit():
         remove_dead_partials(parent)
         tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

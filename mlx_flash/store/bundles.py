@@ -12,8 +12,13 @@ from .manifest import BundleField
 
 # numpy dtype used to hold each storage dtype (bfloat16 travels as raw 16-bit words).
 NUMPY_DTYPES = {
-    "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint32": np.uint32,
-    "int32": np.int32, "uint8": np.uint8, "int8": np.int8,
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": np.uint16,
+    "uint32": np.uint32,
+    "int32": np.int32,
+    "uint8": np.uint8,
+    "int8": np.int8,
 }
 FIELD_ALIGN = 4
 
@@ -35,7 +40,7 @@ def pack_layer(fields: list[BundleField], bundle_bytes: int, arrays: dict[str, n
     out = np.zeros((n, bundle_bytes), dtype=np.uint8)
     for f in fields:
         a = np.ascontiguousarray(arrays[f.name]).reshape(n, -1)
-        out[:, f.offset:f.offset + f.nbytes] = a.view(np.uint8).reshape(n, f.nbytes)
+        out[:, f.offset : f.offset + f.nbytes] = a.view(np.uint8).reshape(n, f.nbytes)
     return out
 
 
@@ -44,6 +49,6 @@ def unpack_rows(fields: list[BundleField], rows: np.ndarray) -> dict[str, np.nda
     n = rows.shape[0]
     out = {}
     for f in fields:
-        raw = np.ascontiguousarray(rows[:, f.offset:f.offset + f.nbytes])
+        raw = np.ascontiguousarray(rows[:, f.offset : f.offset + f.nbytes])
         out[f.name] = raw.view(NUMPY_DTYPES[f.dtype]).reshape([n, *f.shape])
     return out

@@ -22,8 +22,10 @@ def check_ffn_fields(store_dir: str, ffn, fields, quant, down_rows: bool) -> Non
     for name in names:
         matrix, _, part = name.partition(".")
         if matrix not in matrices or part not in FFN_PARTS or names.count(name) > 1:
-            raise StoreError(f"{store_dir}: FFN bundle field {name!r} is unknown or repeated (fields are "
-                             f"<{'|'.join(matrices)}>.<{'|'.join(FFN_PARTS)}>, each once)")
+            raise StoreError(
+                f"{store_dir}: FFN bundle field {name!r} is unknown or repeated (fields are "
+                f"<{'|'.join(matrices)}>.<{'|'.join(FFN_PARTS)}>, each once)"
+            )
     for k in quant:
         if k not in matrices:
             raise StoreError(f"{store_dir}: FFN quantization names {k!r}, which is not a matrix of this FFN")
@@ -32,8 +34,10 @@ def check_ffn_fields(store_dir: str, ffn, fields, quant, down_rows: bool) -> Non
         need = {"weight"} | ({"scales", "biases"} if q is not None and not q.is_block else set())
         have = {n.partition(".")[2] for n in names if n.startswith(matrix + ".")} - {"bias"}
         if have != need:
-            raise StoreError(f"{store_dir}: FFN bundles hold {sorted(have)} of {matrix} but its quantization "
-                             f"({quant.get(matrix)}) needs {sorted(need)}")
+            raise StoreError(
+                f"{store_dir}: FFN bundles hold {sorted(have)} of {matrix} but its quantization "
+                f"({quant.get(matrix)}) needs {sorted(need)}"
+            )
     if ffn.block != 1 or down_rows:  # blocks are checked by their lead axis (Manifest.validate)
         return
     d = ffn.d_model
@@ -49,8 +53,10 @@ def check_ffn_fields(store_dir: str, ffn, fields, quant, down_rows: bool) -> Non
         else:
             shape, dtypes = [d // q.group_size], FLOAT_DTYPES
         if fl.shape != shape or fl.dtype not in dtypes:
-            raise StoreError(f"{store_dir}: FFN bundle field {fl.name} is {fl.dtype} {fl.shape} but d_model "
-                             f"{d} ({q or 'float rows'}) needs {' or '.join(dtypes)} {shape}")
+            raise StoreError(
+                f"{store_dir}: FFN bundle field {fl.name} is {fl.dtype} {fl.shape} but d_model "
+                f"{d} ({q or 'float rows'}) needs {' or '.join(dtypes)} {shape}"
+            )
 
 
 def check_block_fields(store_dir: str, ffn) -> None:
@@ -60,8 +66,9 @@ def check_block_fields(store_dir: str, ffn) -> None:
     per d_model row, with bundles of one block of neurons."""
     layers = ffn.layer_quant or [ffn.quant]
     if ffn.layer_quant and len(ffn.layer_quant) != len(ffn.layer_offsets):
-        raise StoreError(f"{store_dir}: ffn.layer_quant lists {len(ffn.layer_quant)} layers, not "
-                         f"{len(ffn.layer_offsets)}")
+        raise StoreError(
+            f"{store_dir}: ffn.layer_quant lists {len(ffn.layer_quant)} layers, not {len(ffn.layer_offsets)}"
+        )
     fields = {fl.name: fl for fl in ffn.fields}
     for layer, quant in enumerate(layers):
         if set(quant) != set(ffn.quant):
@@ -75,13 +82,17 @@ def check_block_fields(store_dir: str, ffn) -> None:
             blk, fl = BLOCKS[q.kind], fields.get(f"{matrix}.weight")
             need = blk.nbytes if matrix == "down" else blk.row_bytes(ffn.d_model)
             if matrix == "down" and ffn.block != blk.weights:
-                raise StoreError(f"{store_dir}: FFN down in {q.kind} needs bundles of {blk.weights} neurons "
-                                 f"(the layout has {ffn.block})")
+                raise StoreError(
+                    f"{store_dir}: FFN down in {q.kind} needs bundles of {blk.weights} neurons "
+                    f"(the layout has {ffn.block})"
+                )
             if matrix != "down" and ffn.d_model % blk.weights:
                 raise StoreError(f"{store_dir}: FFN {matrix} in {q.kind} needs d_model a multiple of {blk.weights}")
             if fl is None or fl.dtype != "uint8" or len(fl.shape) != 2 or fl.shape[1] < need:
-                raise StoreError(f"{store_dir}: FFN bundle field {matrix}.weight cannot hold {q.kind} rows of "
-                                 f"{need} bytes (layer {layer})")
+                raise StoreError(
+                    f"{store_dir}: FFN bundle field {matrix}.weight cannot hold {q.kind} rows of "
+                    f"{need} bytes (layer {layer})"
+                )
 
 
 def check_against_config(store_dir: str, manifest) -> None:
@@ -92,40 +103,54 @@ def check_against_config(store_dir: str, manifest) -> None:
     if f.d_model != hidden:
         raise StoreError(f"{store_dir}: ffn.d_model {f.d_model} is not the config's hidden_size {hidden}")
     if "intermediate_size" in c and f.n_neurons != c["intermediate_size"]:
-        raise StoreError(f"{store_dir}: ffn.n_neurons {f.n_neurons} is not the config's intermediate_size "
-                         f"{c['intermediate_size']}")
+        raise StoreError(
+            f"{store_dir}: ffn.n_neurons {f.n_neurons} is not the config's intermediate_size {c['intermediate_size']}"
+        )
     heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     kv = c.get("num_key_value_heads") or heads
     embed = c.get("word_embed_proj_dim") or hidden
     vocab = c["vocab_size"]
     # name -> the shapes it may have
-    want = {"model.embed_tokens.weight": [[vocab, embed]], "model.decoder.embed_tokens.weight": [[vocab, embed]],
-            "lm_head.weight": [[vocab, embed]], "model.norm.weight": [[hidden]]}
+    want = {
+        "model.embed_tokens.weight": [[vocab, embed]],
+        "model.decoder.embed_tokens.weight": [[vocab, embed]],
+        "lm_head.weight": [[vocab, embed]],
+        "model.norm.weight": [[hidden]],
+    }
     for layer in range(c["num_hidden_layers"]):
         for prefix in (f"model.layers.{layer}.", f"model.decoder.layers.{layer}."):
             a = prefix + "self_attn."
-            want.update({a + "q_proj.weight": [[heads * head_dim, hidden]],
-                         a + "k_proj.weight": [[kv * head_dim, hidden]], a + "v_proj.weight": [[kv * head_dim, hidden]],
-                         a + "o_proj.weight": [[hidden, heads * head_dim]],
-                         a + "out_proj.weight": [[hidden, heads * head_dim]],
-                         # per head (qwen3) or over the whole projection (olmoe)
-                         a + "q_norm.weight": [[head_dim], [heads * head_dim]],
-                         a + "k_norm.weight": [[head_dim], [kv * head_dim]],
-                         prefix + "input_layernorm.weight": [[hidden]],
-                         prefix + "post_attention_layernorm.weight": [[hidden]]})
+            want.update(
+                {
+                    a + "q_proj.weight": [[heads * head_dim, hidden]],
+                    a + "k_proj.weight": [[kv * head_dim, hidden]],
+                    a + "v_proj.weight": [[kv * head_dim, hidden]],
+                    a + "o_proj.weight": [[hidden, heads * head_dim]],
+                    a + "out_proj.weight": [[hidden, heads * head_dim]],
+                    # per head (qwen3) or over the whole projection (olmoe)
+                    a + "q_norm.weight": [[head_dim], [heads * head_dim]],
+                    a + "k_norm.weight": [[head_dim], [kv * head_dim]],
+                    prefix + "input_layernorm.weight": [[hidden]],
+                    prefix + "post_attention_layernorm.weight": [[hidden]],
+                }
+            )
     for name, t in manifest.tensors.items():
         if name not in want:
             continue
         q = manifest.quant.get(name[: -len(".weight")])
         quantized = q is not None
         if t.dtype not in ((("uint8",) if q.is_block else ("uint32",)) if quantized else FLOAT_DTYPES):
-            raise StoreError(f"{store_dir}: tensor {name} is stored as {t.dtype}, which is not a "
-                             f"{'quantized weight' if quantized else 'float'} dtype")
+            raise StoreError(
+                f"{store_dir}: tensor {name} is stored as {t.dtype}, which is not a "
+                f"{'quantized weight' if quantized else 'float'} dtype"
+            )
         if logical_shape(manifest, name) not in want[name]:
-            raise StoreError(f"{store_dir}: tensor {name} has shape {logical_shape(manifest, name)} but the config "
-                             f"(hidden_size {hidden}, heads {heads}x{head_dim}, kv heads {kv}, vocab {vocab}) "
-                             f"needs {' or '.join(map(str, want[name]))}")
+            raise StoreError(
+                f"{store_dir}: tensor {name} has shape {logical_shape(manifest, name)} but the config "
+                f"(hidden_size {hidden}, heads {heads}x{head_dim}, kv heads {kv}, vocab {vocab}) "
+                f"needs {' or '.join(map(str, want[name]))}"
+            )
 
 
 def logical_shape(manifest, name: str) -> list[int]:

@@ -35,8 +35,10 @@ def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
 
     rng = np.random.default_rng(0)
     block = 4 * MiB  # small: the quick probe runs inside the caller's memory budget (64 MiB peaked 128 MiB over it)
-    with open(path + ".tmp", "wb") as fh, tqdm(total=size, unit="B", unit_scale=True, desc="scratch file",
-                                                disable=not progress) as bar:
+    with (
+        open(path + ".tmp", "wb") as fh,
+        tqdm(total=size, unit="B", unit_scale=True, desc="scratch file", disable=not progress) as bar,
+    ):
         left = size
         while left:
             n = min(block, left)
@@ -53,8 +55,9 @@ def random_offsets(rng, file_size: int, chunk: int, n: int, align: int = BLOCK) 
     return rng.integers(0, (file_size - chunk) // align, n) * align
 
 
-def pool_throughput(path: str, chunk: int, threads: int, seconds: float, mode: str = "direct", seed: int = 0,
-                    align: int = BLOCK) -> float:
+def pool_throughput(
+    path: str, chunk: int, threads: int, seconds: float, mode: str = "direct", seed: int = 0, align: int = BLOCK
+) -> float:
     """Bytes/s of random `chunk`-sized reads at `align`-aligned offsets with `threads` workers,
     keeping two batches in flight so workers never wait for the submitter.
 
@@ -121,8 +124,15 @@ def profile_disk(path: str, chunks=CHUNKS, threads=THREADS, seconds: float = 1.0
     table: dict[str, dict[str, float]] = {}
     for t, c in tqdm(grid, desc="profiling", disable=not progress):
         table.setdefault(str(t), {})[str(c)] = pool_throughput(path, c, t, seconds)
-    return {"version": 1, "file": os.path.abspath(path), "file_size": os.path.getsize(path), "seconds_per_cell": seconds,
-            "throughput": table, "latency_s": first_byte_latency(path), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        "version": 1,
+        "file": os.path.abspath(path),
+        "file_size": os.path.getsize(path),
+        "seconds_per_cell": seconds,
+        "throughput": table,
+        "latency_s": first_byte_latency(path),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def coalesce_gap(profile: dict) -> int:
@@ -192,8 +202,10 @@ def default_profile(cache_dir: str | None = None, probe_dir: str | None = None, 
     os.makedirs(cache_dir, exist_ok=True)
     scratch = os.path.join(probe_dir or cache_dir, ".probe.bin")
     chunks, threads, seconds = [4 * KiB, 64 * KiB, 1 * MiB], QUICK_THREADS, 0.25
-    detail = (f"first use: a 256 MiB scratch file, {len(chunks) * len(threads)} points of {seconds} s; saved to "
-              f"{path}; python -m mlx_flash.profile_disk makes a full profile")
+    detail = (
+        f"first use: a 256 MiB scratch file, {len(chunks) * len(threads)} points of {seconds} s; saved to "
+        f"{path}; python -m mlx_flash.profile_disk makes a full profile"
+    )
     with step("measuring this disk's random reads", progress, detail):
         make_scratch_file(scratch, 256 * MiB)
         try:

@@ -3,9 +3,9 @@ buffer (so direct I/O reads straight into it). I/O only: numpy views, no framewo
 
 With `prefetch`, two buffers alternate: when layer i is handed out, the read of the next layer
 (i + 1, or layer 0 of the next token after the last; with `order`, the next layer of that list,
-cyclically) starts into the other buffer, so reading it overlaps computing layer i. The caller must be done with layer i's rows before asking for layer
-i + 2 (the buffer is refilled then); the CPU kernel computes when a linear is called, so a layer's
-products are done when the next layer is asked for.
+cyclically) starts into the other buffer, so reading it overlaps computing layer i. The caller must
+be done with layer i's rows before asking for layer i + 2 (the buffer is refilled then); the CPU
+kernel computes when a linear is called, so a layer's products are done when the next layer is asked for.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from .reader_pool import ReaderPool
 
 
 class FFNReader:
-    def __init__(self, pool: ReaderPool, path: str, layout: FFNLayout, prefetch: bool = False,
-                 order: list[int] | None = None, alloc=None):
+    def __init__(
+        self,
+        pool: ReaderPool,
+        path: str,
+        layout: FFNLayout,
+        prefetch: bool = False,
+        order: list[int] | None = None,
+        alloc=None,
+    ):
         """`alloc(nbytes)`: the buffers' memory (a backend's, which its kernels read in place);
         default page-aligned anonymous memory."""
         self.pool = pool
@@ -96,8 +103,9 @@ class FFNReader:
         self._holds[b] = key
         n = self.layout.layer_nbytes - start
         if n > 0:
-            self._pending[b] = self.pool.submit([(self.file, self.layout.layer_offsets[layer] + start, n,
-                                                  self.bufs[b][start:])])
+            self._pending[b] = self.pool.submit(
+                [(self.file, self.layout.layer_offsets[layer] + start, n, self.bufs[b][start:])]
+            )
         return b
 
     def _finish(self, b: int) -> None:

@@ -31,9 +31,7 @@ FFN_FILE = "ffn_bundles.bin"
 ALIGNMENT = 4096
 
 # Storage dtypes and their item sizes. bfloat16 is kept as raw 16-bit words on the I/O side.
-DTYPE_SIZES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4, "int32": 4, "uint8": 1, "int8": 1,
-}
+DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4, "int32": 4, "uint8": 1, "int8": 1}
 
 
 SEAL = "seal"  # the manifest's own checksum (Manifest.to_json); manifests written before it have none
@@ -133,8 +131,10 @@ class FFNLayout:
         if self.block < 1 or self.n_neurons % self.block:
             raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into blocks of {self.block}")
         if self.n_experts < 0 or (self.n_experts and self.n_neurons % (self.n_experts * self.block)):
-            raise ValueError(f"ffn.n_neurons {self.n_neurons} is not split evenly into {self.n_experts} experts "
-                             f"of whole blocks of {self.block}")
+            raise ValueError(
+                f"ffn.n_neurons {self.n_neurons} is not split evenly into {self.n_experts} experts "
+                f"of whole blocks of {self.block}"
+            )
         if self.down_rows and self.block != 1:
             raise ValueError("ffn.down_rows (whole-expert down matrices) needs bundles of one neuron")
 
@@ -183,8 +183,16 @@ class FFNLayout:
         if not self.expert_table:
             return self
         f = self.expert_formats[self.expert_table[layer][expert][0]]
-        return replace(self, bundle_bytes=f.bundle_bytes, fields=f.fields, quant=f.quant, precision=f.precision,
-                       expert_formats=[], expert_table=[], down_rows=f.down_rows)
+        return replace(
+            self,
+            bundle_bytes=f.bundle_bytes,
+            fields=f.fields,
+            quant=f.quant,
+            precision=f.precision,
+            expert_formats=[],
+            expert_table=[],
+            down_rows=f.down_rows,
+        )
 
 
 @dataclass
@@ -219,12 +227,16 @@ class Manifest:
         if SEAL in d:
             sealed = d.pop(SEAL)
             if sealed != seal_of(d):
-                raise StoreError(f"{where}: its seal does not match its content (the manifest is corrupt or was "
-                                 "edited; convert the model again)")
+                raise StoreError(
+                    f"{where}: its seal does not match its content (the manifest is corrupt or was "
+                    "edited; convert the model again)"
+                )
         version = d.get("format_version")
         if isinstance(version, int) and not isinstance(version, bool) and version != FORMAT_VERSION:
-            raise StoreError(f"{where}: store format version {version} is not supported (this build reads version "
-                             f"{FORMAT_VERSION}); convert the model again")
+            raise StoreError(
+                f"{where}: store format version {version} is not supported (this build reads version "
+                f"{FORMAT_VERSION}); convert the model again"
+            )
         try:
             check(MANIFEST, d)
             check_config_arithmetic(d["config"])
@@ -237,22 +249,32 @@ class Manifest:
                 tensors={k: TensorEntry(**v) for k, v in d["tensors"].items()},
                 quant={k: QuantSpec(**v) for k, v in d["quant"].items()},
                 ffn=FFNLayout(
-                    file=ffn["file"], gated=ffn["gated"], n_neurons=ffn["n_neurons"],
-                    d_model=ffn["d_model"], bundle_bytes=ffn["bundle_bytes"],
+                    file=ffn["file"],
+                    gated=ffn["gated"],
+                    n_neurons=ffn["n_neurons"],
+                    d_model=ffn["d_model"],
+                    bundle_bytes=ffn["bundle_bytes"],
                     fields=[BundleField(**f) for f in ffn["fields"]],
                     quant={k: (QuantSpec(**v) if v else None) for k, v in ffn["quant"].items()},
-                    layer_offsets=ffn["layer_offsets"], precision=ffn["precision"],
+                    layer_offsets=ffn["layer_offsets"],
+                    precision=ffn["precision"],
                     n_experts=int(ffn.get("n_experts", 0)),
-                    expert_formats=[ExpertFormat(precision=x["precision"], bundle_bytes=x["bundle_bytes"],
-                                                 fields=[BundleField(**f) for f in x["fields"]],
-                                                 quant={k: (QuantSpec(**v) if v else None) for k, v in x["quant"].items()},
-                                                 down_rows=bool(x.get("down_rows", False)))
-                                    for x in ffn.get("expert_formats", [])],
+                    expert_formats=[
+                        ExpertFormat(
+                            precision=x["precision"],
+                            bundle_bytes=x["bundle_bytes"],
+                            fields=[BundleField(**f) for f in x["fields"]],
+                            quant={k: (QuantSpec(**v) if v else None) for k, v in x["quant"].items()},
+                            down_rows=bool(x.get("down_rows", False)),
+                        )
+                        for x in ffn.get("expert_formats", [])
+                    ],
                     expert_table=ffn.get("expert_table", []),
                     down_rows=bool(ffn.get("down_rows", False)),
                     block=int(ffn.get("block", 1)),
-                    layer_quant=[{k: (QuantSpec(**v) if v else None) for k, v in q.items()}
-                                 for q in ffn.get("layer_quant", [])],
+                    layer_quant=[
+                        {k: (QuantSpec(**v) if v else None) for k, v in q.items()} for q in ffn.get("layer_quant", [])
+                    ],
                 ),
                 files=d["files"],
                 source=d.get("source", {}),
@@ -263,8 +285,9 @@ class Manifest:
             raise StoreError(f"{where}: manifest is missing or mangles a required entry ({e})") from None
 
     # ---- validation ----------------------------------------------------------------------------
-    def validate(self, store_dir: str, verify_checksums: bool = False, progress: bool = False,
-                 cache_dir: str | None = None) -> None:
+    def validate(
+        self, store_dir: str, verify_checksums: bool = False, progress: bool = False, cache_dir: str | None = None
+    ) -> None:
         """Check every file exists with its recorded size and every byte range is in range and
         disjoint from the others, then every file's sha256: each hashed once and stamped in
         `cache_dir` (store/verified.py), every one hashed again when `verify_checksums`."""
@@ -291,7 +314,9 @@ class Manifest:
                     f"bytes but the manifest records {t.nbytes}"
                 )
         f = self.ffn
-        for fields, bundle_bytes in [(f.fields, f.bundle_bytes)] + [(x.fields, x.bundle_bytes) for x in f.expert_formats]:
+        for fields, bundle_bytes in [(f.fields, f.bundle_bytes)] + [
+            (x.fields, x.bundle_bytes) for x in f.expert_formats
+        ]:
             end = 0
             for fl in fields:
                 if fl.dtype not in DTYPE_SIZES or fl.offset < end:
@@ -299,16 +324,19 @@ class Manifest:
                 end = fl.offset + fl.nbytes
             if end > bundle_bytes:
                 raise StoreError(f"{store_dir}: FFN bundle fields need {end} bytes but bundles are {bundle_bytes}")
-        for fields, quant, down_rows in ([(f.fields, f.quant, f.down_rows)]
-                                         + [(x.fields, x.quant, x.down_rows) for x in f.expert_formats]):
+        for fields, quant, down_rows in [(f.fields, f.quant, f.down_rows)] + [
+            (x.fields, x.quant, x.down_rows) for x in f.expert_formats
+        ]:
             check_ffn_fields(store_dir, self.ffn, fields, quant, down_rows)
         check_block_fields(store_dir, self.ffn)
         if f.block > 1:  # a block's fields: [block, ...] per-neuron rows, down as [d_model, ...]
             for fl in f.fields:
                 lead = f.d_model if fl.name.startswith("down.") else f.block
                 if not fl.shape or fl.shape[0] != lead:
-                    raise StoreError(f"{store_dir}: FFN bundle field {fl.name} has shape {fl.shape}, which does not "
-                                     f"hold a block of {f.block} neurons (expected [{lead}, ...])")
+                    raise StoreError(
+                        f"{store_dir}: FFN bundle field {fl.name} has shape {fl.shape}, which does not "
+                        f"hold a block of {f.block} neurons (expected [{lead}, ...])"
+                    )
         if len(f.layer_offsets) != self.config["num_hidden_layers"]:
             raise StoreError(
                 f"{store_dir}: FFN layout lists {len(f.layer_offsets)} layers but the config has "
@@ -332,14 +360,17 @@ class Manifest:
     def _check_expert_table(self, store_dir, ranges) -> None:
         f = self.ffn
         if len(f.expert_table) != len(f.layer_offsets) or any(len(r) != f.n_experts for r in f.expert_table):
-            raise StoreError(f"{store_dir}: the expert table does not list {f.n_experts} experts for each of "
-                             f"{len(f.layer_offsets)} layers")
+            raise StoreError(
+                f"{store_dir}: the expert table does not list {f.n_experts} experts for each of "
+                f"{len(f.layer_offsets)} layers"
+            )
         for layer, row in enumerate(f.expert_table):
             for e, entry in enumerate(row):
                 if len(entry) != 2 or not 0 <= entry[0] < len(f.expert_formats):
                     raise StoreError(f"{store_dir}: expert {e} of layer {layer} names no known format ({entry})")
-                self._check_range(store_dir, ranges, f.file, entry[1], f.expert_size(layer, e),
-                                  f"expert {e} of layer {layer}")
+                self._check_range(
+                    store_dir, ranges, f.file, entry[1], f.expert_size(layer, e), f"expert {e} of layer {layer}"
+                )
 
     def _check_range(self, store_dir, ranges, file, offset, nbytes, what):
         if file not in self.files:

@@ -80,5 +80,7 @@ def _check_dest(f: PoolFile, dest: np.ndarray, off: int) -> None:
 
 
 def _short(f: PoolFile, start: int, want: int, got: int) -> None:
-    raise ReadError(f"{f.path}: short read at offset {start}: wanted {want} bytes, got {max(got, 0)} "
-                    f"(file is {os.fstat(f.fd).st_size} bytes; truncated?)")
+    raise ReadError(
+        f"{f.path}: short read at offset {start}: wanted {want} bytes, got {max(got, 0)} "
+        f"(file is {os.fstat(f.fd).st_size} bytes; truncated?)"
+    )

@@ -46,13 +46,19 @@ def _split_long(file, offset, length, dest, dest_offset, max_chunk):
     idx = np.repeat(np.arange(length.size), pieces)
     k = np.arange(idx.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number in its range
     skip = k * max_chunk
-    return (file[idx], offset[idx] + skip, np.minimum(max_chunk, length[idx] - skip), dest[idx],
-            dest_offset[idx] + skip)
+    return (
+        file[idx],
+        offset[idx] + skip,
+        np.minimum(max_chunk, length[idx] - skip),
+        dest[idx],
+        dest_offset[idx] + skip,
+    )
 
 
 def plan_reads(file, offset, length, dest, dest_offset, gap: int, max_chunk: int) -> Plan:
-    file, offset, length, dest, dest_offset = (np.asarray(a, dtype=np.int64) for a in
-                                               (file, offset, length, dest, dest_offset))
+    file, offset, length, dest, dest_offset = (
+        np.asarray(a, dtype=np.int64) for a in (file, offset, length, dest, dest_offset)
+    )
     keep = length > 0
     if not keep.all():
         file, offset, length, dest, dest_offset = (a[keep] for a in (file, offset, length, dest, dest_offset))
@@ -76,8 +82,17 @@ def plan_reads(file, offset, length, dest, dest_offset, gap: int, max_chunk: int
         c_end = np.maximum.reduceat(end, first)
     count = np.diff(np.append(first, n))
     c_file = file[first]
-    return Plan(offset, length, dest, dest_offset, c_file, pos[first] - c_file * _FILE_STRIDE,
-                c_end - c_file * _FILE_STRIDE, first, count)
+    return Plan(
+        offset,
+        length,
+        dest,
+        dest_offset,
+        c_file,
+        pos[first] - c_file * _FILE_STRIDE,
+        c_end - c_file * _FILE_STRIDE,
+        first,
+        count,
+    )
 
 
 def _resplit(first, too_long, pos, end, n, max_chunk):

@@ -108,8 +108,14 @@ class _Job:
 
 
 class ReaderPool:
-    def __init__(self, threads: int = 4, mode: str = "direct", coalesce_gap: int = 0,
-                 max_chunk: int = 1 << 20, name: str = "mlx-flash-reader"):
+    def __init__(
+        self,
+        threads: int = 4,
+        mode: str = "direct",
+        coalesce_gap: int = 0,
+        max_chunk: int = 1 << 20,
+        name: str = "mlx-flash-reader",
+    ):
         if mode not in MODES:
             raise ValueError(f"reader mode {mode!r} is unknown (choose one of: {', '.join(MODES)})")
         if threads < 1:
@@ -144,8 +150,11 @@ class ReaderPool:
         f = PoolFile(path, direct=self.mode == "direct")
         if self.mode == "direct" and f.direct_fd is None and path not in self._warned:
             self._warned.add(path)
-            warnings.warn(f"{path}: direct I/O is not available on this filesystem; reading through the page cache",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{path}: direct I/O is not available on this filesystem; reading through the page cache",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._files.append(f)
         return f
 
@@ -172,8 +181,9 @@ class ReaderPool:
                 raise ReadError(f"{f.path}: bad range offset {off}, length {length}")
             _check_dest(f, dest, off)
             if dest.nbytes < length:
-                raise ReadError(f"{f.path}: destination of {dest.nbytes} bytes is too small for {length} bytes "
-                                f"at offset {off}")
+                raise ReadError(
+                    f"{f.path}: destination of {dest.nbytes} bytes is too small for {length} bytes at offset {off}"
+                )
             if id(f) not in index:
                 index[id(f)] = len(files)
                 files.append(f)
@@ -183,8 +193,9 @@ class ReaderPool:
             dests.append(dest)
         return self._submit(files, fi, offs, lens, dests, range(len(dests)), [0] * len(dests), priority)
 
-    def submit_rows(self, f: PoolFile, offsets, lengths, dest: np.ndarray, dest_offsets, priority: int = 0,
-                    row_bytes: int = 0) -> Batch:
+    def submit_rows(
+        self, f: PoolFile, offsets, lengths, dest: np.ndarray, dest_offsets, priority: int = 0, row_bytes: int = 0
+    ) -> Batch:
         """Many ranges of one file into one destination buffer: range i is `lengths[i]` bytes at file
         offset `offsets[i]`, landing at byte `dest_offsets[i]` of `dest`. All arguments are arrays
         (or scalars for lengths), and nothing here loops per range.
@@ -199,16 +210,29 @@ class ReaderPool:
         dest_offsets = np.broadcast_to(np.asarray(dest_offsets, dtype=np.int64), offsets.shape)
         _check_file(f, int(offsets[0]) if offsets.size else 0, int(lengths[0]) if offsets.size else 0)
         _check_dest(f, dest, int(offsets[0]) if offsets.size else 0)
-        bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (dest_offsets < 0) | (dest_offsets + lengths > dest.nbytes))
+        bad = np.flatnonzero(
+            (offsets < 0) | (lengths < 0) | (dest_offsets < 0) | (dest_offsets + lengths > dest.nbytes)
+        )
         if bad.size:
             i = int(bad[0])
-            raise ReadError(f"{f.path}: range {i} (offset {offsets[i]}, length {lengths[i]}) does not fit at byte "
-                            f"{dest_offsets[i]} of a {dest.nbytes}-byte destination")
+            raise ReadError(
+                f"{f.path}: range {i} (offset {offsets[i]}, length {lengths[i]}) does not fit at byte "
+                f"{dest_offsets[i]} of a {dest.nbytes}-byte destination"
+            )
         rb = int(row_bytes)
         if rb and (dest.nbytes % rb or ((dest_offsets % rb) + lengths > rb).any()):
             rb = 0  # ranges straddle rows: copy them one by one
-        return self._submit([f], np.zeros(offsets.size, np.int64), offsets, lengths, [dest],
-                            np.zeros(offsets.size, np.int64), dest_offsets, priority, rb)
+        return self._submit(
+            [f],
+            np.zeros(offsets.size, np.int64),
+            offsets,
+            lengths,
+            [dest],
+            np.zeros(offsets.size, np.int64),
+            dest_offsets,
+            priority,
+            rb,
+        )
 
     def read(self, ranges, priority: int = 0) -> Batch:
         return self.submit(ranges, priority).wait()
@@ -229,22 +253,33 @@ class ReaderPool:
         batch._dest, batch._dest_offset = plan.dest.tolist(), plan.dest_offset.tolist()
         # Per read: descriptor, start, length, and whether it lands straight in its destination.
         direct = np.array([self.mode == "direct" and f.direct_fd is not None for f in files])[plan.c_file]
-        fds = np.array([f.direct_fd if self.mode == "direct" and f.direct_fd is not None else f.fd for f in files],
-                       dtype=np.int64)[plan.c_file]
+        fds = np.array(
+            [f.direct_fd if self.mode == "direct" and f.direct_fd is not None else f.fd for f in files], dtype=np.int64
+        )[plan.c_file]
         first = plan.c_first
-        addr = np.array([d.__array_interface__["data"][0] for d in dests], dtype=np.int64)[plan.dest[first]] \
+        addr = (
+            np.array([d.__array_interface__["data"][0] for d in dests], dtype=np.int64)[plan.dest[first]]
             + plan.dest_offset[first]
+        )
         span = plan.c_end - plan.c_start
         aligned = (plan.c_start % BLOCK == 0) & (span % BLOCK == 0) & (addr % BLOCK == 0)
         straight = (plan.c_count == 1) & (aligned | ~direct)
-        cols = [straight.tolist(), fds.tolist(), plan.c_start.tolist(), span.tolist(), plan.dest[first].tolist(),
-                plan.dest_offset[first].tolist(), np.arange(n).tolist()]
+        cols = [
+            straight.tolist(),
+            fds.tolist(),
+            plan.c_start.tolist(),
+            span.tolist(),
+            plan.dest[first].tolist(),
+            plan.dest_offset[first].tolist(),
+            np.arange(n).tolist(),
+        ]
         with self._cv:
             if self._closed:
                 raise PoolClosedError("the reader pool is closed")
             for j in range(n_jobs):
-                heapq.heappush(self._queue, _Job(priority, next(self._seq), batch,
-                                                 list(zip(*(c[j::n_jobs] for c in cols)))))
+                heapq.heappush(
+                    self._queue, _Job(priority, next(self._seq), batch, list(zip(*(c[j::n_jobs] for c in cols))))
+                )
             self._cv.notify(n_jobs)
         return batch
 
@@ -275,9 +310,9 @@ class ReaderPool:
                 if batch._error is not None:  # another job of this batch failed: skip the rest
                     break
                 if straight:  # the hot path: one range, read in place
-                    got = preadv(fd, [views[d][doff:doff + n]], start)
+                    got = preadv(fd, [views[d][doff : doff + n]], start)
                     if got < n:
-                        got = self._finish_short(batch, c, fd, views[d][doff:doff + n], start, got)
+                        got = self._finish_short(batch, c, fd, views[d][doff : doff + n], start, got)
                 else:
                     got = self._read_via_scratch(batch, c, scratch)
                 nbytes += got
@@ -287,8 +322,10 @@ class ReaderPool:
             views = None
             if not isinstance(e, ReadError):
                 p = batch._plan
-                e = ReadError(f"{batch._files[p.c_file[c]].path}: read of {p.c_end[c] - p.c_start[c]} bytes at offset "
-                              f"{p.c_start[c]} failed ({type(e).__name__}: {e})")
+                e = ReadError(
+                    f"{batch._files[p.c_file[c]].path}: read of {p.c_end[c] - p.c_start[c]} bytes at offset "
+                    f"{p.c_start[c]} failed ({type(e).__name__}: {e})"
+                )
             # The traceback's frames hold views on the destinations; the message says what failed.
             e.__context__ = None
             e = e.with_traceback(None)
@@ -331,7 +368,7 @@ class ReaderPool:
         dest, doff = batch._dest, batch._dest_offset
         for r in range(first, first + count):
             at = base + off[r] - start
-            views[dest[r]][doff[r]:doff[r] + length[r]] = scratch[at:at + length[r]]
+            views[dest[r]][doff[r] : doff[r] + length[r]] = scratch[at : at + length[r]]
         return got
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -349,8 +386,12 @@ class ReaderPool:
         for job in pending:
             _, _, start, n, _, _, c = job.reads[0]
             path = job.batch._files[job.batch._plan.c_file[c]].path
-            job.batch._finish_job(PoolClosedError(f"{path}: the reader pool closed before offset {start} "
-                                                  f"(length {n}) was read"), 0, 0, 0.0)
+            job.batch._finish_job(
+                PoolClosedError(f"{path}: the reader pool closed before offset {start} (length {n}) was read"),
+                0,
+                0,
+                0.0,
+            )
         for w in self._workers:
             w.join()
         for f in self._files:
@@ -377,7 +418,7 @@ def _scatter_rows(rows: np.ndarray, p, first: int, count: int, scratch: np.ndarr
     for k in np.unique(key).tolist():
         sel = key == k
         c, n = divmod(k, rows.shape[1] + 1)
-        rows[row[sel], c:c + n] = sliding_window_view(scratch, n)[src[sel]]
+        rows[row[sel], c : c + n] = sliding_window_view(scratch, n)[src[sel]]
 
 
 def _pread_full(fd: int, buf: memoryview, offset: int) -> int:

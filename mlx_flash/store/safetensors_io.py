@@ -12,8 +12,13 @@ import numpy as np
 from .manifest import DTYPE_SIZES, TensorEntry
 
 _ST_DTYPES = {
-    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint32": "U32", "int32": "I32",
-    "uint8": "U8", "int8": "I8",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "uint32": "U32",
+    "int32": "I32",
+    "uint8": "U8",
+    "int8": "I8",
 }
 
 
@@ -44,8 +49,9 @@ def file_order(names, adjacent: list[list[str]] = ()) -> list[str]:
     return [n for k in layers for n in by_layer[k]] + by_layer.get(None, [])
 
 
-def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str,
-                       adjacent: list[list[str]] = ()) -> tuple[bytes, dict[str, TensorEntry]]:
+def safetensors_layout(
+    specs: dict[str, tuple[list[int], str]], file_name: str, adjacent: list[list[str]] = ()
+) -> tuple[bytes, dict[str, TensorEntry]]:
     """specs: name -> (shape, storage dtype name). Returns the bytes that open the file (length + JSON
     header, padded so the data starts 8-byte aligned) and each tensor's manifest entry; the caller
     then writes the data of each tensor in `file_order(specs, adjacent)`."""
@@ -65,8 +71,9 @@ def safetensors_layout(specs: dict[str, tuple[list[int], str]], file_name: str,
     return struct.pack("<Q", len(hb)) + hb, entries
 
 
-def write_safetensors(path: str, specs: dict[str, tuple[list[int], str]], produce, file_name: str,
-                      adjacent: list[list[str]] = ()) -> dict[str, TensorEntry]:
+def write_safetensors(
+    path: str, specs: dict[str, tuple[list[int], str]], produce, file_name: str, adjacent: list[list[str]] = ()
+) -> dict[str, TensorEntry]:
     """specs: name -> (shape, storage dtype name); `produce(name)` returns that tensor's data (a numpy
     array of that many bytes), called once per tensor in file order, so only one tensor need be in
     memory at a time; `adjacent`: runs of names written back to back (file_order). Returns the

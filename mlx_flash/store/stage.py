@@ -30,7 +30,7 @@ def _renamed(name: str, first: int) -> str:
 def stage_config(config: dict, layers: range) -> dict:
     """The config of a model of `layers` alone: their count, and every per-layer list sliced."""
     n = config["num_hidden_layers"]
-    out = {k: (v[layers.start:layers.stop] if isinstance(v, list) and len(v) == n else v) for k, v in config.items()}
+    out = {k: (v[layers.start : layers.stop] if isinstance(v, list) and len(v) == n else v) for k, v in config.items()}
     out["num_hidden_layers"] = len(layers)
     return out
 
@@ -68,8 +68,9 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False,
             for name in sorted(os.listdir(store.path)):  # the tokenizer's files
                 if name not in (RESIDENT_FILE, FFN_FILE, MANIFEST_NAME) and os.path.isfile(store.file_path(name)):
                     shutil.copyfile(store.file_path(name), os.path.join(tmp, name))
-            ffn = dataclasses.replace(m.ffn, layer_offsets=offsets,
-                                      layer_quant=m.ffn.layer_quant[layers.start:layers.stop])
+            ffn = dataclasses.replace(
+                m.ffn, layer_offsets=offsets, layer_quant=m.ffn.layer_quant[layers.start : layers.stop]
+            )
             quant = {}
             for base, q in m.quant.items():
                 layer = tensor_layer(base + ".weight")
@@ -78,12 +79,15 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False,
                         quant[base] = q
                 elif layers.start <= layer < layers.stop:
                     quant[_renamed(base, layers.start)] = q
-            files = {f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": sha256_file(os.path.join(tmp, f))}
-                     for f in sorted(os.listdir(tmp))}
+            files = {
+                f: {"size": os.path.getsize(os.path.join(tmp, f)), "sha256": sha256_file(os.path.join(tmp, f))}
+                for f in sorted(os.listdir(tmp))
+            }
             dropped = sorted(name for name in m.tensors if tensor_layer(name) is None and not outer)
             source = {**m.source, "stage": {"layers": [layers.start, layers.stop], "of": n, "dropped": dropped}}
-            manifest = Manifest(config=stage_config(m.config, layers), tensors=entries, quant=quant, ffn=ffn,
-                                files=files, source=source)
+            manifest = Manifest(
+                config=stage_config(m.config, layers), tensors=entries, quant=quant, ffn=ffn, files=files, source=source
+            )
             with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
                 fh.write(manifest.to_json())
     return out_dir
@@ -101,8 +105,9 @@ def _write_resident(store: Store, kept: dict, tmp: str) -> dict:
         t = m.tensors[kept[new]]
         return store.read_bytes(t.file, t.offset, t.nbytes)
 
-    return write_safetensors(os.path.join(tmp, RESIDENT_FILE), specs, produce, RESIDENT_FILE,
-                             adjacent=list(runs.values()))
+    return write_safetensors(
+        os.path.join(tmp, RESIDENT_FILE), specs, produce, RESIDENT_FILE, adjacent=list(runs.values())
+    )
 
 
 def _write_ffn(store: Store, layers: range, tmp: str) -> list[int]:

@@ -41,8 +41,10 @@ class Store:
             return {name: tensor_view(blobs[t.file], 0, t) for name, t in self.manifest.tensors.items()}
         regions, out = self.layer_regions(), {}
         if regions is None:
-            raise StoreError(f"{self.path}: its resident file does not keep each layer's tensors together "
-                             "(converted by an older version): convert the model again to stream layers")
+            raise StoreError(
+                f"{self.path}: its resident file does not keep each layer's tensors together "
+                "(converted by an older version): convert the model again to stream layers"
+            )
         for run in self._runs([(n, t) for n, t in self.manifest.tensors.items() if tensor_layer(n) is None]):
             first, last = run[0][1], run[-1][1]
             blob = self._read(first.file, first.offset, last.offset + last.nbytes - first.offset, alloc)
@@ -112,7 +114,7 @@ def _numpy_buffer(nbytes: int) -> np.ndarray:
 
 def tensor_view(blob: np.ndarray, blob_offset: int, t) -> tuple[np.ndarray, str]:
     """(a view of tensor entry `t` inside `blob`, which holds its file's bytes from `blob_offset`, dtype)."""
-    raw = blob[t.offset - blob_offset:t.offset - blob_offset + t.nbytes]
+    raw = blob[t.offset - blob_offset : t.offset - blob_offset + t.nbytes]
     return raw.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape), t.dtype
 
 
@@ -120,7 +122,9 @@ def is_store(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME))
 
 
-def open_store(path: str, verify_checksums: bool = False, progress: bool = False, cache_dir: str | None = None) -> Store:
+def open_store(
+    path: str, verify_checksums: bool = False, progress: bool = False, cache_dir: str | None = None
+) -> Store:
     """Validate the whole manifest (its schema, files, sizes, offsets in range, no overlaps) and
     every file's sha256: hashed once and stamped in `cache_dir` (default: the engine's), all of them
     again when `verify_checksums` (store/verified.py), with a progress bar when `progress`."""
@@ -128,7 +132,9 @@ def open_store(path: str, verify_checksums: bool = False, progress: bool = False
         raise ModelNotFoundError(f"{path}: no such store directory")
     mpath = os.path.join(path, MANIFEST_NAME)
     if not os.path.isfile(mpath):
-        raise StoreError(f"{path}: not a store (no {MANIFEST_NAME}; convert the model with python -m mlx_flash.convert)")
+        raise StoreError(
+            f"{path}: not a store (no {MANIFEST_NAME}; convert the model with python -m mlx_flash.convert)"
+        )
     with open(mpath, encoding="utf-8", errors="replace") as fh:
         manifest = Manifest.from_json(fh.read(), mpath)
     if cache_dir is None:

@@ -10,14 +10,16 @@ from .reader_pool import ReaderPool
 STREAM_POOLS = 2
 
 
-def stream_pool(cache_dir: str, chunk: int, mode: str = "direct", threads: int | None = None,
-                progress: bool = False) -> ReaderPool:
+def stream_pool(
+    cache_dir: str, chunk: int, mode: str = "direct", threads: int | None = None, progress: bool = False
+) -> ReaderPool:
     """A pool for reads of about `chunk` bytes: `threads` (default: the profile's best count for
     that size) and the profile's coalescing gap. The first use on a machine measures the disk (a few
     seconds, said on stderr when `progress`)."""
     profile = default_profile(cache_dir, progress=progress)
-    return ReaderPool(threads=threads or best_threads(profile, min(chunk, 1 << 20)), mode=mode,
-                      coalesce_gap=coalesce_gap(profile))
+    return ReaderPool(
+        threads=threads or best_threads(profile, min(chunk, 1 << 20)), mode=mode, coalesce_gap=coalesce_gap(profile)
+    )
 
 
 def stream_pools_bytes(cache_dir: str, threads: int | None = None) -> int:

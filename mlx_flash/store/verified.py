@@ -75,8 +75,9 @@ def sha256_file(path: str, bar=None, chunk: int = 1 << 22) -> str:
                 bar.update(len(b))
 
 
-def verify_files(store_dir: str, files: dict[str, dict], cache_dir: str | None, force: bool = False,
-                 progress: bool = False) -> int:
+def verify_files(
+    store_dir: str, files: dict[str, dict], cache_dir: str | None, force: bool = False, progress: bool = False
+) -> int:
     """Hash every listed file whose stamp does not match (all of them when `force` or without a
     cache directory) and compare with the manifest's sha256; returns the bytes hashed."""
 

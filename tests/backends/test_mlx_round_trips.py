@@ -59,8 +59,15 @@ def test_a_sparse_decode_step_is_at_most_one_round_trip_per_layer(store_dir, mod
     trip a layer); the kernel's products over the neuron cache stay in the graph. (The caches hold every
     active row: rows past a cache take the reference path.)"""
     flash = mlx_flash.FlashOptions(mode=mode, predictor=predictor)
-    with mlx_flash.load(store_dir, backend="mlx", ffn="sparse", flash=flash, weights_budget="200%",
-                        io=mlx_flash.IOOptions(mode="buffered"), progress=False) as e:
+    with mlx_flash.load(
+        store_dir,
+        backend="mlx",
+        ffn="sparse",
+        flash=flash,
+        weights_budget="200%",
+        io=mlx_flash.IOOptions(mode="buffered"),
+        progress=False,
+    ) as e:
         ids = e.tokenizer.encode("The history of the city begins in the year")
         caches = e.new_caches()
         token = int(np.argmax(e.prefill(ids, caches)))

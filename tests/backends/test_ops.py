@@ -56,8 +56,8 @@ def test_rope_per_row_offsets_equal_each_row_alone(ops, traditional):
     for o in ops:
         got = o.to_numpy(o.rope(o.array(x), 16, traditional, 10000.0, offsets))
         for b, off in enumerate(offsets):
-            alone = o.to_numpy(o.rope(o.array(x[b:b + 1]), 16, traditional, 10000.0, int(off)))
-            np.testing.assert_allclose(got[b:b + 1], alone, atol=1e-6)
+            alone = o.to_numpy(o.rope(o.array(x[b : b + 1]), 16, traditional, 10000.0, int(off)))
+            np.testing.assert_allclose(got[b : b + 1], alone, atol=1e-6)
         pos = o.to_numpy(o.positions(offsets, 4))
         np.testing.assert_array_equal(pos, offsets[:, None] + np.arange(4))
 
@@ -74,9 +74,10 @@ def test_sdpa_boolean_mask_equals_unpadded_rows(ops):
     for o in ops:
         got = o.to_numpy(o.sdpa(o.array(q), o.array(k), o.array(v), 0.3, o.mask(keep)))
         for b, n in enumerate(lengths):
-            alone = o.to_numpy(o.sdpa(o.array(q[b:b + 1]), o.array(k[b:b + 1, :, :n]), o.array(v[b:b + 1, :, :n]),
-                                      0.3, "causal"))
-            np.testing.assert_allclose(got[b:b + 1], alone, atol=1e-5)
+            alone = o.to_numpy(
+                o.sdpa(o.array(q[b : b + 1]), o.array(k[b : b + 1, :, :n]), o.array(v[b : b + 1, :, :n]), 0.3, "causal")
+            )
+            np.testing.assert_allclose(got[b : b + 1], alone, atol=1e-5)
 
 
 def test_norms_and_activations(ops):
@@ -134,7 +135,9 @@ def test_embedding_rows_equal_mlx_dequantize_bit_for_bit(ops):
     parts, spec = quantized(50, 64, 4)
     ids = np.array([[7, 0, 49, 7]])
     f32 = {k: mx.array(parts[k][ids[0]]).astype(mx.float32) for k in ("scales", "biases")}  # as the engine held them
-    ref = np.array(mx.dequantize(mx.array(parts["weight"][ids[0]]), f32["scales"], f32["biases"], group_size=32, bits=4))
+    ref = np.array(
+        mx.dequantize(mx.array(parts["weight"][ids[0]]), f32["scales"], f32["biases"], group_size=32, bits=4)
+    )
     got_mlx = ops[0].to_numpy(ops[0].embedding(ops[0].weight(parts, spec), mx.array(ids)))[0]
     got_torch = ops[1].to_numpy(ops[1].embedding(ops[1].weight(parts, spec), torch.as_tensor(ids)))[0]
     assert np.array_equal(got_mlx, ref) and np.array_equal(got_torch, ref)
@@ -170,7 +173,11 @@ def test_held_bytes_count_views_inside_one_buffer_once(ops):
     apart = np.zeros(100, dtype=np.uint8)
     assert covered_bytes([(0, 10), (5, 10), (20, 5), (21, 2)]) == 20
     t = ops[1]
-    tree = {"whole": buf, "slice": torch.from_numpy(buf[1024:2048]), "again": torch.from_numpy(buf[1024:1536]),
-            "apart": apart}
+    tree = {
+        "whole": buf,
+        "slice": torch.from_numpy(buf[1024:2048]),
+        "again": torch.from_numpy(buf[1024:1536]),
+        "apart": apart,
+    }
     assert t.held_bytes(tree) == 4096 + 100
     assert ops[0].held_bytes({"whole": buf, "view": buf[100:200], "apart": apart}) == 4096 + 100

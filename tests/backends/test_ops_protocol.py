@@ -37,8 +37,13 @@ def declared(proto) -> dict[str, str]:
         if klass.__module__ != Ops.__module__:
             continue  # typing.Protocol, Generic, object
         out.update({n: "attribute" for n in klass.__dict__.get("__annotations__", {})})
-        out.update({n: "property" if isinstance(v, property) else "method" if callable(v) else "attribute"
-                    for n, v in klass.__dict__.items() if not n.startswith("_")})
+        out.update(
+            {
+                n: "property" if isinstance(v, property) else "method" if callable(v) else "attribute"
+                for n, v in klass.__dict__.items()
+                if not n.startswith("_")
+            }
+        )
     return out
 
 
@@ -47,10 +52,15 @@ def instance_attributes(cls) -> set[str]:
     names = set()
     for klass in cls.__mro__[:-1]:
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(klass)))):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
             for t in targets:
-                for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                for e in t.elts if isinstance(t, ast.Tuple) else [t]:
                     if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
                         names.add(e.attr)
     return names
@@ -73,8 +83,11 @@ def parameters(cls, name: str) -> list[tuple]:
 def shown(params: list[tuple]) -> str:
     """parameters() as a signature reads: (x, approximate=False)."""
     marks = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
-    return "(" + ", ".join(marks.get(k, "") + n + ("" if d is inspect.Parameter.empty else f"={d!r}")
-                           for n, k, d in params) + ")"
+    return (
+        "("
+        + ", ".join(marks.get(k, "") + n + ("" if d is inspect.Parameter.empty else f"={d!r}") for n, k, d in params)
+        + ")"
+    )
 
 
 def mismatches(cls, proto) -> list[str]:
@@ -91,8 +104,10 @@ def mismatches(cls, proto) -> list[str]:
         elif kind != "method" and is_method:
             bad.append(f"{cls.__name__}.{name} is a method; the protocol declares a {kind}")
         elif kind == "method" and parameters(cls, name) != parameters(proto, name):
-            bad.append(f"{cls.__name__}.{name}{shown(parameters(cls, name))} != "
-                       f"protocol's {name}{shown(parameters(proto, name))}")
+            bad.append(
+                f"{cls.__name__}.{name}{shown(parameters(cls, name))} != "
+                f"protocol's {name}{shown(parameters(proto, name))}"
+            )
     return bad
 
 
@@ -115,9 +130,15 @@ def uses_in(source: str, where: str) -> dict[str, list[str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and is_receiver(node.value, imported):
             out.setdefault(node.attr, []).append(f"{where}:{node.lineno}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-              and len(node.args) >= 2 and is_receiver(node.args[0], imported)
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and is_receiver(node.args[0], imported)
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             out.setdefault(node.args[1].value, []).append(f"{where}:{node.lineno}")
     return out
 
@@ -168,11 +189,13 @@ def test_a_backend_instance_is_an_ops(name):
 
 def test_every_op_the_package_uses_is_declared():
     uses = package_uses()
-    assert len(uses) >= 40 and {"linear", "sdpa", "rope", "to_numpy", "held_bytes", "slot_turns"} <= set(uses), \
+    assert len(uses) >= 40 and {"linear", "sdpa", "rope", "to_numpy", "held_bytes", "slot_turns"} <= set(uses), (
         f"the scan found too little: {sorted(uses)}"
+    )
     undeclared = {n: w for n, w in uses.items() if n not in declared(LazyOps)}
-    assert not undeclared, "ops members used but not declared in backends/ops.py: " + \
-        "; ".join(f"{n} ({', '.join(w[:3])})" for n, w in sorted(undeclared.items()))
+    assert not undeclared, "ops members used but not declared in backends/ops.py: " + "; ".join(
+        f"{n} ({', '.join(w[:3])})" for n, w in sorted(undeclared.items())
+    )
 
 
 def test_what_both_backends_share_is_declared():
@@ -182,10 +205,12 @@ def test_what_both_backends_share_is_declared():
 
 
 def test_the_checks_can_fail():
-    source = ("from ..kernels import torch_ops\n"
-              "def f(ops, engine, gate_ops, w):\n"
-              "    ops.linear(w); engine.ops.to_numpy(w); gate_ops.held_bytes(w); self.ops.array(w)\n"
-              "    getattr(ops, 'lazy'); w.rope(w); torch_ops.ops()\n")
+    source = (
+        "from ..kernels import torch_ops\n"
+        "def f(ops, engine, gate_ops, w):\n"
+        "    ops.linear(w); engine.ops.to_numpy(w); gate_ops.held_bytes(w); self.ops.array(w)\n"
+        "    getattr(ops, 'lazy'); w.rope(w); torch_ops.ops()\n"
+    )
     assert set(uses_in(source, "x.py")) == {"linear", "to_numpy", "held_bytes", "array", "lazy"}
     assert uses_in(source, "x.py")["linear"] == ["x.py:3"]
 

@@ -100,10 +100,10 @@ def test_affine_quantize_packs_as_mlx_and_keeps_values_already_on_a_grid(bits):
     ref = np.array(mx.dequantize(w32, s32, b32, group_size=32, bits=bits))
     got = affine_dequantize(*q, bits, 32)
     assert np.abs(ref - got).max() < 1e-6  # MLX reads our packing as we do
-    step = (w.max() - w.min()) / (2 ** bits - 1)
+    step = (w.max() - w.min()) / (2**bits - 1)
     assert np.abs(got - w).max() < step  # within a step of the weights (half a step, plus float16 scales)
     # weights that already sit on a min..max grid (a dequantized 4-bit source) come back unchanged
-    codes = rng.integers(0, 2 ** bits, (6, 64))
-    codes[:, ::32], codes[:, 1::32] = 0, 2 ** bits - 1
-    grid = (codes * 2.0 ** -7 - 2.0 ** -4).astype(np.float32)  # exact in float16, as a 4-bit source dequantized is
+    codes = rng.integers(0, 2**bits, (6, 64))
+    codes[:, ::32], codes[:, 1::32] = 0, 2**bits - 1
+    grid = (codes * 2.0**-7 - 2.0**-4).astype(np.float32)  # exact in float16, as a 4-bit source dequantized is
     assert np.abs(affine_dequantize(*affine_quantize(grid, bits, 32), bits, 32) - grid).max() < 1e-4

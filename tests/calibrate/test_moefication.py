@@ -21,7 +21,9 @@ def test_balanced_clusters_recover_planted_coactivation_groups():
     truth = np.repeat(np.arange(E), Fe)
     rng.shuffle(truth)
     topic = rng.integers(0, E, N)  # each token wakes one group
-    patterns = (truth[:, None] == topic[None, :]) * rng.uniform(0.5, 1.0, (E * Fe, N)) + rng.uniform(0, 0.1, (E * Fe, N))
+    patterns = (truth[:, None] == topic[None, :]) * rng.uniform(0.5, 1.0, (E * Fe, N)) + rng.uniform(
+        0, 0.1, (E * Fe, N)
+    )
     got = M.balanced_clusters(patterns, E)
     assert np.bincount(got, minlength=E).tolist() == [Fe] * E
     for e in range(E):  # each found expert is exactly one planted group
@@ -56,8 +58,17 @@ def calib_text(n: int = 600) -> str:
 
 def test_moefied_model_with_every_expert_equals_the_dense_model(dense_dir, tmp_path):
     out = str(tmp_path / "moe-all")
-    report = moefy(dense_dir, out, calib_text(), n_experts=4, top_k=4, epochs=2, cache_dir=str(tmp_path / "cache"),
-                   progress=False, log=None)
+    report = moefy(
+        dense_dir,
+        out,
+        calib_text(),
+        n_experts=4,
+        top_k=4,
+        epochs=2,
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        log=None,
+    )
     with open(os.path.join(out, "config.json")) as fh:
         cfg = json.load(fh)
     assert cfg["model_type"] == "moefied_llama" and cfg["moefication"]["derived_from"] == "dense"
@@ -74,8 +85,17 @@ def test_moefied_model_with_every_expert_equals_the_dense_model(dense_dir, tmp_p
 
 def test_moefied_model_with_fewer_experts_streams_exactly(dense_dir, tmp_path):
     out = str(tmp_path / "moe-2of4")
-    moefy(dense_dir, out, calib_text(), n_experts=4, top_k=2, epochs=2, cache_dir=str(tmp_path / "cache"),
-          progress=False, log=None)
+    moefy(
+        dense_dir,
+        out,
+        calib_text(),
+        n_experts=4,
+        top_k=2,
+        epochs=2,
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        log=None,
+    )
     kw = dict(backend="torch", cache_dir=str(tmp_path / "cache"), progress=False)
     prompt = tiny_models.random_ids(8, seed=4)
 

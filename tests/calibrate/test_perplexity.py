@@ -26,7 +26,7 @@ def test_backends_agree_and_match_transformers(engines, store_dir, f16_store_dir
     ids = engines(f16_store_dir, "torch").tokenizer.encode(wiki_text)[:n]
     nll = 0.0
     for s in range(0, n - 1, ctx):
-        w = ids[s:s + ctx]
+        w = ids[s : s + ctx]
         with torch.no_grad():
             lg = hf_reference(torch.tensor([w])).logits[0].numpy()
         nll += token_nlls(lg[:-1], np.asarray(w[1:])).sum()

@@ -34,21 +34,45 @@ def test_train_save_load_and_pick_recall(tiny_store):
     store, _ = tiny_store("llama")
     ids = list(np.random.default_rng(0).integers(3, 90, 600))
     with mlx_flash.load(store, backend="torch", progress=False) as eng:
-        preds = train_predictors(eng, ids[:512], ids[512:], sparsity=0.5, rank=4, max_rank=4, recall=0.9,
-                                 calib_tokens=512, valid_tokens=88, epochs=2, log=None)
+        preds = train_predictors(
+            eng,
+            ids[:512],
+            ids[512:],
+            sparsity=0.5,
+            rank=4,
+            max_rank=4,
+            recall=0.9,
+            calib_tokens=512,
+            valid_tokens=88,
+            epochs=2,
+            log=None,
+        )
         preds.save(store)
     assert set(preds.cuts_by_recall) == {"0.8", "0.9", "0.95", "0.99"}
     assert all(0 <= m["recall"] <= 1 and 0 <= m["precision"] <= 1 for m in preds.metrics)
     cuts = {}
     for r in (0.8, 0.99):
-        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                            flash=mlx_flash.FlashOptions(recall=r), io=mlx_flash.IOOptions(mode="buffered")) as e:
+        with mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="160%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(recall=r),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        ) as e:
             cuts[r] = [p.cut for p in e.ffn.selector.p.layers]
             e.generate("w1 w2 w3", max_tokens=4)
     assert all(a >= b for a, b in zip(cuts[0.8], cuts[0.99]))  # higher recall: lower cut, more neurons
     with pytest.raises(StoreError, match="no cut for recall 0.5"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                       flash=mlx_flash.FlashOptions(recall=0.5))
+        mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="160%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(recall=0.5),
+        )
 
 
 def test_quantize4_is_exact_on_a_four_bit_grid():
@@ -68,8 +92,9 @@ def test_quantize4_is_exact_on_a_four_bit_grid():
     # as a float16 store holds it: each value rounded to float16
     w = (q.reshape(16, 2, 32) * scale[..., None] + lo[..., None]).reshape(16, 64).astype(np.float16)
     p = quantize4(w.astype(np.float32))
-    back = np.array(mx.dequantize(mx.array(p["weight"]), mx.array(p["scales"]), mx.array(p["biases"]),
-                                  group_size=32, bits=4))
+    back = np.array(
+        mx.dequantize(mx.array(p["weight"]), mx.array(p["scales"]), mx.array(p["biases"]), group_size=32, bits=4)
+    )
     assert back.dtype == np.float16
     worst = np.abs(back.astype(np.float32) - w.astype(np.float32)).max()
-    assert worst <= np.abs(w.astype(np.float32)).max() * 2 ** -10  # at most one float16 rounding step
+    assert worst <= np.abs(w.astype(np.float32)).max() * 2**-10  # at most one float16 rounding step

@@ -33,8 +33,9 @@ def test_predictor_uses_two_layers_back():
 
 
 def test_scores_are_probabilities_over_the_experts():
-    routes = np.stack([np.random.default_rng(s).permuted(np.tile(np.arange(6), (50, 1)), axis=1)[:, :2]
-                       for s in range(4)]).astype(np.int16)  # [4, 50, 2]
+    routes = np.stack(
+        [np.random.default_rng(s).permuted(np.tile(np.arange(6), (50, 1)), axis=1)[:, :2] for s in range(4)]
+    ).astype(np.int16)  # [4, 50, 2]
     p = fit_routing_predictor(routes, "m", 6)
     for layer in range(4):
         s = p.scores(layer, routes[layer - 1, 0] if layer else (), routes[layer - 2, 0] if layer > 1 else ())

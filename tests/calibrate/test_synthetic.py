@@ -17,8 +17,16 @@ PROFILE = {"throughput": {"2": {"4096": 1e8, "1048576": 1e9}}, "latency_s": 1e-4
 
 @pytest.fixture
 def small_shape(monkeypatch):
-    shape = dict(synthetic.SHAPES["llama-2-7b"], hidden_size=64, intermediate_size=200, num_hidden_layers=3,
-                 num_attention_heads=4, num_key_value_heads=4, head_dim=16, vocab_size=50)
+    shape = dict(
+        synthetic.SHAPES["llama-2-7b"],
+        hidden_size=64,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        vocab_size=50,
+    )
     monkeypatch.setitem(synthetic.SHAPES, "small", shape)
     return "small"
 
@@ -29,14 +37,15 @@ def test_store_validates_and_replay_reads_the_missing_rows(tmp_path, small_shape
     lay = store.manifest.ffn
     assert (lay.n_neurons, lay.d_model, len(lay.layer_offsets)) == (200, 64, 3)
     activity = synthetic.StatisticalActivity(3, 200, active=0.05, seed=1)
-    src = replay_source(store, ReaderPool(threads=2, mode="buffered"),
-                        SparsePlan(SparseMode.ALL, capacity=60, window=4))
+    src = replay_source(
+        store, ReaderPool(threads=2, mode="buffered"), SparsePlan(SparseMode.ALL, capacity=60, window=4)
+    )
     try:
         steps = replay(src, activity, 20, PROFILE)
         blob = np.fromfile(store.file_path(lay.file), dtype=np.uint8)
         for i, c in enumerate(src.caches):
             base = lay.layer_offsets[i]
-            want = blob[base:base + lay.layer_nbytes].reshape(200, lay.bundle_bytes)[c.live_ids()]
+            want = blob[base : base + lay.layer_nbytes].reshape(200, lay.bundle_bytes)[c.live_ids()]
             assert np.array_equal(c.live_rows(), want)
             assert c.num_used <= 60
         assert all(s["bytes"] > 0 and s["model_io_ms"] > 0 for s in steps)
@@ -46,9 +55,19 @@ def test_store_validates_and_replay_reads_the_missing_rows(tmp_path, small_shape
 
 
 def test_moe_shape_store_validates_with_routers_and_qk_norms(tmp_path, monkeypatch):
-    shape = dict(synthetic.SHAPES["qwen3-30b-a3b"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                 intermediate_size=4 * 32, vocab_size=50)
+    shape = dict(
+        synthetic.SHAPES["qwen3-30b-a3b"],
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        intermediate_size=4 * 32,
+        vocab_size=50,
+    )
     monkeypatch.setitem(synthetic.SHAPES, "small-moe", shape)
     store = open_store(synthetic.make_synthetic_store(str(tmp_path / "syn"), "small-moe"), verify_checksums=True)
     lay = store.manifest.ffn

@@ -19,31 +19,54 @@ VOCAB = 49152  # the default model's tokenizer
 @pytest.fixture
 def small_moe(monkeypatch):
     """Qwen3-30B-A3B reduced: heads wider than d_model / heads (32 > 64 / 4), 4 experts of 64, top-2."""
-    shape = dict(synthetic.SHAPES["qwen3-30b-a3b"], hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                 intermediate_size=4 * 64)
+    shape = dict(
+        synthetic.SHAPES["qwen3-30b-a3b"],
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        intermediate_size=4 * 64,
+    )
     monkeypatch.setitem(synthetic.SHAPES, "small-moe", shape)
     return "small-moe"
 
 
 @pytest.fixture
 def small_shape(monkeypatch):
-    shape = dict(synthetic.SHAPES["llama-2-7b"], hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    shape = dict(
+        synthetic.SHAPES["llama-2-7b"],
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     monkeypatch.setitem(synthetic.SHAPES, "small", shape)
     return "small"
 
 
 def expected_tensors(quant: str, layers: int) -> dict:
     q, f32 = GGMLQuantizationType[quant], GGMLQuantizationType.F32
-    want = {"token_embd.weight": (q, [64, VOCAB]), "output_norm.weight": (f32, [64]),
-            "output.weight": (q, [64, VOCAB])}
+    want = {"token_embd.weight": (q, [64, VOCAB]), "output_norm.weight": (f32, [64]), "output.weight": (q, [64, VOCAB])}
     for i in range(layers):  # gguf shapes are [in, out] (ggml's ne order)
-        want.update({f"blk.{i}.attn_norm.weight": (f32, [64]), f"blk.{i}.ffn_norm.weight": (f32, [64]),
-                     f"blk.{i}.attn_q.weight": (q, [64, 64]), f"blk.{i}.attn_k.weight": (q, [64, 32]),
-                     f"blk.{i}.attn_v.weight": (q, [64, 32]), f"blk.{i}.attn_output.weight": (q, [64, 64]),
-                     f"blk.{i}.ffn_gate.weight": (q, [64, 96]), f"blk.{i}.ffn_up.weight": (q, [64, 96]),
-                     f"blk.{i}.ffn_down.weight": (q, [96, 64])})
+        want.update(
+            {
+                f"blk.{i}.attn_norm.weight": (f32, [64]),
+                f"blk.{i}.ffn_norm.weight": (f32, [64]),
+                f"blk.{i}.attn_q.weight": (q, [64, 64]),
+                f"blk.{i}.attn_k.weight": (q, [64, 32]),
+                f"blk.{i}.attn_v.weight": (q, [64, 32]),
+                f"blk.{i}.attn_output.weight": (q, [64, 64]),
+                f"blk.{i}.ffn_gate.weight": (q, [64, 96]),
+                f"blk.{i}.ffn_up.weight": (q, [64, 96]),
+                f"blk.{i}.ffn_down.weight": (q, [96, 64]),
+            }
+        )
     return want
 
 
@@ -55,21 +78,42 @@ def tokenizer(default_gguf):
 
 @pytest.mark.parametrize("quant", ["Q4_1", "Q4_0", "Q8_0"])
 def test_file_parses_with_llama_names_types_tokenizer_and_small_weights(tmp_path, small_shape, tokenizer, quant):
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "s.gguf"), small_shape, quant, layers=2,
-                                               progress=False, tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "s.gguf"), small_shape, quant, layers=2, progress=False, tokenizer=tokenizer
+    )
     r = GGUFReader(path)
     got = {t.name: (t.tensor_type, [int(n) for n in t.shape]) for t in r.tensors}
     assert got == expected_tensors(quant, 2)
     meta = {k: f.contents() for k, f in r.fields.items()}
     assert meta["general.architecture"] == "llama" and "synthetic" in meta["general.name"]
     assert meta["general.file_type"] == {"Q4_1": 3, "Q4_0": 2, "Q8_0": 7}[quant]
-    assert {k: meta[f"llama.{k}"] for k in ("block_count", "embedding_length", "feed_forward_length",
-                                             "attention.head_count", "attention.head_count_kv", "vocab_size",
-                                             "rope.dimension_count", "context_length")} == {
-        "block_count": 2, "embedding_length": 64, "feed_forward_length": 96, "attention.head_count": 4,
-        "attention.head_count_kv": 2, "vocab_size": VOCAB, "rope.dimension_count": 16, "context_length": 4096}
-    ours = {k: (v.contents(), v.types[0], v.types[-1] if len(v.types) > 1 else None)
-            for k, v in r.fields.items() if k.startswith("tokenizer.")}
+    assert {
+        k: meta[f"llama.{k}"]
+        for k in (
+            "block_count",
+            "embedding_length",
+            "feed_forward_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "vocab_size",
+            "rope.dimension_count",
+            "context_length",
+        )
+    } == {
+        "block_count": 2,
+        "embedding_length": 64,
+        "feed_forward_length": 96,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "vocab_size": VOCAB,
+        "rope.dimension_count": 16,
+        "context_length": 4096,
+    }
+    ours = {
+        k: (v.contents(), v.types[0], v.types[-1] if len(v.types) > 1 else None)
+        for k, v in r.fields.items()
+        if k.startswith("tokenizer.")
+    }
     assert ours == tokenizer  # every tokenizer.* field of the default model, same values and types
     for t in r.tensors:
         w = dequantize(t.data, t.tensor_type)
@@ -86,8 +130,9 @@ def test_converts_into_a_store_with_finite_logits(tmp_path, small_shape, tokeniz
     from mlx_flash.convert import convert
     from mlx_flash.store import open_store
 
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "s.gguf"), small_shape, seed=1, progress=False,
-                                               tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "s.gguf"), small_shape, seed=1, progress=False, tokenizer=tokenizer
+    )
     store = convert(path, str(tmp_path / "store"), progress=False)
     cfg = open_store(store).manifest.config
     assert (cfg["num_hidden_layers"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (3, VOCAB, False)
@@ -115,33 +160,65 @@ def test_bad_input_is_refused_in_one_line(tmp_path, small_shape, tokenizer, monk
 
 def expected_moe_tensors(quant: str, layers: int) -> dict:
     q, f32 = GGMLQuantizationType[quant], GGMLQuantizationType.F32
-    want = {"token_embd.weight": (q, [64, VOCAB]), "output_norm.weight": (f32, [64]),
-            "output.weight": (q, [64, VOCAB])}
+    want = {"token_embd.weight": (q, [64, VOCAB]), "output_norm.weight": (f32, [64]), "output.weight": (q, [64, VOCAB])}
     for i in range(layers):  # gguf shapes are [in, out(, experts)] (ggml's ne order)
-        want.update({f"blk.{i}.attn_norm.weight": (f32, [64]), f"blk.{i}.ffn_norm.weight": (f32, [64]),
-                     f"blk.{i}.attn_q.weight": (q, [64, 128]), f"blk.{i}.attn_k.weight": (q, [64, 64]),
-                     f"blk.{i}.attn_v.weight": (q, [64, 64]), f"blk.{i}.attn_output.weight": (q, [128, 64]),
-                     f"blk.{i}.attn_q_norm.weight": (f32, [32]), f"blk.{i}.attn_k_norm.weight": (f32, [32]),
-                     f"blk.{i}.ffn_gate_inp.weight": (f32, [64, 4]),
-                     f"blk.{i}.ffn_gate_exps.weight": (q, [64, 64, 4]), f"blk.{i}.ffn_up_exps.weight": (q, [64, 64, 4]),
-                     f"blk.{i}.ffn_down_exps.weight": (q, [64, 64, 4])})
+        want.update(
+            {
+                f"blk.{i}.attn_norm.weight": (f32, [64]),
+                f"blk.{i}.ffn_norm.weight": (f32, [64]),
+                f"blk.{i}.attn_q.weight": (q, [64, 128]),
+                f"blk.{i}.attn_k.weight": (q, [64, 64]),
+                f"blk.{i}.attn_v.weight": (q, [64, 64]),
+                f"blk.{i}.attn_output.weight": (q, [128, 64]),
+                f"blk.{i}.attn_q_norm.weight": (f32, [32]),
+                f"blk.{i}.attn_k_norm.weight": (f32, [32]),
+                f"blk.{i}.ffn_gate_inp.weight": (f32, [64, 4]),
+                f"blk.{i}.ffn_gate_exps.weight": (q, [64, 64, 4]),
+                f"blk.{i}.ffn_up_exps.weight": (q, [64, 64, 4]),
+                f"blk.{i}.ffn_down_exps.weight": (q, [64, 64, 4]),
+            }
+        )
     return want
 
 
 def test_moe_file_is_qwen3moe_with_expert_stacks_and_random_routers(tmp_path, small_moe, tokenizer):
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "m.gguf"), small_moe, "Q8_0", layers=2,
-                                               progress=False, tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "m.gguf"), small_moe, "Q8_0", layers=2, progress=False, tokenizer=tokenizer
+    )
     r = GGUFReader(path)
     assert {t.name: (t.tensor_type, [int(n) for n in t.shape]) for t in r.tensors} == expected_moe_tensors("Q8_0", 2)
     meta = {k: f.contents() for k, f in r.fields.items()}
     assert meta["general.architecture"] == "qwen3moe"
-    assert {k: meta[f"qwen3moe.{k}"] for k in (
-        "block_count", "embedding_length", "feed_forward_length", "expert_feed_forward_length", "expert_count",
-        "expert_used_count", "attention.head_count", "attention.head_count_kv", "attention.key_length",
-        "attention.value_length", "rope.freq_base", "context_length")} == {
-        "block_count": 2, "embedding_length": 64, "feed_forward_length": 128, "expert_feed_forward_length": 64,
-        "expert_count": 4, "expert_used_count": 2, "attention.head_count": 4, "attention.head_count_kv": 2,
-        "attention.key_length": 32, "attention.value_length": 32, "rope.freq_base": 1e6, "context_length": 40960}
+    assert {
+        k: meta[f"qwen3moe.{k}"]
+        for k in (
+            "block_count",
+            "embedding_length",
+            "feed_forward_length",
+            "expert_feed_forward_length",
+            "expert_count",
+            "expert_used_count",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.key_length",
+            "attention.value_length",
+            "rope.freq_base",
+            "context_length",
+        )
+    } == {
+        "block_count": 2,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "expert_feed_forward_length": 64,
+        "expert_count": 4,
+        "expert_used_count": 2,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "attention.key_length": 32,
+        "attention.value_length": 32,
+        "rope.freq_base": 1e6,
+        "context_length": 40960,
+    }
     routers = [dequantize(t.data, t.tensor_type) for t in r.tensors if t.name.endswith("ffn_gate_inp.weight")]
     assert not np.array_equal(routers[0], routers[1])  # each layer routes on its own
     for w in routers:  # logits of standard deviation ~1 for an RMS-normalized input
@@ -169,18 +246,38 @@ def test_moe_converts_expert_by_expert_into_the_gguf_experts(tmp_path, small_moe
     from mlx_flash.convert.tensor_source import GGUFTensors
     from mlx_flash.store import open_store
 
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "m.gguf"), small_moe, "Q4_1", progress=False,
-                                               tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "m.gguf"), small_moe, "Q4_1", progress=False, tokenizer=tokenizer
+    )
     reads = []
     real_read = GGUFTensors._read
-    monkeypatch.setattr(GGUFTensors, "_read", lambda self, off, n, name: reads.append((off, n)) or
-                        real_read(self, off, n, name))
+    monkeypatch.setattr(
+        GGUFTensors, "_read", lambda self, off, n, name: reads.append((off, n)) or real_read(self, off, n, name)
+    )
     store = open_store(convert(path, str(tmp_path / "store"), precision="f16", progress=False))
     cfg = store.manifest.config
-    assert {k: cfg[k] for k in ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                                "norm_topk_prob", "head_dim", "rope_traditional", "intermediate_size")} == {
-        "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-        "norm_topk_prob": True, "head_dim": 32, "rope_traditional": False, "intermediate_size": 256}
+    assert {
+        k: cfg[k]
+        for k in (
+            "model_type",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            "head_dim",
+            "rope_traditional",
+            "intermediate_size",
+        )
+    } == {
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "head_dim": 32,
+        "rope_traditional": False,
+        "intermediate_size": 256,
+    }
     assert store.manifest.ffn.n_experts == 4
     assert {"model.layers.2.mlp.gate.weight", "model.layers.2.self_attn.q_norm.weight"} <= set(store.manifest.tensors)
     stacks = {t.name: t for t in GGUFReader(path).tensors if "_exps" in t.name}
@@ -195,8 +292,13 @@ def test_moe_converts_expert_by_expert_into_the_gguf_experts(tmp_path, small_moe
                 want = dequantize(t.data, t.tensor_type)[e]  # [out, in]
                 if role == "down":
                     want = want.T  # bundle row i is column i of down
-                np.testing.assert_allclose(got[f"{role}.weight"].astype(np.float32), want, rtol=0, atol=3e-5,
-                                           err_msg=f"layer {layer} expert {e} {role}")
+                np.testing.assert_allclose(
+                    got[f"{role}.weight"].astype(np.float32),
+                    want,
+                    rtol=0,
+                    atol=3e-5,
+                    err_msg=f"layer {layer} expert {e} {role}",
+                )
 
 
 def test_moe_logits_match_llama_cpp(tmp_path, small_moe, tokenizer):
@@ -204,12 +306,13 @@ def test_moe_logits_match_llama_cpp(tmp_path, small_moe, tokenizer):
     import mlx_flash
     from mlx_flash.convert import convert
 
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "m.gguf"), small_moe, "Q4_1", seed=3, progress=False,
-                                               tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "m.gguf"), small_moe, "Q4_1", seed=3, progress=False, tokenizer=tokenizer
+    )
     llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=2, verbose=False, logits_all=True)
     ids = llm.tokenize(b"The capital of France is", add_bos=False)
     llm.eval(ids)
-    want = np.array(llm.scores[:len(ids)])
+    want = np.array(llm.scores[: len(ids)])
     del llm
     with mlx_flash.load(convert(path, str(tmp_path / "store"), progress=False), progress=False) as engine:
         got = np.asarray(engine.logits(ids), np.float32).reshape(len(ids), -1)
@@ -223,8 +326,15 @@ def test_moe_logits_match_llama_cpp(tmp_path, small_moe, tokenizer):
 @pytest.fixture
 def small_k(monkeypatch):
     """A Llama shape whose rows are whole k-quant super-blocks (256): d_model 256, d_ff 512, 4 layers."""
-    shape = dict(synthetic.SHAPES["llama-2-7b"], hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    shape = dict(
+        synthetic.SHAPES["llama-2-7b"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
     monkeypatch.setitem(synthetic.SHAPES, "small-k", shape)
     return "small-k"
 
@@ -237,13 +347,19 @@ def test_q4_k_m_mixes_types_as_llama_cpp_and_converts_keeping_them(tmp_path, sma
     from mlx_flash.convert import convert
     from mlx_flash.store import open_store
 
-    path = synthetic_gguf.write_synthetic_gguf(str(tmp_path / "k.gguf"), small_k, "Q4_K_M", seed=2, progress=False,
-                                               tokenizer=tokenizer)
+    path = synthetic_gguf.write_synthetic_gguf(
+        str(tmp_path / "k.gguf"), small_k, "Q4_K_M", seed=2, progress=False, tokenizer=tokenizer
+    )
     r = GGUFReader(path)
     types = {t.name: t.tensor_type.name for t in r.tensors if t.tensor_type != GGMLQuantizationType.F32}
     six = {n for n, t in types.items() if t == "Q6_K"}
-    assert six == {"output.weight", "blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.3.attn_v.weight",
-                   "blk.3.ffn_down.weight"}
+    assert six == {
+        "output.weight",
+        "blk.2.attn_v.weight",
+        "blk.2.ffn_down.weight",
+        "blk.3.attn_v.weight",
+        "blk.3.ffn_down.weight",
+    }
     assert set(types.values()) == {"Q4_K", "Q6_K"}
     for t in r.tensors:
         if t.tensor_type != GGMLQuantizationType.F32:
@@ -260,7 +376,7 @@ def test_q4_k_m_mixes_types_as_llama_cpp_and_converts_keeping_them(tmp_path, sma
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=2, verbose=False, logits_all=True)
     llm.eval(ids)
-    want = np.array(llm.scores[:len(ids)])
+    want = np.array(llm.scores[: len(ids)])
     del llm
     # llama.cpp quantizes activations to 8 bits for k-quant matmuls (Q8_K): a few % of the spread
     assert np.abs(got - want).max() < 0.1 * want.std()

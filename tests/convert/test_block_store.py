@@ -51,8 +51,9 @@ def test_bundles_hold_the_source_bytes(tmp_path, bits):
 
 
 def test_source_neuron_is_one_neuron_per_bundle(tmp_path):
-    store = open_store(convert(quantized_source(tmp_path), str(tmp_path / "store"), precision="source-neuron",
-                               progress=False))
+    store = open_store(
+        convert(quantized_source(tmp_path), str(tmp_path / "store"), precision="source-neuron", progress=False)
+    )
     assert (store.manifest.ffn.block, store.manifest.ffn.n_rows) == (1, F)
 
 
@@ -70,15 +71,33 @@ def test_every_mode_equals_resident(tmp_path, backend):
     with mlx_flash.load(store, backend=backend, progress=False) as e:
         want = run(e, ids)
     configs = [dict(ffn="stream")] + [
-        dict(ffn="sparse", weights_budget=budget, flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
-             io=mlx_flash.IOOptions(mode="buffered"))
+        dict(
+            ffn="sparse",
+            weights_budget=budget,
+            flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        )
         # 115-130%: one to three of four blocks per layer fit (hybrid keeps them beside its two layer
         # buffers, the caches overflow); 200%: all fit
-        for mode, budget in (("naive", "200%"), ("hybrid", "130%"), ("predictor", "200%"), ("window", "120%"),
-                             ("all", "200%"), ("all", "120%"), ("all", "115%"))]
+        for mode, budget in (
+            ("naive", "200%"),
+            ("hybrid", "130%"),
+            ("predictor", "200%"),
+            ("window", "120%"),
+            ("all", "200%"),
+            ("all", "120%"),
+            ("all", "115%"),
+        )
+    ]
     # the reference path (active rows as framework weights) beside the CPU sparse kernel
-    configs.append(dict(ffn="sparse", weights_budget="200%", io=mlx_flash.IOOptions(mode="buffered"),
-                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense", kernel="reference")))
+    configs.append(
+        dict(
+            ffn="sparse",
+            weights_budget="200%",
+            io=mlx_flash.IOOptions(mode="buffered"),
+            flash=mlx_flash.FlashOptions(mode="all", predictor="dense", kernel="reference"),
+        )
+    )
     for kw in configs:
         with mlx_flash.load(store, backend=backend, progress=False, **kw) as e:
             got = run(e, ids)
@@ -94,8 +113,11 @@ def save_selection(store_dir, active: np.ndarray):
     m = open_store(store_dir).manifest.ffn
     n = len(m.layer_offsets)
     b = np.where(active, 10.0, -10.0).astype(np.float32)
-    Predictors([LayerPredictor(np.zeros((m.d_model, 2), np.float32), np.zeros((2, F), np.float32), b, 0.0)
-                for _ in range(n)], 0.5, [0.0] * n).save(store_dir)
+    Predictors(
+        [LayerPredictor(np.zeros((m.d_model, 2), np.float32), np.zeros((2, F), np.float32), b, 0.0) for _ in range(n)],
+        0.5,
+        [0.0] * n,
+    ).save(store_dir)
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
@@ -120,8 +142,15 @@ def test_partial_selection_zeroes_exactly_the_unselected_neurons(tmp_path, backe
     with mlx_flash.load(ref_store, backend=backend, progress=False) as e:
         want = run(e, ids)
     for mode in ("predictor", "all"):
-        with mlx_flash.load(store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
-                            flash=mlx_flash.FlashOptions(mode=mode), io=mlx_flash.IOOptions(mode="buffered")) as e:
+        with mlx_flash.load(
+            store,
+            backend=backend,
+            ffn="sparse",
+            weights_budget="200%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(mode=mode),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        ) as e:
             got = run(e, ids)
             assert e.ffn.stats().rows_loaded > 0
         np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-4)
@@ -143,9 +172,15 @@ def test_gate_predictor_on_blocks(tmp_path, down_only):
     ids = tiny_models.random_ids(20)
     with mlx_flash.load(store, backend="torch", progress=False) as e:
         want = run(e, ids)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=down_only),
-                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="200%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=down_only),
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         got = run(e, ids)
         lay = e.ffn.layout
         down_bytes = sum(f.nbytes for f in lay.fields if f.name.startswith("down."))
@@ -156,15 +191,21 @@ def test_gate_predictor_on_blocks(tmp_path, down_only):
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-
 @pytest.mark.parametrize("share", [0.25, 0.5])
 def test_statistical_predictor_draws_its_share_of_blocks(tmp_path, share):
     """The labelled statistical activity model (synthetic checkpoints) marks whole read units: each
     decode step of each layer has round(share x units) blocks active, all their neurons with them."""
     store = convert(quantized_source(tmp_path), str(tmp_path / "store"), progress=False)
     flash = mlx_flash.FlashOptions(predictor="statistical", statistical_active=share)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", flash=flash, progress=False,
-                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="200%",
+        flash=flash,
+        progress=False,
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         run(e, tiny_models.random_ids(16))
         s = e.ffn.stats()
     assert s.decode_layer_steps > 0

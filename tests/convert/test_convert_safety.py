@@ -22,8 +22,15 @@ CONVERT = [sys.executable, "-m", "mlx_flash.convert"]
 def source(tmp_path_factory):
     """A random llama large enough (~70 MB of float32) that writing it takes a moment to kill."""
     d = str(tmp_path_factory.mktemp("src") / "hf")
-    tiny_models.build("llama", d, hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4)
+    tiny_models.build(
+        "llama",
+        d,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+    )
     return d
 
 
@@ -32,8 +39,9 @@ def leftovers(parent, out_name):
 
 
 def start(source, out, *extra):
-    return subprocess.Popen(CONVERT + [source, out, "--force", *extra], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CONVERT + [source, out, "--force", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def kill_while_writing(source, out, sig) -> bool:
@@ -82,8 +90,12 @@ def test_sigterm_removes_its_partial_directory_at_once(source, tmp_path):
 def test_two_converters_into_one_path_do_not_clobber(source, tmp_path):
     """Without --force: one writes the store, the other waits for it, then refuses (it exists)."""
     out = str(tmp_path / "store")
-    procs = [subprocess.Popen(CONVERT + [source, out, "--precision", p], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for p in ("f16", "q8")]
+    procs = [
+        subprocess.Popen(
+            CONVERT + [source, out, "--precision", p], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for p in ("f16", "q8")
+    ]
     results = [(p.wait(300), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _, _ in results)
     assert codes == [0, 1], results

@@ -56,13 +56,24 @@ def tiny_metadata() -> dict:
 
     tokens = sorted(set(byte_alphabet().values())) + ["Ġt", "<|endoftext|>"]
     a = f"{ARCH}."
-    return {a + "block_count": 1, a + "context_length": 256, a + "embedding_length": 64,
-            a + "feed_forward_length": 128, a + "attention.head_count": 4, a + "attention.head_count_kv": 2,
-            a + "attention.layer_norm_rms_epsilon": 1e-5, a + "rope.freq_base": 10000.0,
-            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3], "tokenizer.ggml.merges": ["Ġ t"],
-            "tokenizer.ggml.bos_token_id": len(tokens) - 1, "tokenizer.ggml.eos_token_id": len(tokens) - 1,
-            "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    return {
+        a + "block_count": 1,
+        a + "context_length": 256,
+        a + "embedding_length": 64,
+        a + "feed_forward_length": 128,
+        a + "attention.head_count": 4,
+        a + "attention.head_count_kv": 2,
+        a + "attention.layer_norm_rms_epsilon": 1e-5,
+        a + "rope.freq_base": 10000.0,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * (len(tokens) - 1) + [3],
+        "tokenizer.ggml.merges": ["Ġ t"],
+        "tokenizer.ggml.bos_token_id": len(tokens) - 1,
+        "tokenizer.ggml.eos_token_id": len(tokens) - 1,
+        "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    }
 
 
 def add_value(w, key: str, value) -> None:
@@ -100,12 +111,19 @@ def write_tiny_gguf(path: str, override: tuple | None = None) -> None:
     for key, value in meta.items():
         if value is not None:
             add_value(w, key, value)
-    tensors = {"token_embd.weight": ((vocab, d), Q.F16), "output_norm.weight": ((d,), Q.F32),
-               "blk.0.attn_norm.weight": ((d,), Q.F32), "blk.0.ffn_norm.weight": ((d,), Q.F32),
-               "blk.0.attn_q.weight": ((d, d), Q.Q8_0), "blk.0.attn_k.weight": ((d // 2, d), Q.Q8_0),
-               "blk.0.attn_v.weight": ((d // 2, d), Q.Q4_0), "blk.0.attn_output.weight": ((d, d), Q.Q4_0),
-               "blk.0.ffn_gate.weight": ((ff, d), Q.Q4_0), "blk.0.ffn_up.weight": ((ff, d), Q.Q4_0),
-               "blk.0.ffn_down.weight": ((d, ff), Q.Q4_0)}
+    tensors = {
+        "token_embd.weight": ((vocab, d), Q.F16),
+        "output_norm.weight": ((d,), Q.F32),
+        "blk.0.attn_norm.weight": ((d,), Q.F32),
+        "blk.0.ffn_norm.weight": ((d,), Q.F32),
+        "blk.0.attn_q.weight": ((d, d), Q.Q8_0),
+        "blk.0.attn_k.weight": ((d // 2, d), Q.Q8_0),
+        "blk.0.attn_v.weight": ((d // 2, d), Q.Q4_0),
+        "blk.0.attn_output.weight": ((d, d), Q.Q4_0),
+        "blk.0.ffn_gate.weight": ((ff, d), Q.Q4_0),
+        "blk.0.ffn_up.weight": ((ff, d), Q.Q4_0),
+        "blk.0.ffn_down.weight": ((d, ff), Q.Q4_0),
+    }
     for name, (shape, qtype) in tensors.items():
         a = (rng.standard_normal(shape) * 0.1).astype(np.float32)
         if qtype == Q.F32:
@@ -159,8 +177,13 @@ def read_fully(path: str, out_dir: str) -> str:
     return "read"
 
 
-mutations = st.tuples(st.sampled_from(["flip", "flip", "flip", "cut", "cut_header"]), st.floats(0, 1, exclude_max=True),
-                      st.integers(1, 255), st.integers(1, 8), st.floats(0, 1))
+mutations = st.tuples(
+    st.sampled_from(["flip", "flip", "flip", "cut", "cut_header"]),
+    st.floats(0, 1, exclude_max=True),
+    st.integers(1, 255),
+    st.integers(1, 8),
+    st.floats(0, 1),
+)
 
 
 def run_case(path: str, span: int, case, tally: collections.Counter, what: str) -> None:
@@ -203,13 +226,54 @@ def fuzz(path: str, n: int, what: str) -> collections.Counter:
     return tally
 
 
-META_VALUES = [0, 1, 2, 3, 5, 7, 63, 4096, 2 ** 31 - 1, 2 ** 32 - 1, 2 ** 40, 2 ** 63 - 1, -1, -(2 ** 31), 0.0, -1.0,
-               1e-30, 1e30, float("nan"), float("inf"), True, "", "x", "12", "gpt2", "llama", "\u00e9", None,
-               [], [0], [1, 2, 3], ["a"], ["Ġ t", "a"], ["a b c"], [""], ["<|endoftext|>"] * 3]
-meta_cases = st.tuples(st.sampled_from(sorted(tiny_metadata())),
-                       st.one_of(st.sampled_from(META_VALUES), st.integers(-(2 ** 40), 2 ** 40),
-                                 st.text(max_size=12), st.lists(st.integers(0, 300), max_size=5),
-                                 st.lists(st.text(max_size=6), max_size=5)))
+META_VALUES = [
+    0,
+    1,
+    2,
+    3,
+    5,
+    7,
+    63,
+    4096,
+    2**31 - 1,
+    2**32 - 1,
+    2**40,
+    2**63 - 1,
+    -1,
+    -(2**31),
+    0.0,
+    -1.0,
+    1e-30,
+    1e30,
+    float("nan"),
+    float("inf"),
+    True,
+    "",
+    "x",
+    "12",
+    "gpt2",
+    "llama",
+    "\u00e9",
+    None,
+    [],
+    [0],
+    [1, 2, 3],
+    ["a"],
+    ["Ġ t", "a"],
+    ["a b c"],
+    [""],
+    ["<|endoftext|>"] * 3,
+]
+meta_cases = st.tuples(
+    st.sampled_from(sorted(tiny_metadata())),
+    st.one_of(
+        st.sampled_from(META_VALUES),
+        st.integers(-(2**40), 2**40),
+        st.text(max_size=12),
+        st.lists(st.integers(0, 300), max_size=5),
+        st.lists(st.text(max_size=6), max_size=5),
+    ),
+)
 
 
 def run_meta_case(case, tally: collections.Counter) -> None:
@@ -274,12 +338,16 @@ def child_main(tiny: str, n: int) -> None:
 
 def test_sample_in_subprocess(sources):
     here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_fuzz_gguf as t; "
-            f"t.child_main({sources['tiny']!r}, {N_CHILD})")
+    code = (
+        f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_fuzz_gguf as t; "
+        f"t.child_main({sources['tiny']!r}, {N_CHILD})"
+    )
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    print(f"\n[fuzz] subprocess sample: {r.stdout.strip().splitlines()[-1:] or ['no output']} "
-          f"in {time.perf_counter() - t:.1f} s")
+    print(
+        f"\n[fuzz] subprocess sample: {r.stdout.strip().splitlines()[-1:] or ['no output']} "
+        f"in {time.perf_counter() - t:.1f} s"
+    )
     if r.returncode < 0:
         raise AssertionError(f"child died of signal {signal.Signals(-r.returncode).name}:\n{r.stderr[-3000:]}")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -292,9 +360,13 @@ def test_a_block_scale_whose_bias_overflows_is_refused_by_name(sources, tmp_path
     with open(sources["tiny"], "rb") as fh:
         data = bytearray(fh.read())
     t = next(t for t in gguf.GGUFReader(sources["tiny"]).tensors if t.name == "blk.0.attn_v.weight")
-    data[t.data_offset:t.data_offset + 2] = np.float16(60000).tobytes()  # the first block's scale
+    data[t.data_offset : t.data_offset + 2] = np.float16(60000).tobytes()  # the first block's scale
     with open(path, "wb") as fh:
         fh.write(data)
-    with pytest.raises(FlashError, match=r"big-scale\.gguf: tensor model\.layers\.0\.self_attn\.v_proj\.weight: a Q4_0 block scale of 60000 puts its bias "
-                                         r"\(-8 x scale\) past float16's range"):
+    with pytest.raises(
+        FlashError,
+        match=r"big-scale\.gguf: tensor model\.layers\.0\.self_attn\.v_proj\.weight: "
+        r"a Q4_0 block scale of 60000 puts its bias "
+        r"\(-8 x scale\) past float16's range",
+    ):
         read_fully(path, str(tmp_path / "out"))

@@ -12,8 +12,10 @@ from mlx_flash.store import open_store
 
 gguf = pytest.importorskip("gguf")
 D, HEADS, HEAD_DIM, FF, LAYERS, WINDOW = 64, 1, 256, 512, 6, 8
-TEXT = ("The river rises in the northern hills and flows south through farmland, past two market towns and "
-        "an old stone bridge, before it widens into a marsh where herons feed in the shallow water.")
+TEXT = (
+    "The river rises in the northern hills and flows south through farmland, past two market towns and "
+    "an old stone bridge, before it widens into a marsh where herons feed in the shallow water."
+)
 
 
 def _tensor(w, name, a, kind):
@@ -34,9 +36,17 @@ def write_gemma3_gguf(path, default_gguf, seed=0) -> dict:
     vocab = len(tok["tokenizer.ggml.tokens"][0])
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "gemma3")
-    for key, value in {"context_length": 512, "embedding_length": D, "block_count": LAYERS, "feed_forward_length": FF,
-                       "attention.head_count": HEADS, "attention.head_count_kv": 1, "attention.key_length": HEAD_DIM,
-                       "attention.value_length": HEAD_DIM, "attention.sliding_window": WINDOW}.items():
+    for key, value in {
+        "context_length": 512,
+        "embedding_length": D,
+        "block_count": LAYERS,
+        "feed_forward_length": FF,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": 1,
+        "attention.key_length": HEAD_DIM,
+        "attention.value_length": HEAD_DIM,
+        "attention.sliding_window": WINDOW,
+    }.items():
         w.add_uint32(f"gemma3.{key}", value)
     w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32("gemma3.rope.freq_base", 1_000_000.0)
@@ -108,8 +118,9 @@ def _transformers_logits(gguf_path, ids):
 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path),
-                                                              gguf_file=os.path.basename(gguf_path), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    )
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 
@@ -140,8 +151,9 @@ def test_a_split_file_converts_as_the_whole_one(gemma3_gguf, gemma3_store, tmp_p
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         vtype = field.types[0]
-        w.add_key_value(key, field.contents(), vtype,
-                        sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+        w.add_key_value(
+            key, field.contents(), vtype, sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        )
     for t in reader.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -156,8 +168,10 @@ def test_a_split_file_converts_as_the_whole_one(gemma3_gguf, gemma3_store, tmp_p
     ra, rb = a.read_resident(()), b.read_resident(())
     assert ra.keys() == rb.keys()
     assert all(np.array_equal(np.asarray(ra[k][0]), np.asarray(rb[k][0])) for k in ra)
-    with open(os.path.join(split, "ffn_bundles.bin"), "rb") as fa, \
-            open(os.path.join(gemma3_store, "ffn_bundles.bin"), "rb") as fb:
+    with (
+        open(os.path.join(split, "ffn_bundles.bin"), "rb") as fa,
+        open(os.path.join(gemma3_store, "ffn_bundles.bin"), "rb") as fb,
+    ):
         assert fa.read() == fb.read()
     os.remove(tmp_path / parts[-1])
     from mlx_flash.errors import ModelFileError
@@ -187,8 +201,14 @@ def test_q8_converts_block_types_to_rows_the_sparse_ffn_reads(gemma3_gguf, gemma
     with mlx_flash.load(q8, backend="torch", ffn="resident", progress=False) as e:
         assert np.abs(np.asarray(e.logits(ids)) - want).max() / np.abs(want).max() < 1e-2
         dense = steps(e)
-    with mlx_flash.load(q8, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense")) as e:
+    with mlx_flash.load(
+        q8,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="200%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
+    ) as e:
         assert e.ffn.stats().sparse_kernel == "cpu"
         assert np.array_equal(steps(e), dense)
 
@@ -205,9 +225,15 @@ def test_sparse_modes_on_block_types_equal_resident(gemma3_store, backend):
     with mlx_flash.load(gemma3_store, backend=backend, ffn="resident", progress=False) as e:
         want = greedy(e, ids, 6)
     for mode in ("naive", "hybrid", "window", "all"):
-        with mlx_flash.load(gemma3_store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
-                            io=mlx_flash.IOOptions(mode="buffered"),
-                            flash=mlx_flash.FlashOptions(mode=mode, predictor="dense")) as e:
+        with mlx_flash.load(
+            gemma3_store,
+            backend=backend,
+            ffn="sparse",
+            weights_budget="200%",
+            progress=False,
+            io=mlx_flash.IOOptions(mode="buffered"),
+            flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+        ) as e:
             got = greedy(e, ids, 6)
             assert e.ffn.stats().sparse_kernel in ("", "reference"), mode
         assert got[0] == want[0] and np.array_equal(got[1], want[1]), mode
@@ -229,8 +255,19 @@ def test_gate_predictor_reads_block_gate_rows(gemma3_store, tmp_path):
     n = len(lay.layer_offsets)
 
     def thresholds(t):
-        Predictors([LayerPredictor(np.zeros((lay.d_model, 2), np.float32), np.zeros((2, lay.n_neurons), np.float32),
-                                   np.zeros(lay.n_neurons, np.float32), 0.0) for _ in range(n)], 0.5, [t] * n).save(store)
+        Predictors(
+            [
+                LayerPredictor(
+                    np.zeros((lay.d_model, 2), np.float32),
+                    np.zeros((2, lay.n_neurons), np.float32),
+                    np.zeros(lay.n_neurons, np.float32),
+                    0.0,
+                )
+                for _ in range(n)
+            ],
+            0.5,
+            [t] * n,
+        ).save(store)
         meta = json.load(open(f"{store}/predictors.json"))
         assert meta["magnitude_thresholds"] == [t] * n
 
@@ -240,9 +277,15 @@ def test_gate_predictor_reads_block_gate_rows(gemma3_store, tmp_path):
     runs = {}
     for t in (0.0, 1e3):
         thresholds(t)
-        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="200%", progress=False,
-                            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
-                            io=mlx_flash.IOOptions(mode="buffered")) as e:
+        with mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="200%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        ) as e:
             runs[t] = greedy(e, ids, 4)[1]
             st = e.ffn.stats()
         runs[t, "active"] = st.rows_active / (st.decode_layer_steps * st.neurons)

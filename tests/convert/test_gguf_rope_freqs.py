@@ -15,14 +15,24 @@ from mlx_flash.convert import convert
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 ORIGINAL, THETA = 32, 10000.0
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": ORIGINAL}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": ORIGINAL,
+}
 
 
 def rope_factors(dim: int, base: float, s: dict) -> np.ndarray:
     """Each pair's divisor, as llama.cpp's converter derives them from a "llama3" scaling (float32)."""
     freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    old, low, high, factor = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"], s["factor"]
+    old, low, high, factor = (
+        s["original_max_position_embeddings"],
+        s["low_freq_factor"],
+        s["high_freq_factor"],
+        s["factor"],
+    )
     out = []
     for f in freqs:
         wavelen = 2 * math.pi / f
@@ -47,10 +57,14 @@ def write_llama_gguf(path, hf, default_gguf) -> None:
     c = hf.config
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in hf.state_dict().items()}
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
-                       "block_count": c.num_hidden_layers, "feed_forward_length": c.intermediate_size,
-                       "attention.head_count": c.num_attention_heads,
-                       "attention.head_count_kv": c.num_key_value_heads}.items():
+    for key, value in {
+        "context_length": c.max_position_embeddings,
+        "embedding_length": c.hidden_size,
+        "block_count": c.num_hidden_layers,
+        "feed_forward_length": c.intermediate_size,
+        "attention.head_count": c.num_attention_heads,
+        "attention.head_count_kv": c.num_key_value_heads,
+    }.items():
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     w.add_float32("llama.rope.freq_base", THETA)
@@ -61,9 +75,17 @@ def write_llama_gguf(path, hf, default_gguf) -> None:
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     for i in range(c.num_hidden_layers):
         for hf_name, g in names.items():
             a = sd[f"model.layers.{i}.{hf_name}.weight"]
@@ -80,8 +102,14 @@ def write_llama_gguf(path, hf, default_gguf) -> None:
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_rope_freqs_tensor_matches_the_llama3_scaling(tmp_path, default_gguf, backend):
-    hf = tiny_models.build("llama", str(tmp_path / "hf"), rope_scaling=dict(LLAMA3), vocab_size=49152,
-                           max_position_embeddings=256, rope_theta=THETA)
+    hf = tiny_models.build(
+        "llama",
+        str(tmp_path / "hf"),
+        rope_scaling=dict(LLAMA3),
+        vocab_size=49152,
+        max_position_embeddings=256,
+        rope_theta=THETA,
+    )
     write_llama_gguf(tmp_path / "llama3.gguf", hf, default_gguf)
     store = convert(str(tmp_path / "llama3.gguf"), str(tmp_path / "store"), progress=False)
     ids = tiny_models.random_ids(160, seed=5)

@@ -50,10 +50,16 @@ def _assert_same_as_mx_load(path):
 def test_block_types_decode_as_mx_load(tmp_path):
     rng = np.random.default_rng(0)
     Q = gguf.GGMLQuantizationType
-    tensors = {f"blk.0.{n}.weight": (rng.standard_normal((r, c)).astype(np.float32) * s, q)
-               for n, r, c, s, q in [("q40", 48, 96, 0.1, Q.Q4_0), ("q41", 40, 64, 3.0, Q.Q4_1),
-                                     ("q80", 24, 128, 0.02, Q.Q8_0), ("f16", 8, 32, 1.0, Q.F16),
-                                     ("f32", 1, 64, 1.0, Q.F32)]}
+    tensors = {
+        f"blk.0.{n}.weight": (rng.standard_normal((r, c)).astype(np.float32) * s, q)
+        for n, r, c, s, q in [
+            ("q40", 48, 96, 0.1, Q.Q4_0),
+            ("q41", 40, 64, 3.0, Q.Q4_1),
+            ("q80", 24, 128, 0.02, Q.Q8_0),
+            ("f16", 8, 32, 1.0, Q.F16),
+            ("f32", 1, 64, 1.0, Q.F32),
+        ]
+    }
     path = tmp_path / "mixed.gguf"
     _write(path, tensors)
     _assert_same_as_mx_load(path)
@@ -103,8 +109,9 @@ def test_kept_block_types_are_the_files_bytes(tmp_path, kind):
 def test_take_hands_over_each_part_once(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "one.gguf"
-    _write(path, {"blk.0.ffn_up.weight": (rng.standard_normal((8, 64)).astype(np.float32),
-                                          gguf.GGMLQuantizationType.Q4_1)})
+    _write(
+        path, {"blk.0.ffn_up.weight": (rng.standard_normal((8, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)}
+    )
     src = GGUFTensors(str(path), _reader(path), _gguf_name)
     base = "model.layers.0.mlp.up_proj"
     assert {b: (q.bits, q.kind) for b, q in src.quant_specs().items()} == {base: (4, None)}
@@ -152,18 +159,31 @@ def test_each_expert_of_a_stack_is_read_alone_as_gguf_dequantizes_it(tmp_path, q
 
 
 def _moe_meta(experts: int) -> dict:
-    return {"block_count": 1, "embedding_length": 64, "attention.head_count": 2, "expert_count": experts,
-            "expert_used_count": 1, "expert_feed_forward_length": 32}
+    return {
+        "block_count": 1,
+        "embedding_length": 64,
+        "attention.head_count": 2,
+        "expert_count": experts,
+        "expert_used_count": 1,
+        "expert_feed_forward_length": 32,
+    }
 
 
 def test_other_moe_architectures_and_bad_stacks_are_refused(tmp_path):
     rng = np.random.default_rng(4)
-    stack = {"blk.0.ffn_up_exps.weight": (rng.standard_normal((2, 32, 64)).astype(np.float32),
-                                          gguf.GGMLQuantizationType.Q8_0)}
+    stack = {
+        "blk.0.ffn_up_exps.weight": (
+            rng.standard_normal((2, 32, 64)).astype(np.float32),
+            gguf.GGMLQuantizationType.Q8_0,
+        )
+    }
     mixtral = tmp_path / "mixtral.gguf"
     _write(mixtral, stack, "llama", _moe_meta(2))
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts GGUF of architecture 'llama' is not supported "
-                                                    r"\(supported: qwen3moe\)"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match="mixture-of-experts GGUF of architecture 'llama' is not supported "
+        r"\(supported: qwen3moe\)",
+    ):
         read_gguf(str(mixtral))
     qwen2moe = tmp_path / "qwen2moe.gguf"
     _write(qwen2moe, stack, "qwen2moe")  # no expert_count: the stacks alone say it is a MoE
@@ -171,15 +191,25 @@ def test_other_moe_architectures_and_bad_stacks_are_refused(tmp_path):
         read_gguf(str(qwen2moe))
     wrong = tmp_path / "wrong.gguf"
     _write(wrong, stack, "qwen3moe", _moe_meta(3))
-    with pytest.raises(ModelFileError,
-                       match=r"blk\.0\.ffn_up_exps\.weight holds 2 experts, but qwen3moe\.expert_count is 3"):
+    with pytest.raises(
+        ModelFileError, match=r"blk\.0\.ffn_up_exps\.weight holds 2 experts, but qwen3moe\.expert_count is 3"
+    ):
         read_gguf(str(wrong))
     lacking = tmp_path / "lacking.gguf"
     _write(lacking, stack, "qwen3moe", {k: v for k, v in _moe_meta(2).items() if k != "expert_used_count"})
     with pytest.raises(ModelFileError, match=r"lacks qwen3moe\.expert_used_count$"):
         read_gguf(str(lacking))
     flat = tmp_path / "flat.gguf"  # a 2-D tensor under an expert-stack name
-    _write(flat, {"blk.0.ffn_up_exps.weight": (rng.standard_normal((32, 64)).astype(np.float32),
-                                               gguf.GGMLQuantizationType.Q8_0)}, "qwen3moe", _moe_meta(2))
+    _write(
+        flat,
+        {
+            "blk.0.ffn_up_exps.weight": (
+                rng.standard_normal((32, 64)).astype(np.float32),
+                gguf.GGMLQuantizationType.Q8_0,
+            )
+        },
+        "qwen3moe",
+        _moe_meta(2),
+    )
     with pytest.raises(ModelFileError, match="is not a stack of experts"):
         read_gguf(str(flat))

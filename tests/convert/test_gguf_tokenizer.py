@@ -20,8 +20,12 @@ TEXTS = [
 ]
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name 3 colors 🙂"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Name 3 colors 🙂"},
+    ],
 ]
 
 
@@ -36,8 +40,9 @@ def ours(default_gguf, tmp_path_factory):
 def reference(default_gguf):
     pytest.importorskip("torch")  # transformers' GGUF reader needs torch
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(default_gguf),
-                                                      gguf_file=os.path.basename(default_gguf))
+    return transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf)
+    )
 
 
 def test_byte_alphabet_is_a_bijection_of_printable_characters():

@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("precision,tol", [("f16", 2e-2), ("source", 1e-4)])
 def test_quantized_dir_with_mixed_bits(tmp_path, precision, tol):
     hf = tiny_models.build("llama", str(tmp_path / "hf"))
-    exact = tiny_models.quantize_dir(str(tmp_path / "hf"), str(tmp_path / "q"),
-                                     overrides={"model.layers.0.self_attn.v_proj": 8})
+    exact = tiny_models.quantize_dir(
+        str(tmp_path / "hf"), str(tmp_path / "q"), overrides={"model.layers.0.self_attn.v_proj": 8}
+    )
     with torch.no_grad():  # the reference runs on exactly the dequantized values
         for name, p in hf.named_parameters():
             p.copy_(torch.from_numpy(np.array(exact[name])))

@@ -52,9 +52,13 @@ def single_process(store_dir, backend):
 
 def run_ranks(n, store_dir, backend, tmp_path, launcher="ring", *extra):
     out = str(tmp_path / f"out-{n}-{backend}.npz")
-    procs = start_ranks(n, [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS), *extra], tmp_path,
-                        env={"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])},
-                        launcher=launcher)
+    procs = start_ranks(
+        n,
+        [os.path.join(HERE, "greedy_rank.py"), store_dir, backend, out, str(STEPS), *extra],
+        tmp_path,
+        env={"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])},
+        launcher=launcher,
+    )
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
@@ -62,8 +66,17 @@ def run_ranks(n, store_dir, backend, tmp_path, launcher="ring", *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,ranks,launcher", [("mlx", 2, "ring"), ("mlx", 3, "ring"), ("torch", 2, "ring"),
-                                                    ("torch", 3, "ring"), ("torch", 2, "gloo"), ("mlx", 3, "gloo")])
+@pytest.mark.parametrize(
+    "backend,ranks,launcher",
+    [
+        ("mlx", 2, "ring"),
+        ("mlx", 3, "ring"),
+        ("torch", 2, "ring"),
+        ("torch", 3, "ring"),
+        ("torch", 2, "gloo"),
+        ("mlx", 3, "gloo"),
+    ],
+)
 def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, launcher, tmp_path):
     want_tokens, want_logits = single_process(store_dir, backend)
     got = run_ranks(ranks, store_dir, backend, tmp_path, launcher)
@@ -86,9 +99,23 @@ def test_a_gemma_pipeline_keeps_each_layers_attention_kind(tiny_store, tmp_path)
 
 
 def _chat_ranks(n, store_dir, tmp_path, *extra, launcher="ring"):
-    return start_ranks(n, ["-m", "mlx_flash.chat", "--model", store_dir, "--pipeline", "--prompt",
-                           "Write a long story about a lighthouse keeper.", "--max-tokens", "400", *extra], tmp_path,
-                       launcher=launcher)
+    return start_ranks(
+        n,
+        [
+            "-m",
+            "mlx_flash.chat",
+            "--model",
+            store_dir,
+            "--pipeline",
+            "--prompt",
+            "Write a long story about a lighthouse keeper.",
+            "--max-tokens",
+            "400",
+            *extra,
+        ],
+        tmp_path,
+        launcher=launcher,
+    )
 
 
 def _wait_for_text(proc, seconds=120):
@@ -144,8 +171,20 @@ def test_a_rank_with_another_store_is_refused(store_dir, tiny_store, tmp_path):
     """Every rank must hold the same store (the manifests' digests are compared at start): a rank
     given another model is refused in one line on every rank, and no rank hangs."""
     other, _ = tiny_store("llama")
-    argv = lambda r: ["-m", "mlx_flash.chat", "--model", store_dir if r == 0 else other, "--pipeline",  # noqa: E731
-                      "--prompt", "Hello", "--max-tokens", "4"]
+
+    def argv(r):
+        return [
+            "-m",
+            "mlx_flash.chat",
+            "--model",
+            store_dir if r == 0 else other,
+            "--pipeline",
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "4",
+        ]
+
     procs = start_ranks(2, argv, tmp_path)
     results = [p.communicate(timeout=120) for p in procs]
     for p, (_, err) in zip(procs, results):
@@ -153,27 +192,55 @@ def test_a_rank_with_another_store_is_refused(store_dir, tiny_store, tmp_path):
         assert "rank 1's copy of the store differs from rank 0's" in err and "Traceback" not in err
 
 
-BATCH = [("Write a haiku about rain.", 12), ("List three prime numbers.", 1), ("Who wrote Hamlet?", 16),
-         ("Name a color of the sky.", 9), ("What is the boiling point of water?", 14)]
+BATCH = [
+    ("Write a haiku about rain.", 12),
+    ("List three prime numbers.", 1),
+    ("Who wrote Hamlet?", 16),
+    ("Name a color of the sky.", 9),
+    ("What is the boiling point of water?", 14),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,ranks,launcher,extra", [
-    ("torch", 2, "gloo", ()),
-    ("mlx", 3, "ring", ("--micro-batches", "5")),  # more in flight than ranks (4 live sequences: 4 of 1 row)
-    # FFN layers read whole, each rank holding the few its weights' share leaves room for
-    ("torch", 2, "gloo", ("--ffn", "stream", "--weights-budget", "70%"))])
+@pytest.mark.parametrize(
+    "backend,ranks,launcher,extra",
+    [
+        ("torch", 2, "gloo", ()),
+        ("mlx", 3, "ring", ("--micro-batches", "5")),  # more in flight than ranks (4 live sequences: 4 of 1 row)
+        # FFN layers read whole, each rank holding the few its weights' share leaves room for
+        ("torch", 2, "gloo", ("--ffn", "stream", "--weights-budget", "70%")),
+    ],
+)
 def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backend, ranks, launcher, extra, tmp_path):
     """The throughput mode across ranks (`python -m mlx_flash.batch --pipeline`, micro-batches in
     flight on every rank, as many as the stage policy chooses or --micro-batches says, sequences of
     different lengths leaving as they finish, one after a single token): every answer equals one
     process's generate_batch."""
     prompts = tmp_path / "in.jsonl"
-    prompts.write_text("".join(json.dumps({"id": k, "messages": [{"role": "user", "content": p}], "max_tokens": n})
-                               + "\n" for k, (p, n) in enumerate(BATCH)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": k, "messages": [{"role": "user", "content": p}], "max_tokens": n}) + "\n"
+            for k, (p, n) in enumerate(BATCH)
+        )
+    )
     out = tmp_path / "out.jsonl"
-    procs = start_ranks(ranks, ["-m", "mlx_flash.batch", str(prompts), str(out), "--model", store_dir, "--backend",
-                                backend, "--pipeline", *extra], tmp_path, launcher=launcher)
+    procs = start_ranks(
+        ranks,
+        [
+            "-m",
+            "mlx_flash.batch",
+            str(prompts),
+            str(out),
+            "--model",
+            store_dir,
+            "--backend",
+            backend,
+            "--pipeline",
+            *extra,
+        ],
+        tmp_path,
+        launcher=launcher,
+    )
     results = [p.communicate(timeout=300) for p in procs]
     for r, (p, (_, err)) in enumerate(zip(procs, results)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}: {err[-2000:]}"
@@ -189,8 +256,9 @@ def test_a_batch_through_the_ranks_equals_one_process(store_dir, engines, backen
         held = [int(n) for n in re.findall(r"\((\d+) FFN layers held\)", results[0][1])]
         assert len(held) == ranks and 0 < sum(held) < 30, results[0][1][-2000:]
     got = {d["id"]: d["text"] for d in map(json.loads, out.read_text().splitlines())}
-    want = engines(store_dir, backend).generate_batch([[{"role": "user", "content": p}] for p, _ in BATCH],
-                                                      [n for _, n in BATCH])
+    want = engines(store_dir, backend).generate_batch(
+        [[{"role": "user", "content": p}] for p, _ in BATCH], [n for _, n in BATCH]
+    )
     assert [got[k] for k in range(len(BATCH))] == want
 
 
@@ -228,8 +296,18 @@ def test_speculative_decoding_across_ranks_equals_plain_greedy(store_dir, backen
     """Drafted tokens the verifier rejects are trimmed from every rank's caches (TRIM): the answer
     equals one process's plain greedy answer, and drafts were both kept and rejected on the way."""
     prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 2
-    argv = ["-m", "mlx_flash.chat", "--model", store_dir, "--backend", backend, "--prompt", prompt.rstrip(),
-            "--max-tokens", "40"]
+    argv = [
+        "-m",
+        "mlx_flash.chat",
+        "--model",
+        store_dir,
+        "--backend",
+        backend,
+        "--prompt",
+        prompt.rstrip(),
+        "--max-tokens",
+        "40",
+    ]
     one = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     procs = start_ranks(2, argv + ["--pipeline", "--speculative", "4", "--verbose"], tmp_path, launcher=launcher)
@@ -253,8 +331,12 @@ def _http(port: int, path: str, body=None) -> tuple[int, dict]:
     import urllib.error
     import urllib.request
 
-    r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode() if body else None,
-                               headers={"Content-Type": "application/json"}, method="POST" if body else "GET")
+    r = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body else None,
+        headers={"Content-Type": "application/json"},
+        method="POST" if body else "GET",
+    )
     try:
         with urllib.request.urlopen(r, timeout=120) as f:
             return f.status, json.loads(f.read())
@@ -266,8 +348,23 @@ def _serve_ranks(store_dir, tmp_path, *extra):
     """Two ranks of `python -m mlx_flash.serve --pipeline` over gloo on a free port, once /health
     answers: (the port, the processes)."""
     port = _free_port()
-    procs = start_ranks(2, ["-m", "mlx_flash.serve", "--model", store_dir, "--backend", "torch", "--pipeline",
-                            "--port", str(port), *extra], tmp_path, launcher="gloo")
+    procs = start_ranks(
+        2,
+        [
+            "-m",
+            "mlx_flash.serve",
+            "--model",
+            store_dir,
+            "--backend",
+            "torch",
+            "--pipeline",
+            "--port",
+            str(port),
+            *extra,
+        ],
+        tmp_path,
+        launcher="gloo",
+    )
     for _ in range(240):
         try:
             if _http(port, "/health")[0] == 200:
@@ -296,14 +393,18 @@ def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, en
         code, body = _http(port, "/v1/chat/completions", {"messages": second, "max_tokens": 12, "temperature": 0})
         assert code == 200 and body["choices"][0]["message"]["content"] == e.generate(second, max_tokens=12)
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the first turn's caches continued
-        code, body = _http(port, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
-                                                     "temperature": 0})
+        code, body = _http(
+            port, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+        )
         assert code == 200 and body["choices"][0]["text"] == e.generate("The capital of France is", max_tokens=8)
         # requests at once decode together (a continuous batch across the ranks), each as it would alone
         prompts = ["The capital of France is", "Once upon a time", "The largest planet is", "Water boils at"]
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda q: _http(port, "/v1/completions", {"prompt": q, "max_tokens": 24,
-                                                                          "temperature": 0}), prompts))
+            got = list(
+                pool.map(
+                    lambda q: _http(port, "/v1/completions", {"prompt": q, "max_tokens": 24, "temperature": 0}), prompts
+                )
+            )
         assert [code for code, _ in got] == [200] * len(prompts), got
         assert [b["choices"][0]["text"] for _, b in got] == [e.generate(q, max_tokens=24) for q in prompts]
         code, stats = _http(port, "/v1/stats")

@@ -2,7 +2,15 @@
 
 import pytest
 
-from mlx_flash.distributed.stage_policy import WIRE_WORDS, StageSpeed, calibrate, choose, choose_prefill, stage_speed, step_seconds
+from mlx_flash.distributed.stage_policy import (
+    WIRE_WORDS,
+    StageSpeed,
+    calibrate,
+    choose,
+    choose_prefill,
+    stage_speed,
+    step_seconds,
+)
 
 
 def compute_bound(layers=10, per_row=1e-3):
@@ -10,8 +18,9 @@ def compute_bound(layers=10, per_row=1e-3):
 
 
 def test_a_stage_reads_each_streamed_layer_once_per_micro_batch_behind_its_compute():
-    s = StageSpeed(layers=4, streamed=3, dec_fixed=0.01, dec_per_row=0.001, read_s=0.05, extra_fixed=0.002,
-                   extra_per_row=0.0005)
+    s = StageSpeed(
+        layers=4, streamed=3, dec_fixed=0.01, dec_per_row=0.001, read_s=0.05, extra_fixed=0.002, extra_per_row=0.0005
+    )
     # one resident layer computes; three streamed ones take the longer of compute and read
     assert s.seconds(10) == pytest.approx(0.02 + 3 * 0.05 + 0.002 + 0.005)
     assert s.seconds(100) == pytest.approx(4 * 0.11 + 0.002 + 0.05)  # compute now hides the reads
@@ -47,10 +56,20 @@ def test_read_bound_ranks_sharing_a_drive_take_turns():
 
 
 def test_a_stage_speed_crosses_the_wire_in_nanoseconds():
-    s = StageSpeed(layers=15, streamed=7, dec_fixed=0.0123, dec_per_row=4.5e-5, read_s=0.0386, extra_fixed=0.001,
-                   extra_per_row=2e-6, drive_share=2, pre_fixed=0.002, pre_per_token=3e-4)
+    s = StageSpeed(
+        layers=15,
+        streamed=7,
+        dec_fixed=0.0123,
+        dec_per_row=4.5e-5,
+        read_s=0.0386,
+        extra_fixed=0.001,
+        extra_per_row=2e-6,
+        drive_share=2,
+        pre_fixed=0.002,
+        pre_per_token=3e-4,
+    )
     wire = s.to_wire()
-    assert wire.shape == (WIRE_WORDS,) and wire.max() < 2 ** 31
+    assert wire.shape == (WIRE_WORDS,) and wire.max() < 2**31
     back = StageSpeed.from_wire(wire)
     assert (back.layers, back.streamed, back.drive_share) == (15, 7, 2)
     assert back.seconds(8, concurrent=True) == pytest.approx(s.seconds(8, concurrent=True), rel=1e-6)
@@ -59,8 +78,16 @@ def test_a_stage_speed_crosses_the_wire_in_nanoseconds():
 
 def test_prefill_is_planned_per_prompt_token():
     # decode reads bound these ranks (one micro-batch), but a prompt token costs what 30 decode rows do
-    s = StageSpeed(layers=10, streamed=10, dec_fixed=0.0, dec_per_row=1e-3, read_s=0.05, drive_share=2,
-                   pre_fixed=0.001, pre_per_token=0.03)
+    s = StageSpeed(
+        layers=10,
+        streamed=10,
+        dec_fixed=0.0,
+        dec_per_row=1e-3,
+        read_s=0.05,
+        drive_share=2,
+        pre_fixed=0.001,
+        pre_per_token=0.03,
+    )
     assert choose([s, s], 6).micro_batches == 1
     p = s.prefill()
     assert (p.dec_fixed, p.dec_per_row, p.extra_per_row) == (0.001, 0.03, 0.0)
@@ -68,8 +95,16 @@ def test_prefill_is_planned_per_prompt_token():
     # as one pass: more, smaller messages shorten the ramp (the first message's trip) ...
     assert choose_prefill([s, s], 120) > 2
     # ... until each message's fixed cost and reads outweigh it
-    reads = StageSpeed(layers=10, streamed=10, dec_fixed=0.0, dec_per_row=0.0, read_s=0.5, drive_share=2,
-                       pre_fixed=0.001, pre_per_token=1e-4)
+    reads = StageSpeed(
+        layers=10,
+        streamed=10,
+        dec_fixed=0.0,
+        dec_per_row=0.0,
+        read_s=0.5,
+        drive_share=2,
+        pre_fixed=0.001,
+        pre_per_token=1e-4,
+    )
     assert choose_prefill([reads, reads], 120) == 1
     with pytest.raises(ValueError, match="at least one token"):
         choose_prefill([s], 0)

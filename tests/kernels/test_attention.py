@@ -14,7 +14,6 @@ from mlx_flash.kernels.qmatmul import Isa, cpu_isa, use_isa
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
 
 
-
 def _qkv(rng, B, Hq, Hkv, T, S, hd):
     q = rng.standard_normal((B, Hq, T, hd)).astype(np.float32)
     k = rng.standard_normal((B, Hkv, S, hd)).astype(np.float32)
@@ -27,16 +26,24 @@ def _close(y, ref):
     assert err < 2e-5 * max(1.0, np.abs(ref).max()), f"max error {err:.2e}"
 
 
-@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 40, 64), (1, 9, 3, 37, 37, 64), (2, 8, 2, 5, 130, 128),
-                                   (1, 4, 4, 70, 150, 80), (1, 6, 1, 17, 17, 24)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 9, 3, 1, 40, 64),
+        (1, 9, 3, 37, 37, 64),
+        (2, 8, 2, 5, 130, 128),
+        (1, 4, 4, 70, 150, 80),
+        (1, 6, 1, 17, 17, 24),
+    ],
+)
 def test_equals_the_reference_on_every_path(shape, isa_restored):
     B, Hq, Hkv, T, S, hd = shape
     q, k, v = _qkv(np.random.default_rng(sum(shape)), *shape)
-    ref = attention_ref(q, k, v, hd ** -0.5)
+    ref = attention_ref(q, k, v, hd**-0.5)
     for isa in RUNNABLE:
         use_isa(isa)
         for threads in (1, 2):
-            _close(mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), hd ** -0.5, threads), ref)
+            _close(mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), hd**-0.5, threads), ref)
 
 
 def test_output_transposes_to_the_projection_input_without_a_copy():
@@ -59,8 +66,15 @@ def test_per_row_lengths_and_positions():
 
 def test_a_query_that_sees_no_key_gives_zeros():
     q, k, v = _qkv(np.random.default_rng(4), 1, 2, 2, 2, 8, 16)
-    y = mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), 1.0, 1, mx.array(np.array([0], np.int32)),
-                              mx.array(np.array([0], np.int32)))
+    y = mlx_kernels.attention(
+        mx.array(q),
+        mx.array(k),
+        mx.array(v),
+        1.0,
+        1,
+        mx.array(np.array([0], np.int32)),
+        mx.array(np.array([0], np.int32)),
+    )
     assert np.array_equal(np.array(y), np.zeros_like(q))
 
 
@@ -73,8 +87,9 @@ def test_keys_in_a_pool_of_chunks_through_a_slot_table():
     kv_len, q_pos = np.array([40, 33], np.int32), np.array([37, 30], np.int32)
     q = rng.standard_normal((B, Hq, T, hd)).astype(np.float32)
     ref = attention_ref(q, pool_k, pool_v, 0.125, kv_len, q_pos, table)
-    y = mlx_kernels.attention(mx.array(q), mx.array(pool_k), mx.array(pool_v), 0.125, 2, mx.array(kv_len),
-                              mx.array(q_pos), mx.array(table))
+    y = mlx_kernels.attention(
+        mx.array(q), mx.array(pool_k), mx.array(pool_v), 0.125, 2, mx.array(kv_len), mx.array(q_pos), mx.array(table)
+    )
     _close(y, ref)
 
 

@@ -22,12 +22,11 @@ def blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """Realistic rows of `kind`: float rows quantized (gguf's quantizer for Q5_0/Q5_1, ours for the
     k-quants, which gguf lacks), the weights of various scales so sub-block scales differ."""
     rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 1.0, (rows, cols // 16)).repeat(16, axis=1))
+    w = rng.standard_normal((rows, cols)) * rng.uniform(0.01, 1.0, (rows, cols // 16)).repeat(16, axis=1)
     w = w.astype(np.float32)
     if kind in ("Q5_0", "Q5_1"):
         return gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind])
     return quantize_k(w, kind)
-
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -78,9 +77,11 @@ def test_rows_inside_a_buffer_of_bundles(isa_restored):
     buf = np.zeros((nb, bb), np.uint8)
     for b in range(nb):
         for r in range(per):
-            buf[b, gate_at + r * width:gate_at + r * width + gate.shape[1]] = gate[b * per + r]
+            buf[b, gate_at + r * width : gate_at + r * width + gate.shape[1]] = gate[b * per + r]
         for d in range(D):
-            buf[b, down_at + d * blk.nbytes:down_at + (d + 1) * blk.nbytes] = down[d, b * blk.nbytes:(b + 1) * blk.nbytes]
+            buf[b, down_at + d * blk.nbytes : down_at + (d + 1) * blk.nbytes] = down[
+                d, b * blk.nbytes : (b + 1) * blk.nbytes
+            ]
     g = BlockMatrix.in_buffer(buf, gate_at, kind, nb * per, 512, per, bb, width, blk.nbytes)
     dn = BlockMatrix.in_buffer(buf, down_at, kind, D, nb * 256, D, 0, blk.nbytes, bb)
     rng = np.random.default_rng(9)

@@ -27,9 +27,14 @@ def rel_error(got, ref):
 
 
 CASES = [  # (block, bits, gate/up group, down bits, down group, scale type)
-    (32, 4, 32, 4, None, ScaleType.F16), (32, 8, 64, 8, None, ScaleType.F16), (32, 4, 128, 8, None, ScaleType.BF16),
-    (32, 8, 32, 4, None, ScaleType.F32), (64, 4, 32, 4, None, ScaleType.F16),
-    (1, 4, 32, 8, 32, ScaleType.F16), (1, 8, 64, 4, 64, ScaleType.F32), (1, 4, 128, 4, 32, ScaleType.BF16),
+    (32, 4, 32, 4, None, ScaleType.F16),
+    (32, 8, 64, 8, None, ScaleType.F16),
+    (32, 4, 128, 8, None, ScaleType.BF16),
+    (32, 8, 32, 4, None, ScaleType.F32),
+    (64, 4, 32, 4, None, ScaleType.F16),
+    (1, 4, 32, 8, 32, ScaleType.F16),
+    (1, 8, 64, 4, 64, ScaleType.F32),
+    (1, 4, 128, 4, 32, ScaleType.BF16),
 ]
 
 
@@ -61,8 +66,10 @@ def test_cpu_kernel_equals_reference(block, bits, group, down_bits, down_group, 
                 assert eh < 2e-5 and ey < 2e-5, f"{isa.name} count={count} threads={threads}: {eh:.1e} {ey:.1e}"
                 if count == 0:
                     assert not y.any()
-    print(f"block {block} gate/up {bits}-bit g{group} down {down_bits}-bit {scale_type.name} T={tokens}: max abs error "
-          f"gate_up {worst_abs[0]:.1e}, down {worst_abs[1]:.1e}; max relative (to max |ref|) by path {worst}")
+    print(
+        f"block {block} gate/up {bits}-bit g{group} down {down_bits}-bit {scale_type.name} T={tokens}: max abs error "
+        f"gate_up {worst_abs[0]:.1e}, down {worst_abs[1]:.1e}; max relative (to max |ref|) by path {worst}"
+    )
 
 
 def test_all_slots_in_order_equal_the_dense_layer():
@@ -112,5 +119,7 @@ def test_default_store_spec_and_layer(store_dir):
     k = CpuSparseFFN(spec, 2)
     h_ref = sparse_gate_up_ref(x, slab, idx, count, spec)
     assert rel_error(k.gate_up(x, slab, idx, count), h_ref) < 2e-5
-    assert rel_error(k.down(h_ref.astype(np.float32), slab, idx, count),
-                     sparse_down_ref(h_ref, slab, idx, count, spec)) < 2e-5
+    assert (
+        rel_error(k.down(h_ref.astype(np.float32), slab, idx, count), sparse_down_ref(h_ref, slab, idx, count, spec))
+        < 2e-5
+    )

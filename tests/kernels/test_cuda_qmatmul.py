@@ -53,7 +53,7 @@ def test_cuda_product_equals_reference(bits, group, scale, rows_are_outputs):
     rng = np.random.default_rng(bits * 1000 + group + len(scale) + rows_are_outputs)
     # 1003 output rows: 125 blocks of 8 rows and 3 more; 11 input rows: fewer than the K chunks
     rows, codes = (1003, 384) if rows_are_outputs else (389, 640)
-    for rows_now in ((rows,) if rows_are_outputs else (rows, 11)):
+    for rows_now in (rows,) if rows_are_outputs else (rows, 11):
         m, words, s, b = stored(rng, rows_now, codes, bits, group, scale, rows_are_outputs)
         cm = cuda_ops.CudaMatrix(m, "cuda")
         for T in (1, 5, 8, 19):  # 19: three launches
@@ -77,9 +77,11 @@ def test_fake_implementation_fits():
     rng = np.random.default_rng(4)
     cm = cuda_ops.CudaMatrix(stored(rng, 32, 64, 4, 32, "float16", True)[0], "cuda")
     w, s, b = cm.offsets
-    torch.library.opcheck(cuda_ops.ops().stored_matmul.default,
-                          (torch.ones(3, 64, device="cuda"), cm.buffer, 0, w, s, b, 0, 4, 32, 32, True, [], 1),
-                          test_utils=("test_faketensor",))
+    torch.library.opcheck(
+        cuda_ops.ops().stored_matmul.default,
+        (torch.ones(3, 64, device="cuda"), cm.buffer, 0, w, s, b, 0, 4, 32, 32, True, [], 1),
+        test_utils=("test_faketensor",),
+    )
 
 
 @gpu

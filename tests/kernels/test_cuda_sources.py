@@ -30,16 +30,29 @@ def test_there_are_sources():
 
 def cuda_top() -> str:
     """The CUDA toolkit's root as nvcc itself reports it (nvcc may be a wrapper script)."""
-    r = subprocess.run([nvcc(), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [nvcc(), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull], capture_output=True, text=True, timeout=60
+    )
     m = re.search(r"^#\$ TOP=(.*)$", r.stdout + r.stderr, re.M)
     return os.path.realpath(m.group(1).strip()) if m else os.path.dirname(os.path.dirname(os.path.realpath(nvcc())))
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_cu_compiles_for_sm89_and_sm90_without_warnings(source, tmp_path):
-    cmd = [nvcc(), "-c", "-std=c++17", "-O3", *ARCHS, "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror",
-           os.path.join(CUDA_DIR, source), "-o", str(tmp_path / "out.o")]
+    cmd = [
+        nvcc(),
+        "-c",
+        "-std=c++17",
+        "-O3",
+        *ARCHS,
+        "-Werror",
+        "all-warnings",
+        "-Xcompiler",
+        "-Wall,-Wextra,-Werror",
+        os.path.join(CUDA_DIR, source),
+        "-o",
+        str(tmp_path / "out.o"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     blob = (tmp_path / "out.o").read_bytes()  # the fatbinary names the architectures it holds code for
@@ -59,8 +72,18 @@ def test_torch_binding_compiles(binding, tmp_path):
     if not any(os.path.isfile(os.path.join(p, macros)) for p in cpp_extension.include_paths()):
         (tmp_path / macros).parent.mkdir(parents=True)
         (tmp_path / macros).write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DTORCH_EXTENSION_NAME=mf_check",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
-           f"-I{cuda_include}", f"-I{tmp_path}", os.path.join(CUDA_DIR, binding)]
+    cmd = [
+        "g++",
+        "-std=c++20",
+        "-fsyntax-only",
+        "-Wall",
+        "-Werror",
+        "-DTORCH_EXTENSION_NAME=mf_check",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{cuda_include}",
+        f"-I{tmp_path}",
+        os.path.join(CUDA_DIR, binding),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -67,7 +67,7 @@ def _pieces(x, g, u, dn):
     x2 = x.reshape(-1, x.shape[-1])
     if u is None:
         both = g(x2, 2)
-        gate, up = both[:, :both.shape[1] // 2], both[:, both.shape[1] // 2:]
+        gate, up = both[:, : both.shape[1] // 2], both[:, both.shape[1] // 2 :]
     else:
         gate, up = g(x2, 2), u(x2, 2)
     with np.errstate(over="ignore"):  # random block bytes make some gates large: silu of them is 0
@@ -128,8 +128,16 @@ def test_a_malformed_matrix_is_refused_in_one_line():
     with pytest.raises(RuntimeError, match="odd number"):
         tg.ops.gated_ffn(x, tg.buffer, odd, tg.buffer, [], td.buffer, td.spec, 2)
     with pytest.raises(ValueError, match="a matrix is 9 ints"):
-        mlx_kernels.extension().gated_ffn(mx.zeros((1, D)), mx.zeros((8,), mx.uint8), [0, 1], mx.zeros((8,), mx.uint8),
-                                          [], mx.zeros((8,), mx.uint8), [0, 1], 2)
+        mlx_kernels.extension().gated_ffn(
+            mx.zeros((1, D)),
+            mx.zeros((8,), mx.uint8),
+            [0, 1],
+            mx.zeros((8,), mx.uint8),
+            [],
+            mx.zeros((8,), mx.uint8),
+            [0, 1],
+            2,
+        )
 
 
 def test_fake_implementation_passes_torch_operator_checks():
@@ -139,8 +147,11 @@ def test_fake_implementation_passes_torch_operator_checks():
     (g, u, dn), *_ = layer("fused-4bit")
     tg, td = torch_ops.TorchMatrix(g, 2), torch_ops.TorchMatrix(dn, 2)
     x = torch.randn(2, D)
-    torch.library.opcheck(torch.ops.mlx_flash.gated_ffn, (x, tg.buffer, tg.spec, tg.buffer, [], td.buffer, td.spec, 2),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.mlx_flash.gated_ffn,
+        (x, tg.buffer, tg.spec, tg.buffer, [], td.buffer, td.spec, 2),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 SPARSE = [(32, 4, 32, 4, None), (1, 8, 64, 4, 32)]  # (block, bits, group, down bits, down group): both down layouts
@@ -167,8 +178,9 @@ def test_sparse_layer_in_one_call_equals_the_separate_sparse_products(layout, T)
         gm, um, dm = (mlx_kernels.GraphMatrix(m, 2) for m in (g, u, dn))
         ids = mx.array(idx)
         fused = mlx_kernels.gated_ffn(mx.array(x), gm, um, dm, ids, count)
-        pieces = dm.sparse(mlx_kernels.silu_mul(gm.sparse(mx.array(x), ids, count), um.sparse(mx.array(x), ids, count)),
-                           ids, count)
+        pieces = dm.sparse(
+            mlx_kernels.silu_mul(gm.sparse(mx.array(x), ids, count), um.sparse(mx.array(x), ids, count)), ids, count
+        )
         assert np.array_equal(np.array(fused), np.array(pieces)), count
         try:
             import torch

@@ -16,8 +16,18 @@ from mlx_flash.errors import KernelUnavailableError
 from mlx_flash.kernels import metal_blocks, metal_cpu
 from mlx_flash.kernels.blockmatmul import BlockMatrix
 from mlx_flash.kernels.gguf_blocks_ref import BLOCKS, block_matmul_ref, dequantize
-from mlx_flash.kernels.metal_blocks import (HEADER, INPUTS, KERNEL, MAX_TOKENS, OUTPUTS, MetalBlockMatmul,
-                                            check_operands, check_rows, launch, plain_rows)
+from mlx_flash.kernels.metal_blocks import (
+    HEADER,
+    INPUTS,
+    KERNEL,
+    MAX_TOKENS,
+    OUTPUTS,
+    MetalBlockMatmul,
+    check_operands,
+    check_rows,
+    launch,
+    plain_rows,
+)
 from mlx_flash.quant_spec import QuantSpec
 
 from kernel_vectors import random_bytes
@@ -51,15 +61,17 @@ def within(y, x, raw, kind) -> np.ndarray:
     grows with K), plus the rounding of a float16 output."""
     ref = block_matmul_ref(x.astype(np.float32), raw, kind)
     mag = np.abs(x.astype(np.float64)) @ np.abs(dequantize(raw, kind).astype(np.float64)).T
-    tol = 1e-5 * mag + (np.abs(ref) * 2.0 ** -11 + 2.0 ** -24 if y.dtype == F16 else 0.0)
+    tol = 1e-5 * mag + (np.abs(ref) * 2.0**-11 + 2.0**-24 if y.dtype == F16 else 0.0)
     return np.abs(y.astype(np.float64) - ref) <= tol
 
 
 def check(what, y, x, raw, kind):
     ok = within(y, x, raw, kind)
     ref = block_matmul_ref(x.astype(np.float32), raw, kind)
-    assert ok.all(), f"{what}: {int((~ok).sum())} of {ok.size} outputs off, max abs error " \
-                     f"{np.abs(y.astype(np.float64) - ref).max():.3e} (max |ref| {np.abs(ref).max():.3e})"
+    assert ok.all(), (
+        f"{what}: {int((~ok).sum())} of {ok.size} outputs off, max abs error "
+        f"{np.abs(y.astype(np.float64) - ref).max():.3e} (max |ref| {np.abs(ref).max():.3e})"
+    )
 
 
 def run(k, kind, raw, x, out_dtype, **geometry):
@@ -112,8 +124,9 @@ def test_fewer_simd_groups_than_rows_on_cpu(shim, kind):
     for x_dtype, out_dtype, T in VARIANTS:
         raw, x = vectors(kind, K, N, x_dtype, T)
         for max_rows in (1, 3):
-            check(f"{kind} T={T} max_rows={max_rows}", run(shim, kind, raw, x, out_dtype, max_rows=max_rows), x,
-                  raw, kind)
+            check(
+                f"{kind} T={T} max_rows={max_rows}", run(shim, kind, raw, x, out_dtype, max_rows=max_rows), x, raw, kind
+            )
 
 
 MUTATIONS = [  # (kind, file, text, broken text): each an error the comparison must catch
@@ -145,17 +158,38 @@ def test_a_broken_body_fails_the_comparison(shim, mutation):
 def test_shim_rounds_float_to_half_as_numpy():
     """The shim's float -> float16 (float16 outputs): nearest even, subnormals, overflow, signs, NaN."""
     rng = np.random.default_rng(1)
-    special = np.array([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, -65520.0, 1e9, np.inf, -np.inf, 2.0 ** -24,
-                        2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -14, 2.0 ** -14 - 2.0 ** -26, 1 + 2.0 ** -11,
-                        1 + 3 * 2.0 ** -11, 2.0 ** -30], np.float32)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            1.0,
+            65504.0,
+            65519.99,
+            65520.0,
+            -65520.0,
+            1e9,
+            np.inf,
+            -np.inf,
+            2.0**-24,
+            2.0**-25,
+            3 * 2.0**-26,
+            2.0**-14,
+            2.0**-14 - 2.0**-26,
+            1 + 2.0**-11,
+            1 + 3 * 2.0**-11,
+            2.0**-30,
+        ],
+        np.float32,
+    )
     bits = rng.integers(0, 1 << 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    ties = (rng.integers(-(1 << 12), 1 << 12, 500).astype(np.float32) + 0.5) * np.float32(2.0 ** -10)
+    ties = (rng.integers(-(1 << 12), 1 << 12, 500).astype(np.float32) + 0.5) * np.float32(2.0**-10)
     x = np.concatenate([special, -special, bits, ties, rng.standard_normal(500).astype(np.float32)])
     x = x[~np.isnan(x)]
     x = np.concatenate([x, np.array([np.nan], np.float32)])
     body = "const uint i = thread_position_in_grid.x; y[i] = static_cast<float16_t>(x[i]);"
-    y = metal_cpu.run_metal_body(body, {"x": x}, {"y": (x.shape, F16, None)}, grid=(x.size, 1, 1),
-                                 threadgroup=(256, 1, 1))["y"]
+    y = metal_cpu.run_metal_body(
+        body, {"x": x}, {"y": (x.shape, F16, None)}, grid=(x.size, 1, 1), threadgroup=(256, 1, 1)
+    )["y"]
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     finite = ~np.isnan(want)
@@ -192,10 +226,10 @@ def laid_out(kind, nb, per, n_gate, D):
     bb = down_at + D * blk.nbytes + 8
     buf = rng.integers(0, 256, (nb, bb), dtype=np.uint8)
     for n in range(n_gate):
-        buf[n // per, gate_at + n % per * width:][:gate.shape[1]] = gate[n]
+        buf[n // per, gate_at + n % per * width :][: gate.shape[1]] = gate[n]
     for d in range(D):
         for b in range(nb):
-            buf[b, down_at + d * blk.nbytes:][:blk.nbytes] = down[d, b * blk.nbytes:(b + 1) * blk.nbytes]
+            buf[b, down_at + d * blk.nbytes :][: blk.nbytes] = down[d, b * blk.nbytes : (b + 1) * blk.nbytes]
     g = BlockMatrix.in_buffer(buf, gate_at, kind, n_gate, 512, per, bb, width, blk.nbytes)
     dn = BlockMatrix.in_buffer(buf, down_at, kind, D, nb * blk.weights, D, 0, blk.nbytes, bb)
     return buf, gate, down, g, dn

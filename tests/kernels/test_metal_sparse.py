@@ -56,7 +56,7 @@ def vectors(case, tokens):
         idx[count:] = 1 << 20  # a read of idx past count would read far outside the slab: a fault
         h_ref = sparse_gate_up_ref(x, slab, idx, count, spec)
         h_in = np.full((tokens, S * block), np.nan, np.float32)
-        h_in[:, :count * block] = h_ref
+        h_in[:, : count * block] = h_ref
         runs.append((count, idx, h_in, h_ref, sparse_down_ref(h_ref, slab, idx, count, spec)))
     return spec, slab, x, runs
 
@@ -117,8 +117,8 @@ def test_metal_bodies_equal_reference_on_cpu(shim, case, tokens):
         h, y = run_shim(shim, spec, slab, x, count, idx, h_in)
         B = spec.block
         assert h.shape == (tokens, slab.shape[0] * B) and y.shape == (tokens, spec.d_model)
-        check(f"gate_up count={count}", h[:, :count * B], h_ref, worst)
-        assert not h[:, count * B:].any(), f"count={count}: h past count*block is not 0"
+        check(f"gate_up count={count}", h[:, : count * B], h_ref, worst)
+        assert not h[:, count * B :].any(), f"count={count}: h past count*block is not 0"
         check(f"down count={count}", y, y_ref, worst)
         if count == 0:
             assert not y.any()
@@ -138,8 +138,8 @@ def test_max_tokens_and_other_geometries_on_cpu(shim, case):
     for max_rows, simdgroups in zip((8, 12), GEOMETRY_SIMDGROUPS):
         for count, idx, h_in, h_ref, y_ref in runs:
             h, y = run_shim(shim, spec, slab, x, count, idx, h_in, max_rows=max_rows, simdgroups=simdgroups)
-            check(f"gate_up rows={max_rows} count={count}", h[:, :count * spec.block], h_ref, worst)
-            assert not h[:, count * spec.block:].any()
+            check(f"gate_up rows={max_rows} count={count}", h[:, : count * spec.block], h_ref, worst)
+            assert not h[:, count * spec.block :].any()
             check(f"down simdgroups={simdgroups} count={count}", y, y_ref, worst)
     print(case_id(case), f"T={MAX_TOKENS}", {k: f"{v:.1e}" for k, v in worst.items()})
 
@@ -162,8 +162,8 @@ def test_metal_kernels_equal_reference(case, tokens):
         args = mx.array(slab), mx.array(idx), mx.array([count], mx.int32)
         h = np.array(k.gate_up(mx.array(x), *args))
         y = np.array(k.down(mx.array(h_in), *args))
-        check(f"gate_up count={count}", h[:, :count * spec.block], h_ref, worst)
-        assert not h[:, count * spec.block:].any()
+        check(f"gate_up count={count}", h[:, : count * spec.block], h_ref, worst)
+        assert not h[:, count * spec.block :].any()
         check(f"down count={count}", y, y_ref, worst)
     print(case_id(case), f"T={tokens}", {k: f"{v:.1e}" for k, v in worst.items()})
 
@@ -191,8 +191,9 @@ down1[g * 48 + i] = metal::simd_shuffle_down(int(thread_index_in_simdgroup), ush
 
 def run_sync(body, seed=0):
     outs = {n: ((96,), np.float32 if n != "down1" else np.int32, None) for n in ("neighbour", "lane_sum", "down1")}
-    return metal_cpu.run_metal_body(body, {"unused": np.zeros(1, np.float32)}, outs, grid=(96, 1, 1),
-                                    threadgroup=(48, 1, 1), seed=seed)
+    return metal_cpu.run_metal_body(
+        body, {"unused": np.zeros(1, np.float32)}, outs, grid=(96, 1, 1), threadgroup=(48, 1, 1), seed=seed
+    )
 
 
 def test_shim_barrier_and_simd_ops_synchronize(shim):
@@ -204,7 +205,7 @@ def test_shim_barrier_and_simd_ops_synchronize(shim):
     for seed in (0, 1):
         r = run_sync(SYNC_BODY.replace("BARRIER", "threadgroup_barrier(mem_flags::mem_threadgroup);"), seed)
         for g in (0, 1):
-            np.testing.assert_array_equal(r["neighbour"][g * 48:(g + 1) * 48], 100 * g + (i + 1) % 48)
+            np.testing.assert_array_equal(r["neighbour"][g * 48 : (g + 1) * 48], 100 * g + (i + 1) % 48)
         np.testing.assert_array_equal(r["lane_sum"].reshape(2, 48), np.tile(np.r_[[496] * 32, [120] * 16], (2, 1)))
         next_lane = np.r_[np.arange(1, 32), 31, np.arange(1, 16), 15]  # the last lane of each keeps its own
         np.testing.assert_array_equal(r["down1"].reshape(2, 48), np.tile(next_lane, (2, 1)))

@@ -68,13 +68,17 @@ def test_affine_rows_equal_the_numpy_dequantization():
     m = StoredMatrix(words, scales, biases, 4, 32)
     ids = np.array([7, 49, 7, 0], np.int32)
     got = np.array(mlx_kernels.GraphMatrix(m, 1).rows(mx.array(ids)))
-    assert np.array_equal(got, dequantize_affine(words[ids], scales[ids], biases[ids], 4, 32).astype(np.float32))  # one rounding
+    assert np.array_equal(
+        got, dequantize_affine(words[ids], scales[ids], biases[ids], 4, 32).astype(np.float32)
+    )  # one rounding
 
 
 def test_an_id_outside_the_matrix_gives_zeros_not_a_read_outside():
     rng = np.random.default_rng(5)
     _, words, scales, biases = quantized(rng, 8, 64, 8, 32)
-    got = np.array(mlx_kernels.GraphMatrix(StoredMatrix(words, scales, biases, 8, 32), 1).rows(mx.array(np.array([8, -1]))))
+    got = np.array(
+        mlx_kernels.GraphMatrix(StoredMatrix(words, scales, biases, 8, 32), 1).rows(mx.array(np.array([8, -1])))
+    )
     assert not got.any()
 
 
@@ -83,9 +87,9 @@ def test_weights_in_mlx_memory_are_read_where_they_lie():
     _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
     buf = mlx_kernels.framework_buffer(words.nbytes + scales.nbytes + biases.nbytes)
     assert buf.ctypes.data % mlx_kernels.PAGE == 0 and buf.flags.writeable
-    w = buf[:words.nbytes].view(np.uint32).reshape(words.shape)
-    s = buf[words.nbytes:words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
-    b = buf[words.nbytes + scales.nbytes:].view(np.float16).reshape(biases.shape)
+    w = buf[: words.nbytes].view(np.uint32).reshape(words.shape)
+    s = buf[words.nbytes : words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
+    b = buf[words.nbytes + scales.nbytes :].view(np.float16).reshape(biases.shape)
     w[...], s[...], b[...] = words, scales, biases  # what a read into the buffer does
     g = mlx_kernels.GraphMatrix(StoredMatrix(w, s, b, 4, 32), 1)
     assert not g.external and mlx_kernels.buffer_of(w)[0] is g.buffer
@@ -102,9 +106,9 @@ def test_numpy_memory_is_wrapped_without_a_copy_and_evaluated_at_once():
     rng = np.random.default_rng(7)
     _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
     buf = np.empty(words.nbytes + scales.nbytes + biases.nbytes, np.uint8)  # e.g. a reused read buffer
-    w = buf[:words.nbytes].view(np.uint32).reshape(words.shape)
-    s = buf[words.nbytes:words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
-    b = buf[words.nbytes + scales.nbytes:].view(np.float16).reshape(biases.shape)
+    w = buf[: words.nbytes].view(np.uint32).reshape(words.shape)
+    s = buf[words.nbytes : words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
+    b = buf[words.nbytes + scales.nbytes :].view(np.float16).reshape(biases.shape)
     w[...], s[...], b[...] = words, scales, biases
     m = StoredMatrix(w, s, b, 4, 32)
     g = mlx_kernels.GraphMatrix(m, 1)
@@ -118,7 +122,9 @@ def test_numpy_memory_is_wrapped_without_a_copy_and_evaluated_at_once():
 def test_pointwise_operations_equal_their_references():
     rng = np.random.default_rng(8)
     x, w = _x(rng, 2, 3, 576), _x(rng, 576)
-    assert np.abs(np.array(mlx_kernels.rms_norm(mx.array(x), mx.array(w), 1e-5)) - rms_norm_ref(x, w, 1e-5)).max() < 1e-5
+    assert (
+        np.abs(np.array(mlx_kernels.rms_norm(mx.array(x), mx.array(w), 1e-5)) - rms_norm_ref(x, w, 1e-5)).max() < 1e-5
+    )
     g, u = _x(rng, 3, 100), _x(rng, 3, 100)
     assert np.abs(np.array(mlx_kernels.silu_mul(mx.array(g), mx.array(u))) - silu_mul_ref(g, u)).max() < 1e-5
     both = mx.array(_x(rng, 2, 3, 200))  # the halves of a fused product: views with a row stride of 200
@@ -202,7 +208,7 @@ def test_framework_array_views_the_read_buffer_without_a_copy():
     kernel reads on a Mac): a write through numpy after the array was made is what it evaluates to;
     memory MLX did not allocate is copied, so a later write does not reach the array."""
     buf = mlx_kernels.framework_buffer(3 * 4096)
-    slab = buf[4096:4096 + 6 * 100].reshape(6, 100)
+    slab = buf[4096 : 4096 + 6 * 100].reshape(6, 100)
     arr = mlx_kernels.framework_array(slab)
     slab[:] = np.arange(600, dtype=np.uint8).reshape(6, 100)
     assert arr.shape == (6, 100) and arr.dtype == mx.uint8

@@ -14,7 +14,6 @@ from kernel_vectors import lay_out, quantized
 RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
 
 
-
 def test_unpacking_matches_the_layout():
     rng = np.random.default_rng(1)
     for bits in (2, 4, 8):
@@ -45,7 +44,7 @@ def test_kernel_equals_reference_on_every_path(bits, group, transposed, tokens, 
     # Threads split outputs, never a sum: every thread count gives the same bits on one path.
     per_path = len(results) // len(RUNNABLE)
     for i in range(0, len(results), per_path):
-        assert all(np.array_equal(results[i], r) for r in results[i:i + per_path])
+        assert all(np.array_equal(results[i], r) for r in results[i : i + per_path])
 
 
 @pytest.mark.parametrize("scale_dtype", [np.float32, "bfloat16"])

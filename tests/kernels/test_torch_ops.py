@@ -33,8 +33,9 @@ def _x(rng, *shape):
 def test_products_equal_the_numpy_path_bit_for_bit(ops, bits, laid_out):
     rng = np.random.default_rng(bits)
     _, words, scales, biases = quantized(rng, 96, 256, bits, 32)
-    m = StoredMatrix(*(lay_out(words, scales, biases, bits, 32, 32, False) if laid_out else (words, scales, biases)),
-                     bits, 32)
+    m = StoredMatrix(
+        *(lay_out(words, scales, biases, bits, 32, 32, False) if laid_out else (words, scales, biases)), bits, 32
+    )
     x = _x(rng, 2, 3, 256)
     y = torch_ops.TorchMatrix(m, 2)(torch.from_numpy(x))
     assert y.shape == (2, 3, 96)
@@ -55,9 +56,9 @@ def test_weights_in_torch_memory_are_read_where_they_lie(ops):
     _, words, scales, biases = quantized(rng, 64, 128, 4, 32)
     buf = torch_ops.framework_buffer(words.nbytes + scales.nbytes + biases.nbytes)
     assert buf.ctypes.data % 4096 == 0
-    w = buf[:words.nbytes].view(np.uint32).reshape(words.shape)
-    s = buf[words.nbytes:words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
-    b = buf[words.nbytes + scales.nbytes:].view(np.float16).reshape(biases.shape)
+    w = buf[: words.nbytes].view(np.uint32).reshape(words.shape)
+    s = buf[words.nbytes : words.nbytes + scales.nbytes].view(np.float16).reshape(scales.shape)
+    b = buf[words.nbytes + scales.nbytes :].view(np.float16).reshape(biases.shape)
     w[...], s[...], b[...] = words, scales, biases
     tm = torch_ops.TorchMatrix(StoredMatrix(w, s, b, 4, 32), 1)
     assert tm.buffer.data_ptr() + tm.offsets[0] == w.ctypes.data
@@ -74,7 +75,10 @@ def test_attention_equals_the_reference(ops):
 def test_pointwise_operators_equal_their_references(ops):
     rng = np.random.default_rng(4)
     x, w = _x(rng, 3, 576), _x(rng, 576)
-    assert np.abs(ops.rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-5).numpy() - rms_norm_ref(x, w, 1e-5)).max() < 1e-5
+    assert (
+        np.abs(ops.rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-5).numpy() - rms_norm_ref(x, w, 1e-5)).max()
+        < 1e-5
+    )
     g, u = _x(rng, 4, 50), _x(rng, 4, 50)
     assert np.abs(ops.silu_mul(torch.from_numpy(g), torch.from_numpy(u)).numpy() - silu_mul_ref(g, u)).max() < 1e-5
     q = _x(rng, 2, 3, 4, 64)
@@ -97,13 +101,18 @@ def test_fake_implementations_pass_torchs_operator_checks(ops):
     rng = np.random.default_rng(5)
     q, k = torch.from_numpy(_x(rng, 1, 4, 3, 16)), torch.from_numpy(_x(rng, 1, 2, 5, 16))
     torch.library.opcheck(ops.attention.default, (q, k, k, 0.25, 1), test_utils=("test_faketensor",))
-    torch.library.opcheck(ops.rms_norm.default, (torch.ones(2, 8), torch.ones(8), 1e-5), test_utils=("test_faketensor",))
+    torch.library.opcheck(
+        ops.rms_norm.default, (torch.ones(2, 8), torch.ones(8), 1e-5), test_utils=("test_faketensor",)
+    )
     torch.library.opcheck(ops.silu_mul.default, (torch.ones(2, 8), torch.ones(2, 8)), test_utils=("test_faketensor",))
     _, words, scales, biases = quantized(rng, 32, 64, 4, 32)
     tm = torch_ops.TorchMatrix(StoredMatrix(words, scales, biases, 4, 32), 1)
     w, s, b = tm.offsets
-    torch.library.opcheck(ops.stored_matmul.default, (torch.ones(3, 64), tm.buffer, 0, w, s, b, 0, 4, 32, 32, True, [], 1),
-                          test_utils=("test_faketensor",))
+    torch.library.opcheck(
+        ops.stored_matmul.default,
+        (torch.ones(3, 64), tm.buffer, 0, w, s, b, 0, 4, 32, 32, True, [], 1),
+        test_utils=("test_faketensor",),
+    )
 
 
 def test_a_failed_build_is_one_line_naming_it(monkeypatch, tmp_path):

@@ -24,7 +24,8 @@ print(held, base - process_rss())
 
 @pytest.mark.skipif(_glibc() is None, reason="glibc only (Linux)")
 def test_freed_holes_leave_rss_once_returned():
-    held, returned = map(int, subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                                             check=True).stdout.split())
+    held, returned = map(
+        int, subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert held < 20 << 20, held  # freed, but still in RSS
     assert returned > 90 << 20, returned  # the 100 MiB freed came back

@@ -12,8 +12,10 @@ import pytest
 
 from mlx_flash.bench.budget_kept import BEFORE_PLAN, MINIMUM, chat_at
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux"),
+]
 
 MB = 10**6
 

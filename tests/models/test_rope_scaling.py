@@ -16,8 +16,13 @@ from mlx_flash.models.rope import llama3_inverse_frequencies, rope_frequencies, 
 torch = pytest.importorskip("torch")
 
 ORIGINAL = 32  # the tiny models' "original" context; the test runs 160 tokens, 5x past it
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": ORIGINAL}  # Llama 3.1's values, its context scaled down
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": ORIGINAL,
+}  # Llama 3.1's values, its context scaled down
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}  # Qwen2.5's form
 CASES = [("llama", LLAMA3), ("qwen2", YARN), ("llama", {**YARN, "beta_fast": 16, "beta_slow": 2})]
 
@@ -69,10 +74,22 @@ def test_yarn_attention_factor_and_ends():
     assert f2 == 1.5
 
 
-@pytest.mark.parametrize("scaling,words", [({"rope_type": "longrope", "factor": 2}, "'longrope' is not supported"),
-                                           ({"rope_type": "llama3", "factor": 8}, "lacks or mangles")])
+@pytest.mark.parametrize(
+    "scaling,words",
+    [
+        ({"rope_type": "longrope", "factor": 2}, "'longrope' is not supported"),
+        ({"rope_type": "llama3", "factor": 8}, "lacks or mangles"),
+    ],
+)
 def test_unsupported_or_incomplete_scalings_are_one_line(scaling, words):
-    hf = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "vocab_size": 96, "rope_scaling": scaling}
+    hf = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 96,
+        "rope_scaling": scaling,
+    }
     with pytest.raises(UnsupportedModelError, match=words):
         normalize_config(hf, "config.json")

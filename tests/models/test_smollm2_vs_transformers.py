@@ -22,7 +22,7 @@ def prompts(wiki_text, engines, store_dir):
     tok = engines(store_dir, "torch").tokenizer
     wiki = tok.encode(wiki_text[:20000])
     austen = tok.encode(read_corpus("austen")[50000:60000])
-    return [wiki[:PROMPT_TOKENS], wiki[2000:2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]]
+    return [wiki[:PROMPT_TOKENS], wiki[2000 : 2000 + PROMPT_TOKENS], austen[:PROMPT_TOKENS]]
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +37,19 @@ def references(hf_reference, prompts):
 # (streamed equals resident bit for bit on every store: tests/models/test_tiny_families.py).
 # Streamed runs equal resident ones bit for bit (test_stream_equals_resident_bitwise): against
 # transformers they run in the full tier.
-CASES = [(ffn, backend, "store_dir", 1e-3) if ffn == "resident" else
-         pytest.param(ffn, backend, "store_dir", 1e-3, marks=pytest.mark.full)
-         for ffn in ("resident", "stream") for backend in ("mlx", "torch")]
-CASES += [(ffn, backend, "f16_store_dir", 0.1) for ffn in ("resident", "stream") for backend in ("mlx", "torch")
-          if os.environ.get("MLX_FLASH_FULL") == "1" or (ffn, backend) == ("resident", "torch")]
+CASES = [
+    (ffn, backend, "store_dir", 1e-3)
+    if ffn == "resident"
+    else pytest.param(ffn, backend, "store_dir", 1e-3, marks=pytest.mark.full)
+    for ffn in ("resident", "stream")
+    for backend in ("mlx", "torch")
+]
+CASES += [
+    (ffn, backend, "f16_store_dir", 0.1)
+    for ffn in ("resident", "stream")
+    for backend in ("mlx", "torch")
+    if os.environ.get("MLX_FLASH_FULL") == "1" or (ffn, backend) == ("resident", "torch")
+]
 
 
 @pytest.mark.slow

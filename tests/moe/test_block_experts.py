@@ -22,8 +22,17 @@ PROMPT = list(range(5, 25))
 
 @pytest.fixture(scope="module")
 def moe_gguf(tmp_path_factory):
-    shape = dict(synthetic_gguf.SHAPES["qwen3-30b-a3b"], hidden_size=D, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=64, num_experts=E, num_experts_per_tok=2, moe_intermediate_size=FE, intermediate_size=4 * FE)
+    shape = dict(
+        synthetic_gguf.SHAPES["qwen3-30b-a3b"],
+        hidden_size=D,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=E,
+        num_experts_per_tok=2,
+        moe_intermediate_size=FE,
+        intermediate_size=4 * FE,
+    )
     saved = dict(synthetic_gguf.SHAPES)
     synthetic_gguf.SHAPES["small-moe-kq"] = shape
     try:
@@ -50,7 +59,7 @@ def test_an_expert_slot_is_the_experts_bytes_as_stored(moe_gguf, moe_store):
     with open(open_store(moe_store, False, False).file_path(lay.file), "rb") as fh:
         fh.seek(lay.expert_offset(1, 2))
         slot = np.frombuffer(fh.read(lay.expert_size(1, 2)), np.uint8)
-    assert raw[2 * per:3 * per].tobytes() in slot.tobytes()  # expert 2's gate rows, byte for byte
+    assert raw[2 * per : 3 * per].tobytes() in slot.tobytes()  # expert 2's gate rows, byte for byte
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])

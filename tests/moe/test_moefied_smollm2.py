@@ -19,8 +19,18 @@ def moefied(tmp_path_factory, default_gguf, wiki_text):
     root = tmp_path_factory.mktemp("moefied")
     out = str(root / "smollm2-moefied")
     # A small calibration (the tool uses 16k tokens): the routing is real either way.
-    moefy(default_gguf, out, wiki_text[:40000], n_experts=16, top_k=8, calib_tokens=1024, epochs=3,
-          cache_dir=str(root / "cache"), progress=False, log=None)
+    moefy(
+        default_gguf,
+        out,
+        wiki_text[:40000],
+        n_experts=16,
+        top_k=8,
+        calib_tokens=1024,
+        epochs=3,
+        cache_dir=str(root / "cache"),
+        progress=False,
+        log=None,
+    )
     return out, str(root / "cache")
 
 
@@ -38,8 +48,9 @@ def test_moefied_smollm2_streams_exactly_at_every_budget(moefied, wiki_text):
     fixed = a["resident_weights"]
     for share in (0.1, 0.5, 1.0):
         budget = fixed + max(a["slot_bytes"], int(share * a["all_experts_bytes"]))
-        with mlx_flash.load(path, ffn="stream", weights_budget=budget, io=mlx_flash.IOOptions(mode="buffered"),
-                            **kw) as e:
+        with mlx_flash.load(
+            path, ffn="stream", weights_budget=budget, io=mlx_flash.IOOptions(mode="buffered"), **kw
+        ) as e:
             got = greedy(e, prompt, 64)
             assert e.ffn.preload == 8 and e.ffn.predicted > 0
         assert got[0] == want[0], f"tokens differ at {share:.0%} of expert bytes"

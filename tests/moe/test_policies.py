@@ -11,8 +11,11 @@ from mlx_flash.moe.policies import EdgeMoE, LFU, LRU, POLICIES, simulate
 def random_trace(steps=200, layers=4, experts=8, k=2, seed=0):
     rng = np.random.default_rng(seed)
     popular = rng.dirichlet(np.full(experts, 0.5), size=layers)  # skewed routing, like real models
-    return [(layer, sorted(rng.choice(experts, k, replace=False, p=popular[layer]).tolist()))
-            for _ in range(steps) for layer in range(layers)]
+    return [
+        (layer, sorted(rng.choice(experts, k, replace=False, p=popular[layer]).tolist()))
+        for _ in range(steps)
+        for layer in range(layers)
+    ]
 
 
 @pytest.mark.parametrize("slots", [2, 4, 8, 16])

@@ -17,8 +17,13 @@ from mlx_flash.moe.routing import PREDICTOR_FILE, RoutingPredictor, model_id
 def uniform_predictor(model: str, layers: int, experts: int = 4) -> RoutingPredictor:
     """Counts that favour no expert: these tests are about whose predictor it is, not its guesses."""
     E = experts
-    return RoutingPredictor(np.ones((layers, E, E, E), np.float32), np.ones((layers, E, E), np.float32),
-                            np.ones((layers, E), np.float32), 1, model)
+    return RoutingPredictor(
+        np.ones((layers, E, E, E), np.float32),
+        np.ones((layers, E, E), np.float32),
+        np.ones((layers, E), np.float32),
+        1,
+        model,
+    )
 
 
 def test_predictor_file_of_another_model_is_refused(tmp_path):
@@ -40,14 +45,26 @@ def test_preloading_streams_exactly_and_counts_its_guesses(tiny_store):
         want = greedy(e, prompt, 64)
         routes = record_routes(e, tiny_models.random_ids(400, seed=9), context=64)
         fit_routing_predictor(routes, model_id(e.store), 4).save(os.path.join(store, PREDICTOR_FILE))
-    with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="1GB", progress=False,
-                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="stream",
+        weights_budget="1GB",
+        progress=False,
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         a = mlx_flash.memory_plan(e)
     budget = a["resident_weights"] + 6 * a["slot_bytes"]  # 6 of 16 experts
     for preload in (-1, 0):
-        with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget=budget, progress=False,
-                            experts=mlx_flash.ExpertOptions(preload=preload),
-                            io=mlx_flash.IOOptions(mode="buffered")) as e:
+        with mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="stream",
+            weights_budget=budget,
+            progress=False,
+            experts=mlx_flash.ExpertOptions(preload=preload),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        ) as e:
             got = greedy(e, prompt, 64)
             f = e.ffn
             assert (f.preload, f.predicted > 0) == ((2, True) if preload else (0, False))

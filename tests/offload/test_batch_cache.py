@@ -1,6 +1,6 @@
 """BatchKV (rows of different lengths as one batch: right-padded keys, a per-row mask and per-row
-positions; BlockKV and the spilled SpilledKV alike) against references built by hand, a tiny random llama run batched against each row
-alone, and the 4-bit per-sequence KV (QuantizedKV): round-trip error and size."""
+positions; BlockKV and the spilled SpilledKV alike) against references built by hand, a tiny random
+llama run batched against each row alone, and the 4-bit per-sequence KV (QuantizedKV): round-trip error and size."""
 
 import os
 
@@ -59,12 +59,14 @@ def make(tmp_path):
     """make(kind, ops, rows, room): a batch cache of `kind` over the rows: BatchKV (each row its own
     cache), BlockKV (one buffer) or SpilledKV (each row in a file on flash)."""
     with SpillFolder(str(tmp_path)) as folder:
+
         def build(kind, ops, rows, room=64):
             if kind == "BatchKV":
                 return BatchKV(rows)
             if kind == "BlockKV":
                 return BlockKV(ops, rows, room)
             return spilled(ops, folder, rows, room)
+
         yield build
     assert not os.listdir(tmp_path)  # the folder and its files are gone
 
@@ -103,9 +105,9 @@ def test_update_returns_right_padded_keys_and_values(ops, make, kind, T):
     for r, n in enumerate(lengths):
         want_k = np.concatenate([held[r][0][0], k[r]], axis=1)  # [H, n + T, HD]: its old keys, then its new ones
         want_v = np.concatenate([held[r][1][0], v[r]], axis=1)
-        np.testing.assert_array_equal(keys[r, :, :n + T], want_k)
-        np.testing.assert_array_equal(values[r, :, :n + T], want_v)
-        assert not keys[r, :, n + T:].any() and not values[r, :, n + T:].any()  # the padding is zeros
+        np.testing.assert_array_equal(keys[r, :, : n + T], want_k)
+        np.testing.assert_array_equal(values[r, :, : n + T], want_v)
+        assert not keys[r, :, n + T :].any() and not values[r, :, n + T :].any()  # the padding is zeros
         if kind == "BatchKV":  # each row's own cache took only its own tokens
             assert rows[r].offset == n + T
             np.testing.assert_array_equal(rows[r].state(ops)[0][0], want_k)
@@ -156,7 +158,7 @@ def test_keep_drops_rows_that_leave(ops, make, kind):
     for new, old in ((0, 3), (1, 1)):
         n = lengths[old]
         want = np.concatenate([held[old][0][0], k[old], k2[new]], axis=1)
-        np.testing.assert_array_equal(keys[new, :, :n + 2], want)
+        np.testing.assert_array_equal(keys[new, :, : n + 2], want)
     np.testing.assert_array_equal(ops.to_numpy(b.mask(ops, 1)).astype(bool), reference_mask([8, 11], 1))
 
 
@@ -228,6 +230,7 @@ def test_block_kv_holds_its_capacity_and_no_more(ops):
 
 # ---- a tiny random model, batched against each row alone --------------------------------------------
 
+
 @pytest.fixture(params=BACKENDS)
 def tiny(request, tiny_store):
     store, _ = tiny_store("llama")
@@ -243,8 +246,8 @@ def prompts_of(lengths, seed=0):
 @pytest.mark.parametrize("kind,kv_bits", [("BatchKV", 0), ("BatchKV", 4), ("BlockKV", 0), ("SpilledKV", 0)])
 def test_batched_rows_give_each_rows_logits_alone(tiny, tmp_path, kind, kv_bits):
     """Rows of 1..30 tokens decoded as one batch (exact rows in one BlockKV buffer or in files on
-    flash, or each row in its own cache, exact or 4-bit), with a multi-token step and two rows leaving part way: each row's
-    logits are those of the same row run alone with the same kind of cache."""
+    flash, or each row in its own cache, exact or 4-bit), with a multi-token step and two rows leaving
+    part way: each row's logits are those of the same row run alone with the same kind of cache."""
     e = tiny
     lengths = [3, 17, 9, 30, 1]
     prompts = prompts_of(lengths)
@@ -301,6 +304,7 @@ def test_micro_batches_in_either_order_give_each_rows_logits(tiny, order):
 
 # ---- QuantizedKV -------------------------------------------------------------------------------------
 
+
 def test_quantized_kv_round_trip_error_is_small(ops):
     rng = np.random.default_rng(7)
     heads, hd, cap = 3, 64, 96
@@ -344,7 +348,7 @@ def test_quantized_kv_trim_then_update_equals_the_tokens_fed_directly(ops, start
     a.trim(drop)
     assert a.offset == start - drop
     a.update(ops, ops.array(nk), ops.array(nv))
-    b.update(ops, ops.array(k[:, :, :start - drop]), ops.array(v[:, :, :start - drop]))
+    b.update(ops, ops.array(k[:, :, : start - drop]), ops.array(v[:, :, : start - drop]))
     b.update(ops, ops.array(nk), ops.array(nv))
     for x, y in zip(a.state(ops), b.state(ops)):
         np.testing.assert_array_equal(x, y)
@@ -385,11 +389,15 @@ def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_a_live_one_is
     import subprocess
     import sys
 
-    hold = ("import sys, time\nfrom mlx_flash.offload.kv_spill import SpillFolder\n"
-            "f = SpillFolder(sys.argv[1]); open(f.path + '/seq-000000.kv', 'wb').write(b'x' * 4096)\n"
-            "print(f.path, flush=True); time.sleep(60)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    hold = (
+        "import sys, time\nfrom mlx_flash.offload.kv_spill import SpillFolder\n"
+        "f = SpillFolder(sys.argv[1]); open(f.path + '/seq-000000.kv', 'wb').write(b'x' * 4096)\n"
+        "print(f.path, flush=True); time.sleep(60)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     try:
         killed, live = (p.stdout.readline().strip() for p in procs)
         procs[0].kill()

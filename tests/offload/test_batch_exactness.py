@@ -48,7 +48,7 @@ def wiki_prompts(text: str, n: int, seed: int = 0, lo: int = 5, hi: int = 120) -
     for _ in range(n):
         k = int(rng.integers(lo, hi + 1))
         s = int(rng.integers(0, len(words) - k))
-        out.append(" ".join(words[s:s + k]))
+        out.append(" ".join(words[s : s + k]))
     return out
 
 
@@ -76,8 +76,10 @@ def case(request, default_gguf, wiki_text):
 def test_every_sequence_equals_its_run_alone(case, schedule):
     engine, prompts, max_tokens, refs = case
     if engine.ops.name == "mlx" and not FULL and schedule not in MLX_SCHEDULES:
-        pytest.skip(f"MLX runs {' and '.join(MLX_SCHEDULES)} unless MLX_FLASH_FULL=1 (the schedules are one code "
-                    "path on every backend; torch runs all four)")
+        pytest.skip(
+            f"MLX runs {' and '.join(MLX_SCHEDULES)} unless MLX_FLASH_FULL=1 (the schedules are one code "
+            "path on every backend; torch runs all four)"
+        )
     policy = SCHEDULES[schedule](len(prompts))
     seqs, stats = run_batch(engine, prompts, max_tokens, SamplingOptions(), policy, False)
     assert sorted(s.index for s in seqs) == list(range(len(prompts)))
@@ -116,13 +118,15 @@ def test_generate_batch_texts_equal_generate(case):
     engine, prompts, _, _ = case
     if engine.ops.name != "torch":
         pytest.skip("the texts are checked on torch (the same code path on every backend)")
-    chat = [{"role": "system", "content": "You are a concise assistant."},
-            {"role": "user", "content": "Name three rivers of Europe."}]
+    chat = [
+        {"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three rivers of Europe."},
+    ]
     batch = [prompts[0], chat, prompts[1], prompts[2]]
     budgets = [24, 20, 12, 16]
     # a stop string inside prompt 2's greedy output, so that it ends that sequence part way
     full = engine.generate(batch[2], max_tokens=12)
-    stop = full[len(full) // 2:len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop and full.find(stop) < len(full) - len(stop)
     want = [engine.generate(p, max_tokens=n, stop=[stop, "@@never@@"]) for p, n in zip(batch, budgets)]
     assert len(want[2]) < len(full)  # the stop string did cut it
@@ -184,21 +188,28 @@ def layer_calls(seqs, policy: Policy) -> int:
     ordered = sorted(seqs, key=lambda s: s.index)
     row = policy.order is Order.ROW
     for b in range(0, len(ordered), policy.block_size):
-        block = [len(s.tokens) for s in ordered[b:b + policy.block_size]]
+        block = [len(s.tokens) for s in ordered[b : b + policy.block_size]]
         calls += len(block) if row else 1  # prefill: one pass per sequence (row) or one for the block
         live = [n for n in block if n > 1]
-        groups = [live[i:i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
+        groups = [live[i : i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
         for step in range(1, max(block)):
             running = sum(max(g) > step for g in groups)
             calls += running if row else min(running, 1)
     return calls
 
 
-@pytest.mark.parametrize("policy", [Policy(3, 2, resident_layers=10), Policy(6, 1, resident_layers=30),
-                                    Policy(2, 3, order=Order.ROW, overlap=False),
-                                    Policy(2, 2, resident_layers=5, overlap=False),
-                                    Policy(3, 2, resident_layers=4, kv_on_flash=1),
-                                    Policy(2, 3, order=Order.ROW, kv_on_flash=3)], ids=str)
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Policy(3, 2, resident_layers=10),
+        Policy(6, 1, resident_layers=30),
+        Policy(2, 3, order=Order.ROW, overlap=False),
+        Policy(2, 2, resident_layers=5, overlap=False),
+        Policy(3, 2, resident_layers=4, kv_on_flash=1),
+        Policy(2, 3, order=Order.ROW, kv_on_flash=3),
+    ],
+    ids=str,
+)
 def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     """ffn="stream": the policy holds its first layers and reads the others from the store, once per
     layer and block pass (zig-zag) or once per micro-batch (row), and keeps the KV of its last

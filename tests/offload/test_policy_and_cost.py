@@ -10,8 +10,18 @@ import pytest
 from mlx_flash.errors import ConfigError, MemoryBudgetError
 from mlx_flash.memory.process_plan import ModelShape
 from mlx_flash.offload import Order, Policy
-from mlx_flash.offload.cost_model import (ComputeSpeed, Machine, Workload, block_seconds, fits, kv_bytes,
-                                          memory_bytes, minimum_bytes, run_seconds, tokens_per_s)
+from mlx_flash.offload.cost_model import (
+    ComputeSpeed,
+    Machine,
+    Workload,
+    block_seconds,
+    fits,
+    kv_bytes,
+    memory_bytes,
+    minimum_bytes,
+    run_seconds,
+    tokens_per_s,
+)
 from mlx_flash.offload.search import SIZES, describe, resident_share, search
 from mlx_flash.units import fmt
 
@@ -24,9 +34,16 @@ GB = 1 << 30
 
 
 def machine(room=GB, read_bps=2e8, layer_bytes=LAYER_BYTES, compute=SPEED, attn=(), weights_room=None):
-    return Machine(room=room, weights_room=room if weights_room is None else weights_room,
-                   ffn_layer_bytes=layer_bytes, n_layers=SHAPE.layers, read_bps=read_bps, compute=compute,
-                   shape=SHAPE, attn_read_bytes=attn)
+    return Machine(
+        room=room,
+        weights_room=room if weights_room is None else weights_room,
+        ffn_layer_bytes=layer_bytes,
+        n_layers=SHAPE.layers,
+        read_bps=read_bps,
+        compute=compute,
+        shape=SHAPE,
+        attn_read_bytes=attn,
+    )
 
 
 # read-bound (a layer read takes ~8 ms, far above a decode step's compute), balanced, compute-bound,
@@ -46,9 +63,11 @@ def total(m, w, p):
 
 # ---- Policy and its JSON ---------------------------------------------------------------------------
 
+
 def test_policy_from_json_reads_every_field():
-    p = Policy.from_json('{"gpu_batch": 8, "num_batches": 4, "resident_layers": 3, "kv_bits": 4, '
-                         '"order": "row", "overlap": false}')
+    p = Policy.from_json(
+        '{"gpu_batch": 8, "num_batches": 4, "resident_layers": 3, "kv_bits": 4, "order": "row", "overlap": false}'
+    )
     assert p == Policy(8, 4, resident_layers=3, kv_bits=4, order=Order.ROW, overlap=False)
     assert p.block_size == 32
 
@@ -59,42 +78,52 @@ def test_policy_from_json_keeps_defaults_for_fields_left_out():
     assert Policy() == Policy(1, 1, 0, 0, Order.ZIGZAG, True)
 
 
-@pytest.mark.parametrize("p", [Policy(), Policy(32, 1), Policy(8, 4, order=Order.ROW),
-                               Policy(2, 16, resident_layers=7, kv_bits=4, overlap=False),
-                               Policy(4, 4, kv_on_flash=2, attention_keep=0.25)])
+@pytest.mark.parametrize(
+    "p",
+    [
+        Policy(),
+        Policy(32, 1),
+        Policy(8, 4, order=Order.ROW),
+        Policy(2, 16, resident_layers=7, kv_bits=4, overlap=False),
+        Policy(4, 4, kv_on_flash=2, attention_keep=0.25),
+    ],
+)
 def test_policy_round_trips_through_what_it_prints(p):
     assert Policy.from_json(str(p)) == p
     assert p.to_dict()["order"] == p.order.value
 
 
-@pytest.mark.parametrize("text,words", [
-    ("{gpu_batch: 8}", "not JSON"),
-    ('{"gpu_batch": 8', "not JSON"),
-    ("[8, 4]", "expected a JSON object"),
-    ('"row"', "expected a JSON object"),
-    ('{"gpu_batch": 8, "batch": 4}', "unknown field(s) batch"),
-    ('{"gpu_batch": 8, "zz": 1, "aa": 2}', "unknown field(s) aa, zz"),
-    ('{"gpu_batch": "8"}', "gpu_batch must be an integer"),
-    ('{"num_batches": 4.0}', "num_batches must be an integer"),
-    ('{"resident_layers": true}', "resident_layers must be an integer"),
-    ('{"kv_bits": null}', "kv_bits must be an integer"),
-    ('{"overlap": "yes"}', "overlap must be true or false"),
-    ('{"overlap": 1}', "overlap must be true or false"),
-    ('{"order": "diagonal"}', "order must be one of ['zigzag', 'row']"),
-    ('{"order": ["row"]}', "order must be one of"),
-    ('{"order": null}', "order must be one of"),
-    ('{"gpu_batch": 0}', "gpu_batch and num_batches must be >= 1"),
-    ('{"num_batches": -2}', "gpu_batch and num_batches must be >= 1"),
-    ('{"resident_layers": -1}', "resident_layers must be >= 0"),
-    ('{"kv_bits": 8}', "kv_bits must be one of (0, 4)"),
-    ('{"num_batches": 2, "kv_on_flash": 3}', "kv_on_flash must be in 0..num_batches=2 (got 3)"),
-    ('{"kv_on_flash": -1}', "kv_on_flash must be in 0..num_batches=1"),
-    ('{"kv_on_flash": 1, "kv_bits": 4}', "kv_on_flash needs kv_bits 0"),
-    ('{"attention_keep": 0}', "attention_keep must be in (0, 1] (got 0.0)"),
-    ('{"attention_keep": 1.5}', "attention_keep must be in (0, 1]"),
-    ('{"attention_keep": "all"}', "attention_keep must be a number"),
-    ('{"attention_keep": false}', "attention_keep must be a number"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("{gpu_batch: 8}", "not JSON"),
+        ('{"gpu_batch": 8', "not JSON"),
+        ("[8, 4]", "expected a JSON object"),
+        ('"row"', "expected a JSON object"),
+        ('{"gpu_batch": 8, "batch": 4}', "unknown field(s) batch"),
+        ('{"gpu_batch": 8, "zz": 1, "aa": 2}', "unknown field(s) aa, zz"),
+        ('{"gpu_batch": "8"}', "gpu_batch must be an integer"),
+        ('{"num_batches": 4.0}', "num_batches must be an integer"),
+        ('{"resident_layers": true}', "resident_layers must be an integer"),
+        ('{"kv_bits": null}', "kv_bits must be an integer"),
+        ('{"overlap": "yes"}', "overlap must be true or false"),
+        ('{"overlap": 1}', "overlap must be true or false"),
+        ('{"order": "diagonal"}', "order must be one of ['zigzag', 'row']"),
+        ('{"order": ["row"]}', "order must be one of"),
+        ('{"order": null}', "order must be one of"),
+        ('{"gpu_batch": 0}', "gpu_batch and num_batches must be >= 1"),
+        ('{"num_batches": -2}', "gpu_batch and num_batches must be >= 1"),
+        ('{"resident_layers": -1}', "resident_layers must be >= 0"),
+        ('{"kv_bits": 8}', "kv_bits must be one of (0, 4)"),
+        ('{"num_batches": 2, "kv_on_flash": 3}', "kv_on_flash must be in 0..num_batches=2 (got 3)"),
+        ('{"kv_on_flash": -1}', "kv_on_flash must be in 0..num_batches=1"),
+        ('{"kv_on_flash": 1, "kv_bits": 4}', "kv_on_flash needs kv_bits 0"),
+        ('{"attention_keep": 0}', "attention_keep must be in (0, 1] (got 0.0)"),
+        ('{"attention_keep": 1.5}', "attention_keep must be in (0, 1]"),
+        ('{"attention_keep": "all"}', "attention_keep must be a number"),
+        ('{"attention_keep": false}', "attention_keep must be a number"),
+    ],
+)
 def test_bad_policy_json_is_one_config_error_line(text, words):
     with pytest.raises(ConfigError) as e:
         Policy.from_json(text)
@@ -110,6 +139,7 @@ def test_policy_check_refuses_more_resident_layers_than_the_model_has():
 
 
 # ---- cost model --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
 def test_overlap_is_never_slower_than_no_overlap(name):
@@ -140,7 +170,9 @@ def test_row_order_is_never_faster_than_zigzag_when_layers_are_streamed(name):
     assert total(rb, WORK, Policy(4, 4, order=Order.ROW)) > 2 * total(rb, WORK, Policy(4, 4))
     # all layers resident: nothing is read, the two orders cost the same
     for gb, nb in SHAPES:
-        assert total(rb, WORK, Policy(gb, nb, 30, order=Order.ROW)) == pytest.approx(total(rb, WORK, Policy(gb, nb, 30)))
+        assert total(rb, WORK, Policy(gb, nb, 30, order=Order.ROW)) == pytest.approx(
+            total(rb, WORK, Policy(gb, nb, 30))
+        )
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
@@ -206,6 +238,7 @@ def test_search_puts_kv_on_flash_when_reads_are_cheap_and_memory_is_not():
 
 
 # ---- the search --------------------------------------------------------------------------------------
+
 
 def rooms(m, w):
     need = minimum_bytes(m, w)

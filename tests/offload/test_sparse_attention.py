@@ -18,8 +18,10 @@ def ops(request):
 
 
 def qk(rng, B=2, Hq=4, Hkv=2, T=3, S=11, hd=8):
-    return (rng.standard_normal((B, Hq, T, hd)).astype(np.float32),
-            rng.standard_normal((B, Hkv, S, hd)).astype(np.float32))
+    return (
+        rng.standard_normal((B, Hq, T, hd)).astype(np.float32),
+        rng.standard_normal((B, Hkv, S, hd)).astype(np.float32),
+    )
 
 
 def loop_reference(q, k, scale, vis, keep):
@@ -42,8 +44,11 @@ def test_reference_keeps_each_querys_top_share(keep):
     rng = np.random.default_rng(0)
     q, k = qk(rng)
     lengths = np.array([11, 6])
-    for mask in (None, "causal", np.arange(11)[None, None, None, :] <= (lengths[:, None, None, None] - 3
-                                                                        + np.arange(3)[None, None, :, None])):
+    for mask in (
+        None,
+        "causal",
+        np.arange(11)[None, None, None, :] <= (lengths[:, None, None, None] - 3 + np.arange(3)[None, None, :, None]),
+    ):
         vis = np.broadcast_to(visible_reference(mask, 2, 3, 11), (2, 1, 3, 11))
         got = top_k_mask_reference(q, k, 0.35, mask, keep)
         np.testing.assert_array_equal(got, loop_reference(q, k, 0.35, vis, keep))

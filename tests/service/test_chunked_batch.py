@@ -53,8 +53,8 @@ def test_one_gather_equals_a_gather_per_row(tiny):
         want = run_block(e, [MicroBatch(e.ops.tokens(tokens), batch_caches([cb[r] for r in live]))], Order.ZIGZAG)[0]
         np.testing.assert_array_equal(got, want)
     for r in range(len(lengths)):
-        for l in (0, e.args.num_hidden_layers - 1):
-            for x, y in zip(ca[r][l].state(e.ops), cb[r][l].state(e.ops)):
+        for layer in (0, e.args.num_hidden_layers - 1):
+            for x, y in zip(ca[r][layer].state(e.ops), cb[r][layer].state(e.ops)):
                 np.testing.assert_array_equal(x, y)
         assert ca[r][0].offset == lengths[r] + (6 if r in (1, 3) else 3)
 

@@ -9,15 +9,27 @@ from mlx_flash.backends import get_backend
 from mlx_flash.errors import ConfigError
 from mlx_flash.service.chunk_pool import ChunkShape
 from mlx_flash.models.kv_quant import dequantize, quantize
-from mlx_flash.service.compression import (Compression, DensityTracker, Scheme, assign_widths, choose_widths,
-                                           attention_columns_ref, decode, encode, lossy, packed_bytes)
+from mlx_flash.service.compression import (
+    Compression,
+    DensityTracker,
+    Scheme,
+    assign_widths,
+    choose_widths,
+    attention_columns_ref,
+    decode,
+    encode,
+    lossy,
+    packed_bytes,
+)
 from mlx_flash.service.swap_files import SwapDir, chunk_data, file_bytes, payload_bytes
 
 
 def test_options_parse_and_refuse():
     assert Compression.parse(None).scheme is Scheme.OFF and Compression.parse("off") == Compression()
     assert Compression.parse("static:4") == Compression(Scheme.STATIC, bits=4)
-    assert Compression.parse("tolerance:0.5").ratio == 0.5 and str(Compression.parse("tolerance:0.5")) == "tolerance:0.5"
+    assert (
+        Compression.parse("tolerance:0.5").ratio == 0.5 and str(Compression.parse("tolerance:0.5")) == "tolerance:0.5"
+    )
     for bad in ("static:3", "tolerance:0.1", "tolerance:x", "zip", 5):
         with pytest.raises(ConfigError, match="kv_compression"):
             Compression.parse(bad)
@@ -107,14 +119,15 @@ def test_swap_file_round_trip_at_each_width(tmp_path, width):
     crc = swap.write_chunk("abcdefgh12", 3, shape, 16, x, width)
     raw = np.fromfile(swap.chunk_path("abcdefgh12", 3), np.uint8)
     assert raw.size == file_bytes(shape, width) and raw.size % 4096 == 0  # whole blocks, for direct reads
-    header, payload = bytes(raw[:4096]), raw[4096:4096 + payload_bytes(shape, width)]
+    header, payload = bytes(raw[:4096]), raw[4096 : 4096 + payload_bytes(shape, width)]
     assert swap.chunk_problem("f", header, payload, shape, 16, width, crc) is None
     y = chunk_data(payload, shape, width)
     assert np.array_equal(y, x if width == 0 else lossy(x, width))
     assert "not the chunk" in swap.chunk_problem("f", header, payload, shape, 15, width, crc)
     if width:
-        assert "not the chunk" in swap.chunk_problem("f", header, payload, shape, 16, 8 if width != 8 else 4, crc) \
-            or "another shape" in swap.chunk_problem("f", header, payload, shape, 16, 8 if width != 8 else 4, crc)
+        assert "not the chunk" in swap.chunk_problem(
+            "f", header, payload, shape, 16, 8 if width != 8 else 4, crc
+        ) or "another shape" in swap.chunk_problem("f", header, payload, shape, 16, 8 if width != 8 else 4, crc)
     bad = payload.copy()
     bad[bad.size // 2] ^= 0xFF
     assert "checksum" in swap.chunk_problem("f", header, bad, shape, 16, width, crc)

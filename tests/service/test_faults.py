@@ -42,18 +42,30 @@ MAX_TOKENS = 8
 # order 1 to 10).
 RECOMPUTE_TOL = 1e-3
 
-CONVERSATION = ("You are a geography teacher.",
-                ["What is the capital of France?", "And of Germany?", "Name a river that flows through it."])
+CONVERSATION = (
+    "You are a geography teacher.",
+    ["What is the capital of France?", "And of Germany?", "Name a river that flows through it."],
+)
 # The SIGKILL test's contexts: distinct conversations, so a chunk landing in the wrong context shows;
 # long questions, so they span several chunks for few decode steps.
 CONVERSATIONS = [
     CONVERSATION,
-    ("You answer in one short sentence.",
-     ["Who wrote the play Hamlet, the tragedy about a prince of Denmark who seeks revenge for the murder of "
-      "his father?", "When and where was he born?"]),
-    ("You are a helpful cooking assistant.",
-     ["I have eggs, butter, flour, sugar and milk in my kitchen. What simple dessert could I bake this "
-      "afternoon for four people?", "How long does it bake?"]),
+    (
+        "You answer in one short sentence.",
+        [
+            "Who wrote the play Hamlet, the tragedy about a prince of Denmark who seeks revenge for the murder of "
+            "his father?",
+            "When and where was he born?",
+        ],
+    ),
+    (
+        "You are a helpful cooking assistant.",
+        [
+            "I have eggs, butter, flour, sugar and milk in my kitchen. What simple dessert could I bake this "
+            "afternoon for four people?",
+            "How long does it bake?",
+        ],
+    ),
     (None, ["Count from one to ten, separated by commas.", "Now count backwards from ten to one."]),
 ]
 EXTRA_TURN = "Thank you. Summarize our conversation in one sentence."
@@ -112,8 +124,12 @@ def reference(torch_engine, tmp_path_factory):
     svc = mlx_flash.Service(torch_engine, directory=str(tmp_path_factory.mktemp("reference")), kv_budget=BUDGET)
     ctx = build(svc, CONVERSATION)
     c = svc.get(ctx)
-    ref = {"messages": [dict(m) for m in c.messages], "kv_tokens": c.kv_tokens, "states": states(torch_engine, c),
-           "chunks": len(c.table.slots)}
+    ref = {
+        "messages": [dict(m) for m in c.messages],
+        "kv_tokens": c.kv_tokens,
+        "states": states(torch_engine, c),
+        "chunks": len(c.table.slots),
+    }
     ref["next"] = answer(svc, ctx, EXTRA_TURN)
     assert ref["next"] and ref["chunks"] >= 4  # the damage tests hit a middle chunk of several
     svc.close()
@@ -163,9 +179,13 @@ def _run_and_kill(script, store_dir, directory, ready, extra_s, log):
     (the folder is polled: the kill lands at that point of the writes whatever the machine's
     speed); returns (created ids, reported messages per context, whether it had finished flushing)."""
     with open(log, "w") as err:
-        p = subprocess.Popen([sys.executable, script, store_dir, directory, BUDGET, str(MAX_TOKENS),
-                              json.dumps(CONVERSATIONS)], stdout=subprocess.PIPE, stderr=err, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        p = subprocess.Popen(
+            [sys.executable, script, store_dir, directory, BUDGET, str(MAX_TOKENS), json.dumps(CONVERSATIONS)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )
         created, messages = [], None
         watchdog = threading.Timer(600, p.kill)  # a child stuck before "writing" fails the test, never hangs it
         watchdog.start()
@@ -214,6 +234,7 @@ def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path)
     with open(script, "w") as f:
         f.write(CHILD)
     rng = random.Random(1234)
+
     # Where the kills land: after the first context's last chunk file (its record is being written),
     # while a chunk file is half written (a temporary exists), after random chunk files; each 0-3 ms
     # later (into the next write) but the second. More random ones if none of those cut a write or
@@ -226,10 +247,12 @@ def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path)
 
     first = per_context[0]
     k1, k2, k3 = rng.sample([k for k in range(1, n_chunks) if k != first], 3)
-    plan = [(f"after chunk file {first}", after(first), rng.uniform(0, 0.003)),
-            (f"writing chunk file {k1 + 1}", writing_chunk(k1), 0.0),
-            (f"after chunk file {k2}", after(k2), rng.uniform(0, 0.003)),
-            (f"after chunk file {k3}", after(k3), rng.uniform(0, 0.003))]
+    plan = [
+        (f"after chunk file {first}", after(first), rng.uniform(0, 0.003)),
+        (f"writing chunk file {k1 + 1}", writing_chunk(k1), 0.0),
+        (f"after chunk file {k2}", after(k2), rng.uniform(0, 0.003)),
+        (f"after chunk file {k3}", after(k3), rng.uniform(0, 0.003)),
+    ]
     mid_write = left_temporaries = 0
     runs = []
     for run in range(8):
@@ -240,8 +263,9 @@ def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path)
             plan.append((f"writing chunk file {k4 + 1}", writing_chunk(k4), 0.0))
         where, ready, extra = plan[run]
         directory = str(tmp_path / f"run{run}")
-        created, messages, finished = _run_and_kill(script, store_dir, directory, ready, extra,
-                                                    str(tmp_path / f"run{run}.log"))
+        created, messages, finished = _run_and_kill(
+            script, store_dir, directory, ready, extra, str(tmp_path / f"run{run}.log")
+        )
         assert len(created) == len(CONVERSATIONS)
         assert messages == ref_messages, "the child's greedy conversations differ from this process's"
         # What the kill left: a write was cut when a temporary exists or only some chunks are on flash.
@@ -261,14 +285,18 @@ def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path)
             out = answer(svc, ctx, EXTRA_TURN)
             r = svc.last.restore
             read, recomputed, bad = read + r.chunks_read, recomputed + r.chunks_recomputed, bad + len(r.bad_files)
-            assert out == ref_next[k], (f"run {run} (killed {extra * 1e3:.1f} ms {where}): context {k} answers "
-                                        f"{out!r}, the never-killed one {ref_next[k]!r}")
+            assert out == ref_next[k], (
+                f"run {run} (killed {extra * 1e3:.1f} ms {where}): context {k} answers "
+                f"{out!r}, the never-killed one {ref_next[k]!r}"
+            )
         for p in svc.problems:  # a problem names a context that is absent, never one still served
             assert not any(c in p and c in svc.contexts for c in created), p
-        runs.append(f"killed {extra * 1e3:.1f} ms {where}: left {left_chunks:2d}/{n_chunks} "
-                    f"chunk files, {left_tmp} temporaries{' (flush done)' if finished else ''}; restart: "
-                    f"{len(svc.contexts)} contexts, {read} chunks read, {recomputed} recomputed, {bad} bad, "
-                    f"{len(svc.problems)} problems")
+        runs.append(
+            f"killed {extra * 1e3:.1f} ms {where}: left {left_chunks:2d}/{n_chunks} "
+            f"chunk files, {left_tmp} temporaries{' (flush done)' if finished else ''}; restart: "
+            f"{len(svc.contexts)} contexts, {read} chunks read, {recomputed} recomputed, {bad} bad, "
+            f"{len(svc.problems)} problems"
+        )
         svc.close()
     print(f"\nchunks per context {per_context}\n" + "\n".join(runs))
     assert mid_write, "no kill landed while chunk files were being written"
@@ -276,6 +304,7 @@ def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path)
 
 
 # ---- 2, 3. Damaged chunk files ---------------------------------------------------------------------
+
 
 def _flip(path):
     with open(path, "r+b") as f:
@@ -298,8 +327,13 @@ def _empty(path):
     os.truncate(path, 0)
 
 
-DAMAGE = {"flip-bytes": _flip, "truncate-payload": _truncate_payload, "truncate-header": _truncate_header,
-          "empty": _empty, "delete": os.unlink}
+DAMAGE = {
+    "flip-bytes": _flip,
+    "truncate-payload": _truncate_payload,
+    "truncate-header": _truncate_header,
+    "empty": _empty,
+    "delete": os.unlink,
+}
 
 
 def _check_damaged_chunk_is_not_used(engine, tmp_path, reference, damage):
@@ -323,10 +357,14 @@ def _check_damaged_chunk_is_not_used(engine, tmp_path, reference, damage):
     diff = max_diff(got, want)
     print(f"{damage}: {r.bad_files}; KV of the recomputed chunk differs by {diff:.2e}")
     assert diff < RECOMPUTE_TOL
-    outside = [(np.delete(k, np.s_[bad * C:(bad + 1) * C], axis=2), np.delete(v, np.s_[bad * C:(bad + 1) * C], axis=2))
-               for k, v in got]
-    want_outside = [(np.delete(k, np.s_[bad * C:(bad + 1) * C], axis=2),
-                     np.delete(v, np.s_[bad * C:(bad + 1) * C], axis=2)) for k, v in want]
+    outside = [
+        (np.delete(k, np.s_[bad * C : (bad + 1) * C], axis=2), np.delete(v, np.s_[bad * C : (bad + 1) * C], axis=2))
+        for k, v in got
+    ]
+    want_outside = [
+        (np.delete(k, np.s_[bad * C : (bad + 1) * C], axis=2), np.delete(v, np.s_[bad * C : (bad + 1) * C], axis=2))
+        for k, v in want
+    ]
     assert identical(outside, want_outside)
     assert out == reference["next"]
     # The damaged file is no longer the chunk's current file.
@@ -348,6 +386,7 @@ def test_truncated_or_deleted_chunk_file_is_recomputed(torch_engine, tmp_path, r
 
 # ---- 4. Full disk during swap-out ------------------------------------------------------------------
 
+
 class FullDisk:
     """`os` as swap_files sees it, on a disk with `room` bytes left: os.write writes what fits, then
     fails with ENOSPC. Records the files whose write failed."""
@@ -368,7 +407,7 @@ class FullDisk:
         if self.room <= 0:
             self.failed.append(self.paths.get(fd, "?"))
             raise OSError(errno.ENOSPC, "No space left on device")
-        n = os.write(fd, data[:self.room])
+        n = os.write(fd, data[: self.room])
         self.room -= n
         return n
 
@@ -381,8 +420,11 @@ def _full_disk_swap_out(engine, directory, monkeypatch, fail_at):
     c = svc.get(ctx)
     before = (states(engine, c), list(c.table.slots), svc.pool.free_slots)
     file_bytes = HEADER + svc.shape.nbytes
-    room = {"first-chunk": 100, "second-chunk": file_bytes + file_bytes // 3,
-            "record": len(c.table.slots) * file_bytes + 10}[fail_at]
+    room = {
+        "first-chunk": 100,
+        "second-chunk": file_bytes + file_bytes // 3,
+        "record": len(c.table.slots) * file_bytes + 10,
+    }[fail_at]
     disk = FullDisk(room)
     monkeypatch.setattr(swap_files, "os", disk)
     with pytest.raises(SwapError) as e:
@@ -431,8 +473,9 @@ def _budget_full_of_another_context(engine, directory):
     chunk_bytes = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 16).nbytes  # float32 on the CPU
     svc = mlx_flash.Service(engine, directory=directory, kv_budget=8 * chunk_bytes)
     other = svc.new_context()
-    answer(svc, other, "Please repeat after me: " + "one two three four five six seven eight nine ten " * 8,
-           max_tokens=4)
+    answer(
+        svc, other, "Please repeat after me: " + "one two three four five six seven eight nine ten " * 8, max_tokens=4
+    )
     assert len(svc.get(other).table.slots) == 8 and svc.pool.free_slots == 0  # the whole budget
     return svc, other
 
@@ -490,6 +533,7 @@ def test_full_disk_during_eviction_error_names_the_chunk_file(torch_engine, tmp_
 
 # ---- 5. Restore: bit-exact by reading, close and same tokens by recomputing ------------------------
 
+
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_restore_is_bit_exact_by_reading_and_close_by_recomputing(engines, store_dir, tmp_path, backend):
     engine = engines(store_dir, backend)
@@ -520,8 +564,10 @@ def test_restore_is_bit_exact_by_reading_and_close_by_recomputing(engines, store
     lb = engine.forward(probe, cb.table.caches(), all_logits=True)
     ca.table.truncate(n), cb.table.truncate(n)
     logit_diff = float(np.abs(la - lb).max())
-    print(f"{backend}: recomputed KV max |diff| {kv_diff:.2e} (|KV| up to {scale:.1f}), "
-          f"next-token logits max |diff| {logit_diff:.2e}")
+    print(
+        f"{backend}: recomputed KV max |diff| {kv_diff:.2e} (|KV| up to {scale:.1f}), "
+        f"next-token logits max |diff| {logit_diff:.2e}"
+    )
     assert kv_diff < RECOMPUTE_TOL and logit_diff < RECOMPUTE_TOL
     assert int(np.argmax(la)) == int(np.argmax(lb))
     out_a, out_b = answer(svc, a, EXTRA_TURN), answer(svc, b, EXTRA_TURN)
@@ -531,10 +577,11 @@ def test_restore_is_bit_exact_by_reading_and_close_by_recomputing(engines, store
 
 # ---- 6. A garbage context record -------------------------------------------------------------------
 
+
 def _garbage(record_bytes, other_record):
     return {
         "random-bytes": b"\x00\xff\xfe garbage {{{ \x80\x81",
-        "truncated-json": record_bytes[:len(record_bytes) // 2],
+        "truncated-json": record_bytes[: len(record_bytes) // 2],
         "json-list": b"[1, 2, 3]",
         "wrong-fields": json.dumps({**json.loads(record_bytes), "sequence": "oops", "kv_tokens": -4}).encode(),
         "another-contexts-record": other_record,
@@ -543,8 +590,15 @@ def _garbage(record_bytes, other_record):
     }
 
 
-GARBAGE = ["random-bytes", "truncated-json", "json-list", "wrong-fields", "another-contexts-record",
-           "deeply-nested", "empty"]
+GARBAGE = [
+    "random-bytes",
+    "truncated-json",
+    "json-list",
+    "wrong-fields",
+    "another-contexts-record",
+    "deeply-nested",
+    "empty",
+]
 
 
 @pytest.mark.parametrize("kind", GARBAGE)

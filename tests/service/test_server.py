@@ -84,9 +84,26 @@ def _start(store_dir, directory, *extra, key=None, kv_budget="30MB") -> Srv:
         log = os.path.join(directory, f"server-{port}.log")
         with open(log, "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlx_flash.serve", "--model", store_dir, "--host", HOST, "--port", str(port),
-                 "--kv-budget", kv_budget, "--service-dir", os.path.join(directory, "svc"), *extra],
-                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                [
+                    sys.executable,
+                    "-m",
+                    "mlx_flash.serve",
+                    "--model",
+                    store_dir,
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--kv-budget",
+                    kv_budget,
+                    "--service-dir",
+                    os.path.join(directory, "svc"),
+                    *extra,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         srv = Srv(proc, port, directory, log)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None and not srv.healthy():
@@ -133,7 +150,7 @@ def chat_body(messages, **kw):
 
 def sse_events(text: str) -> list:
     """The `data:` payloads of a server-sent event stream, [DONE] last."""
-    return [ln[len("data: "):] for ln in text.splitlines() if ln.startswith("data: ")]
+    return [ln[len("data: ") :] for ln in text.splitlines() if ln.startswith("data: ")]
 
 
 # ---- 1. the openai package ---------------------------------------------------------------------------
@@ -151,8 +168,14 @@ def test_openai_chat_paris(server, client):
 
 def test_openai_stream_equals_non_stream(server, client):
     whole = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20)
-    stream = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=server.model,
+        messages=FRANCE,
+        temperature=0,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert "".join(deltas) == whole.choices[0].message.content
@@ -177,17 +200,21 @@ def test_openai_cached_tokens_on_second_turn(server, client):
     cached_tokens equals every token the context held."""
     system = {"role": "system", "content": "You are a geography teacher. (cached-tokens test)"}
     msgs = [system, *FRANCE]
-    raw = client.chat.completions.with_raw_response.create(model=server.model, messages=msgs, temperature=0,
-                                                           max_tokens=20)
+    raw = client.chat.completions.with_raw_response.create(
+        model=server.model, messages=msgs, temperature=0, max_tokens=20
+    )
     first, ctx = raw.parse(), raw.headers.get("X-Context-Id")
     assert ctx and first.usage.prompt_tokens_details.cached_tokens == 0
     status, _, listed = server.request("GET", "/v1/contexts")
     held = {d["id"]: d["tokens"] for d in listed["data"]}
     assert held[ctx] == first.usage.prompt_tokens + first.usage.completion_tokens - 1  # all but the last token
-    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
-             {"role": "user", "content": "And of Germany?"}]
-    raw = client.chat.completions.with_raw_response.create(model=server.model, messages=msgs, temperature=0,
-                                                           max_tokens=20)
+    msgs += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And of Germany?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(
+        model=server.model, messages=msgs, temperature=0, max_tokens=20
+    )
     second = raw.parse()
     assert raw.headers.get("X-Context-Id") == ctx  # continued in place, not forked
     assert second.usage.prompt_tokens_details.cached_tokens == held[ctx] > 0
@@ -201,9 +228,23 @@ def test_openai_cached_tokens_on_second_turn(server, client):
 def curl(server, body, *extra):
     if shutil.which("curl") is None:
         pytest.skip("no curl binary on PATH")
-    r = subprocess.run(["curl", "-sS", "--max-time", "120", *extra, "-H", "Content-Type: application/json",
-                        "-d", json.dumps(body), server.base + "/v1/chat/completions"],
-                       capture_output=True, text=True, timeout=150)
+    r = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "120",
+            *extra,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body),
+            server.base + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -239,17 +280,35 @@ BAD = {
     "max_tokens_string": ("POST", CHAT, chat_body(FRANCE, max_tokens="10"), {}, 400, "max_tokens"),
     "temperature_hot": ("POST", CHAT, chat_body(FRANCE, temperature="hot"), {}, 400, "temperature"),
     "temperature_out_of_range": ("POST", CHAT, chat_body(FRANCE, temperature=5.0), {}, 400, "temperature"),
-    "temperature_nan": ("POST", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', {},
-                        400, "temperature"),
+    "temperature_nan": (
+        "POST",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        {},
+        400,
+        "temperature",
+    ),
     "top_p_zero": ("POST", CHAT, chat_body(FRANCE, top_p=0), {}, 400, "top_p"),
     "unknown_model": ("POST", CHAT, chat_body(FRANCE, model="gpt-9"), {}, 404, "gpt-9"),
     "unknown_field": ("POST", CHAT, chat_body(FRANCE, tempertaure=0.5), {}, 400, "tempertaure"),
     "n_two": ("POST", CHAT, chat_body(FRANCE, n=2), {}, 400, "n"),
     "empty_prompt": ("POST", "/v1/completions", {"prompt": ""}, {}, 400, "prompt"),
-    "unknown_context_field": ("POST", CHAT, chat_body(FRANCE, context_id="no-such-context"), {}, 404,
-                              "no-such-context"),
-    "unknown_context_header": ("POST", CHAT, chat_body(FRANCE), {"X-Context-Id": "no-such-context"}, 404,
-                               "no-such-context"),
+    "unknown_context_field": (
+        "POST",
+        CHAT,
+        chat_body(FRANCE, context_id="no-such-context"),
+        {},
+        404,
+        "no-such-context",
+    ),
+    "unknown_context_header": (
+        "POST",
+        CHAT,
+        chat_body(FRANCE),
+        {"X-Context-Id": "no-such-context"},
+        404,
+        "no-such-context",
+    ),
     "context_bad_field": ("POST", "/v1/contexts", {"system": "x", "extra": 1}, {}, 400, "system"),
     "get_on_post_route": ("GET", CHAT, None, {}, 405, "Method Not Allowed"),
     "unknown_route": ("GET", "/v1/nope", None, {}, 404, "Not Found"),
@@ -281,8 +340,10 @@ def test_prompt_longer_than_the_context(server):
     before = {d["id"] for d in server.request("GET", "/v1/contexts")[2]["data"]}
     text = "hello " * 9000
     assert len(text.split()) > limit
-    for path, body in ((CHAT, chat_body([{"role": "user", "content": text}])),
-                       ("/v1/completions", {"prompt": text, "max_tokens": 4})):
+    for path, body in (
+        (CHAT, chat_body([{"role": "user", "content": text}])),
+        ("/v1/completions", {"prompt": text, "max_tokens": 4}),
+    ):
         status, _, data = server.request("POST", path, body=body)
         err = assert_api_error(status, data, 400, "tokens")
         assert f"fewer than {limit}" in err["message"] and err["code"] == "context_length_exceeded", err
@@ -299,14 +360,19 @@ def test_explicit_context_lifecycle(server, client):
     assert status == 200 and data["object"] == "context", data
     ctx = data["id"]
     assert headers["X-Context-Id"] == ctx
-    r1 = client.chat.completions.create(model=server.model, messages=FRANCE, temperature=0, max_tokens=20,
-                                        extra_body={"context_id": ctx})
+    r1 = client.chat.completions.create(
+        model=server.model, messages=FRANCE, temperature=0, max_tokens=20, extra_body={"context_id": ctx}
+    )
     assert "Paris" in r1.choices[0].message.content
     assert r1.usage.prompt_tokens_details.cached_tokens == 0
     # Only the new turn is sent; the header names the context this time.
     raw = client.chat.completions.with_raw_response.create(
-        model=server.model, messages=[{"role": "user", "content": "And of Germany?"}], temperature=0, max_tokens=20,
-        extra_headers={"X-Context-Id": ctx})
+        model=server.model,
+        messages=[{"role": "user", "content": "And of Germany?"}],
+        temperature=0,
+        max_tokens=20,
+        extra_headers={"X-Context-Id": ctx},
+    )
     r2 = raw.parse()
     assert raw.headers.get("X-Context-Id") == ctx
     assert r2.usage.prompt_tokens_details.cached_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
@@ -319,19 +385,28 @@ def test_explicit_context_lifecycle(server, client):
     status, _, d = server.request("DELETE", f"/v1/contexts/{ctx}")
     assert status == 200 and d == {"id": ctx, "object": "context", "deleted": True}
     assert ctx not in {d["id"] for d in server.request("GET", "/v1/contexts")[2]["data"]}
-    for method, path, body in (("POST", CHAT, chat_body(FRANCE, context_id=ctx)), ("GET", f"/v1/contexts/{ctx}", None),
-                               ("DELETE", f"/v1/contexts/{ctx}", None)):
+    for method, path, body in (
+        ("POST", CHAT, chat_body(FRANCE, context_id=ctx)),
+        ("GET", f"/v1/contexts/{ctx}", None),
+        ("DELETE", f"/v1/contexts/{ctx}", None),
+    ):
         status, _, data = server.request(method, path, body)
         assert_api_error(status, data, 404, ctx)
 
 
 def test_explicit_context_raw_completion_appends(server):
     ctx = server.request("POST", "/v1/contexts", {})[2]["id"]
-    s1, _, a = server.request("POST", "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4,
-                                                          "temperature": 0, "context_id": ctx})
+    s1, _, a = server.request(
+        "POST",
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "context_id": ctx},
+    )
     assert s1 == 200 and a["choices"][0]["text"].startswith(" Paris"), a
-    s2, _, b = server.request("POST", "/v1/completions", {"prompt": " The capital of Italy is", "max_tokens": 4,
-                                                          "temperature": 0, "context_id": ctx})
+    s2, _, b = server.request(
+        "POST",
+        "/v1/completions",
+        {"prompt": " The capital of Italy is", "max_tokens": 4, "temperature": 0, "context_id": ctx},
+    )
     assert s2 == 200 and b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, b
     assert server.request("DELETE", f"/v1/contexts/{ctx}")[0] == 200
 
@@ -340,9 +415,13 @@ def test_explicit_context_raw_completion_appends(server):
 def test_api_keys_required(keyed):
     assert keyed.healthy()  # /health answers without a key
     for key in (None, "wrong", ""):
-        for method, path, body in (("POST", CHAT, chat_body(FRANCE)), ("GET", "/v1/models", None),
-                                   ("GET", "/v1/contexts", None), ("POST", "/v1/contexts", {}),
-                                   ("GET", "/v1/stats", None)):
+        for method, path, body in (
+            ("POST", CHAT, chat_body(FRANCE)),
+            ("GET", "/v1/models", None),
+            ("GET", "/v1/contexts", None),
+            ("POST", "/v1/contexts", {}),
+            ("GET", "/v1/stats", None),
+        ):
             status, _, data = keyed.request(method, path, body, key=key)
             err = assert_api_error(status, data, 401, "API key")
             assert err["type"] == "authentication_error"
@@ -360,10 +439,12 @@ def test_api_keys_scope_explicit_contexts(keyed):
     ctx = data["id"]
     assert ctx in {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k1")[2]["data"]}
     assert ctx not in {d["id"] for d in keyed.request("GET", "/v1/contexts", key="k2")[2]["data"]}
-    for method, path, body, headers in (("GET", f"/v1/contexts/{ctx}", None, {}),
-                                        ("DELETE", f"/v1/contexts/{ctx}", None, {}),
-                                        ("POST", CHAT, chat_body(FRANCE, context_id=ctx), {}),
-                                        ("POST", CHAT, chat_body(FRANCE), {"X-Context-Id": ctx})):
+    for method, path, body, headers in (
+        ("GET", f"/v1/contexts/{ctx}", None, {}),
+        ("DELETE", f"/v1/contexts/{ctx}", None, {}),
+        ("POST", CHAT, chat_body(FRANCE, context_id=ctx), {}),
+        ("POST", CHAT, chat_body(FRANCE), {"X-Context-Id": ctx}),
+    ):
         status, _, data = keyed.request(method, path, body, headers, key="k2")
         assert_api_error(status, data, 404, "no context")
     status, _, data = keyed.request("POST", CHAT, chat_body(FRANCE, context_id=ctx), key="k1")
@@ -412,8 +493,13 @@ def test_concurrent_streaming_clients(server):
         try:
             while time.monotonic() < deadline:
                 stream = cl.chat.completions.create(
-                    model=server.model, messages=[{"role": "user", "content": f"Repeat the word {word}."}],
-                    temperature=0, max_tokens=6, stream=True, stream_options={"include_usage": True})
+                    model=server.model,
+                    messages=[{"role": "user", "content": f"Repeat the word {word}."}],
+                    temperature=0,
+                    max_tokens=6,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
                 chunks = list(stream)
                 ids = {c.id for c in chunks}
                 if len(ids) != 1:
@@ -446,11 +532,13 @@ def test_concurrent_streaming_clients(server):
     st = server.stats()
     peak = _vm_hwm(server.proc.pid)
     limit = st["memory"]["limit"]
-    print(f"\nconcurrency: {done} streaming requests from {len(WORDS)} clients in {elapsed:.1f} s; "
-          f"server peak RSS {peak / 2**20:.1f} MiB (limit {limit / 2**20:.1f} MiB); "
-          f"{st['contexts']['total']} contexts ({st['contexts']['swapped']} swapped), "
-          f"chunks written {st['kv']['chunks_written']}, read {st['kv']['chunks_read']}, "
-          f"recomputed {st['kv']['chunks_recomputed']}")
+    print(
+        f"\nconcurrency: {done} streaming requests from {len(WORDS)} clients in {elapsed:.1f} s; "
+        f"server peak RSS {peak / 2**20:.1f} MiB (limit {limit / 2**20:.1f} MiB); "
+        f"{st['contexts']['total']} contexts ({st['contexts']['swapped']} swapped), "
+        f"chunks written {st['kv']['chunks_written']}, read {st['kv']['chunks_read']}, "
+        f"recomputed {st['kv']['chunks_recomputed']}"
+    )
     assert limit and peak < limit
     assert st["queue"]["waiting"] == 0 and st["kv"]["bad_swap_files"] == 0
     assert server.healthy()
@@ -469,8 +557,9 @@ def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
         first = {}
         for turn in range(2):
             for word in WORDS:
-                status, _, data = srv.request("POST", CHAT, chat_body(
-                    [{"role": "user", "content": f"Repeat the word {word}."}], max_tokens=6))
+                status, _, data = srv.request(
+                    "POST", CHAT, chat_body([{"role": "user", "content": f"Repeat the word {word}."}], max_tokens=6)
+                )
                 assert status == 200, data
                 text = data["choices"][0]["message"]["content"]
                 assert text == first.setdefault(word, text), (turn, word, text, first[word])
@@ -482,8 +571,11 @@ def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
 
 # ---- 7. a client that disconnects mid-stream ---------------------------------------------------------
 def test_client_disconnect_mid_stream(server):
-    body = chat_body([{"role": "user", "content": "Write a very long story about a dragon and a knight."}],
-                     max_tokens=400, stream=True)
+    body = chat_body(
+        [{"role": "user", "content": "Write a very long story about a dragon and a knight."}],
+        max_tokens=400,
+        stream=True,
+    )
     conn = http.client.HTTPConnection(HOST, server.port, timeout=120)
     conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = conn.getresponse()
@@ -526,8 +618,9 @@ def test_three_turns_through_the_server_equal_one_run(server, client, engines, s
     for k, t in enumerate(turns):
         history.append({"role": "user", "content": t})
         body = chat_body(history if stateless else [history[-1]], max_tokens=16)
-        out = client.chat.completions.create(model=server.model, extra_body={"context_id": ctx} if ctx else None,
-                                             **body)
+        out = client.chat.completions.create(
+            model=server.model, extra_body={"context_id": ctx} if ctx else None, **body
+        )
         text = out.choices[0].message.content
         assert text == engine.generate(history, max_tokens=16), (k, text)
         cached = out.usage.prompt_tokens_details.cached_tokens

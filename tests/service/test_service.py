@@ -69,9 +69,9 @@ def test_chunked_kv_equals_contiguous_cache_bit_for_bit(engine):
             scrambled = True
         assert np.array_equal(out, engine.forward(seg, ref, all_logits=True))
     assert table.slots != sorted(table.slots) or np.diff(table.slots).max() > 1
-    for l in (0, a.num_hidden_layers - 1):
-        k1, v1 = ref[l].state(engine.ops)
-        k2, v2 = table.caches()[l].state(engine.ops)
+    for layer in (0, a.num_hidden_layers - 1):
+        k1, v1 = ref[layer].state(engine.ops)
+        k2, v2 = table.caches()[layer].state(engine.ops)
         assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
 
 
@@ -136,8 +136,12 @@ def test_contexts_beyond_the_budget_swap_and_come_back(engines, store_dir, tmp_p
     assert svc.stats().contexts_swapped >= 1  # three contexts of 3 chunks cannot all stay
     for c in ids:  # each comes back (read, recomputed or both) and continues as a fresh run would
         out = answer(svc, c, "And of Italy?", max_tokens=8)
-        ref = engine.generate(user("What is the capital of France?") + [
-            {"role": "assistant", "content": first[c]}] + user("And of Italy?"), max_tokens=8)
+        ref = engine.generate(
+            user("What is the capital of France?")
+            + [{"role": "assistant", "content": first[c]}]
+            + user("And of Italy?"),
+            max_tokens=8,
+        )
         assert out == ref
     s = svc.stats()
     assert s.chunks_written > 0 and s.chunks_read + s.chunks_recomputed > 0
@@ -216,8 +220,9 @@ def test_baseline_lifecycles_keep_answers(engines, store_dir, tmp_path, name):
 
     v = next(x for x in VARIANTS if x.name == name)
     engine = engines(store_dir, "torch")
-    svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget=6 * 737280, lifecycle=v.lifecycle,
-                            kv_compression=v.compression)
+    svc = mlx_flash.Service(
+        engine, directory=str(tmp_path), kv_budget=6 * 737280, lifecycle=v.lifecycle, kv_compression=v.compression
+    )
     ids = [svc.new_context() for _ in range(3)]
     for c in ids + ids:
         assert answer(svc, c, "What is the capital of France?", max_tokens=6)

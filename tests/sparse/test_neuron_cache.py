@@ -21,7 +21,7 @@ def check(cache: NeuronCache):
     live = cache.live_ids()
     assert live.size == cache.num_used <= cache.capacity
     assert np.unique(live).size == live.size and (live >= 0).all()
-    assert (cache.ids[cache.num_used:] == -1).all()
+    assert (cache.ids[cache.num_used :] == -1).all()
     assert (cache.slot[live] == np.arange(live.size)).all()
     assert (cache.slot >= 0).sum() == live.size
     np.testing.assert_array_equal(cache.live_rows(), bundle(live))
@@ -64,12 +64,12 @@ def test_window_union_matches_brute_force_and_respects_capacity():
             active = np.unique(rng.choice(F, int(rng.integers(1, 40)), replace=False))
             win.push(active, capacity)
             history.append(active)
-            kept = history[-win.tokens:]
+            kept = history[-win.tokens :]
             expect = np.unique(np.concatenate(kept))
             np.testing.assert_array_equal(win.members(), expect)
             assert win.union_size == expect.size
             assert win.tokens <= k and (win.tokens == 1 or expect.size <= capacity)
             # the window only shrinks when it must
             if win.tokens < min(k, len(history)):
-                wider = np.unique(np.concatenate(history[-win.tokens - 1:]))
+                wider = np.unique(np.concatenate(history[-win.tokens - 1 :]))
                 assert wider.size > capacity

@@ -31,9 +31,15 @@ def dense_f16(f16_store_dir):
 
 @pytest.mark.parametrize("mode,budget", [(m.value, "55%") for m in SparseMode] + [("all", "100%")])
 def test_all_active_equals_dense(f16_store_dir, dense_f16, mode, budget):
-    with mlx_flash.load(f16_store_dir, backend="torch", ffn="sparse", weights_budget=budget, progress=False,
-                        flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
-                        io=mlx_flash.IOOptions(mode="direct")) as e:
+    with mlx_flash.load(
+        f16_store_dir,
+        backend="torch",
+        ffn="sparse",
+        weights_budget=budget,
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode=mode, predictor="dense"),
+        io=mlx_flash.IOOptions(mode="direct"),
+    ) as e:
         full, steps = run(e)
         assert np.array_equal(full, dense_f16[0]) and np.array_equal(steps, dense_f16[1])
         if mode in ("window", "all"):
@@ -46,9 +52,15 @@ def test_relu_family_all_active_equals_dense(tiny_store):
     ids = list(range(3, 40))
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 20)
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="120%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
-                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="120%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all", predictor="dense"),
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         got = run(e, ids, 20)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
@@ -60,8 +72,10 @@ def save_predictors(store, shape_of=lambda D, F: ((D, 4), (4, F), (F,)), bias=10
     D, F = m.d_model, m.n_neurons
     su, sv, sb = shape_of(D, F)
     n = len(m.layer_offsets) if layers is None else layers
-    preds = [LayerPredictor(np.zeros(su, np.float32), np.zeros(sv, np.float32), np.full(sb, bias, np.float32), 0.0)
-             for _ in range(n)]
+    preds = [
+        LayerPredictor(np.zeros(su, np.float32), np.zeros(sv, np.float32), np.full(sb, bias, np.float32), 0.0)
+        for _ in range(n)
+    ]
     Predictors(preds, 0.5, [0.0] * n).save(store)
 
 
@@ -71,13 +85,27 @@ def test_predictor_round_trip_and_masking(tiny_store):
     with mlx_flash.load(store, backend="torch", progress=False) as dense:
         want = run(dense, ids, 16)
     save_predictors(store, bias=10.0)  # every logit 10 > cut 0: all active, so exact
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="160%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all"),
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         got = run(e, ids, 16)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     save_predictors(store, bias=-10.0)  # nothing active: the FFN adds nothing, and nothing is read
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all"), io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="160%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all"),
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         got = run(e, ids, 16)
         assert e.ffn.rows_loaded == 0
     assert not np.allclose(got[1], want[1])
@@ -86,18 +114,31 @@ def test_predictor_round_trip_and_masking(tiny_store):
 def test_budget_below_minimum_names_the_minimum(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match=r"weights budget 0\.0 MB .*is below the minimum [0-9.]+ MB"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="1KB", progress=False,
-                       flash=mlx_flash.FlashOptions(predictor="dense"))
+        mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="1KB",
+            progress=False,
+            flash=mlx_flash.FlashOptions(predictor="dense"),
+        )
 
 
 def test_missing_predictors_are_named(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(StoreError, match="no sparsity predictors .*train_predictor"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", progress=False,
-                       flash=mlx_flash.FlashOptions(mode="window"))
+        mlx_flash.load(
+            store, backend="torch", ffn="sparse", progress=False, flash=mlx_flash.FlashOptions(mode="window")
+        )
     # modes without a predictor do not need one
-    mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                   flash=mlx_flash.FlashOptions(mode="hybrid")).close()
+    mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="160%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="hybrid"),
+    ).close()
 
 
 def test_predictor_of_the_wrong_shape_is_named(tiny_store):
@@ -133,9 +174,15 @@ def test_gate_predictor_selects_by_the_ffn_own_activations(tiny_store):
         meta = json.load(open(meta_path))
         meta["magnitude_thresholds"] = [threshold] * len(meta["magnitude_thresholds"])
         json.dump(meta, open(meta_path, "w"))
-        with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
-                            io=mlx_flash.IOOptions(mode="buffered")) as e:
+        with mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="160%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(mode="all", predictor="gate"),
+            io=mlx_flash.IOOptions(mode="buffered"),
+        ) as e:
             got = run(e, ids, 16)
             assert mlx_flash.memory_plan(e)["predictors"] > 0
             if not exact:
@@ -158,9 +205,15 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
     meta = json.load(open(f"{store}/predictors.json"))
     meta["magnitude_thresholds"] = [0.0] * len(meta["magnitude_thresholds"])
     json.dump(meta, open(f"{store}/predictors.json", "w"))
-    with mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                        flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=True),
-                        io=mlx_flash.IOOptions(mode="buffered")) as e:
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="sparse",
+        weights_budget="160%",
+        progress=False,
+        flash=mlx_flash.FlashOptions(mode="all", predictor="gate", down_only=True),
+        io=mlx_flash.IOOptions(mode="buffered"),
+    ) as e:
         full, steps = run(e, ids, 16)
         lay = e.ffn.layout
         down_bytes = sum(f.nbytes for f in lay.fields if f.name.startswith("down."))
@@ -172,5 +225,11 @@ def test_down_only_reads_a_third_and_stays_close(tiny_store):
 def test_down_only_needs_the_gate_predictor(tiny_store):
     store, _ = tiny_store("llama")
     with pytest.raises(ConfigError, match="down-only reads need .* gate predictor"):
-        mlx_flash.load(store, backend="torch", ffn="sparse", weights_budget="160%", progress=False,
-                       flash=mlx_flash.FlashOptions(predictor="dense", down_only=True))
+        mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="sparse",
+            weights_budget="160%",
+            progress=False,
+            flash=mlx_flash.FlashOptions(predictor="dense", down_only=True),
+        )

@@ -16,8 +16,15 @@ PROMPT = tiny_models.random_ids(12, seed=7)  # past the tiny model's window of 8
 
 
 def sparse(store, backend, **flash):
-    return mlx_flash.load(store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
-                          io=mlx_flash.IOOptions(mode="buffered"), flash=mlx_flash.FlashOptions(mode="all", **flash))
+    return mlx_flash.load(
+        store,
+        backend=backend,
+        ffn="sparse",
+        weights_budget="200%",
+        progress=False,
+        io=mlx_flash.IOOptions(mode="buffered"),
+        flash=mlx_flash.FlashOptions(mode="all", **flash),
+    )
 
 
 @pytest.fixture
@@ -39,7 +46,10 @@ def test_all_active_geglu_kernel_equals_resident(gemma_q8, backend):
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_partial_geglu_selection_kernel_equals_reference_path(gemma_q8, backend):
     runs = kernel_and_reference_runs(
-        lambda kernel: sparse(gemma_q8, backend, predictor="statistical", statistical_active=0.5, kernel=kernel), PROMPT, 10)
+        lambda kernel: sparse(gemma_q8, backend, predictor="statistical", statistical_active=0.5, kernel=kernel),
+        PROMPT,
+        10,
+    )
     assert runs["auto"][0] == runs["reference"][0]
     np.testing.assert_allclose(runs["auto"][1], runs["reference"][1], rtol=0, atol=1e-4)
 

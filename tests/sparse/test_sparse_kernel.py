@@ -13,8 +13,15 @@ PROMPT = [1, 504, 3458, 282, 4649, 314]  # a fixed token prompt: no tokenizer in
 
 
 def load(store, backend, **flash):
-    return mlx_flash.load(store, backend=backend, ffn="sparse", weights_budget="200%", progress=False,
-                          io=mlx_flash.IOOptions(mode="buffered"), flash=mlx_flash.FlashOptions(mode="all", **flash))
+    return mlx_flash.load(
+        store,
+        backend=backend,
+        ffn="sparse",
+        weights_budget="200%",
+        progress=False,
+        io=mlx_flash.IOOptions(mode="buffered"),
+        flash=mlx_flash.FlashOptions(mode="all", **flash),
+    )
 
 
 @pytest.mark.slow
@@ -36,6 +43,9 @@ def test_partial_selection_kernel_equals_reference_path(store_dir, backend):
     (the kernel adds the active blocks in neuron order, as the resident model does; the reference
     path multiplies the cache's rows in slot order)."""
     runs = kernel_and_reference_runs(
-        lambda kernel: load(store_dir, backend, predictor="statistical", statistical_active=0.5, kernel=kernel), PROMPT, 12)
+        lambda kernel: load(store_dir, backend, predictor="statistical", statistical_active=0.5, kernel=kernel),
+        PROMPT,
+        12,
+    )
     assert runs["auto"][0] == runs["reference"][0]
     np.testing.assert_allclose(runs["auto"][1], runs["reference"][1], rtol=0, atol=1e-2)

@@ -11,9 +11,11 @@ from mlx_flash.store.manifest import ALIGNMENT
 
 def test_pack_unpack_roundtrip():
     rng = np.random.default_rng(0)
-    parts = [("gate.weight", rng.integers(0, 2**32, (10, 7), dtype=np.uint32), "uint32"),
-             ("gate.scales", rng.standard_normal((10, 3)).astype(np.float16), "float16"),  # 6 bytes: pads
-             ("up.bias", rng.standard_normal((10, 1)).astype(np.float32), "float32")]
+    parts = [
+        ("gate.weight", rng.integers(0, 2**32, (10, 7), dtype=np.uint32), "uint32"),
+        ("gate.scales", rng.standard_normal((10, 3)).astype(np.float16), "float16"),  # 6 bytes: pads
+        ("up.bias", rng.standard_normal((10, 1)).astype(np.float32), "float32"),
+    ]
     fields, nbytes = plan_fields(parts)
     assert [f.offset % 4 for f in fields] == [0, 0, 0] and nbytes % 4 == 0
     rows = pack_layer(fields, nbytes, {n: a for n, a, _ in parts})
@@ -43,8 +45,8 @@ def test_f16_bundles_hold_gate_up_rows_and_down_column(tiny_store):
         b = read_bundle(store, layer, neuron).view(np.float16)
         with torch.no_grad():
             assert np.array_equal(b[:D], mlp.gate_proj.weight[neuron].half().numpy())
-            assert np.array_equal(b[D:2 * D], mlp.up_proj.weight[neuron].half().numpy())
-            assert np.array_equal(b[2 * D:3 * D], mlp.down_proj.weight[:, neuron].half().numpy())
+            assert np.array_equal(b[D : 2 * D], mlp.up_proj.weight[neuron].half().numpy())
+            assert np.array_equal(b[2 * D : 3 * D], mlp.down_proj.weight[:, neuron].half().numpy())
 
 
 def test_opt_bundle_carries_fc1_bias(tiny_store):
@@ -56,7 +58,7 @@ def test_opt_bundle_carries_fc1_bias(tiny_store):
     assert "model.decoder.layers.0.fc2.bias" in store.manifest.tensors  # per-d_model bias stays resident
     fc1 = hf.model.decoder.layers[0].fc1
     f = {x.name: x for x in store.manifest.ffn.fields}["up.bias"]
-    b = read_bundle(store, 0, 9)[f.offset:f.offset + f.nbytes].view(NUMPY_DTYPES[f.dtype])
+    b = read_bundle(store, 0, 9)[f.offset : f.offset + f.nbytes].view(NUMPY_DTYPES[f.dtype])
     with torch.no_grad():
         assert b[0] == fc1.bias[9].to(getattr(torch, f.dtype)).item()
 

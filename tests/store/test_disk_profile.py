@@ -19,7 +19,9 @@ def profile(tmp_path_factory):
 def test_profile_has_every_cell(profile):
     prof, _ = profile
     assert set(prof["throughput"]) == {"1", "2"}
-    assert all(set(row) == {"4096", "65536"} and all(v > 0 for v in row.values()) for row in prof["throughput"].values())
+    assert all(
+        set(row) == {"4096", "65536"} and all(v > 0 for v in row.values()) for row in prof["throughput"].values()
+    )
     assert 0 < prof["latency_s"] < 1
     assert dp.coalesce_gap(prof) % 4096 == 0
     assert dp.best_threads(prof, 60 * KiB) in (1, 2)

@@ -111,10 +111,55 @@ def open_and_generate(d: str, cache: str) -> str:
 
 # ---- 1. manifest mutations ----------------------------------------------------------------------
 
-BAD_NAMES = ["../x", "/etc/passwd", "a/b", "", "..", ".", "x" * 300, "a\\b", "c:x", "nul\0l", "manifest.json",
-             "resident.safetensors", "ffn_bundles.bin", "tokenizer.json"]
-BAD_VALUES = [0, -1, 1, 2, 3, 7, 2 ** 31, 2 ** 32, 2 ** 63, -(2 ** 63), 2 ** 64, 10 ** 30, 1e9, -1e9, 0.5, 1e-300,
-              1e308, True, False, None, "", "x", "12", [], [0], [1, 2], [[0, 0]], {}, {"a": 1}, "float32", "bfloat16"]
+BAD_NAMES = [
+    "../x",
+    "/etc/passwd",
+    "a/b",
+    "",
+    "..",
+    ".",
+    "x" * 300,
+    "a\\b",
+    "c:x",
+    "nul\0l",
+    "manifest.json",
+    "resident.safetensors",
+    "ffn_bundles.bin",
+    "tokenizer.json",
+]
+BAD_VALUES = [
+    0,
+    -1,
+    1,
+    2,
+    3,
+    7,
+    2**31,
+    2**32,
+    2**63,
+    -(2**63),
+    2**64,
+    10**30,
+    1e9,
+    -1e9,
+    0.5,
+    1e-300,
+    1e308,
+    True,
+    False,
+    None,
+    "",
+    "x",
+    "12",
+    [],
+    [0],
+    [1, 2],
+    [[0, 0]],
+    {},
+    {"a": 1},
+    "float32",
+    "bfloat16",
+]
 
 
 def paths_of(value, prefix=()):
@@ -136,12 +181,18 @@ def get(m, path):
     return m
 
 
-values = st.one_of(st.sampled_from(BAD_VALUES), st.sampled_from(BAD_NAMES), st.integers(-(2 ** 70), 2 ** 70),
-                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
-                   st.lists(st.integers(-5, 5000), max_size=4))
+values = st.one_of(
+    st.sampled_from(BAD_VALUES),
+    st.sampled_from(BAD_NAMES),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.lists(st.integers(-5, 5000), max_size=4),
+)
 # an edit: (how, which path (an index into paths_of, modulo), new value)
-edits = st.tuples(st.sampled_from(["set", "set", "set", "delete", "add_key", "rename_file", "scale"]),
-                  st.integers(0, 1 << 30), values)
+edits = st.tuples(
+    st.sampled_from(["set", "set", "set", "delete", "add_key", "rename_file", "scale"]), st.integers(0, 1 << 30), values
+)
 
 
 def apply_edit(m: dict, edit) -> None:
@@ -215,9 +266,14 @@ def fuzz_manifest(bases: list[str], n: int) -> collections.Counter:
 
 # ---- 2. truncated or flipped store files --------------------------------------------------------
 
-byte_cases = st.tuples(st.sampled_from(STORE_FILES), st.sampled_from(["flip", "flip", "cut"]),
-                       st.floats(0, 1, exclude_max=True), st.integers(1, 255), st.integers(1, 4),
-                       st.integers(0, len(PRECISIONS) - 1))
+byte_cases = st.tuples(
+    st.sampled_from(STORE_FILES),
+    st.sampled_from(["flip", "flip", "cut"]),
+    st.floats(0, 1, exclude_max=True),
+    st.integers(1, 255),
+    st.integers(1, 4),
+    st.integers(0, len(PRECISIONS) - 1),
+)
 
 
 def run_bytes_case(bases: list[str], case, tally: collections.Counter) -> None:
@@ -281,13 +337,22 @@ def child_main(bases: list[str], n: int) -> None:
 
 def test_sample_in_subprocess(base_stores):
     here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_fuzz_store as t; "
-            f"t.child_main({base_stores!r}, {N_CHILD})")
+    code = (
+        f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; import test_fuzz_store as t; "
+        f"t.child_main({base_stores!r}, {N_CHILD})"
+    )
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MLX_FLASH_CACHE": os.path.join(os.path.dirname(base_stores[0]), "cache")})
-    print(f"\n[fuzz] subprocess sample: {r.stdout.strip().splitlines()[-1:] or ['no output']} "
-          f"in {time.perf_counter() - t:.1f} s")
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MLX_FLASH_CACHE": os.path.join(os.path.dirname(base_stores[0]), "cache")},
+    )
+    print(
+        f"\n[fuzz] subprocess sample: {r.stdout.strip().splitlines()[-1:] or ['no output']} "
+        f"in {time.perf_counter() - t:.1f} s"
+    )
     if r.returncode < 0:
         raise AssertionError(f"child died of signal {signal.Signals(-r.returncode).name}:\n{r.stderr[-3000:]}")
     assert r.returncode == 0, r.stderr[-3000:]

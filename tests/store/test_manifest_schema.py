@@ -69,13 +69,16 @@ def test_a_bad_field_is_one_line_naming_it(tiny, where, value, words):
     refused(tiny, *words)
 
 
-@pytest.mark.parametrize("mutate,words", [
-    (lambda m: first_tensor(m).__setitem__("offset", "0"), ["offset = '0'", "must be an integer"]),
-    (lambda m: first_tensor(m).__setitem__("shape", [-1, 8]), ["shape[0] = -1"]),
-    (lambda m: m["ffn"]["fields"][0].__setitem__("dtype", "float64"), ["fields[0].dtype = 'float64'"]),
-    (lambda m: m["ffn"]["quant"].__setitem__("gate", {"bits": 4}), ["group_size", "is missing"]),
-    (lambda m: m.__setitem__("extra", 1), ["extra = 1", "is not a field"]),
-])
+@pytest.mark.parametrize(
+    "mutate,words",
+    [
+        (lambda m: first_tensor(m).__setitem__("offset", "0"), ["offset = '0'", "must be an integer"]),
+        (lambda m: first_tensor(m).__setitem__("shape", [-1, 8]), ["shape[0] = -1"]),
+        (lambda m: m["ffn"]["fields"][0].__setitem__("dtype", "float64"), ["fields[0].dtype = 'float64'"]),
+        (lambda m: m["ffn"]["quant"].__setitem__("gate", {"bits": 4}), ["group_size", "is missing"]),
+        (lambda m: m.__setitem__("extra", 1), ["extra = 1", "is not a field"]),
+    ],
+)
 def test_nested_fields_are_named_by_their_path(tiny, mutate, words):
     edit(tiny, mutate)
     refused(tiny, *words)
@@ -84,10 +87,12 @@ def test_nested_fields_are_named_by_their_path(tiny, mutate, words):
 @pytest.mark.parametrize("name", ["../x", "/etc/passwd", "../../../etc/passwd", "a/b", "..", ""])
 def test_file_names_are_plain_names_inside_the_store(tiny, name):
     """Case 2: a manifest naming a file outside the store is refused before anything is opened."""
+
     def rename_file(m):
         old = m["ffn"]["file"]
         m["files"][name] = m["files"].pop(old)
         m["ffn"]["file"] = name
+
     edit(tiny, rename_file)
     refused(tiny, "must be a plain file name inside the store")
     edit(tiny, lambda m: first_tensor(m).__setitem__("file", name))
@@ -132,16 +137,28 @@ def test_the_schema_accepts_what_the_converter_writes(tiny):
         check(MANIFEST, [])
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("rope_scaling", {"rope_type": "llama3", "factor": 0}, ["rope_scaling.factor = 0"]),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, ["rope_scaling.low_freq_factor", "is missing"]),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 64}, ["high_freq_factor = 4.0", "above low_freq_factor"]),
-    ("rope_scaling", {"rope_type": "dynamic"}, ["rope_scaling.rope_type = 'dynamic'"]),
-    ("layer_types", ["sliding_attention"], ["layer_types", "each of the 2 layers"]),
-    ("layer_types", ["full_attention", "local"], ["layer_types[1] = 'local'"]),
-    ("window", 0, ["config.window = 0"]),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("rope_scaling", {"rope_type": "llama3", "factor": 0}, ["rope_scaling.factor = 0"]),
+        ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, ["rope_scaling.low_freq_factor", "is missing"]),
+        (
+            "rope_scaling",
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            ["high_freq_factor = 4.0", "above low_freq_factor"],
+        ),
+        ("rope_scaling", {"rope_type": "dynamic"}, ["rope_scaling.rope_type = 'dynamic'"]),
+        ("layer_types", ["sliding_attention"], ["layer_types", "each of the 2 layers"]),
+        ("layer_types", ["full_attention", "local"], ["layer_types[1] = 'local'"]),
+        ("window", 0, ["config.window = 0"]),
+    ],
+)
 def test_scaling_and_layer_kinds_are_checked(tiny, field, value, words):
     """Fields models/rope.py and models/gemma3_text.py compute with (a zero factor would divide by zero)."""
     edit(tiny, lambda m: m["config"].__setitem__(field, value))

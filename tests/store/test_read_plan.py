@@ -30,8 +30,11 @@ def test_long_range_is_split_at_max_chunk():
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 50000), st.integers(0, 9000), st.integers(0, 1)), min_size=1,
-                     max_size=30), gap=st.integers(0, 5000), max_chunk=st.sampled_from([4096, 16384]))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 50000), st.integers(0, 9000), st.integers(0, 1)), min_size=1, max_size=30),
+    gap=st.integers(0, 5000),
+    max_chunk=st.sampled_from([4096, 16384]),
+)
 def test_every_range_is_reassembled_and_reads_stay_bounded(rows, gap, max_chunk):
     offs, lens, files = (np.array(c) for c in zip(*rows))
     n = len(rows)

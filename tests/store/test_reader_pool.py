@@ -24,14 +24,18 @@ def data_file(tmp_path_factory):
 
 
 def ranges_strategy():
-    one = st.tuples(st.integers(0, FILE_SIZE), st.integers(0, 9000)).map(
-        lambda t: (t[0], min(t[1], FILE_SIZE - t[0])))
+    one = st.tuples(st.integers(0, FILE_SIZE), st.integers(0, 9000)).map(lambda t: (t[0], min(t[1], FILE_SIZE - t[0])))
     return st.lists(one, min_size=1, max_size=12)
 
 
 @settings(max_examples=60, deadline=None)
-@given(ranges=ranges_strategy(), mode=st.sampled_from(["direct", "buffered"]), threads=st.sampled_from([1, 3]),
-       gap=st.sampled_from([0, 100, 8192]), max_chunk=st.sampled_from([4096, 1 << 20]))
+@given(
+    ranges=ranges_strategy(),
+    mode=st.sampled_from(["direct", "buffered"]),
+    threads=st.sampled_from([1, 3]),
+    gap=st.sampled_from([0, 100, 8192]),
+    max_chunk=st.sampled_from([4096, 1 << 20]),
+)
 def test_bytes_equal_pread(data_file, ranges, mode, threads, gap, max_chunk):
     path, payload = data_file
     with ReaderPool(threads=threads, mode=mode, coalesce_gap=gap, max_chunk=max_chunk) as pool:
@@ -117,7 +121,9 @@ def test_worker_that_raises(data_file, monkeypatch):
     monkeypatch.setattr(rp, "_preadv", broken)
     f = pool.open(path)
     t = time.perf_counter()
-    with pytest.raises(ReadError, match=r"data\.bin: read of 100 bytes at offset 7 failed \(RuntimeError: simulated EIO\)"):
+    with pytest.raises(
+        ReadError, match=r"data\.bin: read of 100 bytes at offset 7 failed \(RuntimeError: simulated EIO\)"
+    ):
         pool.read([(f, 7, 100, np.empty(100, np.uint8))])
     assert time.perf_counter() - t < 1.0
     monkeypatch.undo()
@@ -190,9 +196,12 @@ def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, FILE_SIZE - 1), st.integers(1, 5000)), min_size=1, max_size=40),
-       mode=st.sampled_from(["direct", "buffered"]), gap=st.sampled_from([0, 300, 8192]),
-       max_chunk=st.sampled_from([4096, 1 << 20]))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, FILE_SIZE - 1), st.integers(1, 5000)), min_size=1, max_size=40),
+    mode=st.sampled_from(["direct", "buffered"]),
+    gap=st.sampled_from([0, 300, 8192]),
+    max_chunk=st.sampled_from([4096, 1 << 20]),
+)
 def test_rows_into_one_buffer_equal_pread(data_file, rows, mode, gap, max_chunk):
     """submit_rows: many ranges of one file packed back to back into one destination."""
     path, payload = data_file
@@ -202,7 +211,7 @@ def test_rows_into_one_buffer_equal_pread(data_file, rows, mode, gap, max_chunk)
     dest = np.full(int(lens.sum()), 0xAB, dtype=np.uint8)
     with ReaderPool(threads=3, mode=mode, coalesce_gap=gap, max_chunk=max_chunk) as pool:
         pool.submit_rows(pool.open(path), offs, lens, dest, at).wait()
-    assert dest.tobytes() == b"".join(payload[o:o + n] for o, n in zip(offs, lens))
+    assert dest.tobytes() == b"".join(payload[o : o + n] for o, n in zip(offs, lens))
 
 
 def test_rows_that_do_not_fit_are_refused(data_file):
@@ -214,8 +223,11 @@ def test_rows_that_do_not_fit_are_refused(data_file):
 
 
 @settings(max_examples=40, deadline=None)
-@given(picks=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2)), min_size=1, max_size=60, unique_by=lambda t: t),
-       mode=st.sampled_from(["direct", "buffered"]), gap=st.sampled_from([0, 4096]))
+@given(
+    picks=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 2)), min_size=1, max_size=60, unique_by=lambda t: t),
+    mode=st.sampled_from(["direct", "buffered"]),
+    gap=st.sampled_from([0, 4096]),
+)
 def test_rows_with_fields_into_a_row_matrix_equal_pread(data_file, picks, mode, gap):
     """The row-matrix fast copy: field k (width 40) of record i -> row slot, column 40 * k."""
     path, payload = data_file
@@ -226,7 +238,7 @@ def test_rows_with_fields_into_a_row_matrix_equal_pread(data_file, picks, mode, 
     with ReaderPool(threads=2, mode=mode, coalesce_gap=gap) as pool:
         pool.submit_rows(pool.open(path), offs, 40, rows.reshape(-1), dest, row_bytes=width).wait()
     for slot, (i, k) in enumerate(picks):
-        assert rows[slot, k * 40:(k + 1) * 40].tobytes() == payload[i * 200 + k * 40:i * 200 + (k + 1) * 40]
+        assert rows[slot, k * 40 : (k + 1) * 40].tobytes() == payload[i * 200 + k * 40 : i * 200 + (k + 1) * 40]
 
 
 _POOL_RSS = """
@@ -260,8 +272,12 @@ def test_many_threads_hold_at_most_pool_bytes(tmp_path):
     threads, size = 32, 8 << 20
     path = tmp_path / "big.bin"
     path.write_bytes(np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes())
-    r = subprocess.run([sys.executable, "-c", _POOL_RSS, str(path), str(threads), str(size)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _POOL_RSS, str(path), str(threads), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     grown = int(r.stdout.split()[-1])
     assert grown <= ReaderPool.pool_bytes(threads), (grown, ReaderPool.pool_bytes(threads))

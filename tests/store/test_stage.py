@@ -35,11 +35,19 @@ def test_a_stage_holds_its_layers_as_stored(store_dir, tmp_path):
 
 
 def test_per_layer_config_lists_are_sliced():
-    cfg = {"num_hidden_layers": 6, "layer_types": ["s", "s", "s", "s", "s", "f"], "hidden_size": 64,
-           "rope_scaling": {"factor": [1, 2]}}
+    cfg = {
+        "num_hidden_layers": 6,
+        "layer_types": ["s", "s", "s", "s", "s", "f"],
+        "hidden_size": 64,
+        "rope_scaling": {"factor": [1, 2]},
+    }
     out = stage_config(cfg, range(3, 6))
-    assert out == {"num_hidden_layers": 3, "layer_types": ["s", "s", "f"], "hidden_size": 64,
-                   "rope_scaling": {"factor": [1, 2]}}
+    assert out == {
+        "num_hidden_layers": 3,
+        "layer_types": ["s", "s", "f"],
+        "hidden_size": 64,
+        "rope_scaling": {"factor": [1, 2]},
+    }
 
 
 def test_an_inner_stage_leaves_out_the_embeddings_and_head(store_dir, tmp_path):

@@ -35,6 +35,7 @@ def test_offset_past_end_of_file(tiny):
     def push(m):
         t = m["tensors"]["model.norm.weight"]
         t["offset"] = m["files"][t["file"]]["size"] - 8
+
     edit_manifest(tiny, push)
     with pytest.raises(StoreError, match=r"resident\.safetensors: tensor model\.norm\.weight spans .* past the end"):
         open_store(tiny)
@@ -51,6 +52,7 @@ def test_overlapping_tensors(tiny):
         names = sorted(m["tensors"])
         a, b = m["tensors"][names[0]], m["tensors"][names[1]]
         b["offset"] = a["offset"]
+
     edit_manifest(tiny, overlap)
     with pytest.raises(StoreError, match="overlap"):
         open_store(tiny)
@@ -105,10 +107,15 @@ def test_future_format_version(tiny):
         open_store(tiny)
 
 
-@pytest.mark.parametrize("block,message", [(5, "not split evenly into blocks of 5"),
-                                           (0, r"ffn\.block = 0: must be in 1\.\.4096"),
-                                           (32, r"field gate\.weight has shape \[64\], which does not hold a block"),
-                                           ("x", r"ffn\.block = 'x': must be an integer")])
+@pytest.mark.parametrize(
+    "block,message",
+    [
+        (5, "not split evenly into blocks of 5"),
+        (0, r"ffn\.block = 0: must be in 1\.\.4096"),
+        (32, r"field gate\.weight has shape \[64\], which does not hold a block"),
+        ("x", r"ffn\.block = 'x': must be an integer"),
+    ],
+)
 def test_bad_block(tiny, block, message):
     edit_manifest(tiny, lambda m: m["ffn"].__setitem__("block", block))
     with pytest.raises(StoreError, match=message):
