@@ -100,7 +100,9 @@ def write_llama_gguf(path, hf, default_gguf) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("backend", ["mlx", "torch"])
+# the scaled frequencies come from models/rope.py for both backends; each backend's rope against the
+# reference: tests/backends/test_ops.py
+@pytest.mark.parametrize("backend", [pytest.param("mlx", marks=pytest.mark.full), "torch"])
 def test_rope_freqs_tensor_matches_the_llama3_scaling(tmp_path, default_gguf, backend):
     hf = tiny_models.build(
         "llama",

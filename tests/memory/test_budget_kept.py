@@ -58,7 +58,7 @@ def test_the_refusal_names_the_minimum_and_keeps_the_budget(minimum, backend):
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
-@pytest.mark.parametrize("times", [1, 2])
+@pytest.mark.parametrize("times", [1, pytest.param(2, marks=pytest.mark.full)])  # 2x the minimum: ~20 s each more
 def test_peak_rss_within_the_budget(minimum, store_dir, backend, times):
     budget = times * minimum[backend][1]
     code, err, peak = chat(backend, budget, store_dir)

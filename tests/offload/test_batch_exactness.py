@@ -235,6 +235,7 @@ def test_the_streamed_engine_runs_alone_exactly_after_a_batch(streamed):
     assert alone(e, prompts[1], 8)[0] == refs[1]
 
 
+@pytest.mark.full  # ~16 s; top-k attention over each cache kind at small sizes: tests/offload/test_sparse_attention.py
 def test_sparse_attention_runs_over_every_kind_of_block_cache(streamed):
     """attention_keep wraps a block's caches in memory, on flash and at 4 bits: a share that keeps
     every key leaves the greedy tokens as they were; a small one runs, and changes them."""

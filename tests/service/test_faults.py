@@ -216,6 +216,7 @@ def _run_and_kill(script, store_dir, directory, ready, extra_s, log):
     return created, messages, "flushed" in rest
 
 
+@pytest.mark.full  # ~30 s: a child killed mid swap-out, then a restart; the other fault tests cover restores
 def test_sigkill_during_swap_out_then_restart(torch_engine, store_dir, tmp_path):
     engine = torch_engine
     # The never-killed reference: the same conversations in this process, flushed, then one more

@@ -544,6 +544,7 @@ def test_concurrent_streaming_clients(server):
     assert server.healthy()
 
 
+@pytest.mark.full  # ~25 s; forks and eviction in one process: tests/service/test_service.py
 def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
     """Stateless clients asking the same questions in turn: each request forks the last context of
     its question, the 10-chunk pool (8 MB) fills, chunks of other contexts are evicted, read back and
@@ -603,7 +604,7 @@ def test_client_disconnect_mid_stream(server):
 
 
 # ---- exactness through the server --------------------------------------------------------------------
-@pytest.mark.parametrize("stateless", [False, True])
+@pytest.mark.parametrize("stateless", [False, pytest.param(True, marks=pytest.mark.full)])  # True: ~20 s more
 def test_three_turns_through_the_server_equal_one_run(server, client, engines, store_dir, stateless):
     """Three turns (an explicit context given only the new turn, or a stateless client re-sending the
     growing history) give the answers one engine run over the whole conversation gives (MLX, as the
@@ -630,6 +631,7 @@ def test_three_turns_through_the_server_equal_one_run(server, client, engines, s
         history.append({"role": "assistant", "content": text})
 
 
+@pytest.mark.full  # ~15 s: two server processes; contexts read back from disk: tests/service/test_faults.py
 def test_contexts_survive_a_server_restart(store_dir, tmp_path, engines):
     """A conversation held by an explicit context, the server stopped (SIGTERM: it writes its
     chunks) and started again on the same directory: the context is listed, its next turn reuses
