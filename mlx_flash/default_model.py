@@ -9,7 +9,7 @@ import os
 import sys
 
 from .convert import CONVERTER_VERSION, convert
-from .convert.sources import gguf_parts
+from .convert.gguf_source import gguf_parts
 from .errors import ModelNotFoundError
 from .store import is_store
 

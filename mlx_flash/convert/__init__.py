@@ -13,6 +13,7 @@ name), so import from here with `from mlx_flash.convert import ...`, not `import
 """
 
 from .converter import CONVERTER_VERSION, PRECISIONS, convert
-from .sources import SourceModel, read_source
+from .source_model import SourceModel
+from .sources import read_source
 
 __all__ = ["convert", "PRECISIONS", "CONVERTER_VERSION", "read_source", "SourceModel"]

@@ -33,7 +33,8 @@ from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, 
 from ..store.atomic_dir import atomic_dir, output_lock
 from ..store.safetensors_io import write_safetensors
 from ..store.store import is_store
-from .sources import SourceModel, read_source
+from .source_model import SourceModel
+from .sources import read_source
 
 # Bumped whenever the converter's output for the same input and options changes (cache keys use it).
 CONVERTER_VERSION = 7

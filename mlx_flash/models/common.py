@@ -15,7 +15,7 @@ class ArgsFromDict:
 @dataclass(frozen=True)
 class GGUFLayout:
     """How llama.cpp's GGUF files of a graph part from the tensor names and metadata all families
-    share (convert/sources.py holds those and asks the graph's module, its GGUF, for the rest)."""
+    share (convert/gguf_source.py holds those and asks the graph's module, its GGUF, for the rest)."""
 
     # blk.<i>.<role> -> the name under model.layers.<i>., where the graph's differs from the shared one
     layer_names: Mapping[str, str] = field(default_factory=dict)

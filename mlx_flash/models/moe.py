@@ -27,7 +27,7 @@ from ..ffn_source import ExpertSource, FFNWeights
 from . import llama
 
 LAYER = llama.LAYER
-GGUF = llama.GGUF  # the expert stacks' names are shared by every MoE architecture (convert/sources.py)
+GGUF = llama.GGUF  # the expert stacks' names are shared by every MoE architecture (convert/gguf_source.py)
 # Mixtral names its block differently; the store uses the Qwen/OLMoE names for every family.
 _MIXTRAL_NAMES = {
     "block_sparse_moe.gate.": "mlp.gate.",

@@ -11,8 +11,9 @@ How a batch is read:
    separates a Python reader from fio. A read of one range that is block-aligned in the file and in
    memory lands straight in its destination. Any other read goes through the worker's page-aligned
    scratch buffer (rounded out to the 4 KiB block for direct I/O) and the wanted bytes are copied out.
-3. A batch completes when all its jobs are done; the first error (short read, EOF, EIO, closed
-   file) is raised in every waiter with the file, offset and length. Workers never die on an error.
+3. A batch completes when all its jobs are done (`read_batch.py`); the first error (short read, EOF,
+   EIO, closed file) is raised in every waiter with the file, offset and length. Workers never die
+   on an error.
 
 Several batches can be in flight; lower `priority` values are served first (the engine gives the
 batch it is blocked on priority 0 and prefetches a larger number).
@@ -34,11 +35,11 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .pool_file import PoolClosedError, PoolFile, ReadError, _check_dest, _check_file, _short  # noqa: F401
+from .read_batch import Batch, _Job, _scatter_rows
 from .read_plan import BLOCK, plan_reads
 
 MODES = ("direct", "buffered")
@@ -47,64 +48,6 @@ SCRATCH_BYTES = 4 << 20  # all the workers' scratch buffers together (4 workers:
 # state), rounded up from measurements of 45 to 50 KB a thread (64 threads in two pools against 1; 32 in one).
 THREAD_BYTES = 128 << 10
 _preadv = os.preadv  # module-level so fault tests can put a failing read underneath the workers
-
-
-class Batch:
-    """Handle for a submitted batch: wait() blocks until every range is read or one failed."""
-
-    def __init__(self, n_jobs: int):
-        self._left = n_jobs
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self.bytes_read = 0  # bytes fetched from the device, gaps and block padding included
-        self.reads = 0
-        self.io_seconds = 0.0  # summed over workers
-        self.wait_seconds = 0.0  # time the caller spent blocked in wait()
-        # Set by the pool at submit: the batch's files, read plan and destination views.
-        self._files, self._plan, self._views, self._rows = [], None, None, None
-        self._offset = self._length = self._dest = self._dest_offset = None
-        if n_jobs == 0:
-            self._done.set()
-
-    def _finish_job(self, error: BaseException | None, nbytes: int, reads: int, seconds: float) -> None:
-        with self._lock:
-            if error is not None and self._error is None:
-                self._error = error
-            self.bytes_read += nbytes
-            self.reads += reads
-            self.io_seconds += seconds
-            self._left -= 1
-            if self._left == 0:  # also after an error: no worker may still write into the buffers
-                # Drop the views on the destinations before waking the caller, who may then unmap them.
-                self._views = self._rows = None
-                self._done.set()
-
-    @property
-    def failed(self) -> bool:
-        return self._error is not None
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> "Batch":
-        t = time.perf_counter()
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"read batch not finished after {timeout} s")
-        self.wait_seconds += time.perf_counter() - t
-        if self._error is not None:
-            raise self._error
-        return self
-
-
-@dataclass(order=True, slots=True)
-class _Job:
-    priority: int
-    seq: int
-    batch: "Batch | None" = field(compare=False)
-    # Reads one worker runs back to back: (straight, fd, start, length, dest index, dest offset,
-    # read index). None: worker exit sentinel.
-    reads: list | None = field(compare=False)
 
 
 class ReaderPool:
@@ -402,23 +345,6 @@ class ReaderPool:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _scatter_rows(rows: np.ndarray, p, first: int, count: int, scratch: np.ndarray, shift: int) -> None:
-    """Copy a read's ranges from scratch into a row matrix, one numpy gather per (column, length)
-    group: range r's bytes start at scratch[offset[r] + shift] and land in row dest_offset // width
-    at column dest_offset % width."""
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    r = slice(first, first + count)
-    src = p.offset[r] + shift
-    length = p.length[r]
-    row, col = np.divmod(p.dest_offset[r], rows.shape[1])
-    key = col * (rows.shape[1] + 1) + length
-    for k in np.unique(key).tolist():
-        sel = key == k
-        c, n = divmod(k, rows.shape[1] + 1)
-        rows[row[sel], c : c + n] = sliding_window_view(scratch, n)[src[sel]]
 
 
 def _pread_full(fd: int, buf: memoryview, offset: int) -> int:

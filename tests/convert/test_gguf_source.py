@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlx_flash.convert.gguf_blocks import BLOCK_TYPES
-from mlx_flash.convert.sources import _gguf_name, read_gguf
+from mlx_flash.convert.gguf_source import _gguf_name, read_gguf
 from mlx_flash.convert.tensor_source import GGUFTensors
 from mlx_flash.errors import ModelFileError, UnsupportedModelError
 

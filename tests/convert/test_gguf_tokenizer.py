@@ -98,7 +98,7 @@ def test_a_vocabulary_needing_transformers_is_refused_before_any_conversion(tmp_
     naming the install line, instead of after the tensors are written."""
     import importlib.util
 
-    from mlx_flash.convert.sources import read_gguf
+    from mlx_flash.convert.gguf_source import read_gguf
 
     gguf = pytest.importorskip("gguf")
     path = str(tmp_path / "spm.gguf")
