@@ -12,43 +12,22 @@ reference BLAS (tools/bench_kernel.py); a token's forward is built lazily and ev
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from ..kernels import mlx_kernels
-from ..kernels.metal_blocks import MetalBlockMatmul
-from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
 from ..ffn_source import GateActivation
-from ..quant_spec import QuantSpec
 from ..slot_turns import SlotTurns
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import block_matrix, covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, owner, walk
+from . import covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, mlx_weights, owner, walk
+from .mlx_weights import Weight
 
 NAME = "mlx"
 # MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
 # (memory/process_plan.py, RUNTIME_SLACK) holds the cache at its cap, not whatever a long prefill left.
 MLX_CACHE_LIMIT = 32 << 20
-
-
-@dataclass
-class Weight:
-    """A linear layer's weight. `transposed` means stored [in, out] (bundle rows of down columns)."""
-
-    w: mx.array | None
-    scales: mx.array | None
-    biases: mx.array | None
-    bias: mx.array | None
-    quant: QuantSpec | None
-    transposed: bool
-    # CPU: the stored (words, scales, biases, bfloat16 scales?) as numpy arrays, and no mx copies, the
-    # kernel's view of them (checked once at load) and its graph operation
-    stored: tuple | None = None
-    matrix: StoredMatrix | None = None
-    graph: mlx_kernels.GraphMatrix | None = None
-    metal: MetalBlockMatmul | None = None  # GPU, GGUF block kinds: the Metal product over a byte copy
 
 
 class MLXOps:
@@ -139,82 +118,14 @@ class MLXOps:
         """A weight only multiplied: MLX keeps nothing extra for embedding lookups."""
         return w
 
-    def weight(
-        self, parts: dict, quant: QuantSpec | None, transposed: bool = False, dtypes: dict | None = None
-    ) -> Weight:
-        dtypes = dtypes or {}
-        if quant is None:
-            return Weight(
-                self.array(parts["weight"], dtypes.get("weight")),
-                None,
-                None,
-                self._opt(parts, "bias", dtypes),
-                None,
-                transposed,
-            )
-        if quant.is_block:  # GGUF block rows: the Metal block kernel on a GPU, the CPU block kernel elsewhere
-            matrix, metal = block_matrix(parts["weight"], quant, transposed), None
-            if self.on_gpu:  # the rows as the GPU reads them (in place when MLX memory); embedding rows read those
-                metal = MetalBlockMatmul.of(matrix)
-                matrix = block_matrix(np.asarray(metal.raw), quant, False)
-            return Weight(
-                None,
-                None,
-                None,
-                self._opt(parts, "bias", dtypes),
-                quant,
-                False,
-                (matrix.raw,),
-                matrix,
-                mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
-                metal,
-            )
-        if not self.on_gpu and quant.bits in KERNEL_BITS:
-            stored = (
-                np.ascontiguousarray(parts["weight"]).view(np.uint32),
-                np.ascontiguousarray(parts["scales"]),
-                np.ascontiguousarray(parts["biases"]),
-                dtypes.get("scales") == "bfloat16",
-            )
-            matrix = StoredMatrix(*stored[:3], quant.bits, quant.group_size, not transposed, stored[3])
-            return Weight(
-                None,
-                None,
-                None,
-                self._opt(parts, "bias", dtypes),
-                quant,
-                transposed,
-                stored,
-                matrix,
-                mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
-            )
-        # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
-        return Weight(
-            mx.array(parts["weight"]),
-            self.array(parts["scales"], dtypes.get("scales")),
-            self.array(parts["biases"], dtypes.get("biases")),
-            self._opt(parts, "bias", dtypes),
-            quant,
-            transposed,
-        )
+    # a linear's stored parts as a Weight, and one over rows laid out elsewhere (backends/mlx_weights.py)
+    weight = mlx_weights.weight
+    kernel_weight = mlx_weights.kernel_weight
 
     @property
     def in_place_kernel(self) -> bool:
         """Whether kernel_weight() works here: on a CPU, quantized linears run the CPU kernel."""
         return not self.on_gpu
-
-    def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
-        """A weight the CPU kernel multiplies where its bytes lie (a StoredMatrix over laid-out rows,
-        e.g. inside a layer's bundles); not usable as an embedding. On a GPU too: GGUF block rows in a
-        layer's bundles stay where the read put them (so such layers can stream), multiplied by the CPU
-        primitive; resident block weights (weight()) take the Metal kernel."""
-        # () : no arrays of its own to count
-        return Weight(
-            None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads)
-        )
-
-    def _opt(self, parts, key, dtypes):
-        return self.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
 
     def inference(self):
         return contextlib.nullcontext()

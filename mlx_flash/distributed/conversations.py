@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import ConfigError, ContextLengthError, MemoryBudgetError
-from ..engine import unicode_text
+from ..generation import unicode_text
 from ..models.cache import KVCache
 from ..service.service import common_prefix, owned
 from .pipeline import Pipeline

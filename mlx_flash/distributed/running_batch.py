@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 
-from ..engine import GenerationStep, TokenStats
+from ..generation import GenerationStep, TokenStats
 from ..batching.sequence import SamplingOptions, Sequence
 from ..service.reports import CallReport
 from ..service.running_batch import CallBatch

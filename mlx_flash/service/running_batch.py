@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 
-from ..engine import GenerationStep, GenerationSummary, TokenStats
+from ..generation import GenerationStep, GenerationSummary, TokenStats
 from ..errors import MemoryBudgetError
 from ..batching.schedule import MicroBatch, Order, run_block
 from ..batching.sequence import SamplingOptions, Sequence

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..budget import parse_budget
 from ..config import default_cache_dir
-from ..engine import GenerationStep, unicode_text
+from ..generation import GenerationStep, unicode_text
 from ..errors import ConfigError, ContextLengthError, ContextNotFoundError, MemoryBudgetError
 from ..memory import process_rss
 from ..sampling import check_generation, check_int, check_sampling

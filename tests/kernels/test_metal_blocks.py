@@ -270,12 +270,12 @@ def test_backend_gpu_branches_multiply_block_weights_with_the_body(shim, monkeyp
     Metal product multiplies them in float16, embedding rows come from the same copy, and rows inside
     bundles (kernel_weight) stay in place for the CPU primitive."""
     mx = pytest.importorskip("mlx.core")
-    from mlx_flash.backends import mlx as backend
+    from mlx_flash.backends import mlx as backend, mlx_weights
 
     ops = backend.MLXOps()
     ops.on_gpu, ops.act_dtype = True, mx.float16  # the GPU branches; the product below is the shim's
     monkeypatch.setattr(ShimBlockMatmul, "kernel", shim)
-    monkeypatch.setattr(backend, "MetalBlockMatmul", ShimBlockMatmul)
+    monkeypatch.setattr(mlx_weights, "MetalBlockMatmul", ShimBlockMatmul)
     kind, (K, N) = "Q6_K", SHAPES["Q6_K"][0]
     raw, x = vectors(kind, K, N, F16, 3)
     w = ops.weight({"weight": raw}, QuantSpec.block(kind))
