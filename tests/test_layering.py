@@ -19,6 +19,7 @@ KERNELS_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")  # installed
 
 PER_TOKEN_PATH = (
     "mlx_flash.engine",
+    "mlx_flash.generation",
     "mlx_flash.runner",
     "mlx_flash.batching",
     "mlx_flash.models",
