@@ -19,7 +19,7 @@ from typing import Iterator
 from ..errors import ConfigError, ContextLengthError, MemoryBudgetError
 from ..generation import unicode_text
 from ..models.cache import KVCache
-from ..service.service import common_prefix, owned
+from ..service.lookup import common_prefix, owned
 from .pipeline import Pipeline
 
 
