@@ -19,43 +19,29 @@ class Runner(ABC):
         """`engine`'s graph over backend tokens [1, T] with the sequence's `caches`: logits
         [1, T or 1, vocab] as a backend array; the caches advance."""
 
+    @abstractmethod
     def new_sequence(self, caches, tokens: int) -> None:
-        """`caches` were made for a new sequence of at most `tokens` tokens (a pipeline's other ranks
-        make their layers' caches)."""
+        """`caches` were made for a new sequence of at most `tokens` tokens."""
 
+    @abstractmethod
     def trim(self, caches, keep: int) -> None:
         """The sequence's caches keep their first `keep` tokens."""
-        for c in caches:
-            c.trim(c.offset - keep)
 
+    @abstractmethod
     def free(self, caches) -> None:
-        """The sequence is done with (dropping the caches is enough in one process)."""
+        """The sequence is done with."""
 
+    @abstractmethod
     def close(self) -> None:
-        """The engine closes: nothing of the runner's own to release in one process."""
+        """The engine closes."""
 
+    @abstractmethod
     def run_batch(
-        self,
-        engine,
-        prompts,
-        max_tokens,
-        opts,
-        policy,
-        progress: bool,
-        on_done=None,
-        kv_bits=(0,),
-        micro_batches: int = 0,
+        self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,), micro_batches=0
     ):
         """The throughput mode over `prompts` (Engine.generate_batch): (every prompt's
-        batching.sequence.Sequence in prompt order, the run's stats). In one process a policy places
-        weights and KV (offload/); micro-batches in flight are a pipeline's."""
-        from .offload.run import run_batch  # deferred: the throughput mode and its LP solver (scipy)
-
-        if micro_batches:
-            raise ConfigError(
-                "micro_batches applies to a model split across ranks; one process's policy sets its batches"
-            )
-        return run_batch(engine, prompts, max_tokens, opts, policy, progress, on_done, kv_bits)
+        batching.sequence.Sequence in prompt order, the run's stats). policy and kv_bits place weights
+        and KV in one process; micro_batches are those in flight across ranks (0: chosen)."""
 
 
 class LocalRunner(Runner):
@@ -64,3 +50,27 @@ class LocalRunner(Runner):
 
     def forward(self, engine, tokens, caches, all_logits: bool):
         return engine.module.forward(engine.ops, engine.args, engine.weights, tokens, caches, engine.ffn, all_logits)
+
+    def new_sequence(self, caches, tokens: int) -> None:
+        pass  # the caches are all there is to a sequence in one process
+
+    def trim(self, caches, keep: int) -> None:
+        for c in caches:
+            c.trim(c.offset - keep)
+
+    def free(self, caches) -> None:
+        pass  # the caller dropping the caches frees them
+
+    def close(self) -> None:
+        pass  # the engine closes its FFN source and layer slots itself
+
+    def run_batch(
+        self, engine, prompts, max_tokens, opts, policy, progress: bool, on_done=None, kv_bits=(0,), micro_batches=0
+    ):
+        from .offload.run import run_batch  # deferred: the throughput mode and its LP solver (scipy)
+
+        if micro_batches:
+            raise ConfigError(
+                "micro_batches applies to a model split across ranks; one process's policy sets its batches"
+            )
+        return run_batch(engine, prompts, max_tokens, opts, policy, progress, on_done, kv_bits)

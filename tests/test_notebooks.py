@@ -81,10 +81,7 @@ def kernel_dir(tmp_path_factory) -> str:
 
 
 # The quickstart and the service run in the default tier; the others (1-2 minutes each) in the full one.
-RUN = [
-    n if n in ("01_quickstart.ipynb", "05_service.ipynb") else pytest.param(n, marks=pytest.mark.full)
-    for n in NOTEBOOKS
-]
+RUN = [n if n == "01_quickstart.ipynb" else pytest.param(n, marks=pytest.mark.full) for n in NOTEBOOKS]
 
 
 @pytest.mark.slow

@@ -3,8 +3,6 @@ loader + Llama implementation, on 64-token real-text prompts (two Wikipedia pass
 logits close, and 32 greedy tokens identical, on both backends, with FFN resident and streamed from
 the bundle file."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -33,8 +31,9 @@ def references(hf_reference, prompts):
 # (ffn, backend, store fixture, max |logit diff| bound). Measured on the first prompt: default store
 # 1.1e-4 (torch) and 1.2e-4 (mlx), float32 rounding: it holds the GGUF's bytes; f16 0.061 (gate/up/down
 # dequantized to float16). The default store runs every mode and backend; the f16 store (a lossy
-# precision: its bound is what is checked) resident on torch, and everywhere with MLX_FLASH_FULL=1
-# (streamed equals resident bit for bit on every store: tests/models/test_tiny_families.py).
+# precision: its bound is what is checked) with MLX_FLASH_FULL=1 (its numbers against the resident
+# default store: tests/sparse/test_sparse_ffn.py, tests/test_speculative.py; streamed equals resident
+# bit for bit on every store: tests/models/test_tiny_families.py).
 # Streamed runs equal resident ones bit for bit (test_stream_equals_resident_bitwise): against
 # transformers they run in the full tier.
 CASES = [
@@ -45,10 +44,9 @@ CASES = [
     for backend in ("mlx", "torch")
 ]
 CASES += [
-    (ffn, backend, "f16_store_dir", 0.1)
+    pytest.param(ffn, backend, "f16_store_dir", 0.1, marks=pytest.mark.full)
     for ffn in ("resident", "stream")
     for backend in ("mlx", "torch")
-    if os.environ.get("MLX_FLASH_FULL") == "1" or (ffn, backend) == ("resident", "torch")
 ]
 
 
