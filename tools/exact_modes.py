@@ -8,7 +8,7 @@ compare, to show a change left behaviour and I/O alone.
 Dense modes run on the default model (both backends: resident, stream, and every sparse mode with
 every neuron active, at --budget: default 80%, since the default store's attention and embeddings
 alone are half its bytes and 50% is below every sparse mode's minimum); --moe adds a MoE model's
-resident and streamed experts (edgemoe and lru caches at 50%, preloading off).
+resident and streamed experts (edgemoe and lru caches at --moe-budget, default 50%, preloading off).
 """
 
 import argparse
@@ -36,7 +36,7 @@ def greedy(engine, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
     return tokens, np.stack(logits)
 
 
-def configs(moe: str | None, budget: str):
+def configs(moe: str | None, budget: str, moe_budget: str = "50%"):
     for backend in ("torch", "mlx"):
         for ffn in ("resident", "stream"):
             yield None, {"backend": backend, "ffn": ffn}
@@ -68,12 +68,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--moe", default=None, help="a MoE model or store to include (e.g. from tools/moefy.py)")
     p.add_argument("--budget", default="80%", help="memory budget of the sparse modes (default 80%%)")
+    p.add_argument(
+        "--moe-budget",
+        default="50%",
+        help="weights budget of the streamed MoE runs (default 50%%; a tiny model needs more)",
+    )
     p.add_argument("--tokens", type=int, default=24, help="greedy tokens per configuration (default 24)")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
     a = p.parse_args()
     out = {}
     try:
-        for model, kw in configs(a.moe, a.budget):
+        for model, kw in configs(a.moe, a.budget, a.moe_budget):
             with mlx_flash.load(model, progress=False, **kw) as e:
                 s0 = e.ffn.stats()
                 tokens, logits = greedy(e, e.tokenizer.encode(PROMPT), a.tokens)
