@@ -1,6 +1,6 @@
 """Greedy tokens, a hash of every step's logits, bytes read and read counts of every exact FFN mode,
-and the text generate() makes (greedy with a stop string, and sampled from a seed) and, where the
-throughput mode runs (resident and stream), generate_batch's, as JSON: run it on two checkouts and
+and the text generate() makes (greedy with a stop string, and sampled from a seed) and, for the dense
+model's resident and stream modes, generate_batch's, as JSON: run it on two checkouts and
 compare, to show a change left behaviour and I/O alone.
 
     python tools/exact_modes.py [--moe DIR] [--budget 80%] [--tokens 24] [--out FILE]
@@ -58,7 +58,7 @@ def configs(moe: str | None, budget: str, moe_budget: str = "50%"):
                 {
                     "backend": "torch",
                     "ffn": "stream",
-                    "weights_budget": "50%",
+                    "weights_budget": moe_budget,
                     "experts": mlx_flash.ExpertOptions(policy=policy, preload=0),
                 },
             )
@@ -87,7 +87,10 @@ def main() -> int:
                     e.generate(PROMPT, max_tokens=a.tokens, stop=STOP),
                     e.generate(PROMPT, max_tokens=a.tokens, temperature=0.8, top_p=0.95, seed=3),
                 ]
-                batch = e.generate_batch(BATCH, max_tokens=a.tokens) if kw.get("ffn") != "sparse" else None
+                # the throughput mode compared on the dense model (a sparse FFN follows one sequence and
+                # is refused there)
+                dense = model is None and kw.get("ffn") != "sparse"
+                batch = e.generate_batch(BATCH, max_tokens=a.tokens) if dense else None
             key = ("moe " if model else "dense ") + " ".join(f"{k}={v}" for k, v in kw.items())
             out[key] = {
                 "tokens": tokens,
