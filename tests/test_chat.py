@@ -131,7 +131,7 @@ def test_repl_survives_a_line_that_is_not_utf8(store_dir):
 
 
 def test_repl_drops_the_oldest_turns_when_the_conversation_outgrows_the_context(store_dir):
-    turns = [f"Tell me one fact about the number {n}, in a long sentence about mathematics." for n in range(12)]
+    turns = [f"Tell me one fact about the number {n}, in a long sentence about mathematics." for n in range(7)]
     r = chat(
         "--model",
         store_dir,
@@ -140,7 +140,7 @@ def test_repl_drops_the_oldest_turns_when_the_conversation_outgrows_the_context(
         "--max-tokens",
         "24",
         "--context",
-        "256",
+        "160",
         stdin="\n".join(turns + ["What is the capital of France?"]) + "\n",
     )
     assert r.returncode == 0, r.stderr
