@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from ..batching.progress_bar import chain_done, progress_bar, say, tick
 from ..batching.prompts import BatchStats, encode_all
 from ..batching.sequence import SamplingOptions, Sequence
-from ..config import FFNMode
 from ..errors import ConfigError, MemoryBudgetError
+from ..offload.engine_room import check_whole_layers
 from .stage_policy import choose, choose_prefill, micro_batches_text
 
 
@@ -116,11 +116,7 @@ def run_pipelined(
             "a policy places weights and KV in one process; across ranks the micro-batches "
             "flow through the pipeline instead: leave the policy out"
         )
-    if engine.config.ffn is FFNMode.SPARSE:
-        raise ConfigError(
-            "throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
-            "when it fits); a sparse FFN follows one sequence's neurons"
-        )
+    check_whole_layers(engine)
     work = encode_all(engine, prompts, max_tokens)
     bar = progress_bar(len(work), progress)
     t0 = time.perf_counter()

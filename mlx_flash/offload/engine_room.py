@@ -1,14 +1,26 @@
 """What an engine reads and where its weights may go, as the throughput mode's policy and a
-pipeline's stages both need it: the flash read rate, whether dense FFN layers stream whole, and the
-room the memory plan leaves for placing them. Facts about a loaded engine; no batching here, so the
-distributed stages read them without reaching into the throughput mode's runner."""
+pipeline's stages both need it: that its FFN runs whole layers, the flash read rate, whether dense
+FFN layers stream whole, and the room the memory plan leaves for placing them. Facts about a loaded
+engine; no batching here, so the distributed stages read them without reaching into the throughput
+mode's runner."""
 
 from __future__ import annotations
 
 from ..config import FFNMode
+from ..errors import ConfigError
 from ..memory.weights_plan import copied_vectors
 from ..sparse.planner import stored_resident_bytes
 from ..store.disk_profile import default_profile
+
+
+def check_whole_layers(engine) -> None:
+    """The throughput mode runs whole FFN layers, in one process or across ranks: a sparse FFN (which
+    follows one sequence's neurons) is refused in one line."""
+    if engine.config.ffn is FFNMode.SPARSE:
+        raise ConfigError(
+            "throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
+            "when it fits); a sparse FFN follows one sequence's neurons"
+        )
 
 
 def read_bps(engine) -> float:

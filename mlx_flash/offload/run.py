@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, replace
 from ..batching.progress_bar import chain_done, progress_bar, tick
 from ..batching.prompts import BatchStats, encode_all
 from ..batching.sequence import SamplingOptions
-from ..config import FFNMode
 from ..errors import ConfigError
 from ..memory import process_rss
 from ..memory.process_plan import RUNTIME_SLACK, ModelShape
@@ -21,7 +20,7 @@ from ..units import fmt
 from .batch_generate import generate_batch
 from .calibration import measure_compute
 from .cost_model import Machine, Workload
-from .engine_room import read_bps, streams_layers, weights_room
+from .engine_room import check_whole_layers, read_bps, streams_layers, weights_room
 from .policy import Policy
 from .search import Choice, describe, search
 
@@ -104,11 +103,7 @@ def run_batch(
     (policy: searched when None; kv_bits: the KV widths the search may pick)."""
     if policy is not None and not isinstance(policy, Policy):
         raise ConfigError(f"policy must be a mlx_flash.Policy or None (got {shown(policy)})")
-    if engine.config.ffn is FFNMode.SPARSE:
-        raise ConfigError(
-            "throughput mode reads whole FFN layers: load the model with ffn='stream' (or 'resident' "
-            "when it fits); a sparse FFN follows one sequence's neurons"
-        )
+    check_whole_layers(engine)
     work = encode_all(engine, prompts, max_tokens)
     workload = Workload(sequences=len(work), prompt=max(len(ids) for ids, _ in work), generate=max(n for _, n in work))
     m, c = choose(engine, workload, policy, kv_bits)
