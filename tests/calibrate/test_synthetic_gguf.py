@@ -76,7 +76,10 @@ def tokenizer(default_gguf):
     return synthetic_gguf.tokenizer_fields(default_gguf)
 
 
-@pytest.mark.parametrize("quant", ["Q4_1", "Q4_0", "Q8_0"])
+# Q4_1 by default; the other two block types (~6 s) in the full tier (test_q4_k_m_* writes K-quants)
+@pytest.mark.parametrize(
+    "quant", ["Q4_1", pytest.param("Q4_0", marks=pytest.mark.full), pytest.param("Q8_0", marks=pytest.mark.full)]
+)
 def test_file_parses_with_llama_names_types_tokenizer_and_small_weights(tmp_path, small_shape, tokenizer, quant):
     path = synthetic_gguf.write_synthetic_gguf(
         str(tmp_path / "s.gguf"), small_shape, quant, layers=2, progress=False, tokenizer=tokenizer
@@ -125,6 +128,7 @@ def test_file_parses_with_llama_names_types_tokenizer_and_small_weights(tmp_path
             assert 0.008 < w.std() < 0.014 and abs(w.mean()) < 5e-4, (t.name, w.std(), w.mean())
 
 
+@pytest.mark.full  # ~6 s; the default tier converts the Q4_K_M mix and the MoE file and checks their logits
 def test_converts_into_a_store_with_finite_logits(tmp_path, small_shape, tokenizer):
     import mlx_flash
     from mlx_flash.convert import convert

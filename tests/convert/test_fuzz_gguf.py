@@ -322,6 +322,7 @@ def test_tiny_gguf_mutations(sources):
     assert any(k.endswith(": read") for k in tally), "no mutated file read: the harness tests nothing"
 
 
+@pytest.mark.full  # ~13 s for 10 cases; the tiny GGUF's 200 header and 150 metadata cases run by default
 def test_default_gguf_header_mutations(sources):
     if sources["default"] is None:
         pytest.skip("the default model package is not installed")

@@ -140,6 +140,7 @@ def test_logits_equal_transformers_reading_the_same_file(gemma3_gguf, gemma3_sto
             assert err < 1e-5, f"{backend}: relative logit error {err:.2e} against transformers"
 
 
+@pytest.mark.full  # ~8 s: a second conversion of the file; the default tier converts it whole
 def test_a_split_file_converts_as_the_whole_one(gemma3_gguf, gemma3_store, tmp_path):
     """llama.cpp's gguf-split layout (`-00001-of-0000N.gguf`, split.* metadata): any part's path names
     the model; the store is the whole file's, tensor for tensor; a missing part is named."""

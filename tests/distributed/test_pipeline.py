@@ -71,10 +71,11 @@ def run_ranks(n, store_dir, backend, tmp_path, launcher="ring", *extra):
     [
         ("mlx", 2, "ring"),
         ("mlx", 3, "ring"),
-        ("torch", 2, "ring"),
-        ("torch", 3, "ring"),
         ("torch", 2, "gloo"),
-        ("mlx", 3, "gloo"),
+        # the same stages over the other backend/launcher pairs: ~13 s the default tier leaves here
+        pytest.param("torch", 2, "ring", marks=pytest.mark.full),
+        pytest.param("torch", 3, "ring", marks=pytest.mark.full),
+        pytest.param("mlx", 3, "gloo", marks=pytest.mark.full),
     ],
 )
 def test_pipelined_greedy_equals_one_process(store_dir, backend, ranks, launcher, tmp_path):
@@ -148,7 +149,7 @@ def _signal_rank_1_mid_answer(procs, sig):
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
-@pytest.mark.parametrize("launcher", ["ring", "gloo"])
+@pytest.mark.parametrize("launcher", ["ring", pytest.param("gloo", marks=pytest.mark.full)])  # one launcher by default
 def test_a_rank_killed_mid_generation_is_named_and_rank_0_exits_non_zero(store_dir, tmp_path, launcher):
     procs = _chat_ranks(2, store_dir, tmp_path, launcher=launcher)
     took, err = _signal_rank_1_mid_answer(procs, signal.SIGKILL)
@@ -205,7 +206,7 @@ BATCH = [
 @pytest.mark.parametrize(
     "backend,ranks,launcher,extra",
     [
-        ("torch", 2, "gloo", ()),
+        pytest.param("torch", 2, "gloo", (), marks=pytest.mark.full),  # the stream case below is torch over gloo too
         ("mlx", 3, "ring", ("--micro-batches", "5")),  # more in flight than ranks (4 live sequences: 4 of 1 row)
         # FFN layers read whole, each rank holding the few its weights' share leaves room for
         ("torch", 2, "gloo", ("--ffn", "stream", "--weights-budget", "70%")),
@@ -291,7 +292,7 @@ def test_the_repl_across_ranks_answers_as_one_process(store_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend,launcher", [("torch", "gloo"), ("mlx", "ring")])
+@pytest.mark.parametrize("backend,launcher", [pytest.param("torch", "gloo", marks=pytest.mark.full), ("mlx", "ring")])
 def test_speculative_decoding_across_ranks_equals_plain_greedy(store_dir, backend, launcher, tmp_path):
     """Drafted tokens the verifier rejects are trimmed from every rank's caches (TRIM): the answer
     equals one process's plain greedy answer, and drafts were both kept and rejected on the way."""
@@ -424,6 +425,7 @@ def test_the_server_across_ranks_answers_then_503_once_a_rank_dies(store_dir, en
 
 
 @pytest.mark.slow
+@pytest.mark.full  # ~12 s; the default tier names a stalled rank (chat) and serves 503 once a rank dies
 @pytest.mark.skipif(sys.platform != "linux", reason="signals to processes of this machine")
 def test_the_server_answers_503_when_a_rank_stalls(store_dir, tmp_path):
     """A stopped rank never answers and never drops its connection: the request waiting on it gets

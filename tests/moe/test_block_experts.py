@@ -62,7 +62,8 @@ def test_an_expert_slot_is_the_experts_bytes_as_stored(moe_gguf, moe_store):
     assert raw[2 * per : 3 * per].tobytes() in slot.tobytes()  # expert 2's gate rows, byte for byte
 
 
-@pytest.mark.parametrize("backend", ["torch", "mlx"])
+# torch in the full tier (~6 s): tests/moe/test_moe_models.py streams experts on both backends
+@pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.full), "mlx"])
 def test_streamed_block_experts_equal_resident_and_the_dequantized_model(moe_gguf, moe_store, tmp_path, backend):
     with mlx_flash.load(moe_store, backend=backend, ffn="resident", progress=False) as e:
         want = greedy(e, PROMPT, 6)

@@ -380,7 +380,15 @@ def test_corrupted_chunk_file_is_recomputed(torch_engine, tmp_path, reference):
     _check_damaged_chunk_is_not_used(torch_engine, tmp_path, reference, "flip-bytes")
 
 
-@pytest.mark.parametrize("damage", ["truncate-payload", "truncate-header", "empty", "delete"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncate-payload",
+        pytest.param("truncate-header", marks=pytest.mark.full),
+        pytest.param("empty", marks=pytest.mark.full),
+        "delete",
+    ],
+)
 def test_truncated_or_deleted_chunk_file_is_recomputed(torch_engine, tmp_path, reference, damage):
     _check_damaged_chunk_is_not_used(torch_engine, tmp_path, reference, damage)
 
@@ -591,14 +599,16 @@ def _garbage(record_bytes, other_record):
     }
 
 
+# The default tier damages a record three ways (cut, wrong fields, another context's); the other
+# four (~16 s) run in the full tier.
 GARBAGE = [
-    "random-bytes",
+    pytest.param("random-bytes", marks=pytest.mark.full),
     "truncated-json",
-    "json-list",
+    pytest.param("json-list", marks=pytest.mark.full),
     "wrong-fields",
     "another-contexts-record",
-    "deeply-nested",
-    "empty",
+    pytest.param("deeply-nested", marks=pytest.mark.full),
+    pytest.param("empty", marks=pytest.mark.full),
 ]
 
 
