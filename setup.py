@@ -34,6 +34,7 @@ CPU_SOURCES = (
     "attention",
     "pointwise",
     "gated_ffn",
+    "moe_experts",
 )
 
 

@@ -225,6 +225,31 @@ def gated_ffn(
     return y
 
 
+def moe_experts(
+    x: mx.array, ids: mx.array, weights: mx.array, total: mx.array, experts: dict, n_experts: int, threads: int
+) -> mx.array:
+    """total + every routed expert's gated FFN of its tokens times their router weights, experts
+    ascending, as one node of the graph (kernels/cpu/moe_experts.cpp): x [N, D], ids int32 and weights
+    [N, K], total [N, Dout]; experts: id -> (gate, up or None, down) GraphMatrix of the experts in this
+    node (a routed one not among them adds nothing). Memory MLX did not allocate is read as built
+    (evaluated before it can be refilled), as a GraphMatrix's own products are."""
+    buffers, index = [], {}
+
+    def entry(m: GraphMatrix | None) -> tuple:
+        if m is None:
+            return (-1, [])
+        if id(m.buffer) not in index:
+            index[id(m.buffer)] = len(buffers)
+            buffers.append(m.buffer)
+        return (index[id(m.buffer)], m.spec)
+
+    rows = [tuple(entry(m) for m in experts[e]) if e in experts else ((-1, []),) * 3 for e in range(n_experts)]
+    y = extension().moe_experts(x, ids, weights, total, buffers, rows, max(int(threads), 1))
+    if any(m is not None and m.external for mats in experts.values() for m in mats):
+        mx.eval(y)
+    return y
+
+
 def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
     """x / sqrt(mean(x^2) + eps) * w over the last axis, lazily."""
     return extension().rms_norm(x, w, float(eps))

@@ -40,3 +40,16 @@ def gated_ffn_ref(x: np.ndarray, gate_up: np.ndarray, down: np.ndarray) -> np.nd
     h = x.astype(np.float64) @ gate_up.astype(np.float64).T
     F = h.shape[-1] // 2
     return silu_mul_ref(h[..., :F], h[..., F:]) @ down.astype(np.float64).T
+
+
+def moe_experts_ref(x: np.ndarray, ids: np.ndarray, wts: np.ndarray, experts: dict) -> np.ndarray:
+    """A MoE layer's routed experts from dense weights: x [N, D], ids / wts [N, K], experts: id ->
+    (gate|up [2F, D], down [Dout, F]); each token's sum of its experts' gated FFN times their weights
+    (float64)."""
+    y = None
+    for t in range(len(x)):
+        for e, w in zip(ids[t], wts[t]):
+            out = gated_ffn_ref(x[t : t + 1], *experts[int(e)])[0] * float(w)
+            y = np.zeros((len(x), out.shape[-1])) if y is None else y
+            y[t] += out
+    return y

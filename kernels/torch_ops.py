@@ -110,6 +110,32 @@ def _register_fakes(torch) -> None:
     def _(x, gate_buffer, gate, up_buffer, up, down_buffer, down, threads, ids=None, listed=()):
         return x.new_empty((*x.shape[:-1], down[7]))
 
+    @torch.library.register_fake(lib + "moe_experts")
+    def _(x, ids, weights, sum, buffers, table, threads):
+        return torch.empty_like(sum, memory_format=torch.contiguous_format)
+
+
+def moe_experts(x, ids, weights, total, experts: dict, n_experts: int, threads: int):
+    """total + every routed expert's gated FFN of its tokens times their router weights, experts
+    ascending, in one operator call (kernels/cpu/moe_experts.cpp): x [N, D] float32, ids int32 and
+    weights float32 [N, K], total [N, Dout]; experts: id -> (gate, up or None, down) TorchMatrix of the
+    experts in this call (a routed one not among them adds nothing)."""
+    buffers, index, table = [], {}, []
+    for e in range(n_experts):
+        if e not in experts:
+            table.append(0)
+            continue
+        table.append(1)
+        for m in experts[e]:
+            if m is None:
+                table += [-1, 0]
+                continue
+            if id(m.buffer) not in index:
+                index[id(m.buffer)] = len(buffers)
+                buffers.append(m.buffer)
+            table += [index[id(m.buffer)], len(m.spec), *m.spec]
+    return ops().moe_experts(x, ids, weights, total, buffers, table, max(int(threads), 1))
+
 
 def framework_buffer(nbytes: int) -> np.ndarray:
     """`nbytes` of memory torch allocated, page-aligned, as a writable uint8 numpy view sharing it

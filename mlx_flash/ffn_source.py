@@ -141,11 +141,23 @@ class LayerSource(FFNSource):
 
 class ExpertSource(FFNSource):
     @abstractmethod
+    def waves(self, i: int, routing: np.ndarray) -> Iterator[tuple[dict[int, FFNWeights], bool]]:
+        """Layer i's experts for `routing` (int [N, K]: the K experts each of N tokens routes to) in
+        waves of experts held at once: (expert -> weights, whether another wave follows), every
+        expert routing names once, ids ascending across waves (the graph sums in that order, so every
+        source gives the same result bit for bit). A source loads a wave as the caller asks for it,
+        and the next may refill the memory this one's weights lie in: the caller computes what it
+        built over a wave before advancing when another follows (a resident source has one wave)."""
+
+    def every_expert(self, i: int) -> dict[int, FFNWeights] | None:
+        """Layer i's every expert when the source holds them all (the graph then needs no routing on
+        the host: a grouped kernel takes the routing where it is computed), else None."""
+        return None
+
     def experts(self, i: int, routing: np.ndarray) -> Iterator[tuple[int, FFNWeights]]:
-        """Layer i's experts for `routing` (int [N, K]: the K experts each of N tokens routes to):
-        (expert, weights) once for each expert routing names, in ascending expert order (the graph
-        sums in that order, so every source gives the same result bit for bit). A source may load
-        lazily, as the caller advances the iterator."""
+        """(expert, weights) for each expert `routing` names, ascending, wave after wave."""
+        for wave, _ in self.waves(i, routing):
+            yield from sorted(wave.items())
 
 
 def routed_experts(routing: np.ndarray) -> list[int]:
@@ -179,5 +191,5 @@ class WrappedLayerSource(_Delegating, LayerSource):
 class WrappedExpertSource(_Delegating, ExpertSource):
     """An expert source wrapped to observe it (routing recorders)."""
 
-    def experts(self, i: int, routing: np.ndarray):
-        return self.inner.experts(i, routing)
+    def waves(self, i: int, routing: np.ndarray):
+        return self.inner.waves(i, routing)

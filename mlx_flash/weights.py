@@ -154,7 +154,6 @@ def in_place(ops, layout: FFNLayout) -> bool:
     roles = ("gate", "up", "down") if layout.gated else ("up", "down")
     return (
         layout.block > 1
-        and not layout.n_experts
         and not layout.down_rows
         and ops.in_place_kernel
         and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)

@@ -36,6 +36,8 @@ struct KernelLibrary {
                       int64_t T, int64_t offset) = nullptr;
   int (*gated_ffn)(const float* x, int64_t T, int64_t K, const mf_matrix* gate, const mf_matrix* up,
                    const mf_matrix* down, float* hidden, float* y, int threads) = nullptr;
+  int (*moe_experts)(const float* x, int64_t N, int64_t D, const int32_t* ids, const float* wts, int64_t K, int64_t E,
+                     const mf_matrix* const* experts, int64_t Dout, float* scratch, float* y, int threads) = nullptr;
 };
 
 namespace detail {
@@ -62,6 +64,7 @@ inline KernelLibrary kernel_table(const std::string& path) {
   detail::find(handle, "mf_silu_mul", path, lib.silu_mul);
   detail::find(handle, "mf_write_tokens", path, lib.write_tokens);
   detail::find(handle, "mf_gated_ffn", path, lib.gated_ffn);
+  detail::find(handle, "mf_moe_experts", path, lib.moe_experts);
   return lib;
 }
 

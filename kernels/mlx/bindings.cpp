@@ -92,6 +92,30 @@ NB_MODULE(_mlx_kernels, m) {
       "transposed, layout...], up [] when gate holds gate|up; sparse: ids and what each matrix lists (lazy).");
 
   m.def(
+      "moe_experts",
+      [](const mx::array& x, const mx::array& ids, const mx::array& weights, const mx::array& sum,
+         std::vector<mx::array> buffers,
+         std::vector<std::vector<std::tuple<int, std::vector<int64_t>>>> experts, int threads) {
+        std::vector<mlx_flash::ExpertSpec> specs;
+        for (auto& mats : experts) {
+          if (mats.size() != 3) throw std::invalid_argument("moe_experts: an expert is (gate, up, down)");
+          mlx_flash::ExpertSpec e;
+          MatrixSpec* out[3] = {&e.gate, &e.up, &e.down};
+          for (int m = 0; m < 3; m++) {
+            auto& [buffer, spec] = mats[m];
+            e.buffer[m] = buffer;
+            if (buffer >= 0) *out[m] = spec_from(spec);
+          }
+          specs.push_back(std::move(e));
+        }
+        return mlx_flash::moe_experts(x, ids, weights, sum, buffers, std::move(specs), threads);
+      },
+      "x"_a, "ids"_a, "weights"_a, "sum"_a, "buffers"_a, "experts"_a, "threads"_a,
+      "sum + each routed expert's gated FFN of its tokens times their router weights, experts ascending; experts: "
+      "per expert ((buffer index, matrix) for gate, up, down; index -1: no up (gate|up), or no gate: not in this "
+      "call), each matrix as gated_ffn takes it (lazy).");
+
+  m.def(
       "stored_rows",
       [](const mx::array& ids, const mx::array& buffer, int kind, int64_t w_off, int64_t s_off, int64_t b_off,
          int scale_type, int bits, int group, int64_t rows, int64_t k, int64_t row_bytes, int64_t scale_row_bytes) {

@@ -1,5 +1,6 @@
 #include "primitives.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -232,6 +233,82 @@ mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec
   return mx::array(shape, mx::float32,
                    std::make_shared<GatedFFN>(s, std::move(gate), std::move(up), std::move(down), std::move(listed),
                                               threads),
+                   std::move(inputs));
+}
+
+// ---- MoEExperts ----------------------------------------------------------------------------------
+
+bool MoEExperts::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const MoEExperts&>(other);
+  return experts_ == o.experts_ && scratch_ == o.scratch_ && threads_ == o.threads_;
+}
+
+void MoEExperts::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &x = inputs[0], &ids = inputs[1], &wts = inputs[2], &sum = inputs[3];
+  mx::array& y = outputs[0];
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(y);
+  std::vector<const uint8_t*> bases;
+  for (size_t i = 4; i < inputs.size(); i++) bases.push_back(inputs[i].data<uint8_t>());
+  for (const ExpertSpec& e : experts_)
+    if (e.present()) record(name(), bases[e.buffer[0]] + e.gate.w_off);
+  const int64_t N = x.shape(0), D = x.shape(1), K = ids.shape(1), Dout = sum.shape(1);
+  enc.dispatch([experts = experts_, bases, threads = threads_, scratch_floats = scratch_, xp = x.data<float>(),
+                ip = ids.data<int32_t>(), wp = wts.data<float>(), sp = sum.data<float>(), yp = y.data<float>(), N, D, K,
+                Dout]() {
+    std::copy(sp, sp + N * Dout, yp);
+    const int64_t E = static_cast<int64_t>(experts.size());
+    std::vector<mf_matrix> mats(3 * E);
+    std::vector<const mf_matrix*> table(3 * E, nullptr);
+    for (int64_t e = 0; e < E; e++) {
+      const ExpertSpec& s = experts[e];
+      if (!s.present()) continue;
+      const MatrixSpec* specs[3] = {&s.gate, &s.up, &s.down};
+      for (int m = 0; m < 3; m++) {
+        if (s.buffer[m] < 0) continue;
+        mats[3 * e + m] = matrix_at(*specs[m], bases[s.buffer[m]], Listed::None, nullptr);
+        table[3 * e + m] = &mats[3 * e + m];
+      }
+    }
+    // the experts' scratch from MLX's allocator (freed on leaving): memory counted as MLX's
+    const mx::allocator::Data scratch = mx::allocator::malloc(static_cast<size_t>(std::max<int64_t>(scratch_floats, 1)) *
+                                                              sizeof(float));
+    check(kernels().moe_experts(xp, N, D, ip, wp, K, E, table.data(), Dout,
+                                static_cast<float*>(scratch.buffer().raw_ptr()), yp, threads),
+          "MoEExperts");
+  });
+}
+
+mx::array moe_experts(const mx::array& x, const mx::array& ids, const mx::array& weights, const mx::array& sum,
+                      const std::vector<mx::array>& buffers, std::vector<ExpertSpec> experts, int threads) {
+  need(x.ndim() == 2 && ids.ndim() == 2 && weights.shape() == ids.shape() && ids.shape(0) == x.shape(0),
+       "moe_experts: x [N, D], ids and weights [N, K]");
+  need(sum.ndim() == 2 && sum.shape(0) == x.shape(0), "moe_experts: the sum so far is [N, Dout]");
+  need(!experts.empty(), "moe_experts: no experts");
+  int64_t f_max = 0;
+  for (const ExpertSpec& e : experts) {
+    if (!e.present()) continue;
+    for (int b : e.buffer)
+      need(b < static_cast<int>(buffers.size()), "moe_experts: an expert's buffer index is past the buffers");
+    need(e.buffer[2] >= 0 && e.down.n_out == sum.shape(1),
+         "moe_experts: an expert's down matrix is missing or does not give the sum's width");
+    const bool with_up = e.buffer[1] >= 0;
+    need(with_up ? e.up.n_out == e.gate.n_out : e.gate.n_out % 2 == 0,
+         "moe_experts: gate and up differ in outputs, or gate|up has an odd number");
+    f_max = std::max<int64_t>(f_max, with_up ? e.gate.n_out : e.gate.n_out / 2);
+  }
+  for (const mx::array& b : buffers) need(b.dtype() == mx::uint8, "moe_experts: the buffers must be uint8");
+  auto s = cpu_stream();
+  const int64_t N = x.shape(0), D = x.shape(1), Dout = sum.shape(1);
+  std::vector<mx::array> inputs{mx::contiguous(float_rows(x, s), false, s),
+                                mx::contiguous(mx::astype(ids, mx::int32, s), false, s),
+                                mx::contiguous(mx::astype(weights, mx::float32, s), false, s),
+                                mx::contiguous(mx::astype(sum, mx::float32, s), false, s)};
+  inputs.insert(inputs.end(), buffers.begin(), buffers.end());
+  return mx::array(sum.shape(), mx::float32,
+                   std::make_shared<MoEExperts>(s, std::move(experts), N * (D + 2 * f_max + Dout), threads),
                    std::move(inputs));
 }
 

@@ -82,6 +82,39 @@ class GatedFFN : public CpuPrimitive {
   int threads_;
 };
 
+// One expert of a MoE layer as MoEExperts takes it: its gate, up and down, each with the buffer input
+// it lies in (an index among the buffers; -1: no such matrix, i.e. no up when gate holds gate|up, and
+// an expert without a gate is not in this call).
+struct ExpertSpec {
+  int buffer[3] = {-1, -1, -1};  // gate, up, down
+  MatrixSpec gate, up, down;
+  bool present() const { return buffer[0] >= 0; }
+  bool operator==(const ExpertSpec& o) const {
+    return buffer[0] == o.buffer[0] && buffer[1] == o.buffer[1] && buffer[2] == o.buffer[2] && gate == o.gate &&
+           up == o.up && down == o.down;
+  }
+};
+
+// A MoE layer's routed experts in one node (kernels/cpu/moe_experts.cpp): inputs x [N, D] float32, ids
+// int32 [N, K], weights float32 [N, K], the sum so far [N, Dout] float32, then the buffers the experts
+// lie in. The output is the sum plus every routed expert's weighted output, experts in ascending order;
+// a routed expert not in `experts` adds nothing (a later call's wave adds it). `scratch_floats`: what
+// the largest expert's share of the tokens needs.
+class MoEExperts : public CpuPrimitive {
+ public:
+  MoEExperts(mx::Stream s, std::vector<ExpertSpec> experts, int64_t scratch_floats, int threads)
+      : CpuPrimitive(s), experts_(std::move(experts)), scratch_(scratch_floats), threads_(threads) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[3].shape()}; }
+  const char* name() const override { return "MoEExperts"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::vector<ExpertSpec> experts_;
+  int64_t scratch_;
+  int threads_;
+};
+
 // Rows ids[...] of a stored matrix as float32 [..., K] (inputs: ids int32, buffer uint8); an id
 // outside [0, rows) gives a row of zeros (callers check ids first: a lazy graph cannot raise).
 class StoredRows : public CpuPrimitive {
@@ -236,6 +269,8 @@ mx::array stored_matmul(const mx::array& x, const mx::array& buffer, MatrixSpec 
 mx::array gated_ffn(const mx::array& x, const mx::array& gate_buffer, MatrixSpec gate, const mx::array& up_buffer,
                     std::optional<MatrixSpec> up, const mx::array& down_buffer, MatrixSpec down, int threads,
                     const std::optional<mx::array>& ids, std::vector<Listed> listed);
+mx::array moe_experts(const mx::array& x, const mx::array& ids, const mx::array& weights, const mx::array& sum,
+                      const std::vector<mx::array>& buffers, std::vector<ExpertSpec> experts, int threads);
 mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
                       int64_t row_bytes, int64_t scale_row_bytes);
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,

@@ -214,6 +214,67 @@ at::Tensor gated_ffn(const at::Tensor& x, const at::Tensor& gate_buffer, at::Int
   return y;
 }
 
+// A MoE layer's routed experts in one call (kernels/cpu/moe_experts.cpp): sum + each routed expert's
+// gated FFN of its tokens times their weights, experts ascending. `table` lists every expert of the
+// layer: 0 (not in this call) or 1 followed by its gate, up and down, each [buffer index (-1: none,
+// i.e. no up when gate holds gate|up), n, the matrix in n ints as gated_ffn takes it], its buffer among
+// `buffers`.
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& sum,
+                       at::TensorList buffers, at::IntArrayRef table, int64_t threads) {
+  cpu_float(x, "x");
+  cpu_float(weights, "weights");
+  cpu_float(sum, "the sum so far");
+  TORCH_CHECK(x.dim() == 2 && ids.dim() == 2 && weights.sizes() == ids.sizes() && ids.size(0) == x.size(0),
+              "moe_experts: x [N, D], ids and weights [N, K]");
+  TORCH_CHECK(sum.dim() == 2 && sum.size(0) == x.size(0), "moe_experts: the sum so far is [N, Dout]");
+  const int64_t N = x.size(0), D = x.size(1), K = ids.size(1), Dout = sum.size(1);
+  std::vector<mf_matrix> mats;  // 3 per expert: gate, up, down
+  std::vector<char> has;         // which of them the expert has
+  int64_t f_max = 0;
+  size_t at = 0;
+  auto next = [&](const char* what) -> int64_t {
+    TORCH_CHECK(at < table.size(), "moe_experts: the table ends inside ", what);
+    return table[at++];
+  };
+  while (at < table.size()) {
+    const int64_t present = next("an expert");
+    TORCH_CHECK(present == 0 || present == 1, "moe_experts: an expert starts with 0 (absent) or 1");
+    const size_t e = mats.size();
+    mats.resize(e + 3);
+    has.resize(e + 3, 0);
+    if (!present) continue;
+    static const char* names[3] = {"gate", "up", "down"};
+    for (int m = 0; m < 3; m++) {
+      const int64_t b = next("an expert"), n = next("a matrix");
+      TORCH_CHECK(n >= 0 && at + n <= table.size(), "moe_experts: the table ends inside a matrix");
+      at::IntArrayRef spec(table.data() + at, n);
+      at += n;
+      if (b < 0) continue;
+      TORCH_CHECK(b < (int64_t)buffers.size(), "moe_experts: an expert's buffer index is past the buffers");
+      mats[e + m] = matrix_of(buffers[b], spec, names[m]);
+      has[e + m] = 1;
+    }
+    const mf_matrix &g = mats[e], &u = mats[e + 1], &dn = mats[e + 2];
+    TORCH_CHECK(has[e] && has[e + 2] && dn.n_out == Dout,
+                "moe_experts: an expert needs gate and down giving the sum's width");
+    TORCH_CHECK(has[e + 1] ? u.n_out == g.n_out : g.n_out % 2 == 0,
+                "moe_experts: gate and up differ in outputs, or gate|up has an odd number");
+    f_max = std::max(f_max, has[e + 1] ? g.n_out : g.n_out / 2);
+  }
+  std::vector<const mf_matrix*> ptrs(mats.size(), nullptr);
+  for (size_t i = 0; i < mats.size(); i++)
+    if (has[i]) ptrs[i] = &mats[i];
+  const int64_t E = (int64_t)ptrs.size() / 3;
+  TORCH_CHECK(E > 0, "moe_experts: no experts");
+  const at::Tensor xc = x.contiguous(), ic = ids.to(at::kInt).contiguous(), wc = weights.contiguous();
+  at::Tensor y = sum.contiguous().clone();
+  at::Tensor scratch = at::empty({std::max<int64_t>(N * (D + 2 * f_max + Dout), 1)}, xc.options());
+  done(loaded().moe_experts(xc.data_ptr<float>(), N, D, ic.data_ptr<int32_t>(), wc.data_ptr<float>(), K, E, ptrs.data(),
+                            Dout, scratch.data_ptr<float>(), y.data_ptr<float>(), (int)threads),
+       "moe_experts");
+  return y;
+}
+
 at::Tensor silu_mul(const at::Tensor& g, const at::Tensor& u) {
   cpu_float(g, "g");
   cpu_float(u, "u");
@@ -237,6 +298,8 @@ TORCH_LIBRARY(mlx_flash, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
   m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
+  m.def("moe_experts(Tensor x, Tensor ids, Tensor weights, Tensor sum, Tensor[] buffers, int[] table, int threads) "
+        "-> Tensor");
   m.def("gated_ffn(Tensor x, Tensor gate_buffer, int[] gate, Tensor up_buffer, int[] up, Tensor down_buffer, "
         "int[] down, int threads, Tensor? ids=None, int[] listed=[]) -> Tensor");
 }
@@ -248,5 +311,6 @@ TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
+  m.impl("moe_experts", &moe_experts);
   m.impl("gated_ffn", &gated_ffn);
 }

@@ -138,6 +138,14 @@ def fused_ffn_weights(act, gate_up, down, takes):
     return parts[0], parts[1] if len(parts) == 2 else None, down
 
 
+def expert_operators(act, fw, operator) -> tuple | None:
+    """An expert's (gate, up or None, down) kernel operators when its gated FFN is one kernel's (see
+    fused_ffn_weights; `operator(w)`: the backend's operator over a weight's stored bytes, or None),
+    else None."""
+    found = fused_ffn_weights(act, fw.gate_up, fw.down, lambda w: operator(w) is not None and w.bias is None)
+    return None if found is None else tuple(None if w is None else operator(w) for w in found)
+
+
 def slab_operators(cache: dict, call, make) -> tuple:
     """The operators `make(matrix)` builds over a sparse call's slab (gate, up, down), kept in `cache`
     per slab: a neuron cache's rows stay where they are, so a step builds none."""

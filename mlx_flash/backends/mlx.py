@@ -21,7 +21,18 @@ from ..ffn_source import GateActivation
 from ..slot_turns import SlotTurns
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import covered_bytes, cpu_threads, fused_ffn_weights, leaves, mlx_scores, mlx_sparse, mlx_weights, owner, walk
+from . import (
+    covered_bytes,
+    cpu_threads,
+    expert_operators,
+    fused_ffn_weights,
+    leaves,
+    mlx_scores,
+    mlx_sparse,
+    mlx_weights,
+    owner,
+    walk,
+)
 from .mlx_weights import Weight
 
 NAME = "mlx"
@@ -243,6 +254,42 @@ class MLXOps:
         if any(g is not None and g.external for g in (gate, up, dn)):  # evaluated as built (mlx_kernels.py)
             self.host_syncs += 1
         return mlx_kernels.gated_ffn(x, gate, up, dn)
+
+    @staticmethod
+    def route(logits, k: int, renormalize: bool, unit: bool):
+        p = mx.softmax(logits.astype(mx.float32), axis=-1, precise=True)
+        ids = mx.argsort(-p, axis=-1)[:, :k]  # a stable sort: ties keep the lower id first
+        w = mx.take_along_axis(p, ids, axis=-1)
+        if unit:
+            w = mx.ones_like(w)
+        elif renormalize:
+            w = w / w.sum(axis=-1, keepdims=True)
+        return ids.astype(mx.int32), w
+
+    def routing_to_host(self, ids, weights):
+        # one evaluation and one export: ids ride along as float32 (exact below 2^24 experts)
+        both = self.to_numpy(mx.concatenate([ids.astype(mx.float32), weights], axis=-1))
+        k = ids.shape[-1]
+        return both[:, :k].astype(np.int32), np.ascontiguousarray(both[:, k:])
+
+    def moe_experts(self, act: GateActivation, x, ids, weights, total, experts: dict, n_experts: int):
+        """The routed experts in one node (mlx_kernels.moe_experts) on the CPU over stored matrices, else
+        None."""
+        if self.on_gpu:
+            return None
+        graph = {
+            e: expert_operators(act, fw, lambda w: w.graph if isinstance(w, Weight) else None)
+            for e, fw in experts.items()
+        }
+        if any(o is None for o in graph.values()):
+            return None
+        if any(m is not None and m.external for o in graph.values() for m in o):  # evaluated as built
+            self.host_syncs += 1
+        return mlx_kernels.moe_experts(x, ids, weights, total, graph, n_experts, self.kernel_threads)
+
+    def evaluate(self, x) -> None:
+        mx.eval(x)
+        self.host_syncs += 1
 
     def write_tokens(self, buffer, x, offset: int):
         """`buffer` [B, H, cap, hd] with x [B, H, T, hd] written at tokens offset.. (a KV cache's

@@ -115,6 +115,26 @@ class Ops(Protocol):
         """down(act(gate) * up) of x as one kernel call where the backend has one for these weights,
         else None (the caller composes linear and gated)."""
 
+    def route(self, logits: Any, k: int, renormalize: bool, unit: bool) -> tuple[Any, Any]:
+        """Router logits [N, E] -> (experts int32 [N, K], weights float32 [N, K]) as backend arrays:
+        softmax over every expert, the k largest (ties to the lower id), optionally renormalized over
+        those k, or all 1 (`unit`). In the graph where the backend is lazy; models/moe.py's `route`
+        is the plain-ops reference."""
+
+    def routing_to_host(self, ids: Any, weights: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`route`'s two arrays on the host in one transfer."""
+
+    def moe_experts(
+        self, act: GateActivation, x: Any, ids: Any, weights: Any, total: Any, experts: dict, n_experts: int
+    ):
+        """total [N, Dout] plus the routed experts' gated FFNs of x [N, D] times their router weights
+        (ids int32 and weights float32 [N, K], backend arrays; experts: id -> FFNWeights of the experts
+        in this call, a routed one not among them adding nothing), experts ascending, as one kernel
+        call where the backend has one for these weights, else None (the caller runs each expert)."""
+
+    def evaluate(self, x: Any) -> None:
+        """Compute x now: memory it reads is about to be refilled (eager backends have it already)."""
+
     # ---- the sparse FFN (LLM in a flash) ---------------------------------------------------------
     def sparse_kernel(self, spec, act: GateActivation) -> Any | None:
         """The sparse FFN kernel for slabs laid out as `spec` (a SlabSpec), or None where none applies."""

@@ -27,7 +27,7 @@ from ..kernels.qmatmul import library
 from ..ffn_source import GateActivation
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
-from . import covered_bytes, cpu_threads, fused_ffn_weights, leaves, owner
+from . import covered_bytes, cpu_threads, expert_operators, fused_ffn_weights, leaves, owner
 from . import torch_scores, torch_sparse, torch_weights
 from .torch_quant import dequantize
 from .torch_rope import RopeTables
@@ -173,6 +173,40 @@ class TorchOps:
             return None
         gate, up, dn = found
         return torch_ops.TorchMatrix.gated_ffn(x, gate.op, up.op if up is not None else None, dn.op)
+
+    @staticmethod
+    def route(logits, k: int, renormalize: bool, unit: bool):
+        p = torch.softmax(logits.to(torch.float32), dim=-1)
+        ids = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :k]  # ties: the lower id first
+        w = torch.gather(p, -1, ids)
+        if unit:
+            w = torch.ones_like(w)
+        elif renormalize:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return ids.to(torch.int32), w
+
+    @staticmethod
+    def routing_to_host(ids, weights):
+        return ids.cpu().numpy(), weights.cpu().numpy()
+
+    def moe_experts(self, act: GateActivation, x, ids, weights, total, experts: dict, n_experts: int):
+        """The routed experts in one operator call (torch_ops.moe_experts) with the CPU kernel over stored
+        matrices, else None."""
+        if not self.stored_kernel:
+            return None
+        operators = {
+            e: expert_operators(
+                act, fw, lambda w: w.op if isinstance(w, Weight) and isinstance(w.op, torch_ops.TorchMatrix) else None
+            )
+            for e, fw in experts.items()
+        }
+        if any(o is None for o in operators.values()):
+            return None
+        return torch_ops.moe_experts(x, ids, weights, total, operators, n_experts, self.kernel_threads)
+
+    @staticmethod
+    def evaluate(x) -> None:
+        """Eager: x is computed already."""
 
     @staticmethod
     def write_tokens(buffer, x, offset: int):

@@ -7,12 +7,16 @@ Attention is the Llama family's (llama.py). The FFN of every layer is a router o
 a SwiGLU FFN of `moe_intermediate_size` neurons; the top-k experts of each token are computed and
 summed with their router weights. Qwen2-MoE adds a shared expert (resident) scaled by a sigmoid gate.
 
-Routing runs on the host (numpy): the engine must know which experts a token needs before it can
-read them, so the router's logits come back once per layer either way. `ffn.experts(layer, ids)`
-(an ExpertSource) then supplies every expert the routing names, in ascending order (resident, or
-read from flash through an expert cache, where a streaming source also follows each token's path
-to preload the next layer's likely experts). They run expert-major: each routed expert is computed
-once over all the tokens routed to it.
+Routing (ops.route: softmax, top-k, weights) is computed where the graph is. When the source holds
+every expert and the backend has the grouped kernel (the CPU kernels over stored matrices), the
+layer's routed experts are one operation over the routing as computed (ops.moe_experts): no host
+round trip. Otherwise the routing comes to the host, since the engine must know which experts a
+token needs before it can read them (once per layer), and `ffn.waves(layer, ids)` (an ExpertSource)
+supplies every expert the routing names, in ascending order, in waves held at once (read from flash
+through an expert cache, where a streaming source also follows each token's path to preload the next
+layer's likely experts); a wave's experts are one grouped operation, or one call set per expert
+(`routed_experts`, the reference the grouped kernel equals to the bit). Either way each routed
+expert is computed once over all the tokens routed to it, experts in ascending order.
 Shapes: B batch, T tokens, D d_model, E experts, K experts per token, N = B*T.
 """
 
@@ -27,6 +31,7 @@ from ..ffn_source import ExpertSource, FFNWeights
 from . import llama
 
 LAYER = llama.LAYER
+GATE = llama.GATE_ACTIVATION  # every expert is a SwiGLU FFN
 GGUF = llama.GGUF  # the expert stacks' names are shared by every MoE architecture (convert/gguf_source.py)
 # Mixtral names its block differently; the store uses the Qwen/OLMoE names for every family.
 _MIXTRAL_NAMES = {
@@ -164,7 +169,7 @@ def build(ops, args: ModelArgs, get) -> dict:
 def route(logits: np.ndarray, k: int, renormalize: bool, unit: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [N, E] -> (experts [N, K] int64, weights [N, K] float32): softmax over all
     experts, the k largest (ties to the lower id), optionally renormalized over those k, or all 1
-    (`unit`)."""
+    (`unit`). The plain-ops reference of the backends' ops.route, which the graph calls."""
     z = logits.astype(np.float32)
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -187,26 +192,42 @@ def expert_groups(ids: np.ndarray, wts: np.ndarray) -> list[tuple[int, np.ndarra
     return groups
 
 
+def routed_experts(ops, args: ModelArgs, xf, out, wave: dict, groups: dict):
+    """out plus the experts of `wave` (id -> weights), one call set each, ascending: each expert's
+    tokens gathered (groups: id -> (token rows, their weights)), its SwiGLU FFN, the weighted output
+    added to those rows (the reference the grouped kernel equals)."""
+    for e in sorted(wave):
+        if e not in groups:
+            raise RuntimeError(f"expert source gave expert {e}, which no token routed to")
+        rows, w = groups[e]
+        r = ops.array(rows.astype(np.int64))
+        y = llama.mlp(ops, args, wave[e], ops.take_rows(xf, r))  # one expert: a SwiGLU FFN
+        out = ops.add_rows(out, r, y * ops.reshape(ops.array(w), (-1, 1)))
+    return out
+
+
 def moe_block(ops, args: ModelArgs, lw: dict, i: int, x, ffn: ExpertSource):
     """x [B, T, D] -> [B, T, D]: the routed experts' weighted sum (plus the shared expert)."""
     B, T, D = x.shape
     xf = ops.reshape(x, (B * T, D))
-    ids, wts = route(
-        ops.to_numpy(ops.linear(xf, lw["router"])),
-        args.num_experts_per_tok,
-        args.norm_topk_prob,
-        args.unit_router_weights,
+    routing = ops.route(
+        ops.linear(xf, lw["router"]), args.num_experts_per_tok, args.norm_topk_prob, args.unit_router_weights
     )
-    groups = expert_groups(ids, wts)
     out = ops.zeros((B * T, D), xf)
-    # The source yields the routed experts by ascending id, as expert_groups lists them, loading them
-    # as it goes (waves when they do not all fit its cache); each runs once over all its tokens.
-    for (e, rows, w), (got, fw) in zip(groups, ffn.experts(i, ids)):
-        if got != e:
-            raise RuntimeError(f"expert source yielded expert {got} where {e} was asked")
-        r = ops.array(rows.astype(np.int64))
-        y = llama.mlp(ops, args, fw, ops.take_rows(xf, r))  # one expert: a SwiGLU FFN
-        out = ops.add_rows(out, r, y * ops.reshape(ops.array(w), (-1, 1)))
+    every = ffn.every_expert(i)
+    grouped = None if every is None else ops.moe_experts(GATE, xf, *routing, out, every, args.num_experts)
+    if grouped is not None:
+        out = grouped
+    else:
+        ids, wts = ops.routing_to_host(*routing)
+        groups = {e: (rows, w) for e, rows, w in expert_groups(ids, wts)}
+        # The source yields the routed experts by ascending id in waves (more than one when they do
+        # not all fit its cache); each expert runs once over all its tokens.
+        for wave, more in ffn.waves(i, ids):
+            y = ops.moe_experts(GATE, xf, *routing, out, wave, args.num_experts)
+            out = y if y is not None else routed_experts(ops, args, xf, out, wave, groups)
+            if more:  # the next wave may refill the memory this one reads
+                ops.evaluate(out)
     if args.shared_expert_intermediate_size:
         g = ops.sigmoid(ops.linear(xf, lw["shared_gate"]))
         out = out + g * llama.mlp(ops, args, lw["shared"], xf)
@@ -224,7 +245,7 @@ def block(ops, args: ModelArgs, lw: dict, i: int, h, cache, ffn: ExpertSource):
 
 
 def forward(ops, args: ModelArgs, w: dict, tokens, caches, ffn: ExpertSource, all_logits: bool = False):
-    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.experts(i, ids)` supplies layer i's experts."""
+    """tokens [B, T] -> logits [B, T or 1, vocab]; `ffn.waves(i, ids)` supplies layer i's experts."""
     h = embed(ops, args, w, tokens, caches)
     for i, lw in enumerate(w["layers"]):
         h = block(ops, args, lw, i, h, caches[i], ffn)

@@ -5,18 +5,19 @@ buffers, no framework arrays; the reads land straight in the slots."""
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 
+from ..host_memory import anonymous_buffer
 from .policies import make_policy
 
 
 class ExpertCache:
-    def __init__(self, slots: int, expert_nbytes: int, n_layers: int, policy: str = "edgemoe"):
+    def __init__(self, slots: int, expert_nbytes: int, n_layers: int, policy: str = "edgemoe", alloc=None):
+        """`alloc(nbytes)`: page-aligned uint8 memory for the slots (a backend's host_buffer, which its
+        kernels take in place; anonymous memory by default)."""
         self.slots = slots
-        self._mem = mmap.mmap(-1, max(1, slots * expert_nbytes))  # page-aligned: direct I/O lands in place
-        self.buf = np.frombuffer(self._mem, dtype=np.uint8)[: slots * expert_nbytes].reshape(slots, expert_nbytes)
+        alloc = alloc or anonymous_buffer
+        self.buf = alloc(max(1, slots * expert_nbytes))[: slots * expert_nbytes].reshape(slots, expert_nbytes)
         self.policy = make_policy(policy, n_layers)
         self.slot_of: dict[tuple[int, int], int] = {}
         self.free = list(range(slots - 1, -1, -1))

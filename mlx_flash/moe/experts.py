@@ -1,8 +1,9 @@
-"""Expert sources for the MoE graph (ffn_source.ExpertSource): `experts(layer, routing [N, K])`
-yields (expert, weights) for every expert the routing names, by ascending id (the graph sums in that
-order, so every source gives the same result bit for bit).
+"""Expert sources for the MoE graph (ffn_source.ExpertSource): `waves(layer, routing [N, K])` yields
+the experts the routing names, by ascending id, in waves held at once (the graph sums in that order,
+so every source gives the same result bit for bit). Expert bytes lie in memory the backend's kernels
+take in place (ops.host_buffer), a layer's in one buffer, so one grouped operation reads them all.
 
-ResidentExperts  every expert read once at load and kept as backend weights (the reference)
+ResidentExperts  every expert read once at load into one buffer per layer, kept as backend weights
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
                  slots as the memory budget allows, each with the expert's weights as converted for
                  compute (a hit converts nothing; moe.planner counts both); a step that routes to more experts
@@ -43,17 +44,20 @@ class ResidentExperts(ExpertSource):
         f = pool.open(store.file_path(lay.file))
         self.layers = []
         for i in range(len(lay.layer_offsets)):
+            # one buffer per layer (weights that view their rows keep it alive): the grouped operation
+            # reads every expert of the layer from it
+            buf = ops.host_buffer(lay.n_experts * lay.expert_nbytes).reshape(lay.n_experts, lay.expert_nbytes)
             row = []
             for e in range(lay.n_experts):
-                # a buffer per expert: weights that view their rows (block types) keep it alive
-                buf = np.empty(lay.expert_nbytes, np.uint8)
-                read_expert(pool, f, lay, i, e, buf)
-                row.append(expert_weights(ops, lay, i, e, buf))
+                read_expert(pool, f, lay, i, e, buf[e])
+                row.append(expert_weights(ops, lay, i, e, buf[e]))
             self.layers.append(row)
 
-    def experts(self, layer: int, routing: np.ndarray):
-        for e in routed_experts(routing):
-            yield e, self.layers[layer][e]
+    def waves(self, layer: int, routing: np.ndarray):
+        yield {e: self.layers[layer][e] for e in routed_experts(routing)}, False
+
+    def every_expert(self, layer: int):
+        return dict(enumerate(self.layers[layer]))
 
     def close(self) -> None:
         self.layers = []
@@ -70,7 +74,7 @@ class StreamedExperts(ExpertSource):
         self.layout = lay = store.manifest.ffn
         self.n_layers = len(lay.layer_offsets)
         self.file = pool.open(store.file_path(lay.file))
-        self.cache = ExpertCache(slots, lay.expert_nbytes, self.n_layers, policy)
+        self.cache = ExpertCache(slots, lay.expert_nbytes, self.n_layers, policy, alloc=ops.host_buffer)
         self.predictor, self.preload = predictor, preload if predictor is not None else 0
         self.io_seconds = self.mem_seconds = self.preload_wait_seconds = 0.0
         self.bytes_read = self.reads = self.preload_bytes = 0
@@ -88,7 +92,7 @@ class StreamedExperts(ExpertSource):
         else:
             self._path = [tuple(int(e) for e in routing[0]), self._path[0] if layer else ()]
 
-    def experts(self, layer: int, routing: np.ndarray):
+    def waves(self, layer: int, routing: np.ndarray):
         # Not a generator itself: the path is followed when the graph asks, before any expert loads.
         self._follow(layer, routing)
         return self._load(layer, routed_experts(routing))
@@ -120,8 +124,7 @@ class StreamedExperts(ExpertSource):
                 )
             if single and self._path[0] and layer + 1 < self.n_layers and self.preload:
                 self._start_preload(layer + 1, pinned)
-            for e in wave:
-                yield e, self._converted(layer, e)
+            yield {e: self._converted(layer, e) for e in wave}, s + cache.slots < len(ids)
 
     def _converted(self, layer: int, expert: int) -> FFNWeights:
         slot = self.cache.slot_of[(layer, expert)]
