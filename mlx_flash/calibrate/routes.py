@@ -22,9 +22,9 @@ class RecordingExperts(WrappedExpertSource):
         super().__init__(inner)
         self.routes: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
 
-    def experts(self, layer: int, routing: np.ndarray):
+    def waves(self, layer: int, routing: np.ndarray):
         self.routes[layer].append(np.asarray(routing, dtype=np.int16))
-        return self.inner.experts(layer, routing)
+        return self.inner.waves(layer, routing)
 
     def trace(self) -> np.ndarray:
         return np.stack([np.concatenate(r) for r in self.routes])  # [L, N, K]
@@ -43,6 +43,46 @@ def record_routes(engine, ids: list[int], context: int = 512, progress: bool = F
     finally:
         engine.ffn = inner
     return rec.trace()
+
+
+def record_teacher_forced(engine, ids: list[int], prompt: int) -> np.ndarray:
+    """routes [L, N, K] of the N = len(ids) - prompt tokens after a `prompt`-token prefill, each fed
+    one at a time as decoding feeds its own pick (teacher forcing: the next token is the text's,
+    so routing follows real text whatever the model would have chosen)."""
+    rec = RecordingExperts(engine.ffn, engine.args.num_hidden_layers)
+    inner, engine.ffn = engine.ffn, rec
+    try:
+        caches = engine.new_caches()
+        engine.prefill(ids[:prompt], caches)
+        rec.routes = [[] for _ in rec.routes]  # the decode steps only
+        for t in ids[prompt:]:
+            engine.forward([t], caches)
+        engine.release(caches)
+    finally:
+        engine.ffn = inner
+    return rec.trace()
+
+
+def routing_spread(routes: np.ndarray, n_experts: int) -> list[dict]:
+    """Per layer of a trace [L, N, K] of consecutive tokens: `used`, the share of the layer's experts
+    any token chose; `overlap`, the mean share of a token's experts the next token chose too; `top`,
+    the largest share of the tokens one expert served. A trained model's routing spreads (most
+    experts used, little overlap, no expert in most tokens); routing that collapses onto a few
+    experts lets any cache look good."""
+    out = []
+    for layer in routes:
+        sets = [set(int(e) for e in row) for row in layer]
+        k = layer.shape[1]
+        overlap = [len(a & b) / k for a, b in zip(sets, sets[1:])]
+        counts = np.bincount(layer.reshape(-1).astype(np.int64), minlength=n_experts)
+        out.append(
+            {
+                "used": len(set().union(*sets)) / n_experts,
+                "overlap": float(np.mean(overlap)) if overlap else 0.0,
+                "top": float(counts.max() / len(sets)),
+            }
+        )
+    return out
 
 
 def decode_trace(routes: np.ndarray) -> list[tuple[int, list[int]]]:

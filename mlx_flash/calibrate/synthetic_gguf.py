@@ -11,8 +11,22 @@ MoE GGUF but qwen3moe).
 
 Random blocks keep every weight small, finite and centred (|w| <= 0.025, a standard deviation of
 about 0.011, near 1/sqrt(4096)), so the hidden state stays in range over 32 layers and the logits
-stay finite (Llama-2-7B shape: logits of standard deviation ~0.75 in llama.cpp and here). Router
-weights are float32 of standard deviation 1/sqrt(d_model), so each token routes to its own experts.
+stay finite (Llama-2-7B shape: logits of standard deviation ~0.75 in llama.cpp and here).
+
+A MoE shape must route like a trained model, or a benchmark of expert caching measures nothing: over
+a text a trained router spreads its choices (most experts of a layer used, consecutive tokens
+sharing few). Random attention does not: each layer's output is a softmax average of values over
+the context, alike for every token of a text, and with norms of ones it soon outweighs the tokens'
+own embeddings, so deeper layers route most tokens to the same few experts (measured on the
+Qwen3-30B-A3B shape over 32 tokens of Wikipedia: from layer 1 on, 13% or fewer of a layer's experts
+used, consecutive tokens sharing 81-100% of theirs). So a MoE shape's attn_norm is ATTN_GAIN
+instead of 1: attention adds little, each token's hidden state stays its embedding plus what the
+random experts make of it, and each layer's router (random float32 of standard deviation
+1/sqrt(d_model): logits of about 1) sends each token of a text to its own experts at every depth
+(80% or more of each layer's experts used, overlap under 0.11, no expert in more than 10 of 32
+tokens). What it lacks is a trained model's structure across layers and context: routing here
+follows the token through one random map per layer (calibrate.routes.routing_spread measures the
+spread; tests/calibrate/test_synthetic_gguf.py holds a few-layer file to a trained model's).
 
 The file is written tensor by tensor in chunks of blocks: one chunk (16 MiB) is in memory at a
 time, whatever the file's size (an expert stack is no exception). The writer's peak memory (about
@@ -137,6 +151,10 @@ def tokenizer_fields(path: str) -> dict:
     return out
 
 
+# A MoE shape's attn_norm weight (see the module's docstring): 2^-7 keeps the spread over 48 layers,
+# 2^-5 does not; 2^-10 leaves room.
+ATTN_GAIN = 2.0**-10
+
 # model_type -> llama.cpp architecture written (the converter reads these back).
 ARCHS = {"llama": "llama", "qwen3_moe": "qwen3moe"}
 
@@ -144,15 +162,16 @@ ARCHS = {"llama": "llama", "qwen3_moe": "qwen3moe"}
 def plan_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape in numpy order [.., out, in], kind) of each tensor, in llama.cpp's names and file
     order (token_embd, the blocks, output_norm, output). kind: "quant" (random blocks), "ones" (a
-    float32 norm) or "router" (random float32). A MoE layer's experts are three 3-D tensors, experts
-    outermost, after its router."""
+    float32 norm), "attn_gain" (a MoE shape's attn_norm: ATTN_GAIN) or "router" (random float32). A MoE
+    layer's experts are three 3-D tensors, experts outermost, after its router."""
     D, V = cfg["hidden_size"], cfg["vocab_size"]
+    moe = bool(cfg.get("num_experts"))
     hd, H, Hk = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     plan = [("token_embd.weight", (V, D), "quant")]
     for i in range(cfg["num_hidden_layers"]):
         b = f"blk.{i}."
         plan += [
-            (b + "attn_norm.weight", (D,), "ones"),
+            (b + "attn_norm.weight", (D,), "attn_gain" if moe else "ones"),
             (b + "attn_q.weight", (H * hd, D), "quant"),
             (b + "attn_k.weight", (Hk * hd, D), "quant"),
             (b + "attn_v.weight", (Hk * hd, D), "quant"),
@@ -253,9 +272,15 @@ def _add_metadata(w, cfg: dict, shape: str, quant: str, seed: int, tok: dict) ->
 
 def _router(rng, shp: tuple[int, int]) -> np.ndarray:
     """[E, D] float32 of standard deviation 1/sqrt(D): an RMS-normalized input gets router logits of
-    standard deviation about 1, so each token's top-k is its own (not the same experts every time)
-    and the softmax weights are not one-hot."""
+    standard deviation about 1, so each token's top-k is its own and the softmax weights are not
+    one-hot."""
     return (rng.standard_normal(shp, dtype=np.float32) / np.sqrt(shp[-1])).astype(np.float32)
+
+
+def _float_tensor(rng, kind: str, shp: tuple) -> np.ndarray:
+    if kind == "router":
+        return _router(rng, shp)
+    return np.full(shp, ATTN_GAIN if kind == "attn_gain" else 1.0, np.float32)
 
 
 def write_synthetic_gguf(
@@ -353,8 +378,8 @@ def write_synthetic_gguf(
                         fh.write(random_blocks(rng, types[name], k).data)
                         left -= k
                         bar.update(k * block_bytes)
-                else:  # a router, or a norm of ones (activations stay in range)
-                    fh.write((_router(rng, shp) if kind == "router" else np.ones(shp, np.float32)).tobytes())
+                else:  # a router or a norm
+                    fh.write(_float_tensor(rng, kind, shp).tobytes())
                     bar.update(n)
                 w.write_padding(fh, n)
                 offset += GGUFWriter.ggml_pad(n, w.data_alignment)
