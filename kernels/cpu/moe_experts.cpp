@@ -4,6 +4,7 @@
 // products and sums in the same order as one call per expert (models/moe.py's reference loop): the
 // result is identical to the bit. What it saves is a framework dispatch, a gather and a scatter per
 // expert. Plain-ops reference: kernels/pointwise_ref.py moe_experts_ref.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,69 @@
 
 extern "C" int mf_gated_ffn(const float* x, int64_t T, int64_t K, const mf_matrix* gate, const mf_matrix* up,
                             const mf_matrix* down, float* hidden, float* y, int threads);
+
+namespace mf {
+void run_parts(int parts, void (*fn)(void*, int), void* arg);
+}
+
+namespace {
+
+// One expert's share: its tokens gathered, its gated FFN, each output row scaled by its token's weight
+// (rounded before the sum, as the per-expert reference does). `xe`, `hidden`: scratch; `out` [n, Dout].
+int expert_rows(const float* x, int64_t D, const std::vector<int64_t>& rows, int64_t K, const float* wts,
+                const mf_matrix* const* m, int64_t Dout, float* xe, float* hidden, float* out, int threads) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t i = 0; i < n; i++) {
+    const float* src = x + (rows[i] / K) * D;
+    for (int64_t d = 0; d < D; d++) xe[i * D + d] = src[d];
+  }
+  const int rc = mf_gated_ffn(xe, n, D, m[0], m[1], m[2], hidden, out, threads);
+  if (rc < 0) return rc;
+  for (int64_t i = 0; i < n; i++) {
+    const float w = wts[rows[i]];
+    for (int64_t d = 0; d < Dout; d++) out[i * Dout + d] = out[i * Dout + d] * w;
+  }
+  return 0;
+}
+
+// Experts split between threads, each computing whole experts on one thread (a decode step's experts
+// are a few small products each: one thread per expert beats splitting every product), outputs kept
+// apart and summed afterwards in ascending order.
+struct Split {
+  const float* x;
+  int64_t D, K, Dout;
+  const float* wts;
+  const mf_matrix* const* experts;
+  const std::vector<int64_t>* order;             // the routed experts, ascending
+  const std::vector<std::vector<int64_t>>* rows;  // expert -> its (token * K + slot)
+  std::vector<std::vector<float>>* outs;          // per routed expert: [n, Dout]
+  int parts;
+  int rc[64];
+};
+
+void run_split(void* arg, int part) {
+  Split& s = *static_cast<Split*>(arg);
+  const int64_t R = static_cast<int64_t>(s.order->size());
+  std::vector<float> xe, hidden;
+  s.rc[part] = 0;
+  for (int64_t r = R * part / s.parts; r < R * (part + 1) / s.parts; r++) {
+    const int64_t e = (*s.order)[r];
+    const std::vector<int64_t>& rows = (*s.rows)[e];
+    const mf_matrix* const* m = s.experts + 3 * e;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    const int64_t F = m[1] == nullptr ? m[0]->n_out / 2 : m[0]->n_out;
+    xe.resize(n * s.D);
+    hidden.resize(2 * n * F);
+    (*s.outs)[r].resize(n * s.Dout);
+    const int rc = expert_rows(s.x, s.D, rows, s.K, s.wts, m, s.Dout, xe.data(), hidden.data(), (*s.outs)[r].data(), 1);
+    if (rc < 0) {
+      s.rc[part] = rc;
+      return;
+    }
+  }
+}
+
+}  // namespace
 
 #define MF_EXPORT __attribute__((visibility("default")))
 
@@ -21,7 +85,8 @@ extern "C" {
 // tokens skipped, so a caller can run a layer's experts in waves that add up in ascending order).
 // y [N, Dout] is added to (zeros for one call over every routed expert). scratch: floats for the
 // largest expert's share, N (D + 2 F + Dout) with F its width (mf_moe_experts_scratch says how many).
-// Returns 0 or a negative code.
+// Few tokens an expert (a decode step): experts are split between the threads; else each expert's
+// products are. Either way the same products and sums in the same order. Returns 0 or a negative code.
 MF_EXPORT int mf_moe_experts(const float* x, int64_t N, int64_t D, const int32_t* ids, const float* wts, int64_t K,
                              int64_t E, const mf_matrix* const* experts, int64_t Dout, float* scratch, float* y,
                              int threads) {
@@ -33,29 +98,38 @@ MF_EXPORT int mf_moe_experts(const float* x, int64_t N, int64_t D, const int32_t
       if (e < 0 || e >= E) return -32;
       rows[e].push_back(t * K + j);
     }
+  std::vector<int64_t> order;  // the experts of this call any token routes to, ascending
+  int64_t most = 0;
   for (int64_t e = 0; e < E; e++) {
-    const mf_matrix *gate = experts[3 * e], *up = experts[3 * e + 1], *down = experts[3 * e + 2];
-    if (rows[e].empty() || gate == nullptr) continue;
-    if (down == nullptr || down->n_out != Dout) return -33;
-    const int64_t n = static_cast<int64_t>(rows[e].size());
-    float* xe = scratch;
-    float* ye = xe + n * D;
-    float* hidden = ye + n * Dout;
-    for (int64_t i = 0; i < n; i++) {
-      const float* src = x + (rows[e][i] / K) * D;
-      for (int64_t d = 0; d < D; d++) xe[i * D + d] = src[d];
+    if (rows[e].empty() || experts[3 * e] == nullptr) continue;
+    if (experts[3 * e + 2] == nullptr || experts[3 * e + 2]->n_out != Dout) return -33;
+    order.push_back(e);
+    most = std::max<int64_t>(most, static_cast<int64_t>(rows[e].size()));
+  }
+  const int64_t R = static_cast<int64_t>(order.size());
+  std::vector<std::vector<float>> outs(R);
+  if (threads > 1 && R > 1 && most <= 4) {
+    Split s{x, D, K, Dout, wts, experts, &order, &rows, &outs, static_cast<int>(std::min<int64_t>({threads, R, 64})), {}};
+    mf::run_parts(s.parts, run_split, &s);
+    for (int p = 0; p < s.parts; p++)
+      if (s.rc[p] < 0) return s.rc[p];
+  } else {
+    for (int64_t r = 0; r < R; r++) {
+      const int64_t e = order[r], n = static_cast<int64_t>(rows[e].size());
+      const mf_matrix* const* m = experts + 3 * e;
+      outs[r].resize(n * Dout);
+      float* xe = scratch;
+      float* hidden = xe + n * D;
+      const int rc = expert_rows(x, D, rows[e], K, wts, m, Dout, xe, hidden, outs[r].data(), threads);
+      if (rc < 0) return rc;
     }
-    const int rc = mf_gated_ffn(xe, n, D, gate, up, down, hidden, ye, threads);
-    if (rc < 0) return rc;
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t slot = rows[e][i];
-      const float w = wts[slot];
-      float* out = y + (slot / K) * Dout;
-      const float* src = ye + i * Dout;
-      for (int64_t d = 0; d < Dout; d++) {
-        const float scaled = src[d] * w;  // rounded before the sum, as the per-expert reference does
-        out[d] = out[d] + scaled;
-      }
+  }
+  for (int64_t r = 0; r < R; r++) {  // the sums, experts ascending
+    const std::vector<int64_t>& rs = rows[order[r]];
+    for (size_t i = 0; i < rs.size(); i++) {
+      float* out = y + (rs[i] / K) * Dout;
+      const float* src = outs[r].data() + i * Dout;
+      for (int64_t d = 0; d < Dout; d++) out[d] = out[d] + src[d];
     }
   }
   return 0;

@@ -18,13 +18,13 @@ a text a trained router spreads its choices (most experts of a layer used, conse
 sharing few). Random attention does not: each layer's output is a softmax average of values over
 the context, alike for every token of a text, and with norms of ones it soon outweighs the tokens'
 own embeddings, so deeper layers route most tokens to the same few experts (measured on the
-Qwen3-30B-A3B shape over 32 tokens of Wikipedia: from layer 1 on, 13% or fewer of a layer's experts
-used, consecutive tokens sharing 81-100% of theirs). So a MoE shape's attn_norm is ATTN_GAIN
-instead of 1: attention adds little, each token's hidden state stays its embedding plus what the
-random experts make of it, and each layer's router (random float32 of standard deviation
-1/sqrt(d_model): logits of about 1) sends each token of a text to its own experts at every depth
-(80% or more of each layer's experts used, overlap under 0.11, no expert in more than 10 of 32
-tokens). What it lacks is a trained model's structure across layers and context: routing here
+Qwen3-30B-A3B shape's 48 layers with experts of 32 neurons, over 32 tokens of Wikipedia: from layer
+1 on, 13% or fewer of a layer's experts used, consecutive tokens sharing 81-100% of theirs). So a
+MoE shape's attn_norm is ATTN_GAIN instead of 1: attention adds little, each token's hidden state
+stays its embedding plus what the random experts make of it, and each layer's router (random
+float32 of standard deviation 1/sqrt(d_model): logits of about 1) sends each token of a text to its
+own experts at every depth (80% or more of each layer's experts used, overlap under 0.11, no expert
+in more than 10 of 32 tokens). What it lacks is a trained model's structure across layers and context: routing here
 follows the token through one random map per layer (calibrate.routes.routing_spread measures the
 spread; tests/calibrate/test_synthetic_gguf.py holds a few-layer file to a trained model's).
 

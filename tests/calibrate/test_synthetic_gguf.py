@@ -247,6 +247,7 @@ def _expert_rows(store, layer: int, expert: int) -> dict:
     return unpack_rows(lay.fields, raw)
 
 
+@pytest.mark.full  # ~9 s; by default an expert slot is checked to be its bytes as stored (test_block_experts.py)
 def test_moe_converts_expert_by_expert_into_the_gguf_experts(tmp_path, small_moe, tokenizer, monkeypatch):
     from mlx_flash.convert import convert
     from mlx_flash.convert.tensor_source import GGUFTensors

@@ -276,6 +276,7 @@ def test_a_batch_whose_kv_a_rank_cannot_hold_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.full  # ~8 s; the default tier answers one-shot chats, a batch and the server across ranks
 def test_the_repl_across_ranks_answers_as_one_process(store_dir, tmp_path):
     """`python -m mlx_flash.chat --pipeline` without --prompt: a conversation whose turns continue
     its caches on every rank (a second turn, /reset freeing them, a new conversation) prints what
