@@ -107,30 +107,33 @@ MF_EXPORT int mf_moe_experts(const float* x, int64_t N, int64_t D, const int32_t
     most = std::max<int64_t>(most, static_cast<int64_t>(rows[e].size()));
   }
   const int64_t R = static_cast<int64_t>(order.size());
-  std::vector<std::vector<float>> outs(R);
-  if (threads > 1 && R > 1 && most <= 4) {
-    Split s{x, D, K, Dout, wts, experts, &order, &rows, &outs, static_cast<int>(std::min<int64_t>({threads, R, 64})), {}};
+  auto add = [&](int64_t e, const float* src) {  // an expert's weighted rows into y
+    const std::vector<int64_t>& rs = rows[e];
+    for (size_t i = 0; i < rs.size(); i++) {
+      float* out = y + (rs[i] / K) * Dout;
+      for (int64_t d = 0; d < Dout; d++) out[d] = out[d] + src[i * Dout + d];
+    }
+  };
+  if (threads > 1 && R > 1 && most <= 4) {  // outputs apart (at most 4 rows an expert), then summed
+    std::vector<std::vector<float>> outs(R);
+    const int parts = static_cast<int>(std::min<int64_t>({threads, R, 64}));
+    Split s{x, D, K, Dout, wts, experts, &order, &rows, &outs, parts, {}};
     mf::run_parts(s.parts, run_split, &s);
     for (int p = 0; p < s.parts; p++)
       if (s.rc[p] < 0) return s.rc[p];
-  } else {
-    for (int64_t r = 0; r < R; r++) {
-      const int64_t e = order[r], n = static_cast<int64_t>(rows[e].size());
-      const mf_matrix* const* m = experts + 3 * e;
-      outs[r].resize(n * Dout);
-      float* xe = scratch;
-      float* hidden = xe + n * D;
-      const int rc = expert_rows(x, D, rows[e], K, wts, m, Dout, xe, hidden, outs[r].data(), threads);
-      if (rc < 0) return rc;
-    }
+    for (int64_t r = 0; r < R; r++) add(order[r], outs[r].data());
+    return 0;
   }
-  for (int64_t r = 0; r < R; r++) {  // the sums, experts ascending
-    const std::vector<int64_t>& rs = rows[order[r]];
-    for (size_t i = 0; i < rs.size(); i++) {
-      float* out = y + (rs[i] / K) * Dout;
-      const float* src = outs[r].data() + i * Dout;
-      for (int64_t d = 0; d < Dout; d++) out[d] = out[d] + src[d];
-    }
+  for (int64_t e : order) {  // each expert in the caller's scratch, added before the next
+    const int64_t n = static_cast<int64_t>(rows[e].size());
+    const mf_matrix* const* m = experts + 3 * e;
+    const int64_t F = m[1] == nullptr ? m[0]->n_out / 2 : m[0]->n_out;
+    float* xe = scratch;
+    float* hidden = xe + n * D;
+    float* out = hidden + 2 * n * F;
+    const int rc = expert_rows(x, D, rows[e], K, wts, m, Dout, xe, hidden, out, threads);
+    if (rc < 0) return rc;
+    add(e, out);
   }
   return 0;
 }

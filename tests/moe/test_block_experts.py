@@ -9,43 +9,15 @@ import pytest
 
 import mlx_flash
 from greedy import greedy
-from mlx_flash.calibrate import synthetic_gguf
 from mlx_flash.convert import convert
 from mlx_flash.store import open_store
+from moe_files import E, FE
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("torch")
 
-D, FE, E = 256, 256, 4  # k-quant rows are whole super-blocks of 256
+
 PROMPT = list(range(5, 25))
-
-
-@pytest.fixture(scope="module")
-def moe_gguf(tmp_path_factory):
-    shape = dict(
-        synthetic_gguf.SHAPES["qwen3-30b-a3b"],
-        hidden_size=D,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_experts=E,
-        num_experts_per_tok=2,
-        moe_intermediate_size=FE,
-        intermediate_size=4 * FE,
-    )
-    saved = dict(synthetic_gguf.SHAPES)
-    synthetic_gguf.SHAPES["small-moe-kq"] = shape
-    try:
-        path = str(tmp_path_factory.mktemp("moekq") / "moe-q4_k_m.gguf")
-        return synthetic_gguf.write_synthetic_gguf(path, "small-moe-kq", "Q4_K_M", layers=3, progress=False)
-    finally:
-        synthetic_gguf.SHAPES.clear()
-        synthetic_gguf.SHAPES.update(saved)
-
-
-@pytest.fixture(scope="module")
-def moe_store(moe_gguf, tmp_path_factory):
-    return convert(moe_gguf, str(tmp_path_factory.mktemp("moekq") / "store"), progress=False)
 
 
 def test_an_expert_slot_is_the_experts_bytes_as_stored(moe_gguf, moe_store):

@@ -15,9 +15,9 @@ import tiny_models
 from mlx_flash.backends import get_backend
 from mlx_flash.backends.mlx import MLXOps
 from mlx_flash.backends.torch import TorchOps
-from mlx_flash.calibrate import synthetic_gguf
 from mlx_flash.convert import convert
 from mlx_flash.models.moe import route
+from moe_files import write_moe_gguf
 from round_trips import counted_round_trips
 
 pytest.importorskip("torch")
@@ -32,33 +32,10 @@ def logits(store, backend, ids, **kw):
 
 
 @pytest.fixture(scope="module")
-def gguf_stores(tmp_path_factory, default_gguf):
-    """quant -> a store of a 2-layer Qwen3-MoE-shaped GGUF (d_model 256, 8 experts of 256, top-2)."""
-    shape = dict(
-        synthetic_gguf.SHAPES["qwen3-30b-a3b"],
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=256,
-        intermediate_size=8 * 256,
-    )
-    saved = dict(synthetic_gguf.SHAPES)
-    synthetic_gguf.SHAPES["grouped-moe"] = shape
-    out, tokenizer = {}, synthetic_gguf.tokenizer_fields(default_gguf)  # read once for both files
-    try:
-        for quant in ("Q4_1", "Q4_K_M"):
-            d = tmp_path_factory.mktemp(quant)
-            path = synthetic_gguf.write_synthetic_gguf(
-                str(d / "m.gguf"), "grouped-moe", quant, layers=2, progress=False, tokenizer=tokenizer
-            )
-            out[quant] = convert(path, str(d / "store"), progress=False)
-    finally:
-        synthetic_gguf.SHAPES.clear()
-        synthetic_gguf.SHAPES.update(saved)
-    return out
+def gguf_stores(moe_store, tmp_path_factory):
+    """quant -> a store of the small Qwen3-MoE GGUF (tests/moe/conftest.py) in that quantization."""
+    path = write_moe_gguf(str(tmp_path_factory.mktemp("q4_1") / "m.gguf"), "Q4_1")
+    return {"Q4_K_M": moe_store, "Q4_1": convert(path, path + ".store", progress=False)}
 
 
 def three_slots(store, backend) -> int:
