@@ -16,6 +16,7 @@ from mlx_flash.backends import get_backend
 from mlx_flash.backends.mlx import MLXOps
 from mlx_flash.backends.torch import TorchOps
 from mlx_flash.convert import convert
+from greedy import greedy
 from mlx_flash.models.moe import route
 from moe_files import write_moe_gguf
 from round_trips import counted_round_trips
@@ -124,3 +125,20 @@ def test_mlx_moe_decode_round_trips(gguf_stores):
         store, backend="mlx", ffn="stream", weights_budget=three_slots(store, "mlx"), progress=False, io=IO
     ) as e:
         assert decode_round_trips(e, prompt, 8) == 8 * (layers + 1)  # the routing of each layer, the logits
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_streamed_equals_resident_for_64_tokens_at_every_budget(gguf_stores, backend):
+    """Q4_1 experts through the grouped kernel: 64 greedy tokens and every step's logits of the
+    resident model, with 10%, 50% and 100% of the expert bytes cached."""
+    store, prompt = gguf_stores["Q4_1"], list(range(5, 15))
+    with mlx_flash.load(store, backend=backend, progress=False) as e:
+        want = greedy(e, prompt, 64)
+    with mlx_flash.load(store, backend=backend, ffn="stream", weights_budget="1GB", progress=False, io=IO) as e:
+        plan = mlx_flash.memory_plan(e)
+    for share in (0.1, 0.5, 1.0):
+        budget = plan["resident_weights"] + max(plan["slot_bytes"], int(share * plan["all_experts_bytes"]))
+        with mlx_flash.load(store, backend=backend, ffn="stream", weights_budget=budget, progress=False, io=IO) as e:
+            got = greedy(e, prompt, 64)
+        assert got[0] == want[0], f"{share:.0%} of expert bytes"
+        assert np.array_equal(got[1], want[1])
