@@ -40,9 +40,10 @@ def counted_round_trips():
             setattr(owner, name, orig)
 
 
-def decode_round_trips(engine, prompt: str, tokens: int) -> int:
-    """Round trips while `engine` greedily decodes `tokens` tokens after prefilling `prompt`."""
-    ids = engine.tokenizer.encode(prompt)
+def decode_round_trips(engine, prompt: str | list[int], tokens: int) -> int:
+    """Round trips while `engine` greedily decodes `tokens` tokens after prefilling `prompt` (text, or
+    token ids)."""
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     caches = engine.new_caches()
     token = int(np.argmax(engine.prefill(ids, caches)))
     with counted_round_trips() as calls:

@@ -19,7 +19,7 @@ from mlx_flash.convert import convert
 from greedy import greedy
 from mlx_flash.models.moe import route
 from moe_files import write_moe_gguf
-from round_trips import counted_round_trips
+from round_trips import decode_round_trips
 
 pytest.importorskip("torch")
 
@@ -104,15 +104,6 @@ def test_route_matches_the_plain_ops_reference(backend):
         want_ids, want_w = route(z, k, renorm, unit)
         assert ids.dtype == np.int32 and np.array_equal(ids, want_ids)
         np.testing.assert_allclose(w, want_w, rtol=1e-6, atol=1e-7)
-
-
-def decode_round_trips(engine, prompt: list[int], tokens: int) -> int:
-    caches = engine.new_caches()
-    token = int(np.argmax(engine.prefill(prompt, caches)))
-    with counted_round_trips() as calls:
-        for _ in range(tokens):
-            token = int(np.argmax(engine.forward([token], caches)[-1]))
-    return len(calls)
 
 
 def test_mlx_moe_decode_round_trips(gguf_stores):
