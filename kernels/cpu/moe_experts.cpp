@@ -4,7 +4,6 @@
 // products and sums in the same order as one call per expert (models/moe.py's reference loop): the
 // result is identical to the bit. What it saves is a framework dispatch, a gather and a scatter per
 // expert. Plain-ops reference: kernels/pointwise_ref.py moe_experts_ref.
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -12,10 +11,6 @@
 
 extern "C" int mf_gated_ffn(const float* x, int64_t T, int64_t K, const mf_matrix* gate, const mf_matrix* up,
                             const mf_matrix* down, float* hidden, float* y, int threads);
-
-namespace mf {
-void run_parts(int parts, void (*fn)(void*, int), void* arg);
-}
 
 namespace {
 
@@ -37,43 +32,6 @@ int expert_rows(const float* x, int64_t D, const std::vector<int64_t>& rows, int
   return 0;
 }
 
-// Experts split between threads, each computing whole experts on one thread (a decode step's experts
-// are a few small products each: one thread per expert beats splitting every product), outputs kept
-// apart and summed afterwards in ascending order.
-struct Split {
-  const float* x;
-  int64_t D, K, Dout;
-  const float* wts;
-  const mf_matrix* const* experts;
-  const std::vector<int64_t>* order;             // the routed experts, ascending
-  const std::vector<std::vector<int64_t>>* rows;  // expert -> its (token * K + slot)
-  std::vector<std::vector<float>>* outs;          // per routed expert: [n, Dout]
-  int parts;
-  int rc[64];
-};
-
-void run_split(void* arg, int part) {
-  Split& s = *static_cast<Split*>(arg);
-  const int64_t R = static_cast<int64_t>(s.order->size());
-  std::vector<float> xe, hidden;
-  s.rc[part] = 0;
-  for (int64_t r = R * part / s.parts; r < R * (part + 1) / s.parts; r++) {
-    const int64_t e = (*s.order)[r];
-    const std::vector<int64_t>& rows = (*s.rows)[e];
-    const mf_matrix* const* m = s.experts + 3 * e;
-    const int64_t n = static_cast<int64_t>(rows.size());
-    const int64_t F = m[1] == nullptr ? m[0]->n_out / 2 : m[0]->n_out;
-    xe.resize(n * s.D);
-    hidden.resize(2 * n * F);
-    (*s.outs)[r].resize(n * s.Dout);
-    const int rc = expert_rows(s.x, s.D, rows, s.K, s.wts, m, s.Dout, xe.data(), hidden.data(), (*s.outs)[r].data(), 1);
-    if (rc < 0) {
-      s.rc[part] = rc;
-      return;
-    }
-  }
-}
-
 }  // namespace
 
 #define MF_EXPORT __attribute__((visibility("default")))
@@ -85,8 +43,8 @@ extern "C" {
 // tokens skipped, so a caller can run a layer's experts in waves that add up in ascending order).
 // y [N, Dout] is added to (zeros for one call over every routed expert). scratch: floats for the
 // largest expert's share, N (D + 2 F + Dout) with F its width (mf_moe_experts_scratch says how many).
-// Few tokens an expert (a decode step): experts are split between the threads; else each expert's
-// products are. Either way the same products and sums in the same order. Returns 0 or a negative code.
+// Each expert's products are split between the threads, as a call per expert would split them.
+// Returns 0 or a negative code.
 MF_EXPORT int mf_moe_experts(const float* x, int64_t N, int64_t D, const int32_t* ids, const float* wts, int64_t K,
                              int64_t E, const mf_matrix* const* experts, int64_t Dout, float* scratch, float* y,
                              int threads) {
@@ -99,31 +57,18 @@ MF_EXPORT int mf_moe_experts(const float* x, int64_t N, int64_t D, const int32_t
       rows[e].push_back(t * K + j);
     }
   std::vector<int64_t> order;  // the experts of this call any token routes to, ascending
-  int64_t most = 0;
   for (int64_t e = 0; e < E; e++) {
     if (rows[e].empty() || experts[3 * e] == nullptr) continue;
     if (experts[3 * e + 2] == nullptr || experts[3 * e + 2]->n_out != Dout) return -33;
     order.push_back(e);
-    most = std::max<int64_t>(most, static_cast<int64_t>(rows[e].size()));
   }
-  const int64_t R = static_cast<int64_t>(order.size());
   auto add = [&](int64_t e, const float* src) {  // an expert's weighted rows into y
     const std::vector<int64_t>& rs = rows[e];
-    for (size_t i = 0; i < rs.size(); i++) {
+    for (int64_t i = 0; i < static_cast<int64_t>(rs.size()); i++) {
       float* out = y + (rs[i] / K) * Dout;
       for (int64_t d = 0; d < Dout; d++) out[d] = out[d] + src[i * Dout + d];
     }
   };
-  if (threads > 1 && R > 1 && most <= 4) {  // outputs apart (at most 4 rows an expert), then summed
-    std::vector<std::vector<float>> outs(R);
-    const int parts = static_cast<int>(std::min<int64_t>({threads, R, 64}));
-    Split s{x, D, K, Dout, wts, experts, &order, &rows, &outs, parts, {}};
-    mf::run_parts(s.parts, run_split, &s);
-    for (int p = 0; p < s.parts; p++)
-      if (s.rc[p] < 0) return s.rc[p];
-    for (int64_t r = 0; r < R; r++) add(order[r], outs[r].data());
-    return 0;
-  }
   for (int64_t e : order) {  // each expert in the caller's scratch, added before the next
     const int64_t n = static_cast<int64_t>(rows[e].size());
     const mf_matrix* const* m = experts + 3 * e;

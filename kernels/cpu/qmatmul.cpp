@@ -159,10 +159,6 @@ std::mutex g_call_mu;  // one matmul at a time uses the pool
 namespace mf {
 
 void run_parts(int parts, void (*fn)(void*, int), void* arg) {
-  if (parts <= 1) {  // on the calling thread, no lock: a part of an outer run may call a one-part one
-    fn(arg, 0);
-    return;
-  }
   std::lock_guard<std::mutex> lock(g_call_mu);
   if (g_pool.workers() < parts - 1) g_pool.resize(parts - 1);
   g_pool.run(parts, [&](int part) { fn(arg, part); });
@@ -216,9 +212,8 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
     std::memcpy(lay, layout, sizeof(lay));
   }
   if (group_ids != nullptr && !transposed) return -6;
-  // Scratch per calling thread, reused across its calls: a one-part call may run inside a part of
-  // another run (the MoE kernel splits experts between threads), beside other one-part calls.
-  thread_local std::vector<float> xsum, xperm;
+  std::lock_guard<std::mutex> lock(g_call_mu);
+  static std::vector<float> xsum, xperm;  // scratch, reused across calls (one call at a time)
   if (transposed) {
     const int64_t groups = K / group;
     xsum.resize(T * groups);
@@ -246,8 +241,6 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
   while (parts > 1 && weights / parts < 65536) parts--;
   const Problem p{x, w, scales, biases, scale_type, T, K, N, bits, group, y, xsum.data(), xperm.data(),
                   lay[0], lay[1], lay[2], lay[3], lay[4], lay[5], lay[6], row_ids, group_ids};
-  std::unique_lock<std::mutex> lock(g_call_mu, std::defer_lock);  // one run at a time uses the pool
-  if (parts > 1) lock.lock();
   if (g_pool.workers() < parts - 1) g_pool.resize(parts - 1);  // grows once; a forked child starts its own
   g_pool.run(parts, [&](int part) {
     const int64_t a = units * part / parts, b = units * (part + 1) / parts;
