@@ -16,11 +16,19 @@ from mlx_flash.errors import ConfigError
 VOCAB = 49152  # the default model's tokenizer
 
 
+def reduced(monkeypatch, name: str, base: str, **over) -> str:
+    """A shape `name` for this test: the real shape `base` with `over` replaced."""
+    monkeypatch.setitem(synthetic.SHAPES, name, dict(synthetic.SHAPES[base], **over))
+    return name
+
+
 @pytest.fixture
 def small_moe(monkeypatch):
     """Qwen3-30B-A3B reduced: heads wider than d_model / heads (32 > 64 / 4), 4 experts of 64, top-2."""
-    shape = dict(
-        synthetic.SHAPES["qwen3-30b-a3b"],
+    return reduced(
+        monkeypatch,
+        "small-moe",
+        "qwen3-30b-a3b",
         hidden_size=64,
         num_hidden_layers=3,
         num_attention_heads=4,
@@ -31,14 +39,14 @@ def small_moe(monkeypatch):
         moe_intermediate_size=64,
         intermediate_size=4 * 64,
     )
-    monkeypatch.setitem(synthetic.SHAPES, "small-moe", shape)
-    return "small-moe"
 
 
 @pytest.fixture
 def small_shape(monkeypatch):
-    shape = dict(
-        synthetic.SHAPES["llama-2-7b"],
+    return reduced(
+        monkeypatch,
+        "small",
+        "llama-2-7b",
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=3,
@@ -46,8 +54,6 @@ def small_shape(monkeypatch):
         num_key_value_heads=2,
         head_dim=16,
     )
-    monkeypatch.setitem(synthetic.SHAPES, "small", shape)
-    return "small"
 
 
 def expected_tensors(quant: str, layers: int) -> dict:
@@ -311,8 +317,10 @@ def test_moe_converts_expert_by_expert_into_the_gguf_experts(tmp_path, small_moe
 @pytest.fixture
 def spread_moe(monkeypatch):
     """Qwen3-30B-A3B's routing (128 experts, top-8) over 4 narrow layers (d_model 512, experts of 32)."""
-    shape = dict(
-        synthetic.SHAPES["qwen3-30b-a3b"],
+    return reduced(
+        monkeypatch,
+        "spread-moe",
+        "qwen3-30b-a3b",
         hidden_size=512,
         num_attention_heads=8,
         num_key_value_heads=4,
@@ -320,8 +328,6 @@ def spread_moe(monkeypatch):
         moe_intermediate_size=32,
         intermediate_size=128 * 32,
     )
-    monkeypatch.setitem(synthetic.SHAPES, "spread-moe", shape)
-    return "spread-moe"
 
 
 def _spread(tmp_path, shape, tokenizer, text, gain, monkeypatch) -> list[dict]:
@@ -384,8 +390,10 @@ def test_moe_logits_match_llama_cpp(tmp_path, small_moe, tokenizer):
 @pytest.fixture
 def small_k(monkeypatch):
     """A Llama shape whose rows are whole k-quant super-blocks (256): d_model 256, d_ff 512, 4 layers."""
-    shape = dict(
-        synthetic.SHAPES["llama-2-7b"],
+    return reduced(
+        monkeypatch,
+        "small-k",
+        "llama-2-7b",
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=4,
@@ -393,8 +401,6 @@ def small_k(monkeypatch):
         num_key_value_heads=2,
         head_dim=64,
     )
-    monkeypatch.setitem(synthetic.SHAPES, "small-k", shape)
-    return "small-k"
 
 
 def test_q4_k_m_mixes_types_as_llama_cpp_and_converts_keeping_them(tmp_path, small_k, tokenizer):
