@@ -97,6 +97,7 @@ class FFNStats:
     expert_hits: tuple = ()  # per layer (hits, misses)
     preload: int = 0  # experts preloaded per layer and decode step
     preloaded_used: int = 0  # preloaded experts the router then chose
+    preloads_withdrawn: int = 0  # wrong guesses taken off the reader queue before a demand read
     routed_experts: int = 0  # experts decode steps routed to
 
 

@@ -6,7 +6,7 @@ one table, JSON and a plot.
 
     python tools/bench_memory.py [--model GGUF] [--limits 25%,50%,75%,100%,150%] [--backends mlx,torch]
                                  [--sparse 0.5,0.1] [--peer llama.cpp|none] [--tokens 16] [--prompt-tokens 32]
-                                 [--runs 1]
+                                 [--runs 1] [--teacher-forced]
                                  [--json OUT] [--plot OUT.png]
     python tools/bench_memory.py --no-limit [--backends mlx,torch] [--tokens 16] [--runs 3]
     python tools/bench_memory.py --kept [--backends mlx,torch] [--model M]
@@ -25,6 +25,12 @@ For a sparse row the weights a token uses are the resident tensors and that shar
 MoE model the resident tensors and the routed experts' share (experts per token over experts): a
 bound for a cache that always holds the right rows or experts (looser than a dense exact row's).
 The "read GB/s" column is what a row's decode actually read per second, to set beside it.
+
+--teacher-forced (MoE models): the prompt is the Wikipedia corpus's first tokens and each decode pass
+is fed the text's next token in every engine (random weights decode one token over and over, which
+routes the same experts every step); rows of ours add the expert cache's hit rate over the decode
+and "disk rate": the byte ranges that run's decode read, read again by the reader pool in the same
+batches after dropping the page cache, as tokens/s (no decode reading those bytes can be faster).
 
 Our engine runs with memory_budget="auto" (inside the cgroup: its limit less 5%); its plan line is
 kept for each row. Its exact rows (ffn="auto": resident, hybrid or streamed as the plan says) come
@@ -57,6 +63,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from mlx_flash.budget import parse_budget
@@ -65,7 +72,8 @@ from mlx_flash.default_model import default_model_path, resolve_store
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
 from mlx_flash.memory import available_memory
 from mlx_flash.bench.budget_kept import kept_rows
-from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth
+from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache, own_memory_cgroup, read_bandwidth, replay_reads
+from mlx_flash.calibrate import read_corpus
 from mlx_flash.tokenizer import Tokenizer
 
 from bench_memory_report import MB, fmt_cell, model_title, plot, print_table, replot
@@ -145,8 +153,21 @@ def prompt_ids(store: str, n: int) -> list[int]:
     return ids
 
 
-def command(e: Engine, tokens: int, ids: list[int], model: str | None = None) -> list[str]:
-    return [sys.executable, RUN, e.name, model or e.model, e.run_mode, str(tokens), ",".join(map(str, ids))]
+def text_ids(store: str, prompt: int, fed: int) -> tuple[list[int], list[int]]:
+    """Teacher forcing: the Wikipedia corpus's first `prompt` tokens, and the `fed` that follow."""
+    ids = Tokenizer(store).encode(read_corpus("wikipedia")[:20000])
+    if len(ids) < prompt + fed:
+        raise FlashError(f"the Wikipedia text encodes to {len(ids)} tokens, fewer than {prompt} + {fed}")
+    return ids[:prompt], ids[prompt : prompt + fed]
+
+
+def command(e: Engine, tokens: int, ids: list[int], model: str | None = None, fed=None, read_log=None) -> list[str]:
+    cmd = [sys.executable, RUN, e.name, model or e.model, e.run_mode, str(tokens), ",".join(map(str, ids))]
+    if fed:
+        cmd += ["--fed", ",".join(map(str, fed))]
+    if read_log:
+        cmd += ["--read-log", read_log]
+    return cmd
 
 
 def last_json(stdout: str) -> dict | None:
@@ -191,11 +212,26 @@ def resolve_limits(text: str, e: Engine, floor: int, cap: int) -> list[tuple[str
     return out
 
 
-def one_run(e: Engine, limit: int, tokens: int, ids: list[int], timeout: float) -> dict:
+def one_run(e: Engine, limit: int, tokens: int, ids: list[int], timeout: float, fed=None) -> dict:
+    """One cold run in a fresh cgroup. A teacher-forced MoE run of ours also has the byte ranges its
+    decode read, read again by the reader pool after dropping the page cache: `replay_tps`, the
+    decode rate the drive allows for exactly those reads."""
+    log = None
+    if fed and e.name == "mlx_flash" and e.routed < 1:
+        fd, log = tempfile.mkstemp(suffix=".json", prefix="bench_memory_reads_")
+        os.close(fd)
     drop_page_cache()
     with MemoryCgroup(limit) as cg:
-        r = cg.run(command(e, tokens, ids), timeout=timeout)
+        r = cg.run(command(e, tokens, ids, fed=fed, read_log=log), timeout=timeout)
     out = (last_json(r.stdout) if r.returncode == 0 else None) or {}
+    if log is not None:
+        with open(log) as fh:
+            text = fh.read()
+        os.unlink(log)
+        if text:
+            reads = json.loads(text)
+            seconds = replay_reads(reads["batches"], reads["threads"])
+            out["replay_tps"] = (tokens - 1) / seconds if seconds else None
     if "ttft_s" in out:  # an mmap load reads nothing and the prompt's pass faults the weights in: count both
         out["first_token_s"] = out["load_s"] + out["ttft_s"]
     if r.oom_killed:
@@ -234,6 +270,7 @@ def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, r
 
     must_read = max(0, e.used_per_token - (limit - floor))
     per_token, rate = med("decode_read_bytes_per_token"), med("decode_tps")
+    teacher = any(r.get("teacher_forced") for r in ok)
     return {
         "engine": e.name,
         "mode": e.label.split(" ", 1)[1],
@@ -245,6 +282,9 @@ def summarize(e: Engine, label: str, limit: int, floor: int, bandwidth: float, r
         "prefill_tps": med("prefill_tps"),
         "ttft_s": med("first_token_s"),
         "decode_tps": med("decode_tps"),
+        "teacher_forced": teacher,
+        "expert_hit_rate": med("expert_hit_rate"),
+        "replay_tps": med("replay_tps"),
         "peak_cgroup": max(r["peak_cgroup"] for r in runs),
         "vmhwm": med("vmhwm"),
         "major_faults": statistics.median(r["major_faults_all"] for r in runs),
@@ -280,7 +320,11 @@ def limited(a) -> None:
         print(note, file=sys.stderr)
     if not engines:
         raise FlashError(f"nothing to run: no backends and no peer{' (' + note + ')' if note else ''}")
-    ids = prompt_ids(store, a.prompt_tokens)
+    ids, fed = (
+        text_ids(store, a.prompt_tokens, a.tokens - 1)
+        if a.teacher_forced
+        else (prompt_ids(store, a.prompt_tokens), None)
+    )
     floor = floors(engines, a.tokens, a.prompt_tokens)
     probe = gguf or max((os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs), key=os.path.getsize)
     bandwidth = read_bandwidth(probe)
@@ -298,7 +342,7 @@ def limited(a) -> None:
         for _ in range(a.runs):
             for e in engines:  # peer, ours, peer, ours: drift in the machine hits both alike
                 label, limit = limits[e.label][i]
-                r = one_run(e, limit, a.tokens, ids, a.timeout)
+                r = one_run(e, limit, a.tokens, ids, a.timeout, fed)
                 print(
                     f"  {e.label} at {limit / MB:.0f} MB: {r['outcome']}, decode "
                     f"{fmt_cell(r.get('decode_tps'), '.3f')} tok/s, {r['wall_s']:.0f} s, other processes used "
@@ -403,6 +447,13 @@ def main() -> int:
     p.add_argument("--peer", choices=["llama.cpp", "none"], default="llama.cpp", help="the peer engine")
     p.add_argument("--tokens", type=int, default=16, help="tokens generated per run (default: 16)")
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens (default: 32)")
+    p.add_argument(
+        "--teacher-forced",
+        action="store_true",
+        help="prompt and decode from the Wikipedia corpus, each pass fed the text's next token (MoE: routing "
+        "follows real text); ours on a MoE model also reports its expert hit rate and the drive's rate for "
+        "the ranges it read",
+    )
     p.add_argument(
         "--runs", type=int, default=None, help="runs per engine and limit, medians (default 1; 3 with --no-limit)"
     )

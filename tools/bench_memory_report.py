@@ -50,6 +50,16 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
             f"{max(r['others_cpu'] for r in busy):.0%}): those numbers are low"
         )
     for r in rows:
+        if r.get("replay_tps") or r.get("expert_hit_rate") is not None:
+            hit = "-" if r.get("expert_hit_rate") is None else f"{r['expert_hit_rate']:.1%}"
+            line = f"  {r['engine']} {r['mode']} at {r['limit'] / MB:.0f} MB: expert hit rate {hit}"
+            if r.get("replay_tps") and r["decode_tps"]:
+                line += (
+                    f"; its decode reads read again cold: {r['replay_tps']:.3f} tok/s, the row's decode "
+                    f"{r['decode_tps'] / r['replay_tps']:.0%} of it"
+                )
+            print(line)
+    for r in rows:
         if r["plan_line"] or r["refused"]:
             print(f"  {r['engine']} {r['mode']} at {r['limit'] / MB:.0f} MB: {r['refused'] or r['plan_line']}")
 

@@ -1,13 +1,17 @@
 """One measured run for tools/bench_memory.py, in the process it starts (inside a memory cgroup when
 a limit applies): load an engine, prefill the given token ids, decode greedily, print one JSON line.
 
-    python tools/bench_memory_run.py mlx_flash STORE mlx|torch[:SHARE] TOKENS IDS
-    python tools/bench_memory_run.py llama.cpp GGUF mmap|no-mmap TOKENS IDS
+    python tools/bench_memory_run.py mlx_flash STORE mlx|torch[:SHARE] TOKENS IDS [--fed IDS] [--read-log OUT]
+    python tools/bench_memory_run.py llama.cpp GGUF mmap|no-mmap TOKENS IDS [--fed IDS]
 
 IDS: the prompt's token ids, comma-separated (the same ids for every engine). Both engines run the
 same loop: one forward pass over the prompt gives the first token (time to first token, prefill
 tokens/s), then TOKENS - 1 passes of one token each (decode tokens/s); greedy, EOS ignored, so
-every run computes the same number of passes. Bytes read and major faults come from the kernel's
+every run computes the same number of passes. --fed: teacher forcing, the MoE benchmarks' way: pass
+i is fed the i-th of these ids (the text's next token) instead of the engine's own pick, so routing
+follows real text. --read-log (ours, streamed experts): the byte ranges the decode passes read, per
+reader batch, as JSON, for the parent to read again after dropping the page cache; the expert
+cache's decode hit rate is reported either way. Bytes read and major faults come from the kernel's
 counters of this process (/proc/self/io, getrusage), not from the engine's own accounting.
 SHARE: ours with ffn="sparse" and the statistical predictor drawing that share of the FFN's read
 units per token (synthetic checkpoints: the reads are real, the output is noise).
@@ -16,6 +20,7 @@ A run of ours whose memory limit the planner refuses prints {"refused": message}
 The peer's process imports nothing of mlx_flash: its memory is its own.
 """
 
+import argparse
 import json
 import resource
 import sys
@@ -39,18 +44,24 @@ def counters() -> tuple[float, int, int]:
     return time.perf_counter(), read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
-def greedy(prefill, step, ids: list[int], tokens: int) -> dict:
-    """prefill(ids) -> logits of the last position; step(token) -> logits of that token."""
+def decode(prefill, step, ids: list[int], tokens: int, fed: list[int] | None = None, on_decode=None) -> dict:
+    """prefill(ids) -> logits of the last position; step(token) -> logits of that token. Each
+    step takes the previous pick (greedy) or, with `fed`, the next fed token. on_decode(): called
+    once the prompt's pass is done."""
     c0 = counters()
     out = [int(np.argmax(prefill(ids)))]
     c1 = counters()
-    for _ in range(tokens - 1):
-        out.append(int(np.argmax(step(out[-1]))))
+    if on_decode is not None:
+        on_decode()
+        c1 = counters()
+    for i in range(tokens - 1):
+        out.append(int(np.argmax(step(fed[i] if fed else out[-1]))))
     c2 = counters()
     passes = tokens - 1
     return {
         "prompt_tokens": len(ids),
         "tokens": tokens,
+        "teacher_forced": bool(fed),
         "ttft_s": c1[0] - c0[0],
         "prefill_tps": len(ids) / (c1[0] - c0[0]),
         "decode_tps": passes / (c2[0] - c1[0]) if passes else 0.0,
@@ -62,9 +73,29 @@ def greedy(prefill, step, ids: list[int], tokens: int) -> dict:
     }
 
 
-def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
+class RecordingPool:
+    """A reader pool that notes the (path, offset, length) of every batch submitted while `on`."""
+
+    def __init__(self, pool):
+        self.pool, self.on, self.batches = pool, False, []
+
+    def submit(self, ranges, priority: int = 0):
+        ranges = list(ranges)
+        if self.on:
+            self.batches.append([(f.path, int(off), int(n)) for f, off, n, _ in ranges])
+        return self.pool.submit(ranges, priority)
+
+    def read(self, ranges, priority: int = 0):
+        return self.submit(ranges, priority).wait()
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def run_ours(store: str, mode: str, tokens: int, ids: list[int], fed=None, read_log=None) -> dict:
     import mlx_flash
     from mlx_flash.errors import MemoryBudgetError
+    from mlx_flash.moe.experts import StreamedExperts
 
     backend, _, share = mode.partition(":")
     sparse = (
@@ -79,20 +110,48 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int]) -> dict:
         return {"refused": str(e)}
     load_s = time.perf_counter() - t0
     with engine:
+        recorder = None
+        if read_log and isinstance(engine.ffn, StreamedExperts):
+            recorder = engine.ffn.pool = RecordingPool(engine.ffn.pool)
+        hits = []
+
+        def start_decode():
+            hits.append(expert_hits(engine))
+            if recorder is not None:
+                recorder.on = True
+
         caches = engine.new_caches()
-        r = greedy(lambda x: engine.prefill(x, caches), lambda t: engine.forward([t], caches)[-1], ids, tokens)
+        r = decode(
+            lambda x: engine.prefill(x, caches),
+            lambda t: engine.forward([t], caches)[-1],
+            ids,
+            tokens,
+            fed,
+            start_decode,
+        )
+        h, m = (b - a for a, b in zip(hits[0], expert_hits(engine)))
         r.update(load_s=load_s, plan=engine.memory_plan, rss_after=status_bytes("VmRSS"))
+        r.update(expert_hit_rate=h / (h + m) if h + m else None)
+        if recorder is not None:
+            with open(read_log, "w") as fh:
+                json.dump({"threads": recorder.pool.threads, "batches": recorder.batches}, fh)
     return r
 
 
-def run_llama_cpp(gguf: str, mode: str, tokens: int, ids: list[int]) -> dict:
+def expert_hits(engine) -> tuple[int, int]:
+    """(hits, misses) of the expert cache over every layer since load; (0, 0) with no cache."""
+    per_layer = engine.ffn.stats().expert_hits
+    return tuple(map(sum, zip(*per_layer))) if per_layer else (0, 0)
+
+
+def run_llama_cpp(gguf: str, mode: str, tokens: int, ids: list[int], fed=None) -> dict:
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
     # logits_all=False: llama.cpp computes the last position's logits only, as ours does
     llm = Llama(
         model_path=gguf,
-        n_ctx=256,
+        n_ctx=max(256, len(ids) + tokens + 8),
         n_threads=2,
         n_threads_batch=2,
         use_mmap=mode == "mmap",
@@ -112,17 +171,30 @@ def run_llama_cpp(gguf: str, mode: str, tokens: int, ids: list[int]) -> dict:
         llm.eval([t])
         return last_logits()
 
-    r = greedy(prefill, step, ids, tokens)
+    r = decode(prefill, step, ids, tokens, fed)
     r.update(load_s=load_s, rss_after=status_bytes("VmRSS"))
     llm.close()
     return r
 
 
 def main() -> int:
-    engine, model, mode, tokens, ids = sys.argv[1:6]
-    ids = [int(t) for t in ids.split(",")]
-    run = run_ours if engine == "mlx_flash" else run_llama_cpp
-    r = run(model, mode, int(tokens), ids)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("engine", choices=["mlx_flash", "llama.cpp"])
+    p.add_argument("model")
+    p.add_argument("mode")
+    p.add_argument("tokens", type=int)
+    p.add_argument("ids")
+    p.add_argument("--fed", default="")
+    p.add_argument("--read-log", default=None)
+    a = p.parse_args()
+    ids = [int(t) for t in a.ids.split(",")]
+    fed = [int(t) for t in a.fed.split(",")] if a.fed else None
+    if fed is not None and len(fed) < a.tokens - 1:
+        p.error(f"--fed has {len(fed)} ids; {a.tokens - 1} decode passes need one each")
+    if a.engine == "mlx_flash":
+        r = run_ours(a.model, a.mode, a.tokens, ids, fed, a.read_log)
+    else:
+        r = run_llama_cpp(a.model, a.mode, a.tokens, ids, fed)
     # VmHWM: the peak of this process image (ru_maxrss would carry the parent's peak across fork + exec)
     r.update(
         vmhwm=status_bytes("VmHWM"),

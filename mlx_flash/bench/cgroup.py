@@ -233,3 +233,26 @@ def read_bandwidth(path: str, grid=PROBE_GRID) -> float:
             pool.submit_rows(f, offsets, chunk, np.frombuffer(buf, dtype=np.uint8), slots).wait()
             best = max(best, offsets.size * chunk / (time.perf_counter() - t))
     return best
+
+
+def replay_reads(batches: list[list[tuple[str, int, int]]], threads: int, mode: str = "direct") -> float:
+    """Seconds the reader pool takes to read `batches` of (path, offset, length) again, one batch
+    after another as an engine waited for them, the page cache dropped first: the drive's rate for
+    exactly the byte ranges a run read (its decode can go no faster than this while it reads them)."""
+    files: dict[str, object] = {}
+    biggest = max((sum(-(-n // 4096) * 4096 for _, _, n in b) for b in batches), default=0)
+    if biggest == 0:
+        return 0.0
+    drop_page_cache()
+    buf = mmap.mmap(-1, biggest)
+    dest = np.frombuffer(buf, dtype=np.uint8)
+    with ReaderPool(threads=threads, mode=mode) as pool:
+        t = time.perf_counter()
+        for b in batches:
+            ranges, at = [], 0
+            for path, off, n in b:
+                f = files.get(path) or files.setdefault(path, pool.open(path))
+                ranges.append((f, off, n, dest[at : at + n]))
+                at += -(-n // 4096) * 4096  # each range lands page-aligned, as in an engine's slots
+            pool.read(ranges)
+        return time.perf_counter() - t

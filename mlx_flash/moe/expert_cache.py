@@ -63,6 +63,12 @@ class ExpertCache:
             todo.append((e, slot))
         return todo
 
+    def drop(self, layer: int, expert: int) -> None:
+        """Forget an expert whose slot holds no whole copy of it (a preload withdrawn part-way)."""
+        key = (layer, expert)
+        self.policy.forget(key)
+        self.free.append(self.slot_of.pop(key))
+
     def _free_slot(self, layer: int, pinned: set) -> int | None:
         if not self.free:
             candidates = [k for k in self.slot_of if k not in pinned]

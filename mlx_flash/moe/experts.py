@@ -10,7 +10,8 @@ StreamedExperts  experts read from the bundle file when routed, kept in an Exper
                  than there are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
                  a decode step preloads the next layer's most probable experts while this layer
                  computes; the router's real choice still decides what runs, so a wrong guess costs
-                 only the bandwidth and the slot it took.
+                 only the bandwidth and the slot it took, and one still queued when the layer's demand
+                 read comes is withdrawn (it never holds a reader the demand read could use).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class ResidentExperts(ExpertSource):
 class StreamedExperts(ExpertSource):
     """Counters as the dense FFN sources keep them (io_seconds: time blocked on reads, mem_seconds,
     bytes_read, reads), plus the preloader's: predicted / useful (preloaded experts the router then
-    chose) / routed (experts decode steps asked for), preload_bytes, and preload_wait_seconds (the
-    part of io_seconds spent waiting for preloads still in flight)."""
+    chose) / routed (experts decode steps asked for) / withdrawn (wrong guesses taken off the
+    reader queue), preload_bytes, and preload_wait_seconds (the part of io_seconds spent waiting
+    for preloads still in flight)."""
 
     def __init__(self, ops, store, pool, slots: int, policy: str = "edgemoe", predictor=None, preload: int = 0):
         self.ops, self.pool = ops, pool
@@ -78,9 +80,9 @@ class StreamedExperts(ExpertSource):
         self.predictor, self.preload = predictor, preload if predictor is not None else 0
         self.io_seconds = self.mem_seconds = self.preload_wait_seconds = 0.0
         self.bytes_read = self.reads = self.preload_bytes = 0
-        self.predicted = self.useful = self.routed_count = 0
+        self.predicted = self.useful = self.routed_count = self.withdrawn = 0
         self._path: list = [(), ()]  # the current token's choices at the last two layers
-        self._inflight: list = []  # preload batches not yet waited for
+        self._inflight: list = []  # (layer, expert, batch) of preloads not yet waited for
         self._preloaded: set = set()  # keys in the cache because of a preload, not yet used
         self._weights: dict = {}  # slot -> (key, converted weights) of the expert its bytes hold
 
@@ -99,7 +101,7 @@ class StreamedExperts(ExpertSource):
 
     def _load(self, layer: int, ids: list[int]):
         lay, cache = self.layout, self.cache
-        self._settle()
+        self._settle(layer, ids)
         single = len(ids) <= cache.slots
         if self._path[0]:
             self.routed_count += len(ids)
@@ -109,7 +111,7 @@ class StreamedExperts(ExpertSource):
             wave = list(ids[s : s + cache.slots])
             pinned = {(layer, e) for e in wave}
             t = time.perf_counter()
-            todo = cache.place(layer, wave, pinned=pinned)
+            todo = cache.place(layer, wave, pinned=pinned | self._busy())
             self.mem_seconds += time.perf_counter() - t
             if todo:
                 for _, slot in todo:
@@ -137,37 +139,54 @@ class StreamedExperts(ExpertSource):
         return held[1]
 
     def _start_preload(self, layer: int, pinned: set) -> None:
-        """Read the predicted experts of `layer` into slots that this layer's experts do not hold."""
+        """Read the predicted experts of `layer` into slots that this layer's experts do not hold,
+        one batch per expert, so that a wrong guess can be withdrawn alone (_settle)."""
         guess = self.predictor.predict(
             layer, self._path[0], self._path[1], min(self.preload, self.cache.slots - len(pinned))
         )
         self.predicted += len(guess)
-        todo = self.cache.prefetch(layer, guess, pinned)
-        for _, slot in todo:
+        todo = self.cache.prefetch(layer, guess, pinned | self._busy())
+        lay = self.layout
+        for e, slot in todo:
             self._weights.pop(slot, None)
-        if todo:
-            lay = self.layout
-            self._inflight.append(
-                self.pool.submit(
-                    [
-                        (self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e), self.cache.buf[slot])
-                        for e, slot in todo
-                    ],
-                    PRELOAD_PRIORITY,
-                )
+            batch = self.pool.submit(
+                [(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e), self.cache.buf[slot])],
+                PRELOAD_PRIORITY,
             )
-            self._preloaded |= {(layer, e) for e, _ in todo}
+            self._inflight.append((layer, e, batch))
+            self._preloaded.add((layer, e))
 
-    def _settle(self) -> None:
-        """Wait for preloads in flight: their slots may be evicted or read from next."""
-        for batch in self._inflight:
+    def _settle(self, layer: int | None = None, ids=()) -> None:
+        """Before a layer's demand read. A preload of an expert it routes to is waited for. A wrong
+        guess is not: its reads still queued are withdrawn and its slot freed (once no worker
+        writes there), and one whose reads all started runs on behind the demand read, its slot
+        held until it lands (the `_busy` keys). With no layer (closing), every preload is waited for."""
+        wanted = {(layer, e) for e in ids}
+        running = []
+        for at, e, batch in self._inflight:
+            key = (at, e)
+            if layer is not None and key not in wanted:
+                if self.pool.withdraw(batch):
+                    batch.wait()  # the reads a worker had started
+                    self.cache.drop(*key)
+                    self._preloaded.discard(key)
+                    self.withdrawn += 1
+                elif not batch.done():
+                    running.append((at, e, batch))
+                    continue
             batch.wait()
             self.preload_wait_seconds += batch.wait_seconds
             self.io_seconds += batch.wait_seconds
             self.preload_bytes += batch.bytes_read
             self.bytes_read += batch.bytes_read
             self.reads += batch.reads
-        self._inflight = []
+        self._inflight = running
+        if running and len(running) + len(ids) > self.cache.slots:  # the demand needs their slots
+            self._settle()
+
+    def _busy(self) -> set:
+        """Keys whose slots a preload still writes: no one may evict them yet."""
+        return {(at, e) for at, e, _ in self._inflight}
 
     def _account(self, batch) -> None:
         self.io_seconds += batch.wait_seconds
@@ -185,6 +204,7 @@ class StreamedExperts(ExpertSource):
             expert_hits=tuple(self.hit_stats()),
             preload=self.preload,
             preloaded_used=self.useful,
+            preloads_withdrawn=self.withdrawn,
             routed_experts=self.routed_count,
         )
 

@@ -180,6 +180,20 @@ class ReaderPool:
     def read(self, ranges, priority: int = 0) -> Batch:
         return self.submit(ranges, priority).wait()
 
+    def withdraw(self, batch: Batch) -> bool:
+        """Take the batch's jobs that no worker has started off the queue (a prefetch no longer
+        wanted must not hold a worker that a demand read could use). Returns True when some were
+        taken: the batch then completes once its started jobs finish, and its destinations are not
+        wholly written. False: every job had started, the batch will complete as submitted."""
+        with self._cv:
+            mine = [j for j in self._queue if j.batch is batch]
+            if mine:
+                self._queue = [j for j in self._queue if j.batch is not batch]
+                heapq.heapify(self._queue)
+        for _ in mine:
+            batch._finish_job(None, 0, 0, 0.0)
+        return bool(mine)
+
     def _submit(self, files, fi, offs, lens, dests, di, doffs, priority, row_bytes: int = 0) -> Batch:
         if self._closed:
             raise PoolClosedError("the reader pool is closed")

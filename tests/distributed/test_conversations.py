@@ -26,6 +26,8 @@ def answer(svc, ctx, prompt, max_tokens):
     return "".join(step.text for step in svc.call(ctx, prompt, max_tokens=max_tokens))
 
 
+# ~20 s (a 260-token answer); the refusal below keeps the room-making code in the default tier
+@pytest.mark.full
 def test_an_idle_conversations_kv_makes_room_and_is_prefilled_again(conversations):
     svc = conversations
     e = svc.engine

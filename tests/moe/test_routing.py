@@ -1,5 +1,6 @@
 """The next-layer expert predictor as decoding uses it: a predictor file of another model is refused,
-and a streamed model that preloads gives the resident model's tokens and logits bit for bit."""
+a streamed model that preloads gives the resident model's tokens and logits bit for bit, and wrong
+guesses leave the reader queue before a demand read."""
 
 import os
 
@@ -71,6 +72,44 @@ def test_preloading_streams_exactly_and_counts_its_guesses(tiny_store):
             assert f.useful <= f.predicted and f.stats().routed_experts == 64 * 4 * 2
         assert got[0] == want[0]
         assert np.array_equal(got[1], want[1])
+
+
+def test_wrong_preloads_are_withdrawn_before_the_demand_read_and_the_tokens_stay_exact(tiny_store, monkeypatch):
+    """One slow reader: a preload still queued when the next layer's demand read comes is taken off
+    the queue (its slot freed), one already reading runs on behind it, and the tokens are the
+    resident model's."""
+    import time
+
+    import mlx_flash.store.reader_pool as rp
+
+    store, _ = tiny_store("qwen3_moe", num_hidden_layers=4)
+    prompt = tiny_models.random_ids(10, seed=3)
+    with mlx_flash.load(store, backend="torch", progress=False) as e:
+        want = greedy(e, prompt, 24)
+        uniform_predictor(model_id(e.store), 4, e.args.num_experts).save(os.path.join(store, PREDICTOR_FILE))
+    real = rp._preadv
+
+    def slow(fd, bufs, offset):
+        time.sleep(0.002)
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(rp, "_preadv", slow)
+    with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="1GB", progress=False) as e:
+        a = mlx_flash.memory_plan(e)
+    with mlx_flash.load(
+        store,
+        backend="torch",
+        ffn="stream",
+        weights_budget=a["resident_weights"] + 8 * a["slot_bytes"],
+        progress=False,
+        experts=mlx_flash.ExpertOptions(preload=4),
+        io=mlx_flash.IOOptions(mode="buffered", threads=1),
+    ) as e:
+        got = greedy(e, prompt, 24)
+        st = e.ffn.stats()
+    assert st.preloads_withdrawn > 0
+    assert got[0] == want[0]
+    assert np.array_equal(got[1], want[1])
 
 
 def test_load_refuses_a_predictor_of_another_model(tiny_store):

@@ -181,6 +181,33 @@ def test_priority_serves_urgent_batch_first(data_file, monkeypatch):
         assert order.index(3 * 4096) < 3  # served before the low-priority batch finished
 
 
+def test_a_withdrawn_batch_leaves_the_queue_and_completes_without_its_reads(data_file, monkeypatch):
+    import mlx_flash.store.reader_pool as rp
+
+    path, payload = data_file
+    with ReaderPool(threads=1, mode="buffered") as pool:
+        f = pool.open(path)
+        gate = threading.Event()
+        offsets = []
+
+        def slow(fd, bufs, offset):
+            offsets.append(offset)
+            gate.wait(5)
+            return os.preadv(fd, bufs, offset)
+
+        monkeypatch.setattr(rp, "_preadv", slow)
+        running = pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
+        time.sleep(0.05)  # the only worker is now inside `running`
+        dest = np.full(100, 0xAB, np.uint8)
+        queued = pool.submit([(f, 200, 100, dest)], priority=1)
+        assert pool.withdraw(queued) is True
+        assert queued.wait(timeout=1.0).bytes_read == 0 and (dest == 0xAB).all()
+        gate.set()
+        assert pool.withdraw(running) is False  # already started: it completes as submitted
+        assert running.wait(timeout=1.0).bytes_read == 10
+        assert 200 not in offsets
+
+
 def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
     import mlx_flash.store.pool_file as pool_file
 
