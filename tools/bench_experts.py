@@ -8,12 +8,14 @@
 (routes-wikipedia.npy) through a cache of 1, 2, 4 and 8 experts per layer (shared by all layers),
 token by token, for every policy and Belady's offline optimum.
 
-Speed rows (medians over the decoded tokens; I/O = time blocked on reads):
+Speed rows: after a prompt of the Wikipedia text, each decode step is fed the text's next token
+(teacher forcing: routing follows real text); medians over the steps; I/O = time blocked on reads.
   IO-EXP   float16 experts read when routed, no cache (slots for one layer's experts)
   IO-QEXP  all experts INT4 (<store>-int4), no cache
   Q        the expert-wise widths (<store>-mixP005, tools/expert_bits.py), no cache
   Q+P      Q, plus the next layer's predicted experts preloaded (slots for two layers)
   Q+P+C    Q+P with an expert cache of 25 / 50 / 100% of all experts (EdgeMoE: ours)
+then, at the 25% cache: each eviction policy (edgemoe, lru, lfu) with the preloader off and on.
 With --synthetic, the experts run on their own (no attention) over routing replayed from a MoE-fied
 model's trace (pairs of its experts merged), and Q is all-INT4 (random weights have no importance).
 """
@@ -104,7 +106,12 @@ def account_of(path: str) -> dict:
         )
 
 
-def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int], tokens: int, acct: dict) -> dict:
+def decode_row(
+    label: str, path: str, slots: int, preload: int, ids: list[int], prompt: int, acct: dict, policy="edgemoe"
+):
+    """Teacher-forced decode: the prompt's ids prefilled, then each next id of the text fed in turn
+    (the model's own pick is not used), timed per step; blocked read and conversion time from the
+    expert source's counters."""
     budget = acct["resident_weights"] + slots * acct["slot_bytes"]
     with mlx_flash.load(
         path,
@@ -112,31 +119,41 @@ def decode_row(label: str, path: str, slots: int, preload: int, prompt: list[int
         ffn="stream",
         weights_budget=budget,
         progress=False,
-        experts=mlx_flash.ExpertOptions(preload=preload),
+        experts=mlx_flash.ExpertOptions(policy=policy, preload=preload),
         io=mlx_flash.IOOptions(mode="direct"),
     ) as e:
         f = e.ffn
+        caches = e.new_caches()
         b0 = f.stats().bytes_read
-        e.forward(e.encode_prompt(prompt), e.new_caches())  # the prompt alone: what an expert-major prefill reads
+        e.prefill(ids[:prompt], caches)  # expert-major: what a prompt's pass reads
         prefill_mb = (f.stats().bytes_read - b0) / 1e6
-        e.generate(prompt, max_tokens=tokens + 1)
-        steps = e.last.steps[1:]
-        med = lambda xs: statistics.median(xs)  # noqa: E731
-        st = f.stats()
-        h, m = map(sum, zip(*st.expert_hits))
+        first = f.stats()
+        walls, ios, mems, mbs = [], [], [], []
+        for t in ids[prompt:]:
+            s0, t0 = f.stats(), time.perf_counter()
+            e.forward([t], caches)
+            walls.append((time.perf_counter() - t0) * 1e3)
+            s1 = f.stats()
+            ios.append((s1.io_seconds - s0.io_seconds) * 1e3)
+            mems.append((s1.mem_seconds - s0.mem_seconds) * 1e3)
+            mbs.append((s1.bytes_read - s0.bytes_read) / 1e6)
+        e.release(caches)
+        last = f.stats()
+        h, m = (sum(b) - sum(a) for a, b in zip(zip(*first.expert_hits), zip(*last.expert_hits)))
+        med = statistics.median
         return {
             "label": label,
-            "slots": st.expert_slots,
-            "total_ms": med([s.wall_ms for s in steps]),
-            "io_ms": med([s.io_ms for s in steps]),
-            "mem_ms": med([s.mem_ms for s in steps]),
-            "compute_ms": med([s.compute_ms for s in steps]),
-            "mb": med([s.bytes_read / 1e6 for s in steps]),
+            "slots": last.expert_slots,
+            "total_ms": med(walls),
+            "io_ms": med(ios),
+            "mem_ms": med(mems),
+            "compute_ms": med([w - i - m for w, i, m in zip(walls, ios, mems)]),
+            "mb": med(mbs),
             "hit": h / max(1, h + m),
-            "useful": st.preloaded_used / max(1, st.routed_experts),
-            "preload_mb": f.preload_bytes / 1e6 / max(1, len(steps)),
+            "useful": (last.preloaded_used - first.preloaded_used) / max(1, last.routed_experts - first.routed_experts),
+            "withdrawn": last.preloads_withdrawn - first.preloads_withdrawn,
             "prefill_mb": prefill_mb,
-            "prompt_tokens": e.last.prompt_tokens,
+            "prompt_tokens": prompt,
         }
 
 
@@ -160,45 +177,46 @@ def bench_model(a, store: str) -> None:
         if not os.path.isdir(p):
             raise FlashError(f"{p}: no such store (run tools/expert_bits.py --model {store})")
     with mlx_flash.load(store, backend="torch", progress=False) as e:
-        ids = e.tokenizer.encode(read_corpus("wikipedia")[20000 : 20000 + a.prompt_tokens * 8])[: a.prompt_tokens]
-        prompt = e.tokenizer.decode(ids)
+        ids = e.tokenizer.encode(read_corpus("wikipedia")[20000:40000])[: a.prompt_tokens + a.tokens]
     acct = {p: account_of(p) for p in (store, int4, mixed)}
     L, E, K = acct[store]["n_layers"], acct[store]["n_experts"], acct[store]["k"]
+    n, tf = a.prompt_tokens, (ids, a.prompt_tokens)
     rows = [
-        decode_row("IO-EXP (float16, no cache)", store, K, 0, prompt, a.tokens, acct[store]),
-        decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, prompt, a.tokens, acct[int4]),
-        decode_row("Q", mixed, K, 0, prompt, a.tokens, acct[mixed]),
-        decode_row("Q+P", mixed, 2 * K, K, prompt, a.tokens, acct[mixed]),
+        decode_row("IO-EXP (float16, no cache)", store, K, 0, *tf, acct[store]),
+        decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, *tf, acct[int4]),
+        decode_row("Q", mixed, K, 0, *tf, acct[mixed]),
+        decode_row("Q+P", mixed, 2 * K, K, *tf, acct[mixed]),
     ]
     for share in SHARES:
-        rows.append(
-            decode_row(
-                f"Q+P+C, {share:.0%} of experts cached (ours)",
-                mixed,
-                max(2 * K, int(share * L * E)),
-                K,
-                prompt,
-                a.tokens,
-                acct[mixed],
-            )
-        )
-    n_prompt = rows[0]["prompt_tokens"]
+        slots = max(2 * K, int(share * L * E))
+        rows.append(decode_row(f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, slots, K, *tf, acct[mixed]))
     print(
-        f"\ndecode of {a.tokens} tokens after a {n_prompt}-token prompt, cold reads (direct I/O), torch "
-        f"float32, {L} layers x {E} experts, top-{K}\n"
+        f"\n{a.tokens} tokens teacher-forced (each step fed the Wikipedia text's next token) after a {n}-token "
+        f"prompt, cold reads (direct I/O), torch float32, {L} layers x {E} experts, top-{K}\n"
     )
     print_rows(rows, rows[0])
     q, qp = rows[2], rows[3]
     print(
-        f"\npreloading hid {1 - qp['io_ms'] / q['io_ms']:.0%} of Q's blocked read time "
+        f"\npreloading hid {1 - qp['io_ms'] / max(q['io_ms'], 1e-9):.0%} of Q's blocked read time "
         f"({q['io_ms']:.1f} -> {qp['io_ms']:.1f} ms/token); {qp['useful']:.1%} of routed experts were preloaded"
     )
     eb = acct[store]["expert_bytes"]
     print(
-        f"expert-major prefill of {n_prompt} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
-        f"token by token it would read {n_prompt * L * K * eb / 1e6:.1f} MB "
+        f"expert-major prefill of {n} tokens read {rows[0]['prefill_mb']:.1f} MB of float16 experts; "
+        f"token by token it would read {n * L * K * eb / 1e6:.1f} MB "
         f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)"
     )
+    # the eviction policies and the preloader on this model, at the 25% cache
+    slots = max(2 * K, int(SHARES[0] * L * E))
+    table = [
+        decode_row(f"{policy}, preload {pre}", mixed, slots, pre, *tf, acct[mixed], policy)
+        for policy in ("edgemoe", "lru", "lfu")
+        for pre in (0, K)
+    ]
+    print(f"\npolicies and preloading at {SHARES[0]:.0%} of experts cached ({slots} slots), the Q store\n")
+    print_rows(table, rows[0])
+    best = max(table, key=lambda r: 1 / r["total_ms"])
+    print(f"\nfastest: {best['label']} ({1e3 / best['total_ms']:.2f} tok/s, hit rate {best['hit']:.1%})")
 
 
 # ---- speed on a synthetic store (replayed routing) ---------------------------------------------
