@@ -148,18 +148,21 @@ class ExpertOptions:
     policy: ExpertPolicy = option(
         ExpertPolicy.EDGEMOE, "MoE with streamed experts: expert-cache eviction policy", flag="--expert-policy"
     )
+    # Off by default: on the derived MoE model decoded teacher-forced on two cores, every policy ran
+    # slower with the preloader than without (docs/results/experts.md): its reads and conversions
+    # take the cores the products need, and a third of its guesses are wrong.
     preload: int = option(
-        -1,
+        0,
         "MoE with streamed experts: next-layer experts read ahead per decode step from the "
         "store's routing predictor (tools/trace_experts.py); -1: as many as a token routes to "
-        "when the store has one, 0: off",
+        "when the store has one, 0: off (the default)",
         flag="--expert-preload",
     )
 
     def __post_init__(self):
         _check_enums(self)
         if self.preload < -1:
-            raise ConfigError(f"expert preload must be >= 0, or -1 for the default (got {self.preload})")
+            raise ConfigError(f"expert preload must be >= 0, or -1 for a token's routed count (got {self.preload})")
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,12 @@ def test_moefied_smollm2_streams_exactly_at_every_budget(moefied, wiki_text):
     for share in (0.1, 0.5, 1.0):
         budget = fixed + max(a["slot_bytes"], int(share * a["all_experts_bytes"]))
         with mlx_flash.load(
-            path, ffn="stream", weights_budget=budget, io=mlx_flash.IOOptions(mode="buffered"), **kw
+            path,
+            ffn="stream",
+            weights_budget=budget,
+            io=mlx_flash.IOOptions(mode="buffered"),
+            experts=mlx_flash.ExpertOptions(preload=-1),
+            **kw,
         ) as e:
             got = greedy(e, prompt, 64)
             assert e.ffn.preload == 8 and e.ffn.predicted > 0

@@ -116,4 +116,13 @@ def test_load_refuses_a_predictor_of_another_model(tiny_store):
     store, _ = tiny_store("mixtral")
     uniform_predictor("0" * 64, 2).save(os.path.join(store, PREDICTOR_FILE))
     with pytest.raises(ConfigError, match="routing trace of another model"):
-        mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="100%", progress=False)
+        mlx_flash.load(
+            store,
+            backend="torch",
+            ffn="stream",
+            weights_budget="100%",
+            progress=False,
+            experts=mlx_flash.ExpertOptions(preload=-1),
+        )
+    with mlx_flash.load(store, backend="torch", ffn="stream", weights_budget="100%", progress=False) as e:
+        assert e.ffn.preload == 0  # preloading is off by default: the predictor file is not read
