@@ -133,19 +133,26 @@ def test_worker_that_raises(data_file, monkeypatch):
     assert not threads_named("boom")
 
 
-def test_close_fails_queued_batches(data_file, monkeypatch):
+def gated_reads(monkeypatch) -> tuple[threading.Event, list]:
+    """The pool's reads wait for the returned gate (5 s at most); the list gets each read's offset."""
     import mlx_flash.store.reader_pool as rp
 
-    path, _ = data_file
-    pool = ReaderPool(threads=1, name="queued")
-    f = pool.open(path)
-    gate = threading.Event()
+    gate, offsets = threading.Event(), []
 
     def slow(fd, bufs, offset):
+        offsets.append(offset)
         gate.wait(5)
         return os.preadv(fd, bufs, offset)
 
     monkeypatch.setattr(rp, "_preadv", slow)
+    return gate, offsets
+
+
+def test_close_fails_queued_batches(data_file, monkeypatch):
+    path, _ = data_file
+    pool = ReaderPool(threads=1, name="queued")
+    f = pool.open(path)
+    gate, _ = gated_reads(monkeypatch)
     first = pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
     time.sleep(0.05)  # the only worker is now blocked inside `first`
     second = pool.submit([(f, 100, 10, np.empty(10, np.uint8))])
@@ -182,20 +189,10 @@ def test_priority_serves_urgent_batch_first(data_file, monkeypatch):
 
 
 def test_a_withdrawn_batch_leaves_the_queue_and_completes_without_its_reads(data_file, monkeypatch):
-    import mlx_flash.store.reader_pool as rp
-
-    path, payload = data_file
+    path, _ = data_file
     with ReaderPool(threads=1, mode="buffered") as pool:
         f = pool.open(path)
-        gate = threading.Event()
-        offsets = []
-
-        def slow(fd, bufs, offset):
-            offsets.append(offset)
-            gate.wait(5)
-            return os.preadv(fd, bufs, offset)
-
-        monkeypatch.setattr(rp, "_preadv", slow)
+        gate, offsets = gated_reads(monkeypatch)
         running = pool.submit([(f, 0, 10, np.empty(10, np.uint8))])
         time.sleep(0.05)  # the only worker is now inside `running`
         dest = np.full(100, 0xAB, np.uint8)
