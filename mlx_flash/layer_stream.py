@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .host_memory import anonymous_buffer
-from .store.store import Store, tensor_view
+from .store.store import Store, lead, tensor_view
 
 
 class LayerSlots:
@@ -37,7 +37,7 @@ class LayerSlots:
             )
         self.store, self.pool, self.order = store, pool, list(layers)
         self.regions = {i: regions[i] for i in self.order}
-        size = max(n for _, _, n in self.regions.values())
+        size = max(lead(off) + n for _, off, n in self.regions.values())
         n_slots = min(2, len(self.order))
         self.turns = ops.slot_turns("mlx-flash-layer-turns") if ops is not None and ops.lazy else None
         # the backend's memory (its kernels read it where it was read to), page-aligned for direct reads
@@ -63,7 +63,7 @@ class LayerSlots:
         self.ensure(layer)
         file, off, n = self.regions[layer]
         slot = self.slots[self.slot_of[layer]]
-        return {name: tensor_view(slot, off, t) for name, t in self.store.layer_tensors(layer)}
+        return {name: tensor_view(slot, off - lead(off), t) for name, t in self.store.layer_tensors(layer)}
 
     def ensure(self, layer: int) -> None:
         """Block until the layer's bytes are in its slot."""
@@ -104,7 +104,7 @@ class LayerSlots:
 
     def _range(self, layer: int):
         file, off, n = self.regions[layer]
-        return (self.files[file], off, n, self.slots[self.slot_of[layer]][:n])
+        return (self.files[file], off, n, self.slots[self.slot_of[layer]][lead(off) : lead(off) + n])
 
     def _drop_pending(self, s: int) -> None:
         """Wait for slot s's read in flight, if any, and count it."""
@@ -139,10 +139,9 @@ class LayerSlots:
     def check_views(self, ops, layer_weights, layer: int) -> None:
         """Refuse a backend that copied the layer's large parts instead of viewing its slot: those
         copies would hold the layer in memory the plan gave to other things."""
-        held = ops.held_bytes(layer_weights)
-        slot = self.slots[self.slot_of[layer]]
-        copied = held - (slot.nbytes if held >= slot.nbytes else 0)
-        if copied > self.regions[layer][2] // 4:
+        held, n = ops.held_bytes(layer_weights), self.regions[layer][2]
+        copied = held - (n if held >= n else 0)  # views of the slot hold the layer's n bytes (or the slot)
+        if copied > n // 4:
             raise ConfigError(
                 f"the {ops.name} backend holds layer {layer}'s weights as copies ({copied} bytes beyond "
                 "its read buffer), so layers cannot be streamed on it; give it memory for every layer"

@@ -12,6 +12,7 @@ from ..sparse.modes import SparseMode
 from ..sparse.planner import model_bytes, stored_resident_bytes
 from ..sparse.selectors import PredictorKind
 from ..store.stage import dropped_tensors
+from ..store.store import lead
 from ..units import fmt
 
 
@@ -37,7 +38,7 @@ def weights_minimum(store) -> int:
     res = stored_resident_bytes(store)
     if regions:
         sizes = [n for *_, n in regions.values()]
-        res += min(2, len(sizes)) * max(sizes) - sum(sizes)
+        res += min(2, len(sizes)) * max(lead(off) + n for _, off, n in regions.values()) - sum(sizes)
     return res + ffn_minimum(store) + copied_vectors(store)
 
 

@@ -13,6 +13,19 @@ from .safetensors_io import tensor_layer
 from ..config import default_cache_dir
 
 
+# A buffer holds a file range at the address alignment the range has in the file (mod ALIGN), so a
+# tensor lies equally aligned whichever range it was read with: a BLAS kernel may round differently
+# at differently aligned addresses (torch's CPU float GEMV, measured: 8- against 16-byte aligned
+# weights), and a tensor read whole-file, run by run or into a streamed layer's slot must give the
+# same bits.
+ALIGN = 64
+
+
+def lead(offset: int) -> int:
+    """Bytes a buffer keeps before a range read from file `offset` (ALIGN above)."""
+    return offset % ALIGN
+
+
 class Store:
     """A validated store. Tensors come back as numpy arrays over bytes read from disk."""
 
@@ -49,7 +62,7 @@ class Store:
             first, last = run[0][1], run[-1][1]
             blob = self._read(first.file, first.offset, last.offset + last.nbytes - first.offset, alloc)
             for name, t in run:  # one buffer per run: a matrix's parts (codes, scales, biases) lie in one memory
-                out[name] = tensor_view(blob, first.offset, t)
+                out[name] = tensor_view(blob, first.offset - lead(first.offset), t)
         for name, t in self.manifest.tensors.items():
             layer = tensor_layer(name)
             if layer is None:
@@ -58,7 +71,7 @@ class Store:
                 file, off, n = regions[layer]
                 blob = self._read(file, off, n, alloc)
                 for other, u in self.layer_tensors(layer):
-                    out[other] = tensor_view(blob, off, u)
+                    out[other] = tensor_view(blob, off - lead(off), u)
         return out
 
     @staticmethod
@@ -97,19 +110,25 @@ class Store:
 
     def read_bytes(self, file: str, offset: int, nbytes: int) -> np.ndarray:
         """`nbytes` bytes of one of the store's files from `offset` (uint8)."""
-        return self._read(file, offset, nbytes)
+        return self._read(file, offset, nbytes)[lead(offset) :]
 
     def _read(self, file: str, offset: int, nbytes: int, alloc=None) -> np.ndarray:
-        buf = (alloc or _numpy_buffer)(nbytes)
+        """A buffer holding `nbytes` of `file` from `offset`, after lead(offset) bytes it leaves unread
+        (with a buffer aligned to ALIGN, each byte lies at its file offset's alignment)."""
+        before = lead(offset)
+        buf = (alloc or _numpy_buffer)(before + nbytes)
         with open(self.file_path(file), "rb") as fh:
             fh.seek(offset)
-            if fh.readinto(memoryview(buf)) != nbytes:
+            if fh.readinto(memoryview(buf)[before:]) != nbytes:
                 raise StoreError(f"{self.path}: {file} is shorter than its manifest says")
         return buf
 
 
 def _numpy_buffer(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
+    """`nbytes` of numpy memory starting on an ALIGN boundary (numpy itself aligns to 16)."""
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes]
 
 
 def tensor_view(blob: np.ndarray, blob_offset: int, t) -> tuple[np.ndarray, str]:
