@@ -5,6 +5,7 @@ the model's minimum, without passing the budget on the way; at the minimum and a
 answer comes with the peak within the budget. Each run is a fresh process (a backend's import, a
 tokenizer and the plan's floor are part of what is measured)."""
 
+import importlib.util
 import re
 import sys
 
@@ -42,6 +43,10 @@ def refusal(backend: str, budget: int, store_dir: str, pattern: str) -> tuple[in
 def minimum(store_dir):
     """backend -> (what it reaches before planning, the model's minimum, the peak of the run refused
     at the first, the two refusals), each as the refusals name them."""
+    if importlib.util.find_spec("torch") is not None:  # built here, not inside a measured chat (one line each)
+        from mlx_flash.kernels import torch_ops
+
+        torch_ops.ops()
     out = {}
     for b in ("mlx", "torch"):
         before, _, first = refusal(b, 1_000_000, store_dir, BEFORE_PLAN)
