@@ -20,7 +20,7 @@ from .extension_build import build, cuda_arch_flag, cuda_torch
 from .qmatmul import StoredMatrix
 from .stored_operands import operands
 
-SOURCES = ("ops_cuda.cpp", "qmatmul.cu", "qmatmul.cuh", "affine.cuh")
+SOURCES = ("ops_cuda.cpp", "qmatmul.cu", "qmatmul.cuh", "affine.cuh", "check_text.h")
 CUDA_BITS = (2, 4, 8)  # code widths qmatmul.cu reads (its groups: multiples of 32 codes)
 _ALIGN = 256  # each part of a matrix starts at this byte offset multiple of its device buffer
 _LOADED = False

@@ -15,7 +15,7 @@ from mlx_flash.config import default_cache_dir
 from .extension_build import build, cuda_arch_flag, cuda_torch
 from .slab_spec import SlabSpec
 
-SOURCES = ("sparse_ffn.cu", "sparse_ffn.cuh", "affine.cuh", "sparse_ffn_torch.cpp")
+SOURCES = ("sparse_ffn.cu", "sparse_ffn.cuh", "affine.cuh", "check_text.h", "sparse_ffn_torch.cpp")
 MAX_TOKENS = 8  # per launch (kMaxTokens in sparse_ffn.cuh); more tokens run as several launches
 _EXT = None
 

@@ -258,7 +258,9 @@ def bench_cuda(args) -> list[dict]:
             def run(s, i, c, h):
                 st, it = torch.from_numpy(s).to(dev), torch.from_numpy(i).to(dev)
                 ct = torch.tensor([c], dtype=torch.int32, device=dev)
-                return k.gate_up(xt, st, it, ct), k.down(torch.from_numpy(h).to(dev), st, it, ct)
+                h_all = torch.zeros((h.shape[0], S * spec.block), device=dev)  # down takes h of every slot
+                h_all[:, : h.shape[1]] = torch.from_numpy(h).to(dev)
+                return k.gate_up(xt, st, it, ct), k.down(h_all, st, it, ct)
 
             err = check(run, slabs_np[0], spec, x, S // 2, rng, to_host=lambda t: t.cpu().numpy())
             slabs = [torch.from_numpy(s).to(dev) for s in slabs_np]

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "check_text.h"
 #include "qmatmul.cuh"
 
 namespace {
@@ -30,9 +31,9 @@ const char* block_kind(int64_t kind) {
 // One part of the matrix inside the buffer: `bytes` from `offset`, aligned for its element size.
 void part_ok(const at::Tensor& buffer, int64_t offset, int64_t bytes, int64_t align, const char* what) {
   TORCH_CHECK(offset >= 0 && offset + bytes <= buffer.numel(), "stored_matmul: the ", what, " lie past their buffer (",
-              offset + bytes, " > ", buffer.numel(), " bytes)");
+              mf::text(offset + bytes), " > ", mf::text(buffer.numel()), " bytes)");
   const auto at = reinterpret_cast<uintptr_t>(buffer.data_ptr<uint8_t>() + offset);
-  TORCH_CHECK(at % align == 0, "stored_matmul: the ", what, " are not ", align, "-byte aligned on the device");
+  TORCH_CHECK(at % align == 0, "stored_matmul: the ", what, " are not ", mf::text(align), "-byte aligned on the device");
 }
 
 at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t kind, int64_t w_off, int64_t s_off,
@@ -47,14 +48,14 @@ at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t 
   TORCH_CHECK(buffer.is_cuda() && buffer.scalar_type() == at::kByte && buffer.is_contiguous() &&
                   buffer.device() == x.device(),
               "stored_matmul: the weights buffer must be a contiguous uint8 tensor on x's device");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "stored_matmul on CUDA reads 2, 4 or 8-bit codes (got ", bits, ")");
-  TORCH_CHECK(scale_type >= 0 && scale_type <= 2, "stored_matmul: unknown scale type ", scale_type);
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "stored_matmul on CUDA reads 2, 4 or 8-bit codes (got ", mf::text(bits), ")");
+  TORCH_CHECK(scale_type >= 0 && scale_type <= 2, "stored_matmul: unknown scale type ", mf::text(scale_type));
   const at::Tensor xc = x.contiguous();
   const int64_t K = xc.size(-1), T = K ? xc.numel() / K : 0;
   // transposed: rows are outputs, W [n_out, K]; else rows are inputs, W [K, n_out]; groups run along a row
   const int64_t rows = transposed ? n_out : K, codes = transposed ? K : n_out;
   TORCH_CHECK(group > 0 && group % 32 == 0 && codes % group == 0, "stored_matmul on CUDA needs groups of a multiple ",
-              "of 32 codes that divide a row (group ", group, ", ", codes, " codes a row)");
+              "of 32 codes that divide a row (group ", mf::text(group), ", ", mf::text(codes), " codes a row)");
   const int64_t ssize = scale_type == 2 ? 4 : 2, scale_bytes = rows * (codes / group) * ssize;
   part_ok(buffer, w_off, rows * codes * bits / 8, 4, "codes");
   part_ok(buffer, s_off, scale_bytes, ssize, "scales");

@@ -1,0 +1,12 @@
+// Numbers in the CUDA bindings' error messages become text here, before TORCH_CHECK streams them.
+// Why: a CUDA extension built with torch 2.11 and CUDA 13 on an H100 machine carried its own copy of
+// the C++ library's stream code; streaming an integer into torch's message stream then looked up
+// that copy's number formatter in torch's locale and crashed the process (SIGSEGV in
+// ostream::_M_insert<long>) where a refusal was meant. Text (const char*, std::string) streams
+// without the formatter, so every refusal stays one catchable error.
+#pragma once
+#include <string>
+
+namespace mf {
+inline std::string text(long long v) { return std::to_string(v); }
+}  // namespace mf
