@@ -73,6 +73,23 @@ def test_leading_axes_and_a_strided_input():
 
 
 @gpu
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_x_off_16_bytes_takes_the_one_word_loads(bits):
+    """x starting 4 bytes past a 16-byte boundary (a view into a longer buffer) cannot be read as
+    float4s: the one-word kernel runs and gives the reference's product too."""
+    rng = np.random.default_rng(7)
+    m, words, s, b = stored(rng, 70, 256, bits, 32, "float16", True)
+    cm = cuda_ops.CudaMatrix(m, "cuda")
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    flat = torch.zeros(3 * 256 + 1, device="cuda")
+    flat[1:] = torch.from_numpy(x.reshape(-1)).cuda()
+    shifted = flat[1:].view(3, 256)
+    assert shifted.data_ptr() % 16 == 4
+    check(cm(shifted).cpu().numpy(), qmatmul_ref(x, words, s, b, bits, 32))
+    check(cm(torch.from_numpy(x).cuda()).cpu().numpy(), qmatmul_ref(x, words, s, b, bits, 32))
+
+
+@gpu
 def test_fake_implementation_fits():
     rng = np.random.default_rng(4)
     cm = cuda_ops.CudaMatrix(stored(rng, 32, 64, 4, 32, "float16", True)[0], "cuda")
