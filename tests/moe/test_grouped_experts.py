@@ -80,8 +80,17 @@ def test_grouped_equals_one_call_set_per_expert(tiny_store, family, precision, b
     assert np.array_equal(streamed, per_expert_streamed) and np.array_equal(streamed, grouped)
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-@pytest.mark.parametrize("quant", ["Q4_1", "Q4_K_M"])
+# each backend on one quant in the default tier (MLX the block kinds, torch the in-place Q4_1), both
+# on both in the full tier
+@pytest.mark.parametrize(
+    "backend,quant",
+    [
+        ("mlx", "Q4_K_M"),
+        ("torch", "Q4_1"),
+        pytest.param("mlx", "Q4_1", marks=pytest.mark.full),
+        pytest.param("torch", "Q4_K_M", marks=pytest.mark.full),
+    ],
+)
 def test_grouped_equals_one_call_set_per_expert_on_gguf_experts(gguf_stores, quant, backend, monkeypatch):
     store = gguf_stores[quant]
     ids = list(range(5, 21))

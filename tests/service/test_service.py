@@ -212,7 +212,8 @@ def test_restart_restores_contexts_with_identical_output(engines, store_dir, tmp
     svc2.close()
 
 
-@pytest.mark.parametrize("name", ["whole-context swap", "LMK", "vLLM-SQ"])
+# vLLM-SQ (static 8-bit chunks: the LMK path at one width) in the full tier
+@pytest.mark.parametrize("name", ["whole-context swap", "LMK", pytest.param("vLLM-SQ", marks=pytest.mark.full)])
 def test_baseline_lifecycles_keep_answers(engines, store_dir, tmp_path, name):
     """The benchmark's baselines (whole-context eviction, dropping and recomputing, static 8-bit
     chunks) under a budget that forces their eviction path still answer each call."""
