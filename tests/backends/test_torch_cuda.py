@@ -1,10 +1,10 @@
 """The torch backend on a CUDA device, whole models: the logits of a prompt and of decode steps agree
 with the same store on the CPU (float sums run in another order on the GPU, so to a tolerance, not
-bit for bit), for affine 4- and 8-bit stores (the stored product, kernels/cuda/qmatmul.cu), the sparse
-FFN (kernels/cuda/sparse_ffn.cu) with every neuron active, a streamed FFN (bit for bit against the
-resident model on the same GPU) and a MoE family (its experts one call set each on CUDA). Needs an
-NVIDIA GPU; skipped elsewhere with the reason. Nothing here imports MLX, so it runs where only torch
-is installed."""
+bit for bit), for affine 4- and 8-bit stores (the stored product, kernels/cuda/qmatmul.cu) and a float
+one, the sparse FFN source with every neuron active, a streamed FFN (bit for bit against the resident
+model on the same GPU) and a MoE family (its experts one call set each on CUDA). Needs an NVIDIA GPU;
+skipped elsewhere with the reason. The engine runs on torch alone; converting the tiny models reads
+their safetensors with MLX, a base dependency."""
 
 import numpy as np
 import pytest
