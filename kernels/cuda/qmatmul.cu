@@ -29,6 +29,18 @@ namespace {
 constexpr int kRowsPerBlock = 8;   // warps of rows_out_kernel per block
 constexpr int kInputThreads = 256;  // threads of rows_in_kernel (and of sum_partials) per block
 
+// A row's T sums, one partial per lane of its warp: added across the warp with shuffles (the same
+// order in every kernel), and lane 0 writes token t's at out[t * stride].
+template <int T>
+__device__ __forceinline__ void warp_sum_to(const float (&acc)[T], int lane, float* __restrict__ out, int64_t stride) {
+#pragma unroll
+  for (int t = 0; t < T; t++) {
+    float v = acc[t];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) out[t * stride] = v;
+  }
+}
+
 template <int BITS, int T>
 __global__ void rows_out_kernel(const float* __restrict__ x, AffineMatrix m, float* __restrict__ y) {
   constexpr int kPer = 32 / BITS;
@@ -61,12 +73,7 @@ __global__ void rows_out_kernel(const float* __restrict__ x, AffineMatrix m, flo
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = fmaf(s, dot[t], fmaf(b, xs[t], acc[t]));
   }
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    float v = acc[t];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) y[t * m.rows + n] = v;
-  }
+  warp_sum_to(acc, lane, y + n, m.rows);
 }
 
 template <int BITS, int T>
@@ -113,12 +120,7 @@ __global__ void rows_out_wide_kernel(const float* __restrict__ x, AffineMatrix m
       for (int t = 0; t < T; t++) acc[t] = fmaf(s, dot[t], fmaf(b, xs[t], acc[t]));
     }
   }
-#pragma unroll
-  for (int t = 0; t < T; t++) {
-    float v = acc[t];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) y[t * m.rows + n] = v;
-  }
+  warp_sum_to(acc, lane, y + n, m.rows);
 }
 
 // Whether rows_out_wide_kernel's 16-byte loads fit: every row a whole number of uint4s, and the
