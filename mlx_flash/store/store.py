@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from ..errors import ModelNotFoundError, StoreError
+from ..host_memory import anonymous_buffer
 from .bundles import NUMPY_DTYPES
 from .manifest import MANIFEST_NAME, Manifest
 from .safetensors_io import tensor_layer
@@ -45,8 +46,8 @@ class Store:
         buffers): name -> (numpy array, storage dtype name), views of one buffer per file region
         read (the whole file when nothing is skipped; else each kept layer's region and each tensor
         of no layer). `alloc(nbytes)` gives the buffers (a backend's memory, which its kernels read in
-        place; default numpy's)."""
-        alloc = alloc or _numpy_buffer
+        place; default page-aligned anonymous memory)."""
+        alloc = alloc or anonymous_buffer
         if not skip_layers:
             blobs = {}
             for f in {t.file for t in self.manifest.tensors.values()}:
@@ -116,19 +117,12 @@ class Store:
         """A buffer holding `nbytes` of `file` from `offset`, after lead(offset) bytes it leaves unread
         (with a buffer aligned to ALIGN, each byte lies at its file offset's alignment)."""
         before = lead(offset)
-        buf = (alloc or _numpy_buffer)(before + nbytes)
+        buf = (alloc or anonymous_buffer)(before + nbytes)
         with open(self.file_path(file), "rb") as fh:
             fh.seek(offset)
             if fh.readinto(memoryview(buf)[before:]) != nbytes:
                 raise StoreError(f"{self.path}: {file} is shorter than its manifest says")
         return buf
-
-
-def _numpy_buffer(nbytes: int) -> np.ndarray:
-    """`nbytes` of numpy memory starting on an ALIGN boundary (numpy itself aligns to 16)."""
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    start = (-raw.ctypes.data) % ALIGN
-    return raw[start : start + nbytes]
 
 
 def tensor_view(blob: np.ndarray, blob_offset: int, t) -> tuple[np.ndarray, str]:
