@@ -46,3 +46,26 @@ def attention_ref(
             total = p.sum(axis=1, keepdims=True)
             out[b, h] = np.where(total > 0, (p @ vb[h // g]) / np.where(total > 0, total, 1), 0)
     return out
+
+
+def coded_rows(buffer, layout, coded, residual, kv_len, table=None) -> np.ndarray:
+    """Every row's keys (or values) as float32 [B, Hkv, max kv_len, hd], read as the coded kernel reads
+    them (cpu/attention.cpp mf_attention_coded): key j of row b from the codes (layout: a
+    kv_codes.CodedLayout over `buffer`; blocks named by table [B, max_blocks] when given, else row b)
+    when j < coded[b], else residual [B, Hkv, R, hd] at token j - coded[b]."""
+    B, H, _, hd = residual.shape
+    S = int(max(kv_len)) if len(kv_len) else 0
+    if table is None:
+        blocks, tokens = B, int(max(coded)) if len(coded) else 0
+    else:
+        blocks, tokens = int(table.max()) + 1, layout.block_tokens
+    full = layout.dequantize(buffer, blocks, H, tokens, hd) if blocks and tokens else None
+    out = np.zeros((B, H, S, hd), np.float32)
+    for b in range(B):
+        for j in range(int(kv_len[b])):
+            if j < coded[b]:
+                blk, t = (b, j) if table is None else (int(table[b, j // tokens]), j % tokens)
+                out[b, :, j] = full[blk, :, t]
+            else:
+                out[b, :, j] = residual[b, :, j - coded[b]]
+    return out

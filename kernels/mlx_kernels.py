@@ -279,3 +279,40 @@ def attention(
     (each row's queries the last T of its S keys, or per row kv_len / q_pos int32 [B]), or pools
     [blocks, Hkv, block_tokens, hd] with a slot table int32 [B, max_blocks]."""
     return extension().attention(q, k, v, float(scale), max(int(threads), 1), kv_len, q_pos, table)
+
+
+def attention_coded(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    threads: int,
+    k_codes: mx.array,
+    k_layout,
+    v_codes: mx.array,
+    v_layout,
+    coded,
+    kv_len,
+    q_pos,
+    table=None,
+) -> mx.array:
+    """Attention over compressed KV, lazily (kernels/cpu/attention.cpp mf_attention_coded): row b's
+    first coded[0, b] keys and coded[1, b] values are read as codes through their layouts
+    (kernels/kv_codes.py CodedLayout, over the uint8 buffers k_codes, v_codes; their blocks named by
+    the slot table when given), dequantized a block at a time; the rest of its kv_len[b] are the float
+    residuals k, v [B, Hkv, R, hd] from token 0."""
+    return extension().attention_coded(
+        q,
+        k,
+        v,
+        float(scale),
+        max(int(threads), 1),
+        k_codes,
+        list(k_layout.ints()),
+        v_codes,
+        list(v_layout.ints()),
+        coded,
+        kv_len,
+        q_pos,
+        table,
+    )

@@ -25,6 +25,7 @@ SOURCES = (
     ("torch", "ops.cpp"),
     ("cpu", "kernel_table.h"),
     ("cpu", "matrix_ref.h"),
+    ("cpu", "kv_codes.h"),
 )  # (folder, file) of the shipped kernels
 _OPS = None
 
@@ -91,6 +92,11 @@ def _register_fakes(torch) -> None:
 
     @torch.library.register_fake(lib + "attention")
     def _(q, k, v, scale, threads, kv_len=None, q_pos=None, table=None):
+        B, Hq, T, hd = q.shape
+        return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
+
+    @torch.library.register_fake(lib + "attention_coded")
+    def _(q, k, v, scale, threads, k_codes, k_layout, v_codes, v_layout, coded, kv_len, q_pos, table=None):
         B, Hq, T, hd = q.shape
         return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
 

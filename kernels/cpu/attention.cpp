@@ -19,12 +19,21 @@
 // small tile so scores are computed KB at a time along the lanes; probabilities times values along
 // the head dimension. Units are dealt round-robin to the pool's threads (late query tiles of a causal
 // prompt see more keys). Plain-ops reference: kernels/attention_ref.py.
+//
+// Compressed KV (mf_attention_coded). Each row's first coded[b] keys (and, counted apart, values)
+// are affine codes described by an mf_kv_codes (kv_codes.h), dequantized one block at a time as
+// the block is gathered, in float32 as models/kv_quant.py's dequantize (code * scale, then + bias):
+// no float copy of the context is made, and the result equals this kernel over the dequantized
+// floats bit for bit. With a slot table the codes' blocks are named by it; the float keys after
+// them (a residual not yet quantized) are read at token j - coded[b] of row b, without the table.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "kv_codes.h"
 #include "qmatmul.h"
 
 namespace mf {
@@ -55,6 +64,11 @@ struct Attn {
   float scale;
   float* out;
   int64_t osb, osh, ost;
+  // compressed KV: both null, or both given with the per-row counts of coded keys and values
+  const mf_kv_codes* kc = nullptr;
+  const mf_kv_codes* vc = nullptr;
+  const int32_t* k_coded = nullptr;
+  const int32_t* v_coded = nullptr;
 };
 
 #define MF_INLINE inline __attribute__((always_inline))
@@ -69,6 +83,35 @@ MF_INLINE int64_t kv_index(const Attn& p, int64_t b, int64_t h, int64_t j, int64
   if (p.table == nullptr) return b * sb + h * sh + j * st;
   const int64_t blk = p.table[b * p.max_blocks + j / p.block_tokens];
   return blk * sb + h * sh + (j % p.block_tokens) * st;
+}
+
+// Coded element (token j of row b, head h, channel d), dequantized as models/kv_quant.py does.
+MF_INLINE float coded_at(const Attn& p, const mf_kv_codes& c, int64_t b, int64_t h, int64_t j, int64_t d) {
+  int64_t blk = b, t = j;
+  if (p.table != nullptr) {
+    blk = p.table[b * p.max_blocks + j / c.block_tokens];
+    t = j % c.block_tokens;
+  }
+  const int64_t bit = (blk * c.cs[0] + h * c.cs[1] + t * c.cs[2] + d * c.cs[3]) * c.bits;
+  const uint32_t code = (c.base[c.codes + (bit >> 3)] >> (bit & 7)) & ((1u << c.bits) - 1u);
+  const int64_t si = blk * c.ss[0] + h * c.ss[1] + (t / c.group_tokens) * c.ss[2] + (d / c.group_channels) * c.ss[3];
+  uint16_t sh, bh;
+  std::memcpy(&sh, c.base + c.scales + 2 * si, 2);
+  std::memcpy(&bh, c.base + c.biases + 2 * si, 2);
+  const float scaled = static_cast<float>(code) * half_to_float(sh);  // rounded, then the bias added
+  return scaled + half_to_float(bh);
+}
+
+// Key (or value) j of row b, head h into dst[d * step], d < hd: codes, the float residual after them,
+// or (no codes) the float buffer where its layout keeps it.
+MF_INLINE void load_row(const Attn& p, const uint8_t* base, const mf_kv_codes* c, const int32_t* coded, int64_t sb,
+                        int64_t sh, int64_t st, int64_t b, int64_t h, int64_t j, float* dst, int64_t step) {
+  if (c != nullptr && j < coded[b]) {
+    for (int64_t d = 0; d < p.hd; d++) dst[d * step] = coded_at(p, *c, b, h, j, d);
+    return;
+  }
+  const int64_t i = c != nullptr ? b * sb + h * sh + (j - coded[b]) * st : kv_index(p, b, h, j, sb, sh, st);
+  for (int64_t d = 0; d < p.hd; d++) dst[d * step] = kv_at(base, p.kv_type, i + d);
 }
 
 // exp(x) for x <= 0 to about 2 ulp, written so compilers vectorize it (no libm call, no rounding
@@ -126,12 +169,8 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   for (int64_t j0 = 0; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
     for (int64_t j = 0; j < nk; j++) {  // the block's keys transposed, its values as rows
-      const int64_t ki = kv_index(p, b, kvh, j0 + j, p.ksb, p.ksh, p.kst);
-      const int64_t vi = kv_index(p, b, kvh, j0 + j, p.vsb, p.vsh, p.vst);
-      for (int64_t d = 0; d < hd; d++) {
-        kt[d * KB + j] = kv_at(p.k, p.kv_type, ki + d);
-        vb[j * hdp + d] = kv_at(p.v, p.kv_type, vi + d);
-      }
+      load_row(p, p.k, p.kc, p.k_coded, p.ksb, p.ksh, p.kst, b, kvh, j0 + j, kt + j, KB);
+      load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
     }
     for (int64_t j = nk; j < KB; j++)
       for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
@@ -269,6 +308,58 @@ void run_part(void* arg, int part) {
   }
 }
 
+// Whether a layout's furthest code, scale and bias for `blocks` blocks (or rows) of `tokens` tokens
+// lie inside its buffer: 0, or a negative code.
+int check_codes(const mf_kv_codes& c, int64_t blocks, int64_t heads, int64_t tokens, int64_t hd) {
+  if (c.bits != 2 && c.bits != 4 && c.bits != 8) return -4;
+  if (c.base == nullptr || c.group_tokens < 1 || c.group_channels < 1 || c.codes < 0 || c.scales < 0 || c.biases < 0)
+    return -5;
+  for (int i = 0; i < 4; i++)
+    if (c.cs[i] < 0 || c.ss[i] < 0) return -5;
+  if (blocks == 0 || tokens == 0) return 0;
+  const int64_t ci = (blocks - 1) * c.cs[0] + (heads - 1) * c.cs[1] + (tokens - 1) * c.cs[2] + (hd - 1) * c.cs[3];
+  const int64_t si = (blocks - 1) * c.ss[0] + (heads - 1) * c.ss[1] + (tokens - 1) / c.group_tokens * c.ss[2] +
+                     (hd - 1) / c.group_channels * c.ss[3];
+  if (c.codes + ci * c.bits / 8 >= c.nbytes) return -6;
+  if (c.scales + 2 * si + 2 > c.nbytes || c.biases + 2 * si + 2 > c.nbytes) return -6;
+  return 0;
+}
+
+// The blocks (or rows) and tokens per block a row's coded part spans; -7 for a count outside
+// 0..kv_len or a residual longer than its buffer, -8 for a table entry below 0.
+int coded_extent(const Attn& p, const int32_t* coded, int64_t residual_tokens, int64_t block_tokens, int64_t* blocks,
+                 int64_t* tokens) {
+  *blocks = p.table == nullptr ? p.B : 0;
+  *tokens = p.table == nullptr ? 0 : block_tokens;
+  for (int64_t b = 0; b < p.B; b++) {
+    if (coded[b] < 0 || coded[b] > p.kv_len[b] || p.kv_len[b] - coded[b] > residual_tokens) return -7;
+    if (p.table == nullptr) {
+      *tokens = std::max<int64_t>(*tokens, coded[b]);
+      continue;
+    }
+    if ((coded[b] + block_tokens - 1) / block_tokens > p.max_blocks) return -7;
+    for (int64_t i = 0; i < (coded[b] + block_tokens - 1) / block_tokens; i++) {
+      const int32_t blk = p.table[b * p.max_blocks + i];
+      if (blk < 0) return -8;
+      *blocks = std::max<int64_t>(*blocks, blk + 1);
+    }
+  }
+  return 0;
+}
+
+int run(const Attn& p, int threads) {
+  const int64_t tiles = (p.T + TQ - 1) / TQ, units = p.B * p.Hkv * tiles;
+  int parts = threads < 1 ? 1 : threads;
+  if (parts > units) parts = (int)units;
+  // Small problems do not pay for waking threads: ~32K multiply-adds per part at least.
+  int64_t work = 0;
+  for (int64_t b = 0; b < p.B; b++) work += (int64_t)p.kv_len[b] * p.T * p.Hq * p.hd;
+  while (parts > 1 && work / parts < 32768) parts--;
+  Job job{&p, tiles, units, parts};
+  run_parts(parts, run_part, &job);
+  return 0;
+}
+
 }  // namespace
 
 #define MF_EXPORT __attribute__((visibility("default")))
@@ -292,16 +383,42 @@ MF_EXPORT int mf_attention(const float* q, int64_t B, int64_t Hq, int64_t T, int
   const Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
                kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, block_tokens, kv_len,
                q_pos, scale, out, os[0], os[1], os[2]};
-  const int64_t tiles = (T + TQ - 1) / TQ, units = B * Hkv * tiles;
-  int parts = threads < 1 ? 1 : threads;
-  if (parts > units) parts = (int)units;
-  // Small problems do not pay for waking threads: ~32K multiply-adds per part at least.
-  int64_t work = 0;
-  for (int64_t b = 0; b < B; b++) work += (int64_t)kv_len[b] * T * Hq * hd;
-  while (parts > 1 && work / parts < 32768) parts--;
-  Job job{&p, tiles, units, parts};
-  run_parts(parts, run_part, &job);
-  return 0;
+  return run(p, threads);
+}
+
+// As mf_attention over compressed KV: row b's keys [0, k_coded[b]) are read through kc and its values
+// [0, v_coded[b]) through vc (their blocks named by `table` when given, kc->block_tokens tokens
+// each); the rest of its kv_len[b] keys and values are float (kv_type) at token j - coded[b] of row b
+// in k, v (strides ks, vs; residual_tokens of room). Codes: -4 bits not 8, 4 or 2; -5 a layout's
+// negative stride or offset; -6 a layout reaching past its buffer; -7 a count outside 0..kv_len[b]
+// or a residual past its room; -8 a negative table entry.
+MF_EXPORT int mf_attention_coded(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
+                                 const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks,
+                                 const int64_t* vs, int64_t residual_tokens, const int32_t* table, int64_t max_blocks,
+                                 const int32_t* kv_len, const int32_t* q_pos, float scale, float* out,
+                                 const int64_t* os, int threads, const mf_kv_codes* kc, const int32_t* k_coded,
+                                 const mf_kv_codes* vc, const int32_t* v_coded) {
+  if (B < 0 || T < 0 || hd < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv != 0) return -1;
+  if (kv_type != 0 && kv_type != 1) return -2;
+  if (kc == nullptr || vc == nullptr || k_coded == nullptr || v_coded == nullptr || kv_len == nullptr ||
+      q_pos == nullptr)
+    return -3;
+  if (table != nullptr && (max_blocks < 1 || kc->block_tokens < 1 || vc->block_tokens < 1)) return -3;
+  if (B == 0 || T == 0) return 0;
+  Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
+         kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, 0, kv_len,
+         q_pos, scale, out, os[0], os[1], os[2]};
+  p.kc = kc;
+  p.vc = vc;
+  p.k_coded = k_coded;
+  p.v_coded = v_coded;
+  for (const auto& [c, n] : {std::make_pair(kc, k_coded), std::make_pair(vc, v_coded)}) {
+    int64_t blocks = 0, tokens = 0;
+    int rc = coded_extent(p, n, residual_tokens, c->block_tokens, &blocks, &tokens);
+    if (rc == 0) rc = check_codes(*c, blocks, Hkv, tokens, hd);
+    if (rc < 0) return rc;
+  }
+  return run(p, threads);
 }
 
 }  // extern "C"

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kv_codes.h"
 #include "matrix_ref.h"
 
 namespace mlx_flash {
@@ -28,6 +29,12 @@ struct KernelLibrary {
                    const void* v, int kv_type, int64_t Hkv, const int64_t* ks, const int64_t* vs, const int32_t* table,
                    int64_t max_blocks, int64_t block_tokens, const int32_t* kv_len, const int32_t* q_pos, float scale,
                    float* out, const int64_t* os, int threads) = nullptr;
+  int (*attention_coded)(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
+                         const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks, const int64_t* vs,
+                         int64_t residual_tokens, const int32_t* table, int64_t max_blocks, const int32_t* kv_len,
+                         const int32_t* q_pos, float scale, float* out, const int64_t* os, int threads,
+                         const mf_kv_codes* kc, const int32_t* k_coded, const mf_kv_codes* vc,
+                         const int32_t* v_coded) = nullptr;
   int (*rms_norm)(const float* x, const float* w, float eps, int64_t rows, int64_t D, float* y) = nullptr;
   int (*rope)(const float* x, int64_t B, int64_t H, int64_t T, int64_t hd, const int64_t* xs, const float* inv_freq,
               int64_t dims, int traditional, const int32_t* pos, float scale, float* y) = nullptr;
@@ -39,6 +46,15 @@ struct KernelLibrary {
   int (*moe_experts)(const float* x, int64_t N, int64_t D, const int32_t* ids, const float* wts, int64_t K, int64_t E,
                      const mf_matrix* const* experts, int64_t Dout, float* scratch, float* y, int threads) = nullptr;
 };
+
+// A compressed-KV layout from the MF_KV_CODES_INTS ints the frameworks pass (kv_codes.h's order),
+// over a buffer of `nbytes` bytes; false when the list has another length.
+inline bool kv_codes_from(const int64_t* v, size_t n, const uint8_t* base, int64_t nbytes, mf_kv_codes* out) {
+  if (n != MF_KV_CODES_INTS) return false;
+  *out = mf_kv_codes{base,  nbytes, v[0],  v[1],  v[2],  v[3],  {v[4], v[5], v[6], v[7]}, {v[8], v[9], v[10], v[11]},
+                     v[12], v[13], v[14]};
+  return true;
+}
 
 namespace detail {
 template <class F>
@@ -59,6 +75,7 @@ inline KernelLibrary kernel_table(const std::string& path) {
   detail::find(handle, "mf_blockmatmul", path, lib.blockmatmul);
   detail::find(handle, "mf_rows", path, lib.rows);
   detail::find(handle, "mf_attention", path, lib.attention);
+  detail::find(handle, "mf_attention_coded", path, lib.attention_coded);
   detail::find(handle, "mf_rms_norm", path, lib.rms_norm);
   detail::find(handle, "mf_rope", path, lib.rope);
   detail::find(handle, "mf_silu_mul", path, lib.silu_mul);

@@ -130,6 +130,11 @@ NB_MODULE(_mlx_kernels, m) {
         "q_pos"_a = nb::none(), "table"_a = nb::none(),
         "softmax(scale q k^T) v with each query's keys (see primitives.h) -> [B, Hq, T, hd] float32 (lazy).");
 
+  m.def("attention_coded", &mlx_flash::attention_coded, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "k_codes"_a,
+        "k_layout"_a, "v_codes"_a, "v_layout"_a, "coded"_a, "kv_len"_a, "q_pos"_a, "table"_a = nb::none(),
+        "attention over compressed KV: each row's first coded keys and values read as codes (kv_codes.h), "
+        "the rest from the float residuals k, v -> [B, Hq, T, hd] float32 (lazy).");
+
   m.def("empty", &mlx_flash::empty, "nbytes"_a, "align"_a = 4096,
         "An uninitialized uint8 buffer from MLX's allocator, aligned (lazy; evaluate before viewing it).");
 

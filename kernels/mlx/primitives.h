@@ -152,6 +152,32 @@ class Attention : public CpuPrimitive {
   int threads_;
 };
 
+// Attention over compressed KV (kernels/cpu/attention.cpp mf_attention_coded). Inputs q, k, v (float
+// residuals [B, Hkv, R, hd] after each row's coded part), k_codes, v_codes (uint8 buffers), coded int32
+// [2, B] (keys' and values' coded counts per row), kv_len, q_pos [B], [table int32 [B, max_blocks]];
+// the layouts are kv_codes.h's MF_KV_CODES_INTS ints each. Output as Attention's.
+class CodedAttention : public CpuPrimitive {
+ public:
+  CodedAttention(mx::Stream s, float scale, int threads, std::vector<int64_t> k_layout, std::vector<int64_t> v_layout,
+                 bool table)
+      : CpuPrimitive(s),
+        scale_(scale),
+        threads_(threads),
+        k_layout_(std::move(k_layout)),
+        v_layout_(std::move(v_layout)),
+        table_(table) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "CodedAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float scale_;
+  int threads_;
+  std::vector<int64_t> k_layout_, v_layout_;
+  bool table_;
+};
+
 // x / sqrt(mean(x^2) + eps) * w over the last axis (inputs: x, w float32).
 class RmsNorm : public CpuPrimitive {
  public:
@@ -276,6 +302,10 @@ mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
                     const std::optional<mx::array>& kv_len, const std::optional<mx::array>& q_pos,
                     const std::optional<mx::array>& table);
+mx::array attention_coded(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
+                          const mx::array& k_codes, std::vector<int64_t> k_layout, const mx::array& v_codes,
+                          std::vector<int64_t> v_layout, const mx::array& coded, const mx::array& kv_len,
+                          const mx::array& q_pos, const std::optional<mx::array>& table);
 mx::array empty(int64_t nbytes, int64_t align);
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps);
 mx::array rope(const mx::array& x, const mx::array& inv_freq, const mx::array& pos, int dims, bool traditional,

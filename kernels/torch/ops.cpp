@@ -137,6 +137,48 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return out;
 }
 
+// A compressed-KV layout over a uint8 buffer tensor (kv_codes.h); one line naming what is wrong.
+mf_kv_codes kv_codes(const at::Tensor& buffer, at::IntArrayRef layout, const char* what) {
+  TORCH_CHECK(buffer.device().is_cpu() && buffer.scalar_type() == at::kByte && buffer.is_contiguous(), "attention_coded: ",
+              what, " codes must be a contiguous uint8 CPU tensor");
+  mf_kv_codes c;
+  TORCH_CHECK(mlx_flash::kv_codes_from(layout.data(), layout.size(), buffer.data_ptr<uint8_t>(), buffer.numel(), &c),
+              "attention_coded: a ", what, " layout is ", std::to_string(MF_KV_CODES_INTS), " ints (got ",
+              std::to_string(layout.size()), ")");
+  return c;
+}
+
+// Attention over compressed KV (kernels/cpu/attention.cpp mf_attention_coded): k, v [B, Hkv, R, hd]
+// float residuals after each row's coded keys and values; coded int32 [2, B] (keys, values).
+at::Tensor attention_coded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t threads,
+                           const at::Tensor& k_codes, at::IntArrayRef k_layout, const at::Tensor& v_codes,
+                           at::IntArrayRef v_layout, const at::Tensor& coded, const at::Tensor& kv_len,
+                           const at::Tensor& q_pos, const c10::optional<at::Tensor>& table) {
+  cpu_float(q, "q");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+              "attention_coded: q, k, v must be 4-D, k and v of one shape");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf),
+              "attention_coded: keys and values must both be float32 or float16");
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), hd = q.size(3), Hkv = k.size(1);
+  TORCH_CHECK(k.size(3) == hd && Hkv > 0 && Hq % Hkv == 0 && k.size(0) == B, "attention_coded: q does not fit k");
+  for (const at::Tensor* a : {&q, &k, &v})
+    TORCH_CHECK(a->stride(3) == 1 || a->size(3) == 1, "attention_coded: the head dimension must be contiguous");
+  TORCH_CHECK(coded.dim() == 2 && coded.size(0) == 2 && coded.size(1) == B,
+              "attention_coded: coded must be [2, B] (keys' and values' counts per row)");
+  TORCH_CHECK(kv_len.numel() == B && q_pos.numel() == B, "attention_coded: kv_len and q_pos need one value per row");
+  const mf_kv_codes kc = kv_codes(k_codes, k_layout, "key"), vc = kv_codes(v_codes, v_layout, "value");
+  const int32_t* counts = ids_ptr(coded);
+  at::Tensor out = at::empty({B, T, Hq, hd}, q.options()).transpose(1, 2);
+  const int64_t qs[3] = {q.stride(0), q.stride(1), q.stride(2)}, ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
+  const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  done(loaded().attention_coded(q.data_ptr<float>(), B, Hq, T, hd, qs, k.data_ptr(), v.data_ptr(),
+                                k.scalar_type() == at::kHalf ? 1 : 0, Hkv, ks, vs, k.size(2), ids_ptr(table),
+                                table ? table->size(1) : 0, ids_ptr(kv_len), ids_ptr(q_pos), (float)scale,
+                                out.data_ptr<float>(), os, (int)threads, &kc, counts, &vc, counts + B),
+       "attention_coded");
+  return out;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   cpu_float(x, "x");
   cpu_float(w, "w");
@@ -295,6 +337,8 @@ TORCH_LIBRARY(mlx_flash, m) {
         "int group, int rows, int k, int row_bytes, int scale_row_bytes) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor? kv_len=None, Tensor? q_pos=None, "
         "Tensor? table=None) -> Tensor");
+  m.def("attention_coded(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor k_codes, int[] k_layout, "
+        "Tensor v_codes, int[] v_layout, Tensor coded, Tensor kv_len, Tensor q_pos, Tensor? table=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
   m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
@@ -308,6 +352,7 @@ TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
   m.impl("stored_matmul", &stored_matmul);
   m.impl("stored_rows", &stored_rows);
   m.impl("attention", &attention);
+  m.impl("attention_coded", &attention_coded);
   m.impl("rms_norm", &rms_norm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);
