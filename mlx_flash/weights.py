@@ -152,14 +152,22 @@ def in_place(ops, layout: FFNLayout) -> bool:
     if layout.has_blocks:
         return True
     roles = ("gate", "up", "down") if layout.gated else ("up", "down")
-    return (
-        layout.block > 1
-        and not layout.down_rows
-        and ops.in_place_kernel
+    affine = (
+        ops.in_place_kernel
         and all(layout.quant.get(r) is not None and layout.quant[r].bits in KERNEL_BITS for r in roles)
-        and layout.quant["down"].group_size == layout.block
         and not any(f.name.endswith(".bias") for f in layout.fields)
     )
+    if layout.down_rows:  # whole-expert down matrices: in place when each bundle holds whole rows of it
+        return affine and down_rows_per_bundle(layout) > 0
+    return affine and layout.block > 1 and layout.quant["down"].group_size == layout.block
+
+
+def down_rows_per_bundle(layout: FFNLayout) -> int:
+    """A whole-expert (`down_rows`) format: how many rows of the expert's [D, Fe] down matrix each of
+    its Fe bundles holds, when every bundle holds whole rows (D a multiple of Fe: the rows' codes,
+    scales and biases were cut into Fe equal pieces), else 0."""
+    n = layout.expert_rows
+    return layout.d_model // n if n and layout.d_model % n == 0 else 0
 
 
 def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWeights:
@@ -172,7 +180,7 @@ def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWe
     if any(x.endswith(".bias") for x in f):
         raise ConfigError("FFN bundles with per-neuron biases are not multiplied in place")
 
-    def rows_of(role):  # [blocks, block rows, groups, words per group] and scales/biases views
+    def rows_of(role, per_bundle=layout.block):  # [bundles, rows, groups, words per group], scales/biases
         q, w = quant[role], f[f"{role}.weight"]
         if q.is_block:  # row n: bundle n // block, row n % block of its field
             return ops.kernel_weight(
@@ -190,18 +198,22 @@ def bundle_views(ops, layout: FFNLayout, rows: np.ndarray, quant: dict) -> FFNWe
                 q,
             )
         s = f[f"{role}.scales"]
-        groups, wpg, ss = s.shape[-1], q.group_size * q.bits // 32, s.nbytes // (layout.block * s.shape[-1])
+        wpg = q.group_size * q.bits // 32
+        ss = np.dtype(NUMPY_DTYPES[s.dtype]).itemsize
+        groups = s.nbytes // (per_bundle * ss)  # a row's groups
         dt = NUMPY_DTYPES[s.dtype]
         views = [
-            np.ndarray((nb, layout.block, groups, wpg), np.uint32, rows, w.offset, (bb, w.shape[-1] * 4, wpg * 4, 4))
+            np.ndarray((nb, per_bundle, groups, wpg), np.uint32, rows, w.offset, (bb, groups * wpg * 4, wpg * 4, 4))
         ]
         views += [
-            np.ndarray((nb, layout.block, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
+            np.ndarray((nb, per_bundle, groups), dt, rows, f[f"{role}.{p}"].offset, (bb, groups * ss, ss))
             for p in ("scales", "biases")
         ]
         return ops.kernel_weight(StoredMatrix(*views, q.bits, q.group_size, True, s.dtype == "bfloat16"), q)
 
     def down():  # row d, group b: bundle b's slice of row d
+        if layout.down_rows:  # bundle i: rows i r .. (i + 1) r of the expert's [D, Fe] matrix, as stored
+            return rows_of("down", down_rows_per_bundle(layout))
         q, w = quant["down"], f["down.weight"]
         if q.is_block:
             return ops.kernel_weight(

@@ -6,7 +6,10 @@ take in place (ops.host_buffer), a layer's in one buffer, so one grouped operati
 ResidentExperts  every expert read once at load into one buffer per layer, kept as backend weights
 StreamedExperts  experts read from the bundle file when routed, kept in an ExpertCache of as many
                  slots as the memory budget allows, each with the expert's weights as converted for
-                 compute (a hit converts nothing; moe.planner counts both); a step that routes to more experts
+                 compute (a hit converts nothing; moe.planner counts both). Where a format is multiplied
+                 in place (weights.in_place), a slot's weights are views of the slot: built once, they
+                 serve every expert of that format read there later, so a miss costs its read only.
+                 A step that routes to more experts
                  than there are slots is served in waves of at most `slots` experts. With a RoutingPredictor,
                  a decode step preloads the next layer's most probable experts while this layer
                  computes; the router's real choice still decides what runs, so a wrong guess costs
@@ -21,7 +24,7 @@ import time
 import numpy as np
 
 from ..ffn_source import ExpertSource, FFNStats, FFNWeights, routed_experts
-from ..weights import bundle_weights
+from ..weights import bundle_weights, in_place
 from .expert_cache import ExpertCache
 
 PRELOAD_PRIORITY = 1  # the pool serves demand reads (priority 0) first
@@ -84,7 +87,9 @@ class StreamedExperts(ExpertSource):
         self._path: list = [(), ()]  # the current token's choices at the last two layers
         self._inflight: list = []  # (layer, expert, batch) of preloads not yet waited for
         self._preloaded: set = set()  # keys in the cache because of a preload, not yet used
-        self._weights: dict = {}  # slot -> (key, converted weights) of the expert its bytes hold
+        self._copies: dict = {}  # slot -> ((layer, expert), converted weights) of the expert its bytes hold
+        self._views: dict = {}  # (slot, key) -> in-place weights over the slot, for any expert of that key
+        self._keys: dict = {}  # (layer, format) -> key of in-place weights (_key), or None (converted)
 
     def _follow(self, layer: int, routing: np.ndarray) -> None:
         """Remember a single token's choices at this layer and the one before (the routing
@@ -115,7 +120,7 @@ class StreamedExperts(ExpertSource):
             self.mem_seconds += time.perf_counter() - t
             if todo:
                 for _, slot in todo:
-                    self._weights.pop(slot, None)  # new bytes land there: drop the old expert's weights
+                    self._new_bytes(slot)
                 self._account(
                     self.pool.read(
                         [
@@ -128,15 +133,40 @@ class StreamedExperts(ExpertSource):
                 self._start_preload(layer + 1, pinned)
             yield {e: self._converted(layer, e) for e in wave}, s + cache.slots < len(ids)
 
+    def _key(self, layer: int, expert: int):
+        """The experts whose in-place weights (views of a slot) serve this one: those of the same
+        format and layer quantization; None when its format is converted for compute (a copy)."""
+        lay = self.layout
+        fmt = lay.expert_table[layer][expert][0] if lay.expert_table else 0
+        if (layer, fmt) not in self._keys:
+            sub = lay.expert_layout(layer, expert)
+            quant = tuple(sorted((r, None if q is None else (q.bits, q.group_size, q.kind))
+                                 for r, q in sub.quant_of(layer).items()))  # fmt: skip
+            self._keys[(layer, fmt)] = (fmt, quant) if in_place(self.ops, sub) else None
+        return self._keys[(layer, fmt)]
+
+    def _new_bytes(self, slot: int) -> None:
+        """Another expert's bytes land in `slot`: the old one's converted weights go (their memory
+        freed); views of the slot stay, to serve whatever expert of their format it holds next."""
+        self._copies.pop(slot, None)
+
     def _converted(self, layer: int, expert: int) -> FFNWeights:
         slot = self.cache.slot_of[(layer, expert)]
-        held = self._weights.get(slot)
-        if held is None or held[0] != (layer, expert):
+        key = self._key(layer, expert)
+        if key is not None:
+            held = self._views.get((slot, key))
+        else:
+            held = self._copies.get(slot)
+            held = held[1] if held is not None and held[0] == (layer, expert) else None
+        if held is None:
             t = time.perf_counter()
-            held = ((layer, expert), expert_weights(self.ops, self.layout, layer, expert, self.cache.buf[slot]))
-            self._weights[slot] = held
+            held = expert_weights(self.ops, self.layout, layer, expert, self.cache.buf[slot])
+            if key is not None:
+                self._views[(slot, key)] = held
+            else:
+                self._copies[slot] = ((layer, expert), held)
             self.mem_seconds += time.perf_counter() - t
-        return held[1]
+        return held
 
     def _start_preload(self, layer: int, pinned: set) -> None:
         """Read the predicted experts of `layer` into slots that this layer's experts do not hold,
@@ -148,7 +178,7 @@ class StreamedExperts(ExpertSource):
         todo = self.cache.prefetch(layer, guess, pinned | self._busy())
         lay = self.layout
         for e, slot in todo:
-            self._weights.pop(slot, None)
+            self._new_bytes(slot)
             batch = self.pool.submit(
                 [(self.file, lay.expert_offset(layer, e), lay.expert_size(layer, e), self.cache.buf[slot])],
                 PRELOAD_PRIORITY,

@@ -63,6 +63,66 @@ def test_mixed_store_streams_exactly(f16_moe, tmp_path):
     assert got[0] == want[0] and np.array_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_whole_expert_formats_compute_in_place_so_a_miss_builds_no_weights(f16_moe, tmp_path, monkeypatch, backend):
+    """The quantized formats (down kept as the [D, Fe] matrix, D = 2 Fe here: two rows a bundle) are
+    multiplied where the read put them; a slot's weights, built once, serve every later expert of
+    their format read there (float16 experts are converted per read, as before). Tokens and logits
+    equal the resident model's."""
+    from mlx_flash.moe import experts as experts_mod
+    from mlx_flash.weights import in_place
+
+    out = write_expert_store(open_store(f16_moe), str(tmp_path / "mix"), MIX, progress=False)
+    builds = {True: 0, False: 0}
+    real = experts_mod.expert_weights
+
+    def counted(ops, layout, layer, expert, buf):
+        builds[in_place(ops, layout.expert_layout(layer, expert))] += 1
+        return real(ops, layout, layer, expert, buf)
+
+    prompt = tiny_models.random_ids(6, seed=3)
+    with mlx_flash.load(out, backend=backend, progress=False) as e:
+        want = greedy(e, prompt, 32)
+        formats = e.store.manifest.ffn.expert_formats
+        assert [in_place(e.ops, e.store.manifest.ffn.expert_layout(0, x)) for x in range(4)] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+        assert [f.precision for f in formats] == ["q2", "q4", "q8", "f16"]
+    with mlx_flash.load(out, backend=backend, ffn="stream", weights_budget="1GB", progress=False) as e:
+        a = mlx_flash.memory_plan(e)
+    monkeypatch.setattr(experts_mod, "expert_weights", counted)
+    slots = 3
+    kw = dict(ffn="stream", weights_budget=a["resident_weights"] + slots * a["slot_bytes"], progress=False)
+    with mlx_flash.load(out, backend=backend, io=mlx_flash.IOOptions(mode="buffered"), **kw) as e:
+        got = greedy(e, prompt, 32)
+        misses = sum(m for _, m in e.ffn.stats().expert_hits)
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+    assert builds[True] <= slots * 3 < misses, (builds, misses)  # at most once per slot and in-place format
+
+
+def test_a_format_whose_rows_straddle_bundles_is_converted_and_streams_exactly(tiny_store, tmp_path):
+    """D = 64 is not a multiple of Fe = 96: a bundle's piece of down holds two thirds of a row, so the
+    expert is converted for compute as before, with the same tokens streamed as resident."""
+    from mlx_flash.weights import down_rows_per_bundle, in_place
+
+    store, _ = tiny_store("qwen3_moe", precision="f16", moe_intermediate_size=96)
+    out = write_expert_store(open_store(store), str(tmp_path / "mix"), [[4] * 4] * 2, progress=False)
+    prompt = tiny_models.random_ids(6, seed=4)
+    with mlx_flash.load(out, backend="torch", progress=False) as e:
+        lay = e.store.manifest.ffn.expert_layout(0, 0)
+        assert lay.down_rows and down_rows_per_bundle(lay) == 0 and not in_place(e.ops, lay)
+        want = greedy(e, prompt, 16)
+    with mlx_flash.load(out, backend="torch", ffn="stream", weights_budget="1GB", progress=False) as e:
+        a = mlx_flash.memory_plan(e)
+    budget = a["resident_weights"] + 3 * a["slot_bytes"]
+    with mlx_flash.load(out, backend="torch", ffn="stream", weights_budget=budget, progress=False) as e:
+        got = greedy(e, prompt, 16)
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+
+
 def test_bad_widths_and_quantized_sources_are_refused(f16_moe, tiny_store, tmp_path):
     with pytest.raises(ConfigError, match="bit-widths must be 2 layers x 4 experts"):
         write_expert_store(open_store(f16_moe), str(tmp_path / "x"), [[3] * 4] * 2, progress=False)
