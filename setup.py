@@ -94,7 +94,12 @@ setup(
             language="c++",
             extra_compile_args=CXX_FLAGS,
             sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
-            depends=["kernels/cpu/qmatmul.h", "kernels/cpu/gguf_blocks.h", "kernels/cpu/matrix_ref.h", "kernels/cpu/kv_codes.h"],
+            depends=[
+                "kernels/cpu/qmatmul.h",
+                "kernels/cpu/gguf_blocks.h",
+                "kernels/cpu/matrix_ref.h",
+                "kernels/cpu/kv_codes.h",
+            ],
         ),
         CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx"),
     ],
