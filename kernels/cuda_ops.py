@@ -1,5 +1,5 @@
-"""The torch operator stored_matmul on CUDA tensors (cuda/ops_cuda.cpp over the affine product of
-cuda/qmatmul.cu): an implementation for torch's CUDA dispatch key of the schema the CPU kernels'
+"""The torch operators stored_matmul and moe_experts on CUDA tensors (cuda/ops_cuda.cpp over the
+affine product of cuda/qmatmul.cu): implementations for torch's CUDA dispatch key of the schemas the CPU kernels'
 operators define (torch_ops.py, loaded first), built at first use for the present GPU's
 architecture into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash, cuda_ext/<hash>;
 extension_build.py), loaded once per process. Without a CUDA device nothing is built and
@@ -20,7 +20,13 @@ from .extension_build import build, cuda_arch_flag, cuda_torch
 from .qmatmul import StoredMatrix
 from .stored_operands import operands
 
-SOURCES = ("ops_cuda.cpp", "qmatmul.cu", "qmatmul.cuh", "affine.cuh", "check_text.h")
+SOURCES = (
+    ("cuda", "ops_cuda.cpp"),
+    ("cuda", "qmatmul.cu"),
+    ("cuda", "qmatmul.cuh"),
+    ("cuda", "affine.cuh"),
+    ("torch", "check_text.h"),
+)  # (folder, file)
 CUDA_BITS = (2, 4, 8)  # code widths qmatmul.cu reads (its groups: multiples of 32 codes)
 _ALIGN = 256  # each part of a matrix starts at this byte offset multiple of its device buffer
 _LOADED = False
@@ -38,7 +44,7 @@ def ops():
             what,
             "mf_cuda_ops",
             os.path.join(default_cache_dir(), "cuda_ext"),
-            [("cuda", name) for name in SOURCES],
+            list(SOURCES),
             ["ops_cuda.cpp", "qmatmul.cu"],
             f"{torch.__version__} {sm}",
             cuda_flags=[arch],
@@ -87,6 +93,7 @@ class CudaMatrix:
         self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
         for a, o in zip(op.views, self.offsets):
             self.buffer[o : o + a.nbytes].copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+        self.spec = op.spec(self.offsets)  # the matrix as moe_experts' table takes it (stored_operands)
 
     def __call__(self, x):
         st, bits, group = self.quant

@@ -15,7 +15,13 @@ from mlx_flash.config import default_cache_dir
 from .extension_build import build, cuda_arch_flag, cuda_torch
 from .slab_spec import SlabSpec
 
-SOURCES = ("sparse_ffn.cu", "sparse_ffn.cuh", "affine.cuh", "check_text.h", "sparse_ffn_torch.cpp")
+SOURCES = (
+    ("cuda", "sparse_ffn.cu"),
+    ("cuda", "sparse_ffn.cuh"),
+    ("cuda", "affine.cuh"),
+    ("torch", "check_text.h"),
+    ("cuda", "sparse_ffn_torch.cpp"),
+)  # (folder, file)
 MAX_TOKENS = 8  # per launch (kMaxTokens in sparse_ffn.cuh); more tokens run as several launches
 _EXT = None
 
@@ -39,7 +45,7 @@ def extension():
             "the CUDA sparse FFN kernels",
             "mf_sparse_ffn",
             os.path.join(default_cache_dir(), "cuda_ext"),
-            [("cuda", name) for name in SOURCES],
+            list(SOURCES),
             ["sparse_ffn_torch.cpp", "sparse_ffn.cu"],
             f"{torch.__version__} {sm}",
             cuda_flags=[arch],

@@ -23,6 +23,7 @@ from .stored_operands import one_buffer, operands, layer_specs
 
 SOURCES = (
     ("torch", "ops.cpp"),
+    ("torch", "check_text.h"),
     ("cpu", "kernel_table.h"),
     ("cpu", "matrix_ref.h"),
     ("cpu", "kv_codes.h"),
@@ -124,8 +125,9 @@ def _register_fakes(torch) -> None:
 def moe_experts(x, ids, weights, total, experts: dict, n_experts: int, threads: int):
     """total + every routed expert's gated FFN of its tokens times their router weights, experts
     ascending, in one operator call (kernels/cpu/moe_experts.cpp): x [N, D] float32, ids int32 and
-    weights float32 [N, K], total [N, Dout]; experts: id -> (gate, up or None, down) TorchMatrix of the
-    experts in this call (a routed one not among them adds nothing)."""
+    weights float32 [N, K], total [N, Dout]; experts: id -> (gate, up or None, down) TorchMatrix (or, on
+    CUDA, cuda_ops.CudaMatrix: each has `buffer` and `spec`) of the experts in this call (a routed one
+    not among them adds nothing)."""
     buffers, index, table = [], {}, []
     for e in range(n_experts):
         if e not in experts:

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 
 #include "kernel_library.h"
@@ -42,12 +41,12 @@ void need(bool ok, const std::string& message) {
 // takes their results from unified memory (MLX orders the two streams).
 mx::Stream cpu_stream() { return mx::default_stream(mx::Device::cpu); }
 
+// Without iostreams: a number streamed into an ostringstream crashed the extension built on a Linux
+// machine with GCC 13 (the stream's number formatter, as the torch operators' check_text.h says).
 std::string shape_str(const mx::Shape& s) {
-  std::ostringstream o;
-  o << "(";
-  for (size_t i = 0; i < s.size(); i++) o << (i ? ", " : "") << s[i];
-  o << ")";
-  return o.str();
+  std::string o = "(";
+  for (size_t i = 0; i < s.size(); i++) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + ")";
 }
 
 mx::array float_rows(const mx::array& x, mx::Stream s) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "check_text.h"
 #include "kernel_table.h"  // (kernels/cpu/, copied beside this file for the build)
 
 namespace {
@@ -33,7 +34,9 @@ void use_kernel_library(const std::string& path) {
   }
 }
 
-void done(int64_t rc, const char* what) { TORCH_CHECK(rc >= 0, what, ": the CPU kernel refused its arguments (code ", rc, ")"); }
+void done(int64_t rc, const char* what) {
+  TORCH_CHECK(rc >= 0, what, ": the CPU kernel refused its arguments (code ", mf::text(rc), ")");
+}
 
 void cpu_float(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU (these operators are the CPU kernels)");
@@ -43,7 +46,8 @@ void cpu_float(const at::Tensor& t, const char* what) {
 void buffer_ok(const at::Tensor& buf, int64_t end) {
   TORCH_CHECK(buf.device().is_cpu() && buf.scalar_type() == at::kByte && buf.is_contiguous(),
               "the weights buffer must be a contiguous uint8 CPU tensor");
-  TORCH_CHECK(end <= buf.numel(), "the weights lie past their buffer (", end, " > ", buf.numel(), " bytes)");
+  TORCH_CHECK(end <= buf.numel(), "the weights lie past their buffer (", mf::text(end), " > ", mf::text(buf.numel()),
+              " bytes)");
 }
 
 const int32_t* ids_ptr(const c10::optional<at::Tensor>& ids) {
@@ -143,8 +147,8 @@ mf_kv_codes kv_codes(const at::Tensor& buffer, at::IntArrayRef layout, const cha
               what, " codes must be a contiguous uint8 CPU tensor");
   mf_kv_codes c;
   TORCH_CHECK(mlx_flash::kv_codes_from(layout.data(), layout.size(), buffer.data_ptr<uint8_t>(), buffer.numel(), &c),
-              "attention_coded: a ", what, " layout is ", std::to_string(MF_KV_CODES_INTS), " ints (got ",
-              std::to_string(layout.size()), ")");
+              "attention_coded: a ", what, " layout is ", mf::text(MF_KV_CODES_INTS), " ints (got ",
+              mf::text(layout.size()), ")");
   return c;
 }
 

@@ -190,14 +190,16 @@ class TorchOps:
         return ids.cpu().numpy(), weights.cpu().numpy()
 
     def moe_experts(self, act: GateActivation, x, ids, weights, total, experts: dict, n_experts: int):
-        """The routed experts in one operator call (torch_ops.moe_experts) with the CPU kernel over stored
-        matrices, else None."""
-        if not self.stored_kernel:
+        """The routed experts in one operator call (torch_ops.moe_experts) over stored matrices: the CPU
+        kernel's, or on CUDA the stored product's (cuda/ops_cuda.cpp); else None."""
+        if self.stored_kernel:
+            kind = torch_ops.TorchMatrix
+        elif self.cuda_kernel:
+            kind = cuda_ops.CudaMatrix
+        else:
             return None
         operators = {
-            e: expert_operators(
-                act, fw, lambda w: w.op if isinstance(w, Weight) and isinstance(w.op, torch_ops.TorchMatrix) else None
-            )
+            e: expert_operators(act, fw, lambda w: w.op if isinstance(w, Weight) and isinstance(w.op, kind) else None)
             for e, fw in experts.items()
         }
         if any(o is None for o in operators.values()):

@@ -2,7 +2,8 @@
 with the same store on the CPU (float sums run in another order on the GPU, so to a tolerance, not
 bit for bit), for affine 4- and 8-bit stores (the stored product, kernels/cuda/qmatmul.cu) and a float
 one, the sparse FFN source with every neuron active, a streamed FFN (bit for bit against the resident
-model on the same GPU) and a MoE family (its experts one call set each on CUDA). Needs an NVIDIA GPU;
+model on the same GPU) and a MoE family, whose routed experts run in one operator call on CUDA
+(moe_experts, cuda/ops_cuda.cpp) equal to the graph's call set per expert there bit for bit. Needs an NVIDIA GPU;
 skipped elsewhere with the reason. The engine runs on torch alone; converting the tiny models reads
 their safetensors with MLX, a base dependency."""
 
@@ -59,3 +60,31 @@ def test_cuda_sparse_all_active_matches_cpu(tiny_store):
 def test_cuda_moe_matches_cpu(tiny_store):
     store, _ = tiny_store("qwen3_moe", precision="q4")
     close(run(store, "cuda"), run(store, "cpu"))
+
+
+@pytest.mark.parametrize("ffn", ["resident", "stream"])
+def test_cuda_grouped_experts_equal_one_call_set_per_expert(tiny_store, monkeypatch, ffn):
+    from mlx_flash.backends.torch import TorchOps
+    from mlx_flash.kernels import torch_ops
+
+    store, _ = tiny_store("qwen3_moe", precision="q4")
+    kw = {}
+    if ffn == "stream":  # three expert slots: experts are read, evicted and read again
+        with mlx_flash.load(
+            store, backend="torch", device="cuda", ffn="stream", weights_budget="1GB", progress=False
+        ) as e:
+            a = mlx_flash.memory_plan(e)
+        kw = dict(ffn="stream", weights_budget=a["resident_weights"] + 3 * a["slot_bytes"])
+    calls = []
+    real = torch_ops.moe_experts
+
+    def counted(x, *a):
+        calls.append(x.device.type)
+        return real(x, *a)
+
+    monkeypatch.setattr(torch_ops, "moe_experts", counted)
+    grouped = run(store, "cuda", **kw)
+    assert calls and set(calls) == {"cuda"}
+    monkeypatch.setattr(TorchOps, "moe_experts", lambda self, *a: None)  # the graph's call set per expert
+    per_expert = run(store, "cuda", **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(grouped, per_expert))

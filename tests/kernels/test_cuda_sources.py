@@ -84,6 +84,7 @@ def test_torch_binding_compiles(binding, tmp_path):
         f"-I{sysconfig.get_paths()['include']}",
         f"-I{cuda_include}",
         f"-I{tmp_path}",
+        f"-I{os.path.join(CUDA_DIR, '..', 'torch')}",  # check_text.h, shared with the CPU operators
         os.path.join(CUDA_DIR, binding),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
