@@ -1,7 +1,7 @@
 """EdgeMoE benchmarks: the expert-cache policy table, and decode speed with cold reads (direct I/O).
 
     python tools/bench_experts.py --policies --model MOE            hit rates, prefetch off
-    python tools/bench_experts.py --model MOE [--tokens 32]          speed on a real MoE model
+    python tools/bench_experts.py --model MOE [--tokens 32] [--runs 3]  speed on a real MoE model
     python tools/bench_experts.py --synthetic STORE [--tokens 16]    speed on a synthetic store, routing replayed
 
 --policies replays the Wikipedia routing trace tools/trace_experts.py saved in the store
@@ -10,6 +10,7 @@ token by token, for every policy and Belady's offline optimum.
 
 Speed rows: after a prompt of the Wikipedia text, each decode step is fed the text's next token
 (teacher forcing: routing follows real text); medians over the steps; I/O = time blocked on reads.
+--runs N: every row N times, cold each time, in turn (run 1 of every row, then run 2, ...); medians.
   IO-EXP   float16 experts read when routed, no cache (slots for one layer's experts)
   IO-QEXP  all experts INT4 (<store>-int4), no cache
   Q        the expert-wise widths (<store>-mixP005, tools/expert_bits.py), no cache
@@ -48,6 +49,7 @@ def main() -> int:
     p.add_argument("--routes", default=None, help="with --synthetic: a routes-wikipedia.npy to replay")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=1, help="--model: cold runs of every row, interleaved; medians")
     return exit_status(lambda: run(p.parse_args()))
 
 
@@ -170,29 +172,54 @@ def print_rows(rows: list[dict], base: dict) -> None:
         )
 
 
+def median_rows(specs: list[tuple], runs: int) -> list[dict]:
+    """decode_row of every spec (its arguments), `runs` times in turn (run 1 of every row, then run 2,
+    ...), so a slow minute falls on every row alike; each row's medians, its runs' ms/token kept."""
+    done = [[decode_row(*spec) for spec in specs] for _ in range(runs)]
+    rows = []
+    for i in range(len(specs)):
+        each = [d[i] for d in done]
+        row = {k: statistics.median(r[k] for r in each) if isinstance(v, float) else v for k, v in each[0].items()}
+        row["runs_ms"] = [r["total_ms"] for r in each]
+        rows.append(row)
+    return rows
+
+
 def bench_model(a, store: str) -> None:
     int4 = a.int4 or store.rstrip("/") + "-int4"
     mixed = a.mixed or store.rstrip("/") + "-mixP005"
     for p in (int4, mixed):
         if not os.path.isdir(p):
             raise FlashError(f"{p}: no such store (run tools/expert_bits.py --model {store})")
+    if a.runs < 1:
+        raise FlashError(f"--runs {a.runs}: at least 1")
     with mlx_flash.load(store, backend="torch", progress=False) as e:
         ids = e.tokenizer.encode(read_corpus("wikipedia")[20000:40000])[: a.prompt_tokens + a.tokens]
     acct = {p: account_of(p) for p in (store, int4, mixed)}
     L, E, K = acct[store]["n_layers"], acct[store]["n_experts"], acct[store]["k"]
     n, tf = a.prompt_tokens, (ids, a.prompt_tokens)
-    rows = [
-        decode_row("IO-EXP (float16, no cache)", store, K, 0, *tf, acct[store]),
-        decode_row("IO-QEXP (INT4, no cache)", int4, K, 0, *tf, acct[int4]),
-        decode_row("Q", mixed, K, 0, *tf, acct[mixed]),
-        decode_row("Q+P", mixed, 2 * K, K, *tf, acct[mixed]),
+    specs = [
+        ("IO-EXP (float16, no cache)", store, K, 0, *tf, acct[store]),
+        ("IO-QEXP (INT4, no cache)", int4, K, 0, *tf, acct[int4]),
+        ("Q", mixed, K, 0, *tf, acct[mixed]),
+        ("Q+P", mixed, 2 * K, K, *tf, acct[mixed]),
     ]
     for share in SHARES:
         slots = max(2 * K, int(share * L * E))
-        rows.append(decode_row(f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, slots, K, *tf, acct[mixed]))
+        specs.append((f"Q+P+C, {share:.0%} of experts cached (ours)", mixed, slots, K, *tf, acct[mixed]))
+    # the eviction policies and the preloader on this model, at the 25% cache
+    slots = max(2 * K, int(SHARES[0] * L * E))
+    policies = [
+        (f"{policy}, preload {pre}", mixed, slots, pre, *tf, acct[mixed], policy)
+        for policy in ("edgemoe", "lru", "lfu")
+        for pre in (0, K)
+    ]
+    rows = median_rows(specs + policies, a.runs)
+    rows, table = rows[: len(specs)], rows[len(specs) :]
+    runs = f"medians of {a.runs} cold runs, interleaved" if a.runs > 1 else "one run"
     print(
         f"\n{a.tokens} tokens teacher-forced (each step fed the Wikipedia text's next token) after a {n}-token "
-        f"prompt, cold reads (direct I/O), torch float32, {L} layers x {E} experts, top-{K}\n"
+        f"prompt, cold reads (direct I/O), torch float32, {L} layers x {E} experts, top-{K}; {runs}\n"
     )
     print_rows(rows, rows[0])
     q, qp = rows[2], rows[3]
@@ -206,17 +233,14 @@ def bench_model(a, store: str) -> None:
         f"token by token it would read {n * L * K * eb / 1e6:.1f} MB "
         f"(every expert once per layer and chunk: at most {L * E * eb / 1e6:.1f} MB)"
     )
-    # the eviction policies and the preloader on this model, at the 25% cache
-    slots = max(2 * K, int(SHARES[0] * L * E))
-    table = [
-        decode_row(f"{policy}, preload {pre}", mixed, slots, pre, *tf, acct[mixed], policy)
-        for policy in ("edgemoe", "lru", "lfu")
-        for pre in (0, K)
-    ]
     print(f"\npolicies and preloading at {SHARES[0]:.0%} of experts cached ({slots} slots), the Q store\n")
     print_rows(table, rows[0])
     best = max(table, key=lambda r: 1 / r["total_ms"])
     print(f"\nfastest: {best['label']} ({1e3 / best['total_ms']:.2f} tok/s, hit rate {best['hit']:.1%})")
+    if a.runs > 1:
+        print("\nms/token of each run: " + "; ".join(
+            f"{r['label']}: {' / '.join('%.1f' % x for x in r['runs_ms'])}" for r in rows + table
+        ))  # fmt: skip
 
 
 # ---- speed on a synthetic store (replayed routing) ---------------------------------------------
@@ -263,8 +287,9 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
             t0, io0, mem0 = time.perf_counter(), src.io_seconds, src.mem_seconds
             for layer in range(L):
                 ids = routes[layer, t : t + 1].astype(np.int64)
-                for e, w in src.experts(layer, ids):
-                    ops.to_numpy(llama.mlp(ops, args, w, x))
+                for wave, _ in src.waves(layer, ids):  # one call set per expert, each evaluated
+                    for e in sorted(wave):
+                        ops.to_numpy(llama.mlp(ops, args, wave[e], x))
             times.append((time.perf_counter() - t0) * 1e3)
             ios.append((src.io_seconds - io0) * 1e3)
             mems.append((src.mem_seconds - mem0) * 1e3)
@@ -280,7 +305,7 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
             "compute_ms": med([a - b - c for a, b, c in zip(times, ios, mems)]),
             "mb": src.bytes_read / 1e6 / N,
             "hit": h / max(1, h + m),
-            "useful": src.useful / max(1, src.routed_experts),
+            "useful": src.useful / max(1, src.routed_count),
         }
     finally:
         src.close()
