@@ -26,6 +26,7 @@ SOURCES = (
     ("cuda", "qmatmul.cuh"),
     ("cuda", "affine.cuh"),
     ("torch", "check_text.h"),
+    ("torch", "moe_table.h"),
 )  # (folder, file)
 CUDA_BITS = (2, 4, 8)  # code widths qmatmul.cu reads (its groups: multiples of 32 codes)
 _ALIGN = 256  # each part of a matrix starts at this byte offset multiple of its device buffer

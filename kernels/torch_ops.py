@@ -24,6 +24,7 @@ from .stored_operands import one_buffer, operands, layer_specs
 SOURCES = (
     ("torch", "ops.cpp"),
     ("torch", "check_text.h"),
+    ("torch", "moe_table.h"),
     ("cpu", "kernel_table.h"),
     ("cpu", "matrix_ref.h"),
     ("cpu", "kv_codes.h"),

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "check_text.h"
+#include "moe_table.h"
 #include "qmatmul.cuh"
 
 namespace {
@@ -129,35 +130,18 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& ids, const at::Ten
     bool has_up;
   };
   std::vector<c10::optional<Expert>> experts;
-  size_t at = 0;
-  auto next = [&](const char* what) -> int64_t {
-    TORCH_CHECK(at < table.size(), "moe_experts: the table ends inside ", what);
-    return table[at++];
-  };
-  while (at < table.size()) {
-    const int64_t present = next("an expert");
-    TORCH_CHECK(present == 0 || present == 1, "moe_experts: an expert starts with 0 (absent) or 1");
-    if (!present) {
+  for (const mf::TableExpert& te : mf::read_moe_table(table, buffers.size())) {
+    if (!te.present) {
       experts.emplace_back();
       continue;
     }
-    int64_t b[3];
-    at::IntArrayRef specs[3];
-    for (int i = 0; i < 3; i++) {
-      b[i] = next("an expert");
-      const int64_t n = next("a matrix");
-      TORCH_CHECK(n >= 0 && at + n <= table.size(), "moe_experts: the table ends inside a matrix");
-      specs[i] = at::IntArrayRef(table.data() + at, n);
-      at += n;
-      TORCH_CHECK(b[i] < (int64_t)buffers.size(), "moe_experts: an expert's buffer index is past the buffers");
-    }
-    TORCH_CHECK(b[0] >= 0 && b[2] >= 0, "moe_experts: an expert needs gate and down");
-    Expert e{expert_matrix(buffers[b[0]], specs[0], x, D), {}, {}, b[1] >= 0};
-    if (e.has_up) e.up = expert_matrix(buffers[b[1]], specs[1], x, D);
+    TORCH_CHECK(te.gate.buffer >= 0 && te.down.buffer >= 0, "moe_experts: an expert needs gate and down");
+    Expert e{expert_matrix(buffers[te.gate.buffer], te.gate.spec, x, D), {}, {}, te.up.buffer >= 0};
+    if (e.has_up) e.up = expert_matrix(buffers[te.up.buffer], te.up.spec, x, D);
     const int64_t F = e.has_up ? e.gate.n_out : e.gate.n_out / 2;
     TORCH_CHECK(e.has_up ? e.up.n_out == e.gate.n_out : e.gate.n_out % 2 == 0,
                 "moe_experts: gate and up differ in outputs, or gate|up has an odd number");
-    e.down = expert_matrix(buffers[b[2]], specs[2], x, F);
+    e.down = expert_matrix(buffers[te.down.buffer], te.down.spec, x, F);
     TORCH_CHECK(e.down.n_out == Dout, "moe_experts: an expert's down does not give the sum's width");
     experts.push_back(e);
   }

@@ -13,6 +13,7 @@
 
 #include "check_text.h"
 #include "kernel_table.h"  // (kernels/cpu/, copied beside this file for the build)
+#include "moe_table.h"
 
 namespace {
 
@@ -274,30 +275,19 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& ids, const at::Ten
               "moe_experts: x [N, D], ids and weights [N, K]");
   TORCH_CHECK(sum.dim() == 2 && sum.size(0) == x.size(0), "moe_experts: the sum so far is [N, Dout]");
   const int64_t N = x.size(0), D = x.size(1), K = ids.size(1), Dout = sum.size(1);
-  std::vector<mf_matrix> mats;  // 3 per expert: gate, up, down
-  std::vector<char> has;         // which of them the expert has
+  const std::vector<mf::TableExpert> table_experts = mf::read_moe_table(table, buffers.size());
+  std::vector<mf_matrix> mats(3 * table_experts.size());  // 3 per expert: gate, up, down
+  std::vector<char> has(mats.size(), 0);                  // which of them the expert has
   int64_t f_max = 0;
-  size_t at = 0;
-  auto next = [&](const char* what) -> int64_t {
-    TORCH_CHECK(at < table.size(), "moe_experts: the table ends inside ", what);
-    return table[at++];
-  };
-  while (at < table.size()) {
-    const int64_t present = next("an expert");
-    TORCH_CHECK(present == 0 || present == 1, "moe_experts: an expert starts with 0 (absent) or 1");
-    const size_t e = mats.size();
-    mats.resize(e + 3);
-    has.resize(e + 3, 0);
-    if (!present) continue;
+  for (size_t i = 0; i < table_experts.size(); i++) {
+    const mf::TableExpert& te = table_experts[i];
+    if (!te.present) continue;
+    const size_t e = 3 * i;
     static const char* names[3] = {"gate", "up", "down"};
+    const mf::TableMatrix* parts[3] = {&te.gate, &te.up, &te.down};
     for (int m = 0; m < 3; m++) {
-      const int64_t b = next("an expert"), n = next("a matrix");
-      TORCH_CHECK(n >= 0 && at + n <= table.size(), "moe_experts: the table ends inside a matrix");
-      at::IntArrayRef spec(table.data() + at, n);
-      at += n;
-      if (b < 0) continue;
-      TORCH_CHECK(b < (int64_t)buffers.size(), "moe_experts: an expert's buffer index is past the buffers");
-      mats[e + m] = matrix_of(buffers[b], spec, names[m]);
+      if (parts[m]->buffer < 0) continue;
+      mats[e + m] = matrix_of(buffers[parts[m]->buffer], parts[m]->spec, names[m]);
       has[e + m] = 1;
     }
     const mf_matrix &g = mats[e], &u = mats[e + 1], &dn = mats[e + 2];
