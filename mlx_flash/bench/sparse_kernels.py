@@ -102,25 +102,7 @@ def bench_cpu(args, pool) -> list[dict]:
                 t = per_layer_s(sparse, slabs, args.rounds) if count else float("nan")
                 nbytes = count * spec.bytes_per_bundle()
                 copy = copy_gbs(slabs, nbytes, threads, args.rounds, pool) if count else float("nan")
-                gbs = nbytes / t / 1e9
-                rows.append(
-                    dict(
-                        target="cpu",
-                        shape=shape,
-                        d_model=D,
-                        d_ff=S * BLOCK,
-                        bits=bits,
-                        sparsity=sp,
-                        ms=t * 1e3,
-                        gbs=gbs,
-                        copy_gbs=copy,
-                        of_copy=gbs / copy,
-                        dense_ms=t_dense * 1e3,
-                        speedup=t_dense / t,
-                        max_rel_error=err,
-                        threads=threads,
-                    )
-                )
+                rows.append(result_row("cpu", shape, D, S * BLOCK, bits, sp, t, nbytes, copy, t_dense, err, threads))
                 print(table_row(rows[-1]), flush=True)
             views.clear()  # free this shape's layers before the next one is built
             slabs.clear()
@@ -180,27 +162,31 @@ def bench_metal(args) -> list[dict]:
                     mx.eval([mx.array(s.reshape(-1)[:nbytes]) + 0 for s in slabs])
 
                 copy = nbytes / (timed_passes(copy_pass, args.rounds) / args.layers) / 1e9 if count else float("nan")
-                gbs = nbytes / t / 1e9
-                rows.append(
-                    dict(
-                        target="metal",
-                        shape=shape,
-                        d_model=D,
-                        d_ff=S * BLOCK,
-                        bits=bits,
-                        sparsity=sp,
-                        ms=t * 1e3,
-                        gbs=gbs,
-                        copy_gbs=copy,
-                        of_copy=gbs / copy,
-                        dense_ms=t_dense * 1e3,
-                        speedup=t_dense / t,
-                        max_rel_error=err,
-                        threads=0,
-                    )
-                )
+                rows.append(result_row("metal", shape, D, S * BLOCK, bits, sp, t, nbytes, copy, t_dense, err, 0))
                 print(table_row(rows[-1]), flush=True)
     return rows
+
+
+def result_row(target, shape, D, d_ff, bits, sparsity, t, nbytes, copy, t_dense, err, threads) -> dict:
+    """One table row: a sparse step of t seconds per layer reading nbytes, against a copy of them
+    (copy GB/s) and the dense step (t_dense)."""
+    gbs = nbytes / t / 1e9
+    return dict(
+        target=target,
+        shape=shape,
+        d_model=D,
+        d_ff=d_ff,
+        bits=bits,
+        sparsity=sparsity,
+        ms=t * 1e3,
+        gbs=gbs,
+        copy_gbs=copy,
+        of_copy=gbs / copy,
+        dense_ms=t_dense * 1e3,
+        speedup=t_dense / t,
+        max_rel_error=err,
+        threads=threads,
+    )
 
 
 def timed_passes(fn, rounds: int) -> float:
@@ -275,25 +261,7 @@ def bench_cuda(args) -> list[dict]:
                     if count
                     else float("nan")
                 )
-                gbs = nbytes / t / 1e9
-                rows.append(
-                    dict(
-                        target="cuda",
-                        shape=shape,
-                        d_model=D,
-                        d_ff=S * BLOCK,
-                        bits=bits,
-                        sparsity=sp,
-                        ms=t * 1e3,
-                        gbs=gbs,
-                        copy_gbs=copy,
-                        of_copy=gbs / copy,
-                        dense_ms=t_dense * 1e3,
-                        speedup=t_dense / t,
-                        max_rel_error=err,
-                        threads=0,
-                    )
-                )
+                rows.append(result_row("cuda", shape, D, S * BLOCK, bits, sp, t, nbytes, copy, t_dense, err, 0))
                 print(table_row(rows[-1]), flush=True)
     return rows
 
