@@ -4,6 +4,12 @@
 Both give each row its own RoPE position (`positions`), return keys right-padded to the longest
 row with a `mask` hiding the padding, and drop rows that leave (`keep`).
 
+A `BatchKV` step may also carry chunks of different lengths (several prompts prefilled together,
+`new_tokens`): the step's tokens [B, T] are left-padded, row b's n_b tokens in its last n_b columns,
+so every row's last token is the step's last column (the head reads it as it would alone) and the
+mask's rule is unchanged; row b's cache gets only its own n_b keys, and the padding columns' queries
+(whose output is dropped) see the row's first key, never nothing (a softmax over no key is NaN).
+
 Each row keeps its own cache (a `KVCache`, a service context's `ChunkedKV`, ...), so a sequence's
 keys and values are exactly what it would hold running alone, and a sequence can join or leave the
 batch between steps by building a new `BatchKV` over other rows (nothing to copy or shift, unlike a
@@ -28,11 +34,15 @@ from ..models.cache import LayerKV
 class BatchKV(LayerKV):
     holds = "a sequence of the batch holds"
 
-    def __init__(self, rows: list[LayerKV]):
+    def __init__(self, rows: list[LayerKV], new_tokens=None):
+        """new_tokens: each row's tokens in the next step, left-padded to the longest (None: all T)."""
         if not rows:
             raise ValueError("a batch needs at least one sequence")
         self.rows = list(rows)
         self._lengths = np.zeros(len(rows), np.int64)  # each row's tokens after the last update
+        self.new_tokens = None if new_tokens is None else np.asarray(new_tokens, np.int64)
+        if self.new_tokens is not None and (self.new_tokens.shape != (len(rows),) or self.new_tokens.min() < 1):
+            raise ValueError(f"new_tokens must give each of the {len(rows)} rows at least one token")
 
     @property
     def offset(self) -> int:
@@ -45,11 +55,30 @@ class BatchKV(LayerKV):
         return min(caps) if caps else None
 
     def positions(self) -> np.ndarray:
-        return np.array([r.offset for r in self.rows], np.int64)
+        """Each row's position of the step's first column (before its first token when left-padded)."""
+        pos = np.array([r.offset for r in self.rows], np.int64)
+        if self.new_tokens is not None:
+            pos -= self.new_tokens.max() - self.new_tokens
+        return pos
+
+    def _padding(self, T: int) -> np.ndarray:
+        """Each row's padding columns in a step of T tokens."""
+        if self.new_tokens is None:
+            return np.zeros(len(self.rows), np.int64)
+        if T != int(self.new_tokens.max()):
+            raise ValueError(f"a step of {T} tokens for rows of at most {int(self.new_tokens.max())}")
+        return T - self.new_tokens
 
     def update(self, ops, k, v):
-        """k, v [B, Hkv, T, hd]: row b's into row b's cache; every row's keys, right-padded to S."""
-        outs = [r.update(ops, k[b : b + 1], v[b : b + 1]) for b, r in enumerate(self.rows)]
+        """k, v [B, Hkv, T, hd]: row b's (its last n_b columns) into row b's cache; every row's keys,
+        right-padded to S."""
+        pad = self._padding(k.shape[2])
+        outs = [
+            r.update(ops, k[b : b + 1, :, int(p) :], v[b : b + 1, :, int(p) :])
+            if p
+            else r.update(ops, k[b : b + 1], v[b : b + 1])
+            for b, (r, p) in enumerate(zip(self.rows, pad))
+        ]
         self._lengths = np.array([o[0].shape[2] for o in outs], np.int64)
         S = int(self._lengths.max())
 
@@ -68,12 +97,17 @@ class BatchKV(LayerKV):
 
     def mask(self, ops, T: int):
         """Row b's query t sees its own keys up to its position (no padding: what it would alone)."""
-        return padded_mask(ops, self._lengths, T)
+        return padded_mask(ops, self._lengths, T, ragged=bool(self._padding(T).any()))
 
     def observe(self, ops, q, keys, scale: float) -> None:
-        """Each row's queries and its own (unpadded) keys."""
-        for b, (r, n) in enumerate(zip(self.rows, self._lengths)):
-            r.observe(ops, q[b : b + 1], keys[b : b + 1, :, : int(n)], scale)
+        """Each row's queries (its own columns) and its own (unpadded) keys."""
+        pad = self._padding(q.shape[2])
+        for b, (r, n, p) in enumerate(zip(self.rows, self._lengths, pad)):
+            r.observe(ops, q[b : b + 1, :, int(p) :], keys[b : b + 1, :, : int(n)], scale)
+
+    def prefetch(self) -> None:
+        for r in self.rows:
+            r.prefetch()
 
     def trim(self, n: int) -> None:
         for r in self.rows:
@@ -88,12 +122,13 @@ class BatchKV(LayerKV):
         raise NotImplementedError("a batch's state is its rows' states: call state() on each of BatchKV.rows")
 
 
-def padded_mask(ops, lengths: np.ndarray, T: int):
+def padded_mask(ops, lengths: np.ndarray, T: int, ragged: bool = False):
     """The mask of right-padded rows after an update of T tokens: row b's query t sees key j iff
-    j <= lengths[b] - T + t; one sequence's mask when no row is padded."""
-    if (lengths == lengths[0]).all():
+    j <= lengths[b] - T + t (at least key 0: a left-padded step's padding columns, `ragged`); one
+    sequence's mask when no row is padded."""
+    if (lengths == lengths[0]).all() and not ragged:
         return "causal" if T > 1 else None
-    last = lengths[:, None] - T + np.arange(T)[None, :]  # [B, T]
+    last = np.maximum(lengths[:, None] - T + np.arange(T)[None, :], 0)  # [B, T]
     keep = np.arange(int(lengths.max()))[None, None, :] <= last[:, :, None]  # [B, T, S]
     return ops.mask(keep[:, None])
 
@@ -158,7 +193,8 @@ class BlockKV(LayerKV):
         raise NotImplementedError("a block's rows have different lengths: read BlockKV.keys[b, :, :lengths[b]]")
 
 
-def batch_caches(per_sequence: list[list[LayerKV]]) -> list[BatchKV]:
-    """Per-layer batch caches from each sequence's per-layer caches ([sequence][layer])."""
+def batch_caches(per_sequence: list[list[LayerKV]], new_tokens=None) -> list[BatchKV]:
+    """Per-layer batch caches from each sequence's per-layer caches ([sequence][layer]); new_tokens:
+    each row's tokens in a left-padded step (BatchKV)."""
     n_layers = len(per_sequence[0])
-    return [BatchKV([caches[i] for caches in per_sequence]) for i in range(n_layers)]
+    return [BatchKV([caches[i] for caches in per_sequence], new_tokens) for i in range(n_layers)]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import ConfigError, ContextLengthError
+from .batch_cache import batch_caches
 from .schedule import MicroBatch, Order, run_block
 from .sequence import SamplingOptions, Sequence
 
@@ -62,22 +63,54 @@ def encode_all(engine, prompts, max_tokens) -> list[tuple[list[int], int]]:
 def prefill_together(
     engine, seqs: list[Sequence], order: Order, opts: SamplingOptions, eos, attend: Callable[[list], list] | None = None
 ) -> None:
-    """Every sequence's prompt in chunks of config.prefill_chunk tokens (the chunks a single run uses),
-    each round of chunks through one schedule in `order`; the first token of each is sampled.
-    attend(caches): the caches a chunk attends through (the throughput mode's sparse attention), else
-    the sequence's own."""
+    """Every sequence's prompt in chunks of at most config.prefill_chunk tokens (the chunks a single
+    run uses), several sequences' chunks packed into one batched pass (ragged_rows) of at most that
+    many tokens, each round's passes through one schedule in `order`; the first token of each
+    sequence is sampled. attend(caches): the caches a pass attends through (the throughput mode's
+    sparse attention), else the batch of the sequences' own."""
     chunk = engine.config.prefill_chunk
     while True:
         todo = [s for s in seqs if s.prefilled < len(s.ids)]
         if not todo:
             return
-        batches = [
-            MicroBatch(
-                engine.ops.tokens(s.ids[s.prefilled : s.prefilled + chunk]), attend(s.caches) if attend else s.caches
-            )
-            for s in todo
-        ]
-        for s, logits in zip(todo, run_block(engine, batches, order)):
-            s.prefilled = min(len(s.ids), s.prefilled + chunk)
-            if s.prefilled == len(s.ids):
-                s.take(logits[0, -1], opts, eos)
+        groups = ragged_rows([len(s.ids) - s.prefilled for s in todo], chunk)
+        passes = [[(todo[k], n) for k, n in g] for g in groups]
+        batches = []
+        for rows in passes:
+            caches = batch_caches([s.caches for s, _ in rows], [n for _, n in rows])
+            chunks = [s.ids[s.prefilled : s.prefilled + n] for s, n in rows]
+            batches.append(MicroBatch(engine.ops.tokens(left_padded(chunks)), attend(caches) if attend else caches))
+        for rows, logits in zip(passes, run_block(engine, batches, order)):
+            for b, (s, n) in enumerate(rows):
+                s.prefilled += n
+                if s.prefilled == len(s.ids):
+                    s.take(logits[b, -1], opts, eos)
+
+
+def ragged_rows(remaining: list[int], budget: int) -> list[list[tuple[int, int]]]:
+    """Passes of one prefill round: each sequence's next chunk (min(its remaining tokens, budget)),
+    longest first (so a pass's shorter rows need little left padding), packed by pack_rows."""
+    return pack_rows(sorted(range(len(remaining)), key=lambda k: -remaining[k]), remaining, budget)
+
+
+def pack_rows(order: list[int], remaining: list[int], budget: int) -> list[list[tuple[int, int]]]:
+    """Sequences `order` (indices into remaining) in that order, each with its next chunk of
+    min(remaining, budget) tokens, packed into passes whose rows x widest chunk <= budget (the tokens
+    the memory plan holds a pass of); returns [(sequence index, tokens)] per pass."""
+    if budget < 1:
+        raise ValueError(f"a prefill pass needs room for at least one token (got {budget})")
+    passes: list[list[tuple[int, int]]] = []
+    for k in order:
+        n = min(remaining[k], budget)
+        if passes and (len(passes[-1]) + 1) * max(n, max(w for _, w in passes[-1])) <= budget:
+            passes[-1].append((k, n))
+        else:
+            passes.append([(k, n)])
+    return passes
+
+
+def left_padded(chunks: list[list[int]]) -> list[list[int]]:
+    """Token rows of a ragged pass, each padded on the left to the longest with its own first token
+    (any id would do: the padding's keys are never stored and its outputs are dropped)."""
+    width = max(len(c) for c in chunks)
+    return [[c[0]] * (width - len(c)) + list(c) for c in chunks]

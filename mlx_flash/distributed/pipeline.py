@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import FlashError, PipelineFault
 from ..batching.batch_cache import batch_caches
+from ..batching.prompts import ragged_rows
 from ..batching.schedule import LayerOnce
 from ..runner import Runner
 from .batch import run_pipelined
@@ -69,18 +70,35 @@ def run_layers(engine, layers: range, h: np.ndarray, caches) -> np.ndarray:
 
 def run_group(engine, layers: range, hs: list, caches: list) -> list:
     """This rank's layers over several sequences (hs[k]: [1, T_k, D] framework arrays, caches[k] that
-    sequence's caches), layer by layer: each layer's weights are fetched once for all of them
-    (batching/schedule.LayerOnce), and every sequence computes exactly as it would alone."""
+    sequence's caches): rows of similar length packed into left-padded passes of at most the group's
+    tokens (batching/prompts.pack_rows; each row computes as it would alone), the passes layer by
+    layer, so each layer's weights are fetched once for all of them (batching/schedule.LayerOnce)."""
     ops, mod, w = engine.ops, engine.module, engine.weights
     ffn = LayerOnce(engine.ffn) if engine.ffn.same_for_every_input else engine.ffn
-    hs = list(hs)
+    widths = [int(h.shape[1]) for h in hs]
+    passes = ragged_rows(widths, sum(widths))
+    out = list(hs)
     with ops.inference():
+        xs = [
+            ops.concatenate([_left_pad(ops, hs[k], max(widths[j] for j, _ in p)) for k, _ in p], axis=0) for p in passes
+        ]
+        kv = [batch_caches([caches[k] for k, _ in p], [widths[k] for k, _ in p]) for p in passes]
         for i in layers:
             lw = w["layers"][i]  # (a streamed layer is read here, once)
-            for k in range(len(hs)):
-                hs[k] = mod.block(ops, engine.args, lw, i, hs[k], caches[k][i], ffn)
-                ops.materialize(hs[k])  # done with this layer's weights before a read may refill them
-    return hs
+            for q in range(len(passes)):
+                xs[q] = mod.block(ops, engine.args, lw, i, xs[q], kv[q][i], ffn)
+                ops.materialize(xs[q])  # done with this layer's weights before a read may refill them
+        for p, x in zip(passes, xs):
+            T = int(x.shape[1])
+            for b, (k, _) in enumerate(p):
+                out[k] = x[b : b + 1, T - widths[k] :]
+    return out
+
+
+def _left_pad(ops, h, T: int):
+    """[1, n, D] -> [1, T, D], zeros before the row (a padding column's output is dropped)."""
+    n = int(h.shape[1])
+    return h if n == T else ops.concatenate([ops.zeros((1, T - n, h.shape[2]), like=h), h], axis=1)
 
 
 def split_rows(ops, payload: np.ndarray, lengths) -> list:

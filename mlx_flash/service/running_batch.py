@@ -1,12 +1,17 @@
-"""Continuous batching over a Service: many calls, each in its own context, decoded together.
+"""Continuous batching over a Service: many calls, each in its own context, run together.
 
-A call joins when `start` prefills its new tokens alone (its context's chunks, as Service.call
-does) and samples its first token; from then on every `step` runs one batched decode pass over all
-joined calls (the throughput mode's graph pieces, batching/schedule.py, with `ChunkedBatchKV`: every
-context's chunks read with one gather of the pool per layer), so N clients cost one pass of the
-weights per token instead of N. A call leaves when it finishes, is cancelled, or its context cannot
-grow within the KV budget; `finish` then writes its context back exactly as Service.call would. One
-thread drives a RunningBatch (the server's engine loop), as one thread drives a Service.
+A call joins when `start` opens its context (the chunks of the longest common prefix kept, as
+Service.call does). Every `step` then runs one pass of the model over two micro-batches, layer by
+layer (the throughput mode's graph pieces, batching/schedule.py): the joined calls that are
+decoding, one token each (`ChunkedBatchKV`: every context's chunks read with one gather of the
+pool per layer), and calls still prefilling, each with its next prompt chunk, packed into one
+left-padded pass of at most the engine's prefill chunk (batching/prompts.pack_rows; shortest prompt
+first, each pass a call waits raising its priority). So N clients cost one pass of the weights per
+step instead of N, and a long prompt goes in pieces between the others' decode steps instead of
+stalling them. A call's first token is sampled when its last chunk has run. A call leaves when it
+finishes, is cancelled, or its context cannot grow within the KV budget; `finish` then writes its
+context back exactly as Service.call would. One thread drives a RunningBatch (the server's engine
+loop), as one thread drives a Service.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import dataclass
 
 from ..generation import GenerationStep, GenerationSummary, TokenStats
 from ..errors import MemoryBudgetError
+from ..batching.batch_cache import batch_caches
+from ..batching.prompts import left_padded, pack_rows
 from ..batching.schedule import MicroBatch, Order, run_block
 from ..batching.sequence import SamplingOptions, Sequence
 from .chunked_kv import chunked_batch_caches
@@ -35,6 +42,11 @@ class BatchedCall:
     opts: SamplingOptions
     summary: GenerationSummary
     error: Exception | None = None  # why it left early (its context could not grow)
+    waited: int = 0  # prefill passes run without it since its last chunk (its priority for the next)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.seq.prefilled < len(self.ids)
 
     def step_of(self, token: int, stats: TokenStats) -> GenerationStep:
         self.summary.steps.append(stats)
@@ -82,8 +94,8 @@ class RunningBatch(CallBatch):
         seed: int | None = None,
         stop=None,
     ) -> tuple[BatchedCall, GenerationStep | None]:
-        """Prefill a call's new tokens and sample its first token: (the call, its first step; None
-        when max_tokens is 0). A call that is already done is finished here; others join the batch."""
+        """Open a call's context; the call joins the batch, its prompt prefilled by the next steps:
+        (the call, None). A call with no room for a token is finished here."""
         svc, engine = self.svc, self.svc.engine
         ctx, ids, history = svc.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
@@ -95,53 +107,80 @@ class RunningBatch(CallBatch):
             summary.cached_tokens = report.cached_tokens
             limit = min(engine.model_context, caches[0].capacity or engine.model_context)
             seq = Sequence.start(0, ids, min(max_tokens, limit - len(ids)), caches, engine.tokenizer, opts)
-            call = BatchedCall(ctx, ids, history, report, caches, seq, opts, summary)
-            if seq.max_tokens <= 0:
-                self._close(call, failed=False)
-                return call, None
-            t0 = time.perf_counter()
-            engine.ffn.reset()
-            logits = engine.prefill(ids[report.cached_tokens :], caches)
-            summary.prefill_s = time.perf_counter() - t0
-            token = seq.take(logits, opts, set(engine.tokenizer.eos_token_ids))
+            seq.prefilled = report.cached_tokens
         except BaseException:
             svc.close_call(ctx, ids, history, caches, summary, "", True, report)
             raise
-        step = call.step_of(token, TokenStats(wall_ms=summary.prefill_s * 1e3, compute_ms=summary.prefill_s * 1e3))
-        if seq.done:
+        call = BatchedCall(ctx, ids, history, report, caches, seq, opts, summary)
+        if seq.max_tokens <= 0:
             self._close(call, failed=False)
-        else:
-            self.calls.append(call)
-        return call, step
+            return call, None
+        if not self.calls:
+            engine.ffn.reset()  # a sparse FFN's windows: a new sequence, alone (a batch's rows share them)
+        self.calls.append(call)
+        return call, None
 
     def step(self) -> list[tuple[BatchedCall, GenerationStep | None]]:
-        """One decode pass over every joined call: (call, its step) each; a call whose context cannot
-        grow gets None and its error set, and leaves. Finished calls are closed and leave."""
+        """One pass: every decoding call's next token and one pass of prefill chunks (calls whose
+        prompt ends in it sample their first token): (call, its step) each; a call whose context
+        cannot grow gets None and its error set, and leaves. Finished calls are closed and leave."""
         engine = self.svc.engine
-        ready, out = [], []
-        for c in self.calls:
-            try:
-                c.ctx.table.reserve(c.caches[0].offset + 1)  # its next token's chunk, before the pass writes it
-                ready.append(c)
-            except MemoryBudgetError as e:
-                c.error = e
-                out.append((c, None))
-        if ready:
+        out: list = []
+        decoding = self._room([(c, 1) for c in self.calls if not c.prefilling], out)
+        waiting = [c for c in self.calls if c.prefilling]
+        chunk = engine.config.prefill_chunk
+        left = [len(c.ids) - c.seq.prefilled for c in waiting]
+        # shortest prompt first (the least time to first token on average), each pass a call waited
+        # counting as a chunk of priority, so a long prompt is not passed over for ever
+        order = sorted(range(len(waiting)), key=lambda k: left[k] - waiting[k].waited * chunk)
+        first = pack_rows(order, left, chunk)[0] if waiting else []
+        for k in range(len(waiting)):
+            waiting[k].waited = 0 if any(k == j for j, _ in first) else waiting[k].waited + 1
+        prefill = self._room([(waiting[k], n) for k, n in first], out)
+        batches = []
+        if decoding:
+            tokens = engine.ops.tokens([[c.seq.tokens[-1]] for c, _ in decoding])
+            batches.append(MicroBatch(tokens, chunked_batch_caches([c.caches for c, _ in decoding])))
+        if prefill:
+            chunks = [c.ids[c.seq.prefilled : c.seq.prefilled + n] for c, n in prefill]
+            caches = batch_caches([c.caches for c, _ in prefill], [n for _, n in prefill])
+            batches.append(MicroBatch(engine.ops.tokens(left_padded(chunks)), caches))
+        if batches:
             t0 = time.perf_counter()
-            batch = MicroBatch(
-                engine.ops.tokens([[c.seq.tokens[-1]] for c in ready]), chunked_batch_caches([c.caches for c in ready])
-            )
-            logits = run_block(engine, [batch], Order.ZIGZAG)[0]
-            wall = (time.perf_counter() - t0) * 1e3
+            results = run_block(engine, batches, Order.ZIGZAG)
+            wall = time.perf_counter() - t0
             eos = set(engine.tokenizer.eos_token_ids)
-            for b, c in enumerate(ready):
-                token = c.seq.take(logits[b, -1], c.opts, eos)
-                c.summary.decode_s += wall / 1e3
-                out.append((c, c.step_of(token, TokenStats(wall_ms=wall, compute_ms=wall))))
+            for rows, logits in zip([r for r in (decoding, prefill) if r], results):
+                for b, (c, n) in enumerate(rows):
+                    if c.prefilling:
+                        c.seq.prefilled += n
+                        c.summary.prefill_s += wall  # (its share of passes shared with others' decode)
+                        if c.prefilling:
+                            continue
+                        stats = TokenStats(wall_ms=c.summary.prefill_s * 1e3, compute_ms=c.summary.prefill_s * 1e3)
+                    else:
+                        c.summary.decode_s += wall
+                        stats = TokenStats(wall_ms=wall * 1e3, compute_ms=wall * 1e3)
+                    token = c.seq.take(logits[b, -1], c.opts, eos)
+                    out.append((c, c.step_of(token, stats)))
         for c, _ in out:
             if c.seq.done or c.error is not None:
                 self.finish(c, failed=c.error is not None)
         return out
+
+    @staticmethod
+    def _room(rows: list[tuple[BatchedCall, int]], out: list) -> list[tuple[BatchedCall, int]]:
+        """The rows whose contexts have chunks for their next n tokens (claimed now, before the pass
+        writes them); a row without gets its error set and (call, None) in out."""
+        ready = []
+        for c, n in rows:
+            try:
+                c.ctx.table.reserve(c.caches[0].offset + n)
+                ready.append((c, n))
+            except MemoryBudgetError as e:
+                c.error = e
+                out.append((c, None))
+        return ready
 
     def _close(self, call: BatchedCall, failed: bool) -> None:
         s = call.summary

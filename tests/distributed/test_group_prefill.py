@@ -1,6 +1,7 @@
 """A GROUP message (several sequences' prompt chunks of different lengths, run layer by layer so a
-streamed layer is read once for all) computes each sequence as a step of it alone does: checked on a
-pipeline of one rank, whose steps run in this process."""
+streamed layer is read once for all, rows of similar length in one left-padded pass) computes each
+sequence as a step of it alone does, to float32 rounding: checked on a pipeline of one rank, whose
+steps run in this process."""
 
 import numpy as np
 import pytest
@@ -39,9 +40,11 @@ def test_a_group_computes_each_sequence_as_alone(store_dir, backend):
             p.submit_group([PROMPTS[1][4:]], [caches[1]])
             second = e.ops.to_numpy(p.collect())
         assert first.shape[:2] == (3, 1) and second.shape[:2] == (1, 1)
-        np.testing.assert_array_equal(first[0, -1], alone[0])
+        # the first two rows share a left-padded pass (the third has one of its own): float32 rounding of
+        # a batched product apart, as the throughput mode's batches
+        np.testing.assert_allclose(first[0, -1], alone[0], atol=1e-4, rtol=0)
         np.testing.assert_array_equal(first[2, -1], alone[2])
-        np.testing.assert_array_equal(second[0, -1], alone[1])
+        np.testing.assert_allclose(second[0, -1], alone[1], atol=1e-4, rtol=0)  # its first chunk's KV was batched
         assert [c[0].offset for c in caches] == [len(ids) for ids in PROMPTS]
     finally:
         local.close()  # (the pipeline of one rank has no other rank to stop)

@@ -11,6 +11,7 @@ import mlx_flash
 from mlx_flash.backends import get_backend
 from mlx_flash.memory.process_plan import ModelShape
 from mlx_flash.batching.batch_cache import BatchKV, BlockKV, batch_caches
+from mlx_flash.batching.prompts import left_padded, ragged_rows
 from mlx_flash.models.cache import KVCache
 from mlx_flash.offload.cost_model import kv_bytes
 from mlx_flash.offload.kv_spill import SpilledKV, SpillFolder
@@ -300,6 +301,44 @@ def test_micro_batches_in_either_order_give_each_rows_logits(tiny, order):
         assert logits.shape == (len(g), 1, 96)
         for b, r in enumerate(g):
             np.testing.assert_allclose(logits[b, -1], e.forward(nxt[r], single[r])[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kv_bits", [0, 4])
+def test_chunks_of_different_lengths_in_one_left_padded_pass_give_each_rows_logits_alone(tiny, kv_bits):
+    """Prompt chunks of 1..12 tokens after 0..9 held tokens, one left-padded pass (batch_caches with
+    new_tokens): each row's logits at its own tokens, and the KV it keeps, are those of the row alone;
+    the padding leaves nothing in a row's cache."""
+    e = tiny
+    held = [0, 9, 4, 0, 2]
+    chunks = prompts_of([5, 12, 1, 7, 12], seed=3)
+    batched = [make_row_caches(e, kv_bits, 64) for _ in held]
+    single = [make_row_caches(e, kv_bits, 64) for _ in held]
+    for ids, cb, cs in zip(prompts_of(held, seed=4), batched, single):
+        if ids:
+            e.forward(ids, cb)
+            e.forward(ids, cs)
+    widths = [len(c) for c in chunks]
+    caches = batch_caches(batched, widths)
+    assert caches[0].positions().tolist() == [h - (12 - w) for h, w in zip(held, widths)]
+    [logits] = run_block(e, [MicroBatch(e.ops.tokens(left_padded(chunks)), caches, all_logits=True)], Order.ZIGZAG)
+    for b, ids in enumerate(chunks):
+        ref = e.forward(ids, single[b], all_logits=True)
+        np.testing.assert_allclose(logits[b, 12 - len(ids) :], ref, atol=1e-4, rtol=0)
+        assert batched[b][0].offset == held[b] + len(ids)
+        if not kv_bits:
+            for mine, theirs in zip(batched[b][0].state(e.ops), single[b][0].state(e.ops)):
+                np.testing.assert_allclose(mine, theirs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="a step of 3 tokens"):  # the step must be as wide as its widest row
+        run_block(e, [MicroBatch(e.ops.tokens([[5, 6, 7]] * 5), batch_caches(batched, widths))], Order.ZIGZAG)
+
+
+def test_ragged_rows_pack_chunks_longest_first_within_the_budget():
+    assert ragged_rows([128] * 5, 512) == [[(0, 128), (1, 128), (2, 128), (3, 128)], [(4, 128)]]
+    assert ragged_rows([700, 30, 200, 100], 512) == [[(0, 512)], [(2, 200), (3, 100)], [(1, 30)]]
+    assert ragged_rows([3], 1) == [[(0, 1)]]
+    with pytest.raises(ValueError, match="at least one token"):
+        ragged_rows([3], 0)
+    assert left_padded([[1, 2, 3], [7]]) == [[1, 2, 3], [7, 7, 7]]
 
 
 # ---- QuantizedKV -------------------------------------------------------------------------------------

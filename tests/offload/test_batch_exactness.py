@@ -24,6 +24,7 @@ import pytest
 
 import mlx_flash
 from mlx_flash.offload import Order, Policy
+from mlx_flash.batching.prompts import ragged_rows
 from mlx_flash.batching.sequence import SamplingOptions
 from mlx_flash.offload.run import run_batch
 
@@ -180,17 +181,19 @@ def streamed(default_gguf, wiki_text):
         yield e, prompts, [alone(e, p, 8)[0] for p in prompts]
 
 
-def layer_calls(seqs, policy: Policy) -> int:
+def layer_calls(seqs, policy: Policy, chunk: int) -> int:
     """How often a block schedule asks for each streamed layer: once per block pass (prefill round or
     decode step) in the zig-zag order, once per micro-batch in the row order. Prompts here are one
-    prefill chunk; after the prefill, the sequences still running form micro-batches of gpu_batch
-    that keep their members, and a micro-batch runs a step while one of them has tokens to make."""
+    prefill chunk, packed into left-padded passes of at most `chunk` tokens; after the prefill, the
+    sequences still running form micro-batches of gpu_batch that keep their members, and a
+    micro-batch runs a step while one of them has tokens to make."""
     calls = 0
     ordered = sorted(seqs, key=lambda s: s.index)
     row = policy.order is Order.ROW
     for b in range(0, len(ordered), policy.block_size):
         block = [len(s.tokens) for s in ordered[b : b + policy.block_size]]
-        calls += len(block) if row else 1  # prefill: one pass per sequence (row) or one for the block
+        passes = ragged_rows([len(s.ids) for s in ordered[b : b + policy.block_size]], chunk)
+        calls += len(passes) if row else 1  # prefill: one per packed pass (row) or one for the block
         live = [n for n in block if n > 1]
         groups = [live[i : i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
         for step in range(1, max(block)):
@@ -224,7 +227,7 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs
     assert stats.policy == policy.to_dict()
     layer = e.store.manifest.ffn.layer_nbytes
-    want = layer_calls(seqs, policy) * (e.args.num_hidden_layers - policy.resident_layers) * layer
+    want = layer_calls(seqs, policy, e.config.prefill_chunk) * (e.args.num_hidden_layers - policy.resident_layers) * layer
     # (a read started ahead at the end of one run may be the next run's first)
     assert abs(stats.bytes_read - want) <= layer, (stats.bytes_read / layer, want / layer)
     assert not e.ffn.held  # the placement is undone after the run

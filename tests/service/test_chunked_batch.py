@@ -11,6 +11,7 @@ from mlx_flash.batching.batch_cache import batch_caches
 from mlx_flash.batching.schedule import MicroBatch, Order, run_block
 from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
 from mlx_flash.service.chunked_kv import ChunkedBatchKV, ChunkTable, chunked_batch_caches
+from mlx_flash.service.running_batch import RunningBatch
 
 
 @pytest.fixture(params=["torch", "mlx"])
@@ -69,3 +70,41 @@ def test_rows_of_another_pool_or_layer_are_refused(tiny):
         ChunkedBatchKV([ta[0].caches()[0], ta[1].caches()[1]])
     with pytest.raises(ValueError):
         ChunkedBatchKV([])
+
+
+def test_running_batch_prefills_prompts_together_and_decodes_while_a_long_one_prefills(tiny_store, tmp_path):
+    """The server's batch: a decoding call, then a long prompt (3 chunks of 16) and two short ones
+    join; each step decodes the first call and runs one pass of prompt chunks: the short prompts go
+    first, packed into one pass, the long one in three more, the decoding call gets a token every
+    step meanwhile, and every call's greedy tokens equal the same call run alone through Service.call."""
+    store, _ = tiny_store("llama")
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(3, 96, size=n).tolist() for n in (6, 37, 3, 5)]
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False, prefill_chunk=16) as e:
+        prompts = [e.tokenizer.decode(t) for t in texts]
+        alone = []
+        with mlx_flash.Service(e, directory=str(tmp_path / "alone"), kv_budget="4MB") as svc:
+            for p in prompts:
+                alone.append([s.token for s in svc.call(svc.new_context(), p, max_tokens=12)])
+        with mlx_flash.Service(e, directory=str(tmp_path / "batch"), kv_budget="4MB") as svc:
+            batch = RunningBatch(svc)
+            calls = [batch.start(svc.new_context(), prompts[0], max_tokens=12)[0]]
+            assert len(calls[0].ids) <= 16
+            [(c, step)] = batch.step()  # its one-chunk prompt: its first token
+            got, first = {id(c): [step.token]}, {}
+            for p in prompts[1:]:
+                calls.append(batch.start(svc.new_context(), p, max_tokens=12)[0])
+                got[id(calls[-1])] = []
+            assert 32 < len(calls[1].ids) <= 48 and len(calls[2].ids) + len(calls[3].ids) <= 16
+            n = 0
+            while batch.calls:
+                live = calls[0] in batch.calls
+                out = batch.step()
+                n += 1
+                assert not live or any(c is calls[0] for c, _ in out)  # it decodes in every step
+                for c, step in out:
+                    first.setdefault(id(c), n)
+                    got[id(c)].append(step.token)
+            assert first[id(calls[2])] == first[id(calls[3])] == 1  # the short ones, together, first
+            assert first[id(calls[1])] == 4  # then the long one's three chunks
+            assert [got[id(c)] for c in calls] == alone
