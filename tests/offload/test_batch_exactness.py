@@ -227,7 +227,9 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs
     assert stats.policy == policy.to_dict()
     layer = e.store.manifest.ffn.layer_nbytes
-    want = layer_calls(seqs, policy, e.config.prefill_chunk) * (e.args.num_hidden_layers - policy.resident_layers) * layer
+    want = (
+        layer_calls(seqs, policy, e.config.prefill_chunk) * (e.args.num_hidden_layers - policy.resident_layers) * layer
+    )
     # (a read started ahead at the end of one run may be the next run's first)
     assert abs(stats.bytes_read - want) <= layer, (stats.bytes_read / layer, want / layer)
     assert not e.ffn.held  # the placement is undone after the run
