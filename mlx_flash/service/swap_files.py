@@ -1,16 +1,20 @@
 """A service directory on flash: one folder per context, holding its record and its swapped chunks.
 
-    <directory>/contexts/<id>/context.json    the context: tokens, messages, owner, and per chunk the
-                                              crc32 of its current swap file (null: none is current)
+    <directory>/contexts/<id>/context.json    a line "MLXFCTX1 <crc32 of the rest, hex> <its bytes>",
+                                              then the context as JSON: tokens, messages, owner, and
+                                              per chunk the crc32 of its current swap file (null:
+                                              none is current)
     <directory>/contexts/<id>/chunk-<i>.kv    chunk i: a 4 KiB header (magic, format, shape, token
                                               count, width, crc32 of the payload) then the payload
                                               [layers, 2, Hkv, C, hd]: float32, or at a compressed
                                               width its codes, scales and biases (compression.py)
 
 Every file is written atomically (a temporary sibling, fsync, rename, fsync of the folder), so a
-kill at any moment leaves either the old file or the new one. A chunk is used only when its
-header, size and payload checksum all match what the record says; otherwise the caller recomputes
-it from the tokens. This module deals in bytes and numpy arrays only.
+kill at any moment leaves either the old file or the new one. A record is used only when its
+checksum matches (an edited or torn record is reported and its context dropped, never read as
+something it does not say); a chunk only when its header, size and payload checksum all match what
+the record says, otherwise the caller recomputes it from the tokens. This module deals in bytes and
+numpy arrays only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ HEADER = 4096  # the payload starts block-aligned, and files end on a block, for
 _FIELDS = struct.Struct("<8sIIIIIIIIQ")
 VERSION = 2
 RECORD = "context.json"
+RECORD_MAGIC = b"MLXFCTX1"
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
@@ -65,7 +70,7 @@ class SwapDir:
     def write_record(self, ctx_id: str, record: dict) -> None:
         folder = self.folder(ctx_id)
         os.makedirs(folder, exist_ok=True)
-        _atomic_write(os.path.join(folder, RECORD), [json.dumps(record, separators=(",", ":")).encode()])
+        _atomic_write(os.path.join(folder, RECORD), [record_bytes(record)])
 
     def records(self) -> tuple[dict[str, dict], list[str]]:
         """(id -> record) of every context folder with a readable record, and one line per folder
@@ -78,7 +83,7 @@ class SwapDir:
             _remove_temporaries(folder)
             try:
                 with open(os.path.join(folder, RECORD), "rb") as f:
-                    record = json.loads(f.read())
+                    record = parse_record(f.read())
                 if not isinstance(record, dict) or record.get("id") != name:
                     raise ValueError("its id does not match its folder")
                 found[name] = record
@@ -144,6 +149,29 @@ class SwapDir:
         if zlib.crc32(payload[:nbytes]) != crc:
             return f"{path}: checksum mismatch"
         return None
+
+
+def record_bytes(record: dict) -> bytes:
+    """A context record as its file holds it: the checksum line, then the JSON."""
+    body = json.dumps(record, separators=(",", ":")).encode()
+    return b"%s %08x %d\n" % (RECORD_MAGIC, zlib.crc32(body), len(body)) + body
+
+
+def parse_record(data: bytes) -> dict:
+    """A record file's JSON, once its checksum line matches the rest; ValueError saying what does not."""
+    line, sep, body = data.partition(b"\n")
+    fields = line.split(b" ")
+    if not sep or len(fields) != 3 or fields[0] != RECORD_MAGIC:
+        raise ValueError("it has no checksum line (damaged, or written by a version before checksums)")
+    try:
+        crc, n = int(fields[1], 16), int(fields[2])
+    except ValueError:
+        raise ValueError("its checksum line is malformed") from None
+    if len(body) != n:
+        raise ValueError(f"it holds {len(body)} bytes of JSON where its checksum line says {n} (torn or edited)")
+    if zlib.crc32(body) != crc:
+        raise ValueError("its checksum does not match (edited or damaged)")
+    return json.loads(body)
 
 
 def payload_bytes(shape: ChunkShape, width: int) -> int:

@@ -369,8 +369,8 @@ def _check_damaged_chunk_is_not_used(engine, tmp_path, reference, damage):
     assert identical(outside, want_outside)
     assert out == reference["next"]
     # The damaged file is no longer the chunk's current file.
-    with open(os.path.join(svc.swap.folder(ctx), swap_files.RECORD)) as f:
-        rec = json.load(f)
+    with open(os.path.join(svc.swap.folder(ctx), swap_files.RECORD), "rb") as f:
+        rec = swap_files.parse_record(f.read())
     assert rec["disk"][bad] is None and all(rec["disk"][i] is not None for i in range(n // C) if i != bad)
     assert temporaries(str(tmp_path)) == []
     svc.close()
@@ -589,12 +589,24 @@ def test_restore_is_bit_exact_by_reading_and_close_by_recomputing(engines, store
 # ---- 6. A garbage context record -------------------------------------------------------------------
 
 
+def _edited_token(record: bytes) -> bytes:
+    """The record with the first digit of its token sequence changed: the same length, valid JSON."""
+    at = record.index(b'"sequence":[') + len(b'"sequence":[')
+    digit = record[at : at + 1]
+    return record[:at] + (b"1" if digit != b"1" else b"2") + record[at + 1 :]
+
+
 def _garbage(record_bytes, other_record):
     return {
         "random-bytes": b"\x00\xff\xfe garbage {{{ \x80\x81",
         "truncated-json": record_bytes[: len(record_bytes) // 2],
         "json-list": b"[1, 2, 3]",
-        "wrong-fields": json.dumps({**json.loads(record_bytes), "sequence": "oops", "kv_tokens": -4}).encode(),
+        "wrong-fields": swap_files.record_bytes(
+            {**swap_files.parse_record(record_bytes), "sequence": "oops", "kv_tokens": -4}
+        ),
+        # valid JSON, one token of the conversation changed, the checksum line kept: the edit is caught
+        "edited-token": _edited_token(record_bytes),
+        "plain-json": record_bytes.partition(b"\n")[2],  # no checksum line (a record of an older version)
         "another-contexts-record": other_record,
         "deeply-nested": b"[" * 100000 + b"]" * 100000,
         "empty": b"",
@@ -609,6 +621,8 @@ GARBAGE = [
     pytest.param("json-list", marks=pytest.mark.full),
     pytest.param("wrong-fields", marks=pytest.mark.full),
     "another-contexts-record",
+    "edited-token",
+    pytest.param("plain-json", marks=pytest.mark.full),
     pytest.param("deeply-nested", marks=pytest.mark.full),
     pytest.param("empty", marks=pytest.mark.full),
 ]
