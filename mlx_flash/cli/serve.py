@@ -20,7 +20,10 @@ from ..errors import ConfigError, FlashError, first_paragraph
 from ..options import add_arguments, from_arguments
 from ..sampling import check_int
 from ..service.compression import Compression
+from ..service.quota import KeyQuota
 from ..service.server import ServerOptions
+
+MAX_CONTEXTS = 1024  # contexts the server keeps (the least recently used idle one goes beyond)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,7 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="append",
         default=[],
         help="accept this key (Authorization: Bearer KEY); repeat for several; contexts are private "
-        "to the key that made them. Also read from MLX_FLASH_API_KEYS (comma-separated)",
+        "to the key that made them, and several keys split the contexts, the KV budget and the queue "
+        "equally (no key's use evicts or starves another's). Also read from MLX_FLASH_API_KEYS "
+        "(comma-separated)",
     )
     p.add_argument(
         "--kv-budget",
@@ -123,12 +128,15 @@ def main(argv=None) -> int:
         engine, status = load_for(args, cfg)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
+        # several keys split the contexts, the KV pool and the queue equally (service/quota.py)
+        quota = KeyQuota.among(len(set(keys)), MAX_CONTEXTS, args.queue_limit)
         options = ServerOptions(
             model_name=args.model_name or _model_name(engine),
             api_keys=keys,
             queue_limit=args.queue_limit,
             max_tokens_default=args.max_tokens,
             max_batch=args.max_batch,
+            key_queue_limit=quota.queued,
         )
         svc = conversations_for(
             engine,
@@ -137,6 +145,8 @@ def main(argv=None) -> int:
             chunk_tokens=args.chunk_tokens,
             kv_compression=args.kv_compression,
             progress=True,
+            max_contexts=MAX_CONTEXTS,
+            key_quota=quota,
         )
         for line in svc.problems:
             print(f"warning: {line}", file=sys.stderr)

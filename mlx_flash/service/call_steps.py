@@ -79,7 +79,7 @@ class CallSteps:
             ctx.table.truncate(n)
             ctx.mark_changed(n)
             ctx.sequence = ctx.sequence[:n]
-            self.kv.make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots))
+            self.kv.make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots), ctx.owner)
         except BaseException:
             ctx.pinned = False
             raise

@@ -1,8 +1,10 @@
 """The server's engine thread: the only thread that touches the Service, running a continuous
 batch (running_batch.py) and, between its steps, everything else asked of the service.
 
-Requests arrive as jobs; up to `max_batch` run at once, the rest wait their turn in arrival order
-(FIFO) and join the batch between decode steps as others leave. Other work (context CRUD, stats)
+Requests arrive as jobs; up to `max_batch` run at once, the rest wait their turn and join the
+batch between decode steps as others leave: first the waiting job of the key (a job's owner) with
+the fewest calls running, among equals the key served least recently, then the oldest (arrival
+order with one key), so one key's flood does not starve another's requests. Other work (context CRUD, stats)
 is a function run between steps. Each job's steps, its usage and an end marker go to its asyncio
 queue on the event loop's thread. With nothing to do for IDLE_SWAP_S, the loop writes a few chunks
 ahead of need (Service.swap_out_idle).
@@ -35,6 +37,8 @@ class EngineLoop:
         self.waiting: collections.deque = collections.deque()  # jobs not yet started, in arrival order
         self.active: dict = {}  # BatchedCall -> job
         self.queued = 0  # jobs submitted and not started (read by the event loop for 503s)
+        self.queued_by: collections.Counter = collections.Counter()  # the same per key (for 429s)
+        self.starts, self.started = 0, {}  # jobs started, and the number of each key's last one
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mlx-flash-engine", daemon=True)
 
@@ -67,6 +71,7 @@ class EngineLoop:
 
     def submit(self, job) -> None:
         self.queued += 1
+        self.queued_by[job.owner] += 1
         self.inbox.put(job)
 
     # ---- the thread ------------------------------------------------------------------------------
@@ -98,10 +103,24 @@ class EngineLoop:
             except queue.Empty:
                 item = None
         while self.waiting and not self.batch.full and not self._stop.is_set():
-            self.queued -= 1
-            self._begin(self.waiting.popleft())
+            self._begin(self._next_waiting())
         if self.batch.calls:
             self._step()
+
+    def _next_waiting(self):
+        """The waiting job of the key with the fewest calls running, among equals the key that
+        started one least recently, then the oldest; out of the queue."""
+        running = collections.Counter(job.owner for job in self.active.values())
+        k = min(
+            range(len(self.waiting)),
+            key=lambda k: (running[self.waiting[k].owner], self.started.get(self.waiting[k].owner, -1), k),
+        )
+        job = self.waiting[k]
+        del self.waiting[k]
+        self.queued -= 1
+        self.queued_by[job.owner] -= 1
+        self.started[job.owner] = self.starts = self.starts + 1
+        return job
 
     def _take(self, item) -> None:
         if isinstance(item, tuple):

@@ -2,10 +2,10 @@
 
 KVMemory owns the chunk pool, the swap directory's chunk files and the reader pool. It hands out
 slots (claim), frees them in LCTRU order when the pool is full (make_room: write a chunk's swap
-file first unless it has a current one, or drop it under Evict.DROP), writes files ahead of time
-when idle (swap_out_idle), and brings chunks back (restore.py). Compressing a chunk (an option)
-happens when it is first written. The service holds the contexts; this module only moves their
-chunks.
+file first unless it has a current one, or drop it under Evict.DROP; another key's chunks only
+while that key holds more than its guaranteed share, quota.py), writes files ahead of time when
+idle (swap_out_idle), and brings chunks back (restore.py). Compressing a chunk (an option) happens
+when it is first written. The service holds the contexts; this module only moves their chunks.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .chunk_pool import ChunkPool
 from .compression import Compression, choose_widths, lossy
 from .context import Context
 from .lifecycle import Evict, Lifecycle, Restore, eviction_order
+from .quota import KeyQuota
 from .restore import LoadCosts, RestoreReport, restore
 from .swap_files import SwapDir, SwapError
 
@@ -50,8 +51,10 @@ class KVMemory:
         contexts: dict[str, Context],
         save: Callable[[Context], None],
         reader_threads: int = 4,
+        quota: KeyQuota = KeyQuota(),
     ):
         self.engine, self.pool, self.swap = engine, pool, swap
+        self.quota = quota
         self.compression, self.lifecycle = compression, lifecycle
         self.contexts, self.save = contexts, save  # the service's contexts, and how a record is written
         # Swap files are read past the page cache where the file system allows, as a cold flash read.
@@ -59,22 +62,27 @@ class KVMemory:
         self.costs = LoadCosts()
         self.counts = MoveCounts()
 
-    def claim(self) -> int:
-        """A free chunk slot, evicting idle contexts' chunks if none is free."""
-        self.make_room(1)
+    def claim(self, owner: str = "") -> int:
+        """A free chunk slot for a context of `owner`, evicting idle contexts' chunks if none is free."""
+        self.make_room(1, owner)
         return self.pool.allocate()
 
-    def make_room(self, n: int) -> None:
-        """Free slots until n are free, in LCTRU order; chunks without a current swap file are
-        written first (dropped instead under Evict.DROP)."""
+    def make_room(self, n: int, owner: str = "") -> None:
+        """Free slots until n are free for a context of `owner`, in LCTRU order, another key's chunks
+        only while it holds more than its guaranteed share (quota.py); chunks without a current swap
+        file are written first (dropped instead under Evict.DROP)."""
         if n <= self.pool.free_slots:
             return
         victims = []
         free = self.pool.free_slots
+        held = self._held_by_owner()
         for ctx, i in eviction_order(self.contexts.values()):
+            if not self.quota.may_take(owner, ctx.owner, held.get(ctx.owner, 0), self.pool.n_slots):
+                continue
             victims.append((ctx, i))
             if not self.pool.is_shared(ctx.table.slots[i]):
                 free += 1
+                held[ctx.owner] -= 1
             if free >= n:
                 break
         if free < n:
@@ -88,6 +96,13 @@ class KVMemory:
         if self.lifecycle.evict is not Evict.DROP:
             self.write(victims)
         self._free(victims)
+
+    def _held_by_owner(self) -> dict[str, int]:
+        """Slots each key's contexts hold in memory (a chunk shared by forks counted once per owner)."""
+        held: dict[str, set] = {}
+        for ctx in self.contexts.values():
+            held.setdefault(ctx.owner, set()).update(s for s in ctx.table.slots if s is not None)
+        return {o: len(s) for o, s in held.items()}
 
     def _free(self, chunks) -> int:
         freed = 0
@@ -152,7 +167,7 @@ class KVMemory:
             ctx,
             n_tokens,
             self.costs,
-            self.claim,
+            lambda: self.claim(ctx.owner),
             recompute_only=how is Restore.RECOMPUTE,
             read_only=how is Restore.READ,
         )

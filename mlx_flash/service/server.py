@@ -45,6 +45,7 @@ class ServerOptions:
     max_tokens_default: int = 256
     max_body_bytes: int = 8 << 20
     max_batch: int = 32  # requests decoded together
+    key_queue_limit: int | None = None  # requests one API key may have waiting (quota.KeyQuota.queued)
 
 
 @dataclass
@@ -156,6 +157,14 @@ class Server:
                 f"{self.engine.queued} requests are already waiting; retry later",
                 code="overloaded",
                 kind="server_error",
+            )
+        waiting = self.engine.queued_by[owner]
+        if self.opt.key_queue_limit is not None and waiting >= self.opt.key_queue_limit:
+            raise oa.ApiError(
+                429,
+                f"this API key has {waiting} requests waiting already (its quota); retry later",
+                code="key_queue_full",
+                kind="rate_limit_error",
             )
         job = _Job(req, owner, explicit, asyncio.get_running_loop(), asyncio.Queue())
         self.engine.submit(job)
@@ -295,5 +304,5 @@ class Server:
 
 
 def _error(e: oa.ApiError) -> web.Response:
-    headers = {"Retry-After": "1"} if e.status == 503 else None
+    headers = {"Retry-After": "1"} if e.status in (429, 503) else None
     return web.json_response(e.body(), status=e.status, headers=headers)

@@ -42,6 +42,7 @@ from .context import Context
 from .kv_memory import KVMemory
 from .lifecycle import Lifecycle, Restore
 from .lookup import common_prefix, owned
+from .quota import KeyQuota
 from .reports import CallReport, ServiceStats
 from .restore import RestoreReport
 from .swap_files import SwapDir
@@ -61,6 +62,7 @@ class Service(CallSteps):
         max_contexts: int = 1024,
         lifecycle: Lifecycle = Lifecycle(),
         progress: bool = False,
+        key_quota: KeyQuota = KeyQuota(),
     ):
         self.compression = Compression.parse(kv_compression)
         if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
@@ -78,6 +80,7 @@ class Service(CallSteps):
         )  # in the activation dtype
         self.swap = SwapDir(self.directory)
         self.max_contexts = max_contexts
+        self.key_quota = key_quota
         self.contexts: dict[str, Context] = {}
         self.kv = KVMemory(
             engine,
@@ -88,6 +91,7 @@ class Service(CallSteps):
             self.contexts,
             self._save,
             reader_threads,
+            key_quota,
         )
         self.pool = self.kv.pool
         self.last = CallReport()
@@ -122,13 +126,15 @@ class Service(CallSteps):
         records, problems = self.swap.records()
         for ctx_id, rec in records.items():
             try:
-                self.contexts[ctx_id] = Context.from_record(rec, self._table(), self.model_id)
+                self.contexts[ctx_id] = Context.from_record(rec, self._table(str(rec.get("owner", ""))), self.model_id)
             except (ValueError, KeyError, TypeError) as e:
                 problems.append(f"context {ctx_id}: {e}")
         return problems
 
-    def _table(self) -> ChunkTable:
-        return ChunkTable(self.pool, self.kv.claim, DensityTracker() if self.compression.needs_density else None)
+    def _table(self, owner: str) -> ChunkTable:
+        """A context's chunk list, its slots claimed for `owner` (quota.py)."""
+        claim = lambda: self.kv.claim(owner)  # noqa: E731
+        return ChunkTable(self.pool, claim, DensityTracker() if self.compression.needs_density else None)
 
     def _save(self, ctx: Context) -> None:
         self.swap.write_record(ctx.id, ctx.record(self.model_id))
@@ -138,24 +144,37 @@ class Service(CallSteps):
         """A new, empty context (with a system message for chat calls); returns its id."""
         if system is not None and not isinstance(system, str):
             raise ConfigError("system must be a string")
-        self._room_for_context()
+        self._room_for_context(owner)
         ctx = Context(
             id=secrets.token_urlsafe(18),
             owner=owner,
-            table=self._table(),
+            table=self._table(owner),
             messages=[{"role": "system", "content": system}] if system else [],
         )
         self.contexts[ctx.id] = ctx
         self._save(ctx)
         return ctx.id
 
-    def _room_for_context(self) -> None:
-        """At max_contexts, the least recently used idle context is deleted (any owner's): a
-        stateless client starts a context per conversation, and nothing else would remove them."""
-        while len(self.contexts) >= self.max_contexts:
-            idle = [c for c in self.contexts.values() if not c.pinned]
+    def _room_for_context(self, owner: str) -> None:
+        """Room for one more context of `owner`: at its key's quota, its own least recently used idle
+        context is deleted; at max_contexts, the least recently used idle one of its own or of a key
+        over its quota (any key's without quotas): a stateless client starts a context per
+        conversation, and nothing else would remove them."""
+        q = self.key_quota
+        while True:
+            count: dict[str, int] = {}
+            for c in self.contexts.values():
+                count[c.owner] = count.get(c.owner, 0) + 1
+            if q.over_contexts(count.get(owner, 0) + 1):
+                who, what = {owner}, f"this key's {count.get(owner, 0)} contexts (its quota)"
+            elif len(self.contexts) >= self.max_contexts:
+                who = {o for o, n in count.items() if o == owner or q.contexts is None or q.over_contexts(n)}
+                what = f"all {len(self.contexts)} contexts"
+            else:
+                return
+            idle = [c for c in self.contexts.values() if not c.pinned and c.owner in who]
             if not idle:
-                raise MemoryBudgetError(f"all {len(self.contexts)} contexts are in use")
+                raise MemoryBudgetError(f"{what} are in use")
             old = min(idle, key=lambda c: c.last_used)
             self.delete(old.id, old.owner)
 
@@ -193,8 +212,10 @@ class Service(CallSteps):
             self.kv.restore(src, n_tokens)
         finally:
             src.pinned = False
-        self._room_for_context()
-        dst = Context(id=secrets.token_urlsafe(18), owner=owner, table=self._table(), sequence=src.sequence[:n_tokens])
+        self._room_for_context(owner)
+        dst = Context(
+            id=secrets.token_urlsafe(18), owner=owner, table=self._table(owner), sequence=src.sequence[:n_tokens]
+        )
         dst.table.slots = [self.pool.share(s) for s in src.table.slots[: src.table.chunks_for(n_tokens)]]
         dst.table.tokens = n_tokens
         dst.mark_changed(0)

@@ -468,6 +468,50 @@ def test_api_keys_scope_prefix_matching(keyed):
     assert h3["X-Context-Id"] in k2 and not k1 & k2
 
 
+def test_one_keys_flood_neither_fills_the_queue_nor_delays_the_other_key(store_dir, tmp_path):
+    """Two keys, one request running at a time, 8 waiting in all (4 per key): k1 sends 7 at once, its
+    6th and 7th are refused with 429 (its quota) while the queue has room; k2's request, sent after,
+    starts as soon as the running one ends, ahead of k1's waiting ones."""
+    srv = _start(
+        store_dir,
+        str(tmp_path),
+        "--api-key",
+        "k1",
+        "--api-key",
+        "k2",
+        "--max-batch",
+        "1",
+        "--queue-limit",
+        "8",
+        key="k1",
+    )
+    try:
+        done, lock = [], threading.Lock()
+
+        def send(key, tag):
+            status, _, data = srv.request("POST", CHAT, chat_body(FRANCE, max_tokens=24), key=key)
+            with lock:
+                done.append((tag, status, data))
+
+        flood = [threading.Thread(target=send, args=("k1", f"k1-{i}")) for i in range(7)]
+        for t in flood:
+            t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len([d for d in done if d[1] == 429]) < 2:
+            time.sleep(0.05)
+        other = threading.Thread(target=send, args=("k2", "k2"))
+        other.start()
+        for t in flood + [other]:
+            t.join(300)
+        refused = [d for d in done if d[1] == 429]
+        # 2 refused, or 3 if the first had not started when the others were counted
+        assert len(refused) in (2, 3) and all(d[2]["error"]["code"] == "key_queue_full" for d in refused), done
+        served = [tag for tag, status, _ in done if status == 200]
+        assert len(served) == 8 - len(refused) and served.index("k2") <= 1, served  # after the running one at most
+    finally:
+        _stop(srv)
+
+
 # ---- 6. concurrency --------------------------------------------------------------------------------
 WORDS = ["banana", "river", "orange", "tiger", "pencil", "cloud", "silver", "garden"]
 
