@@ -122,28 +122,16 @@ class MemoryCgroup:
     def run(self, cmd: list[str], timeout: float | None = None, env: dict | None = None) -> CgroupRun:
         """Run `cmd` in this cgroup (a shell joins it, then execs the command, so nothing of the
         command runs outside the limit) and wait for it; output is captured as text."""
-        join = 'echo $$ > "$0" && exec "$@"'
         before, busy0 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
         t0 = time.perf_counter()
         try:
-            r = subprocess.run(
-                ["sh", "-c", join, self._file("cgroup.procs"), *cmd],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=env,
-            )
+            r = subprocess.run(self.joined(cmd), capture_output=True, text=True, timeout=timeout, env=env)
             code, out, err = r.returncode, r.stdout, r.stderr
         except subprocess.TimeoutExpired as e:
             code, out, err = None, _text(e.stdout), _text(e.stderr)
         wall = time.perf_counter() - t0
         after, busy1 = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s()
-        if self.version == 1:  # (v1 memory.failcnt stays 0 at the limit on recent kernels: refaults say more)
-            peak = int(_read(self._file("memory.max_usage_in_bytes")))
-            ooms = _keyed(_read(self._file("memory.oom_control"))).get("oom_kill", 0)
-        else:
-            peak = int(_read(self._file("memory.peak"))) if os.path.exists(self._file("memory.peak")) else 0
-            ooms = _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
+        peak, ooms = self.usage()
         stat = _keyed(_read(self._file("memory.stat")))
         refaults = (stat.get("workingset_refault_file", 0) + stat.get("workingset_refault_anon", 0)) * os.sysconf(
             "SC_PAGE_SIZE"
@@ -162,6 +150,19 @@ class MemoryCgroup:
             after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
             busy1 - busy0,
         )
+
+    def joined(self, cmd: list[str]) -> list[str]:
+        """`cmd` as a command that joins this cgroup first (a shell writes its pid, then execs the
+        command, so nothing of it runs outside the limit): for run(), or a Popen of a server."""
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', self._file("cgroup.procs"), *cmd]
+
+    def usage(self) -> tuple[int, int]:
+        """(peak bytes, OOM kills) of the cgroup so far."""
+        if self.version == 1:  # (v1 memory.failcnt stays 0 at the limit on recent kernels: refaults say more)
+            peak = int(_read(self._file("memory.max_usage_in_bytes")))
+            return peak, _keyed(_read(self._file("memory.oom_control"))).get("oom_kill", 0)
+        peak = int(_read(self._file("memory.peak"))) if os.path.exists(self._file("memory.peak")) else 0
+        return peak, _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
 
     def close(self) -> None:
         for _ in range(50):  # the last task leaves the cgroup a moment after it is reaped

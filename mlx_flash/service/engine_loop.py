@@ -103,7 +103,8 @@ class EngineLoop:
             except queue.Empty:
                 item = None
         while self.waiting and not self.batch.full and not self._stop.is_set():
-            self._begin(self._next_waiting())
+            if not self._begin(self._next_waiting()):
+                break  # the KV budget is held by running calls: the job waits for them to finish
         if self.batch.calls:
             self._step()
 
@@ -140,8 +141,10 @@ class EngineLoop:
         except FlashError:
             pass  # a full disk: the chunks stay in memory; a request will meet the error by name
 
-    def _begin(self, job) -> None:
-        """Pick the job's context and start its call; errors end the job with an OpenAI error."""
+    def _begin(self, job) -> bool:
+        """Pick the job's context and start its call; errors end the job with an OpenAI error. A job
+        the KV budget cannot hold while other calls run goes back to the head of the queue (False):
+        it starts when they have finished, where a 503 would send its client away."""
         svc, req = self.svc, job.req
         made = None  # a context this request made: removed again if the request fails before its first token
         try:
@@ -160,15 +163,21 @@ class EngineLoop:
                     svc.delete(made, job.owner)
                 except FlashError:
                     pass
+            if isinstance(e, MemoryBudgetError) and self.batch.calls:
+                self.waiting.appendleft(job)
+                self.queued += 1
+                self.queued_by[job.owner] += 1
+                return False
             job.put(self._api_error(e))
             job.put(DONE)
-            return
+            return True
         if step is not None:
             job.put(step)
         if call in self.batch.calls:
             self.active[call] = job
         else:
             self._end(call, job)
+        return True
 
     def _context_for(self, ids: list, owner: str) -> tuple[str, str | None]:
         """The context a request without one continues: (its id, the same id if this made it, else

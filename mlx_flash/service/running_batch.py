@@ -94,8 +94,10 @@ class RunningBatch(CallBatch):
         seed: int | None = None,
         stop=None,
     ) -> tuple[BatchedCall, GenerationStep | None]:
-        """Open a call's context; the call joins the batch, its prompt prefilled by the next steps:
-        (the call, None). A call with no room for a token is finished here."""
+        """Open a call's context and claim the chunks of its prompt and answer; the call joins the
+        batch, its prompt prefilled by the next steps: (the call, None). A call with no room for a
+        token is finished here; MemoryBudgetError when the KV budget cannot hold it beside the
+        calls running (alone, it runs in what there is)."""
         svc, engine = self.svc, self.svc.engine
         ctx, ids, history = svc.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
         opts = SamplingOptions.of(temperature, top_p, top_k, seed, stop)
@@ -108,6 +110,12 @@ class RunningBatch(CallBatch):
             limit = min(engine.model_context, caches[0].capacity or engine.model_context)
             seq = Sequence.start(0, ids, min(max_tokens, limit - len(ids)), caches, engine.tokenizer, opts)
             seq.prefilled = report.cached_tokens
+            try:  # the chunks of its whole answer, claimed now: a call that starts beside others finishes
+                ctx.table.reserve(len(ids) + seq.max_tokens)
+            except MemoryBudgetError:
+                if self.calls:
+                    raise  # the others hold the room: the server's loop starts it when they have finished
+                # alone: it runs in what there is and stops where its context can grow no further
         except BaseException:
             svc.close_call(ctx, ids, history, caches, summary, "", True, report)
             raise

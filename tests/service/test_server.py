@@ -11,141 +11,38 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from mlx_flash.bench.load_client import stop_process
+from live_server import CHAT, HOST, chat_body, start, stop
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HOST = "127.0.0.1"  # loopback only
+
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 SOAK_S = 60.0 if os.environ.get("MLX_FLASH_SOAK") == "1" else 5.0  # clients stream together from the first second
 pytestmark = pytest.mark.slow
 
 
-# ---- a server subprocess ---------------------------------------------------------------------------
-class Srv:
-    def __init__(self, proc, port, directory, log):
-        self.proc, self.port, self.directory, self.log = proc, port, directory, log
-        self.base = f"http://{HOST}:{port}"
-        self.model = None
-
-    def log_text(self) -> str:
-        with open(self.log, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-
-    def request(self, method, path, body=None, headers=None, key=None, timeout=120):
-        """-> (status, headers, parsed JSON or raw text). body: dict/list (JSON) or bytes (as is)."""
-        h = dict(headers or {})
-        if key is not None:
-            h["Authorization"] = f"Bearer {key}"
-        if body is not None and not isinstance(body, bytes):
-            body = json.dumps(body).encode()
-        if body is not None:
-            h.setdefault("Content-Type", "application/json")
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=h)
-            r = conn.getresponse()
-            raw = r.read().decode()
-            try:
-                data = json.loads(raw)
-            except json.JSONDecodeError:
-                data = raw
-            return r.status, r.headers, data
-        finally:
-            conn.close()
-
-    def stats(self, key=None) -> dict:
-        status, _, data = self.request("GET", "/v1/stats", key=key)
-        assert status == 200, data
-        return data
-
-    def healthy(self) -> bool:
-        try:
-            return self.request("GET", "/health", timeout=5)[0] == 200
-        except OSError:
-            return False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _start(store_dir, directory, *extra, key=None, kv_budget="30MB") -> Srv:
-    os.makedirs(directory, exist_ok=True)
-    for attempt in range(3):  # the free port may be taken between the probe and the bind
-        port = _free_port()
-        log = os.path.join(directory, f"server-{port}.log")
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mlx_flash.serve",
-                    "--model",
-                    store_dir,
-                    "--host",
-                    HOST,
-                    "--port",
-                    str(port),
-                    "--kv-budget",
-                    kv_budget,
-                    "--service-dir",
-                    os.path.join(directory, "svc"),
-                    *extra,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        srv = Srv(proc, port, directory, log)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None and not srv.healthy():
-            time.sleep(0.2)
-        if srv.healthy():
-            status, _, models = srv.request("GET", "/v1/models", key=key)
-            assert status == 200, models
-            srv.model = models["data"][0]["id"]
-            return srv
-        _stop(srv)
-        if "cannot serve" not in srv.log_text() or attempt == 2:
-            pytest.fail(f"the server did not come up:\n{srv.log_text()}")
-    raise AssertionError("unreachable")
-
-
-def _stop(srv: Srv) -> int:
-    return stop_process(srv.proc)
-
-
 @pytest.fixture(scope="module")
 def server(store_dir, tmp_path_factory):
-    srv = _start(store_dir, str(tmp_path_factory.mktemp("server")))
+    srv = start(store_dir, str(tmp_path_factory.mktemp("server")))
     yield srv
-    rc = _stop(srv)
+    rc = stop(srv)
     assert rc == 0, f"the server exited with {rc}:\n{srv.log_text()[-4000:]}"
 
 
 @pytest.fixture(scope="module")
 def keyed(store_dir, tmp_path_factory):
-    srv = _start(store_dir, str(tmp_path_factory.mktemp("keyed")), "--api-key", "k1", "--api-key", "k2", key="k1")
+    srv = start(store_dir, str(tmp_path_factory.mktemp("keyed")), "--api-key", "k1", "--api-key", "k2", key="k1")
     yield srv
-    _stop(srv)
+    stop(srv)
 
 
 @pytest.fixture(scope="module")
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def chat_body(messages, **kw):
-    return {"messages": messages, "temperature": 0, "max_tokens": kw.pop("max_tokens", 20), **kw}
 
 
 def sse_events(text: str) -> list:
@@ -268,7 +165,6 @@ def test_curl_stream(server):
 
 
 # ---- 3. bad requests -------------------------------------------------------------------------------
-CHAT = "/v1/chat/completions"
 BAD = {
     "malformed_json": ("POST", CHAT, b'{"messages": [', {}, 400, "not valid JSON"),
     "json_array": ("POST", CHAT, b"[1, 2]", {}, 400, "JSON object"),
@@ -472,7 +368,7 @@ def test_one_keys_flood_neither_fills_the_queue_nor_delays_the_other_key(store_d
     """Two keys, one request running at a time, 8 waiting in all (4 per key): k1 sends 7 at once, its
     6th and 7th are refused with 429 (its quota) while the queue has room; k2's request, sent after,
     starts as soon as the running one ends, ahead of k1's waiting ones."""
-    srv = _start(
+    srv = start(
         store_dir,
         str(tmp_path),
         "--api-key",
@@ -509,7 +405,7 @@ def test_one_keys_flood_neither_fills_the_queue_nor_delays_the_other_key(store_d
         served = [tag for tag, status, _ in done if status == 200]
         assert len(served) == 8 - len(refused) and served.index("k2") <= 1, served  # after the running one at most
     finally:
-        _stop(srv)
+        stop(srv)
 
 
 # ---- 6. concurrency --------------------------------------------------------------------------------
@@ -594,7 +490,7 @@ def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
     its question, the 10-chunk pool (8 MB) fills, chunks of other contexts are evicted, read back and
     their slots reused, so a context's chunks sit in scattered slots; every greedy answer stays the
     first answer to its own question (no other context's KV is read or overwritten)."""
-    srv = _start(store_dir, str(tmp_path), kv_budget="8MB")
+    srv = start(store_dir, str(tmp_path), kv_budget="8MB")
     try:
         for _ in range(4):
             status, _, data = srv.request("POST", CHAT, chat_body(FRANCE))
@@ -611,7 +507,7 @@ def test_answers_survive_forks_and_eviction(store_dir, tmp_path):
         st = srv.stats()
         assert st["kv"]["slots_free"] == 0 and st["kv"]["chunks_written"] > 0, st["kv"]  # eviction happened
     finally:
-        _stop(srv)
+        stop(srv)
 
 
 # ---- 7. a client that disconnects mid-stream ---------------------------------------------------------
@@ -681,7 +577,7 @@ def test_contexts_survive_a_server_restart(store_dir, tmp_path, engines):
     chunks) and started again on the same directory: the context is listed, its next turn reuses
     every token it held (cached_tokens) and answers as one engine run over the conversation."""
     engine = engines(store_dir, "mlx")
-    srv = _start(store_dir, str(tmp_path))
+    srv = start(store_dir, str(tmp_path))
     status, _, made = srv.request("POST", "/v1/contexts", {})
     ctx = made["id"]
     history = [{"role": "user", "content": "What is the capital of France?"}]
@@ -689,8 +585,8 @@ def test_contexts_survive_a_server_restart(store_dir, tmp_path, engines):
     assert status == 200, out
     history.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
     held = next(c["tokens"] for c in srv.request("GET", "/v1/contexts")[2]["data"] if c["id"] == ctx)
-    assert _stop(srv) == 0
-    srv = _start(store_dir, str(tmp_path))
+    assert stop(srv) == 0
+    srv = start(store_dir, str(tmp_path))
     try:
         listed = {c["id"]: c for c in srv.request("GET", "/v1/contexts")[2]["data"]}
         assert ctx in listed and listed[ctx]["tokens"] == held and listed[ctx]["chunks_in_memory"] == 0
@@ -700,4 +596,4 @@ def test_contexts_survive_a_server_restart(store_dir, tmp_path, engines):
         assert out["choices"][0]["message"]["content"] == engine.generate(history, max_tokens=20)
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == held
     finally:
-        _stop(srv)
+        stop(srv)
