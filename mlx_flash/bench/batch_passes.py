@@ -1,0 +1,81 @@
+"""What a batched pass costs on the loaded engine, the numbers behind the throughput mode's cap
+(docs/results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV)
+and a prefill pass of R prompts of T tokens packed left-padded into one pass, each the median wall
+time of `repeat` calls after one warm-up, with tokens/s and GFLOP/s (2 x the engine's parameters in
+products a token, attention not counted)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..batching.batch_cache import BlockKV, batch_caches
+from ..batching.schedule import MicroBatch, Order, run_block
+from ..models.cache import make_caches
+
+
+@dataclass
+class PassTime:
+    kind: str  # "decode" or "prefill"
+    rows: int
+    tokens: int  # tokens a row adds in the pass
+    seconds: float
+    product_flops: float  # of the pass: 2 x product parameters x tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.rows * self.tokens / self.seconds
+
+    @property
+    def gflops(self) -> float:
+        return self.product_flops / self.seconds / 1e9
+
+    def line(self) -> str:
+        what = f"decode step of {self.rows} rows" if self.kind == "decode" else f"prefill {self.rows} x {self.tokens}"
+        return f"{what:28s} {self.seconds * 1e3:8.1f} ms  {self.tokens_per_s:8.0f} tok/s  {self.gflops:6.0f} GFLOP/s"
+
+
+def product_parameters(engine) -> int:
+    """Weights a token multiplies in the layers' products (attention and FFN; not the embeddings)."""
+    a = engine.args
+    hd = a.head_dim
+    attn = a.hidden_size * hd * (2 * a.num_attention_heads + 2 * a.num_key_value_heads)
+    return a.num_hidden_layers * (attn + 3 * a.hidden_size * a.intermediate_size)
+
+
+def _median(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def decode_step(engine, rows: int, held: int = 128, repeat: int = 5, seed: int = 0) -> PassTime:
+    rng = np.random.default_rng(seed)
+    L, vocab = engine.args.num_hidden_layers, engine.args.vocab_size
+    seqs = [make_caches(L, held + repeat + 2) for _ in range(rows)]
+    for caches in seqs:
+        engine.forward(rng.integers(0, vocab, size=held).tolist(), caches)
+    block = [BlockKV(engine.ops, [c[i] for c in seqs], held + repeat + 2) for i in range(L)]
+    tokens = engine.ops.tokens(rng.integers(0, vocab, size=(rows, 1)).tolist())
+    s = _median(lambda: run_block(engine, [MicroBatch(tokens, block)], Order.ZIGZAG), repeat)
+    return PassTime("decode", rows, 1, s, 2.0 * product_parameters(engine) * rows)
+
+
+def prefill_pass(engine, rows: int, tokens: int, repeat: int = 3, seed: int = 0) -> PassTime:
+    rng = np.random.default_rng(seed)
+    L, vocab = engine.args.num_hidden_layers, engine.args.vocab_size
+    ids = engine.ops.tokens(rng.integers(0, vocab, size=(rows, tokens)).tolist())
+
+    def one():
+        caches = batch_caches([make_caches(L, tokens) for _ in range(rows)], [tokens] * rows)
+        run_block(engine, [MicroBatch(ids, caches)], Order.ZIGZAG)
+
+    s = _median(one, repeat)
+    return PassTime("prefill", rows, tokens, s, 2.0 * product_parameters(engine) * rows * tokens)

@@ -1,0 +1,50 @@
+"""What one batched pass costs on this machine: decode steps of 1..32 rows and prefill passes of
+1..4 prompts packed into one, medians, tokens/s and GFLOP/s (mlx_flash/bench/batch_passes.py).
+
+    python tools/bench_batch_passes.py [--model M] [--backend torch|mlx] [--rows 1,8,32] [--prompts 1,4]
+        [--prompt-tokens 128] [--threads N]
+"""
+
+import argparse
+import sys
+
+import mlx_flash
+from mlx_flash.bench.batch_passes import decode_step, prefill_pass
+from mlx_flash.errors import FlashError, first_paragraph
+
+
+def ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each number must be >= 1")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=first_paragraph(__doc__))
+    p.add_argument("--model", default=None, help="store, GGUF or HF dir (default: the default model)")
+    p.add_argument("--backend", default="torch", choices=("torch", "mlx"))
+    p.add_argument("--rows", type=ints, default=[1, 8, 32], help="decode rows (default 1,8,32)")
+    p.add_argument("--prompts", type=ints, default=[1, 4], help="prompts in one prefill pass (default 1,4)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="tokens of each prompt (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: the engine's)")
+    args = p.parse_args(argv)
+    try:
+        kw = {} if args.threads is None else {"threads": args.threads}
+        with mlx_flash.load(args.model, backend=args.backend, ffn="resident", progress=False, **kw) as engine:
+            print(f"{engine.store.path} ({args.backend}, weights resident)")
+            for r in args.rows:
+                print(decode_step(engine, r).line(), flush=True)
+            for r in args.prompts:
+                print(prefill_pass(engine, r, args.prompt_tokens).line(), flush=True)
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
