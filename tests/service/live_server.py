@@ -118,3 +118,12 @@ def stop(srv: Srv) -> int:
 
 def chat_body(messages, **kw):
     return {"messages": messages, "temperature": 0, "max_tokens": kw.pop("max_tokens", 20), **kw}
+
+
+def vm_hwm(pid: int) -> int:
+    """A process's peak resident bytes (VmHWM)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")

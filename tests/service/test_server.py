@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from live_server import CHAT, HOST, chat_body, start, stop
+from live_server import CHAT, HOST, chat_body, start, stop, vm_hwm
 
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -412,14 +412,6 @@ def test_one_keys_flood_neither_fills_the_queue_nor_delays_the_other_key(store_d
 WORDS = ["banana", "river", "orange", "tiger", "pencil", "cloud", "silver", "garden"]
 
 
-def _vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 def test_concurrent_streaming_clients(server):
     openai = pytest.importorskip("openai")
     deadline = time.monotonic() + SOAK_S
@@ -470,7 +462,7 @@ def test_concurrent_streaming_clients(server):
             assert used == n, (word, text, used, n)  # every token of this stream came to this stream
         print(f"  {word}: {len(runs)} requests, {len({t for _, t, _, _ in runs})} distinct text(s): {runs[0][1]!r}")
     st = server.stats()
-    peak = _vm_hwm(server.proc.pid)
+    peak = vm_hwm(server.proc.pid)
     limit = st["memory"]["limit"]
     print(
         f"\nconcurrency: {done} streaming requests from {len(WORDS)} clients in {elapsed:.1f} s; "
