@@ -61,19 +61,28 @@ def encode_all(engine, prompts, max_tokens) -> list[tuple[list[int], int]]:
 
 
 def prefill_together(
-    engine, seqs: list[Sequence], order: Order, opts: SamplingOptions, eos, attend: Callable[[list], list] | None = None
+    engine,
+    seqs: list[Sequence],
+    order: Order,
+    opts: SamplingOptions,
+    eos,
+    attend: Callable[[list], list] | None = None,
+    pass_tokens: int | None = None,
 ) -> None:
     """Every sequence's prompt in chunks of at most config.prefill_chunk tokens (the chunks a single
-    run uses), several sequences' chunks packed into one batched pass (ragged_rows) of at most that
-    many tokens, each round's passes through one schedule in `order`; the first token of each
-    sequence is sampled. attend(caches): the caches a pass attends through (the throughput mode's
-    sparse attention), else the batch of the sequences' own."""
+    run uses), several sequences' chunks packed into one batched pass (ragged_rows) of at most
+    `pass_tokens` tokens (default the prefill chunk: what the memory plan holds a pass of), each
+    round's passes through one schedule in `order`; the first token of each sequence is sampled.
+    attend(caches): the caches a pass attends through (the throughput mode's sparse attention), else
+    the batch of the sequences' own."""
     chunk = engine.config.prefill_chunk
+    budget = chunk if pass_tokens is None else max(1, min(pass_tokens, chunk))
     while True:
         todo = [s for s in seqs if s.prefilled < len(s.ids)]
         if not todo:
             return
-        groups = ragged_rows([len(s.ids) - s.prefilled for s in todo], chunk)
+        widths = [min(len(s.ids) - s.prefilled, chunk) for s in todo]  # the chunks a single run makes
+        groups = pack_rows(sorted(range(len(todo)), key=lambda k: -widths[k]), widths, budget)
         passes = [[(todo[k], n) for k, n in g] for g in groups]
         batches = []
         for rows in passes:
@@ -90,18 +99,19 @@ def prefill_together(
 def ragged_rows(remaining: list[int], budget: int) -> list[list[tuple[int, int]]]:
     """Passes of one prefill round: each sequence's next chunk (min(its remaining tokens, budget)),
     longest first (so a pass's shorter rows need little left padding), packed by pack_rows."""
-    return pack_rows(sorted(range(len(remaining)), key=lambda k: -remaining[k]), remaining, budget)
+    widths = [min(r, budget) for r in remaining]
+    return pack_rows(sorted(range(len(widths)), key=lambda k: -widths[k]), widths, budget)
 
 
-def pack_rows(order: list[int], remaining: list[int], budget: int) -> list[list[tuple[int, int]]]:
-    """Sequences `order` (indices into remaining) in that order, each with its next chunk of
-    min(remaining, budget) tokens, packed into passes whose rows x widest chunk <= budget (the tokens
-    the memory plan holds a pass of); returns [(sequence index, tokens)] per pass."""
+def pack_rows(order: list[int], widths: list[int], budget: int) -> list[list[tuple[int, int]]]:
+    """Sequences `order` (indices into widths: each one's next chunk) in that order, packed into
+    passes whose rows x widest chunk <= budget (the tokens the memory plan holds a pass of; a chunk
+    wider than that runs alone); returns [(sequence index, tokens)] per pass."""
     if budget < 1:
         raise ValueError(f"a prefill pass needs room for at least one token (got {budget})")
     passes: list[list[tuple[int, int]]] = []
     for k in order:
-        n = min(remaining[k], budget)
+        n = widths[k]
         if passes and (len(passes[-1]) + 1) * max(n, max(w for _, w in passes[-1])) <= budget:
             passes[-1].append((k, n))
         else:

@@ -2,8 +2,9 @@
 `python -m mlx_flash.batch`).
 
 Sequences go in blocks of policy.block_size. A block is prefilled layer by layer, every sequence
-of it through layer i before layer i + 1 (each with its own prompt length, as a micro-batch of one
-row, so its KV is exactly what a single run computes), then decoded step by step in micro-batches
+of it through layer i before layer i + 1 (prompts of different lengths packed into left-padded
+passes of at most the longest prompt's tokens, the one-prompt pass the policy's memory holds; each
+row's KV is what it computes alone), then decoded step by step in micro-batches
 of policy.gpu_batch rows (batching/batch_cache.py BatchKV: each row keeps its own cache and position),
 in the policy's order (batching/schedule.py). A sequence that finishes leaves its micro-batch; the
 block ends when all have. The sequences of the block's last policy.kv_on_flash micro-batches keep
@@ -57,7 +58,15 @@ def generate_batch(
             stats.prompt_tokens += sum(len(s.ids) for s in block)
             t0 = time.perf_counter()
             prefill_together(
-                engine, block, policy.order, opts, eos, lambda caches: with_top_k(caches, policy.attention_keep)
+                engine,
+                block,
+                policy.order,
+                opts,
+                eos,
+                lambda caches: with_top_k(caches, policy.attention_keep),
+                # the pass the policy's memory holds (cost_model.memory_bytes): one prompt's chunk, so
+                # shorter prompts share a pass and no pass outgrows the longest prompt's
+                pass_tokens=max(min(len(s.ids), engine.config.prefill_chunk) for s in block),
             )
             stats.prefill_s += time.perf_counter() - t0
             return_free_memory()  # the prefill's activations, freed, leave the process (memory/allocator.py)

@@ -137,10 +137,11 @@ class RunningBatch(CallBatch):
         decoding = self._room([(c, 1) for c in self.calls if not c.prefilling], out)
         waiting = [c for c in self.calls if c.prefilling]
         chunk = engine.config.prefill_chunk
-        left = [len(c.ids) - c.seq.prefilled for c in waiting]
+        left = [min(len(c.ids) - c.seq.prefilled, chunk) for c in waiting]  # each one's next chunk
         # shortest prompt first (the least time to first token on average), each pass a call waited
         # counting as a chunk of priority, so a long prompt is not passed over for ever
-        order = sorted(range(len(waiting)), key=lambda k: left[k] - waiting[k].waited * chunk)
+        remaining = [len(c.ids) - c.seq.prefilled for c in waiting]
+        order = sorted(range(len(waiting)), key=lambda k: remaining[k] - waiting[k].waited * chunk)
         first = pack_rows(order, left, chunk)[0] if waiting else []
         for k in range(len(waiting)):
             waiting[k].waited = 0 if any(k == j for j, _ in first) else waiting[k].waited + 1

@@ -184,7 +184,7 @@ def streamed(default_gguf, wiki_text):
 def layer_calls(seqs, policy: Policy, chunk: int) -> int:
     """How often a block schedule asks for each streamed layer: once per block pass (prefill round or
     decode step) in the zig-zag order, once per micro-batch in the row order. Prompts here are one
-    prefill chunk, packed into left-padded passes of at most `chunk` tokens; after the prefill, the
+    prefill chunk, packed into left-padded passes of at most the longest prompt's tokens; after the prefill, the
     sequences still running form micro-batches of gpu_batch that keep their members, and a
     micro-batch runs a step while one of them has tokens to make."""
     calls = 0
@@ -192,7 +192,8 @@ def layer_calls(seqs, policy: Policy, chunk: int) -> int:
     row = policy.order is Order.ROW
     for b in range(0, len(ordered), policy.block_size):
         block = [len(s.tokens) for s in ordered[b : b + policy.block_size]]
-        passes = ragged_rows([len(s.ids) for s in ordered[b : b + policy.block_size]], chunk)
+        widths = [min(len(s.ids), chunk) for s in ordered[b : b + policy.block_size]]
+        passes = ragged_rows(widths, max(widths))  # packed into passes of the longest prompt's tokens
         calls += len(passes) if row else 1  # prefill: one per packed pass (row) or one for the block
         live = [n for n in block if n > 1]
         groups = [live[i : i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
