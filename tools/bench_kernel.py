@@ -15,11 +15,11 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
 from mlx_flash.errors import KernelUnavailableError, first_paragraph
+from mlx_flash.bench.timing import median_seconds
 from mlx_flash.kernels.qmatmul import cpu_isa, qmatmul
 from mlx_flash.kernels.qmatmul_ref import dequantize
 
@@ -33,13 +33,7 @@ SHAPES = [
 
 
 def median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, repeat) * 1e3
 
 
 def memory_bandwidth_gbs(repeat: int = 5) -> float:

@@ -6,8 +6,6 @@ products a token, attention not counted)."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +13,7 @@ import numpy as np
 from ..batching.batch_cache import BlockKV, batch_caches
 from ..batching.schedule import MicroBatch, Order, run_block
 from ..models.cache import make_caches
+from .timing import median_seconds
 
 
 @dataclass
@@ -46,16 +45,6 @@ def product_parameters(engine) -> int:
     return a.num_hidden_layers * (attn + 3 * a.hidden_size * a.intermediate_size)
 
 
-def _median(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def decode_step(engine, rows: int, held: int = 128, repeat: int = 5, seed: int = 0) -> PassTime:
     rng = np.random.default_rng(seed)
     L, vocab = engine.args.num_hidden_layers, engine.args.vocab_size
@@ -64,7 +53,7 @@ def decode_step(engine, rows: int, held: int = 128, repeat: int = 5, seed: int =
         engine.forward(rng.integers(0, vocab, size=held).tolist(), caches)
     block = [BlockKV(engine.ops, [c[i] for c in seqs], held + repeat + 2) for i in range(L)]
     tokens = engine.ops.tokens(rng.integers(0, vocab, size=(rows, 1)).tolist())
-    s = _median(lambda: run_block(engine, [MicroBatch(tokens, block)], Order.ZIGZAG), repeat)
+    s = median_seconds(lambda: run_block(engine, [MicroBatch(tokens, block)], Order.ZIGZAG), repeat)
     return PassTime("decode", rows, 1, s, 2.0 * product_parameters(engine) * rows)
 
 
@@ -77,5 +66,5 @@ def prefill_pass(engine, rows: int, tokens: int, repeat: int = 3, seed: int = 0)
         caches = batch_caches([make_caches(L, tokens) for _ in range(rows)], [tokens] * rows)
         run_block(engine, [MicroBatch(ids, caches)], Order.ZIGZAG)
 
-    s = _median(one, repeat)
+    s = median_seconds(one, repeat)
     return PassTime("prefill", rows, tokens, s, 2.0 * product_parameters(engine) * rows * tokens)

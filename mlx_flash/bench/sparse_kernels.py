@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..api import load
+from .timing import median_seconds
 from ..options import FlashOptions
 from ..kernels.cuda_sparse import CudaSparseFFN
 from ..kernels.metal_sparse import MetalSparseFFN
@@ -147,7 +148,7 @@ def bench_metal(args) -> list[dict]:
                     )
                 mx.eval(out)
 
-            t_dense = timed_passes(dense_pass, args.rounds) / args.layers
+            t_dense = median_seconds(dense_pass, args.rounds) / args.layers
             for sp in args.sparsity:
                 count = int(round((1 - sp / 100) * S))
                 idx, cnt = mx.array(rng.permutation(S).astype(np.int32)), mx.array([count], mx.int32)
@@ -155,13 +156,13 @@ def bench_metal(args) -> list[dict]:
                 def sparse_pass():
                     mx.eval([k.down(k.gate_up(xm, s, idx, cnt), s, idx, cnt) for s in slabs])
 
-                t = timed_passes(sparse_pass, args.rounds) / args.layers
+                t = median_seconds(sparse_pass, args.rounds) / args.layers
                 nbytes = count * spec.bytes_per_bundle()
 
                 def copy_pass():
                     mx.eval([mx.array(s.reshape(-1)[:nbytes]) + 0 for s in slabs])
 
-                copy = nbytes / (timed_passes(copy_pass, args.rounds) / args.layers) / 1e9 if count else float("nan")
+                copy = nbytes / (median_seconds(copy_pass, args.rounds) / args.layers) / 1e9 if count else float("nan")
                 rows.append(result_row("metal", shape, D, S * BLOCK, bits, sp, t, nbytes, copy, t_dense, err, 0))
                 print(table_row(rows[-1]), flush=True)
     return rows
@@ -187,16 +188,6 @@ def result_row(target, shape, D, d_ff, bits, sparsity, t, nbytes, copy, t_dense,
         max_rel_error=err,
         threads=threads,
     )
-
-
-def timed_passes(fn, rounds: int) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def bench_cuda(args) -> list[dict]:
