@@ -79,9 +79,7 @@ def run_group(engine, layers: range, hs: list, caches: list) -> list:
     passes = ragged_rows(widths, sum(widths))
     out = list(hs)
     with ops.inference():
-        xs = [
-            ops.concatenate([_left_pad(ops, hs[k], max(widths[j] for j, _ in p)) for k, _ in p], axis=0) for p in passes
-        ]
+        xs = [_left_padded(ops, [hs[k] for k, _ in p], max(n for _, n in p)) for p in passes]
         kv = [batch_caches([caches[k] for k, _ in p], [widths[k] for k, _ in p]) for p in passes]
         for i in layers:
             lw = w["layers"][i]  # (a streamed layer is read here, once)
@@ -95,10 +93,14 @@ def run_group(engine, layers: range, hs: list, caches: list) -> list:
     return out
 
 
-def _left_pad(ops, h, T: int):
-    """[1, n, D] -> [1, T, D], zeros before the row (a padding column's output is dropped)."""
-    n = int(h.shape[1])
-    return h if n == T else ops.concatenate([ops.zeros((1, T - n, h.shape[2]), like=h), h], axis=1)
+def _left_padded(ops, rows: list, T: int):
+    """Rows [1, n, D] as one [rows, T, D] pass, zeros before each shorter row (a padding column's
+    output is dropped); one row of T tokens as it is."""
+    padded = [
+        h if int(h.shape[1]) == T else ops.concatenate([ops.zeros((1, T - int(h.shape[1]), h.shape[2]), like=h), h], 1)
+        for h in rows
+    ]
+    return padded[0] if len(padded) == 1 else ops.concatenate(padded, axis=0)
 
 
 def split_rows(ops, payload: np.ndarray, lengths) -> list:

@@ -75,14 +75,15 @@ class KVMemory:
             return
         victims = []
         free = self.pool.free_slots
-        held = self._held_by_owner()
+        held = self._held_by_owner() if self.quota.kv_share < 1.0 else {}  # (no share to guard: not counted)
         for ctx, i in eviction_order(self.contexts.values()):
             if not self.quota.may_take(owner, ctx.owner, held.get(ctx.owner, 0), self.pool.n_slots):
                 continue
             victims.append((ctx, i))
             if not self.pool.is_shared(ctx.table.slots[i]):
                 free += 1
-                held[ctx.owner] -= 1
+                if held:
+                    held[ctx.owner] -= 1
             if free >= n:
                 break
         if free < n:

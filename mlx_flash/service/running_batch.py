@@ -143,8 +143,9 @@ class RunningBatch(CallBatch):
         remaining = [len(c.ids) - c.seq.prefilled for c in waiting]
         order = sorted(range(len(waiting)), key=lambda k: remaining[k] - waiting[k].waited * chunk)
         first = pack_rows(order, left, chunk)[0] if waiting else []
-        for k in range(len(waiting)):
-            waiting[k].waited = 0 if any(k == j for j, _ in first) else waiting[k].waited + 1
+        chosen = {k for k, _ in first}
+        for k, c in enumerate(waiting):
+            c.waited = 0 if k in chosen else c.waited + 1
         prefill = self._room([(waiting[k], n) for k, n in first], out)
         batches = []
         if decoding:
