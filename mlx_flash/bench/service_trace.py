@@ -124,7 +124,7 @@ def build_texts(engine, corpus: str, cfg: TraceConfig) -> tuple[list[list[int]],
 def run_trace(engine, variant: Variant, pattern: str, starts, pieces, cfg: TraceConfig, directory: str) -> TraceResult:
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    budget = int(cfg.kv_share * cfg.contexts * -(-cfg.context_tokens // 16) * _chunk_bytes(engine))
+    budget = int(cfg.kv_share * cfg.contexts * -(-cfg.context_tokens // 16) * chunk_bytes(engine))
     svc = Service(
         engine, directory=directory, kv_budget=budget, kv_compression=variant.compression, lifecycle=variant.lifecycle
     )
@@ -169,7 +169,7 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
     again by the pipeline, by reading only, and by recomputing it all (re-prefill)."""
     shutil.rmtree(directory, ignore_errors=True)
     tokens = tokens or engine.model_context - 8
-    svc = Service(engine, directory=directory, kv_budget=(-(-tokens // 16) + 2) * _chunk_bytes(engine))
+    svc = Service(engine, directory=directory, kv_budget=(-(-tokens // 16) + 2) * chunk_bytes(engine))
     try:
         ids = engine.tokenizer.encode(corpus)[:tokens]
         ctx = svc.new_context()
@@ -191,7 +191,7 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _chunk_bytes(engine) -> int:
+def chunk_bytes(engine) -> int:
     """One 16-token chunk of the engine's model (float32, as the CPU backends hold it)."""
     a = engine.args
     return ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 16).nbytes
