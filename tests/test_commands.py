@@ -28,6 +28,7 @@ def test_the_commands_have_console_scripts():
         "mlx-flash-convert",
         "mlx-flash-verify",
         "mlx-flash-profile-disk",
+        "mlx-flash-models",
     }
 
 

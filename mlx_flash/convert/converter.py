@@ -36,8 +36,9 @@ from ..store.store import is_store
 from .source_model import SourceModel
 from .sources import read_source
 
-# Bumped whenever the converter's output for the same input and options changes (cache keys use it).
-CONVERTER_VERSION = 7
+# Bumped whenever the converter's output for the same input and options changes (cache keys use it;
+# the manifest's `source` records it from 8 on, so `python -m mlx_flash.stores prune` finds older stores).
+CONVERTER_VERSION = 8
 
 
 def to_storage(a) -> tuple[np.ndarray, str]:
@@ -176,7 +177,8 @@ def _write_store(
     with byte_bar(sum(map(os.path.getsize, paths)), "checksums", progress) as bar:
         for name, p in zip(names, paths):
             files[name] = {"size": os.path.getsize(p), "sha256": sha256_file(p, bar)}
-    return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=src.description)
+    source = {**src.description, "converter_version": CONVERTER_VERSION}  # (cli/models.py prune reads it)
+    return Manifest(config=cfg, tensors=tensors, quant=quant, ffn=ffn, files=files, source=source)
 
 
 def _block_widths(src: SourceModel, mod, cfg: dict, precision: str) -> dict[str, int]:

@@ -27,14 +27,14 @@ from contextlib import contextmanager, nullcontext
 
 from ..errors import FlashError
 
-_PARTIAL = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
+PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
 
 
 class OutputError(FlashError):
     """An output directory could not be written (full disk, permissions)."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -52,8 +52,8 @@ def remove_dead_partials(parent: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        m = _PARTIAL.match(name)
-        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
+        m = PARTIAL_NAME.match(name)
+        if m and int(m.group(2)) != os.getpid() and not process_alive(int(m.group(2))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(name)
     return removed

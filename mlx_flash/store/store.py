@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import ModelNotFoundError, StoreError
 from ..host_memory import anonymous_buffer
 from .bundles import NUMPY_DTYPES
+from .in_use import hold
 from .manifest import MANIFEST_NAME, Manifest
 from .safetensors_io import tensor_layer
 from ..config import default_cache_dir
@@ -33,6 +34,7 @@ class Store:
     def __init__(self, path: str, manifest: Manifest):
         self.path = path
         self.manifest = manifest
+        self._held = hold(path)  # while this Store lives, the store cannot be removed (in_use.py)
 
     @property
     def config(self) -> dict:

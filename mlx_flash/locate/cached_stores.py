@@ -1,0 +1,159 @@
+"""The converted stores in the cache (`<cache>/stores/`): what each was converted from, its size on
+disk, the converter version that wrote it and its last use; removing one, and pruning the stores an
+older converter wrote and the partial directories of conversions that died. A store that a live
+engine or conversion holds (store/in_use.py) is refused with one line, never removed under it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from ..convert import CONVERTER_VERSION
+from ..errors import ConfigError, StoreError
+from ..store.atomic_dir import PARTIAL_NAME, process_alive
+from ..store.in_use import conversion_lock_path, in_use_path, try_exclusive
+from ..store.manifest import MANIFEST_NAME
+
+
+@dataclass(frozen=True)
+class CachedStore:
+    name: str
+    path: str
+    source: str  # the file or folder it was converted from ("?" when not recorded)
+    size: int  # bytes of its files
+    converter_version: int | None  # None: written before stores recorded it
+    last_used: float  # seconds since the epoch
+    partial_pid: int = 0  # a conversion's unfinished folder: its writer's process
+
+    @property
+    def outdated(self) -> bool:
+        return not self.partial_pid and (self.converter_version or 0) < CONVERTER_VERSION
+
+    @property
+    def dead_partial(self) -> bool:
+        return bool(self.partial_pid) and not process_alive(self.partial_pid)
+
+
+def stores_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, "stores")
+
+
+def _size(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _describe(path: str, name: str) -> CachedStore:
+    source, version = "?", None
+    try:
+        with open(os.path.join(path, MANIFEST_NAME), encoding="utf-8") as f:
+            src = json.load(f).get("source") or {}
+        source = str(src.get("file") or src.get("dir") or "?")
+        version = src.get("converter_version")
+        version = version if isinstance(version, int) else None
+    except (OSError, ValueError, AttributeError):
+        pass
+    marks = [in_use_path(path), os.path.join(path, MANIFEST_NAME)]
+    last = max((os.stat(m).st_mtime for m in marks if os.path.exists(m)), default=0.0)
+    return CachedStore(name, path, source, _size(path), version, last)
+
+
+def list_stores(cache_dir: str) -> list[CachedStore]:
+    """Every store in the cache and every unfinished conversion's folder, by name."""
+    folder = stores_dir(cache_dir)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise StoreError(f"{folder}: cannot list it ({e.strerror})") from None
+    out = []
+    for n in names:
+        path = os.path.join(folder, n)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        m = PARTIAL_NAME.match(n)
+        if m:
+            out.append(
+                CachedStore(
+                    m.group(1),
+                    path,
+                    "(unfinished conversion)",
+                    _size(path),
+                    None,
+                    os.stat(path).st_mtime,
+                    int(m.group(2)),
+                )
+            )
+        elif os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            out.append(_describe(path, n))
+    return out
+
+
+def find(cache_dir: str, name: str) -> CachedStore:
+    """The finished store called `name`, or the only one converted from a source called `name`."""
+    stores = [s for s in list_stores(cache_dir) if not s.partial_pid]
+    exact = [s for s in stores if s.name == name]
+    if exact:
+        return exact[0]
+    by_source = [s for s in stores if s.source == name or os.path.splitext(s.source)[0] == name]
+    if len(by_source) == 1:
+        return by_source[0]
+    if by_source:
+        raise ConfigError(f"{name!r} names {len(by_source)} stores: {', '.join(s.name for s in by_source)}")
+    have = ", ".join(s.name for s in stores) or "none"
+    raise ConfigError(f"no store {name!r} in {stores_dir(cache_dir)} (stores there: {have})")
+
+
+def remove(store: CachedStore) -> None:
+    """Delete `store` and its lock files; refused while an engine or a conversion holds it."""
+    conv = try_exclusive(conversion_lock_path(store.path))
+    if conv is None:
+        raise StoreError(f"{store.name}: a conversion is writing it; try again when it ends")
+    try:
+        use = try_exclusive(in_use_path(store.path))
+        if use is None:
+            raise StoreError(f"{store.name}: a running engine holds it; close that engine first")
+        try:
+            try:
+                shutil.rmtree(store.path)
+            except OSError as e:
+                raise StoreError(f"{store.path}: cannot remove it ({e.strerror})") from None
+            for lock in (in_use_path(store.path), conversion_lock_path(store.path)):
+                try:
+                    os.unlink(lock)
+                except OSError:
+                    pass
+        finally:
+            use.close()
+    finally:
+        conv.close()
+
+
+def prune(cache_dir: str) -> tuple[list[CachedStore], list[str]]:
+    """Remove the stores an older converter wrote and the folders of conversions whose process is
+    gone. Returns (removed, one line per store left and why)."""
+    removed, kept = [], []
+    for s in list_stores(cache_dir):
+        if s.partial_pid:
+            if s.dead_partial:
+                shutil.rmtree(s.path, ignore_errors=True)
+                removed.append(s)
+            else:
+                kept.append(f"{s.name}: being converted (process {s.partial_pid})")
+        elif s.outdated:
+            try:
+                remove(s)
+                removed.append(s)
+            except StoreError as e:
+                kept.append(str(e))
+    return removed, kept
