@@ -50,6 +50,23 @@ PY
 kill "$server"
 wait "$server" 2>/dev/null || true
 echo "wheel server check: ok"
+# A hub name, offline, from a Hugging Face cache laid out as huggingface_hub lays it out (the default
+# model's GGUF as org/name's Q4_1 file): the same answer, and the store listed under its source.
+hf="$work/hf/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
+mkdir -p "$hf/blobs" "$hf/refs" "$hf/snapshots/0123456789abcdef0123456789abcdef01234567"
+gguf="$("$py" -c "from mlx_flash.default_model import default_model_path; print(default_model_path())")"
+cp "$gguf" "$hf/blobs/f00d"
+ln -s ../../blobs/f00d "$hf/snapshots/0123456789abcdef0123456789abcdef01234567/smollm2-135m-instruct-q4_1.gguf"
+echo 0123456789abcdef0123456789abcdef01234567 >"$hf/refs/main"
+out="$(HF_HUB_OFFLINE=1 HF_HUB_CACHE="$work/hf/hub" MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.chat \
+  --model HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1 --prompt "The capital of France is" --raw --temp 0 \
+  --max-tokens 8 2>"$work/stderr")" || { cat "$work/stderr"; exit 1; }
+case "$out" in
+  " Paris"*) echo "wheel hub-name chat (offline, from the HF cache): $out" ;;
+  *) echo "wheel check: the hub name answered: $out"; cat "$work/stderr"; exit 1 ;;
+esac
+MLX_FLASH_CACHE="$work/cache" "$py" -m mlx_flash.stores list | tee "$work/stores"
+grep -q "smollm2-135m-instruct-q4_1.gguf" "$work/stores" || { echo "wheel check: the hub model's store is not listed"; exit 1; }
 # The batch command from the same wheel (MLX, no torch): two prompts in, two results out, the
 # first " Paris"; a second run finds both done.
 printf '%s\n' '{"id": "fr", "prompt": "The capital of France is"}' \

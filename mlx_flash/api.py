@@ -51,8 +51,9 @@ def load(
 ) -> Engine:
     """Load a model and return an Engine.
 
-    model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, or an HF /
-        mlx-community model directory (converted into the cache on first use).
+    model: None (the default SmolLM2-135M-Instruct), a store directory, a GGUF file, an HF /
+        mlx-community model directory (converted into the cache on first use), or a hub name
+        ("org/name", "org/name:Q4_K_M": the Hugging Face cache, else a download; locate/hub.py).
     backend: "auto" (MLX on Apple silicon; elsewhere torch when installed, else MLX on the CPU), "mlx"
         or "torch". ffn: "auto" (resident when the model fits memory_budget, else exact
         streaming), "resident", "stream" or "sparse" (LLM in a flash on dense models; on MoE models

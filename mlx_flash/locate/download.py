@@ -1,0 +1,92 @@
+"""One file of a hub repository into the Hugging Face cache, resuming what an earlier run left.
+
+huggingface_hub resumes a transfer that breaks within one call, but writes each call into a fresh
+temporary file, so a download stopped by Ctrl-C or a dropped network starts again from byte 0: for
+a multi-gigabyte GGUF that is the difference between minutes and an hour. Here the bytes go to
+`blobs/<etag>.incomplete`, appended from where it ends (a Range request), under a lock so two
+processes never append to one file; the finished blob gets the snapshot link and refs/main the
+cache layout has, so huggingface_hub and every tool using the cache find it too. The metadata
+request (auth, the hub's redirects, its error codes) is huggingface_hub's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import http.client
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from ..errors import ModelNotFoundError
+
+PIECE = 1 << 20
+RETRIES = 5  # transfers per call (huggingface_hub's own count)
+
+
+def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, progress: bool) -> str:
+    """Fetch `filename` of `repo` into the cache folder `repo_dir`; its snapshot path."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+    from tqdm import tqdm
+
+    url = hf_hub_url(repo, filename, endpoint=endpoint)
+    meta = get_hf_file_metadata(url, endpoint=endpoint)
+    if not meta.etag or not meta.commit_hash:
+        raise ModelNotFoundError(f"{url}: the hub's answer names no file version (etag, commit)")
+    blob = os.path.join(repo_dir, "blobs", meta.etag)
+    link = os.path.join(repo_dir, "snapshots", meta.commit_hash, filename)
+    os.makedirs(os.path.dirname(blob), exist_ok=True)
+    part = blob + ".incomplete"
+    with open(part + ".lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # another process fetching it: wait, then find it done
+        if not os.path.exists(blob):
+            auth = build_hf_headers() if _same_host(meta.location, url) else {}  # never a token to a CDN
+            with tqdm(total=meta.size, unit="B", unit_scale=True, desc=filename, disable=not progress) as bar:
+                for attempt in range(RETRIES):
+                    try:
+                        _transfer(meta.location, auth, part, meta.size, bar)
+                        break
+                    except urllib.error.HTTPError:
+                        raise  # the hub's answer, not a dropped connection
+                    except (OSError, http.client.HTTPException):  # dropped: go on from what arrived
+                        if attempt == RETRIES - 1:
+                            raise
+                        time.sleep(0.5 * (attempt + 1))
+            got = os.path.getsize(part)
+            if meta.size is not None and got != meta.size:
+                raise ModelNotFoundError(f"{repo}/{filename}: {got} of {meta.size} bytes arrived; run again to resume")
+            os.replace(part, blob)
+    if not os.path.lexists(link):
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+    os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
+    with open(os.path.join(repo_dir, "refs", "main"), "w") as f:
+        f.write(meta.commit_hash)
+    return link
+
+
+def _transfer(location: str, auth: dict, part: str, size: int | None, bar) -> None:
+    """Append the bytes `part` lacks (all of them when the server ignores the Range asked for)."""
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    if size is not None and have >= size:
+        have = have if have == size else 0  # (more than the file: not this version's bytes)
+        if have:
+            return
+    headers = dict(auth, Range=f"bytes={have}-") if have else dict(auth)
+    with urllib.request.urlopen(urllib.request.Request(location, headers=headers), timeout=60) as r:
+        if r.status != 206:
+            have = 0
+        bar.reset(total=size)
+        bar.update(have)
+        with open(part, "ab" if have else "wb") as f:
+            while piece := r.read(PIECE):
+                f.write(piece)
+                bar.update(len(piece))
+    if size is not None and os.path.getsize(part) < size:  # (a dropped connection can read as an end)
+        raise ConnectionError(f"the transfer ended after {os.path.getsize(part)} of {size} bytes")
+
+
+def _same_host(a: str, b: str) -> bool:
+    return urllib.parse.urlsplit(a).netloc == urllib.parse.urlsplit(b).netloc
