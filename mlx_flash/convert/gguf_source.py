@@ -141,7 +141,7 @@ def read_gguf(path: str) -> SourceModel:
                 f"part {i + 1} of {len(parts)}"
             )
     arch = str(meta.get("general.architecture", ""))
-    check_vocabulary_buildable(path, str(meta.get("tokenizer.ggml.model", "")))
+    check_vocabulary_buildable(path, str(meta.get("tokenizer.ggml.model", "")), arch)
 
     def m(key, default=None):
         return meta.get(f"{arch}.{key}", default)

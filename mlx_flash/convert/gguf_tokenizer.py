@@ -8,9 +8,10 @@ time `mlx_flash.tokenizer` loads those with `tokenizers` and `jinja2` alone, so 
 nor generation needs transformers or torch.
 
 Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`: SmolLM, Llama 3, Qwen, GPT-style
-models) are built here, the same tokenizer transformers' GGUF loader builds (tested against it).
-Other vocabulary types (sentencepiece "llama", unigram "t5") are built through transformers when it
-is installed; without it they are refused with the install line.
+models) are built here, sentencepiece ones ("llama": Llama 2, Mistral, Gemma) in gguf_sentencepiece.py,
+each the same tokenizer transformers' GGUF loader builds (tested against it). Other vocabulary types
+(unigram "t5", sentencepiece of families not built there) go through transformers when it is
+installed; without it they are refused with the install line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import os
 
 from ..errors import ModelFileError
 from .gguf_header import check_gguf_header
+from .gguf_sentencepiece import BUILT as SENTENCEPIECE_BUILT
+from .gguf_sentencepiece import sentencepiece_bpe
 
 # Token types in `tokenizer.ggml.token_type` (llama.cpp's llama_token_type).
 CONTROL, USER_DEFINED = 3, 4
@@ -134,7 +137,8 @@ def tokenizer_config(meta: dict) -> dict:
         "eos_token": _special(meta, "eos_token_id"),
         "unk_token": _special(meta, "unknown_token_id"),
         "pad_token": _special(meta, "padding_token_id"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        # (llama.cpp adds BOS to a sentencepiece vocabulary whose file does not say otherwise)
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama")),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     }
     if meta.get("tokenizer.chat_template"):
@@ -144,7 +148,7 @@ def tokenizer_config(meta: dict) -> dict:
 
 def byte_level_bpe(meta: dict, path: str):
     """A `tokenizers.Tokenizer` for a byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tokens = meta["tokenizer.ggml.tokens"]
     merges = meta.get("tokenizer.ggml.merges")
@@ -192,14 +196,29 @@ def byte_level_bpe(meta: dict, path: str):
             ]
         )
     tok.decoder = decoders.ByteLevel()
+    return finish(tok, meta, vocab, lambda t: set(t) <= alphabet)
+
+
+def finish(tok, meta: dict, vocab: dict, spelled_ok=lambda t: True, named: bool = False):
+    """Add what the file marks: control tokens (and with `named`, the BOS/EOS/UNK/PAD tokens) as
+    special tokens kept whole, user-defined ones as plain added tokens, BOS/EOS around a sequence
+    where the file asks for them. `spelled_ok`: a control token spelled outside the vocabulary's
+    alphabet is a mislabel, left out (adding it would grow the vocabulary past the model's)."""
+    from tokenizers import AddedToken, processors
+
+    tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or []
-    control = [t for t, ty in zip(tokens, types) if ty == CONTROL and set(t) <= alphabet]
+    control = [t for t, ty in zip(tokens, types) if ty == CONTROL and spelled_ok(t)]
+    cfg = tokenizer_config(meta)
+    if named:
+        control += [
+            cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if cfg[k] and cfg[k] not in control
+        ]
     if control:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     user = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED and t in vocab]
     if user:
         tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
-    cfg = tokenizer_config(meta)
     single, specials = "$A", []
     if cfg["add_bos_token"] and cfg["bos_token"] is not None:
         single = f"{cfg['bos_token']} {single}"
@@ -226,28 +245,42 @@ def save_through_transformers(path: str, out_dir: str, why: str, directory: str,
     tok.save_pretrained(out_dir)
 
 
-def check_vocabulary_buildable(path: str, kind: str) -> None:
+def builds_without_transformers(kind: str, arch: str) -> bool:
+    """Vocabularies built here: byte-level BPE, and sentencepiece of the families gguf_sentencepiece knows."""
+    return kind == "gpt2" or (kind == "llama" and arch in SENTENCEPIECE_BUILT)
+
+
+def check_vocabulary_buildable(path: str, kind: str, arch: str = "") -> None:
     """Refuse, before any conversion work, a vocabulary of `kind` (tokenizer.ggml.model) that needs
     transformers when it is not installed: the message save_gguf_tokenizer would give at its end."""
     import importlib.util
 
-    if kind and kind != "gpt2" and importlib.util.find_spec("transformers") is None:
-        raise ModelFileError(f"{path}: {_why(kind)} needs transformers, which is not installed ({INSTALL_HF})")
+    if kind and not builds_without_transformers(kind, arch) and importlib.util.find_spec("transformers") is None:
+        raise ModelFileError(f"{path}: {_why(kind, arch)} needs transformers, which is not installed ({INSTALL_HF})")
 
 
-def _why(kind: str) -> str:
-    return f"a {kind!r} vocabulary (only byte-level BPE is built without it)"
+def _why(kind: str, arch: str) -> str:
+    return (
+        f"a {kind!r} vocabulary of a {arch or 'unnamed'!r} model (built without it: byte-level BPE, and "
+        f"sentencepiece of {', '.join(SENTENCEPIECE_BUILT)})"
+    )
 
 
 def save_gguf_tokenizer(path: str, out_dir: str) -> None:
     """Write tokenizer.json + tokenizer_config.json for the GGUF at `path` into `out_dir`."""
     meta = read_tokenizer_metadata(path)
     kind = str(meta.get("tokenizer.ggml.model", ""))
-    if kind != "gpt2":
+    arch = str(meta.get("general.architecture", ""))
+    if kind == "gpt2":
+        tok = byte_level_bpe(meta, path)
+    elif builds_without_transformers(kind, arch):
+        tok = sentencepiece_bpe(meta, path, arch)
+        tok = finish(tok, meta, tok.get_vocab(), named=True)
+    else:
         save_through_transformers(
-            path, out_dir, _why(kind), os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
+            path, out_dir, _why(kind, arch), os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
         )
         return
-    byte_level_bpe(meta, path).save(os.path.join(out_dir, "tokenizer.json"))
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
         json.dump(tokenizer_config(meta), fh, indent=2, ensure_ascii=False)

@@ -94,21 +94,22 @@ def test_gguf_without_vocabulary_is_refused(tmp_path):
 
 
 def test_a_vocabulary_needing_transformers_is_refused_before_any_conversion(tmp_path, monkeypatch):
-    """Without transformers a sentencepiece vocabulary cannot be built: read_gguf refuses it at once,
-    naming the install line, instead of after the tensors are written."""
+    """Without transformers a unigram vocabulary cannot be built: read_gguf refuses it at once,
+    naming the install line, instead of after the tensors are written (sentencepiece ones are built
+    without it: test_gguf_sentencepiece.py)."""
     import importlib.util
 
     from mlx_flash.convert.gguf_source import read_gguf
 
     gguf = pytest.importorskip("gguf")
-    path = str(tmp_path / "spm.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_tokenizer_model("llama")
+    path = str(tmp_path / "unigram.gguf")
+    w = gguf.GGUFWriter(path, "t5")
+    w.add_tokenizer_model("t5")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "transformers" else real(n, *a))
-    with pytest.raises(ModelFileError, match=r"a 'llama' vocabulary .* needs transformers, which is not installed"):
+    with pytest.raises(ModelFileError, match=r"a 't5' vocabulary of a 't5' model .* needs transformers, which is not"):
         read_gguf(path)
