@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from ..errors import ConfigError, StoreError
 from ..store.atomic_dir import PARTIAL_NAME, process_alive
 from ..store.in_use import conversion_lock_path, in_use_path, try_exclusive
 from ..store.manifest import MANIFEST_NAME
+
+LOCK_NAME = re.compile(r"^\.(.+)\.(lock|in-use)$")
 
 
 @dataclass(frozen=True)
@@ -156,4 +159,25 @@ def prune(cache_dir: str) -> tuple[list[CachedStore], list[str]]:
                 removed.append(s)
             except StoreError as e:
                 kept.append(str(e))
+    _remove_orphan_locks(stores_dir(cache_dir))
     return removed, kept
+
+
+def _remove_orphan_locks(folder: str) -> None:
+    """Lock files of stores that are gone (a conversion killed before it ended leaves its lock)."""
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return
+    partial = {m.group(1) for p in names if (m := PARTIAL_NAME.match(p))}
+    for n in names:
+        m = LOCK_NAME.match(n)
+        if not m or m.group(1) in names or m.group(1) in partial:
+            continue
+        held = try_exclusive(os.path.join(folder, n))
+        if held is not None:  # nobody waits on it
+            try:
+                os.unlink(os.path.join(folder, n))
+            except OSError:
+                pass
+            held.close()

@@ -80,7 +80,13 @@ def test_prune_removes_older_converters_and_dead_conversions_only(cache, tmp_pat
     live_partial = os.path.join(cache_dir, "stores", f".y.partial-{os.getpid()}")
     os.makedirs(dead_partial)
     os.makedirs(live_partial)
+    stores = os.path.join(cache_dir, "stores")
+    orphan = os.path.join(stores, ".gone.lock")  # a killed conversion's lock, its store never written
+    kept_locks = [os.path.join(stores, f".{os.path.basename(path)}.in-use"), os.path.join(stores, ".y.lock")]
+    for lock in [orphan] + kept_locks:
+        open(lock, "w").close()
     removed, kept = prune(cache_dir)
+    assert not os.path.exists(orphan) and all(os.path.exists(p) for p in kept_locks)
     assert sorted(s.path for s in removed) == sorted([older, unrecorded, dead_partial])
     assert kept == [f"y: being converted (process {os.getpid()})"]
     assert os.path.isdir(path) and os.path.isdir(live_partial)
