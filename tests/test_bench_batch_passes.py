@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import mlx_flash
-from mlx_flash.bench.batch_passes import decode_step, prefill_pass, product_parameters
+from mlx_flash.bench.batch_passes import decode_step, prefill_pass, product_parameters, products_pass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "bench_batch_passes.py")
@@ -20,20 +20,36 @@ def test_passes_are_timed_and_counted(tiny_store):
         assert product_parameters(e) == a.num_hidden_layers * (per_layer + 3 * a.hidden_size * a.intermediate_size)
         d = decode_step(e, 3, held=8, repeat=1)
         p = prefill_pass(e, 2, 5, repeat=1)
+        pp = products_pass(e, 4, repeat=1)
     assert d.seconds > 0 and d.tokens_per_s == 3 / d.seconds and d.product_flops == 2.0 * product_parameters(e) * 3
     assert p.product_flops == 2.0 * product_parameters(e) * 10 and "prefill 2 x 5" in p.line()
+    assert pp.seconds > 0 and pp.product_flops == 2.0 * product_parameters(e) * 4 and "products of 4 rows" in pp.line()
 
 
 def test_the_tool_prints_a_line_per_pass_and_refuses_bad_lists(tiny_store):
     store, _ = tiny_store("llama")
     r = subprocess.run(
-        [sys.executable, TOOL, "--model", store, "--rows", "1,2", "--prompts", "2", "--prompt-tokens", "6"],
+        [
+            sys.executable,
+            TOOL,
+            "--model",
+            store,
+            "--rows",
+            "1,2",
+            "--prompts",
+            "2",
+            "--prompt-tokens",
+            "6",
+            "--products",
+            "3",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if "tok/s" in ln]
-    assert len(lines) == 3 and "decode step of 2 rows" in lines[1] and "prefill 2 x 6" in lines[2]
+    assert len(lines) == 4 and "decode step of 2 rows" in lines[1] and "prefill 2 x 6" in lines[2]
+    assert "products of 3 rows" in lines[3]
     bad = subprocess.run([sys.executable, TOOL, "--rows", "1,x"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not a comma-separated list" in bad.stderr and "Traceback" not in bad.stderr

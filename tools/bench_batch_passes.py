@@ -1,15 +1,17 @@
-"""What one batched pass costs on this machine: decode steps of 1..32 rows and prefill passes of
-1..4 prompts packed into one, medians, tokens/s and GFLOP/s (mlx_flash/bench/batch_passes.py).
+"""What one batched pass costs on this machine: decode steps of 1..32 rows, prefill passes of 1..4
+prompts packed into one, and the weight products alone for B rows (--products: the tokens/s the
+batched products allow, what tools/bench_concurrency.py's aggregate rate is held against); medians,
+tokens/s and GFLOP/s (mlx_flash/bench/batch_passes.py).
 
     python tools/bench_batch_passes.py [--model M] [--backend torch|mlx] [--rows 1,8,32] [--prompts 1,4]
-        [--prompt-tokens 128] [--threads N]
+        [--prompt-tokens 128] [--products 16] [--threads N]
 """
 
 import argparse
 import sys
 
 import mlx_flash
-from mlx_flash.bench.batch_passes import decode_step, prefill_pass
+from mlx_flash.bench.batch_passes import decode_step, prefill_pass, products_pass
 from mlx_flash.errors import FlashError, first_paragraph
 
 
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=ints, default=[1, 8, 32], help="decode rows (default 1,8,32)")
     p.add_argument("--prompts", type=ints, default=[1, 4], help="prompts in one prefill pass (default 1,4)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens of each prompt (default 128)")
+    p.add_argument("--products", type=ints, default=[], help="rows of a products-only pass (e.g. 1,16)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: the engine's)")
     args = p.parse_args(argv)
     try:
@@ -40,6 +43,8 @@ def main(argv=None) -> int:
                 print(decode_step(engine, r).line(), flush=True)
             for r in args.prompts:
                 print(prefill_pass(engine, r, args.prompt_tokens).line(), flush=True)
+            for r in args.products:
+                print(products_pass(engine, r).line(), flush=True)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

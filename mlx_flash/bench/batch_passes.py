@@ -2,7 +2,9 @@
 (docs/results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV)
 and a prefill pass of R prompts of T tokens packed left-padded into one pass, each the median wall
 time of `repeat` calls after one warm-up, with tokens/s and GFLOP/s (2 x the engine's parameters in
-products a token, attention not counted)."""
+products a token, attention not counted). `products_pass` times the weight products alone for B
+rows of one token (every layer's attention projections and FFN, no attention, no head): the rate
+the batched products allow, which the server's aggregate rate is held against."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ class PassTime:
         return self.product_flops / self.seconds / 1e9
 
     def line(self) -> str:
-        what = f"decode step of {self.rows} rows" if self.kind == "decode" else f"prefill {self.rows} x {self.tokens}"
+        what = {"decode": f"decode step of {self.rows} rows", "products": f"products of {self.rows} rows"}.get(
+            self.kind, f"prefill {self.rows} x {self.tokens}"
+        )
         return f"{what:28s} {self.seconds * 1e3:8.1f} ms  {self.tokens_per_s:8.0f} tok/s  {self.gflops:6.0f} GFLOP/s"
 
 
@@ -68,3 +72,28 @@ def prefill_pass(engine, rows: int, tokens: int, repeat: int = 3, seed: int = 0)
 
     s = median_seconds(one, repeat)
     return PassTime("prefill", rows, tokens, s, 2.0 * product_parameters(engine) * rows * tokens)
+
+
+def products_pass(engine, rows: int, repeat: int = 5, seed: int = 0) -> PassTime:
+    """The layers' weight products for `rows` rows of one token, as a decode step computes them
+    (Llama-family graphs: fused qkv, o, the gated FFN), nothing else."""
+    ops, args, layers = engine.ops, engine.args, engine.weights["layers"]
+    if "qkv" not in layers[0]:
+        raise ValueError("products_pass times Llama-family layers (a fused qkv projection)")
+    rng = np.random.default_rng(seed)
+    D, attn = args.hidden_size, args.num_attention_heads * args.head_dim
+    x = ops.array(rng.standard_normal((rows, 1, D)).astype(np.float32) * 0.1)
+    a = ops.array(rng.standard_normal((rows, 1, attn)).astype(np.float32) * 0.1)
+
+    def one():
+        outs = []
+        for i, lw in enumerate(layers):
+            outs += [
+                ops.linear(x, lw["qkv"]),
+                ops.linear(a, lw["o"]),
+                engine.module.mlp(ops, args, engine.ffn.layer(i, x), x),
+            ]
+        ops.materialize(*outs)
+
+    s = median_seconds(one, repeat)
+    return PassTime("products", rows, 1, s, 2.0 * product_parameters(engine) * rows)
