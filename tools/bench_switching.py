@@ -6,7 +6,8 @@ on the trace's first `--recompute-switches` switches). Table and JSON.
 
     python tools/bench_switching.py --model FILE_OR_STORE [--backend torch|mlx] [--contexts 6]
         [--min-tokens 2048] [--max-tokens 4096] [--switches 12] [--turns 2] [--kv-contexts 2]
-        [--compression tolerance:0.5] [--recompute-switches 3] [--dir DIR] [--reuse] [--json OUT]
+        [--compression tolerance:0.5] [--recompute-switches 3] [--variants ours,whole,recompute] [--dir DIR]
+        [--reuse] [--json OUT]
 """
 
 import argparse
@@ -19,7 +20,7 @@ from mlx_flash import load
 from mlx_flash.bench.service_trace import Variant
 from mlx_flash.bench.switching_trace import SwitchTrace, build, load_built, replay, visits
 from mlx_flash.calibrate import read_corpus
-from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.errors import ConfigError, FlashError, first_paragraph
 from mlx_flash.service.lifecycle import Evict, Lifecycle, Restore
 
 
@@ -50,6 +51,7 @@ def main() -> int:
     p.add_argument("--think", type=float, default=d.think_s, help="mean idle seconds between calls")
     p.add_argument("--compression", default="tolerance:0.5", help="ours and whole-context swap (kv_compression)")
     p.add_argument("--recompute-switches", type=int, default=3)
+    p.add_argument("--variants", default="ours,whole,recompute", help="which to run (default: all three)")
     p.add_argument("--dir", default=None, help="where the build and the runs live (default: a temporary folder)")
     p.add_argument("--reuse", action="store_true", help="replay the build an earlier run left in --dir/build")
     p.add_argument("--json", default=None)
@@ -67,6 +69,10 @@ def main() -> int:
             kv_contexts=a.kv_contexts,
             think_s=a.think,
         )
+        keys = dict(zip(("ours", "whole", "recompute"), variants(a.compression)))
+        unknown = set(a.variants.split(",")) - set(keys)
+        if unknown:
+            raise ConfigError(f"--variants takes ours, whole, recompute (not {', '.join(sorted(unknown))})")
         engine = load(a.model, backend=a.backend, progress=False)
         build_dir = os.path.join(base, "build")
         if a.reuse:
@@ -87,7 +93,7 @@ def main() -> int:
             f"generated tokens; visits {visits(trace)}",
             flush=True,
         )
-        for v in variants(a.compression):
+        for v in (keys[k] for k in a.variants.split(",")):
             n = a.recompute_switches if v.lifecycle.evict is Evict.DROP else None
             r = replay(engine, v, trace, built, os.path.join(base, "run"), switches=n).summary()
             rows.append(r)
@@ -100,7 +106,7 @@ def main() -> int:
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    ours = rows[0]["switch_mean_s"]
+    ours = rows[0]["switch_mean_s"]  # (the first variant run: ours unless --variants says otherwise)
     print("\n| variant | switches | mean switch (s) | p50 (s) | x ours | mean TTFT (s) | chunks read | recomputed |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -25,15 +25,19 @@ from .swap_files import HEADER, chunk_data, file_bytes, payload_bytes
 class LoadCosts:
     """Seconds per token of recompute and per byte of swap-in (read, checked and placed), as
     measured: every prefill the service runs updates the first, every restore both (moving
-    averages). The defaults only serve until the first call."""
+    averages). Recompute's cost is unknown until a prefill was measured, and then nothing is
+    recomputed: a guess is off by 100x between a 135M and a 7B model (a 7B-shape model prefills a
+    few tokens a second on two cores), while reading is always possible."""
 
-    recompute_s_per_token: float = 2e-3
+    recompute_s_per_token: float | None = None
     read_s_per_byte: float = 1e-9  # 1 GB/s until measured
     pass_s: float = 0.0  # what any forward pass costs whatever its length (one decode step, measured)
 
     def update(self, recompute_s: float, tokens: int, read_s: float, nbytes: int, step_s: float = 0.0) -> None:
         if tokens:
-            self.recompute_s_per_token = 0.5 * self.recompute_s_per_token + 0.5 * recompute_s / tokens
+            now = recompute_s / tokens
+            old = self.recompute_s_per_token
+            self.recompute_s_per_token = now if old is None else 0.5 * old + 0.5 * now
         if nbytes:
             self.read_s_per_byte = 0.5 * self.read_s_per_byte + 0.5 * read_s / nbytes
         if step_s:
@@ -42,6 +46,8 @@ class LoadCosts:
     def recompute_count(self, missing: int, chunk_tokens: int, chunk_bytes: int) -> int:
         """How many of `missing` chunks to recompute so reading the rest takes as long (a linear
         cost per side, as the paper fits; recomputing anything costs a pass first)."""
+        if self.recompute_s_per_token is None:
+            return 0
         rc, io = chunk_tokens * self.recompute_s_per_token, chunk_bytes * self.read_s_per_byte
         return min(range(missing + 1), key=lambda k: max(k * rc + (self.pass_s if k else 0.0), (missing - k) * io))
 
