@@ -62,8 +62,8 @@ def resolve(name: str, progress: bool = True) -> str:
     if os.path.exists(path):
         return path
     hub = parse(name)
-    if hub is None:
-        raise ModelNotFoundError(f"{path}: no such file or directory (nor a hub name like org/name or org/name:Q4_K_M)")
+    if hub is None:  # (not org/name[:QUANT]: a path that is not there)
+        raise ModelNotFoundError(f"{path}: no such file or directory")
     cached = cached_files(hub.repo)
     if cached:
         try:

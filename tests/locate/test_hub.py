@@ -95,7 +95,7 @@ def test_offline_and_not_cached_is_one_line(hf_cache):
     with pytest.raises(ModelNotFoundError) as e:
         resolve("org/absent")
     assert str(e.value) == f"org/absent: not in the Hugging Face cache ({hf_cache}), and HF_HUB_OFFLINE is set"
-    with pytest.raises(ModelNotFoundError, match="no such file or directory \\(nor a hub name"):
+    with pytest.raises(ModelNotFoundError, match="no such file or directory$"):
         resolve("not a/hub name/at all")
 
 
