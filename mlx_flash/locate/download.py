@@ -7,12 +7,17 @@ a multi-gigabyte GGUF that is the difference between minutes and an hour. Here t
 processes never append to one file; the finished blob gets the snapshot link and refs/main the
 cache layout has, so huggingface_hub and every tool using the cache find it too. The metadata
 request (auth, the hub's redirects, its error codes) is huggingface_hub's.
+
+The file list is asked for here too: huggingface_hub's listing retries a refused connection five
+times with backoff (23 s), so a user without network whose model is cached waited that long before
+the cache answered. A refused or unresolvable host fails at once; a slow one after LIST_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import fcntl
 import http.client
+import json
 import os
 import time
 import urllib.error
@@ -23,6 +28,43 @@ from ..errors import ModelNotFoundError
 
 PIECE = 1 << 20
 RETRIES = 5  # transfers per call (huggingface_hub's own count)
+LIST_TIMEOUT_S = 15
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+class HubRefused(Exception):
+    """The hub answered, and not with the list: the repository is missing, or gated."""
+
+    def __init__(self, gated: bool):
+        super().__init__("gated" if gated else "not found")
+        self.gated = gated
+
+
+def list_files(repo: str, endpoint: str | None) -> list[str]:
+    """Every file path of `repo`'s main revision, following the hub's pages."""
+    from huggingface_hub.utils import build_hf_headers
+
+    url: str | None = f"{endpoint or DEFAULT_ENDPOINT}/api/models/{repo}/tree/main?recursive=true"
+    files: list[str] = []
+    while url:
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=build_hf_headers()), timeout=LIST_TIMEOUT_S
+            ) as r:
+                files += [e["path"] for e in json.load(r) if e.get("type") == "file"]
+                url = _next_page(r.headers.get("Link", ""))
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403, 404):  # (the hub says 401 for a missing repository to a stranger)
+                raise HubRefused(gated=e.headers.get("X-Error-Code") == "GatedRepo") from None
+            raise
+    return sorted(files)
+
+
+def _next_page(link: str) -> str | None:
+    for part in link.split(","):
+        if 'rel="next"' in part and "<" in part:
+            return part[part.index("<") + 1 : part.index(">")]
+    return None
 
 
 def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, progress: bool) -> str:

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import ConfigError, FlashError, ModelNotFoundError
-from .download import download
+from .download import HubRefused, download, list_files
 
 NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?::(?P<quant>[A-Za-z0-9_]+))?$")
 # llama.cpp's `-hf` default first; then the block types the converter keeps byte for byte.
@@ -127,15 +127,12 @@ def _snapshot(repo: str) -> str | None:
 
 def _hub_files(hub: HubName, cached: list[str]) -> list[str]:
     """The repository's files as the hub lists them; the cache's when it cannot be reached."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
     try:
-        return sorted(HfApi(endpoint=_endpoint()).list_repo_files(hub.repo))
-    except (RepositoryNotFoundError, GatedRepoError) as e:
+        return list_files(hub.repo, _endpoint())
+    except HubRefused as e:
         if cached:
             return cached
-        why = "is gated (log in with `hf auth login`)" if isinstance(e, GatedRepoError) else "was not found"
+        why = "is gated (log in with `hf auth login`)" if e.gated else "was not found"
         raise ModelNotFoundError(
             f"{hub.repo}: not in the Hugging Face cache ({hub_cache()}), and the hub {why}"
         ) from None

@@ -1,7 +1,9 @@
 """A loopback Hugging Face hub for the download tests (HF_ENDPOINT points at it): the file listing
 (/api/models/ORG/NAME/tree/main), HEAD and GET of /ORG/NAME/resolve/main/FILE with the headers
 huggingface_hub reads (X-Repo-Commit, ETag, Content-Length), Range requests, and a transfer that
-breaks after `cut_after` bytes once, as a dropped connection does. Every request is recorded."""
+breaks after `cut_after` bytes once, as a dropped connection does. The listing comes in pages of
+`page` entries linked by a Link header, as the hub pages it; a repository in `gated` answers 403
+with the hub's GatedRepo code. Every request is recorded."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class FakeHub:
-    def __init__(self, repos: dict[str, dict[str, bytes]], cut_after: int = 0):
-        self.repos, self.cut_after = repos, cut_after
+    def __init__(
+        self, repos: dict[str, dict[str, bytes]], cut_after: int = 0, page: int = 1000, gated: tuple[str, ...] = ()
+    ):
+        self.repos, self.cut_after, self.page, self.gated = repos, cut_after, page, gated
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         hub = self
 
@@ -38,11 +42,11 @@ class FakeHub:
         self.server.server_close()
 
     def _serve(self, h: BaseHTTPRequestHandler, body: bool) -> None:
-        path = h.path.split("?")[0]
+        path, _, query = h.path.partition("?")
         self.requests.append((h.command, path, h.headers.get("Range")))
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and parts[4:6] == ["tree", "main"]:
-            return self._listing(h, "/".join(parts[2:4]))
+            return self._listing(h, "/".join(parts[2:4]), path, query)
         if len(parts) >= 5 and parts[2:4] == ["resolve", "main"]:
             return self._file(h, "/".join(parts[:2]), "/".join(parts[4:]), body)
         self._missing(h, "Entry")
@@ -53,15 +57,24 @@ class FakeHub:
         h.send_header("Content-Length", "0")
         h.end_headers()
 
-    def _listing(self, h, repo: str) -> None:
+    def _listing(self, h, repo: str, path: str, query: str) -> None:
+        if repo in self.gated:
+            h.send_response(403)
+            h.send_header("X-Error-Code", "GatedRepo")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         if repo not in self.repos:
             return self._missing(h, "Repo")
         out = [
             {"type": "file", "path": f, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
             for f, b in self.repos[repo].items()
         ]
-        data = json.dumps(out).encode()
+        start = int(dict(q.split("=", 1) for q in query.split("&") if "=" in q).get("cursor", 0))
+        data = json.dumps(out[start : start + self.page]).encode()
         h.send_response(200)
+        if start + self.page < len(out):
+            h.send_header("Link", f'<{self.url}{path}?recursive=true&cursor={start + self.page}>; rel="next"')
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()

@@ -117,8 +117,8 @@ def test_load_answers_offline_from_a_cached_repository(hf_cache, default_gguf, t
 def hub(tmp_path, monkeypatch):
     made = []
 
-    def start(repos, cut_after=0):
-        h = FakeHub(repos, cut_after)
+    def start(repos, cut_after=0, **listing):
+        h = FakeHub(repos, cut_after, **listing)
         made.append(h)
         monkeypatch.setenv("HF_ENDPOINT", h.url)
         return h
@@ -190,3 +190,24 @@ def test_an_unreachable_hub_is_one_line(tmp_path, monkeypatch):
         ModelNotFoundError, match="org/m: not in the Hugging Face cache .*, and the hub cannot be reached"
     ):
         resolve("org/m")
+
+
+def test_an_unreachable_hub_leaves_the_cached_repository_answering(hf_cache, monkeypatch):
+    lay_out(hf_cache, "org/m-GGUF", {"m-Q4_0.gguf": b"q4"})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    assert resolve("org/m-GGUF").endswith("m-Q4_0.gguf")
+
+
+def test_a_listing_in_several_pages_is_read_to_its_end(hub):
+    """The hub pages a large repository's list (Link: rel="next"); the quant on the last page is found."""
+    h = hub({"org/m-GGUF": {"README.md": b"r", "m-Q8_0.gguf": b"q8", "m-Q4_K_M.gguf": b"q4"}}, page=1)
+    with open(resolve("org/m-GGUF", progress=False), "rb") as f:
+        assert f.read() == b"q4"
+    assert sum(1 for m, p, _ in h.requests if p.endswith("/tree/main")) == 3
+
+
+def test_a_gated_repository_says_to_log_in(hub):
+    hub({"org/g": {"m-Q4_0.gguf": b"q4"}}, gated=("org/g",))
+    with pytest.raises(ModelNotFoundError, match="org/g: .*the hub is gated \\(log in with `hf auth login`\\)$"):
+        resolve("org/g")
