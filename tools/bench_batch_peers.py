@@ -32,19 +32,17 @@ tokens generated. The load average is printed: on a shared machine the rates mov
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import mlx_flash
 from mlx_flash.calibrate import read_corpus
+from mlx_flash.bench.batch_peers import corpus_prompts, rate, run_ours
 from mlx_flash.config import default_cache_dir
 from mlx_flash.convert.mlx_lm_dir import build_peer_dir
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
-from mlx_flash.offload import Policy
 
 # Runs under --mlx-lm-python: argv[1] a request JSON, argv[2] where to write the results JSON.
 PEER_WORKER = r"""
@@ -126,65 +124,6 @@ json.dump(out, open(sys.argv[2], "w"))
 """
 
 
-def corpus_prompts(engine, count: int, lo: int, hi: int) -> list[str]:
-    """`count` consecutive pieces of the Wikipedia text, the k-th cut to lo + (7k mod (hi - lo + 1))
-    tokens (re-encoded text may differ by a token at the cut)."""
-    ids = engine.tokenizer.encode(read_corpus("wikipedia")[: 2000 * count], add_special_tokens=False)
-    out, at = [], 0
-    for k in range(count):
-        n = lo + (7 * k) % (hi - lo + 1)
-        if at + n > len(ids):
-            raise FlashError(f"the corpus gave {len(ids)} tokens, too few for {count} prompts")
-        out.append(engine.tokenizer.decode(ids[at : at + n]))
-        at += n
-    return out
-
-
-def run_ours(
-    backend: str,
-    prompts: list[str],
-    gen: int,
-    batches: list[int],
-    runs: int,
-    check: str,
-    check_tokens: int,
-    model: str | None,
-) -> tuple[list[dict], dict]:
-    rows, info = [], {}
-    with mlx_flash.load(model, backend=backend, progress=False) as engine:
-        info["describe"] = engine.ops.describe()
-        info["check_ids"] = [s.token for s in engine.stream_generate(check, max_tokens=check_tokens)]
-        for b in batches:
-            policy = Policy(gpu_batch=b, num_batches=1)
-            engine.generate_batch([x[:60] for x in prompts[:b]], max_tokens=2, policy=policy)  # warm-up, short
-            results = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                texts = engine.generate_batch(prompts, max_tokens=gen, policy=policy)
-                outer = time.perf_counter() - t0
-                s = engine.last_batch
-                results.append(
-                    {
-                        "generated_tokens": s.generated_tokens,
-                        "prompt_tokens": s.prompt_tokens,
-                        "prefill_s": s.prefill_s,
-                        "decode_s": s.decode_s,
-                        "seconds": s.seconds,
-                        "outer_s": outer,
-                    }
-                )
-            row = {k: statistics.median(r[k] for r in results) for k in results[0]}
-            row.update(engine=f"ours {backend}", batch=b, runs=runs, policy=str(policy), texts=texts)
-            rows.append(row)
-            print(
-                f"ours {backend} batch {b}: {rate(row, 'decode_s'):.1f} decode tok/s, "
-                f"{rate(row, 'seconds'):.1f} end-to-end tok/s",
-                file=sys.stderr,
-                flush=True,
-            )
-    return rows, info
-
-
 def run_mlx_lm(
     python: str,
     model_dir: str,
@@ -219,10 +158,6 @@ def run_mlx_lm(
             raise FlashError(f"mlx-lm under {python} failed (exit {r.returncode}; its output is above)")
         with open(res) as fh:
             return json.load(fh)
-
-
-def rate(row: dict, key: str) -> float:
-    return row["generated_tokens"] / row[key] if row.get(key) else float("nan")
 
 
 def print_table(rows: list[dict], batch: int) -> None:
@@ -303,7 +238,7 @@ def main() -> int:
             raise FlashError(f"--backends: comma list of mlx, torch (got {a.backends!r})")
         with mlx_flash.load(a.model, backend="mlx", progress=False) as engine:
             tok = engine.tokenizer
-            prompts = corpus_prompts(engine, a.prompts, lo, hi)
+            prompts = corpus_prompts(engine, read_corpus("wikipedia"), a.prompts, lo, hi)
             prompt_ids = [engine.encode_prompt(x) for x in prompts]
             check_prompt_ids = engine.encode_prompt(a.check_prompt)
         if not a.mlx_lm_python:
