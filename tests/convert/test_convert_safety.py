@@ -38,9 +38,7 @@ def leftovers(parent, out_name):
     """What a conversion into `out_name` left beside it: partial folders and its lock. The store's
     `.in-use` file is not among them: it marks the store's last use (store/in_use.py) and goes when
     the store is removed."""
-    return sorted(
-        n for n in os.listdir(parent) if n.startswith(f".{out_name}.") and n != f".{out_name}.in-use"
-    )
+    return sorted(n for n in os.listdir(parent) if n.startswith(f".{out_name}.") and n != f".{out_name}.in-use")
 
 
 def start(source, out, *extra):
