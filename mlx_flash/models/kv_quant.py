@@ -30,12 +30,34 @@ def quantize(x: np.ndarray, bits: int, group: int) -> tuple[np.ndarray, np.ndarr
     return packed, scale[..., 0], bias[..., 0]
 
 
-def dequantize(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int, group: int) -> np.ndarray:
+def dequantize(
+    packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, bits: int, group: int, out: np.ndarray | None = None
+) -> np.ndarray:
     """The inverse of quantize: codes [..., n] (uint8) with scale and bias [..., n * 8 / bits / group]
-    -> float32 [..., n * 8 / bits]."""
+    -> float32 [..., n * 8 / bits], written into `out` when given (any float32 view of that shape:
+    a transposed chunk's keys land in place). Two passes over the floats (code x scale, + bias) and
+    none over a float copy of the codes."""
     per = 8 // bits
     *lead, n = packed.shape
-    codes = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
-    codes = codes.reshape(*lead, n * per // group, group).astype(np.float32)
-    out = codes * scale.astype(np.float32)[..., None] + bias.astype(np.float32)[..., None]
-    return out.reshape(*lead, n * per)
+    if out is None:
+        out = np.empty((*lead, n * per), np.float32)
+    if out.shape != (*lead, n * per) or out.dtype != np.float32:
+        raise ValueError(f"dequantize into {out.dtype} {out.shape}: float32 {(*lead, n * per)} expected")
+    codes = _unpack(packed, bits).reshape(*lead, n * per // group, group)
+    dst = out.view()
+    dst.shape = (*lead, n * per // group, group)  # splitting an axis: always a view of out, never a copy
+    np.multiply(codes, scale.astype(np.float32)[..., None], out=dst)  # uint8 x float32: float32, exactly
+    np.add(dst, bias.astype(np.float32)[..., None], out=dst)
+    return out
+
+
+def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Codes one a byte (uint8 [..., n * 8 / bits]) from codes packed 8 / bits a byte."""
+    per = 8 // bits
+    if per == 1:
+        return packed
+    codes = np.empty((*packed.shape, per), np.uint8)
+    mask = np.uint8((1 << bits) - 1)
+    for j in range(per):
+        np.bitwise_and(packed >> np.uint8(bits * j), mask, out=codes[..., j])
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)

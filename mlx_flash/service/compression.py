@@ -202,11 +202,12 @@ def encode(x: np.ndarray, bits: int) -> bytes:
     return b"".join(p.tobytes() for p in parts)
 
 
-def decode(buf: np.ndarray, shape, bits: int) -> np.ndarray:
-    """The inverse of encode: bytes (uint8) -> float32 `shape`."""
+def decode(buf: np.ndarray, shape, bits: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of encode: bytes (uint8) -> float32 `shape`, written into `out` when given."""
     L, _, H, C, hd = shape
     n = L * H * C * hd
-    out = np.empty(shape, np.float32)
+    if out is None:
+        out = np.empty(shape, np.float32)
     pos = 0
 
     def take(count, dtype, dims):
@@ -221,6 +222,5 @@ def decode(buf: np.ndarray, shape, bits: int) -> np.ndarray:
         codes = take(n * bits // 8, np.uint8, (*lead, dims[-1] * bits // 8))
         scale = take(n // group, np.float16, (*lead, dims[-1] // group))
         bias = take(n // group, np.float16, (*lead, dims[-1] // group))
-        x = dequantize(codes, scale, bias, bits, group)
-        out[:, j] = x.swapaxes(-1, -2) if j == 0 else x
+        dequantize(codes, scale, bias, bits, group, out=out[:, j].swapaxes(-1, -2) if j == 0 else out[:, j])
     return out

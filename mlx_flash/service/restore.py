@@ -124,7 +124,8 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                 batch.wait()
             except Exception as e:  # a short read (truncated file) or an I/O error: recompute them
                 read_error = f"{ctx.id}: reading swapped chunks failed ({e})"
-        good_slots, good_data = [], []
+        good_slots = []
+        data = np.empty((len(to_read),) + shape.array_shape, np.float32)  # decoded in place: no stacking copy
         for j, i in enumerate(to_read):
             path = swap.chunk_path(ctx.id, i)
             if j not in files:
@@ -144,14 +145,14 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                     ctx.disk[i],
                 )
             if problem is None:
+                chunk_data(buf[j, HEADER:], shape, ctx.widths[i], out=data[len(good_slots)])
                 good_slots.append(table.slots[i])
-                good_data.append(chunk_data(buf[j, HEADER:], shape, ctx.widths[i]))
             else:
                 report.bad_files.append(problem)
                 ctx.disk[i] = None
                 recompute.append(i)
         if good_slots:
-            pool.load(good_slots, np.stack(good_data))
+            pool.load(good_slots, data[: len(good_slots)])
         report.chunks_read = len(good_slots)
         # a read's cost includes checking and placing it: that part runs on this thread, not beside it
         read_s = time.perf_counter() - t_read

@@ -184,11 +184,16 @@ def file_bytes(shape: ChunkShape, width: int) -> int:
     return -(-(HEADER + payload_bytes(shape, width)) // HEADER) * HEADER
 
 
-def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int) -> np.ndarray:
-    """A checked payload (uint8) as float32 [layers, 2, Hkv, C, hd]."""
+def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A checked payload (uint8) as float32 [layers, 2, Hkv, C, hd] (a view of an uncompressed one's
+    bytes), or written into `out`."""
     if width:
-        return decode(payload, shape.array_shape, width)
-    return payload[: shape.nbytes].view(np.float32).reshape(shape.array_shape)
+        return decode(payload, shape.array_shape, width, out)
+    floats = payload[: shape.nbytes].view(np.float32).reshape(shape.array_shape)
+    if out is None:
+        return floats
+    np.copyto(out, floats)
+    return out
 
 
 def _atomic_write(path: str, parts) -> None:

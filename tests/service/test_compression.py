@@ -56,6 +56,34 @@ def test_quantize_round_trip(bits, bound):
     assert np.array_equal(lossy(x, bits), z)
 
 
+def _dequantize_ref(codes, scale, bias, bits, group):
+    """Plain reading: value j of a byte at bits * j, then code * scale + bias per group."""
+    per = 8 // bits
+    c = np.stack([(codes >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    c = c.reshape(*codes.shape[:-1], -1, group).astype(np.float32)
+    return (c * scale.astype(np.float32)[..., None] + bias.astype(np.float32)[..., None]).reshape(*codes.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_dequantize_into_a_view_equals_the_plain_reading(bits):
+    """dequantize writes into `out` (a transposed chunk's keys land in place, a strided view of a
+    chunk's values too) the very floats the plain reading gives."""
+    x = np.random.default_rng(bits).standard_normal((2, 3, 64, 16)).astype(np.float32)
+    codes, scale, bias = quantize(x, bits, 16)
+    want = _dequantize_ref(codes, scale, bias, bits, 16)
+    assert np.array_equal(dequantize(codes, scale, bias, bits, 16), want)
+    out = np.full((2, 3, 16, 64), np.nan, np.float32)
+    dequantize(codes, scale, bias, bits, 16, out=out.swapaxes(-1, -2))
+    assert np.array_equal(out.swapaxes(-1, -2), want)
+    v = np.random.default_rng(1).standard_normal((2, 16, 64)).astype(np.float32)
+    vc, vs, vb = quantize(v, bits, 32)
+    strided = np.empty((2, 64, 16), np.float32)
+    dequantize(vc, vs, vb, bits, 32, out=strided.swapaxes(-1, -2))
+    assert np.array_equal(strided.swapaxes(-1, -2), _dequantize_ref(vc, vs, vb, bits, 32))
+    with pytest.raises(ValueError, match="float32"):
+        dequantize(vc, vs, vb, bits, 32, out=np.empty((2, 16, 64), np.float64))
+
+
 def test_widths_meet_the_budget_and_minimise_weighted_error():
     rng = np.random.default_rng(0)
     d = rng.random(12) ** 3
