@@ -20,6 +20,8 @@ import numpy as np
 
 from .swap_files import HEADER, chunk_data, file_bytes, payload_bytes
 
+PLACE_CHUNKS = 8  # chunks decoded, then placed in the pool, at a time (a 7B chunk is 16 MB of float32)
+
 
 @dataclass
 class LoadCosts:
@@ -124,8 +126,16 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                 batch.wait()
             except Exception as e:  # a short read (truncated file) or an I/O error: recompute them
                 read_error = f"{ctx.id}: reading swapped chunks failed ({e})"
-        good_slots = []
-        data = np.empty((len(to_read),) + shape.array_shape, np.float32)  # decoded in place: no stacking copy
+        # decoded in place, PLACE_CHUNKS at a time: the float32 staging stays small beside the budget
+        data = np.empty((min(len(to_read), PLACE_CHUNKS),) + shape.array_shape, np.float32)
+        staged: list[int] = []  # the slots of the chunks decoded into data[: len(staged)]
+        read = 0
+
+        def place() -> None:
+            if staged:
+                pool.load(staged, data[: len(staged)])
+                staged.clear()
+
         for j, i in enumerate(to_read):
             path = swap.chunk_path(ctx.id, i)
             if j not in files:
@@ -145,15 +155,17 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                     ctx.disk[i],
                 )
             if problem is None:
-                chunk_data(buf[j, HEADER:], shape, ctx.widths[i], out=data[len(good_slots)])
-                good_slots.append(table.slots[i])
+                chunk_data(buf[j, HEADER:], shape, ctx.widths[i], out=data[len(staged)])
+                staged.append(table.slots[i])
+                read += 1
+                if len(staged) == len(data):
+                    place()
             else:
                 report.bad_files.append(problem)
                 ctx.disk[i] = None
                 recompute.append(i)
-        if good_slots:
-            pool.load(good_slots, data[: len(good_slots)])
-        report.chunks_read = len(good_slots)
+        place()
+        report.chunks_read = read
         # a read's cost includes checking and placing it: that part runs on this thread, not beside it
         read_s = time.perf_counter() - t_read
         costs.update(0.0, 0, read_s, sum(payload_bytes(shape, ctx.widths[i]) for i in to_read))
