@@ -117,15 +117,30 @@ def find(cache_dir: str, name: str) -> CachedStore:
     raise ConfigError(f"no store {name!r} in {stores_dir(cache_dir)} (stores there: {have})")
 
 
+CONVERTING = "a conversion is writing it; try again when it ends"
+IN_USE = "a running engine holds it; close that engine first"
+
+
+def held_by(store: CachedStore) -> str | None:
+    """Why `store` cannot be removed now (a conversion or an engine holds it), or None. A look only:
+    the answer can change the moment after (remove() decides under the locks)."""
+    for path, why in ((conversion_lock_path(store.path), CONVERTING), (in_use_path(store.path), IN_USE)):
+        lock = try_exclusive(path)
+        if lock is None:
+            return why
+        lock.close()
+    return None
+
+
 def remove(store: CachedStore) -> None:
     """Delete `store` and its lock files; refused while an engine or a conversion holds it."""
     conv = try_exclusive(conversion_lock_path(store.path))
     if conv is None:
-        raise StoreError(f"{store.name}: a conversion is writing it; try again when it ends")
+        raise StoreError(f"{store.name}: {CONVERTING}")
     try:
         use = try_exclusive(in_use_path(store.path))
         if use is None:
-            raise StoreError(f"{store.name}: a running engine holds it; close that engine first")
+            raise StoreError(f"{store.name}: {IN_USE}")
         try:
             try:
                 shutil.rmtree(store.path)

@@ -113,10 +113,15 @@ def test_remove_refuses_a_store_being_converted(cache):
     assert os.path.isdir(path)
 
 
-def test_prune_keeps_an_old_store_an_engine_holds(cache):
+def test_prune_keeps_an_old_store_an_engine_holds(cache, capsys):
     cache_dir, path = cache
     older = _older_copy(path, 1)
     held = hold(older)  # what an open Store holds (its manifest's seal no longer matches this edited copy)
+    assert models_main(["--cache-dir", cache_dir, "prune", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"would keep {os.path.basename(older)}: a running engine holds it; close that engine first",
+        "0 to remove, 0.0 MB",
+    ]
     removed, kept = prune(cache_dir)
     assert removed == [] and kept == [f"{os.path.basename(older)}: a running engine holds it; close that engine first"]
     held.close()
