@@ -19,7 +19,7 @@ import time
 from ..config import default_cache_dir
 from ..convert import CONVERTER_VERSION
 from ..errors import FlashError, first_paragraph
-from ..locate.cached_stores import CachedStore, find, held_by, list_stores, prune, remove, stores_dir
+from ..locate.cached_stores import CachedStore, find, list_stores, prune, remove, stores_dir
 from ..units import fmt
 
 
@@ -70,14 +70,11 @@ def main(argv=None) -> int:
             remove(s)
             print(f"removed {s.name} ({fmt(s.size)})")
         elif a.dry_run:
-            old = []
-            for s in list_stores(cache):
-                why = held_by(s) if s.outdated else None
-                if why:
-                    print(f"would keep {s.name}: {why}")
-                elif s.outdated or s.dead_partial:
-                    print(f"would remove {s.name} ({fmt(s.size)})")
-                    old.append(s)
+            old, kept = prune(cache, dry_run=True)
+            for s in old:
+                print(f"would remove {s.name} ({fmt(s.size)})")
+            for why in kept:
+                print(f"would keep {why}")
             print(f"{len(old)} to remove, {fmt(sum(s.size for s in old))}")
         else:
             removed, kept = prune(cache)

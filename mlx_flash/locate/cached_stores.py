@@ -122,9 +122,12 @@ IN_USE = "a running engine holds it; close that engine first"
 
 
 def held_by(store: CachedStore) -> str | None:
-    """Why `store` cannot be removed now (a conversion or an engine holds it), or None. A look only:
-    the answer can change the moment after (remove() decides under the locks)."""
+    """Why `store` cannot be removed now (a conversion or an engine holds it), or None. A look only,
+    creating no lock file (a missing one is held by nobody); the answer can change the moment after,
+    so remove() decides under the locks."""
     for path, why in ((conversion_lock_path(store.path), CONVERTING), (in_use_path(store.path), IN_USE)):
+        if not os.path.exists(path):
+            continue
         lock = try_exclusive(path)
         if lock is None:
             return why
@@ -157,24 +160,34 @@ def remove(store: CachedStore) -> None:
         conv.close()
 
 
-def prune(cache_dir: str) -> tuple[list[CachedStore], list[str]]:
+def prune(cache_dir: str, dry_run: bool = False) -> tuple[list[CachedStore], list[str]]:
     """Remove the stores an older converter wrote and the folders of conversions whose process is
-    gone. Returns (removed, one line per store left and why)."""
+    gone. Returns (removed, one line per store left and why); with dry_run, what it would remove
+    and keep, touching nothing."""
     removed, kept = [], []
     for s in list_stores(cache_dir):
         if s.partial_pid:
             if s.dead_partial:
-                shutil.rmtree(s.path, ignore_errors=True)
+                if not dry_run:
+                    shutil.rmtree(s.path, ignore_errors=True)
                 removed.append(s)
             else:
                 kept.append(f"{s.name}: being converted (process {s.partial_pid})")
         elif s.outdated:
+            if dry_run:
+                why = held_by(s)
+                if why:
+                    kept.append(f"{s.name}: {why}")
+                else:
+                    removed.append(s)
+                continue
             try:
                 remove(s)
                 removed.append(s)
             except StoreError as e:
                 kept.append(str(e))
-    _remove_orphan_locks(stores_dir(cache_dir))
+    if not dry_run:
+        _remove_orphan_locks(stores_dir(cache_dir))
     return removed, kept
 
 
