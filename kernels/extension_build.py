@@ -23,6 +23,18 @@ def shipped(folder: str, name: str) -> str:
     return resources.files("mlx_flash.kernels").joinpath(folder, name).read_text()
 
 
+def folder(root: str, files, salt: str) -> tuple[str, dict[str, str]]:
+    """(root/<hash>, the shipped sources' texts by name): the folder a build of `files` ((folder,
+    name) pairs) with `salt` (what else it depends on) lives in. Reads the sources, imports nothing."""
+    texts = {name: shipped(sub, name) for sub, name in files}
+    key = hashlib.sha256("".join(texts.values()).encode() + salt.encode()).hexdigest()
+    return os.path.join(root, key[:16]), texts
+
+
+def is_built(where: str) -> bool:
+    return os.path.isdir(where) and any(f.endswith(".so") for f in os.listdir(where))
+
+
 def build(
     what: str,
     prefix: str,
@@ -33,25 +45,27 @@ def build(
     cuda_flags=(),
     python_module: bool = True,
     note: str | None = None,
+    load: bool = True,
 ):
     """Build (or load the build of) the extension `prefix` from `files`, (folder, name) pairs of
     shipped sources copied side by side into root/<hash>, compiling those named in `sources`; `what`
     names it in messages, `note` (e.g. how long it takes) is printed when it is built rather than
     loaded. Returns the module (python_module), else the library's path once loaded (operators it
-    registers with TORCH_LIBRARY are then in torch.ops)."""
-    from torch.utils import cpp_extension
-
-    texts = {name: shipped(folder, name) for folder, name in files}
-    key = hashlib.sha256("".join(texts.values()).encode() + salt.encode()).hexdigest()
-    where = os.path.join(root, key[:16])
+    registers with TORCH_LIBRARY are then in torch.ops). load=False: build when not built yet, and
+    return None without importing torch when it is (a build started ahead of its use)."""
+    where, texts = folder(root, files, salt)
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, ".lock"), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for another process building {what} in {where}", file=sys.stderr)
+            print(f"waiting for another process building {what} in {where}", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        built = any(f.endswith(".so") for f in os.listdir(where))
+        built = is_built(where)
+        if built and not load:
+            return None
+        from torch.utils import cpp_extension  # (imports torch: seconds, so only under the lock, when needed)
+
         for name, text in texts.items():  # the build reads files: copies of the shipped sources
             path = os.path.join(where, name)
             if not os.path.isfile(path) or open(path).read() != text:
@@ -62,7 +76,7 @@ def build(
         t0 = time.perf_counter()
         try:
             module = cpp_extension.load(
-                name=f"{prefix}_{key[:8]}",
+                name=f"{prefix}_{os.path.basename(where)[:8]}",
                 sources=[os.path.join(where, n) for n in sources],
                 extra_cflags=["-O3"],
                 extra_cuda_cflags=["-O3", *cuda_flags],

@@ -11,14 +11,17 @@ here and by the torch backend.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
+from importlib import metadata
 
 import numpy as np
 
 from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
-from .extension_build import build
+from .extension_build import build, folder, is_built
 from .stored_operands import one_buffer, operands, layer_specs
 
 SOURCES = (
@@ -40,6 +43,52 @@ def _build_root() -> str:
     return os.path.join(default_cache_dir(), "torch_ops")
 
 
+WHAT = "the torch operators of mlx_flash's CPU kernels"
+NOTE = "once per torch version; about 15 s"
+
+
+def _torch_version() -> str | None:
+    """The installed torch's version, read from its metadata (importing torch takes seconds); None
+    where it has none."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _build(load: bool):
+    version = _torch_version()
+    if version is None:  # a torch without metadata (a source tree on the path): ask torch itself
+        import torch
+
+        version = torch.__version__
+    salt = f"torch {version} {sys.version}"
+    return build(
+        WHAT, "mf_torch_ops", _build_root(), SOURCES, ["ops.cpp"], salt, python_module=False, note=NOTE, load=load
+    )
+
+
+def build_in_background(progress: bool) -> None:
+    """Start building the operators in a child process when torch is installed and they are not built
+    yet, so that the build (one core, most of it the compiler reading torch's headers) overlaps what
+    the caller does meanwhile: converting a model, importing torch. ops() then waits on the build's
+    lock and loads what the child built; when the child failed, ops() builds again and names the
+    compiler's error. A thread waits for the child, so no process is left unreaped."""
+    version = _torch_version()
+    if version is None or is_built(folder(_build_root(), SOURCES, f"torch {version} {sys.version}")[0]):
+        return
+    if progress:
+        print(f"building {WHAT} in the background ({NOTE})", file=sys.stderr, flush=True)
+    child = [sys.executable, "-c", "from mlx_flash.kernels import torch_ops; torch_ops.build_ahead()"]
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    threading.Thread(target=subprocess.run, args=(child,), kwargs=quiet, daemon=True, name="torch-ops-build").start()
+
+
+def build_ahead() -> None:
+    """The child's work (build_in_background): build unless built, load nothing."""
+    _build(load=False)
+
+
 def ops():
     """torch.ops.mlx_flash, built on first use (then loaded from the cache) and bound to the CPU kernel
     library this process loaded."""
@@ -48,16 +97,7 @@ def ops():
         return _OPS
     import torch
 
-    build(
-        "the torch operators of mlx_flash's CPU kernels",
-        "mf_torch_ops",
-        _build_root(),
-        SOURCES,
-        ["ops.cpp"],
-        f"torch {torch.__version__} {sys.version}",
-        python_module=False,
-        note="once per torch version; about 15 s",
-    )
+    _build(load=True)
     torch.ops.mlx_flash.use_kernel_library(qmatmul.library_path())
     _register_fakes(torch)
     _OPS = torch.ops.mlx_flash

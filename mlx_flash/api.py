@@ -8,7 +8,7 @@ import sys
 from .backends import get_backend
 from .backends.choice import choose_backend
 from .budget import weights_budget
-from .config import Backend, EngineConfig, FFNMode, default_cache_dir
+from .config import Backend, EngineConfig, FFNMode, TorchDtype, default_cache_dir
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
 from .memory.allocator import return_free_memory
 from .memory.process_plan import check_backend_room
@@ -16,6 +16,7 @@ from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, wei
 from .sparse.planner import model_bytes
 from .default_model import resolve_store
 from .engine import Engine, model_context
+from .kernels import torch_ops
 from .layer_stream import LayerSlots, StreamedLayers
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .store import open_store
@@ -92,6 +93,8 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     limit = resolve_limit(cfg.memory_budget)  # a malformed budget is refused before any conversion
     chosen, why = choose_backend(cfg.backend.value, cfg.device)
     cfg = dataclasses.replace(cfg, backend=Backend(chosen))
+    if cfg.backend is Backend.TORCH and cfg.torch_dtype is TorchDtype.FLOAT32:  # built while the model converts
+        torch_ops.build_in_background(progress)
     store = open_store(
         resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress),
         cfg.verify_checksums,
