@@ -3,9 +3,10 @@ torch.utils.cpp_extension at first use beside the installed package (mlx_flash/k
 <hash>, one build per torch version shared by every cache directory), or, where that folder is not
 writable, into the cache (MLX_FLASH_CACHE or ~/.cache/mlx_flash, torch_ops/<hash>); one process
 builds while others wait on a lock, with a line saying so (extension_build.py); then loaded once per
-process. Fake implementations are registered so torch.compile can trace them. Nothing falls back
-silently: when the build fails, KernelUnavailableError says why in one line. torch is imported only
-here and by the torch backend.
+process. load() starts the build in a child process ahead of its use (build_in_background), so that
+it runs while the model converts. Fake implementations are registered so torch.compile can trace
+them. Nothing falls back silently: when the build fails, KernelUnavailableError says why in one
+line. torch is imported only here and by the torch backend.
 """
 
 from __future__ import annotations
@@ -56,37 +57,40 @@ def _torch_version() -> str | None:
         return None
 
 
-def _build(load: bool):
+def _salt(version: str) -> str:
+    return f"torch {version} {sys.version}"
+
+
+def _build(root: str, load: bool):
     version = _torch_version()
     if version is None:  # a torch without metadata (a source tree on the path): ask torch itself
         import torch
 
         version = torch.__version__
-    salt = f"torch {version} {sys.version}"
     return build(
-        WHAT, "mf_torch_ops", _build_root(), SOURCES, ["ops.cpp"], salt, python_module=False, note=NOTE, load=load
+        WHAT, "mf_torch_ops", root, SOURCES, ["ops.cpp"], _salt(version), python_module=False, note=NOTE, load=load
     )
 
 
 def build_in_background(progress: bool) -> None:
     """Start building the operators in a child process when torch is installed and they are not built
-    yet, so that the build (one core, most of it the compiler reading torch's headers) overlaps what
-    the caller does meanwhile: converting a model, importing torch. ops() then waits on the build's
-    lock and loads what the child built; when the child failed, ops() builds again and names the
-    compiler's error. A thread waits for the child, so no process is left unreaped."""
-    version = _torch_version()
-    if version is None or is_built(folder(_build_root(), SOURCES, f"torch {version} {sys.version}")[0]):
+    yet, so that the build (one core for 15 s, most of it the compiler reading torch's headers)
+    overlaps what the caller does meanwhile: converting a model, importing torch. ops() then waits on
+    the build's lock and loads what the child built; when the child failed, ops() builds again and
+    names the compiler's error. A thread waits for the child, so no process is left unreaped."""
+    version, root = _torch_version(), _build_root()
+    if version is None or is_built(folder(root, SOURCES, _salt(version))[0]):
         return
     if progress:
         print(f"building {WHAT} in the background ({NOTE})", file=sys.stderr, flush=True)
-    child = [sys.executable, "-c", "from mlx_flash.kernels import torch_ops; torch_ops.build_ahead()"]
+    child = [sys.executable, "-c", f"from mlx_flash.kernels import torch_ops; torch_ops.build_ahead({root!r})"]
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     threading.Thread(target=subprocess.run, args=(child,), kwargs=quiet, daemon=True, name="torch-ops-build").start()
 
 
-def build_ahead() -> None:
-    """The child's work (build_in_background): build unless built, load nothing."""
-    _build(load=False)
+def build_ahead(root: str) -> None:
+    """The child's work (build_in_background): build into `root` unless built there; load nothing."""
+    _build(root, load=False)
 
 
 def ops():
@@ -97,7 +101,7 @@ def ops():
         return _OPS
     import torch
 
-    _build(load=True)
+    _build(_build_root(), load=True)
     torch.ops.mlx_flash.use_kernel_library(qmatmul.library_path())
     _register_fakes(torch)
     _OPS = torch.ops.mlx_flash

@@ -3,6 +3,11 @@ the numpy path of the same kernel or its plain-ops reference, weights are read w
 memory, or numpy memory shared without a copy), bad tensors are refused in one line, and the fake
 implementations pass torch's operator checks (what torch.compile traces with)."""
 
+import os
+import subprocess
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -129,3 +134,40 @@ def test_a_failed_build_is_one_line_naming_it(monkeypatch, tmp_path):
     with pytest.raises(KernelUnavailableError) as e:
         torch_ops.ops()
     assert "\n" not in str(e.value) and "c++: command not found" in str(e.value)
+
+
+def _recorded_children(monkeypatch):
+    """The commands build_in_background would run, recorded instead of run."""
+    children = []
+    monkeypatch.setattr(torch_ops.subprocess, "run", lambda cmd, **kw: children.append(cmd))
+    return children
+
+
+def test_load_starts_the_build_ahead_only_when_it_is_missing(monkeypatch, tmp_path, capsys):
+    """Unbuilt: one child is started, building into the same folder ops() loads from, and a line
+    says so. Built: nothing is started and nothing said."""
+    children = _recorded_children(monkeypatch)
+    monkeypatch.setattr(torch_ops, "_build_root", lambda: str(tmp_path))
+    torch_ops.build_in_background(progress=True)
+    for t in [t for t in threading.enumerate() if t.name == "torch-ops-build"]:
+        t.join(5)
+    assert len(children) == 1 and f"build_ahead({str(tmp_path)!r})" in children[0][-1]
+    assert "in the background" in capsys.readouterr().err
+    where, _ = torch_ops.folder(str(tmp_path), torch_ops.SOURCES, torch_ops._salt(torch_ops._torch_version()))
+    os.makedirs(where)
+    open(os.path.join(where, "mf_torch_ops_x.so"), "w").close()
+    torch_ops.build_in_background(progress=True)
+    assert len(children) == 1 and capsys.readouterr().err == ""
+
+
+def test_the_build_ahead_of_a_built_folder_returns_without_importing_torch(tmp_path):
+    """The child that finds the operators built (another process built them first) leaves at once:
+    importing torch alone takes seconds of a core."""
+    where, _ = torch_ops.folder(str(tmp_path), torch_ops.SOURCES, torch_ops._salt(torch_ops._torch_version()))
+    os.makedirs(where)
+    open(f"{where}/mf_torch_ops_x.so", "w").close()
+    code = (
+        "import sys; from mlx_flash.kernels import torch_ops; "
+        f"torch_ops.build_ahead({str(tmp_path)!r}); assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
