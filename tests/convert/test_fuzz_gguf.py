@@ -333,7 +333,13 @@ def test_default_gguf_header_mutations(sources):
 
 
 def child_main(tiny: str, n: int) -> None:
-    """In a child process: 2n cases of the tiny GGUF (a signal here kills only the child)."""
+    """In a child process: 2n cases of the tiny GGUF (a signal here kills only the child). transformers
+    (which imports torch) is imported first where installed: a case whose vocabulary goes to it would
+    otherwise spend the import, 10 s of a loaded 2-core machine, inside its own per-case time limit."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
     print(f"child ran {sum(fuzz(tiny, n, 'tiny').values()) + sum(fuzz_meta(n).values())} cases")
 
 
