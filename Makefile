@@ -61,9 +61,11 @@ chat: install
 data: install-dev
 	-$(BIN)/python tools/fetch_data.py
 
-# Two pytest processes, each taking whole test files (their module fixtures load once). In one
-# process the suite kept 2 cores 60% busy (it waits on subprocesses, servers and reads); measured on
-# 2 cores: 607 s in two processes, 734 s in one (that run had about 45 s more tests).
+# Two pytest processes, each taking whole test files (their module fixtures load once) and keeping
+# to its own share of the CPUs (tests/conftest.py pytest_configure). In one process the suite kept
+# 2 cores 60% busy (it waits on subprocesses, servers and reads); two unpinned processes ran every
+# core's worth of spinning kernel threads on the same cores: on 2 cores 17.7 min (31.7 CPU-min)
+# unpinned against 11.6 min (19.6 CPU-min) pinned, same tests.
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 

@@ -16,6 +16,18 @@ REQUIRE = os.environ.get("MLX_FLASH_REQUIRE_DATA") == "1"
 FULL = os.environ.get("MLX_FLASH_FULL") == "1"
 
 
+def pytest_configure(config):
+    """Each xdist worker keeps to its own share of the CPUs (its affinity mask, which the engine's
+    thread counts and the subprocesses it starts follow): two workers each running every core's worth
+    of threads on the same cores spend time switching and spinning."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):  # one process, or macOS
+        return
+    cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    if len(cpus) >= n:
+        os.sched_setaffinity(0, cpus[i % n :: n])
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `full` run only in the full tier (MLX_FLASH_FULL=1): the default one stays under
     15 minutes on a 2-core machine."""
