@@ -67,10 +67,24 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
 // microseconds, between attention ops that run on the calling thread; waking a sleeping thread costs
 // more than a small product), then sleep on a condition variable so an idle engine costs no CPU. Threads do not
 // survive fork(): a forked child computes on its calling thread alone.
+// Waiting (the caller for its parts, a worker for the next job) pauses for the first SPIN_PAUSES rounds,
+// then yields the core at each round: where the cores are shared (another engine, any busy process),
+// a thread that only paused kept the core from the very thread it waited for. Two processes decoding
+// the default model on 2 cores measured 1.5 tok/s each that way, against 37 for one alone. Where
+// nothing else wants the core, a yield returns at once and the wait stays a spin.
+constexpr int SPIN_PAUSES = 2048;
+
 inline void cpu_relax() {
 #if MF_X86
   _mm_pause();
 #endif
+}
+
+inline void wait_round(int64_t i) {
+  if (i < SPIN_PAUSES)
+    cpu_relax();
+  else
+    std::this_thread::yield();
 }
 
 class Pool {
@@ -115,7 +129,7 @@ class Pool {
     }
     cv_.notify_all();
     fn(0);
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+    for (int64_t i = 0; pending_.load(std::memory_order_acquire) != 0; i++) wait_round(i);
   }
 
   int workers() const { return owner_ == getpid() ? (int)threads_.size() : 0; }
@@ -124,8 +138,8 @@ class Pool {
   void loop(int part, uint64_t seen) {
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; generation_.load(std::memory_order_acquire) == seen; i++) {
-        cpu_relax();
+      for (int64_t i = 0; generation_.load(std::memory_order_acquire) == seen; i++) {
+        wait_round(i);
         if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(2000)) {
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait(lock, [&] { return generation_.load() != seen; });
