@@ -317,7 +317,11 @@ class TorchOps:
         return torch.arange(offset, offset + T, device=self.device)[None]
 
     def zeros(self, shape, like):
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+        # Zeros are buffers that outlive a model call (a KV cache, the service's chunk pool, which
+        # grows inside one): made as plain tensors, not inference ones, so that writing into them
+        # outside a call (a swapped chunk read back) is allowed.
+        with torch.inference_mode(False):
+            return torch.zeros(shape, dtype=like.dtype, device=like.device)
 
     def split(self, x, sizes):
         """Split the last axis into consecutive pieces of the given sizes."""

@@ -1,8 +1,12 @@
-"""Preallocated KV chunk slots and their free list (the allocator every chunked cache draws from).
+"""KV chunk slots and their free list (the allocator every chunked cache draws from).
 
-A chunk is C consecutive tokens of one sequence, all layers. The pool holds `n_slots` chunk slots:
-per layer one keys and one values array [Hkv, n_slots * C, hd] in the activation dtype, allocated
-once (its bytes count from the start), so slot s of layer l is tokens [s*C, (s+1)*C) along axis 1.
+A chunk is C consecutive tokens of one sequence, all layers. The pool holds up to `n_slots` chunk
+slots: per layer one keys and one values array [Hkv, held_slots * C, hd] in the activation dtype, so
+slot s of layer l is tokens [s*C, (s+1)*C) along axis 1. Allocated whole at the start (its bytes
+count from the start), or, where the memory limit leaves room for it (`grows`), as slots are taken:
+the arrays double from one slot and, once past a quarter of n_slots, go straight to n_slots, so a
+short conversation holds a few chunks and growing never holds more than 1.25 x the whole pool (the
+old arrays beside the new while they are copied).
 A sequence's attention gathers its slots' token rows in order (ChunkedKV), and a slot's bytes are
 exported and imported whole for swap files. Slots are recycled through a free list; nothing grows.
 
@@ -41,20 +45,41 @@ class ChunkShape:
 
 
 class ChunkPool:
-    def __init__(self, ops, shape: ChunkShape, n_slots: int):
+    def __init__(self, ops, shape: ChunkShape, n_slots: int, grows: bool = False):
         if n_slots < 1:
             raise MemoryBudgetError(
                 f"a KV budget of {n_slots} chunks holds nothing; it needs at least one chunk "
                 f"({shape.nbytes / 1e6:.2f} MB)"
             )
         self.ops, self.shape, self.n_slots = ops, shape, n_slots
-        like = ops.array(np.zeros(1, np.float32))  # the activation dtype
-        dims = (shape.kv_heads, n_slots * shape.tokens, shape.head_dim)
-        self.keys = [ops.zeros(dims, like=like) for _ in range(shape.layers)]
-        self.values = [ops.zeros(dims, like=like) for _ in range(shape.layers)]
-        ops.materialize(*self.keys, *self.values)
+        self._like = ops.array(np.zeros(1, np.float32))  # the activation dtype
+        self.keys, self.values = [], []
+        self.held_slots = 0
+        self._grow(1 if grows else n_slots)  # one slot at least: a padded batch's rows point at row 0
         self._free = list(range(n_slots - 1, -1, -1))  # pop() hands out low slots first
         self._refs = [0] * n_slots  # sequences holding each slot (forked contexts share full chunks)
+
+    def _grow(self, slots: int) -> None:
+        """Arrays of `slots` slots, the held slots' rows copied into them."""
+        rows, dims = (
+            self.held_slots * self.shape.tokens,
+            (self.shape.kv_heads, slots * self.shape.tokens, self.shape.head_dim),
+        )
+        for arrays in (self.keys, self.values):
+            for layer in range(self.shape.layers):
+                new = self.ops.zeros(dims, like=self._like)
+                if rows:
+                    new[:, :rows, :] = arrays[layer][:, :rows, :]
+                    arrays[layer] = new
+                else:
+                    arrays.append(new)
+                self.ops.materialize(new)  # one layer at a time: the old one goes before the next is made
+        self.held_slots = slots
+
+    def _hold(self, slot: int) -> None:
+        if slot >= self.held_slots:
+            doubled = max(slot + 1, 2 * self.held_slots)
+            self._grow(self.n_slots if doubled > self.n_slots // 4 else doubled)
 
     # ---- the allocator --------------------------------------------------------------------------
     @property
@@ -68,6 +93,7 @@ class ChunkPool:
         if not self._free:
             raise MemoryBudgetError(f"all {self.n_slots} KV chunk slots are in use")
         slot = self._free.pop()
+        self._hold(slot)
         self._refs[slot] = 1
         return slot
 
@@ -101,7 +127,7 @@ class ChunkPool:
 
     @property
     def nbytes(self) -> int:
-        """What the pool holds as the backend keeps it (activation dtype)."""
+        """What the pool holds now as the backend keeps it (activation dtype)."""
         return sum(int(a.nbytes) for a in self.keys + self.values)
 
     # ---- token rows -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from ..budget import parse_budget
-from ..config import default_cache_dir
+from ..config import FFNMode, default_cache_dir
 from ..generation import GenerationStep
 from ..errors import ConfigError, MemoryBudgetError
 from ..memory import process_rss
@@ -74,7 +74,7 @@ class Service(CallSteps):
         self.directory = directory or os.path.join(
             engine.config.cache_dir or default_cache_dir(), "service", self.model_id
         )
-        self.kv_budget = self._budget(kv_budget)
+        self.kv_budget, grows = self._budget(kv_budget)
         slot_bytes = (
             self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4
         )  # in the activation dtype
@@ -84,7 +84,7 @@ class Service(CallSteps):
         self.contexts: dict[str, Context] = {}
         self.kv = KVMemory(
             engine,
-            ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes),
+            ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes, grows),
             self.swap,
             self.compression,
             lifecycle,
@@ -105,22 +105,28 @@ class Service(CallSteps):
             )
 
     # ---- budget and records ----------------------------------------------------------------------
-    def _budget(self, kv_budget) -> int:
+    def _budget(self, kv_budget) -> tuple[int, bool]:
         """Bytes of the pool: kv_budget (bytes, or a share of the process's memory limit), or the KV
-        share the memory plan set aside; never more than the limit leaves (measured now)."""
+        share the memory plan set aside; never more than the limit leaves (measured now). And whether
+        the pool may grow as it fills (chunk_pool.py): where the weights are all held already (resident,
+        none streamed) and the limit leaves room for the pool and the copy of its last growth. Streamed
+        weights fill their caches later, so their room now is not room then: there the pool is whole
+        from the start."""
         plan = self.engine.memory_plan
         limit = plan.get("limit")
         room = limit - process_rss() - plan.get("work_buffers", 0) if limit else None
         if kv_budget is None:
             want = plan.get("kv_cache") or 64 * self.shape.nbytes
-            return min(want, room) if room is not None else want
-        want = parse_budget(kv_budget, limit or 0, "KV budget")
-        if room is not None and want > room:
-            raise MemoryBudgetError(
-                f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
-                f"{fmt(limit)} with the model loaded)"
-            )
-        return want
+            want = min(want, room) if room is not None else want
+        else:
+            want = parse_budget(kv_budget, limit or 0, "KV budget")
+            if room is not None and want > room:
+                raise MemoryBudgetError(
+                    f"KV budget {fmt(want)} is more than the memory limit leaves ({fmt(room)} of "
+                    f"{fmt(limit)} with the model loaded)"
+                )
+        held = self.engine.config.ffn is FFNMode.RESIDENT and not plan.get("streamed_layers")
+        return want, held and (room is None or room >= want * 5 // 4)
 
     def _load_records(self) -> list[str]:
         records, problems = self.swap.records()

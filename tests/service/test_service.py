@@ -101,6 +101,28 @@ def test_allocator_frees_and_refuses():
         ChunkPool(ops, ChunkShape(2, 1, 4, 4), 0)
 
 
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_a_growing_pool_holds_what_its_slots_need_and_keeps_their_rows(backend):
+    ops = mlx_flash.backends.get_backend(backend)
+    shape = ChunkShape(2, 1, 4, 4)
+    pool = ChunkPool(ops, shape, 16, grows=True)
+    assert pool.held_slots == 1 and pool.nbytes == 2 * 2 * 4 * 4 * ops.array(np.zeros(1, np.float32)).nbytes
+    data = np.random.default_rng(0).standard_normal((3,) + shape.array_shape).astype(np.float32)
+    held = []
+    for i in range(16):
+        with ops.inference():  # a pool grows inside model calls; swapped chunks are read back outside them
+            slot = pool.allocate()
+        if i < 3:
+            pool.load([slot], data[i : i + 1])
+        held.append(pool.held_slots)
+    # doubling from one slot, then straight to all 16 once past a quarter of them
+    assert held == [1, 2, 4, 4] + [16] * 12
+    assert np.array_equal(pool.export([0, 1, 2]), data)  # rows written before each growth kept
+    assert not pool.can_allocate()
+    whole = ChunkPool(ops, shape, 16)
+    assert whole.held_slots == 16 and whole.nbytes == 16 * pool.nbytes // 16
+
+
 def test_swapped_context_restores_exact_by_reading_and_same_tokens_by_recompute(engines, store_dir, tmp_path):
     engine = engines(store_dir, "torch")
     svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget="40MB")
