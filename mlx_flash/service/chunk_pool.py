@@ -8,7 +8,8 @@ the arrays double from one slot and, once past a quarter of n_slots, go straight
 short conversation holds a few chunks and growing never holds more than 1.25 x the whole pool (the
 old arrays beside the new while they are copied).
 A sequence's attention gathers its slots' token rows in order (ChunkedKV), and a slot's bytes are
-exported and imported whole for swap files. Slots are recycled through a free list; nothing grows.
+exported and imported whole for swap files. Slots are recycled through a free list; the pool never
+grows past n_slots.
 
 Question-named methods, as a block manager has: can_allocate(n), allocate(), release(slot).
 """
@@ -61,10 +62,8 @@ class ChunkPool:
 
     def _grow(self, slots: int) -> None:
         """Arrays of `slots` slots, the held slots' rows copied into them."""
-        rows, dims = (
-            self.held_slots * self.shape.tokens,
-            (self.shape.kv_heads, slots * self.shape.tokens, self.shape.head_dim),
-        )
+        sh = self.shape
+        rows, dims = self.held_slots * sh.tokens, (sh.kv_heads, slots * sh.tokens, sh.head_dim)
         for arrays in (self.keys, self.values):
             for layer in range(self.shape.layers):
                 new = self.ops.zeros(dims, like=self._like)
