@@ -59,7 +59,7 @@ def build(
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for another process building {what} in {where}", file=sys.stderr, flush=True)
+            print(f"waiting for the build of {what} under way in {where}", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         built = is_built(where)
         if built and not load:
