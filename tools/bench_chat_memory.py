@@ -57,7 +57,8 @@ def ours(backend: str, question: str, max_tokens: int) -> dict:
         err = errors.read()
     stats = next((x for x in lines if x.startswith("memory:")), None)
     if rss is None or stats is None:
-        raise SystemExit(f"error: the {backend} chat ended before /stats: {err.strip().splitlines()[-1:]}")
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit status {p.returncode}"
+        raise SystemExit(f"error: the {backend} chat ended before /stats: {last}")
     held = float(re.search(r"memory: (\d+) MB held now", stats).group(1)) * 1e6
     context = int(re.search(r"KV planned for (\d+) tokens", stats).group(1))
     answer = next((x for x in lines if x.strip()), "")
@@ -74,7 +75,7 @@ def llama_cpp(context: int, question: str, max_tokens: int) -> int | str:
     args = [default_model_path(), str(context), question, str(max_tokens)]
     r = subprocess.run([sys.executable, "-c", LLAMA, *args], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        return f"failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}"
+        return f"failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
     return int(r.stdout.split()[-1]) * 1024
 
 

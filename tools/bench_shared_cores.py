@@ -16,6 +16,7 @@ sum far below it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,7 +27,8 @@ from mlx_flash.errors import first_paragraph
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
 # The peer's measurement, as tools/bench.py's run_llama_cpp: argv = gguf, prompt tokens, generated
-# tokens, runs, json path; the prompt is the start of the text tools/bench.py uses, in llama.cpp's tokens.
+# tokens, runs, json path, tools/bench.py's path; the prompt is the start of the text bench.py uses,
+# in llama.cpp's tokens.
 LLAMA = """
 import json, os, statistics, sys, time
 import numpy as np
@@ -68,7 +70,8 @@ def decode_rates(config: str, processes: int, a, folder: str) -> list[float]:
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
-            raise SystemExit(f"error: measuring {config} failed: {err.strip().splitlines()[-1:]}")
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit status {p.returncode}"
+            raise SystemExit(f"error: measuring {config} failed: {last}")
     rates = []
     for out in outs:
         with open(out) as fh:
@@ -88,18 +91,22 @@ def main() -> int:
     if a.processes < 2:
         print(f"error: --processes {a.processes}: at least 2 share the cores", file=sys.stderr)
         return 2
+    configs = a.configs.split(",")
+    if "llama.cpp" in configs and importlib.util.find_spec("llama_cpp") is None:
+        print("llama.cpp: not installed (make peers); measuring ours alone", file=sys.stderr)
+        configs.remove("llama.cpp")
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        for config in a.configs.split(","):
+        for config in configs:
             alone = decode_rates(config, 1, a, folder)[0]
             shared = decode_rates(config, a.processes, a, folder)
             results[config] = {"alone": alone, "shared": shared}
     print(f"\ndecode tok/s, {os.cpu_count()} cores, {a.processes} processes at once (median of {a.runs} runs each)")
-    print(f"{'config':<8}{'alone':>8}   {'each, shared':<24}{'sum':>7}{'sum / alone':>13}")
+    print(f"{'config':<10}{'alone':>8}   {'each, shared':<24}{'sum':>7}{'sum / alone':>13}")
     for config, r in results.items():
         each = ", ".join(f"{x:.1f}" for x in r["shared"])
         total = sum(r["shared"])
-        print(f"{config:<8}{r['alone']:>8.1f}   {each:<24}{total:>7.1f}{total / r['alone']:>13.2f}")
+        print(f"{config:<10}{r['alone']:>8.1f}   {each:<24}{total:>7.1f}{total / r['alone']:>13.2f}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
