@@ -83,13 +83,19 @@ def main() -> int:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--configs", default="mlx,torch,torch-bf16", help=f"comma list of: {', '.join(CONFIGS)}")
+    p.add_argument(
+        "--configs",
+        default="mlx,torch,torch-bf16",
+        help=f"comma list of: {', '.join(CONFIGS)}, or llama.cpp alone (the peer only, in its own tokens)",
+    )
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp column")
     p.add_argument("--json", default="bench_results/bench.json")
     a = p.parse_args()
     results, ids = {}, None
+    names = a.configs.split(",")
+    peer_only = names == ["llama.cpp"]
     try:
-        for name in a.configs.split(","):
+        for name in [] if peer_only else names:
             if name not in CONFIGS:
                 raise FlashError(f"--configs: unknown config {name!r} (choose from {', '.join(CONFIGS)})")
             kw = dict(CONFIGS[name])
@@ -102,16 +108,17 @@ def main() -> int:
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if not a.no_llama_cpp and ids is not None:
+    if peer_only or (not a.no_llama_cpp and ids is not None):
         try:
             from llama_cpp import Llama
         except ImportError:
             results["llama.cpp"] = "not installed"
         else:
             gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
-            llm = Llama(
-                gguf, n_ctx=max(1024, len(ids) + a.gen_tokens + 16), n_threads=a.threads, n_batch=512, verbose=False
-            )
+            n_ctx = max(1024, a.prompt_tokens + a.gen_tokens + 16)
+            llm = Llama(gguf, n_ctx=n_ctx, n_threads=a.threads, n_batch=512, verbose=False)
+            if ids is None:  # the peer alone: the same text in its own tokens
+                ids = llm.tokenize(prompt_text().encode())[: a.prompt_tokens]
             results["llama.cpp"] = measure(lambda: run_llama_cpp(llm, ids, a.gen_tokens), a.runs)
     print(f"\nprompt {a.prompt_tokens} tokens, generate {a.gen_tokens}, median of {a.runs} runs, {a.threads} threads")
     print(f"{'config':<14}{'prefill tok/s':>15}{'decode tok/s':>15}")

@@ -4,13 +4,12 @@ on the same cores (two chats, a chat beside the server, anything busy), per back
     python tools/bench_shared_cores.py [--configs mlx,torch,llama.cpp] [--processes 2] [--gen-tokens 64]
                                        [--prompt-tokens 64] [--runs 3] [--json OUT]
 
-Each measurement of ours is `tools/bench.py --configs C --no-llama-cpp` (median of --runs runs of
-a prompt prefill and a greedy decode of the default model); config `llama.cpp` measures the peer
-(llama-cpp-python, `make peers`) the same way on the same GGUF and prompt, with a thread per core as
-bench.py gives it. The N processes start together and each reports its own rate. Fair sharing would
-give each about 1/N of the one-alone rate; the table states each process's rate and the sum against
-the one-alone rate, so a thread pool that keeps the cores from the threads it waits for shows as a
-sum far below it.
+Each measurement is `tools/bench.py --configs C` (median of --runs runs of a prompt prefill and a
+greedy decode of the default model); config `llama.cpp` is the peer alone (llama-cpp-python, `make
+peers`) on the same GGUF and text. The N processes start together and each reports its own rate.
+Fair sharing would give each about 1/N of the one-alone rate; the table states each process's rate
+and the sum against the one-alone rate, so a thread pool that keeps the cores from the threads it
+waits for shows as a sum far below it.
 """
 
 from __future__ import annotations
@@ -26,38 +25,12 @@ import tempfile
 from mlx_flash.errors import first_paragraph
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
-# The peer's measurement, as tools/bench.py's run_llama_cpp: argv = gguf, prompt tokens, generated
-# tokens, runs, json path, tools/bench.py's path; the prompt is the start of the text bench.py uses,
-# in llama.cpp's tokens.
-LLAMA = """
-import json, os, statistics, sys, time
-import numpy as np
-from llama_cpp import Llama
-sys.path.insert(0, os.path.dirname(sys.argv[6]))
-from bench import prompt_text
-gguf, n, gen, runs, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-llm = Llama(gguf, n_ctx=max(1024, n + gen + 16), n_threads=os.cpu_count(), n_batch=512, verbose=False)
-ids = llm.tokenize(prompt_text().encode())[:n]
-rates = []
-for _ in range(runs):
-    llm.reset()
-    llm.eval(ids)
-    t = time.perf_counter()
-    for _ in range(gen):
-        llm.eval([int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))])
-    rates.append(gen / (time.perf_counter() - t))
-json.dump({"results": {"llama.cpp": {"decode_tps": statistics.median(rates)}}}, open(out, "w"))
-"""
 
 
 def command(config: str, a, out: str) -> list[str]:
-    if config == "llama.cpp":
-        from mlx_flash.default_model import default_model_path
-
-        args = [default_model_path(), a.prompt_tokens, a.gen_tokens, a.runs, out, BENCH]
-        return [sys.executable, "-c", LLAMA, *map(str, args)]
-    cmd = [sys.executable, BENCH, "--configs", config, "--no-llama-cpp", "--runs", str(a.runs)]
-    return cmd + ["--gen-tokens", str(a.gen_tokens), "--prompt-tokens", str(a.prompt_tokens), "--json", out]
+    cmd = [sys.executable, BENCH, "--configs", config, "--runs", str(a.runs), "--gen-tokens", str(a.gen_tokens)]
+    cmd += ["--prompt-tokens", str(a.prompt_tokens), "--json", out]
+    return cmd if config == "llama.cpp" else cmd + ["--no-llama-cpp"]
 
 
 def decode_rates(config: str, processes: int, a, folder: str) -> list[float]:
