@@ -59,7 +59,8 @@ def build(
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for the build of {what} under way in {where}", file=sys.stderr, flush=True)
+            if not is_built(where):  # else the holder only loads what is built: a wait of seconds, no news
+                print(f"waiting for the build of {what} under way in {where}", file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         built = is_built(where)
         if built and not load:

@@ -171,3 +171,30 @@ def test_the_build_ahead_of_a_built_folder_returns_without_importing_torch(tmp_p
         f"torch_ops.build_ahead({str(tmp_path)!r}); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("built_first", [False, True])
+def test_a_waiter_says_so_only_while_a_build_is_under_way(tmp_path, capsys, built_first):
+    """Another process holds the build's lock. Nothing built yet: a line says the build is under way,
+    then the waiter takes what that process built. Built already (the holder only loads it): the wait
+    is short and nothing is said."""
+    import fcntl
+
+    where, _ = torch_ops.folder(str(tmp_path), torch_ops.SOURCES, torch_ops._salt(torch_ops._torch_version()))
+    os.makedirs(where)
+    so = os.path.join(where, "mf_torch_ops_x.so")
+    if built_first:
+        open(so, "w").close()
+    holder = open(os.path.join(where, ".lock"), "w")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+
+    def finish():  # the holder's build ends: its library is there, then its lock is let go
+        open(so, "w").close()
+        holder.close()
+
+    timer = threading.Timer(0.5, finish)
+    timer.start()
+    torch_ops.build_ahead(str(tmp_path))  # returns once the lock is free and the folder built
+    timer.join()
+    said = capsys.readouterr().err
+    assert ("waiting for the build of" in said) is not built_first, said

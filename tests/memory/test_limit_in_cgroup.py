@@ -10,6 +10,7 @@ import pytest
 from mlx_flash.errors import FlashError
 from mlx_flash.bench.cgroup import MemoryCgroup, own_memory_cgroup
 from mlx_flash.memory.limit import SAFETY_MIN
+from progress_lines import without_progress
 
 CHAT = [sys.executable, "-m", "mlx_flash.chat", "--prompt", "What is the capital of France?", "--max-tokens", "4"]
 
@@ -31,7 +32,7 @@ def _refusal(limit: int, store_dir: str) -> str:
     with MemoryCgroup(limit) as cg:
         low = cg.run(CHAT + ["--model", store_dir], timeout=120)
     assert low.returncode == 2 and low.oom_kills == 0, low.stderr
-    lines = [line for line in low.stderr.splitlines() if line.strip() and not line.startswith("verifying checksums")]
+    lines = without_progress(low.stderr)
     assert len(lines) == 1 and "Traceback" not in low.stderr, low.stderr
     return lines[0]
 
