@@ -11,6 +11,7 @@ import pytest
 
 import mlx_flash
 from fuzz_helpers import templated_store
+from progress_lines import without_progress
 from mlx_flash.budget import parse_budget
 from mlx_flash.cli.chat import main as chat_main
 from mlx_flash.errors import ConfigError, FlashError, MemoryBudgetError
@@ -30,7 +31,7 @@ def engine(store):
 
 def one_line_error(text: str) -> str:
     """The single `error: ...` line a command printed (and nothing like a traceback)."""
-    lines = [ln for ln in text.splitlines() if ln.strip() and "Warning" not in ln and "warn(" not in ln]
+    lines = [ln for ln in without_progress(text) if "Warning" not in ln and "warn(" not in ln]
     assert "Traceback" not in text, text
     assert len(lines) == 1 and lines[0].startswith("error: "), text
     return lines[0]
