@@ -19,6 +19,7 @@ from .errors import ConfigError, ContextLengthError
 from .ffn_source import FFNSource
 from .generation import GenerationStep, GenerationSummary, TokenStats, prompt_ids
 from .models.cache import make_caches
+from .models.kv_tiers import TierPlan, TierReads, make_tiered_caches
 from .runner import LocalRunner, Runner
 from .sampling import check_generation, check_sampling, check_seed, sample, stop_strings
 from .speculative import accepted_prefix, ngram_draft
@@ -46,6 +47,7 @@ class Engine:
         kv_tokens: int | None = None,
         layer_slots=None,
         runner: Runner | None = None,
+        kv_tiers: TierPlan | None = None,
     ):
         self.ops = ops
         self.module = module
@@ -60,6 +62,9 @@ class Engine:
         self.layer_slots = layer_slots  # streamed layers' buffers (layer_stream.LayerSlots) or None
         # where the forward passes run: every layer here, or a pipeline of ranks (distributed.pipeline)
         self.runner = runner or LocalRunner()
+        # one sequence's older KV on flash when the plan holds fewer tokens resident than its context
+        self.kv_tiers = kv_tiers
+        self._tier_reads: TierReads | None = None  # their read buffers, made at the first such sequence
         self.last = GenerationSummary()
         self.last_batch = None  # the stats of the last generate_batch (offload.run.BatchRun)
 
@@ -79,6 +84,7 @@ class Engine:
             self.kv_tokens,
             self.layer_slots,
             runner,
+            self.kv_tiers,
         )
 
     # ---- model calls ----------------------------------------------------------------------------
@@ -87,9 +93,20 @@ class Engine:
         for at most `tokens` tokens (default: the context limit; the buffers grow as it fills)."""
         self.ffn.reset()
         tokens = min(tokens or self.context_limit, self.context_limit)
-        caches = make_caches(self.args.num_hidden_layers, tokens)
+        tiers = self.kv_tiers
+        if tiers is not None and tokens > tiers.resident:
+            if self._tier_reads is None:
+                self._tier_reads = TierReads(self.ops, tiers)
+            caches = make_tiered_caches(self.ops, tiers, self._tier_reads)
+        else:
+            caches = make_caches(self.args.num_hidden_layers, tokens)
         self.runner.new_sequence(caches, tokens)
         return caches
+
+    @property
+    def kv_bytes_read(self) -> int:
+        """Bytes of KV read back from flash (KV tiers) since load."""
+        return self._tier_reads.bytes_read if self._tier_reads is not None else 0
 
     @property
     def model_context(self) -> int:
@@ -99,7 +116,8 @@ class Engine:
     def context_limit(self) -> int:
         """Most tokens one sequence may hold: the model's context, or fewer when the memory plan
         holds KV for fewer (the `context` option)."""
-        return min(self.model_context, self.kv_tokens or self.model_context)
+        held = self.kv_tiers.context if self.kv_tiers is not None else self.kv_tokens
+        return min(self.model_context, held or self.model_context)
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""

@@ -101,6 +101,16 @@ class MLXOps:
         that memory is the GPU's too, so do Metal kernels (mlx_kernels.framework_array)."""
         return mlx_kernels.framework_buffer(nbytes)
 
+    def host_array(self, view: np.ndarray, after=None, gate=None) -> mx.array:
+        raw = view.reshape(-1).view(np.uint8)
+        if mlx_kernels.buffer_of(raw) is None:  # a copy would take neither side's writes: never silently
+            raise ValueError("host_array: the view is not of memory host_buffer allocated")
+        a = mlx_kernels.framework_array(raw)
+        if gate is not None:
+            turns, seq = gate.turns, gate.seq
+            a = mlx_kernels.extension().await_fence(a, after, turns.ready, seq, turns.release, seq - 1)
+        return a.view(mx.float32).reshape(view.shape)
+
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
         arrays, ranges = {}, []

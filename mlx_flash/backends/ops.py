@@ -194,6 +194,12 @@ class Ops(Protocol):
         """A writable, page-aligned uint8 numpy view of `nbytes` for reads from the store, in memory
         the backend's kernels take in place."""
 
+    def host_array(self, view: np.ndarray, after: Any = None, gate=None) -> Any:
+        """A backend array over `view` (a float32 numpy view of host_buffer memory) without a copy, so
+        that what the backend writes there (write_tokens) numpy reads and what a read puts there the
+        backend takes. On a lazy backend with `gate` (slot_turns.SlotGate), the array is its bytes once
+        that claim's read is done, after `after` is computed; an eager one waited before the call."""
+
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold as this backend keeps them (each buffer
         counted once)."""

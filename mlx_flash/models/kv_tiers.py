@@ -1,0 +1,178 @@
+"""KV tiers for one sequence: a conversation longer than the memory its KV may take. Each layer keeps
+its most recent tokens resident (a window in host memory the backend allocated); older ones move to a
+file on flash (store/kv_tier_file.py, which the plan's maker opens) as the window fills, a step of
+tokens at a time, and each layer's attention reads them back into one of two read buffers shared by
+every layer, the file's tokens first and the resident ones written after them, so attention sees the
+same keys, in the same order and layout, as the all-resident cache (models/cache.KVCache): the tokens are bit-identical.
+
+    resident window   per layer, keys and values of the last `window + chunk` tokens at most (one
+                      forward's new tokens always fit beside the window)
+    read buffers      two, each one layer's keys and values of the whole context: layer i's while
+                      layer i+1's is read
+    on flash          tokens [0, flushed) of every layer, written once, read once per token per layer
+
+On a lazy backend (MLX) the graph of a whole token is built before it runs: each layer's read is a
+claim on its buffer's turns (slot_turns.py), served by a feeder thread once the layer two before it
+has computed, and the attention takes the buffer through a fence; so layer i+1's read overlaps layer
+i's compute. On an eager one (torch) the read happens when the layer is reached.
+
+Tokens move out of a window only when written earlier (evaluated: each forward ends in host memory),
+so the I/O reads host memory, never a framework array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .cache import LayerKV
+
+_F32 = 4
+EVICT_STEP = 64  # tokens moved to flash at once: fewer, larger writes, and a window that never drops below its size
+
+
+class TierFile(Protocol):
+    """Where a sequence's older tokens lie (store/kv_tier_file.KVTierFile): bytes only."""
+
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Tokens [start, start + T) of one layer: k, v float32 [kv_heads, T, head_dim]."""
+
+    def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
+        """Tokens [0, n) of one layer into k_out[:, :n], v_out[:, :n] (float32 [kv_heads, cap, head_dim])."""
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """What the memory plan gives one sequence's KV tiers: `window` tokens resident per layer plus one
+    forward's `chunk`, a `context` of tokens in all, of a model of `layers` layers with `kv_heads` heads
+    of `head_dim`; `open_file()` makes a new sequence's file (the caller knows the store)."""
+
+    window: int
+    chunk: int
+    context: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    open_file: Callable[[], TierFile]
+
+    @property
+    def resident(self) -> int:
+        return self.window + self.chunk
+
+
+class TierReads:
+    """The two read buffers every layer of every tiered sequence of an engine shares (planned once),
+    and on a lazy backend their turns."""
+
+    def __init__(self, ops, plan: TierPlan):
+        shape = (1, plan.kv_heads, plan.context, plan.head_dim)
+        self.buffers = [tuple(_host(ops, shape) for _ in range(2)) for _ in range(2)]
+        self.turns = ops.slot_turns("mlx-flash-kv-turns") if ops.lazy else None
+        self.bytes_read = 0
+
+    def read(self, ops, file: TierFile, layer: int, n: int, after):
+        """(keys, values) buffers [1, Hkv, context, hd] as backend arrays, their first n tokens layer
+        `layer`'s tokens in `file` (read now, or on a lazy backend when the buffer's turn comes)."""
+        slot = layer % 2
+        k_buf, v_buf = self.buffers[slot]
+
+        def fill():  # (on a lazy backend in the feeder thread: its only writer of bytes_read meanwhile)
+            file.read_into(layer, n, k_buf[0], v_buf[0])
+            self.bytes_read += 2 * k_buf[0, :, :n].nbytes
+
+        if self.turns is None:
+            fill()
+            return ops.host_array(k_buf), ops.host_array(v_buf)
+        self.turns.claim(slot, fill)
+        gate = self.turns.gate(slot)
+        return ops.host_array(k_buf, after, gate), ops.host_array(v_buf, after, gate)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for pair in self.buffers for b in pair)
+
+
+class SequenceTiers:
+    """What one sequence's layers share: its file on flash and the engine's read buffers."""
+
+    def __init__(self, plan: TierPlan, reads: TierReads):
+        self.plan, self.reads, self.shape = plan, reads, (plan.kv_heads, plan.head_dim)
+        self.file = plan.open_file()
+
+
+def _host(ops, shape) -> np.ndarray:
+    n = int(np.prod(shape)) * _F32
+    return ops.host_buffer(n).view(np.float32).reshape(shape)
+
+
+class TieredKV(LayerKV):
+    """One layer of a sequence whose older tokens are on flash (see the module docstring)."""
+
+    holds = "the KV tiers are planned for (raise --context)"
+
+    def __init__(self, ops, seq: SequenceTiers, layer: int):
+        self.seq, self.layer = seq, layer
+        self.capacity = seq.plan.context
+        shape = (1, seq.shape[0], seq.plan.resident, seq.shape[1])
+        self.k_host, self.v_host = _host(ops, shape), _host(ops, shape)
+        self.keys, self.values = ops.host_array(self.k_host), ops.host_array(self.v_host)
+        self.flushed = 0  # tokens on flash: [0, flushed)
+        self.resident = 0  # tokens in the window: [flushed, flushed + resident)
+
+    @property
+    def offset(self) -> int:
+        return self.flushed + self.resident
+
+    def update(self, ops, k, v):
+        T, room = k.shape[2], self.seq.plan.resident
+        if k.shape[0] != 1:
+            raise ValueError("KV tiers hold one sequence")
+        if T > room:
+            raise ValueError(f"{T} new tokens at once exceed the KV window of {room} (prefill in chunks)")
+        if self.offset + T > self.capacity:
+            raise ValueError(f"{self.offset + T} tokens exceed the {self.capacity} {self.holds}")
+        over = self.resident + T - room
+        if over > 0:  # the oldest resident tokens (written by earlier forwards) go to flash
+            e = min(self.resident, -(-over // EVICT_STEP) * EVICT_STEP)
+            r = self.resident
+            self.seq.file.write(self.layer, self.flushed, self.k_host[0, :, :e], self.v_host[0, :, :e])
+            for host in (self.k_host, self.v_host):
+                host[:, :, : r - e] = host[:, :, e:r].copy()
+            self.flushed, self.resident = self.flushed + e, r - e
+        self.keys = ops.write_tokens(self.keys, k, self.resident)
+        self.values = ops.write_tokens(self.values, v, self.resident)
+        self.resident += T
+        r, n = self.resident, self.flushed
+        if n == 0:
+            return self.keys[:, :, :r, :], self.values[:, :, :r, :]
+        keys, values = self.seq.reads.read(ops, self.seq.file, self.layer, n, k)
+        keys = ops.write_tokens(keys, self.keys[:, :, :r, :], n)
+        values = ops.write_tokens(values, self.values[:, :, :r, :], n)
+        return keys[:, :, : n + r, :], values[:, :, : n + r, :]
+
+    def trim(self, n: int) -> None:
+        self._check_trim(n)
+        if n <= self.resident:
+            self.resident -= n
+        else:  # into the flushed tokens: the file's later tokens are overwritten when written again
+            self.flushed -= n - self.resident
+            self.resident = 0
+
+    def state(self, ops):
+        if self.offset == 0:
+            raise ValueError("an empty cache has no state")
+        H, D = self.seq.shape
+        n, r = self.flushed, self.resident
+        keys = np.empty((1, H, n + r, D), np.float32)
+        values = np.empty_like(keys)
+        self.seq.file.read_into(self.layer, n, keys[0], values[0])
+        keys[:, :, n:], values[:, :, n:] = self.k_host[:, :, :r], self.v_host[:, :, :r]
+        return keys, values
+
+
+def make_tiered_caches(ops, plan: TierPlan, reads: TierReads) -> list[TieredKV]:
+    """Every layer's cache of one new sequence, sharing its file and the engine's reads."""
+    seq = SequenceTiers(plan, reads)
+    return [TieredKV(ops, seq, i) for i in range(plan.layers)]

@@ -1,0 +1,90 @@
+"""KV tiers (models/kv_tiers.py): a sequence whose older tokens are on flash answers bit for bit what
+the all-resident cache answers, on both backends: the logits of a prefill in chunks and of each
+decoded token, across the window's moves to flash, after a trim that reaches into the tokens on
+flash, and the held state. Then through the public path: the default model under a memory budget
+whose KV share holds fewer tokens than a long prompt plans the tiers, says so, and answers that
+prompt with the tokens an unconstrained run gives."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mlx_flash
+import tiny_models
+from mlx_flash.memory import ModelShape
+from mlx_flash.models.kv_tiers import EVICT_STEP, TierPlan, TieredKV
+from mlx_flash.store.kv_tier_file import KVTierFile
+
+CHUNK = 16
+
+
+def _plan(e, tmp_path, window: int) -> TierPlan:
+    """Tiers of `window` tokens beside a chunk, a context of 400, the file under tmp_path/kv."""
+    s = ModelShape.from_config(e.store.config)
+    folder = str(tmp_path / "kv")
+    return TierPlan(
+        window,
+        CHUNK,
+        400,
+        s.layers,
+        s.kv_heads,
+        s.head_dim,
+        lambda: KVTierFile(folder, s.layers, s.kv_heads, s.head_dim, 400),
+    )
+
+
+def _run(e, ids, steps, trim):
+    """Logits of: a prefill of ids, `steps` greedy tokens, a trim of `trim` tokens, `steps` more;
+    with the caches' held state at the end."""
+    caches = e.new_caches()
+    out = [e.prefill(ids, caches, all_logits=True)]
+    tok = int(np.argmax(out[-1][-1]))
+    for i in range(2 * steps):
+        if i == steps:
+            e.runner.trim(caches, caches[0].offset - trim)
+        out.append(e.forward([tok], caches))
+        tok = int(np.argmax(out[-1][-1]))
+    return np.concatenate(out), caches
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_tiers_answer_what_the_resident_cache_answers_bit_for_bit(tiny_store, tmp_path, backend):
+    store, _ = tiny_store("llama", max_position_embeddings=512)
+    ids = tiny_models.random_ids(150, seed=7)
+    with mlx_flash.load(store, backend=backend, progress=False, prefill_chunk=CHUNK) as e:
+        e.kv_tiers = None
+        want, resident = _run(e, ids, 40, 120)
+        # a window longer than a move to flash (EVICT_STEP): moves keep some tokens resident and shift them
+        e.kv_tiers = _plan(e, tmp_path, window=EVICT_STEP + 26)
+        got, tiered = _run(e, ids, 40, 120)
+    assert isinstance(tiered[0], TieredKV)
+    assert tiered[0].flushed > 0 and tiered[0].resident <= EVICT_STEP + 26 + CHUNK  # the older tokens were on flash
+    assert np.array_equal(got, want)
+    for a, b in zip(tiered, resident):
+        for x, y in zip(a.state(None), b.state(e.ops)):
+            assert np.array_equal(x, y)
+    assert list((tmp_path / "kv").iterdir()) == []  # the file has no name: nothing to clean up after a kill
+
+
+def test_a_forward_longer_than_the_window_is_refused_naming_both(tiny_store, tmp_path):
+    store, _ = tiny_store("llama", max_position_embeddings=512)
+    with mlx_flash.load(store, backend="torch", progress=False, prefill_chunk=64) as e:
+        e.kv_tiers = _plan(e, tmp_path, window=24)
+        with pytest.raises(ValueError, match="64 new tokens at once exceed the KV window of 40"):
+            e.prefill(tiny_models.random_ids(100), e.new_caches())
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_kv_share_is_answered_as_without_a_limit(store_dir, wiki_text):
+    """MLX under 420 MB: the KV share holds about 900 tokens; a 1,500-token prompt is answered with the
+    tokens of a run without a limit (greedy), the plan line naming the tiers."""
+    prompt = wiki_text[:6000] + "\nSummarize the text above in one sentence."
+    base = [sys.executable, "-m", "mlx_flash.chat", "--model", store_dir, "--backend", "mlx"]
+    base += ["--prompt", prompt, "--max-tokens", "12", "--temp", "0"]
+    tight = subprocess.run(base + ["--memory-budget", "420MB"], capture_output=True, text=True, timeout=600)
+    free = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert tight.returncode == 0, tight.stderr[-2000:]
+    assert "resident of a 8192-token context, the older ones on flash" in tight.stderr, tight.stderr[-2000:]
+    assert free.returncode == 0 and tight.stdout == free.stdout and tight.stdout.strip(), (tight.stdout, free.stdout)
