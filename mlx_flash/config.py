@@ -72,6 +72,13 @@ class EngineConfig:
         "tokens the KV cache is planned for (0: the model's context, or as many as 10% of "
         "the memory budget holds, at least 128); longer conversations are refused, naming it",
     )
+    kv_on_flash: bool = option(
+        True,
+        "when the memory budget's KV share holds fewer tokens than the context, keep a window of recent "
+        "tokens resident and the older ones on flash, read back layer by layer (exact: the same tokens); "
+        "off: the context is what memory holds. CPU backends only",
+        flag="--kv-on-flash",
+    )
     precision: str = option(
         "auto",
         "FFN precision when converting a GGUF/HF source: source (the source's bytes, "

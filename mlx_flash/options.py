@@ -217,7 +217,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> Non
         if isinstance(default, Enum):
             kw.update(choices=[m.value for m in type(default)], default=default.value)
         elif isinstance(default, bool):
-            kw.update(action="store_true", default=default)
+            # on by default: --no-<flag> turns it off
+            kw.update(action=argparse.BooleanOptionalAction if default else "store_true", default=default)
         else:
             kw.update(default=default, type=f.metadata.get("kind") or type(default), metavar=f.name.upper())
         if isinstance(default, (int, float, str)) and not isinstance(default, bool) and default != "":

@@ -78,6 +78,18 @@ def stream_answer(steps, out=sys.stdout) -> str:
     return "".join(pieces)
 
 
+def kv_words(engine) -> str:
+    """Where the KV plan keeps a sequence's tokens, and what the tiers read back since load."""
+    plan = engine.memory_plan
+    if not plan.get("kv_on_flash"):
+        return f"KV planned for {plan['kv_tokens']} tokens"
+    read = engine.kv_bytes_read
+    return (
+        f"KV: {plan['kv_tokens']} tokens resident of a {plan['kv_context']}-token context, the older ones on "
+        f"flash ({read / 1e6:.0f} MB read back since load)"
+    )
+
+
 def format_stats(engine) -> str:
     s = engine.last
     if not s.steps:
@@ -102,7 +114,8 @@ def format_stats(engine) -> str:
     if "limit" in plan:
         text += (
             f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "
-            f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); KV planned for {plan['kv_tokens']} tokens"
+            f"{plan['limit'] / 1e6:.0f} MB ({plan['limit_meaning']}); "
+            + kv_words(engine)
             + (f"; {plan['streamed_layers']} layers' attention streamed" if plan.get("streamed_layers") else "")
         )
     st = engine.ffn.stats()

@@ -21,6 +21,7 @@ every process: the named minimum carries FLOOR_JITTER for it, rounded up).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError, MemoryBudgetError
@@ -110,6 +111,16 @@ class ProcessPlan:
     weights_budget: int  # what the weights, predictors, read buffers and caches may hold
     reader_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    # KV tiers (plan_tiers): the context one sequence may hold when more than kv_tokens, the window
+    # (kv_tokens) resident and the rest on flash; 0: every token resident
+    tier_context: int = 0
+    tier_reads: int = 0  # the read buffers of the tokens on flash
+    tier_disk: int = 0  # the file one sequence's KV takes on flash
+
+    @property
+    def context(self) -> int:
+        """Most tokens one sequence's KV may hold."""
+        return self.tier_context or self.kv_tokens
 
     def account(self) -> dict:
         return {
@@ -123,16 +134,80 @@ class ProcessPlan:
             "work_buffers": self.work_bytes,
             "reader_buffers": self.reader_bytes,
             "weights_budget": self.weights_budget,
+            "kv_context": self.context,
+            "kv_read_buffers": self.tier_reads,
+            "kv_on_flash": self.tier_disk,
         }
 
     def line(self, weights: str) -> str:
         """One line for stderr: the limit and where it goes; `weights` says what the weights' share holds."""
         return (
             f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
-            f" + KV {fmt(self.kv_bytes)} ({self.kv_tokens} tokens) + buffers {fmt(self.work_bytes)}"
+            f" + KV {fmt(self.kv_bytes)} ({self._kv_words()}) + buffers {fmt(self.work_bytes)}"
             f" + readers {fmt(self.reader_bytes)} + weights "
             f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes)
         )
+
+    def _kv_words(self) -> str:
+        if not self.tier_context:
+            return f"{self.kv_tokens} tokens"
+        return (
+            f"{self.kv_tokens} tokens resident of a {self.tier_context}-token context, the older ones on flash "
+            f"({fmt(self.tier_disk)} of disk) through {fmt(self.tier_reads)} of read buffers"
+        )
+
+
+MIN_WINDOW = 128  # the least resident window beside a forward's chunk worth keeping KV on flash for
+
+
+def plan_tiers(
+    plan: ProcessPlan, shape: ModelShape, want: int, weights_minimum: int, disk_free: int, asked: bool = True
+) -> ProcessPlan:
+    """`plan` with KV tiers when its KV share holds fewer than `want` tokens: the share keeps a window
+    of recent tokens resident (at least MIN_WINDOW beside a prefill chunk), the older ones go to
+    flash, read back a layer at a time into two read buffers of a layer's whole context. Those and the
+    attention buffers over that context come from the weights' share, down to the weights' minimum;
+    prefill chunks halve while their attention buffers take more than WORK_SHARE of the limit. What
+    does not fit halves the context, until it fits or the share holds it resident (then the plan is
+    unchanged). A context whose file is more than `disk_free` is refused naming both when `asked` (a
+    user's --context), else halves too."""
+    per_tok = kv_bytes_per_token(shape)
+    while plan.kv_tokens < want:  # the longest context up to `want` whose buffers fit
+        reads = 4 * shape.kv_heads * shape.head_dim * want * _F32  # two buffers of one layer's keys and values
+        chunk = plan.prefill_chunk  # halved (as plan_process does) while its attention buffers over `want`
+        while chunk > MIN_CHUNK and work_bytes(shape, chunk, want) > WORK_SHARE * plan.limit.bytes:  # are many
+            chunk //= 2
+        work = work_bytes(shape, chunk, want)
+        room = plan.limit.bytes - plan.floor - plan.slack - plan.reader_bytes - reads - work - weights_minimum
+        resident = max(plan.kv_tokens, chunk + MIN_WINDOW)  # the KV share, or the least window beside a chunk
+        if per_tok * resident <= room and (asked or per_tok * want <= disk_free):
+            break
+        want //= 2
+    else:
+        return plan
+    disk = per_tok * want
+    if disk > disk_free:
+        raise ConfigError(
+            f"a context of {want} tokens keeps {fmt(disk)} of KV on flash; the disk has {fmt(disk_free)} free "
+            f"(free some, or lower --context)"
+        )
+    return dataclasses.replace(
+        plan,
+        kv_tokens=resident,
+        kv_bytes=per_tok * resident,
+        prefill_chunk=chunk,
+        work_bytes=work,
+        weights_budget=room + weights_minimum - per_tok * resident,
+        tier_context=want,
+        tier_reads=reads,
+        tier_disk=disk,
+        notes=plan.notes
+        + (
+            [f"prefill chunk {plan.prefill_chunk} -> {chunk} tokens for attention over the context"]
+            if chunk != plan.prefill_chunk
+            else []
+        ),
+    )
 
 
 def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: str) -> None:

@@ -8,10 +8,12 @@ from mlx_flash.memory.limit import MemoryLimit
 from mlx_flash.memory.process_plan import (
     FLOOR_JITTER,
     MIN_KV_TOKENS,
+    MIN_WINDOW,
     RUNTIME_SLACK,
     ModelShape,
     kv_bytes_per_token,
     plan_process,
+    plan_tiers,
     work_bytes,
 )
 
@@ -129,3 +131,38 @@ def test_the_named_minimum_is_one_number_and_a_limit_at_it_is_planned():
     a = plan.account()
     assert a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["weights_budget"] == minimum
     assert _named_minimum(minimum - 3 * MB, 100 * MB) == minimum  # and a limit just below is refused naming it
+
+
+def test_a_7b_in_2_gb_holds_its_whole_context_with_the_older_kv_on_flash():
+    """Its KV share holds 190 tokens; with tiers the plan's context is the model's 4096: the window
+    resident, two read buffers of a layer's context, chunks small enough for attention over it, and
+    all of it within the limit above the weights' minimum."""
+    limit, floor, weights = MemoryLimit(2000 * MB, "given"), 100 * MB, 1000 * MB
+    plan = plan_process(limit, floor, "mlx", LLAMA_7B, 4096, weights)
+    assert plan.context == plan.kv_tokens == 190
+    tiered = plan_tiers(plan, LLAMA_7B, 4096, weights, disk_free=10**12)
+    assert tiered.context == 4096 and tiered.kv_tokens >= tiered.prefill_chunk + MIN_WINDOW
+    assert tiered.tier_reads == 2 * 2 * 32 * 128 * 4096 * 4  # two buffers of one layer's keys and values
+    assert tiered.tier_disk == 4096 * kv_bytes_per_token(LLAMA_7B)
+    a = tiered.account()
+    parts = a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["kv_read_buffers"]
+    assert parts + a["weights_budget"] == limit.bytes and a["weights_budget"] >= weights
+    assert a["work_buffers"] == work_bytes(LLAMA_7B, tiered.prefill_chunk, 4096)
+    assert f"{tiered.kv_tokens} tokens resident of a 4096-token context" in tiered.line("x")
+
+
+def test_tiers_are_left_out_where_the_share_holds_the_context_or_nothing_fits():
+    plan = plan_process(MemoryLimit(4000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB, context=300)
+    assert plan_tiers(plan, LLAMA_7B, 300, 1000 * MB, disk_free=10**12) is plan
+    tight = plan_process(MemoryLimit(1300 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    assert plan_tiers(tight, LLAMA_7B, 4096, 1000 * MB, disk_free=10**12) is tight
+
+
+def test_a_context_the_disk_cannot_hold_is_refused_naming_both():
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    with pytest.raises(
+        ConfigError, match=r"context of 4096 tokens keeps 4295\.0 MB of KV on flash; .* 1000\.0 MB free"
+    ):
+        plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB)
+    # the model's context (no --context asked): as long a context as the disk holds
+    assert plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB, asked=False).context == 512
