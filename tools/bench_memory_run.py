@@ -113,10 +113,11 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int], fed=None, read_
         recorder = None
         if read_log and isinstance(engine.ffn, StreamedExperts):
             recorder = engine.ffn.pool = RecordingPool(engine.ffn.pool)
-        hits = []
+        hits, kv_read = [], []
 
         def start_decode():
             hits.append(expert_hits(engine))
+            kv_read.append(engine.kv_bytes_read)
             if recorder is not None:
                 recorder.on = True
 
@@ -132,6 +133,8 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int], fed=None, read_
         h, m = (b - a for a, b in zip(hits[0], expert_hits(engine)))
         r.update(load_s=load_s, plan=engine.memory_plan, rss_after=status_bytes("VmRSS"))
         r.update(expert_hit_rate=h / (h + m) if h + m else None)
+        # KV tiers: what the decode read back of the older tokens on flash (page cache hits included)
+        r.update(decode_kv_read_bytes_per_token=(engine.kv_bytes_read - kv_read[0]) / max(tokens - 1, 1))
         if recorder is not None:
             with open(read_log, "w") as fh:
                 json.dump({"threads": recorder.pool.threads, "batches": recorder.batches}, fh)

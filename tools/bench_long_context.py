@@ -1,0 +1,136 @@
+"""A conversation longer than memory: the engine inside a memory cgroup with a long prompt, its KV's
+older tokens on flash (KV tiers), against the same run at a limit that holds every token resident,
+and llama.cpp in the same cgroup with a context as long; each run a fresh process, the page cache
+dropped before it.
+
+    python tools/bench_long_context.py --model GGUF_OR_STORE [--limit 2GB] [--prompt-tokens 3500]
+        [--tokens 500] [--short-tokens 32] [--resident-limit 20GB] [--backend mlx] [--peer llama.cpp|none]
+        [--gguf GGUF] [--json OUT]
+
+Rows: ours at the limit with a short prompt (the short-context rate), ours at the limit with the long
+prompt, ours with the long prompt at --resident-limit (every token resident: the tokens must be the
+same), llama.cpp at the limit (n_ctx = prompt + tokens + 8; its rate or its failure). The prompt is
+the Wikipedia corpus's first tokens (the same ids for every engine); decode is greedy. For the long
+run: the bytes the kernel read per decoded token (weights and KV, /proc/self/io), the KV bytes the
+tiers read back per token (the engine's count; some from the page cache), and the drive's read rate
+(bench/cgroup.read_bandwidth), so that the time per token stands beside (weights + KV bytes) / rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from mlx_flash.bench.cgroup import MemoryCgroup, drop_page_cache, read_bandwidth
+from mlx_flash.calibrate import read_corpus
+from mlx_flash.config import default_cache_dir
+from mlx_flash.default_model import resolve_store
+from mlx_flash.errors import FlashError
+from mlx_flash.budget import parse_budget
+from mlx_flash.tokenizer import Tokenizer
+
+RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
+
+
+def corpus_ids(store: str, n: int) -> list[int]:
+    ids = Tokenizer(store).encode(read_corpus("wikipedia")[: 12 * n])
+    if len(ids) < n:
+        raise FlashError(f"the Wikipedia text encodes to {len(ids)} tokens, fewer than {n}")
+    return ids[:n]
+
+
+def run(engine: str, model: str, mode: str, limit: int, tokens: int, ids: list[int], timeout: float) -> dict:
+    """One child of bench_memory_run.py in a fresh cgroup of `limit` bytes, cold page cache."""
+    drop_page_cache()
+    cmd = [sys.executable, RUN, engine, model, mode, str(tokens), ",".join(map(str, ids))]
+    with MemoryCgroup(limit) as cg:
+        r = cg.run(cmd, timeout=timeout)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    out = json.loads(lines[-1]) if r.returncode == 0 and lines else {}
+    if not out:
+        tail = "timed out" if r.timed_out else (r.stderr.strip().splitlines() or ["no output"])[-1]
+        out = {"failed": tail}
+    plan = next((line for line in r.stderr.splitlines() if line.startswith("memory: limit")), "")
+    out.update(peak=r.peak, oom_kills=r.oom_kills, wall_s=r.wall_s, plan_line=plan, limit=limit)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a GGUF (converted first, outside any limit) or a store")
+    p.add_argument("--gguf", default=None, help="the GGUF llama.cpp reads (default: --model when it is one)")
+    p.add_argument("--limit", default="2GB")
+    p.add_argument("--resident-limit", default="20GB", help="a limit whose plan holds every token resident")
+    p.add_argument("--prompt-tokens", type=int, default=3500)
+    p.add_argument("--tokens", type=int, default=500)
+    p.add_argument("--short-tokens", type=int, default=32, help="the short prompt's tokens")
+    p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
+    p.add_argument("--peer", default="llama.cpp", choices=["llama.cpp", "none"])
+    p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds a run may take")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    try:
+        limit, resident = (
+            parse_budget(v, 0, what) for v, what in ((a.limit, "--limit"), (a.resident_limit, "--resident-limit"))
+        )
+        store = resolve_store(a.model, default_cache_dir(), "source", progress=True)
+        gguf = a.gguf or (a.model if a.model.endswith(".gguf") else None)
+        ids = corpus_ids(store, a.prompt_tokens + a.short_tokens)
+        long_ids, short_ids = ids[: a.prompt_tokens], ids[: a.short_tokens]
+        rate = read_bandwidth(os.path.join(store, "ffn_bundles.bin"))
+        rows = {
+            "ours, short": run("mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout),
+            "ours, long": run("mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout),
+            "ours, long, all resident": run("mlx_flash", store, a.backend, resident, a.tokens, long_ids, a.timeout),
+        }
+        if a.peer == "llama.cpp" and gguf:
+            rows["llama.cpp, long"] = run("llama.cpp", gguf, "mmap", limit, a.tokens, long_ids, a.timeout)
+    except (FlashError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    report(rows, rate, a)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"disk_bytes_per_s": rate, "args": vars(a), "rows": rows}, fh, indent=1)
+    return 0
+
+
+def report(rows: dict, rate: float, a) -> None:
+    print(f"drive read rate {rate / 1e9:.2f} GB/s; prompt {a.prompt_tokens} tokens, {a.tokens} generated")
+    print(
+        "| run | limit | decode tok/s | prefill tok/s | read MB/token (kernel) | KV read back MB/token | peak MB "
+        "| OOM |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        if "failed" in r or "refused" in r:
+            print(
+                f"| {name} | {r['limit'] / 1e6:.0f} MB | {r.get('failed') or r.get('refused')} | | | | "
+                f"{r['peak'] / 1e6:.0f} | {r['oom_kills']} |"
+            )
+            continue
+        kv = r.get("decode_kv_read_bytes_per_token")
+        print(
+            f"| {name} | {r['limit'] / 1e6:.0f} MB | {r['decode_tps']:.3f} | {r['prefill_tps']:.2f} | "
+            f"{r['decode_read_bytes_per_token'] / 1e6:.0f} | {'-' if kv is None else f'{kv / 1e6:.0f}'} | "
+            f"{r['peak'] / 1e6:.0f} | {r['oom_kills']} |"
+        )
+    long, res = rows["ours, long"], rows["ours, long, all resident"]
+    if "generated" in long and "generated" in res:
+        print(f"tokens equal to the all-resident run: {long['generated'] == res['generated']}")
+    if "decode_tps" in long:
+        per_token = 1 / long["decode_tps"] if long["decode_tps"] else float("inf")
+        kernel = long["decode_read_bytes_per_token"]
+        print(
+            f"at {a.prompt_tokens}+ tokens: {per_token:.2f} s per token; the kernel read {kernel / 1e6:.0f} MB per "
+            f"token, which at {rate / 1e9:.2f} GB/s takes {kernel / rate:.2f} s ({per_token * rate / kernel:.2f}x)"
+        )
+    for name, r in rows.items():
+        if r.get("plan_line"):
+            print(f"{name}: {r['plan_line']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
