@@ -7,10 +7,11 @@ dropped before it.
         [--tokens 500] [--short-tokens 32] [--resident-limit 20GB] [--backend mlx] [--peer llama.cpp|none]
         [--gguf GGUF] [--json OUT]
 
-Rows: ours at the limit with a short prompt (the short-context rate), ours at the limit with the long
-prompt, ours with the long prompt at --resident-limit (every token resident: the tokens must be the
-same), llama.cpp at the limit (n_ctx = prompt + tokens + 8; its rate or its failure). The prompt is
-the Wikipedia corpus's first tokens (the same ids for every engine); decode is greedy. For the long
+Rows: ours at the limit with a short prompt (the short-context rate); ours at the limit with the long
+prompt; ours with the long prompt at --resident-limit, --no-kv-on-flash and the conversation's
+context planned (every token resident: the tokens must be the same); llama.cpp at the limit (n_ctx =
+prompt + tokens + 8; its rate or its failure). The prompt is the Wikipedia corpus's first tokens
+(the same ids for every engine); decode is greedy. For the long
 run: the bytes the kernel read per decoded token (weights and KV, /proc/self/io), the KV bytes the
 tiers read back per token (the engine's count; some from the page cache), and the drive's read rate
 (bench/cgroup.read_bandwidth), so that the time per token stands beside (weights + KV bytes) / rate.
@@ -41,10 +42,10 @@ def corpus_ids(store: str, n: int) -> list[int]:
     return ids[:n]
 
 
-def run(engine: str, model: str, mode: str, limit: int, tokens: int, ids: list[int], timeout: float) -> dict:
+def run(engine: str, model: str, mode: str, limit: int, tokens: int, ids: list[int], timeout: float, extra=()) -> dict:
     """One child of bench_memory_run.py in a fresh cgroup of `limit` bytes, cold page cache."""
     drop_page_cache()
-    cmd = [sys.executable, RUN, engine, model, mode, str(tokens), ",".join(map(str, ids))]
+    cmd = [sys.executable, RUN, engine, model, mode, str(tokens), ",".join(map(str, ids)), *extra]
     with MemoryCgroup(limit) as cg:
         r = cg.run(cmd, timeout=timeout)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
@@ -68,7 +69,8 @@ def main() -> int:
     p.add_argument("--short-tokens", type=int, default=32, help="the short prompt's tokens")
     p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
     p.add_argument("--peer", default="llama.cpp", choices=["llama.cpp", "none"])
-    p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds a run may take")
+    p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds a run of ours may take")
+    p.add_argument("--peer-timeout", type=float, default=1200, help="seconds the peer's run may take")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     try:
@@ -80,13 +82,17 @@ def main() -> int:
         ids = corpus_ids(store, a.prompt_tokens + a.short_tokens)
         long_ids, short_ids = ids[: a.prompt_tokens], ids[: a.short_tokens]
         rate = read_bandwidth(os.path.join(store, "ffn_bundles.bin"))
+        # every token resident: the whole conversation's KV planned, none of it on flash
+        all_resident = ["--context", str(a.prompt_tokens + a.tokens), "--no-kv-on-flash"]
         rows = {
             "ours, short": run("mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout),
             "ours, long": run("mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout),
-            "ours, long, all resident": run("mlx_flash", store, a.backend, resident, a.tokens, long_ids, a.timeout),
+            "ours, long, all resident": run(
+                "mlx_flash", store, a.backend, resident, a.tokens, long_ids, a.timeout, all_resident
+            ),
         }
         if a.peer == "llama.cpp" and gguf:
-            rows["llama.cpp, long"] = run("llama.cpp", gguf, "mmap", limit, a.tokens, long_ids, a.timeout)
+            rows["llama.cpp, long"] = run("llama.cpp", gguf, "mmap", limit, a.tokens, long_ids, a.peer_timeout)
     except (FlashError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -2,6 +2,7 @@
 a limit applies): load an engine, prefill the given token ids, decode greedily, print one JSON line.
 
     python tools/bench_memory_run.py mlx_flash STORE mlx|torch[:SHARE] TOKENS IDS [--fed IDS] [--read-log OUT]
+                                     [--context N] [--no-kv-on-flash]
     python tools/bench_memory_run.py llama.cpp GGUF mmap|no-mmap TOKENS IDS [--fed IDS]
 
 IDS: the prompt's token ids, comma-separated (the same ids for every engine). Both engines run the
@@ -92,7 +93,9 @@ class RecordingPool:
         return getattr(self.pool, name)
 
 
-def run_ours(store: str, mode: str, tokens: int, ids: list[int], fed=None, read_log=None) -> dict:
+def run_ours(
+    store: str, mode: str, tokens: int, ids: list[int], fed=None, read_log=None, kv: dict | None = None
+) -> dict:
     import mlx_flash
     from mlx_flash.errors import MemoryBudgetError
     from mlx_flash.moe.experts import StreamedExperts
@@ -105,7 +108,7 @@ def run_ours(store: str, mode: str, tokens: int, ids: list[int], fed=None, read_
     )
     t0 = time.perf_counter()
     try:  # "auto": the cgroup's limit less the safety margin, split by the planner (one line on stderr)
-        engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse)
+        engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse, **(kv or {}))
     except MemoryBudgetError as e:
         return {"refused": str(e)}
     load_s = time.perf_counter() - t0
@@ -189,13 +192,16 @@ def main() -> int:
     p.add_argument("ids")
     p.add_argument("--fed", default="")
     p.add_argument("--read-log", default=None)
+    p.add_argument("--context", type=int, default=0, help="ours: the KV context to plan (0: auto)")
+    p.add_argument("--no-kv-on-flash", action="store_true", help="ours: every token's KV resident")
     a = p.parse_args()
     ids = [int(t) for t in a.ids.split(",")]
     fed = [int(t) for t in a.fed.split(",")] if a.fed else None
     if fed is not None and len(fed) < a.tokens - 1:
         p.error(f"--fed has {len(fed)} ids; {a.tokens - 1} decode passes need one each")
     if a.engine == "mlx_flash":
-        r = run_ours(a.model, a.mode, a.tokens, ids, fed, a.read_log)
+        kv = {"context": a.context, "kv_on_flash": not a.no_kv_on_flash}
+        r = run_ours(a.model, a.mode, a.tokens, ids, fed, a.read_log, kv)
     else:
         r = run_llama_cpp(a.model, a.mode, a.tokens, ids, fed)
     # VmHWM: the peak of this process image (ru_maxrss would carry the parent's peak across fork + exec)
