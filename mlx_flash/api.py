@@ -42,6 +42,7 @@ def load(
     memory_budget: str | int = "auto",
     weights_budget: str | int | None = None,
     context: int = 0,
+    kv_on_flash: bool = True,
     precision: str = "auto",
     threads: int | None = None,
     progress: bool = True,
@@ -65,7 +66,8 @@ def load(
         streaming), "resident", "stream" or "sparse" (LLM in a flash on dense models; on MoE models
         "stream" and "sparse" both read experts when routed into a cache).
     memory_budget: the cap on the whole process's peak RSS ("auto", "60%" of the available memory,
-        or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned.
+        or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned;
+        kv_on_flash: a context longer than the KV share holds keeps its older tokens on flash.
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
@@ -78,6 +80,7 @@ def load(
         memory_budget=memory_budget,
         weights_budget=weights_budget,
         context=context,
+        kv_on_flash=kv_on_flash,
         precision=precision,
         threads=threads,
         device=device,

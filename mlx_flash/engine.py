@@ -358,6 +358,8 @@ class Engine:
         self.ffn.close()
         if self.layer_slots is not None:
             self.layer_slots.close()
+        if self._tier_reads is not None:
+            self._tier_reads.close()
 
     def __enter__(self):
         return self

@@ -93,6 +93,11 @@ class TierReads:
     def nbytes(self) -> int:
         return sum(b.nbytes for pair in self.buffers for b in pair)
 
+    def close(self) -> None:
+        """The engine closes: the feeder thread stops."""
+        if self.turns is not None:
+            self.turns.close()
+
 
 class SequenceTiers:
     """What one sequence's layers share: its file on flash and the engine's read buffers."""
