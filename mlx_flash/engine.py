@@ -90,7 +90,9 @@ class Engine:
     # ---- model calls ----------------------------------------------------------------------------
     def new_caches(self, tokens: int | None = None):
         """Fresh KV caches for a new sequence (a sparse FFN source also forgets its neuron windows),
-        for at most `tokens` tokens (default: the context limit; the buffers grow as it fills)."""
+        for at most `tokens` tokens (default: the context limit; the buffers grow as it fills). More
+        tokens than the plan holds resident: KV tiers (models/kv_tiers.py), whose read buffers the
+        engine's sequences share, so such a sequence runs alone (never in a BatchKV with another)."""
         self.ffn.reset()
         tokens = min(tokens or self.context_limit, self.context_limit)
         tiers = self.kv_tiers

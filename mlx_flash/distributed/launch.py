@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -130,9 +131,10 @@ def join(model, cfg, timeout: float = 30.0, progress: bool = True, batch: bool =
     hosts = t.all_gather(np.array([_host_id()]))[:, 0]
     here = int((hosts == hosts[t.rank]).sum())  # ranks on this machine, sharing its cores and its drive
     if cfg.threads is None:  # (a waiting rank polls its socket)
-        from dataclasses import replace
-
         cfg = replace(cfg, threads=max(1, cpu_threads() // here))
+    # the ranks batch sequences and size their KV by what each holds resident: KV tiers (models/
+    # kv_tiers.py) are for one sequence alone, whose read buffers no other sequence shares meanwhile
+    cfg = replace(cfg, kv_on_flash=False)
     limit = resolve_limit(cfg.memory_budget)
     store = open_store(
         resolve_store(model, cfg.cache_dir, cfg.store_precision(), progress),

@@ -22,6 +22,8 @@ so the I/O reads host memory, never a framework array.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -39,8 +41,9 @@ class TierFile(Protocol):
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Tokens [start, start + T) of one layer: k, v float32 [kv_heads, T, head_dim]."""
 
-    def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
-        """Tokens [0, n) of one layer into k_out[:, :n], v_out[:, :n] (float32 [kv_heads, cap, head_dim])."""
+    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
+        """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
+        cap, head_dim])."""
 
 
 @dataclass(frozen=True)
@@ -64,39 +67,63 @@ class TierPlan:
 
 class TierReads:
     """The two read buffers every layer of every tiered sequence of an engine shares (planned once),
-    and on a lazy backend their turns."""
+    and on a lazy backend their turns; on an eager one a reader thread reads the next layer ahead."""
 
     def __init__(self, ops, plan: TierPlan):
         shape = (1, plan.kv_heads, plan.context, plan.head_dim)
         self.buffers = [tuple(_host(ops, shape) for _ in range(2)) for _ in range(2)]
         self.turns = ops.slot_turns("mlx-flash-kv-turns") if ops.lazy else None
+        self.reader = None if ops.lazy else ThreadPoolExecutor(1, thread_name_prefix="mlx-flash-kv-ahead")
+        self._ahead: tuple | None = None  # (file, layer, tokens, future): a read ahead into its slot
+        self._count = threading.Lock()
         self.bytes_read = 0
 
-    def read(self, ops, file: TierFile, layer: int, n: int, after):
+    def _fill(self, file: TierFile, layer: int, start: int, n: int) -> None:
+        """Tokens [start, n) of `layer` into its slot's buffers."""
+        k_buf, v_buf = self.buffers[layer % 2]
+        file.read_into(layer, start, n, k_buf[0], v_buf[0])
+        with self._count:  # (the reader thread and the caller's both count)
+            self.bytes_read += 2 * k_buf[0, :, start:n].nbytes
+
+    def read(self, ops, file: TierFile, layer: int, n: int, after, flushed: list[int]):
         """(keys, values) buffers [1, Hkv, context, hd] as backend arrays, their first n tokens layer
-        `layer`'s tokens in `file` (read now, or on a lazy backend when the buffer's turn comes)."""
-        slot = layer % 2
-        k_buf, v_buf = self.buffers[slot]
+        `layer`'s tokens in `file` (read now, or on a lazy backend when the buffer's turn comes). On an
+        eager backend the next layer's tokens on flash so far (`flushed`: each layer's count) are then
+        read ahead into the other buffer, which the layer before this one was done with (not past the
+        last layer with an odd count: the next token's first layer would take this layer's buffer)."""
+        k_buf, v_buf = self.buffers[layer % 2]
+        if self.turns is not None:
+            self.turns.claim(layer % 2, lambda: self._fill(file, layer, 0, n))
+            gate = self.turns.gate(layer % 2)
+            return ops.host_array(k_buf, after, gate), ops.host_array(v_buf, after, gate)
+        done = self._wait_ahead(file, layer)
+        if done < n:  # what the read ahead did not cover: tokens moved to flash since
+            self._fill(file, layer, done, n)
+        nxt = layer + 1 if layer + 1 < len(flushed) else 0
+        if nxt % 2 != layer % 2 and flushed[nxt]:  # what it holds on flash now (its update may add more)
+            ahead = flushed[nxt]
+            self._ahead = (file, nxt, ahead, self.reader.submit(self._fill, file, nxt, 0, ahead))
+        return ops.host_array(k_buf), ops.host_array(v_buf)
 
-        def fill():  # (on a lazy backend in the feeder thread: its only writer of bytes_read meanwhile)
-            file.read_into(layer, n, k_buf[0], v_buf[0])
-            self.bytes_read += 2 * k_buf[0, :, :n].nbytes
-
-        if self.turns is None:
-            fill()
-            return ops.host_array(k_buf), ops.host_array(v_buf)
-        self.turns.claim(slot, fill)
-        gate = self.turns.gate(slot)
-        return ops.host_array(k_buf, after, gate), ops.host_array(v_buf, after, gate)
+    def _wait_ahead(self, file: TierFile, layer: int) -> int:
+        """Wait for the read ahead, if any (it writes into a buffer); the tokens it read of `layer`."""
+        if self._ahead is None:
+            return 0
+        f, ahead_layer, n, future = self._ahead
+        self._ahead = None
+        future.result()
+        return n if (f is file and ahead_layer == layer) else 0
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for pair in self.buffers for b in pair)
 
     def close(self) -> None:
-        """The engine closes: the feeder thread stops."""
+        """The engine closes: the feeder or reader thread stops."""
         if self.turns is not None:
             self.turns.close()
+        if self.reader is not None:
+            self.reader.shutdown(wait=True)
 
 
 class SequenceTiers:
@@ -105,6 +132,7 @@ class SequenceTiers:
     def __init__(self, plan: TierPlan, reads: TierReads):
         self.plan, self.reads, self.shape = plan, reads, (plan.kv_heads, plan.head_dim)
         self.file = plan.open_file()
+        self.flushed = [0] * plan.layers  # each layer's tokens on flash: [0, flushed)
 
 
 def _host(ops, shape) -> np.ndarray:
@@ -123,8 +151,16 @@ class TieredKV(LayerKV):
         shape = (1, seq.shape[0], seq.plan.resident, seq.shape[1])
         self.k_host, self.v_host = _host(ops, shape), _host(ops, shape)
         self.keys, self.values = ops.host_array(self.k_host), ops.host_array(self.v_host)
-        self.flushed = 0  # tokens on flash: [0, flushed)
         self.resident = 0  # tokens in the window: [flushed, flushed + resident)
+
+    @property
+    def flushed(self) -> int:
+        """Tokens on flash: [0, flushed) (kept with the sequence: the read ahead asks the next layer's)."""
+        return self.seq.flushed[self.layer]
+
+    @flushed.setter
+    def flushed(self, n: int) -> None:
+        self.seq.flushed[self.layer] = n
 
     @property
     def offset(self) -> int:
@@ -152,7 +188,7 @@ class TieredKV(LayerKV):
         r, n = self.resident, self.flushed
         if n == 0:
             return self.keys[:, :, :r, :], self.values[:, :, :r, :]
-        keys, values = self.seq.reads.read(ops, self.seq.file, self.layer, n, k)
+        keys, values = self.seq.reads.read(ops, self.seq.file, self.layer, n, k, self.seq.flushed)
         keys = ops.write_tokens(keys, self.keys[:, :, :r, :], n)
         values = ops.write_tokens(values, self.values[:, :, :r, :], n)
         return keys[:, :, : n + r, :], values[:, :, : n + r, :]
@@ -172,7 +208,7 @@ class TieredKV(LayerKV):
         n, r = self.flushed, self.resident
         keys = np.empty((1, H, n + r, D), np.float32)
         values = np.empty_like(keys)
-        self.seq.file.read_into(self.layer, n, keys[0], values[0])
+        self.seq.file.read_into(self.layer, 0, n, keys[0], values[0])
         keys[:, :, n:], values[:, :, n:] = self.k_host[:, :, :r], self.v_host[:, :, :r]
         return keys, values
 

@@ -70,12 +70,12 @@ class KVTierFile:
                     data, at = data[n:], at + n
                     self.bytes_written += n
 
-    def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
-        """Tokens [0, n) of one layer into k_out[:, :n], v_out[:, :n] (float32 [kv_heads, cap >= n,
-        head_dim], each head's tokens contiguous, as a read buffer is laid out)."""
+    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
+        """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
+        cap >= n, head_dim], each head's tokens contiguous, as a read buffer is laid out)."""
         for which, out in enumerate((k_out, v_out)):
             for h in range(self.kv_heads):
-                view, at = memoryview(out[h, :n]).cast("B"), self._at(layer, which, h, 0)
+                view, at = memoryview(out[h, start:n]).cast("B"), self._at(layer, which, h, start)
                 while view.nbytes:
                     try:
                         got = os.preadv(self.fd, [view], at)

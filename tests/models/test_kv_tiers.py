@@ -49,9 +49,10 @@ def _run(e, ids, steps, trim):
     return np.concatenate(out), caches
 
 
-@pytest.mark.parametrize("backend", ["mlx", "torch"])
-def test_tiers_answer_what_the_resident_cache_answers_bit_for_bit(tiny_store, tmp_path, backend):
-    store, _ = tiny_store("llama", max_position_embeddings=512)
+@pytest.mark.parametrize("backend,layers", [("mlx", 3), ("torch", 3), ("torch", 2)])
+def test_tiers_answer_what_the_resident_cache_answers_bit_for_bit(tiny_store, tmp_path, backend, layers):
+    """(torch reads the next layer ahead, round to the next token's first layer with an even count)"""
+    store, _ = tiny_store("llama", max_position_embeddings=512, num_hidden_layers=layers)
     ids = tiny_models.random_ids(150, seed=7)
     with mlx_flash.load(store, backend=backend, progress=False, prefill_chunk=CHUNK) as e:
         e.kv_tiers = None
