@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import FlashError
 from ..batching.batch_cache import padded_mask
 from ..models.cache import LayerKV
+from ..store.positional_io import read_all, write_all
 
 _F32 = 4
 
@@ -123,23 +124,16 @@ class SpillFile:
             raise ValueError(f"{start + k.shape[0]} tokens exceed the spill file's {self.capacity}")
         for which, a in ((0, k), (1, v)):
             data = memoryview(np.ascontiguousarray(a, np.float32)).cast("B")
-            at = self._offset(layer, which, start)
-            while data.nbytes:
-                try:
-                    n = os.pwrite(self.fd, data, at)
-                except OSError as e:
-                    raise SpillError(f"{self.path}: cannot write it ({e.strerror})") from None
-                data, at = data[n:], at + n
+            try:
+                write_all(self.fd, data, self._offset(layer, which, start))
+            except OSError as e:
+                raise SpillError(f"{self.path}: cannot write it ({e.strerror})") from None
 
     def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
         """The first n tokens of one layer into k_out, v_out (float32 [n, Hkv, hd], contiguous)."""
         for which, out in ((0, k_out), (1, v_out)):
-            view, at = memoryview(out).cast("B"), self._offset(layer, which, 0)
-            while view.nbytes:
-                got = os.preadv(self.fd, [view], at)
-                if got <= 0:
-                    raise SpillError(f"{self.path}: ends before token {n} of layer {layer}")
-                view, at = view[got:], at + got
+            if not read_all(self.fd, memoryview(out).cast("B"), self._offset(layer, which, 0)):
+                raise SpillError(f"{self.path}: ends before token {n} of layer {layer}")
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import FlashError
 from ..units import fmt
+from .positional_io import read_all, write_all
 
 _F32 = 4
 
@@ -61,30 +62,24 @@ class KVTierFile:
         for which, kv in enumerate((k, v)):
             for h in range(self.kv_heads):
                 data = memoryview(np.ascontiguousarray(kv[h], np.float32)).cast("B")
-                at = self._at(layer, which, h, start)
-                while data.nbytes:
-                    try:
-                        n = os.pwrite(self.fd, data, at)
-                    except OSError as e:
-                        raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
-                    data, at = data[n:], at + n
-                    self.bytes_written += n
+                try:
+                    self.bytes_written += write_all(self.fd, data, self._at(layer, which, h, start))
+                except OSError as e:
+                    raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
 
     def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
         cap >= n, head_dim], each head's tokens contiguous, as a read buffer is laid out)."""
         for which, out in enumerate((k_out, v_out)):
             for h in range(self.kv_heads):
-                view, at = memoryview(out[h, start:n]).cast("B"), self._at(layer, which, h, start)
-                while view.nbytes:
-                    try:
-                        got = os.preadv(self.fd, [view], at)
-                    except OSError as e:
-                        raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
-                    if got <= 0:
-                        raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
-                    view, at = view[got:], at + got
-                    self.bytes_read += got
+                view = memoryview(out[h, start:n]).cast("B")
+                try:
+                    whole = read_all(self.fd, view, self._at(layer, which, h, start))
+                except OSError as e:
+                    raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
+                if not whole:
+                    raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
+                self.bytes_read += view.nbytes
 
     def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
         self.close()
