@@ -7,14 +7,15 @@ dropped before it.
         [--tokens 500] [--short-tokens 32] [--resident-limit 20GB] [--backend mlx] [--peer llama.cpp|none]
         [--gguf GGUF] [--json OUT]
 
-Rows: ours at the limit with a short prompt (the short-context rate); ours at the limit with the long
-prompt; ours with the long prompt at --resident-limit, --no-kv-on-flash and the conversation's
-context planned (every token resident: the tokens must be the same); llama.cpp at the limit (n_ctx =
-prompt + tokens + 8; its rate or its failure). The prompt is the Wikipedia corpus's first tokens
-(the same ids for every engine); decode is greedy. For the long
-run: the bytes the kernel read per decoded token (weights and KV, /proc/self/io), the KV bytes the
-tiers read back per token (the engine's count; some from the page cache), and the drive's read rate
-(bench/cgroup.read_bandwidth), so that the time per token stands beside (weights + KV bytes) / rate.
+Rows: ours at the limit with a short prompt (the short-context rate), with and without KV tiers
+(their read buffers come out of the weights' share); ours at the limit with the long prompt; ours
+with the long prompt at --resident-limit, --no-kv-on-flash and the conversation's context planned
+(every token resident: the tokens must be the same); llama.cpp at the limit (n_ctx = prompt +
+tokens + 8; its rate or its failure). The prompt is the Wikipedia corpus's first tokens (the same
+ids for every engine); decode is greedy. For the long run: the bytes the kernel read per decoded
+token (weights and KV, /proc/self/io), the KV bytes the tiers read back per token (the engine's
+count; some from the page cache), and the drive's read rate (bench/cgroup.read_bandwidth), so that
+the time per token stands beside (weights + KV bytes) / rate.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def main() -> int:
         all_resident = ["--context", str(a.prompt_tokens + a.tokens), "--no-kv-on-flash"]
         rows = {
             "ours, short": run("mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout),
+            # what the tiers' buffers cost a short chat: the same without them (the plan's KV share only)
+            "ours, short, --no-kv-on-flash": run(
+                "mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout, ["--no-kv-on-flash"]
+            ),
             "ours, long": run("mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout),
             "ours, long, all resident": run(
                 "mlx_flash", store, a.backend, resident, a.tokens, long_ids, a.timeout, all_resident
