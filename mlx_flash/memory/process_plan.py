@@ -143,7 +143,7 @@ class ProcessPlan:
         """One line for stderr: the limit and where it goes; `weights` says what the weights' share holds."""
         return (
             f"memory: limit {fmt(self.limit.bytes)} ({self.limit.how}) = runtime {fmt(self.floor + self.slack)}"
-            f" + KV {fmt(self.kv_bytes)} ({self._kv_words()}) + buffers {fmt(self.work_bytes)}"
+            f" + KV {fmt(self.kv_bytes + self.tier_reads)} ({self._kv_words()}) + buffers {fmt(self.work_bytes)}"
             f" + readers {fmt(self.reader_bytes)} + weights "
             f"{fmt(self.weights_budget)}: {weights}" + "".join(f"; {n}" for n in self.notes)
         )
@@ -152,8 +152,8 @@ class ProcessPlan:
         if not self.tier_context:
             return f"{self.kv_tokens} tokens"
         return (
-            f"{self.kv_tokens} tokens resident of a {self.tier_context}-token context, the older ones on flash "
-            f"({fmt(self.tier_disk)} of disk) through {fmt(self.tier_reads)} of read buffers"
+            f"{self.kv_tokens} tokens resident, {fmt(self.kv_bytes)}, and {fmt(self.tier_reads)} of read buffers "
+            f"for a {self.tier_context}-token context, the older tokens on flash: {fmt(self.tier_disk)} of disk"
         )
 
 

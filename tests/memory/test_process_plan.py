@@ -148,7 +148,8 @@ def test_a_7b_in_2_gb_holds_its_whole_context_with_the_older_kv_on_flash():
     parts = a["runtime_floor"] + a["runtime_slack"] + a["kv_cache"] + a["work_buffers"] + a["kv_read_buffers"]
     assert parts + a["weights_budget"] == limit.bytes and a["weights_budget"] >= weights
     assert a["work_buffers"] == work_bytes(LLAMA_7B, tiered.prefill_chunk, 4096)
-    assert f"{tiered.kv_tokens} tokens resident of a 4096-token context" in tiered.line("x")
+    assert f"{tiered.kv_tokens} tokens resident, " in tiered.line("x")
+    assert "of read buffers for a 4096-token context, the older tokens on flash: 4295.0 MB of disk" in tiered.line("x")
 
 
 def test_tiers_are_left_out_where_the_share_holds_the_context_or_nothing_fits():

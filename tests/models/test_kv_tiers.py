@@ -87,5 +87,5 @@ def test_a_prompt_longer_than_the_kv_share_is_answered_as_without_a_limit(store_
     tight = subprocess.run(base + ["--memory-budget", "420MB"], capture_output=True, text=True, timeout=600)
     free = subprocess.run(base, capture_output=True, text=True, timeout=600)
     assert tight.returncode == 0, tight.stderr[-2000:]
-    assert "resident of a 8192-token context, the older ones on flash" in tight.stderr, tight.stderr[-2000:]
+    assert "of read buffers for a 8192-token context, the older tokens on flash" in tight.stderr, tight.stderr[-2000:]
     assert free.returncode == 0 and tight.stdout == free.stdout and tight.stdout.strip(), (tight.stdout, free.stdout)
