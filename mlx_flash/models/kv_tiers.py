@@ -32,6 +32,7 @@ import numpy as np
 from .cache import LayerKV
 
 _F32 = 4
+READ_THREADS = 8  # reads in flight for a layer's tokens on flash
 EVICT_STEP = 64  # tokens moved to flash at once: fewer, larger writes, and a window that never drops below its size
 
 
@@ -74,6 +75,9 @@ class TierReads:
         self.buffers = [tuple(_host(ops, shape) for _ in range(2)) for _ in range(2)]
         self.turns = ops.slot_turns("mlx-flash-kv-turns") if ops.lazy else None
         self.reader = None if ops.lazy else ThreadPoolExecutor(1, thread_name_prefix="mlx-flash-kv-ahead")
+        # a layer's reads (one per head) side by side: 8 layers of the 7B shape, page cache dropped, read
+        # at 0.53 GB/s one at a time, 1.90 with 8 in flight (1.79 with 4, 1.61 with 16)
+        self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="mlx-flash-kv-read")
         self._ahead: tuple | None = None  # (file, layer, tokens, future): a read ahead into its slot
         self._count = threading.Lock()
         self.bytes_read = 0
@@ -81,7 +85,7 @@ class TierReads:
     def _fill(self, file: TierFile, layer: int, start: int, n: int) -> None:
         """Tokens [start, n) of `layer` into its slot's buffers."""
         k_buf, v_buf = self.buffers[layer % 2]
-        file.read_into(layer, start, n, k_buf[0], v_buf[0])
+        file.read_into(layer, start, n, k_buf[0], v_buf[0], self.readers)
         with self._count:  # (the reader thread and the caller's both count)
             self.bytes_read += 2 * k_buf[0, :, start:n].nbytes
 
@@ -124,6 +128,7 @@ class TierReads:
             self.turns.close()
         if self.reader is not None:
             self.reader.shutdown(wait=True)
+        self.readers.shutdown(wait=True)
 
 
 class SequenceTiers:

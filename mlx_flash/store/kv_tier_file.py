@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class KVTierFile:
                 f"KV on flash under {folder}: cannot reserve {fmt(self.nbytes)} for {capacity} tokens ({e.strerror})"
             ) from None
         self.bytes_written = self.bytes_read = 0
+        self._count = threading.Lock()  # (reads of one call run on several threads)
 
     def _at(self, layer: int, which: int, head: int, token: int) -> int:
         return (((layer * 2 + which) * self.kv_heads + head) * self.capacity + token) * self.head_dim * _F32
@@ -67,19 +69,32 @@ class KVTierFile:
                 except OSError as e:
                     raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
 
-    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
+    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> None:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
-        cap >= n, head_dim], each head's tokens contiguous, as a read buffer is laid out)."""
-        for which, out in enumerate((k_out, v_out)):
-            for h in range(self.kv_heads):
-                view = memoryview(out[h, start:n]).cast("B")
-                try:
-                    whole = read_all(self.fd, view, self._at(layer, which, h, start))
-                except OSError as e:
-                    raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
-                if not whole:
-                    raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
-                self.bytes_read += view.nbytes
+        cap >= n, head_dim], each head's tokens contiguous, as a read buffer is laid out): one read
+        per head, run by `pool` (an executor) side by side when given: one read at a time gets a
+        fraction of what a drive gives to several in flight."""
+        jobs = [
+            (memoryview(out[h, start:n]).cast("B"), self._at(layer, which, h, start))
+            for which, out in enumerate((k_out, v_out))
+            for h in range(self.kv_heads)
+        ]
+        if pool is None:
+            for view, at in jobs:
+                self._read(view, at, n)
+        else:
+            for f in [pool.submit(self._read, view, at, n) for view, at in jobs]:
+                f.result()
+
+    def _read(self, view: memoryview, at: int, n: int) -> None:
+        try:
+            whole = read_all(self.fd, view, at)
+        except OSError as e:
+            raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
+        if not whole:
+            raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
+        with self._count:
+            self.bytes_read += view.nbytes
 
     def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
         self.close()
