@@ -14,7 +14,9 @@ same keys, in the same order and layout, as the all-resident cache (models/cache
 On a lazy backend (MLX) the graph of a whole token is built before it runs: each layer's read is a
 claim on its buffer's turns (slot_turns.py), served by a feeder thread once the layer two before it
 has computed, and the attention takes the buffer through a fence; so layer i+1's read overlaps layer
-i's compute. On an eager one (torch) the read happens when the layer is reached.
+i's compute. On an eager one (torch) a reader thread reads layer i+1's tokens on flash while layer i
+computes; what moved to flash since is read when the layer is reached. Either way a layer's reads,
+one per head, run READ_THREADS at a time.
 
 Tokens move out of a window only when written earlier (evaluated: each forward ends in host memory),
 so the I/O reads host memory, never a framework array.
@@ -42,9 +44,9 @@ class TierFile(Protocol):
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Tokens [start, start + T) of one layer: k, v float32 [kv_heads, T, head_dim]."""
 
-    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
+    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> None:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
-        cap, head_dim])."""
+        cap, head_dim]); `pool`: an executor that runs the reads side by side."""
 
 
 @dataclass(frozen=True)
