@@ -17,6 +17,9 @@ A limit that cannot hold the floor, the slack, the work buffers of a 16-token ch
 KV and the weights' minimum is refused, naming the minimum: one number for a model and backend
 whatever limit was tried, and a run given that number is planned (the floor is measured again in
 every process: the named minimum carries FLOOR_JITTER for it, rounded up).
+Where the KV share holds fewer tokens than the context, plan_tiers keeps that share as a resident
+window and plans the older tokens on flash (models/kv_tiers.py): their read buffers and the attention
+buffers over the whole context come out of the weights' share.
 """
 
 from __future__ import annotations
