@@ -120,10 +120,6 @@ class TierReads:
         future.result()
         return n if (f is file and ahead_layer == layer) else 0
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for pair in self.buffers for b in pair)
-
     def close(self) -> None:
         """The engine closes: the feeder or reader thread stops."""
         if self.turns is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 
 import numpy as np
 
@@ -50,8 +49,7 @@ class KVTierFile:
             raise KVTierError(
                 f"KV on flash under {folder}: cannot reserve {fmt(self.nbytes)} for {capacity} tokens ({e.strerror})"
             ) from None
-        self.bytes_written = self.bytes_read = 0
-        self._count = threading.Lock()  # (reads of one call run on several threads)
+        self.bytes_written = 0
 
     def _at(self, layer: int, which: int, head: int, token: int) -> int:
         return (((layer * 2 + which) * self.kv_heads + head) * self.capacity + token) * self.head_dim * _F32
@@ -93,8 +91,6 @@ class KVTierFile:
             raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
         if not whole:
             raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
-        with self._count:
-            self.bytes_read += view.nbytes
 
     def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
         self.close()
