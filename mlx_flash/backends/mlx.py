@@ -109,7 +109,7 @@ class MLXOps:
         if gate is not None:
             turns, seq = gate.turns, gate.seq
             a = mlx_kernels.extension().await_fence(a, after, turns.ready, seq, turns.release, seq - 1)
-        return a.view(mx.float32).reshape(view.shape)
+        return (a if view.dtype == np.uint8 else a.view(mx.float32)).reshape(view.shape)
 
     def held_bytes(self, tree) -> int:
         """Bytes of memory the arrays of a weights tree hold (each buffer counted once)."""
@@ -317,6 +317,15 @@ class MLXOps:
         if not self.on_gpu and (mask is None or isinstance(mask, str)):
             return mlx_kernels.attention(q, k, v, scale, self.kernel_threads)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    def sdpa_coded(self, q, k, v, scale: float, codes, layouts: tuple, coded: int):
+        k_layout, v_layout, table = layouts
+        S, T = coded + k.shape[2], q.shape[2]
+        return mlx_kernels.attention_coded(
+            q, k, v, scale, self.kernel_threads, codes, k_layout, codes, v_layout,
+            mx.array([[coded], [coded]], dtype=mx.int32), mx.array([S], dtype=mx.int32),
+            mx.array([S - T], dtype=mx.int32), mx.array(table),
+        )  # fmt: skip
 
     def mask(self, keep: np.ndarray):
         """A boolean numpy mask as sdpa takes it."""

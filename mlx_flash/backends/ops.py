@@ -178,6 +178,12 @@ class Ops(Protocol):
         """Attention: q [B, Hq, T, hd], k/v [B, Hkv, S, hd] (grouped heads) -> [B, Hq, T, hd]; mask:
         None, "causal" (last query aligned with last key) or a boolean mask from mask()."""
 
+    def sdpa_coded(self, q: Any, k: Any, v: Any, scale: float, codes: Any, layouts: tuple, coded: int) -> Any:
+        """Causal attention of one sequence whose first `coded` keys and values are affine codes in
+        `codes` (uint8 blocks, read where they lie: kernels/cpu/attention.cpp mf_attention_coded) and
+        the rest the float k, v [1, Hkv, R, hd]; layouts: (key layout, value layout, slot table int32
+        numpy [1, blocks]) as models/kv_coded_blocks.BlockFormat.layouts gives them. CPU kernels only."""
+
     def attention_columns(self, q: Any, k: Any, scale: float) -> Any:
         """Causal attention mass each key receives, summed over heads and queries: q [1, Hq, T, hd],
         k [1, Hkv, S, hd] -> [S] float32 (KV compression's information density)."""
@@ -195,7 +201,7 @@ class Ops(Protocol):
         the backend's kernels take in place."""
 
     def host_array(self, view: np.ndarray, after: Any = None, gate=None) -> Any:
-        """A backend array over `view` (a float32 numpy view of host_buffer memory) without a copy, so
+        """A backend array over `view` (a float32 or uint8 numpy view of host_buffer memory) without a copy, so
         that what the backend writes there (write_tokens) numpy reads and what a read puts there the
         backend takes. On a lazy backend with `gate` (slot_turns.SlotGate), the array is its bytes once
         that claim's read is done, after `after` is computed; an eager one waited before the call."""

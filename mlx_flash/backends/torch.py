@@ -294,6 +294,15 @@ class TorchOps:
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
+    def sdpa_coded(self, q, k, v, scale: float, codes, layouts: tuple, coded: int):
+        k_layout, v_layout, table = layouts
+        S, T = coded + k.shape[2], q.shape[2]
+        return torch_ops.ops().attention_coded(
+            q, k, v, scale, self.kernel_threads, codes, k_layout.ints(), codes, v_layout.ints(),
+            torch.tensor([[coded], [coded]], dtype=torch.int32), torch.tensor([S], dtype=torch.int32),
+            torch.tensor([S - T], dtype=torch.int32), torch.from_numpy(table),
+        )  # fmt: skip
+
     # attention scores for KV compression and top-k sparse attention (backends/torch_scores.py)
     attention_columns = torch_scores.attention_columns
     top_k_mask = torch_scores.top_k_mask

@@ -14,6 +14,10 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
                    int (one sequence: `offset`), or int numpy [B] (a batch: one per row)
   mask(ops, T)     after update, the attention mask of the T new queries, as ops.sdpa takes it:
                    None or "causal" for one sequence, a boolean [B, 1, T, S] for a padded batch
+  attention(ops, q, keys, values, scale, mask)
+                   softmax(scale q keys^T) values over what update returned, under `mask`: ops.sdpa,
+                   unless the cache returned less than every held key (compressed tokens on flash,
+                   models/kv_tiers.CodedTieredKV attends over them where they lie)
   observe(ops, q, keys, scale)
                    the graph shows a cache each layer's queries and all its keys after update (a
                    no-op unless the cache measures attention, as KV compression does)
@@ -49,6 +53,10 @@ class LayerKV(ABC):
     @abstractmethod
     def trim(self, n: int) -> None:
         """Forget the last n tokens; their slots are overwritten by later updates."""
+
+    def attention(self, ops, q, keys, values, scale: float, mask):
+        """Queries [B, Hq, T, hd] over the keys and values update() returned: every held one."""
+        return ops.sdpa(q, keys, values, scale, mask)
 
     def observe(self, ops, q, keys, scale: float) -> None:
         """Queries [B, Hq, T, hd] and every held key after update(): nothing to do by default."""

@@ -209,7 +209,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache, sliding: bool):
     mask = cache.mask(ops, T)
     if sliding and S > args.window:
         mask = window_mask(ops, mask, offset, T, S, args.window)
-    o = ops.sdpa(q, k, v, scale_qk, mask)
+    o = cache.attention(ops, q, k, v, scale_qk, mask)
     o = ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd))
     return linear(ops, o, lw["o"])
 

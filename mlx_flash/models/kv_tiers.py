@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .cache import LayerKV
+from .kv_coded_blocks import BlockFormat
 
 _F32 = 4
 READ_THREADS = 8  # reads in flight for a layer's tokens on flash
@@ -44,16 +45,28 @@ class TierFile(Protocol):
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Tokens [start, start + T) of one layer: k, v float32 [kv_heads, T, head_dim]."""
 
-    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> None:
+    def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> int:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
-        cap, head_dim]); `pool`: an executor that runs the reads side by side."""
+        cap, head_dim]); `pool`: an executor that runs the reads side by side. The bytes read."""
+
+
+class BlockFile(Protocol):
+    """Where a sequence's older tokens lie compressed (store/kv_tier_file.KVBlockFile): whole blocks of
+    tokens, each BlockFormat.nbytes."""
+
+    def write_blocks(self, layer: int, start: int, data: np.ndarray) -> None:
+        """Blocks from token `start` of one layer: uint8 [blocks, nbytes]."""
+
+    def read_blocks(self, layer: int, start: int, n: int, out: np.ndarray, pool=None) -> int:
+        """Tokens [start, n) of one layer (whole blocks) into those blocks of `out`; the bytes read."""
 
 
 @dataclass(frozen=True)
 class TierPlan:
     """What the memory plan gives one sequence's KV tiers: `window` tokens resident per layer plus one
     forward's `chunk`, a `context` of tokens in all, of a model of `layers` layers with `kv_heads` heads
-    of `head_dim`; `open_file()` makes a new sequence's file (the caller knows the store)."""
+    of `head_dim`; `open_file()` makes a new sequence's file (the caller knows the store): a TierFile,
+    or with `coded` (tokens on flash compressed, an approximation) a BlockFile of its blocks."""
 
     window: int
     chunk: int
@@ -61,11 +74,17 @@ class TierPlan:
     layers: int
     kv_heads: int
     head_dim: int
-    open_file: Callable[[], TierFile]
+    open_file: Callable[[], TierFile | BlockFile]
+    coded: BlockFormat | None = None
 
     @property
     def resident(self) -> int:
         return self.window + self.chunk
+
+    @property
+    def blocks(self) -> int:
+        """Compressed blocks of the whole context."""
+        return -(-self.context // self.coded.tokens)
 
 
 class TierReads:
@@ -73,8 +92,13 @@ class TierReads:
     and on a lazy backend their turns; on an eager one a reader thread reads the next layer ahead."""
 
     def __init__(self, ops, plan: TierPlan):
-        shape = (1, plan.kv_heads, plan.context, plan.head_dim)
-        self.buffers = [tuple(_host(ops, shape) for _ in range(2)) for _ in range(2)]
+        self.coded = plan.coded
+        if plan.coded is None:  # each slot: keys, values [1, Hkv, context, hd]
+            shape = (1, plan.kv_heads, plan.context, plan.head_dim)
+            self.buffers = [tuple(_host(ops, shape) for _ in range(2)) for _ in range(2)]
+        else:  # each slot: the context's blocks, uint8 [blocks, nbytes]
+            nbytes = plan.coded.nbytes
+            self.buffers = [(ops.host_buffer(plan.blocks * nbytes).reshape(plan.blocks, nbytes),) for _ in range(2)]
         self.turns = ops.slot_turns("mlx-flash-kv-turns") if ops.lazy else None
         self.reader = None if ops.lazy else ThreadPoolExecutor(1, thread_name_prefix="mlx-flash-kv-ahead")
         # a layer's reads (one per head) side by side: 8 layers of the 7B shape, page cache dropped, read
@@ -86,22 +110,26 @@ class TierReads:
 
     def _fill(self, file: TierFile, layer: int, start: int, n: int) -> None:
         """Tokens [start, n) of `layer` into its slot's buffers."""
-        k_buf, v_buf = self.buffers[layer % 2]
-        file.read_into(layer, start, n, k_buf[0], v_buf[0], self.readers)
+        bufs = self.buffers[layer % 2]
+        if self.coded is None:
+            nbytes = file.read_into(layer, start, n, bufs[0][0], bufs[1][0], self.readers)
+        else:
+            nbytes = file.read_blocks(layer, start, n, bufs[0], self.readers)
         with self._count:  # (the reader thread and the caller's both count)
-            self.bytes_read += 2 * k_buf[0, :, start:n].nbytes
+            self.bytes_read += nbytes
 
-    def read(self, ops, file: TierFile, layer: int, n: int, after, flushed: list[int]):
-        """(keys, values) buffers [1, Hkv, context, hd] as backend arrays, their first n tokens layer
-        `layer`'s tokens in `file` (read now, or on a lazy backend when the buffer's turn comes). On an
+    def read(self, ops, file, layer: int, n: int, after, flushed: list[int]) -> tuple:
+        """The slot's buffers as backend arrays (keys, values [1, Hkv, context, hd]; compressed: the
+        blocks), their first n tokens layer `layer`'s tokens in `file` (read now, or on a lazy backend
+        when the buffer's turn comes). On an
         eager backend the next layer's tokens on flash so far (`flushed`: each layer's count) are then
         read ahead into the other buffer, which the layer before this one was done with (not past the
         last layer with an odd count: the next token's first layer would take this layer's buffer)."""
-        k_buf, v_buf = self.buffers[layer % 2]
+        bufs = self.buffers[layer % 2]
         if self.turns is not None:
             self.turns.claim(layer % 2, lambda: self._fill(file, layer, 0, n))
             gate = self.turns.gate(layer % 2)
-            return ops.host_array(k_buf, after, gate), ops.host_array(v_buf, after, gate)
+            return tuple(ops.host_array(b, after, gate) for b in bufs)
         done = self._wait_ahead(file, layer)
         if done < n:  # what the read ahead did not cover: tokens moved to flash since
             self._fill(file, layer, done, n)
@@ -109,7 +137,7 @@ class TierReads:
         if nxt % 2 != layer % 2 and flushed[nxt]:  # what it holds on flash now (its update may add more)
             ahead = flushed[nxt]
             self._ahead = (file, nxt, ahead, self.reader.submit(self._fill, file, nxt, 0, ahead))
-        return ops.host_array(k_buf), ops.host_array(v_buf)
+        return tuple(ops.host_array(b) for b in bufs)
 
     def _wait_ahead(self, file: TierFile, layer: int) -> int:
         """Wait for the read ahead, if any (it writes into a buffer); the tokens it read of `layer`."""
@@ -136,6 +164,8 @@ class SequenceTiers:
         self.plan, self.reads, self.shape = plan, reads, (plan.kv_heads, plan.head_dim)
         self.file = plan.open_file()
         self.flushed = [0] * plan.layers  # each layer's tokens on flash: [0, flushed)
+        if plan.coded is not None:  # where attention finds the codes in a read buffer, and its blocks in order
+            self.layouts = (*plan.coded.layouts(plan.blocks), np.arange(plan.blocks, dtype=np.int32)[None])
 
 
 def _host(ops, shape) -> np.ndarray:
@@ -181,13 +211,21 @@ class TieredKV(LayerKV):
         if over > 0:  # the oldest resident tokens (written by earlier forwards) go to flash
             e = min(self.resident, -(-over // EVICT_STEP) * EVICT_STEP)
             r = self.resident
-            self.seq.file.write(self.layer, self.flushed, self.k_host[0, :, :e], self.v_host[0, :, :e])
+            self._flush(self.k_host[0, :, :e], self.v_host[0, :, :e])
             for host in (self.k_host, self.v_host):
                 host[:, :, : r - e] = host[:, :, e:r].copy()
             self.flushed, self.resident = self.flushed + e, r - e
         self.keys = ops.write_tokens(self.keys, k, self.resident)
         self.values = ops.write_tokens(self.values, v, self.resident)
         self.resident += T
+        return self._gather(ops, k)
+
+    def _flush(self, k: np.ndarray, v: np.ndarray) -> None:
+        """The window's oldest tokens, keys and values [Hkv, e, hd], to flash after the flushed ones."""
+        self.seq.file.write(self.layer, self.flushed, k, v)
+
+    def _gather(self, ops, k):
+        """Every held key and value: the tokens on flash read into a read buffer, the window after them."""
         r, n = self.resident, self.flushed
         if n == 0:
             return self.keys[:, :, :r, :], self.values[:, :, :r, :]
@@ -216,7 +254,67 @@ class TieredKV(LayerKV):
         return keys, values
 
 
+class CodedTieredKV(TieredKV):
+    """TieredKV whose tokens on flash are compressed blocks (plan.coded, models/kv_coded_blocks.py):
+    update returns the resident window only, and attention reads the blocks where the read put them,
+    as codes, with the window's float tokens after them (ops.sdpa_coded); the flushed count stays a
+    whole number of blocks (EVICT_STEP is a block)."""
+
+    def __init__(self, ops, seq: SequenceTiers, layer: int):
+        super().__init__(ops, seq, layer)
+        self.format = seq.plan.coded
+        self.codes = None  # the read buffer this forward's attention reads the blocks from
+
+    def _flush(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.seq.file.write_blocks(self.layer, self.flushed, self.format.encode(k, v))
+
+    def _gather(self, ops, k):
+        r, n = self.resident, self.flushed
+        self.codes = self.seq.reads.read(ops, self.seq.file, self.layer, n, k, self.seq.flushed)[0] if n else None
+        return self.keys[:, :, :r, :], self.values[:, :, :r, :]
+
+    def attention(self, ops, q, keys, values, scale: float, mask):
+        if self.codes is None:
+            return ops.sdpa(q, keys, values, scale, mask)
+        if mask is not None and not isinstance(mask, str):
+            raise ValueError("KV on flash compressed attends causally only (this model masks otherwise)")
+        return ops.sdpa_coded(q, keys, values, scale, self.codes, self.seq.layouts, self.flushed)
+
+    def _decoded(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens [start, n) on flash (whole blocks) as attention computes with them: float32 [Hkv, n - start, hd]."""
+        T = self.format.tokens
+        blocks = np.empty((n // T, self.format.nbytes), np.uint8)
+        self.seq.file.read_blocks(self.layer, 0, n, blocks)
+        return self.format.decode(blocks[start // T :])
+
+    def trim(self, n: int) -> None:
+        self._check_trim(n)
+        if n <= self.resident:
+            self.resident -= n
+            return
+        keep = self.flushed - (n - self.resident)  # tokens held after the trim
+        T = self.format.tokens
+        start = keep // T * T
+        if keep > start:  # the kept part of the last block comes back to the window, as attention saw it
+            k, v = self._decoded(start, start + T)
+            self.k_host[0, :, : keep - start], self.v_host[0, :, : keep - start] = (
+                k[:, : keep - start],
+                v[:, : keep - start],
+            )
+        self.flushed, self.resident = start, keep - start
+
+    def state(self, ops):
+        if self.offset == 0:
+            raise ValueError("an empty cache has no state")
+        n, r = self.flushed, self.resident
+        k, v = self._decoded(0, n) if n else (np.empty((self.seq.shape[0], 0, self.seq.shape[1]), np.float32),) * 2
+        keys = np.concatenate([k, self.k_host[0, :, :r]], axis=1)[None]
+        values = np.concatenate([v, self.v_host[0, :, :r]], axis=1)[None]
+        return keys, values
+
+
 def make_tiered_caches(ops, plan: TierPlan, reads: TierReads) -> list[TieredKV]:
     """Every layer's cache of one new sequence, sharing its file and the engine's reads."""
     seq = SequenceTiers(plan, reads)
-    return [TieredKV(ops, seq, i) for i in range(plan.layers)]
+    kind = TieredKV if plan.coded is None else CodedTieredKV
+    return [kind(ops, seq, i) for i in range(plan.layers)]

@@ -182,7 +182,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
         q, k = rope(q), rope(k)
     k, v = cache.update(ops, k, heads(v, Hk))
     cache.observe(ops, q, k, hd**-0.5)
-    o = ops.sdpa(q, k, v, hd**-0.5, cache.mask(ops, T))
+    o = cache.attention(ops, q, k, v, hd**-0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd)), lw["o"])
 
 

@@ -115,7 +115,7 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache):
     q, k, v = split(ops.linear(x, lw["q"])), split(ops.linear(x, lw["k"])), split(ops.linear(x, lw["v"]))
     k, v = cache.update(ops, k, v)
     cache.observe(ops, q, k, hd**-0.5)
-    o = ops.sdpa(q, k, v, hd**-0.5, cache.mask(ops, T))
+    o = cache.attention(ops, q, k, v, hd**-0.5, cache.mask(ops, T))
     return ops.linear(ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, H * hd)), lw["o"])
 
 

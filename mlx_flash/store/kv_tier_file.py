@@ -22,34 +22,35 @@ from ..units import fmt
 from .positional_io import read_all, write_all
 
 _F32 = 4
+READ_PARTS = 8  # a block file's range is read in this many parts side by side
 
 
 class KVTierError(FlashError):
     """The file of a sequence's older KV could not be made, written or read (full disk, permissions)."""
 
 
-class KVTierFile:
+class _NamelessFile:
+    """A file of `nbytes` reserved under `folder` with no name (see the module docstring)."""
+
+    def __init__(self, folder: str, nbytes: int, capacity: int):
+        self.fd, self.nbytes, self.capacity, self.bytes_written = -1, nbytes, capacity, 0
+        self.fd, self.where = _reserved(folder, nbytes, capacity)
+
+    def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class KVTierFile(_NamelessFile):
     """Tokens [0, capacity) of every layer's keys and values of one sequence (see the module docstring)."""
 
     def __init__(self, folder: str, layers: int, kv_heads: int, head_dim: int, capacity: int):
-        self.layers, self.kv_heads, self.head_dim, self.capacity = layers, kv_heads, head_dim, capacity
-        self.nbytes = layers * 2 * kv_heads * capacity * head_dim * _F32
-        self.fd = -1
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, path = tempfile.mkstemp(prefix="kv-", suffix=".tier", dir=folder)
-        except OSError as e:
-            raise KVTierError(f"KV on flash under {folder}: cannot create a file there ({e.strerror})") from None
-        os.unlink(path)  # nameless from here: the kernel frees it when the process lets it go
-        self.fd, self.where = fd, folder
-        try:
-            os.posix_fallocate(fd, 0, self.nbytes)
-        except OSError as e:
-            self.close()
-            raise KVTierError(
-                f"KV on flash under {folder}: cannot reserve {fmt(self.nbytes)} for {capacity} tokens ({e.strerror})"
-            ) from None
-        self.bytes_written = 0
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        super().__init__(folder, layers * 2 * kv_heads * capacity * head_dim * _F32, capacity)
 
     def _at(self, layer: int, which: int, head: int, token: int) -> int:
         return (((layer * 2 + which) * self.kv_heads + head) * self.capacity + token) * self.head_dim * _F32
@@ -71,31 +72,88 @@ class KVTierFile:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
         cap >= n, head_dim], each head's tokens contiguous, as a read buffer is laid out): one read
         per head, run by `pool` (an executor) side by side when given: one read at a time gets a
-        fraction of what a drive gives to several in flight."""
+        fraction of what a drive gives to several in flight. The bytes read."""
         jobs = [
             (memoryview(out[h, start:n]).cast("B"), self._at(layer, which, h, start))
             for which, out in enumerate((k_out, v_out))
             for h in range(self.kv_heads)
         ]
-        if pool is None:
-            for view, at in jobs:
-                self._read(view, at, n)
-        else:
-            for f in [pool.submit(self._read, view, at, n) for view, at in jobs]:
-                f.result()
+        return _read_jobs(self.fd, self.where, jobs, pool, n)
 
-    def _read(self, view: memoryview, at: int, n: int) -> None:
+
+class KVBlockFile(_NamelessFile):
+    """Tokens [0, capacity) of every layer of one sequence as blocks of `block_tokens` tokens of
+    `block_bytes` each (compressed: models/kv_coded_blocks.py), laid out [layers, blocks]: a layer's
+    tokens [0, n) are one range, read in READ_PARTS parts side by side."""
+
+    def __init__(self, folder: str, layers: int, block_tokens: int, block_bytes: int, capacity: int):
+        self.layers, self.block_tokens, self.block_bytes = layers, block_tokens, block_bytes
+        self.blocks = -(-capacity // block_tokens)
+        super().__init__(folder, layers * self.blocks * block_bytes, capacity)
+
+    def _block(self, token: int) -> int:
+        if token % self.block_tokens:
+            raise ValueError(f"token {token} does not start a block of {self.block_tokens}")
+        return token // self.block_tokens
+
+    def write_blocks(self, layer: int, start: int, data: np.ndarray) -> None:
+        """Blocks of tokens from `start` (a block's first) of one layer: uint8 [blocks, block_bytes]."""
+        first = self._block(start)
+        if data.ndim != 2 or data.shape[1] != self.block_bytes or first + data.shape[0] > self.blocks:
+            raise ValueError(f"blocks {data.shape} from token {start} do not fit the file's {self.capacity} tokens")
         try:
-            whole = read_all(self.fd, view, at)
+            at = (layer * self.blocks + first) * self.block_bytes
+            self.bytes_written += write_all(self.fd, memoryview(np.ascontiguousarray(data)).cast("B"), at)
         except OSError as e:
-            raise KVTierError(f"KV on flash under {self.where}: cannot read it ({e.strerror})") from None
+            raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
+
+    def read_blocks(self, layer: int, start: int, n: int, out: np.ndarray, pool=None) -> int:
+        """Tokens [start, n) of one layer (whole blocks) into the same blocks of `out` (uint8 [blocks >=
+        n's, block_bytes], contiguous); the bytes read."""
+        first, end = self._block(start), self._block(n)
+        if out.shape[0] < end or out.shape[1] != self.block_bytes or not out.flags.c_contiguous:
+            raise ValueError(f"a read buffer {out.shape} does not hold {end} blocks of {self.block_bytes} bytes")
+        cuts = np.linspace(first, end, min(READ_PARTS, max(end - first, 1)) + 1).astype(int)
+        base = layer * self.blocks * self.block_bytes
+        jobs = [
+            (memoryview(out[a:b]).cast("B"), base + a * self.block_bytes) for a, b in zip(cuts[:-1], cuts[1:]) if b > a
+        ]
+        return _read_jobs(self.fd, self.where, jobs, pool, n)
+
+
+def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, str]:
+    """A nameless file of `nbytes` reserved under `folder`: (descriptor, folder)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="kv-", suffix=".tier", dir=folder)
+    except OSError as e:
+        raise KVTierError(f"KV on flash under {folder}: cannot create a file there ({e.strerror})") from None
+    os.unlink(path)  # nameless from here: the kernel frees it when the process lets it go
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        os.close(fd)
+        raise KVTierError(
+            f"KV on flash under {folder}: cannot reserve {fmt(nbytes)} for {capacity} tokens ({e.strerror})"
+        ) from None
+    return fd, folder
+
+
+def _read_jobs(fd: int, where: str, jobs: list[tuple[memoryview, int]], pool, n: int) -> int:
+    """Each (view, offset) read whole, by `pool` side by side when given; the bytes read."""
+
+    def one(view: memoryview, at: int) -> None:
+        try:
+            whole = read_all(fd, view, at)
+        except OSError as e:
+            raise KVTierError(f"KV on flash under {where}: cannot read it ({e.strerror})") from None
         if not whole:
-            raise KVTierError(f"KV on flash under {self.where}: the file ends before token {n}")
+            raise KVTierError(f"KV on flash under {where}: the file ends before token {n}")
 
-    def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
-        self.close()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    if pool is None:
+        for view, at in jobs:
+            one(view, at)
+    else:
+        for f in [pool.submit(one, view, at) for view, at in jobs]:
+            f.result()
+    return sum(view.nbytes for view, _ in jobs)

@@ -14,8 +14,9 @@ import pytest
 import mlx_flash
 import tiny_models
 from mlx_flash.memory import ModelShape
-from mlx_flash.models.kv_tiers import EVICT_STEP, TierPlan, TieredKV
-from mlx_flash.store.kv_tier_file import KVTierFile
+from mlx_flash.models.kv_coded_blocks import BlockFormat
+from mlx_flash.models.kv_tiers import EVICT_STEP, CodedTieredKV, TierPlan, TieredKV
+from mlx_flash.store.kv_tier_file import KVBlockFile, KVTierFile
 
 CHUNK = 16
 
@@ -89,3 +90,47 @@ def test_a_prompt_longer_than_the_kv_share_is_answered_as_without_a_limit(store_
     assert tight.returncode == 0, tight.stderr[-2000:]
     assert "of read buffers for a 8192-token context, the older tokens on flash" in tight.stderr, tight.stderr[-2000:]
     assert free.returncode == 0 and tight.stdout == free.stdout and tight.stdout.strip(), (tight.stdout, free.stdout)
+
+
+def _coded_plan(e, tmp_path, window: int, bits: int) -> TierPlan:
+    """As _plan, the tokens on flash compressed to `bits` in blocks of EVICT_STEP tokens."""
+    s = ModelShape.from_config(e.store.config)
+    folder, fmt = str(tmp_path / "kv"), BlockFormat(bits, s.kv_heads, s.head_dim, EVICT_STEP)
+    return TierPlan(
+        window, CHUNK, 400, s.layers, s.kv_heads, s.head_dim,
+        lambda: KVBlockFile(folder, s.layers, EVICT_STEP, fmt.nbytes, 400), coded=fmt,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_compressed_tiers_attend_over_the_codes_as_over_their_decoded_values(tiny_store, tmp_path, backend):
+    """Attention over the blocks where the read put them equals the float kernel over the decoded
+    tokens and the window bit for bit; the answers stay near the exact ones (4 bits), not equal to
+    them; a trim into the blocks keeps the decoded prefix."""
+    store, _ = tiny_store("llama", max_position_embeddings=512, num_hidden_layers=2)
+    ids = tiny_models.random_ids(150, seed=7)
+    with mlx_flash.load(store, backend=backend, progress=False, prefill_chunk=CHUNK) as e:
+        e.kv_tiers = None
+        want, _ = _run(e, ids, 10, 0)
+        e.kv_tiers = _coded_plan(e, tmp_path, EVICT_STEP, bits=4)
+        got, tiered = _run(e, ids, 10, 0)
+        ops, layer = e.ops, tiered[1]
+        assert isinstance(layer, CodedTieredKV) and layer.flushed >= 2 * EVICT_STEP
+        rng = np.random.default_rng(0)
+        H, D = layer.seq.shape
+        k, v = (ops.array(rng.standard_normal((1, H, 1, D)).astype(np.float32)) for _ in range(2))
+        q = ops.array(rng.standard_normal((1, 2 * H, 1, D)).astype(np.float32))
+        keys, values = layer.update(ops, k, v)
+        y = ops.to_numpy(layer.attention(ops, q, keys, values, D**-0.5, "causal"))
+        K, V = layer.state(ops)
+        assert K.shape[2] == layer.offset and keys.shape[2] == layer.resident
+        want_y = ops.to_numpy(ops.sdpa(q, ops.array(K), ops.array(V), D**-0.5, "causal"))
+        assert np.array_equal(y, want_y)
+        before, held = layer.state(ops), layer.offset
+        cut = layer.resident + 40
+        layer.trim(cut)  # into the last block on flash: its kept part comes back resident
+        assert layer.offset == held - cut and 0 < layer.resident < EVICT_STEP and layer.flushed % EVICT_STEP == 0
+        for a, b in zip(layer.state(ops), before):
+            assert np.array_equal(a, b[:, :, : layer.offset])
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert 0 < err < 0.05, err
