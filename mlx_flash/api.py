@@ -15,7 +15,8 @@ from .memory import ModelShape, plan_process, process_rss, resolve_limit
 from .memory.allocator import return_free_memory
 from .errors import MemoryBudgetError
 from .memory.process_plan import check_backend_room, plan_tiers
-from .models.kv_tiers import TierPlan
+from .models.kv_coded_blocks import BlockFormat
+from .models.kv_tiers import EVICT_STEP, TierPlan
 from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
 from .sparse.planner import model_bytes
 from .default_model import resolve_store
@@ -24,7 +25,7 @@ from .kernels import torch_ops
 from .layer_stream import LayerSlots, StreamedLayers
 from .options import ExpertOptions, FlashOptions, IOOptions
 from .store import open_store
-from .store.kv_tier_file import KVTierFile
+from .store.kv_tier_file import KVBlockFile, KVTierFile
 from .store.reader_pool import ReaderPool
 from .models import model_module
 from .store.stream_pool import stream_pool, stream_pools_bytes
@@ -43,6 +44,7 @@ def load(
     weights_budget: str | int | None = None,
     context: int = 0,
     kv_on_flash: bool = True,
+    kv_flash_bits: int = 0,
     precision: str = "auto",
     threads: int | None = None,
     progress: bool = True,
@@ -67,7 +69,8 @@ def load(
         "stream" and "sparse" both read experts when routed into a cache).
     memory_budget: the cap on the whole process's peak RSS ("auto", "60%" of the available memory,
         or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned;
-        kv_on_flash: a context longer than the KV share holds keeps its older tokens on flash.
+        kv_on_flash: a context longer than the KV share holds keeps its older tokens on flash;
+        kv_flash_bits: those tokens compressed to 8, 4 or 2 bits (0: exact).
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
@@ -81,6 +84,7 @@ def load(
         weights_budget=weights_budget,
         context=context,
         kv_on_flash=kv_on_flash,
+        kv_flash_bits=kv_flash_bits,
         precision=precision,
         threads=threads,
         device=device,
@@ -225,18 +229,29 @@ def _plan_with_tiers(cfg: EngineConfig, ops, planned, shape, context_limit: int,
     tokens on flash (memory/process_plan.plan_tiers) where the read buffers fit; an explicit context
     that fits neither way is refused as without tiers."""
     usable = cfg.kv_on_flash and ops.in_place_kernel
+    coded = BlockFormat(cfg.kv_flash_bits, shape.kv_heads, shape.head_dim, EVICT_STEP) if cfg.kv_flash_bits else None
+    on_flash = coded.bytes_per_token() * shape.layers if coded else 0
     try:
         plan = planned(cfg.context)
     except MemoryBudgetError:
         if not (usable and cfg.context):
             raise
-        plan = plan_tiers(planned(0), shape, cfg.context, weights_min, _disk_free(_tier_folder(cfg)))
+        plan = plan_tiers(
+            planned(0),
+            shape,
+            cfg.context,
+            weights_min,
+            _disk_free(_tier_folder(cfg)),
+            True,
+            on_flash,
+            cfg.kv_flash_bits,
+        )
         if not plan.tier_context:
             raise
     else:
         if usable:
-            want = cfg.context or context_limit
-            plan = plan_tiers(plan, shape, want, weights_min, _disk_free(_tier_folder(cfg)), asked=bool(cfg.context))
+            want, free = cfg.context or context_limit, _disk_free(_tier_folder(cfg))
+            plan = plan_tiers(plan, shape, want, weights_min, free, bool(cfg.context), on_flash, cfg.kv_flash_bits)
     if not plan.tier_context:
         return plan, None
     folder, L, H, D, n = _tier_folder(cfg), shape.layers, shape.kv_heads, shape.head_dim, plan.tier_context
@@ -247,7 +262,12 @@ def _plan_with_tiers(cfg: EngineConfig, ops, planned, shape, context_limit: int,
         layers=L,
         kv_heads=H,
         head_dim=D,
-        open_file=lambda: KVTierFile(folder, L, H, D, n),
+        open_file=(
+            (lambda: KVBlockFile(folder, L, EVICT_STEP, coded.nbytes, n))
+            if coded
+            else (lambda: KVTierFile(folder, L, H, D, n))
+        ),
+        coded=coded,
     )
 
 

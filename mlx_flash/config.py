@@ -79,6 +79,12 @@ class EngineConfig:
         "off: the context is what memory holds. CPU backends only",
         flag="--kv-on-flash",
     )
+    kv_flash_bits: int = option(
+        0,
+        "the tokens KV tiers keep on flash at 8, 4 or 2 bits (an approximation: fewer bytes read per "
+        "token of a long context; keys per channel over blocks of 64 tokens, values per token in groups "
+        "of 32 channels); 0 (the default): exact float32",
+    )
     precision: str = option(
         "auto",
         "FFN precision when converting a GGUF/HF source: source (the source's bytes, "
@@ -122,6 +128,8 @@ class EngineConfig:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if self.context < 0:
             raise ConfigError(f"context must be >= 0 (got {self.context})")
+        if self.kv_flash_bits not in (0, 8, 4, 2):
+            raise ConfigError(f"kv_flash_bits must be 0 (exact), 8, 4 or 2 (got {self.kv_flash_bits})")
         check_threads("threads", self.threads)
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown (choose one of: auto, {', '.join(PRECISIONS)})")

@@ -5,17 +5,19 @@ dropped before it.
 
     python tools/bench_long_context.py --model GGUF_OR_STORE [--limit 2GB] [--prompt-tokens 3500]
         [--tokens 500] [--short-tokens 32] [--resident-limit 20GB] [--backend mlx] [--peer llama.cpp|none]
-        [--gguf GGUF] [--json OUT]
+        [--gguf GGUF] [--rows short,long,coded,resident,peer] [--kv-flash-bits 4] [--json OUT]
 
 Rows: ours at the limit with a short prompt (the short-context rate), with and without KV tiers
 (their read buffers come out of the weights' share); ours at the limit with the long prompt; ours
 with the long prompt at --resident-limit, --no-kv-on-flash and the conversation's context planned
 (every token resident: the tokens must be the same); llama.cpp at the limit (n_ctx = prompt +
-tokens + 8; its rate or its failure). The prompt is the Wikipedia corpus's first tokens (the same
-ids for every engine); decode is greedy. For the long run: the bytes the kernel read per decoded
-token (weights and KV, /proc/self/io), the KV bytes the tiers read back per token (the engine's
-count; some from the page cache), and the drive's read rate (bench/cgroup.read_bandwidth), so that
-the time per token stands beside (weights + KV bytes) / rate.
+tokens + 8; its rate or its failure). Row "coded" (not run by default): the long run with the
+tokens on flash at --kv-flash-bits bits, its decode rate beside the exact tiers'. The prompt is the
+Wikipedia corpus's first tokens (the same ids for every engine); decode is greedy. For each long run
+at the limit: the bytes the kernel read per decoded token (weights and KV, /proc/self/io), the KV
+bytes the tiers read back per token (the engine's count; some from the page cache), and the drive's
+read rate (bench/cgroup.read_bandwidth), so that the time per token stands beside (weights + KV
+bytes) / rate.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mlx_flash.errors import FlashError
 from mlx_flash.budget import parse_budget
 from mlx_flash.tokenizer import Tokenizer
 
+ROWS = {"short", "long", "coded", "resident", "peer"}
 RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_memory_run.py")
 
 
@@ -72,8 +75,18 @@ def main() -> int:
     p.add_argument("--peer", default="llama.cpp", choices=["llama.cpp", "none"])
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds a run of ours may take")
     p.add_argument("--peer-timeout", type=float, default=1200, help="seconds the peer's run may take")
+    p.add_argument(
+        "--rows",
+        default="short,long,resident,peer",
+        help="which runs, comma-separated: short (a short prompt, with and without tiers), long, coded (the "
+        "long run compressed on flash), resident (the long run with every token resident), peer",
+    )
+    p.add_argument("--kv-flash-bits", type=int, default=4, choices=(8, 4, 2), help="the coded row's width")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    wanted = set(a.rows.split(","))
+    if wanted - ROWS:
+        p.error(f"--rows: {', '.join(sorted(wanted - ROWS))} unknown (choose from {', '.join(sorted(ROWS))})")
     try:
         limit, resident = (
             parse_budget(v, 0, what) for v, what in ((a.limit, "--limit"), (a.resident_limit, "--resident-limit"))
@@ -85,18 +98,25 @@ def main() -> int:
         rate = read_bandwidth(os.path.join(store, "ffn_bundles.bin"))
         # every token resident: the whole conversation's KV planned, none of it on flash
         all_resident = ["--context", str(a.prompt_tokens + a.tokens), "--no-kv-on-flash"]
-        rows = {
-            "ours, short": run("mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout),
+        rows = {}
+        if "short" in wanted:
+            rows["ours, short"] = run("mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout)
             # what the tiers' buffers cost a short chat: the same without them (the plan's KV share only)
-            "ours, short, --no-kv-on-flash": run(
+            rows["ours, short, --no-kv-on-flash"] = run(
                 "mlx_flash", store, a.backend, limit, 16, short_ids, a.timeout, ["--no-kv-on-flash"]
-            ),
-            "ours, long": run("mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout),
-            "ours, long, all resident": run(
+            )
+        if "long" in wanted:
+            rows["ours, long"] = run("mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout)
+        if "coded" in wanted:
+            bits = ["--kv-flash-bits", str(a.kv_flash_bits)]
+            rows[f"ours, long, {a.kv_flash_bits}-bit on flash"] = run(
+                "mlx_flash", store, a.backend, limit, a.tokens, long_ids, a.timeout, bits
+            )
+        if "resident" in wanted:
+            rows["ours, long, all resident"] = run(
                 "mlx_flash", store, a.backend, resident, a.tokens, long_ids, a.timeout, all_resident
-            ),
-        }
-        if a.peer == "llama.cpp" and gguf:
+            )
+        if "peer" in wanted and a.peer == "llama.cpp" and gguf:
             rows["llama.cpp, long"] = run("llama.cpp", gguf, "mmap", limit, a.tokens, long_ids, a.peer_timeout)
     except (FlashError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -128,16 +148,21 @@ def report(rows: dict, rate: float, a) -> None:
             f"{r['decode_read_bytes_per_token'] / 1e6:.0f} | {'-' if kv is None else f'{kv / 1e6:.0f}'} | "
             f"{r['peak'] / 1e6:.0f} | {r['oom_kills']} |"
         )
-    long, res = rows["ours, long"], rows["ours, long, all resident"]
+    long, res = rows.get("ours, long", {}), rows.get("ours, long, all resident", {})
     if "generated" in long and "generated" in res:
         print(f"tokens equal to the all-resident run: {long['generated'] == res['generated']}")
-    if "decode_tps" in long:
-        per_token = 1 / long["decode_tps"] if long["decode_tps"] else float("inf")
-        kernel = long["decode_read_bytes_per_token"]
+    for name, r in rows.items():
+        if not name.startswith("ours, long") or "all resident" in name or "decode_tps" not in r:
+            continue
+        per_token = 1 / r["decode_tps"] if r["decode_tps"] else float("inf")
+        kernel = r["decode_read_bytes_per_token"]
         print(
-            f"at {a.prompt_tokens}+ tokens: {per_token:.2f} s per token; the kernel read {kernel / 1e6:.0f} MB per "
-            f"token, which at {rate / 1e9:.2f} GB/s takes {kernel / rate:.2f} s ({per_token * rate / kernel:.2f}x)"
+            f"{name}, at {a.prompt_tokens}+ tokens: {per_token:.2f} s per token; the kernel read {kernel / 1e6:.0f} MB "
+            f"per token, which at {rate / 1e9:.2f} GB/s takes {kernel / rate:.2f} s ({per_token * rate / kernel:.2f}x)"
         )
+    coded = rows.get(f"ours, long, {a.kv_flash_bits}-bit on flash", {})
+    if "decode_tps" in coded and long.get("decode_tps"):
+        print(f"{a.kv_flash_bits}-bit on flash decodes {coded['decode_tps'] / long['decode_tps']:.2f}x the exact tiers")
     for name, r in rows.items():
         if r.get("plan_line"):
             print(f"{name}: {r['plan_line']}")

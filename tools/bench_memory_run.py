@@ -2,7 +2,7 @@
 a limit applies): load an engine, prefill the given token ids, decode greedily, print one JSON line.
 
     python tools/bench_memory_run.py mlx_flash STORE mlx|torch[:SHARE] TOKENS IDS [--fed IDS] [--read-log OUT]
-                                     [--context N] [--no-kv-on-flash]
+                                     [--context N] [--no-kv-on-flash] [--kv-flash-bits B]
     python tools/bench_memory_run.py llama.cpp GGUF mmap|no-mmap TOKENS IDS [--fed IDS]
 
 IDS: the prompt's token ids, comma-separated (the same ids for every engine). Both engines run the
@@ -194,13 +194,14 @@ def main() -> int:
     p.add_argument("--read-log", default=None)
     p.add_argument("--context", type=int, default=0, help="ours: the KV context to plan (0: auto)")
     p.add_argument("--no-kv-on-flash", action="store_true", help="ours: every token's KV resident")
+    p.add_argument("--kv-flash-bits", type=int, default=0, help="ours: the KV tiers' tokens on flash at B bits")
     a = p.parse_args()
     ids = [int(t) for t in a.ids.split(",")]
     fed = [int(t) for t in a.fed.split(",")] if a.fed else None
     if fed is not None and len(fed) < a.tokens - 1:
         p.error(f"--fed has {len(fed)} ids; {a.tokens - 1} decode passes need one each")
     if a.engine == "mlx_flash":
-        kv = {"context": a.context, "kv_on_flash": not a.no_kv_on_flash}
+        kv = {"context": a.context, "kv_on_flash": not a.no_kv_on_flash, "kv_flash_bits": a.kv_flash_bits}
         r = run_ours(a.model, a.mode, a.tokens, ids, fed, a.read_log, kv)
     else:
         r = run_llama_cpp(a.model, a.mode, a.tokens, ids, fed)

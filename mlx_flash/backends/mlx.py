@@ -33,6 +33,7 @@ from . import (
     owner,
     walk,
 )
+from .coded_blocks import block_layouts
 from .mlx_weights import Weight
 
 NAME = "mlx"
@@ -318,8 +319,8 @@ class MLXOps:
             return mlx_kernels.attention(q, k, v, scale, self.kernel_threads)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
-    def sdpa_coded(self, q, k, v, scale: float, codes, layouts: tuple, coded: int):
-        k_layout, v_layout, table = layouts
+    def sdpa_coded(self, q, k, v, scale: float, codes, fmt, coded: int):
+        k_layout, v_layout, table = block_layouts(fmt, codes.shape[0])
         S, T = coded + k.shape[2], q.shape[2]
         return mlx_kernels.attention_coded(
             q, k, v, scale, self.kernel_threads, codes, k_layout, codes, v_layout,

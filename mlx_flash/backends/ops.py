@@ -178,11 +178,11 @@ class Ops(Protocol):
         """Attention: q [B, Hq, T, hd], k/v [B, Hkv, S, hd] (grouped heads) -> [B, Hq, T, hd]; mask:
         None, "causal" (last query aligned with last key) or a boolean mask from mask()."""
 
-    def sdpa_coded(self, q: Any, k: Any, v: Any, scale: float, codes: Any, layouts: tuple, coded: int) -> Any:
-        """Causal attention of one sequence whose first `coded` keys and values are affine codes in
-        `codes` (uint8 blocks, read where they lie: kernels/cpu/attention.cpp mf_attention_coded) and
-        the rest the float k, v [1, Hkv, R, hd]; layouts: (key layout, value layout, slot table int32
-        numpy [1, blocks]) as models/kv_coded_blocks.BlockFormat.layouts gives them. CPU kernels only."""
+    def sdpa_coded(self, q: Any, k: Any, v: Any, scale: float, codes: Any, fmt, coded: int) -> Any:
+        """Causal attention of one sequence whose first `coded` keys and values are in `codes` (uint8
+        [blocks, fmt.nbytes]: models/kv_coded_blocks.BlockFormat blocks, read where they lie by
+        kernels/cpu/attention.cpp mf_attention_coded, backends/coded_blocks.py) and the rest the float
+        k, v [1, Hkv, R, hd]. CPU kernels only."""
 
     def attention_columns(self, q: Any, k: Any, scale: float) -> Any:
         """Causal attention mass each key receives, summed over heads and queries: q [1, Hq, T, hd],

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..host_memory import anonymous_buffer
 from ..kernels import cuda_ops, torch_ops
 from ..kernels.qmatmul import library
+from .coded_blocks import block_layouts
 from ..ffn_source import GateActivation
 
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
@@ -294,8 +295,8 @@ class TorchOps:
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
-    def sdpa_coded(self, q, k, v, scale: float, codes, layouts: tuple, coded: int):
-        k_layout, v_layout, table = layouts
+    def sdpa_coded(self, q, k, v, scale: float, codes, fmt, coded: int):
+        k_layout, v_layout, table = block_layouts(fmt, codes.shape[0])
         S, T = coded + k.shape[2], q.shape[2]
         return torch_ops.ops().attention_coded(
             q, k, v, scale, self.kernel_threads, codes, k_layout.ints(), codes, v_layout.ints(),

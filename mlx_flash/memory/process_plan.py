@@ -119,6 +119,7 @@ class ProcessPlan:
     tier_context: int = 0
     tier_reads: int = 0  # the read buffers of the tokens on flash
     tier_disk: int = 0  # the file one sequence's KV takes on flash
+    tier_bits: int = 0  # the width of the tokens on flash (0: float32, exact)
 
     @property
     def context(self) -> int:
@@ -156,7 +157,9 @@ class ProcessPlan:
             return f"{self.kv_tokens} tokens"
         return (
             f"{self.kv_tokens} tokens resident, {fmt(self.kv_bytes)}, and {fmt(self.tier_reads)} of read buffers "
-            f"for a {self.tier_context}-token context, the older tokens on flash: {fmt(self.tier_disk)} of disk"
+            f"for a {self.tier_context}-token context, the older tokens on flash"
+            + (f" at {self.tier_bits} bits" if self.tier_bits else "")
+            + f": {fmt(self.tier_disk)} of disk"
         )
 
 
@@ -164,7 +167,14 @@ MIN_WINDOW = 128  # the least resident window beside a forward's chunk worth kee
 
 
 def plan_tiers(
-    plan: ProcessPlan, shape: ModelShape, want: int, weights_minimum: int, disk_free: int, asked: bool = True
+    plan: ProcessPlan,
+    shape: ModelShape,
+    want: int,
+    weights_minimum: int,
+    disk_free: int,
+    asked: bool = True,
+    flash_per_token: float = 0,
+    bits: int = 0,
 ) -> ProcessPlan:
     """`plan` with KV tiers when its KV share holds fewer than `want` tokens: the share keeps a window
     of recent tokens resident (at least MIN_WINDOW beside a prefill chunk), the older ones go to
@@ -173,22 +183,24 @@ def plan_tiers(
     prefill chunks halve while their attention buffers take more than WORK_SHARE of the limit. What
     does not fit halves the context, until it fits or the share holds it resident (then the plan is
     unchanged). A context whose file is more than `disk_free` is refused naming both when `asked` (a
-    user's --context), else halves too."""
+    user's --context), else halves too. `flash_per_token`: the bytes a token takes on flash (and in a
+    read buffer), every layer, when compressed to `bits` (default: float32, as resident)."""
     per_tok = kv_bytes_per_token(shape)
+    on_flash = flash_per_token or per_tok
     while plan.kv_tokens < want:  # the longest context up to `want` whose buffers fit
-        reads = 4 * shape.kv_heads * shape.head_dim * want * _F32  # two buffers of one layer's keys and values
+        reads = int(2 * on_flash / shape.layers * want)  # two buffers of one layer's keys and values
         chunk = plan.prefill_chunk  # halved (as plan_process does) while its attention buffers over `want`
         while chunk > MIN_CHUNK and work_bytes(shape, chunk, want) > WORK_SHARE * plan.limit.bytes:  # are many
             chunk //= 2
         work = work_bytes(shape, chunk, want)
         room = plan.limit.bytes - plan.floor - plan.slack - plan.reader_bytes - reads - work - weights_minimum
         resident = max(plan.kv_tokens, chunk + MIN_WINDOW)  # the KV share, or the least window beside a chunk
-        if per_tok * resident <= room and (asked or per_tok * want <= disk_free):
+        if per_tok * resident <= room and (asked or on_flash * want <= disk_free):
             break
         want //= 2
     else:
         return plan
-    disk = per_tok * want
+    disk = int(on_flash * want)
     if disk > disk_free:
         raise ConfigError(
             f"a context of {want} tokens keeps {fmt(disk)} of KV on flash; the disk has {fmt(disk_free)} free "
@@ -204,6 +216,7 @@ def plan_tiers(
         tier_context=want,
         tier_reads=reads,
         tier_disk=disk,
+        tier_bits=bits,
         notes=plan.notes
         + (
             [f"prefill chunk {plan.prefill_chunk} -> {chunk} tokens for attention over the context"]

@@ -1,7 +1,7 @@
 """Blocks of a sequence's older keys and values at 8, 4 or 2 bits: how the KV tiers keep them on flash
 when compressed (models/kv_tiers.py, `kv_flash_bits`) and how attention reads them where they lie
-(kernels/cpu/attention.cpp mf_attention_coded, through kernels/kv_codes.CodedLayout), never as a
-float copy of the context.
+(kernels/cpu/attention.cpp mf_attention_coded, through the layout backends/coded_blocks.py derives
+from `views`), never as a float copy of the context.
 
 A block is `tokens` (the tiers' eviction step) consecutive tokens of one layer, every KV head, in one
 run of bytes, so a layer's tokens [0, n) are one contiguous range of the file and of a read buffer:
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.kv_codes import BITS, CodedLayout, from_views
 from .kv_quant import dequantize, quantize
 
+WIDTHS = (8, 4, 2)
 VALUE_GROUP = 32  # channels one value scale covers (all of them in a smaller head)
 
 
@@ -39,7 +39,7 @@ class BlockFormat:
     tokens: int
 
     def __post_init__(self):
-        if self.bits not in BITS:
+        if self.bits not in WIDTHS:
             raise ValueError(f"KV on flash at {self.bits} bits: 8, 4 or 2 are kept")
         if self.head_dim % self.group or (self.tokens * self.bits) % 8:
             raise ValueError(f"head dim {self.head_dim} or {self.tokens}-token blocks do not split at {self.bits} bits")
@@ -63,7 +63,7 @@ class BlockFormat:
     def bytes_per_token(self) -> float:
         return self.nbytes / self.tokens
 
-    def _views(self, buf: np.ndarray) -> tuple[np.ndarray, ...]:
+    def views(self, buf: np.ndarray) -> tuple[np.ndarray, ...]:
         """The six parts of every block of `buf` (uint8 [blocks, nbytes]), as quantize lays them out:
         key codes [blocks, H, D, T*b/8], key scales and biases [blocks, H, D, 1], value codes
         [blocks, H, T, D*b/8], value scales and biases [blocks, H, T, D/G]."""
@@ -91,7 +91,7 @@ class BlockFormat:
         if n % T or (H, D) != (self.kv_heads, self.head_dim) or v.shape != k.shape:
             raise ValueError(f"KV blocks of {T} tokens: {k.shape} and {v.shape} do not split into them")
         out = np.empty((n // T, self.nbytes), np.uint8)
-        kc, ks, kb, vc, vs, vb = self._views(out)
+        kc, ks, kb, vc, vs, vb = self.views(out)
         by_block = k.reshape(H, n // T, T, D).transpose(1, 0, 3, 2)  # [blocks, H, D, T]
         kc[...], ks[...], kb[...] = quantize(np.ascontiguousarray(by_block, np.float32), self.bits, T)
         vc[...], vs[...], vb[...] = quantize(v.reshape(H, n // T, T, D).transpose(1, 0, 2, 3), self.bits, self.group)
@@ -100,7 +100,7 @@ class BlockFormat:
     def decode(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The inverse of encode: uint8 [blocks, nbytes] -> keys and values float32 [heads, blocks *
         tokens, head_dim], the values attention computes with."""
-        kc, ks, kb, vc, vs, vb = self._views(buf)
+        kc, ks, kb, vc, vs, vb = self.views(buf)
         n, H, T, D = buf.shape[0], self.kv_heads, self.tokens, self.head_dim
         keys = dequantize(kc, ks, kb, self.bits, T)  # [blocks, H, D, T]
         values = dequantize(vc, vs, vb, self.bits, self.group)  # [blocks, H, T, D]
@@ -108,14 +108,3 @@ class BlockFormat:
             np.ascontiguousarray(keys.transpose(1, 0, 3, 2)).reshape(H, n * T, D),
             np.ascontiguousarray(values.transpose(1, 0, 2, 3)).reshape(H, n * T, D),
         )
-
-    def layouts(self, blocks: int) -> tuple[CodedLayout, CodedLayout]:
-        """Where attention finds each code, scale and bias of keys and of values in a buffer of
-        `blocks` blocks (block j at byte j * nbytes), blocks named by a slot table."""
-        kc, ks, kb, vc, vs, vb = self._views(np.zeros((blocks, self.nbytes), np.uint8))
-        # the kernel's index order: (block, head, token, channel) for codes, (block, head, token
-        # group, channel group) for scales; keys' codes are packed along tokens, values' along channels
-        _, kl = from_views(kc.transpose(0, 1, 3, 2), *(s.transpose(0, 1, 3, 2) for s in (ks, kb)),
-                           self.bits, "tokens", self.tokens, 1, self.tokens)  # fmt: skip
-        _, vl = from_views(vc, vs, vb, self.bits, "channels", 1, self.group, self.tokens)
-        return kl, vl

@@ -164,8 +164,6 @@ class SequenceTiers:
         self.plan, self.reads, self.shape = plan, reads, (plan.kv_heads, plan.head_dim)
         self.file = plan.open_file()
         self.flushed = [0] * plan.layers  # each layer's tokens on flash: [0, flushed)
-        if plan.coded is not None:  # where attention finds the codes in a read buffer, and its blocks in order
-            self.layouts = (*plan.coded.layouts(plan.blocks), np.arange(plan.blocks, dtype=np.int32)[None])
 
 
 def _host(ops, shape) -> np.ndarray:
@@ -278,7 +276,7 @@ class CodedTieredKV(TieredKV):
             return ops.sdpa(q, keys, values, scale, mask)
         if mask is not None and not isinstance(mask, str):
             raise ValueError("KV on flash compressed attends causally only (this model masks otherwise)")
-        return ops.sdpa_coded(q, keys, values, scale, self.codes, self.seq.layouts, self.flushed)
+        return ops.sdpa_coded(q, keys, values, scale, self.codes, self.format, self.flushed)
 
     def _decoded(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens [start, n) on flash (whole blocks) as attention computes with them: float32 [Hkv, n - start, hd]."""

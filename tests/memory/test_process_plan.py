@@ -3,6 +3,8 @@ that cannot work is refused with the minimum."""
 
 import pytest
 
+from mlx_flash.models.kv_coded_blocks import BlockFormat
+
 from mlx_flash.errors import ConfigError, MemoryBudgetError
 from mlx_flash.memory.limit import MemoryLimit
 from mlx_flash.memory.process_plan import (
@@ -150,6 +152,21 @@ def test_a_7b_in_2_gb_holds_its_whole_context_with_the_older_kv_on_flash():
     assert a["work_buffers"] == work_bytes(LLAMA_7B, tiered.prefill_chunk, 4096)
     assert f"{tiered.kv_tokens} tokens resident, " in tiered.line("x")
     assert "of read buffers for a 4096-token context, the older tokens on flash: 4295.0 MB of disk" in tiered.line("x")
+
+
+def test_compressed_tiers_plan_their_read_buffers_and_disk_at_their_width():
+    """4-bit blocks (models/kv_coded_blocks.py): a token's bytes on flash and in a read buffer are the
+    blocks', about a seventh of float32's, and what the buffers no longer take goes to the weights."""
+    limit, floor, weights = MemoryLimit(2000 * MB, "given"), 100 * MB, 1000 * MB
+    plan = plan_process(limit, floor, "mlx", LLAMA_7B, 4096, weights)
+    fmt = BlockFormat(4, 32, 128, 64)
+    on_flash = fmt.bytes_per_token() * 32
+    exact = plan_tiers(plan, LLAMA_7B, 4096, weights, disk_free=10**12)
+    coded = plan_tiers(plan, LLAMA_7B, 4096, weights, 10**12, True, on_flash, 4)
+    assert coded.tier_disk == 32 * 64 * fmt.nbytes  # 32 layers of 64 blocks
+    assert coded.tier_reads == 2 * 64 * fmt.nbytes and coded.tier_reads * 6 < exact.tier_reads
+    assert coded.weights_budget - exact.weights_budget == exact.tier_reads - coded.tier_reads
+    assert "the older tokens on flash at 4 bits: 637.5 MB of disk" in coded.line("x")
 
 
 def test_tiers_are_left_out_where_the_share_holds_the_context_or_nothing_fits():
