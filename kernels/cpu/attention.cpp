@@ -114,6 +114,95 @@ MF_INLINE void load_row(const Attn& p, const uint8_t* base, const mf_kv_codes* c
   for (int64_t d = 0; d < p.hd; d++) dst[d * step] = kv_at(base, p.kv_type, i + d);
 }
 
+// Keys (or values) j0 .. j0 + nk - 1 of row b, head h, every one coded and in one block (or row),
+// into dst[d * dstep + j * jstep]: the scales and biases of the groups they span turned to float
+// once, then each code times its scale, plus its bias (two roundings, as load_row's coded_at), the
+// loops ordered along the packed axis. False where that does not hold (the caller loads row by row).
+constexpr int64_t MAX_GROUPS = 1024, MAX_HD = 512;
+MF_INLINE bool load_coded_run(const Attn& p, const mf_kv_codes& c, const int32_t* coded, int64_t b, int64_t h,
+                              int64_t j0, int64_t nk, float* dst, int64_t jstep, int64_t dstep) {
+  if (j0 + nk > coded[b] || p.hd > MAX_HD || nk > KB) return false;
+  int64_t blk = b, t0 = j0;
+  if (p.table != nullptr) {
+    if (j0 / c.block_tokens != (j0 + nk - 1) / c.block_tokens) return false;
+    blk = p.table[b * p.max_blocks + j0 / c.block_tokens];
+    t0 = j0 % c.block_tokens;
+  }
+  const int64_t hd = p.hd, gt = c.group_tokens, gc = c.group_channels;
+  const int64_t tg0 = t0 / gt, ntg = (t0 + nk - 1) / gt - tg0 + 1, ncg = (hd + gc - 1) / gc;
+  if (ntg * ncg > MAX_GROUPS) return false;
+  float sc[MAX_GROUPS], bi[MAX_GROUPS];
+  for (int64_t tg = 0; tg < ntg; tg++)
+    for (int64_t cg = 0; cg < ncg; cg++) {
+      const int64_t si = blk * c.ss[0] + h * c.ss[1] + (tg0 + tg) * c.ss[2] + cg * c.ss[3];
+      uint16_t sh, bh;
+      std::memcpy(&sh, c.base + c.scales + 2 * si, 2);
+      std::memcpy(&bh, c.base + c.biases + 2 * si, 2);
+      sc[tg * ncg + cg] = half_to_float(sh);
+      bi[tg * ncg + cg] = half_to_float(bh);
+    }
+  int32_t tgj[KB], cgd[MAX_HD];
+  for (int64_t j = 0; j < nk; j++) tgj[j] = (int32_t)(((t0 + j) / gt - tg0) * ncg);
+  for (int64_t d = 0; d < hd; d++) cgd[d] = (int32_t)(d / gc);
+  const uint8_t* codes = c.base + c.codes;
+  const int64_t base = blk * c.cs[0] + h * c.cs[1] + t0 * c.cs[2], bits = c.bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  auto one = [&](int64_t j, int64_t d) {
+    const int64_t bit = (base + j * c.cs[2] + d * c.cs[3]) * bits;
+    const uint32_t code = (codes[bit >> 3] >> (bit & 7)) & mask;
+    const int32_t g = tgj[j] + cgd[d];
+    const float scaled = static_cast<float>(code) * sc[g];
+    dst[d * dstep + j * jstep] = scaled + bi[g];
+  };
+  // Along the packed axis (the inner loop) a run of codes starts on a byte: unpacked a byte at a
+  // time, then scaled, so the compiler vectorizes both. Keys: a channel's nk tokens into a row of
+  // the transposed tile; values: a token's hd channels into its row.
+  const bool tokens_inner = c.cs[2] == 1 && c.cs[3] != 1;
+  const int64_t outer = tokens_inner ? hd : nk, inner = tokens_inner ? nk : hd;
+  const int64_t ostride = tokens_inner ? c.cs[3] : c.cs[2];
+  const bool packed = (tokens_inner || c.cs[3] == 1) && (inner * bits) % 8 == 0 && (base * bits) % 8 == 0 &&
+                      (ostride * bits) % 8 == 0 && (tokens_inner ? jstep : dstep) == 1;
+  if (!packed) {
+    if (tokens_inner) {
+      for (int64_t d = 0; d < hd; d++)
+        for (int64_t j = 0; j < nk; j++) one(j, d);
+    } else {
+      for (int64_t j = 0; j < nk; j++)
+        for (int64_t d = 0; d < hd; d++) one(j, d);
+    }
+    return true;
+  }
+  alignas(64) float cf[MAX_HD > KB ? MAX_HD : KB];
+  for (int64_t o = 0; o < outer; o++) {
+    const uint8_t* src = codes + ((base + o * ostride) * bits >> 3);
+    if (bits == 8) {
+      for (int64_t i = 0; i < inner; i++) cf[i] = static_cast<float>(src[i]);
+    } else if (bits == 4) {
+      for (int64_t i = 0; i < inner / 2; i++) {
+        cf[2 * i] = static_cast<float>(src[i] & 15u);
+        cf[2 * i + 1] = static_cast<float>(src[i] >> 4);
+      }
+    } else {
+      for (int64_t i = 0; i < inner / 4; i++)
+        for (int k = 0; k < 4; k++) cf[4 * i + k] = static_cast<float>((src[i] >> (2 * k)) & 3u);
+    }
+    float* out = dst + o * (tokens_inner ? dstep : jstep);
+    const int32_t* gi = tokens_inner ? tgj : cgd;  // the inner index's group part
+    const int32_t go = tokens_inner ? cgd[o] : tgj[o];
+    const int64_t seg = tokens_inner ? gt : gc, first = tokens_inner ? t0 % gt : 0;  // inner elements a scale covers
+    for (int64_t i = 0; i < inner;) {
+      const int64_t e = std::min(inner, i + seg - (i + first) % seg);
+      const float sg = sc[go + gi[i]], bg = bi[go + gi[i]];
+      for (int64_t k = i; k < e; k++) {
+        const float scaled = cf[k] * sg;
+        out[k] = scaled + bg;
+      }
+      i = e;
+    }
+  }
+  return true;
+}
+
 // exp(x) for x <= 0 to about 2 ulp, written so compilers vectorize it (no libm call, no rounding
 // function): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n through the exponent
 // bits; n is rounded by adding and taking away 1.5 * 2^23. Inputs are clamped to [-87, 0] (below,
@@ -168,10 +257,12 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   alignas(64) float sc[RB][KB];
   for (int64_t j0 = 0; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
-    for (int64_t j = 0; j < nk; j++) {  // the block's keys transposed, its values as rows
-      load_row(p, p.k, p.kc, p.k_coded, p.ksb, p.ksh, p.kst, b, kvh, j0 + j, kt + j, KB);
-      load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
-    }
+    // the block's keys transposed, its values as rows: a coded block at once where it can be
+    if (p.kc == nullptr || !load_coded_run(p, *p.kc, p.k_coded, b, kvh, j0, nk, kt, 1, KB))
+      for (int64_t j = 0; j < nk; j++) load_row(p, p.k, p.kc, p.k_coded, p.ksb, p.ksh, p.kst, b, kvh, j0 + j, kt + j, KB);
+    if (p.vc == nullptr || !load_coded_run(p, *p.vc, p.v_coded, b, kvh, j0, nk, vb, hdp, 1))
+      for (int64_t j = 0; j < nk; j++)
+        load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
     for (int64_t j = nk; j < KB; j++)
       for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
     // RB query rows at a time: each key (and value) vector loaded once for all of them, their
