@@ -163,3 +163,19 @@ def test_a_flipped_block_in_the_bundles_is_refused_before_any_answer(tiny_store)
         fh.write(bytes(b ^ 0x5A for b in block))
     assert os.path.getsize(bundles) == size
     assert_one_line_error(chat("--model", store, "--prompt", "x", "--raw"), "ffn_bundles.bin", "sha256 mismatch")
+
+
+def test_the_repl_holds_a_conversation_longer_than_the_kv_share(store_dir, wiki_text):
+    """MLX under 420 MB keeps about 900 tokens resident: a first turn of about 1,300 tokens and a
+    question on it are answered in one conversation of the model's whole context (its older KV on
+    flash), with the answers a run without a limit gives (greedy), and /stats says what was read back."""
+    turns = wiki_text[:6000].replace("\n", " ") + " Summarize the text above in one sentence.\nWho is named in it?\n"
+    base = ["--model", store_dir, "--backend", "mlx", "--max-tokens", "16", "--temp", "0"]
+    tight = chat(*base, "--memory-budget", "420MB", stdin=turns + "/stats\n", timeout=600)
+    free = chat(*base, stdin=turns, timeout=600)
+    assert tight.returncode == 0 and free.returncode == 0, tight.stderr[-2000:] + free.stderr[-2000:]
+    answers, stats = tight.stdout.split("\nprompt ")[0], tight.stdout.split("KV:")[-1]  # (/stats begins "prompt")
+    assert answers.strip() and answers.rstrip() == free.stdout.rstrip(), (tight.stdout, free.stdout)
+    assert "outgrew" not in tight.stdout
+    assert "tokens resident of a 8192-token context, the older ones on flash" in stats
+    assert int(stats.split("flash (")[1].split(" MB")[0]) > 0  # MB read back since load

@@ -4,8 +4,9 @@ Commands inside the REPL: /reset (forget the conversation), /stats (speed of the
 /quit. Ctrl-C stops the current answer, not the REPL; a turn that fails (a line that is not UTF-8,
 a read error) prints one line and the conversation goes on; a conversation that outgrows the
 context drops its oldest turns, saying so. Piped stdin is read line by line. The
-conversation is a context of an in-process service (mlx_flash.Service): each turn prefills only
-its own tokens, the earlier turns' KV is kept.
+conversation is a context of an in-process service (mlx_flash.Service), or, where the memory plan
+keeps a long sequence's older KV on flash (KV tiers), one sequence of the model's whole context:
+each turn prefills only its own tokens, the earlier turns' KV is kept.
 """
 
 from __future__ import annotations
@@ -151,11 +152,12 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     interactive = inp.isatty()
     if isinstance(inp, io.TextIOWrapper):  # a line that is not UTF-8 is refused, not the end of the session
         inp.reconfigure(errors="surrogateescape")
-    # a model split across ranks keeps each conversation's KV on every rank; else a service in a folder that
-    # lasts as long as the chat
+    # a model split across ranks keeps each conversation's KV on every rank; a plan with KV tiers, the
+    # conversation's whole context (its older tokens on flash); else a service in a folder that lasts as
+    # long as the chat
     with (
         tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
-        conversations_for(engine, directory=tmp) as conversations,
+        conversations_for(engine, long=True, directory=tmp) as conversations,
     ):
         _converse(engine, conversations, args, inp, out, interactive)
 

@@ -20,7 +20,7 @@ from ..generation import GenerationStep, TokenStats
 from ..batching.sequence import SamplingOptions, Sequence
 from ..service.reports import CallReport
 from ..service.running_batch import CallBatch
-from .conversations import Conversation
+from ..service.sequences import Conversation
 
 
 @dataclass(eq=False)  # identity: a call is a key of the engine loop's table

@@ -16,18 +16,23 @@ from ..errors import PipelineFault
 from ..service import Service
 from ..service import openai_api as oa
 from ..service.engine_loop import DONE, EngineLoop, api_error
+from ..service.sequences import TieredConversations
 from ..service.server import Server, ServerOptions
 from .conversations import PipelineConversations
 from .pipeline import Pipeline
 from .running_batch import PipelineRunningBatch
 
 
-def conversations_for(engine, **service_options):
+def conversations_for(engine, long: bool = False, **service_options):
     """What holds a command's conversations: on a model split across ranks, each conversation's KV on
-    every rank (PipelineConversations: the service options are a one-process service's); else an
-    in-process Service made with `service_options`."""
+    every rank (PipelineConversations: the service options are a one-process service's); with `long`
+    (the chat's REPL: one conversation at a time) and a plan that keeps a long sequence's older KV on
+    flash, one conversation's whole context (TieredConversations); else an in-process Service made
+    with `service_options`, its contexts in the KV share's chunks."""
     if isinstance(engine.runner, Pipeline):
         return PipelineConversations(engine)
+    if long and engine.kv_tiers is not None:
+        return TieredConversations(engine)
     return Service(engine, **service_options)
 
 
