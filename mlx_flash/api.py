@@ -13,7 +13,7 @@ from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode, TorchDtype, default_cache_dir
 from .memory import ModelShape, plan_process, process_rss, resolve_limit
 from .memory.allocator import return_free_memory
-from .errors import MemoryBudgetError
+from .errors import ConfigError, MemoryBudgetError
 from .memory.process_plan import check_backend_room, plan_tiers
 from .models.kv_coded_blocks import BlockFormat
 from .models.kv_tiers import EVICT_STEP, TierPlan
@@ -27,7 +27,7 @@ from .options import ExpertOptions, FlashOptions, IOOptions
 from .store import open_store
 from .store.kv_tier_file import KVBlockFile, KVTierFile
 from .store.reader_pool import ReaderPool
-from .models import model_module
+from .models import MODEL_TYPES, model_module
 from .store.stream_pool import stream_pool, stream_pools_bytes
 from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
@@ -117,6 +117,11 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     ops = backend_ops(cfg, cfg.backend)
     module = model_module(store.config["model_type"], store.path)
     args = module.ModelArgs.from_dict(store.config)
+    if cfg.kv_flash_bits and not MODEL_TYPES[store.config["model_type"]].causal_attention:
+        raise ConfigError(
+            f"kv_flash_bits {cfg.kv_flash_bits}: {store.config['model_type']}'s sliding-window layers attend "
+            "through a mask compressed KV on flash does not take (use 0, exact)"
+        )
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return_free_memory()

@@ -73,6 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="requests decoded together (continuous batching: one pass of the weights per token for "
         "all of them); more wait their turn (default: 32)",
     )
+    p.add_argument(
+        "--long-context",
+        action="store_true",
+        help="where the memory plan keeps a long sequence's older KV on flash (KV tiers), each conversation "
+        "holds the model's whole context: one conversation's KV at a time, one request at a time (an idle "
+        "conversation's KV is dropped for another's and prefilled again when it is next used); default: "
+        "contexts in the KV budget's swappable chunks, as long as that budget holds",
+    )
     p.add_argument("--model-name", default=None, help="the model id /v1/models reports (default: the store's name)")
     add_pipeline_arguments(
         p, "serves the requests (a continuous batch across the ranks; each conversation's KV on every rank)"
@@ -86,6 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                 ("--chunk-tokens", args.chunk_tokens, 16),
                 ("--kv-compression", args.kv_compression, "off"),
                 ("--service-dir", args.service_dir, None),
+                ("--long-context", args.long_context, False),
             )
             if value != default
         ]
@@ -137,6 +146,7 @@ def main(argv=None) -> int:
         )
         svc = conversations_for(
             engine,
+            long=args.long_context,
             directory=args.service_dir,
             kv_budget=args.kv_budget,
             chunk_tokens=args.chunk_tokens,

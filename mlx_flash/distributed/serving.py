@@ -15,7 +15,8 @@ import concurrent.futures
 from ..errors import PipelineFault
 from ..service import Service
 from ..service import openai_api as oa
-from ..service.engine_loop import DONE, EngineLoop, api_error
+from ..service.engine_loop import DONE, api_error
+from ..service.sequence_batch import SequenceLoop
 from ..service.sequences import TieredConversations
 from ..service.server import Server, ServerOptions
 from .conversations import PipelineConversations
@@ -41,6 +42,8 @@ def server_for(conversations, options: ServerOptions) -> Server:
     that drives them."""
     if isinstance(conversations, PipelineConversations):
         return Server(conversations, options, PipelineLoop(conversations, options.max_batch))
+    if isinstance(conversations, TieredConversations):  # one conversation's caches at a time: one call
+        return Server(conversations, options, SequenceLoop(conversations, 1))
     return Server(conversations, options)
 
 
@@ -50,7 +53,7 @@ def model_store_path(engine) -> str:
     return engine.runner.store_path if isinstance(engine.runner, Pipeline) else engine.store.path
 
 
-class PipelineLoop(EngineLoop):
+class PipelineLoop(SequenceLoop):
     def __init__(self, conversations, max_batch: int = 32):
         super().__init__(conversations, max_batch, PipelineRunningBatch(conversations, max_batch))
         self._starting = None  # the job whose call is being started (its prompt prefilled), not yet active
@@ -79,15 +82,6 @@ class PipelineLoop(EngineLoop):
             raise stopped(self.problem)
         return await super().run(fn, *args)
 
-    def _context_for(self, ids: list, owner: str) -> tuple[str, str | None]:
-        """The owner's idle conversation sharing the longest prefix with ids (trimmed to it when the
-        call starts), or a new one."""
-        ctx = self.svc.match(ids, owner)
-        if ctx is None:
-            ctx = self.svc.new_context(owner=owner)
-            return ctx, ctx
-        return ctx, None
-
     def _begin(self, job) -> None:
         if self.problem is not None:
             job.put(stopped(self.problem))
@@ -103,9 +97,6 @@ class PipelineLoop(EngineLoop):
         if isinstance(e, PipelineFault) or self.problem is not None:
             return stopped(self.problem or str(e))
         return api_error(e)
-
-    def _swap_ahead(self) -> None:
-        pass  # conversations stay in the ranks' memory: nothing to write ahead
 
     def _stalled(self, message: str) -> None:
         """From the pipeline's watchdog: the requests waiting on a stalled rank end with 503."""

@@ -42,6 +42,9 @@ class ModelType:
     gguf_experts: bool = False  # its GGUFs' expert stacks are read (llama.cpp's MoE layout of this arch)
     # HF config fields its GGUFs imply without stating them in their metadata
     gguf_config: Mapping[str, object] = field(default_factory=dict)
+    # every layer attends causally over the whole context: what a cache that attends for the graph
+    # takes (compressed KV tiers: models/kv_tiers.CodedTieredKV); sliding-window layers mask otherwise
+    causal_attention: bool = True
 
 
 # llama.cpp permutes the q/k rows of these for the interleaved ("traditional") RoPE layout; qwen2/qwen3
@@ -53,8 +56,8 @@ MODEL_TYPES: dict[str, ModelType] = {
     "mistral": ModelType("llama", gguf_config=_INTERLEAVED_ROPE),
     "qwen2": ModelType("llama"),
     "qwen3": ModelType("llama"),
-    "gemma3_text": ModelType("gemma3_text"),
-    "gemma3": ModelType("gemma3_text"),
+    "gemma3_text": ModelType("gemma3_text", causal_attention=False),
+    "gemma3": ModelType("gemma3_text", causal_attention=False),
     "opt": ModelType("opt"),
     "mixtral": ModelType("moe"),
     "qwen2_moe": ModelType("moe"),

@@ -3,11 +3,18 @@ head-major, [layers, 2 (keys, values), kv_heads, capacity, head_dim] float32, so
 moves out of its resident window are one write per head, and the tokens [0, n) of a layer, what its
 attention reads back, are one read per head straight into a read buffer of the same layout.
 
+Compressed, a sequence's tokens are blocks of codes instead (KVBlockFile, laid out [layers, blocks]:
+a layer's tokens [0, n) are one range, read in parts side by side).
+
 The file is created in `folder` (mode 0600) and unlinked at once: it has no name while the process
 holds it, so a run killed at any point leaves nothing on disk and needs no clean-up. Its size is
 reserved when made (posix_fallocate), so a full disk is said at the start, naming the bytes, not at
-the k-th token. Bytes only: no framework array is touched (the read buffers are numpy views of memory
-the backend allocated).
+the k-th token. Reads bypass the page cache where the file system allows it (a second descriptor
+opened O_DIRECT, pool_file.open_direct) and a read is aligned (its buffer, offset and length on
+BLOCK bytes; the read buffers are page-aligned and the ranges start on a 64-token step): each
+decoded token reads every token on flash once, so a cache of them would only be copied through and
+reclaimed, inside a memory limit that is the reason they are on flash. Bytes only: no framework
+array is touched (the read buffers are numpy views of memory the backend allocated).
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import numpy as np
 
 from ..errors import FlashError
 from ..units import fmt
+from .pool_file import open_direct
 from .positional_io import read_all, write_all
+from .read_plan import BLOCK
 
 _F32 = 4
 READ_PARTS = 8  # a block file's range is read in this many parts side by side
@@ -33,16 +42,19 @@ class _NamelessFile:
     """A file of `nbytes` reserved under `folder` with no name (see the module docstring)."""
 
     def __init__(self, folder: str, nbytes: int, capacity: int):
-        self.fd, self.nbytes, self.capacity, self.bytes_written = -1, nbytes, capacity, 0
-        self.fd, self.where = _reserved(folder, nbytes, capacity)
+        self.fd, self.direct_fd, self.nbytes, self.capacity, self.bytes_written = -1, None, nbytes, capacity, 0
+        self.fd, self.direct_fd, self.where = _reserved(folder, nbytes, capacity)
 
-    def __del__(self):  # caches dropped without release(): the descriptor (so the disk) goes with them
+    def __del__(self):  # caches dropped without release(): the descriptors (so the disk) go with them
         self.close()
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.direct_fd is not None:
+            os.close(self.direct_fd)
+            self.direct_fd = None
 
 
 class KVTierFile(_NamelessFile):
@@ -78,7 +90,7 @@ class KVTierFile(_NamelessFile):
             for which, out in enumerate((k_out, v_out))
             for h in range(self.kv_heads)
         ]
-        return _read_jobs(self.fd, self.where, jobs, pool, n)
+        return _read_jobs(self, jobs, pool, n)
 
 
 class KVBlockFile(_NamelessFile):
@@ -118,42 +130,52 @@ class KVBlockFile(_NamelessFile):
         jobs = [
             (memoryview(out[a:b]).cast("B"), base + a * self.block_bytes) for a, b in zip(cuts[:-1], cuts[1:]) if b > a
         ]
-        return _read_jobs(self.fd, self.where, jobs, pool, n)
+        return _read_jobs(self, jobs, pool, n)
 
 
-def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, str]:
-    """A nameless file of `nbytes` reserved under `folder`: (descriptor, folder)."""
+def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, int | None, str]:
+    """A nameless file of `nbytes` reserved under `folder`: (descriptor, a descriptor of it that
+    bypasses the page cache or None, folder)."""
     try:
         os.makedirs(folder, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="kv-", suffix=".tier", dir=folder)
     except OSError as e:
         raise KVTierError(f"KV on flash under {folder}: cannot create a file there ({e.strerror})") from None
-    os.unlink(path)  # nameless from here: the kernel frees it when the process lets it go
     try:
         os.posix_fallocate(fd, 0, nbytes)
+        direct = open_direct(path) if nbytes >= BLOCK else None  # (its probe reads a block)
     except OSError as e:
         os.close(fd)
         raise KVTierError(
             f"KV on flash under {folder}: cannot reserve {fmt(nbytes)} for {capacity} tokens ({e.strerror})"
         ) from None
-    return fd, folder
+    finally:
+        os.unlink(path)  # nameless from here: the kernel frees it when the process lets both descriptors go
+    return fd, direct, folder
 
 
-def _read_jobs(fd: int, where: str, jobs: list[tuple[memoryview, int]], pool, n: int) -> int:
-    """Each (view, offset) read whole, by `pool` side by side when given; the bytes read."""
+def _read_jobs(file: _NamelessFile, jobs: list[tuple[memoryview, int]], pool, n: int) -> int:
+    """Each (view, offset) of `file` read whole, by `pool` side by side when given, past the page
+    cache where the view, offset and length are aligned; the bytes read."""
 
     def one(view: memoryview, at: int) -> None:
+        aligned = file.direct_fd is not None and (at | view.nbytes | _address(view)) % BLOCK == 0
         try:
-            whole = read_all(fd, view, at)
+            whole = read_all(file.direct_fd if aligned else file.fd, view, at)
         except OSError as e:
-            raise KVTierError(f"KV on flash under {where}: cannot read it ({e.strerror})") from None
+            raise KVTierError(f"KV on flash under {file.where}: cannot read it ({e.strerror})") from None
         if not whole:
-            raise KVTierError(f"KV on flash under {where}: the file ends before token {n}")
+            raise KVTierError(f"KV on flash under {file.where}: the file ends before token {n}")
 
     if pool is None:
         for view, at in jobs:
             one(view, at)
     else:
-        for f in [pool.submit(one, view, at) for view, at in jobs]:
-            f.result()
+        for done in [pool.submit(one, view, at) for view, at in jobs]:
+            done.result()
     return sum(view.nbytes for view, _ in jobs)
+
+
+def _address(view: memoryview) -> int:
+    """Where a writable view's bytes start."""
+    return np.frombuffer(view, np.uint8).ctypes.data

@@ -30,7 +30,7 @@ class PoolFile:
         self.fd = os.open(path, os.O_RDONLY)
         self.direct_fd = None
         if direct:
-            self.direct_fd = _open_direct(path)
+            self.direct_fd = open_direct(path)
         self.closed = False
 
     def close(self) -> None:
@@ -41,7 +41,7 @@ class PoolFile:
                     os.close(fd)
 
 
-def _open_direct(path: str):
+def open_direct(path: str):
     """A descriptor that bypasses the page cache, or None if the filesystem refuses."""
     if hasattr(os, "O_DIRECT"):
         try:

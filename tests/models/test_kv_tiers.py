@@ -13,6 +13,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from mlx_flash.errors import ConfigError
 from mlx_flash.memory import ModelShape
 from mlx_flash.models.kv_coded_blocks import BlockFormat
 from mlx_flash.models.kv_tiers import EVICT_STEP, CodedTieredKV, TierPlan, TieredKV
@@ -134,3 +135,9 @@ def test_compressed_tiers_attend_over_the_codes_as_over_their_decoded_values(tin
             assert np.array_equal(a, b[:, :, : layer.offset])
     err = np.abs(got - want).max() / np.abs(want).max()
     assert 0 < err < 0.05, err
+
+
+def test_compressed_tiers_are_refused_for_sliding_window_layers(tiny_store):
+    store, _ = tiny_store("gemma3_text")
+    with pytest.raises(ConfigError, match="kv_flash_bits 4: gemma3_text's sliding-window layers"):
+        mlx_flash.load(store, backend="torch", progress=False, kv_flash_bits=4)

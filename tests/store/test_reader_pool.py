@@ -210,7 +210,7 @@ def test_direct_io_refused_falls_back_with_a_warning(tmp_path, monkeypatch):
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc" * 5000)
-    monkeypatch.setattr(pool_file, "_open_direct", lambda p: None)
+    monkeypatch.setattr(pool_file, "open_direct", lambda p: None)
     with ReaderPool(threads=1, mode="direct") as pool:
         with pytest.warns(RuntimeWarning, match="direct I/O is not available"):
             f = pool.open(str(path))
