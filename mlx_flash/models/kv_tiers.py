@@ -20,6 +20,12 @@ one per head, run READ_THREADS at a time.
 
 Tokens move out of a window only when written earlier (evaluated: each forward ends in host memory),
 so the I/O reads host memory, never a framework array.
+
+Compressed (`kv_flash_bits`, an approximation: CodedTieredKV), tokens move to flash as blocks of
+affine codes (models/kv_coded_blocks.py), a layer's blocks are read into a read buffer of blocks as
+they lie, and the cache attends itself (the protocol's `attention`): the codes where the read put
+them, then the window's float tokens, in one kernel call (ops.sdpa_coded), so no float copy of the
+context is made and each token reads about a seventh of the bytes at 4 bits.
 """
 
 from __future__ import annotations
@@ -121,10 +127,10 @@ class TierReads:
     def read(self, ops, file, layer: int, n: int, after, flushed: list[int]) -> tuple:
         """The slot's buffers as backend arrays (keys, values [1, Hkv, context, hd]; compressed: the
         blocks), their first n tokens layer `layer`'s tokens in `file` (read now, or on a lazy backend
-        when the buffer's turn comes). On an
-        eager backend the next layer's tokens on flash so far (`flushed`: each layer's count) are then
-        read ahead into the other buffer, which the layer before this one was done with (not past the
-        last layer with an odd count: the next token's first layer would take this layer's buffer)."""
+        when the buffer's turn comes). On an eager backend the next layer's tokens on flash so far
+        (`flushed`: each layer's count) are then read ahead into the other buffer, which the layer
+        before this one was done with (not past the last layer with an odd count: the next token's
+        first layer would take this layer's buffer)."""
         bufs = self.buffers[layer % 2]
         if self.turns is not None:
             self.turns.claim(layer % 2, lambda: self._fill(file, layer, 0, n))

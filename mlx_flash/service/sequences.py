@@ -33,16 +33,18 @@ from .lookup import common_prefix, owned
 class Conversation:
     id: str
     owner: str
-    caches: list
+    caches: list | None  # None: none held (TieredConversations makes them at a call)
     messages: list = field(default_factory=list)
     sequence: list = field(default_factory=list)  # every token of it: prompts and sampled ones
-    held: list = field(default_factory=list)  # the token ids the caches hold, on every rank
+    held: list = field(default_factory=list)  # the token ids the caches hold (on every rank of a pipeline)
     busy: bool = False
     used: int = 0  # when a call last began (the least recently used idle conversation's KV goes first)
     reserved: int = 0  # tokens of KV the running call may fill
 
 
 class SequenceConversations(ABC):
+    """Conversations of one sequence's caches each (see the module docstring)."""
+
     def __init__(self, engine):
         self.engine = engine
         self.problems: list[str] = []  # (a Service's contexts read back from disk that failed: none here)
