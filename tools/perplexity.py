@@ -3,7 +3,10 @@
 python tools/perplexity.py [--model PATH] [--backend mlx|torch] [--text FILE | --corpus wikipedia]
                            [--ffn resident|stream|sparse] [--predictor-recall R]
                            [--score-window 512] [--tokens 4096] [--kv-bits 4] [--attention-keep 0.1]
-                           [--json OUT]
+                           [--memory-budget 420MB --kv-flash-bits 4] [--json OUT]
+
+With a memory budget whose KV share holds fewer tokens than a window, each window runs with KV tiers
+(its older tokens on flash, at --kv-flash-bits bits when given): the line says so.
 """
 
 import argparse
@@ -75,7 +78,10 @@ def main() -> int:
         r.update(
             sparse_mode=f.mode.value, predictor=f.predictor.value, predictor_recall=f.recall, down_only=f.down_only
         )
+    tiers = engine.kv_tiers
     r.update(
+        kv_tiers=None if tiers is None else {"resident": tiers.resident, "context": tiers.context},
+        kv_flash_bits=cfg.kv_flash_bits if tiers is not None else 0,
         backend=cfg.backend.value,
         torch_dtype=cfg.torch_dtype.value,
         ffn=cfg.ffn.value,
@@ -86,6 +92,8 @@ def main() -> int:
     print(
         f"perplexity {r['perplexity']:.4f} over {r['scored']} tokens (context {a.window}, {cfg.backend.value}"
         f"{', KV at 4 bits' if a.kv_bits else ''}"
+        f"{f', KV tiers: {tiers.resident} tokens resident' if tiers is not None else ''}"
+        f"{f', the rest on flash at {cfg.kv_flash_bits} bits' if tiers is not None and cfg.kv_flash_bits else ''}"
         f"{f', top {a.attention_keep:g} of keys' if a.attention_keep < 1 else ''})"
     )
     if a.json:
