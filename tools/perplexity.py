@@ -78,7 +78,7 @@ def main() -> int:
         r.update(
             sparse_mode=f.mode.value, predictor=f.predictor.value, predictor_recall=f.recall, down_only=f.down_only
         )
-    tiers = engine.kv_tiers
+    tiers = engine.kv_tiers if engine.kv_tiers is not None and a.window > engine.kv_tiers.resident else None
     r.update(
         kv_tiers=None if tiers is None else {"resident": tiers.resident, "context": tiers.context},
         kv_flash_bits=cfg.kv_flash_bits if tiers is not None else 0,
