@@ -33,6 +33,7 @@ from . import (
     owner,
     walk,
 )
+from . import slot_attention
 from .coded_blocks import block_layouts
 from .mlx_weights import Weight
 
@@ -326,6 +327,15 @@ class MLXOps:
             q, k, v, scale, self.kernel_threads, codes, k_layout, codes, v_layout,
             mx.array([[coded], [coded]], dtype=mx.int32), mx.array([S], dtype=mx.int32),
             mx.array([S - T], dtype=mx.int32), mx.array(table),
+        )  # fmt: skip
+
+    def sdpa_slots(self, q, k, v, scale: float, block_tokens: int, table, kv_len, q_pos):
+        if self.on_gpu:
+            return slot_attention.gathered_sdpa(self, q, k, v, scale, block_tokens, table, kv_len, q_pos)
+        shape, axes = slot_attention.block_shape(k.shape, block_tokens)
+        return mlx_kernels.attention(
+            q, k.reshape(shape).transpose(axes), v.reshape(shape).transpose(axes), scale, self.kernel_threads,
+            mx.array(kv_len, dtype=mx.int32), mx.array(q_pos, dtype=mx.int32), mx.array(table, dtype=mx.int32),
         )  # fmt: skip
 
     def mask(self, keep: np.ndarray):

@@ -184,6 +184,12 @@ class Ops(Protocol):
         kernels/cpu/attention.cpp mf_attention_coded, backends/coded_blocks.py) and the rest the float
         k, v [1, Hkv, R, hd]. CPU kernels only."""
 
+    def sdpa_slots(self, q: Any, k: Any, v: Any, scale: float, block_tokens: int, table, kv_len, q_pos) -> Any:
+        """Attention of B rows whose keys and values lie in a pool of chunks: k, v one pool layer
+        [Hkv, slots * block_tokens, hd], row b's chunks the slots table[b] (int32 numpy [B, max
+        chunks]) in order, holding kv_len[b] keys, its first query at position q_pos[b] (int32 numpy
+        [B]); -> [B, Hq, T, hd]. Reads the pool where it lies on a CPU (backends/slot_attention.py)."""
+
     def attention_columns(self, q: Any, k: Any, scale: float) -> Any:
         """Causal attention mass each key receives, summed over heads and queries: q [1, Hq, T, hd],
         k [1, Hkv, S, hd] -> [S] float32 (KV compression's information density)."""

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..host_memory import anonymous_buffer
 from ..kernels import cuda_ops, torch_ops
 from ..kernels.qmatmul import library
+from . import slot_attention
 from .coded_blocks import block_layouts
 from ..ffn_source import GateActivation
 
@@ -302,6 +303,17 @@ class TorchOps:
             q, k, v, scale, self.kernel_threads, codes, k_layout.ints(), codes, v_layout.ints(),
             torch.tensor([[coded], [coded]], dtype=torch.int32), torch.tensor([S], dtype=torch.int32),
             torch.tensor([S - T], dtype=torch.int32), torch.from_numpy(table),
+        )  # fmt: skip
+
+    def sdpa_slots(self, q, k, v, scale: float, block_tokens: int, table, kv_len, q_pos):
+        if not self.stored_kernel:
+            return slot_attention.gathered_sdpa(self, q, k, v, scale, block_tokens, table, kv_len, q_pos)
+        shape, axes = slot_attention.block_shape(k.shape, block_tokens)
+        return torch_ops.ops().attention(
+            q, k.view(shape).permute(axes), v.view(shape).permute(axes), scale, self.kernel_threads,
+            torch.from_numpy(np.ascontiguousarray(kv_len, np.int32)),
+            torch.from_numpy(np.ascontiguousarray(q_pos, np.int32)),
+            torch.from_numpy(np.ascontiguousarray(table, np.int32)),
         )  # fmt: skip
 
     # attention scores for KV compression and top-k sparse attention (backends/torch_scores.py)

@@ -7,9 +7,9 @@ count from the start), or, where the memory limit leaves room for it (`grows`), 
 the arrays double from one slot and, once past a quarter of n_slots, go straight to n_slots, so a
 short conversation holds a few chunks and growing never holds more than 1.25 x the whole pool (the
 old arrays beside the new while they are copied).
-A sequence's attention gathers its slots' token rows in order (ChunkedKV), and a slot's bytes are
-exported and imported whole for swap files. Slots are recycled through a free list; the pool never
-grows past n_slots.
+A sequence's attention reads its slots where they lie through a slot table (ChunkedKV,
+ops.sdpa_slots), and a slot's bytes are exported and imported whole for swap files. Slots are
+recycled through a free list; the pool never grows past n_slots.
 
 Question-named methods, as a block manager has: can_allocate(n), allocate(), release(slot).
 """

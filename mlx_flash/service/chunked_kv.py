@@ -3,14 +3,18 @@ chunk slots of a ChunkPool, read in place by the graph through its explicit cach
 
 ChunkTable is a sequence's chunk list (slot per chunk, None while a chunk is not in memory) and its
 token count; ChunkedKV is one layer's view of it that the graph calls. Writing token t of layer l
-puts it in row slot(t // C) * C + t % C of the pool's layer-l arrays; fetching gathers the rows of
-the held tokens in order, which is a plain slice when the slots happen to be consecutive. The
-gathered keys and values equal a contiguous cache's, so attention computes the same numbers.
+puts it in row slot(t // C) * C + t % C of the pool's layer-l arrays. Attention reads the held
+tokens where they lie, through the sequence's slot table (ops.sdpa_slots, the attention kernel's
+slot-table form), the same keys in the same order as a contiguous cache's. update() still returns
+the held rows gathered in order (a plain slice when the slots happen to be consecutive; on MLX a
+lazy gather nothing evaluates unless a mask the kernel cannot apply or compression's attention mass
+asks for it), since a padded batch of prompt chunks (BatchKV) concatenates them.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,6 +31,7 @@ class ChunkTable:
         self.slots: list[int | None] = []
         self.tokens = 0  # tokens whose KV the chunks hold
         self._index = None  # (n_tokens, slots, backend index or slice) of the last fetch
+        self._table = None  # (slots, int32 numpy [1, chunks]) of the last attention
 
     @property
     def chunk_tokens(self) -> int:
@@ -90,6 +95,14 @@ class ChunkTable:
             self._index = (key, self.rows(0, n_tokens))
         return self._index[1]
 
+    def slot_table(self, n_tokens: int) -> np.ndarray:
+        """The slots of the chunks holding the first n_tokens tokens, as attention's slot table
+        (int32 [1, chunks]), built once per forward pass and shared by the layers."""
+        key = tuple(self.slots[: self.chunks_for(n_tokens)])
+        if self._table is None or self._table[0] != key:
+            self._table = (key, np.array([key], np.int32))
+        return self._table[1]
+
 
 class ChunkedKV(LayerKV):
     holds = "the service's KV budget holds"
@@ -121,6 +134,18 @@ class ChunkedKV(LayerKV):
         self._check_trim(n)
         self.offset -= n
 
+    def attention(self, ops, q, keys, values, scale: float, mask):
+        """Over the pool where it lies (ops.sdpa_slots: the keys update() returned are a gather the
+        kernel does not need), unless the graph combined the mask with one of its own (Gemma 3's
+        sliding window), which the gathered keys take."""
+        if mask is not None and not isinstance(mask, str):
+            return ops.sdpa(q, keys, values, scale, mask)
+        t, pool = self.table, self.table.pool
+        return ops.sdpa_slots(
+            q, pool.keys[self.layer], pool.values[self.layer], scale, t.chunk_tokens, t.slot_table(self.offset),
+            np.array([self.offset], np.int32), np.array([self.offset - q.shape[2]], np.int32),
+        )  # fmt: skip
+
     def observe(self, ops, q, keys, scale: float) -> None:
         density = self.table.density
         if density is not None:  # one host read per layer: the price of measuring, compression only
@@ -136,15 +161,30 @@ class ChunkedKV(LayerKV):
         )
 
 
+@dataclass(frozen=True)
+class HeldRows:
+    """The keys (or values) a chunked batch's update returns: one pool layer and the rows the step's
+    sequences hold there, [B, Hkv, S, hd] as `shape` says, gathered only where something needs them
+    as one array (a mask the graph combined with its own, attention mass for compression)."""
+
+    pool: Any  # the pool's layer array [Hkv, slots * C, hd]
+    held: Any  # backend index of every row's held tokens, right-padded to S with pool row 0: [B * S]
+    shape: tuple  # (B, Hkv, S, hd)
+
+    def gather(self, ops):
+        B, H, S, D = self.shape
+        return ops.transpose(ops.reshape(ops.take_tokens(self.pool, self.held), (H, B, S, D)), (1, 0, 2, 3))
+
+
 class ChunkedBatchKV(BatchKV):
     """One layer of several sequences' chunked caches in one pool, run as one batch (the server's
-    continuous batching): a step scatters every row's new keys with one indexed write and gathers
-    every row's held keys, right-padded to the longest row, with one indexed read of the pool (the
-    padding points at pool row 0 and is hidden by the mask). BatchKV over the same rows gathers
-    each row apart, then pads and concatenates: B reads and a copy of everything per layer and step.
-    Each row's keys and values are the ones it holds alone, so attention computes the same numbers.
-    The layers of one step share their pool rows (`StepRows`): the tables are the same for every
-    layer, so the rows are worked out once per step. Positions, mask and the rest are BatchKV's."""
+    continuous batching): a step scatters every row's new keys with one indexed write, and attention
+    reads every row's chunks where they lie through a slot table with each row's length
+    (ops.sdpa_slots), no gathered copy of any row's keys. BatchKV over the same rows gathers each row
+    apart, then pads and concatenates: B reads and a copy of everything per layer and step. Each row
+    attends over the keys and values it holds alone, so attention computes what it would alone. The
+    layers of one step share their pool rows and slot table (`StepRows`): the tables are the same for
+    every layer, so they are worked out once per step. Positions, mask and the rest are BatchKV's."""
 
     holds = ChunkedKV.holds
 
@@ -156,32 +196,56 @@ class ChunkedBatchKV(BatchKV):
         self.pool, self.layer = pool, layer
         self.step = step or StepRows()
         self._lengths = np.array([r.offset for r in rows], np.int64)
+        self._mask = None
 
     def update(self, ops, k, v):
         B, H, T, D = k.shape
-        new, held, S = self.step.rows(ops, self.rows, T)
+        rows = self.step.rows(ops, self.rows, T)
         for r in self.rows:
             r.offset += T
         keys, values = self.pool.keys[self.layer], self.pool.values[self.layer]
-        keys[:, new, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
-        values[:, new, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
+        keys[:, rows.new, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
+        values[:, rows.new, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
         self._lengths = np.array([r.offset for r in self.rows], np.int64)
+        return HeldRows(keys, rows.held, (B, H, rows.S, D)), HeldRows(values, rows.held, (B, H, rows.S, v.shape[3]))
 
-        def gather(pool_arr):
-            g = ops.reshape(ops.take_tokens(pool_arr, held), (pool_arr.shape[0], B, S, pool_arr.shape[2]))
-            return ops.transpose(g, (1, 0, 2, 3))
+    def mask(self, ops, T: int):
+        """BatchKV's mask, remembered: attention applies it through each row's length, and only a mask
+        the graph made from it (Gemma 3's sliding window) needs the gathered keys."""
+        self._mask = super().mask(ops, T)
+        return self._mask
 
-        return gather(keys), gather(values)
+    def attention(self, ops, q, keys: HeldRows, values: HeldRows, scale: float, mask):
+        if mask is not self._mask:
+            return ops.sdpa(q, keys.gather(ops), values.gather(ops), scale, mask)
+        s = self.step.current
+        return ops.sdpa_slots(q, keys.pool, values.pool, scale, self.pool.shape.tokens, s.table, s.kv_len, s.q_pos)
+
+    def observe(self, ops, q, keys: HeldRows, scale: float) -> None:
+        if any(r.table.density is not None for r in self.rows):  # compression measures attention mass
+            super().observe(ops, q, keys.gather(ops), scale)
+
+
+@dataclass(frozen=True)
+class StepPoolRows:
+    """Where one batched step's rows lie in the pool."""
+
+    new: Any  # backend index of the new tokens' rows, [B * T]
+    held: Any  # backend index of the held tokens' rows, right-padded to S with pool row 0, [B * S]
+    S: int  # the longest row's keys
+    table: np.ndarray  # int32 [B, max chunks]: each row's slots (padding: slot 0, past its length)
+    kv_len: np.ndarray  # int32 [B]: each row's keys after the step
+    q_pos: np.ndarray  # int32 [B]: the position of each row's first new token
 
 
 class StepRows:
-    """The pool rows of one batched step, shared by its layers: (the new tokens' rows, the held
-    tokens' rows right-padded to S, S), worked out when the first layer asks."""
+    """The pool rows and slot table of one batched step, shared by its layers (StepPoolRows), worked
+    out when the first layer asks."""
 
     def __init__(self):
-        self._key, self._value = None, None
+        self._key, self.current = None, None
 
-    def rows(self, ops, rows: list[ChunkedKV], T: int):
+    def rows(self, ops, rows: list[ChunkedKV], T: int) -> StepPoolRows:
         key = (tuple(id(r.table) for r in rows), tuple(r.offset for r in rows), T)
         if key != self._key:
             pool = rows[0].table.pool
@@ -194,10 +258,17 @@ class StepRows:
                 ends.append(end)
             S = max(ends)
             held = np.zeros((len(rows), S), np.int64)  # padding: pool row 0, masked
-            for b, (r, end) in enumerate(zip(rows, ends)):
+            n_chunks = [r.table.chunks_for(end) for r, end in zip(rows, ends)]
+            table = np.zeros((len(rows), max(n_chunks)), np.int32)
+            for b, (r, end, n) in enumerate(zip(rows, ends, n_chunks)):
                 held[b, :end] = pool.rows(r.table.slots, end)
-            self._key, self._value = key, (ops.index(np.concatenate(new)), ops.index(held), S)
-        return self._value
+                table[b, :n] = r.table.slots[:n]
+            kv_len = np.array(ends, np.int32)
+            self._key = key
+            self.current = StepPoolRows(
+                ops.index(np.concatenate(new)), ops.index(held), S, table, kv_len, kv_len - np.int32(T)
+            )
+        return self.current
 
 
 def chunked_batch_caches(per_sequence: list[list[ChunkedKV]]) -> list[ChunkedBatchKV]:

@@ -3,15 +3,15 @@
 A call joins when `start` opens its context (the chunks of the longest common prefix kept, as
 Service.call does). Every `step` then runs one pass of the model over two micro-batches, layer by
 layer (the throughput mode's graph pieces, batching/schedule.py): the joined calls that are
-decoding, one token each (`ChunkedBatchKV`: every context's chunks read with one gather of the
-pool per layer), and calls still prefilling, each with its next prompt chunk, packed into one
-left-padded pass of at most the engine's prefill chunk (batching/prompts.pack_rows; shortest prompt
-first, each pass a call waits raising its priority). So N clients cost one pass of the weights per
-step instead of N, and a long prompt goes in pieces between the others' decode steps instead of
-stalling them. A call's first token is sampled when its last chunk has run. A call leaves when it
-finishes, is cancelled, or its context cannot grow within the KV budget; `finish` then writes its
-context back exactly as Service.call would. One thread drives a RunningBatch (the server's engine
-loop), as one thread drives a Service.
+decoding, one token each (`ChunkedBatchKV`: attention reads every context's chunks where they lie
+in the pool, through one slot table per step), and calls still prefilling, each with its next
+prompt chunk, packed into one left-padded pass of at most the engine's prefill chunk
+(batching/prompts.pack_rows; shortest prompt first, each pass a call waits raising its priority).
+So N clients cost one pass of the weights per step instead of N, and a long prompt goes in pieces
+between the others' decode steps instead of stalling them. A call's first token is sampled when its
+last chunk has run. A call leaves when it finishes, is cancelled, or its context cannot grow within
+the KV budget; `finish` then writes its context back exactly as Service.call would. One thread
+drives a RunningBatch (the server's engine loop), as one thread drives a Service.
 """
 
 from __future__ import annotations

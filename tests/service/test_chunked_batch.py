@@ -1,7 +1,9 @@
-"""ChunkedBatchKV (the server's decode batch over contexts in one chunk pool: one scatter and one
-gather per layer and step) against BatchKV over the same kind of rows: a tiny random llama, rows of
+"""ChunkedBatchKV (the server's decode batch over contexts in one chunk pool: one scatter per layer
+and step, attention over every row's chunks where they lie through a slot table) against BatchKV
+over the same kind of rows (each row gathered, padded, masked): a tiny random llama, rows of
 different lengths in non-consecutive slots, decode steps with rows leaving: the logits and every
-row's held KV are bit for bit the same, on both backends."""
+row's held KV agree to float32 rounding on both backends (two attention kernels, summing in another
+order), and each row's attention in the batch equals its own attention alone bit for bit (one kernel)."""
 
 import numpy as np
 import pytest
@@ -35,7 +37,7 @@ def contexts(e, lengths, seed):
     return pool, tables
 
 
-def test_one_gather_equals_a_gather_per_row(tiny):
+def test_attention_where_the_rows_lie_equals_a_gather_per_row(tiny):
     e = tiny
     lengths = [5, 19, 1, 12]
     _, ta = contexts(e, lengths, seed=0)
@@ -52,12 +54,38 @@ def test_one_gather_equals_a_gather_per_row(tiny):
         assert fast[0].positions().tolist() == [ca[r][0].offset for r in live]
         got = run_block(e, [MicroBatch(e.ops.tokens(tokens), fast)], Order.ZIGZAG)[0]
         want = run_block(e, [MicroBatch(e.ops.tokens(tokens), batch_caches([cb[r] for r in live]))], Order.ZIGZAG)[0]
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     for r in range(len(lengths)):
         for layer in (0, e.args.num_hidden_layers - 1):
             for x, y in zip(ca[r][layer].state(e.ops), cb[r][layer].state(e.ops)):
-                np.testing.assert_array_equal(x, y)
+                np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
         assert ca[r][0].offset == lengths[r] + (6 if r in (1, 3) else 3)
+
+
+def test_a_row_attends_in_the_batch_as_it_does_alone(tiny):
+    """One layer: the batch's update writes every row's new key, its attention reads each row's
+    chunks through the step's slot table; each row's ChunkedKV then attends alone over the same pool
+    to the same bits. A mask the graph combined with the batch's own (Gemma 3's sliding window) goes
+    through the gathered keys instead, to the same numbers up to rounding."""
+    e, ops = tiny, tiny.ops
+    a = e.args
+    _, tables = contexts(e, [5, 19, 1, 12], seed=4)
+    rows = [t.caches()[0] for t in tables]
+    B, H, Hq, hd = len(rows), a.num_key_value_heads, a.num_attention_heads, a.head_dim
+    rng = np.random.default_rng(5)
+    k, v = (ops.array(rng.standard_normal((B, H, 1, hd)).astype(np.float32)) for _ in range(2))
+    q = rng.standard_normal((B, Hq, 1, hd)).astype(np.float32)
+    batch = ChunkedBatchKV(rows)
+    keys, values = batch.update(ops, k, v)
+    assert keys.shape == (B, H, 20, hd)
+    mask = batch.mask(ops, 1)
+    got = ops.to_numpy(batch.attention(ops, ops.array(q), keys, values, 0.25, mask))
+    for b, r in enumerate(rows):
+        alone = ops.to_numpy(r.attention(ops, ops.array(q[b : b + 1]), None, None, 0.25, None))
+        np.testing.assert_array_equal(got[b : b + 1], alone)
+    combined = ops.mask(ops.to_numpy(mask).astype(bool))  # equal to the batch's, but not its own
+    gathered = ops.to_numpy(batch.attention(ops, ops.array(q), keys, values, 0.25, combined))
+    np.testing.assert_allclose(gathered, got, atol=1e-5, rtol=1e-5)
 
 
 def test_rows_of_another_pool_or_layer_are_refused(tiny):
