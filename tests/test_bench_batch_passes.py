@@ -6,7 +6,14 @@ import subprocess
 import sys
 
 import mlx_flash
-from mlx_flash.bench.batch_passes import decode_step, prefill_pass, product_parameters, products_pass
+from mlx_flash.bench.batch_passes import (
+    chunked_decode_step,
+    decode_step,
+    head_pass,
+    prefill_pass,
+    product_parameters,
+    products_pass,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "bench_batch_passes.py")
@@ -21,6 +28,10 @@ def test_passes_are_timed_and_counted(tiny_store):
         d = decode_step(e, 3, held=8, repeat=1)
         p = prefill_pass(e, 2, 5, repeat=1)
         pp = products_pass(e, 4, repeat=1)
+        c = chunked_decode_step(e, 3, held=20, chunk_tokens=8, repeat=1)
+        h = head_pass(e, 4, repeat=1)
+    assert c.seconds > 0 and c.product_flops == d.product_flops and "chunk-pool step, 3 rows" in c.line()
+    assert h.seconds > 0 and h.product_flops == 2.0 * a.vocab_size * a.hidden_size * 4 and "head of 4" in h.line()
     assert d.seconds > 0 and d.tokens_per_s == 3 / d.seconds and d.product_flops == 2.0 * product_parameters(e) * 3
     assert p.product_flops == 2.0 * product_parameters(e) * 10 and "prefill 2 x 5" in p.line()
     assert pp.seconds > 0 and pp.product_flops == 2.0 * product_parameters(e) * 4 and "products of 4 rows" in pp.line()
@@ -40,6 +51,8 @@ def test_the_tool_prints_a_line_per_pass_and_refuses_bad_lists(tiny_store):
             "2",
             "--prompt-tokens",
             "6",
+            "--chunked-rows",
+            "2",
             "--products",
             "3",
         ],
@@ -49,7 +62,8 @@ def test_the_tool_prints_a_line_per_pass_and_refuses_bad_lists(tiny_store):
     )
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if "tok/s" in ln]
-    assert len(lines) == 4 and "decode step of 2 rows" in lines[1] and "prefill 2 x 6" in lines[2]
-    assert "products of 3 rows" in lines[3]
+    assert len(lines) == 7 and "decode step of 2 rows" in lines[1] and "chunk-pool step, 2 rows" in lines[2]
+    assert "prefill 2 x 6" in lines[3] and "products of 3 rows" in lines[4] and "head of 3 rows" in lines[5]
+    assert "products with the head" in lines[6]
     bad = subprocess.run([sys.executable, TOOL, "--rows", "1,x"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not a comma-separated list" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,10 +1,12 @@
 """What a batched pass costs on the loaded engine, the numbers behind the throughput mode's cap
-(docs/results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV)
-and a prefill pass of R prompts of T tokens packed left-padded into one pass, each the median wall
-time of `repeat` calls after one warm-up, with tokens/s and GFLOP/s (2 x the engine's parameters in
-products a token, attention not counted). `products_pass` times the weight products alone for B
-rows of one token (every layer's attention projections and FFN, no attention, no head): the rate
-the batched products allow, which the server's aggregate rate is held against."""
+(docs/results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV,
+or, as the server holds them, in a chunk pool) and a prefill pass of R prompts of T tokens packed
+left-padded into one pass, each the median wall time of `repeat` calls after one warm-up, with
+tokens/s and GFLOP/s (2 x the engine's parameters in products a token, attention not counted).
+`products_pass` times the weight products alone for B rows of one token (every layer's attention
+projections and FFN, no attention, no head): the rate the batched products allow, which the
+server's aggregate rate is held against; `head_pass` the output head's product for B rows, which a
+decode step computes too."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import numpy as np
 from ..batching.batch_cache import BlockKV, batch_caches
 from ..batching.schedule import MicroBatch, Order, run_block
 from ..models.cache import make_caches
+from ..service.chunk_pool import ChunkPool, ChunkShape
+from ..service.chunked_kv import ChunkTable, chunked_batch_caches
 from .timing import median_seconds
 
 
@@ -35,9 +39,12 @@ class PassTime:
         return self.product_flops / self.seconds / 1e9
 
     def line(self) -> str:
-        what = {"decode": f"decode step of {self.rows} rows", "products": f"products of {self.rows} rows"}.get(
-            self.kind, f"prefill {self.rows} x {self.tokens}"
-        )
+        what = {
+            "decode": f"decode step of {self.rows} rows",
+            "chunked": f"chunk-pool step, {self.rows} rows",
+            "products": f"products of {self.rows} rows",
+            "head": f"head of {self.rows} rows",
+        }.get(self.kind, f"prefill {self.rows} x {self.tokens}")
         return f"{what:28s} {self.seconds * 1e3:8.1f} ms  {self.tokens_per_s:8.0f} tok/s  {self.gflops:6.0f} GFLOP/s"
 
 
@@ -59,6 +66,36 @@ def decode_step(engine, rows: int, held: int = 128, repeat: int = 5, seed: int =
     tokens = engine.ops.tokens(rng.integers(0, vocab, size=(rows, 1)).tolist())
     s = median_seconds(lambda: run_block(engine, [MicroBatch(tokens, block)], Order.ZIGZAG), repeat)
     return PassTime("decode", rows, 1, s, 2.0 * product_parameters(engine) * rows)
+
+
+def chunked_decode_step(
+    engine, rows: int, held: int = 128, chunk_tokens: int = 32, repeat: int = 5, seed: int = 0
+) -> PassTime:
+    """The server's decode step (service/running_batch.py): `rows` contexts of `held` tokens each in
+    one chunk pool, their chunks interleaved as contexts prefilled side by side leave them, one token
+    each through ChunkedBatchKV (attention over every row's chunks where they lie)."""
+    rng = np.random.default_rng(seed)
+    a, vocab = engine.args, engine.args.vocab_size
+    per_row = -(-(held + 1) // chunk_tokens)
+    pool = ChunkPool(engine.ops, ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, chunk_tokens),
+                     rows * per_row)  # fmt: skip
+    tables = [ChunkTable(pool) for _ in range(rows)]
+    for start in range(0, held, chunk_tokens):  # one chunk of every row in turn
+        for t in tables:
+            caches = t.caches()
+            engine.forward(rng.integers(0, vocab, size=min(chunk_tokens, held - start)).tolist(), caches)
+            t.tokens = caches[0].offset
+    caches = [t.caches() for t in tables]
+    tokens = engine.ops.tokens(rng.integers(0, vocab, size=(rows, 1)).tolist())
+
+    def one():
+        run_block(engine, [MicroBatch(tokens, chunked_batch_caches(caches))], Order.ZIGZAG)
+        for per_layer in caches:  # the next call writes the same position again
+            for c in per_layer:
+                c.trim(1)
+
+    s = median_seconds(one, repeat)
+    return PassTime("chunked", rows, 1, s, 2.0 * product_parameters(engine) * rows)
 
 
 def prefill_pass(engine, rows: int, tokens: int, repeat: int = 3, seed: int = 0) -> PassTime:
@@ -97,3 +134,13 @@ def products_pass(engine, rows: int, repeat: int = 5, seed: int = 0) -> PassTime
 
     s = median_seconds(one, repeat)
     return PassTime("products", rows, 1, s, 2.0 * product_parameters(engine) * rows)
+
+
+def head_pass(engine, rows: int, repeat: int = 5, seed: int = 0) -> PassTime:
+    """The output head's product for `rows` rows of one token (its FLOPs: 2 x vocab x width a row),
+    the product a decode step computes besides the layers' (products_pass)."""
+    ops, args = engine.ops, engine.args
+    rng = np.random.default_rng(seed)
+    h = ops.array(rng.standard_normal((rows, 1, args.hidden_size)).astype(np.float32) * 0.1)
+    s = median_seconds(lambda: ops.materialize(engine.module.head(ops, args, engine.weights, h)), repeat)
+    return PassTime("head", rows, 1, s, 2.0 * args.vocab_size * args.hidden_size * rows)
