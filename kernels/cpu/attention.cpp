@@ -111,6 +111,15 @@ MF_INLINE void load_row(const Attn& p, const uint8_t* base, const mf_kv_codes* c
     return;
   }
   const int64_t i = c != nullptr ? b * sb + h * sh + (j - coded[b]) * st : kv_index(p, b, h, j, sb, sh, st);
+  if (p.kv_type == 0) {  // float32: a copy (values) or a strided store (keys, transposed), no per-element dtype test
+    const float* src = reinterpret_cast<const float*>(base) + i;
+    if (step == 1) {
+      std::memcpy(dst, src, static_cast<size_t>(p.hd) * sizeof(float));
+      return;
+    }
+    for (int64_t d = 0; d < p.hd; d++) dst[d * step] = src[d];
+    return;
+  }
   for (int64_t d = 0; d < p.hd; d++) dst[d * step] = kv_at(base, p.kv_type, i + d);
 }
 
