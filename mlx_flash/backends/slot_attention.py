@@ -6,7 +6,7 @@ computes. On a CPU both backends run the attention kernel over the pool where it
 longest, masked), which a device without that kernel runs and the tests hold the kernel to.
 
 A pool layer is [Hkv, slots * C, hd] (slot s holds tokens [s*C, (s+1)*C) along axis 1); the kernel
-reads it as [slots, Hkv, C, hd], a strided view of the same memory (`blocks`). Row b holds kv_len[b]
+reads it as [slots, Hkv, C, hd], a strided view of the same memory (`block_shape`). Row b holds kv_len[b]
 keys, its chunks table[b, :] in order, and its first query sits at position q_pos[b]: query t sees
 key j when j <= q_pos[b] + t and j < kv_len[b].
 """
