@@ -33,8 +33,7 @@ from . import (
     owner,
     walk,
 )
-from . import slot_attention
-from .coded_blocks import block_layouts
+from . import mlx_attention
 from .mlx_weights import Weight
 
 NAME = "mlx"
@@ -320,23 +319,9 @@ class MLXOps:
             return mlx_kernels.attention(q, k, v, scale, self.kernel_threads)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
-    def sdpa_coded(self, q, k, v, scale: float, codes, fmt, coded: int):
-        k_layout, v_layout, table = block_layouts(fmt, codes.shape[0])
-        S, T = coded + k.shape[2], q.shape[2]
-        return mlx_kernels.attention_coded(
-            q, k, v, scale, self.kernel_threads, codes, k_layout, codes, v_layout,
-            mx.array([[coded], [coded]], dtype=mx.int32), mx.array([S], dtype=mx.int32),
-            mx.array([S - T], dtype=mx.int32), mx.array(table),
-        )  # fmt: skip
-
-    def sdpa_slots(self, q, k, v, scale: float, block_tokens: int, table, kv_len, q_pos):
-        if self.on_gpu:
-            return slot_attention.gathered_sdpa(self, q, k, v, scale, block_tokens, table, kv_len, q_pos)
-        shape, axes = slot_attention.block_shape(k.shape, block_tokens)
-        return mlx_kernels.attention(
-            q, k.reshape(shape).transpose(axes), v.reshape(shape).transpose(axes), scale, self.kernel_threads,
-            mx.array(kv_len, dtype=mx.int32), mx.array(q_pos, dtype=mx.int32), mx.array(table, dtype=mx.int32),
-        )  # fmt: skip
+    # attention where the KV lies: compressed blocks and a chunk pool (backends/mlx_attention.py)
+    sdpa_coded = mlx_attention.sdpa_coded
+    sdpa_slots = mlx_attention.sdpa_slots
 
     def mask(self, keep: np.ndarray):
         """A boolean numpy mask as sdpa takes it."""
