@@ -41,15 +41,18 @@ def seen(kv_len: np.ndarray, q_pos: np.ndarray, T: int, S: int) -> np.ndarray:
     return keep[:, None]
 
 
+def gathered_rows(ops, pool, idx, B: int, S: int):
+    """Pool rows idx (a backend index of B rows of S tokens each, row-major) of a pool layer [Hkv, N,
+    hd] as [B, Hkv, S, hd]: one gather."""
+    g = ops.reshape(ops.take_tokens(pool, idx), (pool.shape[0], B, S, pool.shape[2]))
+    return ops.transpose(g, (1, 0, 2, 3))
+
+
 def gathered_sdpa(ops, q, k, v, scale: float, block_tokens: int, table, kv_len, q_pos):
     """ops.sdpa_slots in plain ops: every row's keys and values gathered through its slots into
     [B, Hkv, S, hd] (S its longest row), then sdpa under the mask of what each query sees."""
     B, T = table.shape[0], q.shape[2]
     S = int(np.max(kv_len))
     idx = ops.index(table_rows(table, block_tokens, S).reshape(-1))
-
-    def rows(pool):
-        g = ops.reshape(ops.take_tokens(pool, idx), (pool.shape[0], B, S, pool.shape[2]))
-        return ops.transpose(g, (1, 0, 2, 3))
-
-    return ops.sdpa(q, rows(k), rows(v), scale, ops.mask(seen(kv_len, q_pos, T, S)))
+    keys, values = gathered_rows(ops, k, idx, B, S), gathered_rows(ops, v, idx, B, S)
+    return ops.sdpa(q, keys, values, scale, ops.mask(seen(kv_len, q_pos, T, S)))

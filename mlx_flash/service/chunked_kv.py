@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backends.slot_attention import gathered_rows
 from ..batching.batch_cache import BatchKV
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool
@@ -172,8 +173,7 @@ class HeldRows:
     shape: tuple  # (B, Hkv, S, hd)
 
     def gather(self, ops):
-        B, H, S, D = self.shape
-        return ops.transpose(ops.reshape(ops.take_tokens(self.pool, self.held), (H, B, S, D)), (1, 0, 2, 3))
+        return gathered_rows(ops, self.pool, self.held, self.shape[0], self.shape[2])
 
 
 class ChunkedBatchKV(BatchKV):
