@@ -316,3 +316,26 @@ def attention_coded(
         q_pos,
         table,
     )
+
+
+def attention_mixed(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    threads: int,
+    codes: mx.array,
+    layouts,
+    kv_len,
+    q_pos,
+    table,
+    classes,
+) -> mx.array:
+    """Attention over a pool's chunks of mixed widths, lazily (kernels/cpu/attention.cpp
+    mf_attention_mixed): block i of row b is float chunk table[b, i] of the pool k, v [slots, Hkv,
+    block_tokens, hd] where classes[b, i] is 0, else coded chunk table[b, i] read through layouts[c - 1]
+    (a (keys, values) pair of kernels/kv_codes.py CodedLayout over the uint8 buffer `codes`)."""
+    ints = [i for pair in layouts for layout in pair for i in layout.ints()]
+    return extension().attention_mixed(
+        q, k, v, float(scale), max(int(threads), 1), codes, ints, kv_len, q_pos, table, classes
+    )

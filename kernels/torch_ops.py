@@ -146,6 +146,11 @@ def _register_fakes(torch) -> None:
         B, Hq, T, hd = q.shape
         return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
 
+    @torch.library.register_fake(lib + "attention_mixed")
+    def _(q, k, v, scale, threads, codes, layouts, kv_len, q_pos, table, classes):
+        B, Hq, T, hd = q.shape
+        return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
+
     @torch.library.register_fake(lib + "rms_norm")
     def _(x, w, eps):
         return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -26,6 +26,12 @@
 // no float copy of the context is made, and the result equals this kernel over the dequantized
 // floats bit for bit. With a slot table the codes' blocks are named by it; the float keys after
 // them (a residual not yet quantized) are read at token j - coded[b] of row b, without the table.
+//
+// Chunks of mixed widths (mf_attention_mixed). A slot table names every block of every row, and a
+// class table of the same shape says what the block is: 0, a float chunk of the pool k, v (read as
+// mf_attention reads a table's blocks); c > 0, coded keys through kc[c - 1] and values through
+// vc[c - 1], the table's entry being the block index those layouts take (the service's chunks at
+// 8, 4 and 2 bits in one arena, block index = byte offset / the layouts' block stride).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -69,6 +75,10 @@ struct Attn {
   const mf_kv_codes* vc = nullptr;
   const int32_t* k_coded = nullptr;
   const int32_t* v_coded = nullptr;
+  // chunks of mixed widths: each block's class (0 float, c > 0 layouts kcs[c - 1], vcs[c - 1]), or null
+  const int32_t* cls = nullptr;
+  const mf_kv_codes* kcs = nullptr;
+  const mf_kv_codes* vcs = nullptr;
 };
 
 #define MF_INLINE inline __attribute__((always_inline))
@@ -85,13 +95,8 @@ MF_INLINE int64_t kv_index(const Attn& p, int64_t b, int64_t h, int64_t j, int64
   return blk * sb + h * sh + (j % p.block_tokens) * st;
 }
 
-// Coded element (token j of row b, head h, channel d), dequantized as models/kv_quant.py does.
-MF_INLINE float coded_at(const Attn& p, const mf_kv_codes& c, int64_t b, int64_t h, int64_t j, int64_t d) {
-  int64_t blk = b, t = j;
-  if (p.table != nullptr) {
-    blk = p.table[b * p.max_blocks + j / c.block_tokens];
-    t = j % c.block_tokens;
-  }
+// Coded element (token t of block or row blk, head h, channel d), dequantized as models/kv_quant.py does.
+MF_INLINE float coded_elem(const mf_kv_codes& c, int64_t blk, int64_t h, int64_t t, int64_t d) {
   const int64_t bit = (blk * c.cs[0] + h * c.cs[1] + t * c.cs[2] + d * c.cs[3]) * c.bits;
   const uint32_t code = (c.base[c.codes + (bit >> 3)] >> (bit & 7)) & ((1u << c.bits) - 1u);
   const int64_t si = blk * c.ss[0] + h * c.ss[1] + (t / c.group_tokens) * c.ss[2] + (d / c.group_channels) * c.ss[3];
@@ -100,6 +105,11 @@ MF_INLINE float coded_at(const Attn& p, const mf_kv_codes& c, int64_t b, int64_t
   std::memcpy(&bh, c.base + c.biases + 2 * si, 2);
   const float scaled = static_cast<float>(code) * half_to_float(sh);  // rounded, then the bias added
   return scaled + half_to_float(bh);
+}
+
+MF_INLINE float coded_at(const Attn& p, const mf_kv_codes& c, int64_t b, int64_t h, int64_t j, int64_t d) {
+  if (p.table == nullptr) return coded_elem(c, b, h, j, d);
+  return coded_elem(c, p.table[b * p.max_blocks + j / c.block_tokens], h, j % c.block_tokens, d);
 }
 
 // Key (or value) j of row b, head h into dst[d * step], d < hd: codes, the float residual after them,
@@ -128,16 +138,11 @@ MF_INLINE void load_row(const Attn& p, const uint8_t* base, const mf_kv_codes* c
 // once, then each code times its scale, plus its bias (two roundings, as load_row's coded_at), the
 // loops ordered along the packed axis. False where that does not hold (the caller loads row by row).
 constexpr int64_t MAX_GROUPS = 1024, MAX_HD = 512;
-MF_INLINE bool load_coded_run(const Attn& p, const mf_kv_codes& c, const int32_t* coded, int64_t b, int64_t h,
-                              int64_t j0, int64_t nk, float* dst, int64_t jstep, int64_t dstep) {
-  if (j0 + nk > coded[b] || p.hd > MAX_HD || nk > KB) return false;
-  int64_t blk = b, t0 = j0;
-  if (p.table != nullptr) {
-    if (j0 / c.block_tokens != (j0 + nk - 1) / c.block_tokens) return false;
-    blk = p.table[b * p.max_blocks + j0 / c.block_tokens];
-    t0 = j0 % c.block_tokens;
-  }
-  const int64_t hd = p.hd, gt = c.group_tokens, gc = c.group_channels;
+// Tokens t0 .. t0 + nk - 1 of block (or row) blk, head h, through layout c, as load_coded_run says.
+MF_INLINE bool decode_run(const mf_kv_codes& c, int64_t hd, int64_t blk, int64_t h, int64_t t0, int64_t nk, float* dst,
+                          int64_t jstep, int64_t dstep) {
+  if (hd > MAX_HD || nk > KB) return false;
+  const int64_t gt = c.group_tokens, gc = c.group_channels;
   const int64_t tg0 = t0 / gt, ntg = (t0 + nk - 1) / gt - tg0 + 1, ncg = (hd + gc - 1) / gc;
   if (ntg * ncg > MAX_GROUPS) return false;
   float sc[MAX_GROUPS], bi[MAX_GROUPS];
@@ -212,6 +217,45 @@ MF_INLINE bool load_coded_run(const Attn& p, const mf_kv_codes& c, const int32_t
   return true;
 }
 
+MF_INLINE bool load_coded_run(const Attn& p, const mf_kv_codes& c, const int32_t* coded, int64_t b, int64_t h,
+                              int64_t j0, int64_t nk, float* dst, int64_t jstep, int64_t dstep) {
+  if (j0 + nk > coded[b]) return false;
+  int64_t blk = b, t0 = j0;
+  if (p.table != nullptr) {
+    if (j0 / c.block_tokens != (j0 + nk - 1) / c.block_tokens) return false;
+    blk = p.table[b * p.max_blocks + j0 / c.block_tokens];
+    t0 = j0 % c.block_tokens;
+  }
+  return decode_run(c, p.hd, blk, h, t0, nk, dst, jstep, dstep);
+}
+
+// Keys and values j0 .. j0 + nk - 1 of row b, head h, of chunks of mixed widths (p.cls): the keys
+// transposed into kt[d * KB + j], the values as rows vb[j * hdp + d]; a run of one chunk at a time.
+MF_INLINE void load_mixed(const Attn& p, int64_t b, int64_t h, int64_t j0, int64_t nk, float* kt, float* vb,
+                          int64_t hdp) {
+  const int64_t bt = p.block_tokens;
+  for (int64_t j = j0; j < j0 + nk;) {
+    const int64_t i = j / bt, e = std::min(j0 + nk, (i + 1) * bt);
+    const int32_t c = p.cls[b * p.max_blocks + i];
+    if (c > 0) {
+      const mf_kv_codes &kc = p.kcs[c - 1], &vc = p.vcs[c - 1];
+      const int64_t blk = p.table[b * p.max_blocks + i], t0 = j % bt;
+      if (!decode_run(kc, p.hd, blk, h, t0, e - j, kt + (j - j0), 1, KB))
+        for (int64_t jj = j; jj < e; jj++)
+          for (int64_t d = 0; d < p.hd; d++) kt[d * KB + (jj - j0)] = coded_elem(kc, blk, h, jj - i * bt, d);
+      if (!decode_run(vc, p.hd, blk, h, t0, e - j, vb + (j - j0) * hdp, hdp, 1))
+        for (int64_t jj = j; jj < e; jj++)
+          for (int64_t d = 0; d < p.hd; d++) vb[(jj - j0) * hdp + d] = coded_elem(vc, blk, h, jj - i * bt, d);
+    } else {
+      for (int64_t jj = j; jj < e; jj++) {
+        load_row(p, p.k, nullptr, nullptr, p.ksb, p.ksh, p.kst, b, h, jj, kt + (jj - j0), KB);
+        load_row(p, p.v, nullptr, nullptr, p.vsb, p.vsh, p.vst, b, h, jj, vb + (jj - j0) * hdp, 1);
+      }
+    }
+    j = e;
+  }
+}
+
 // exp(x) for x <= 0 to about 2 ulp, written so compilers vectorize it (no libm call, no rounding
 // function): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n through the exponent
 // bits; n is rounded by adding and taking away 1.5 * 2^23. Inputs are clamped to [-87, 0] (below,
@@ -267,11 +311,16 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   for (int64_t j0 = 0; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
     // the block's keys transposed, its values as rows: a coded block at once where it can be
-    if (p.kc == nullptr || !load_coded_run(p, *p.kc, p.k_coded, b, kvh, j0, nk, kt, 1, KB))
-      for (int64_t j = 0; j < nk; j++) load_row(p, p.k, p.kc, p.k_coded, p.ksb, p.ksh, p.kst, b, kvh, j0 + j, kt + j, KB);
-    if (p.vc == nullptr || !load_coded_run(p, *p.vc, p.v_coded, b, kvh, j0, nk, vb, hdp, 1))
-      for (int64_t j = 0; j < nk; j++)
-        load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
+    if (p.cls != nullptr) {
+      load_mixed(p, b, kvh, j0, nk, kt, vb, hdp);
+    } else {
+      if (p.kc == nullptr || !load_coded_run(p, *p.kc, p.k_coded, b, kvh, j0, nk, kt, 1, KB))
+        for (int64_t j = 0; j < nk; j++)
+          load_row(p, p.k, p.kc, p.k_coded, p.ksb, p.ksh, p.kst, b, kvh, j0 + j, kt + j, KB);
+      if (p.vc == nullptr || !load_coded_run(p, *p.vc, p.v_coded, b, kvh, j0, nk, vb, hdp, 1))
+        for (int64_t j = 0; j < nk; j++)
+          load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
+    }
     for (int64_t j = nk; j < KB; j++)
       for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
     // RB query rows at a time: each key (and value) vector loaded once for all of them, their
@@ -516,6 +565,48 @@ MF_EXPORT int mf_attention_coded(const float* q, int64_t B, int64_t Hq, int64_t 
     int64_t blocks = 0, tokens = 0;
     int rc = coded_extent(p, n, residual_tokens, c->block_tokens, &blocks, &tokens);
     if (rc == 0) rc = check_codes(*c, blocks, Hkv, tokens, hd);
+    if (rc < 0) return rc;
+  }
+  return run(p, threads);
+}
+
+
+// As mf_attention through a slot table, each block either a float chunk of k, v (class 0) or coded
+// (class c in 1..n_codes: keys through kc[c - 1], values through vc[c - 1], the table's entry the
+// layouts' block index); classes: int32 [B, max_blocks] as table. Codes as mf_attention_coded's, and
+// -7 for a class outside 0..n_codes or a row of more keys than its blocks.
+MF_EXPORT int mf_attention_mixed(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
+                                 const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks,
+                                 const int64_t* vs, const int32_t* table, const int32_t* classes, int64_t max_blocks,
+                                 int64_t block_tokens, const int32_t* kv_len, const int32_t* q_pos, float scale,
+                                 float* out, const int64_t* os, int threads, int n_codes, const mf_kv_codes* kc,
+                                 const mf_kv_codes* vc) {
+  if (B < 0 || T < 0 || hd < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv != 0) return -1;
+  if (kv_type != 0 && kv_type != 1) return -2;
+  if (table == nullptr || classes == nullptr || kv_len == nullptr || q_pos == nullptr || max_blocks < 1 ||
+      block_tokens < 1 || n_codes < 0 || (n_codes > 0 && (kc == nullptr || vc == nullptr)))
+    return -3;
+  if (B == 0 || T == 0) return 0;
+  Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
+         kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, block_tokens, kv_len,
+         q_pos, scale, out, os[0], os[1], os[2]};
+  p.cls = classes;
+  p.kcs = kc;
+  p.vcs = vc;
+  std::vector<int64_t> blocks(static_cast<size_t>(n_codes), 0);  // per class: its furthest block + 1
+  for (int64_t b = 0; b < B; b++) {
+    if (kv_len[b] < 0 || (kv_len[b] + block_tokens - 1) / block_tokens > max_blocks) return -7;
+    for (int64_t i = 0; i < (kv_len[b] + block_tokens - 1) / block_tokens; i++) {
+      const int32_t c = classes[b * max_blocks + i], blk = table[b * max_blocks + i];
+      if (c < 0 || c > n_codes) return -7;
+      if (blk < 0) return -8;
+      if (c > 0) blocks[c - 1] = std::max<int64_t>(blocks[c - 1], blk + 1);
+    }
+  }
+  for (int c = 0; c < n_codes; c++) {
+    if (blocks[c] == 0) continue;
+    int rc = check_codes(kc[c], blocks[c], Hkv, block_tokens, hd);
+    if (rc == 0) rc = check_codes(vc[c], blocks[c], Hkv, block_tokens, hd);
     if (rc < 0) return rc;
   }
   return run(p, threads);

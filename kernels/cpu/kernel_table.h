@@ -35,6 +35,11 @@ struct KernelLibrary {
                          const int32_t* q_pos, float scale, float* out, const int64_t* os, int threads,
                          const mf_kv_codes* kc, const int32_t* k_coded, const mf_kv_codes* vc,
                          const int32_t* v_coded) = nullptr;
+  int (*attention_mixed)(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
+                         const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks, const int64_t* vs,
+                         const int32_t* table, const int32_t* classes, int64_t max_blocks, int64_t block_tokens,
+                         const int32_t* kv_len, const int32_t* q_pos, float scale, float* out, const int64_t* os,
+                         int threads, int n_codes, const mf_kv_codes* kc, const mf_kv_codes* vc) = nullptr;
   int (*rms_norm)(const float* x, const float* w, float eps, int64_t rows, int64_t D, float* y) = nullptr;
   int (*rope)(const float* x, int64_t B, int64_t H, int64_t T, int64_t hd, const int64_t* xs, const float* inv_freq,
               int64_t dims, int traditional, const int32_t* pos, float scale, float* y) = nullptr;
@@ -76,6 +81,7 @@ inline KernelLibrary kernel_table(const std::string& path) {
   detail::find(handle, "mf_rows", path, lib.rows);
   detail::find(handle, "mf_attention", path, lib.attention);
   detail::find(handle, "mf_attention_coded", path, lib.attention_coded);
+  detail::find(handle, "mf_attention_mixed", path, lib.attention_mixed);
   detail::find(handle, "mf_rms_norm", path, lib.rms_norm);
   detail::find(handle, "mf_rope", path, lib.rope);
   detail::find(handle, "mf_silu_mul", path, lib.silu_mul);

@@ -135,6 +135,11 @@ NB_MODULE(_mlx_kernels, m) {
         "attention over compressed KV: each row's first coded keys and values read as codes (kv_codes.h), "
         "the rest from the float residuals k, v -> [B, Hq, T, hd] float32 (lazy).");
 
+  m.def("attention_mixed", &mlx_flash::attention_mixed, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "codes"_a,
+        "layouts"_a, "kv_len"_a, "q_pos"_a, "table"_a, "classes"_a,
+        "attention over a pool's chunks of mixed widths: each block float (class 0, k and v as [slots, Hkv, "
+        "block_tokens, hd]) or coded through its class's layouts over codes -> [B, Hq, T, hd] float32 (lazy).");
+
   m.def("empty", &mlx_flash::empty, "nbytes"_a, "align"_a = 4096,
         "An uninitialized uint8 buffer from MLX's allocator, aligned (lazy; evaluate before viewing it).");
 

@@ -523,6 +523,72 @@ mx::array attention_coded(const mx::array& q, const mx::array& k, const mx::arra
                    std::move(inputs));
 }
 
+std::vector<mx::Shape> MixedAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+bool MixedAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const MixedAttention&>(other);
+  return scale_ == o.scale_ && threads_ == o.threads_ && layouts_ == o.layouts_;
+}
+
+void MixedAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2], &codes = inputs[3], &table = inputs[6];
+  mx::array& out = outputs[0];
+  const int64_t B = q.shape(0), Hq = q.shape(1), T = q.shape(2), hd = q.shape(3), Hkv = k.shape(1);
+  const int64_t block_tokens = k.shape(2), max_blocks = table.shape(1);
+  const mx::Strides strides = attention_output(q, k, v, out, "MixedAttention");
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+  const int n = static_cast<int>(layouts_.size() / (2 * MF_KV_CODES_INTS));
+  std::vector<mf_kv_codes> kc(n), vc(n);
+  for (int c = 0; c < n; c++) {
+    kv_codes_from(layouts_.data() + 2 * c * MF_KV_CODES_INTS, MF_KV_CODES_INTS, codes.data<uint8_t>(), codes.nbytes(),
+                  &kc[c]);
+    kv_codes_from(layouts_.data() + (2 * c + 1) * MF_KV_CODES_INTS, MF_KV_CODES_INTS, codes.data<uint8_t>(),
+                  codes.nbytes(), &vc[c]);
+  }
+  record("MixedAttention", codes.data<uint8_t>());
+  const mx::Strides &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  enc.dispatch([=, qp = q.data<float>(), kp = k.data<void>(), vp = v.data<void>(), op = out.data<float>(),
+                lens = inputs[4].data<int32_t>(), pos = inputs[5].data<int32_t>(), tp = table.data<int32_t>(),
+                cp = inputs[7].data<int32_t>(), f16 = k.dtype() == mx::float16, scale = scale_,
+                threads = threads_]() {
+    const int64_t qst[3] = {qs[0], qs[1], qs[2]}, kst[3] = {ks[0], ks[1], ks[2]}, vst[3] = {vs[0], vs[1], vs[2]};
+    const int64_t ost[3] = {strides[0], strides[1], strides[2]};
+    check(kernels().attention_mixed(qp, B, Hq, T, hd, qst, kp, vp, f16 ? 1 : 0, Hkv, kst, vst, tp, cp, max_blocks,
+                                    block_tokens, lens, pos, scale, op, ost, threads, n, kc.data(), vc.data()),
+          "MixedAttention");
+  });
+}
+
+mx::array attention_mixed(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
+                          const mx::array& codes, std::vector<int64_t> layouts, const mx::array& kv_len,
+                          const mx::array& q_pos, const mx::array& table, const mx::array& classes) {
+  need(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention_mixed: q, k and v must be 4-D");
+  need(k.shape() == v.shape(), "attention_mixed: k and v differ in shape " + shape_str(k.shape()) + " vs " +
+                                   shape_str(v.shape()));
+  need(q.shape(3) == k.shape(3) && k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0,
+       "attention_mixed: q " + shape_str(q.shape()) + " does not fit k " + shape_str(k.shape()));
+  need(k.dtype() == v.dtype() && (k.dtype() == mx::float32 || k.dtype() == mx::float16),
+       "attention_mixed: keys and values must both be float32 or float16");
+  need(codes.dtype() == mx::uint8, "attention_mixed: codes must be a uint8 buffer");
+  need(layouts.size() % (2 * MF_KV_CODES_INTS) == 0,
+       "attention_mixed: layouts are a keys' and a values' layout of " + std::to_string(MF_KV_CODES_INTS) +
+           " ints per class (got " + std::to_string(layouts.size()) + " ints)");
+  need(table.ndim() == 2 && table.shape(0) == q.shape(0) && classes.shape() == table.shape(),
+       "attention_mixed: table and classes must both be [B, max_blocks]");
+  need(kv_len.size() == static_cast<size_t>(q.shape(0)) && q_pos.size() == static_cast<size_t>(q.shape(0)),
+       "attention_mixed: kv_len and q_pos need one value per row");
+  auto s = cpu_stream();
+  auto i32 = [&](const mx::array& a) { return mx::contiguous(mx::astype(a, mx::int32, s), false, s); };
+  std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), k, v, mx::contiguous(codes, false, s),
+                                i32(kv_len), i32(q_pos), i32(table), i32(classes)};
+  return mx::array(q.shape(), mx::float32, std::make_shared<MixedAttention>(s, scale, threads, std::move(layouts)),
+                   std::move(inputs));
+}
+
 // ---- Fence, AwaitFence ------------------------------------------------------------------------------
 
 void Fence::signal(int64_t value) {

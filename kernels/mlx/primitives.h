@@ -178,6 +178,25 @@ class CodedAttention : public CpuPrimitive {
   bool table_;
 };
 
+// Attention over a pool's chunks of mixed widths (kernels/cpu/attention.cpp mf_attention_mixed).
+// Inputs q, k, v (the float pool as blocks [slots, Hkv, block_tokens, hd]), codes (uint8: the coded
+// chunks' buffer), kv_len, q_pos [B], table and classes int32 [B, max_blocks]; `layouts` holds each
+// class's keys' then values' layout (kv_codes.h's MF_KV_CODES_INTS ints each) over `codes`.
+class MixedAttention : public CpuPrimitive {
+ public:
+  MixedAttention(mx::Stream s, float scale, int threads, std::vector<int64_t> layouts)
+      : CpuPrimitive(s), scale_(scale), threads_(threads), layouts_(std::move(layouts)) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MixedAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float scale_;
+  int threads_;
+  std::vector<int64_t> layouts_;
+};
+
 // x / sqrt(mean(x^2) + eps) * w over the last axis (inputs: x, w float32).
 class RmsNorm : public CpuPrimitive {
  public:
@@ -306,6 +325,9 @@ mx::array attention_coded(const mx::array& q, const mx::array& k, const mx::arra
                           const mx::array& k_codes, std::vector<int64_t> k_layout, const mx::array& v_codes,
                           std::vector<int64_t> v_layout, const mx::array& coded, const mx::array& kv_len,
                           const mx::array& q_pos, const std::optional<mx::array>& table);
+mx::array attention_mixed(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
+                          const mx::array& codes, std::vector<int64_t> layouts, const mx::array& kv_len,
+                          const mx::array& q_pos, const mx::array& table, const mx::array& classes);
 mx::array empty(int64_t nbytes, int64_t align);
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps);
 mx::array rope(const mx::array& x, const mx::array& inv_freq, const mx::array& pos, int dims, bool traditional,

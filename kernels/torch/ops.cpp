@@ -188,6 +188,43 @@ at::Tensor attention_coded(const at::Tensor& q, const at::Tensor& k, const at::T
   return out;
 }
 
+// Attention over a pool's chunks of mixed widths (kernels/cpu/attention.cpp mf_attention_mixed): k, v
+// the float pool as blocks [slots, Hkv, block_tokens, hd]; codes the coded chunks' uint8 buffer and
+// `layouts` each class's keys' then values' layout over it; table and classes int32 [B, max_blocks].
+at::Tensor attention_mixed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t threads,
+                           const at::Tensor& codes, at::IntArrayRef layouts, const at::Tensor& kv_len,
+                           const at::Tensor& q_pos, const at::Tensor& table, const at::Tensor& classes) {
+  cpu_float(q, "q");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+              "attention_mixed: q, k, v must be 4-D, k and v of one shape");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf),
+              "attention_mixed: keys and values must both be float32 or float16");
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), hd = q.size(3), Hkv = k.size(1);
+  TORCH_CHECK(k.size(3) == hd && Hkv > 0 && Hq % Hkv == 0, "attention_mixed: q does not fit k");
+  for (const at::Tensor* a : {&q, &k, &v})
+    TORCH_CHECK(a->stride(3) == 1 || a->size(3) == 1, "attention_mixed: the head dimension must be contiguous");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == B && classes.sizes() == table.sizes(),
+              "attention_mixed: table and classes must both be [B, max_blocks]");
+  TORCH_CHECK(kv_len.numel() == B && q_pos.numel() == B, "attention_mixed: kv_len and q_pos need one value per row");
+  TORCH_CHECK(layouts.size() % (2 * MF_KV_CODES_INTS) == 0, "attention_mixed: layouts are a keys' and a values' layout of ",
+              mf::text(MF_KV_CODES_INTS), " ints per class (got ", mf::text(layouts.size()), " ints)");
+  const int n = static_cast<int>(layouts.size() / (2 * MF_KV_CODES_INTS));
+  std::vector<mf_kv_codes> kc(n), vc(n);
+  for (int c = 0; c < n; c++) {
+    kc[c] = kv_codes(codes, layouts.slice(2 * c * MF_KV_CODES_INTS, MF_KV_CODES_INTS), "key");
+    vc[c] = kv_codes(codes, layouts.slice((2 * c + 1) * MF_KV_CODES_INTS, MF_KV_CODES_INTS), "value");
+  }
+  at::Tensor out = at::empty({B, T, Hq, hd}, q.options()).transpose(1, 2);
+  const int64_t qs[3] = {q.stride(0), q.stride(1), q.stride(2)}, ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
+  const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  done(loaded().attention_mixed(q.data_ptr<float>(), B, Hq, T, hd, qs, k.data_ptr(), v.data_ptr(),
+                                k.scalar_type() == at::kHalf ? 1 : 0, Hkv, ks, vs, ids_ptr(table), ids_ptr(classes),
+                                table.size(1), k.size(2), ids_ptr(kv_len), ids_ptr(q_pos), (float)scale,
+                                out.data_ptr<float>(), os, (int)threads, n, kc.data(), vc.data()),
+       "attention_mixed");
+  return out;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   cpu_float(x, "x");
   cpu_float(w, "w");
@@ -337,6 +374,8 @@ TORCH_LIBRARY(mlx_flash, m) {
         "Tensor? table=None) -> Tensor");
   m.def("attention_coded(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor k_codes, int[] k_layout, "
         "Tensor v_codes, int[] v_layout, Tensor coded, Tensor kv_len, Tensor q_pos, Tensor? table=None) -> Tensor");
+  m.def("attention_mixed(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor codes, int[] layouts, "
+        "Tensor kv_len, Tensor q_pos, Tensor table, Tensor classes) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor inv_freq, Tensor pos, int dims, bool traditional, float scale) -> Tensor");
   m.def("silu_mul(Tensor g, Tensor u) -> Tensor");
@@ -351,6 +390,7 @@ TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
   m.impl("stored_rows", &stored_rows);
   m.impl("attention", &attention);
   m.impl("attention_coded", &attention_coded);
+  m.impl("attention_mixed", &attention_mixed);
   m.impl("rms_norm", &rms_norm);
   m.impl("rope", &rope);
   m.impl("silu_mul", &silu_mul);

@@ -26,9 +26,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..models.kv_quant import dequantize, quantize
-
-WIDTHS = (8, 4, 2)
-GROUP = 32
+from .coded_chunks import GROUP, WIDTHS, chunk_parts, packed_bytes
 
 
 class Scheme(Enum):
@@ -183,19 +181,10 @@ def lossy(x: np.ndarray, bits: int) -> np.ndarray:
     return decode(np.frombuffer(encode(x, bits), np.uint8), x.shape, bits)
 
 
-def packed_bytes(shape, bits: int) -> int:
-    """Bytes a chunk of float32 `shape` [layers, 2, Hkv, C, hd] takes at `bits` (codes + float16
-    scales and biases: keys in groups of the chunk's C tokens per channel, values in groups of
-    GROUP along the head dimension)."""
-    L, _, H, C, hd = shape
-    n = L * H * C * hd
-    return 2 * n * bits // 8 + 4 * n // C + 4 * n // GROUP
-
-
 def encode(x: np.ndarray, bits: int) -> bytes:
-    """A chunk [layers, 2, Hkv, C, hd] at `bits`. Keys are quantized per channel over the chunk's
-    tokens (their outliers sit in fixed channels; per-token groups would spend the range on them),
-    values per token along the head dimension (as KIVI does)."""
+    """A chunk [layers, 2, Hkv, C, hd] at `bits`, as coded_chunks.chunk_parts lays it out. Keys are
+    quantized per channel over the chunk's tokens (their outliers sit in fixed channels; per-token
+    groups would spend the range on them), values per token along the head dimension (as KIVI does)."""
     C = x.shape[3]
     keys = np.ascontiguousarray(x[:, 0].swapaxes(-1, -2))  # [L, H, hd, C]
     parts = quantize(keys, bits, C) + quantize(x[:, 1], bits, GROUP)
@@ -204,23 +193,9 @@ def encode(x: np.ndarray, bits: int) -> bytes:
 
 def decode(buf: np.ndarray, shape, bits: int, out: np.ndarray | None = None) -> np.ndarray:
     """The inverse of encode: bytes (uint8) -> float32 `shape`, written into `out` when given."""
-    L, _, H, C, hd = shape
-    n = L * H * C * hd
     if out is None:
         out = np.empty(shape, np.float32)
-    pos = 0
-
-    def take(count, dtype, dims):
-        nonlocal pos
-        nbytes = count * np.dtype(dtype).itemsize
-        a = buf[pos : pos + nbytes].view(dtype).reshape(dims)
-        pos += nbytes
-        return a
-
-    for j, (group, dims) in enumerate(((C, (L, H, hd, C)), (GROUP, (L, H, C, hd)))):
-        lead = dims[:-1]
-        codes = take(n * bits // 8, np.uint8, (*lead, dims[-1] * bits // 8))
-        scale = take(n // group, np.float16, (*lead, dims[-1] // group))
-        bias = take(n // group, np.float16, (*lead, dims[-1] // group))
-        dequantize(codes, scale, bias, bits, group, out=out[:, j].swapaxes(-1, -2) if j == 0 else out[:, j])
+    kc, ks, kb, vc, vs, vb = chunk_parts(buf[: packed_bytes(shape, bits)], shape, bits)
+    dequantize(kc, ks, kb, bits, shape[3], out=out[:, 0].swapaxes(-1, -2))
+    dequantize(vc, vs, vb, bits, GROUP, out=out[:, 1])
     return out

@@ -1,0 +1,150 @@
+"""Compressed chunks held in memory at their width: an arena of the bytes a chunk's swap file holds,
+read by attention where they lie (kernels/cpu/attention.cpp mf_attention_mixed).
+
+A compressed chunk is compression.encode's bytes: per layer and head, keys' codes packed along the
+chunk's tokens with a float16 scale and bias per channel, then values' codes packed along the head
+dimension with a scale and bias per GROUP channels. `chunk_parts` names those six arrays; encode,
+decode and the kernel's layouts are all read off it, so the three cannot disagree. In the arena a
+chunk starts on a UNIT-byte boundary: the slot table names it by that offset / UNIT, so chunks of
+8, 4 and 2 bits share one buffer and one table, each width's layouts taking blocks UNIT bytes apart.
+
+CodedArena hands out those ranges (first fit over a free list, neighbours merged when freed), with a
+holder count per chunk as ChunkPool keeps per slot (forked contexts share their full chunks).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import MemoryBudgetError
+from ..kernels.kv_codes import CodedLayout, from_views
+
+UNIT = 64  # bytes: a chunk's offset in the arena is a multiple of this
+GROUP = 32  # values: channels per scale and bias
+WIDTHS = (8, 4, 2)  # class c of the kernel's class table is WIDTHS[c - 1]
+
+
+def packed_bytes(shape, bits: int) -> int:
+    """Bytes a chunk of float32 `shape` [layers, 2, Hkv, C, hd] takes at `bits` (codes + float16
+    scales and biases)."""
+    L, _, H, C, hd = shape
+    n = L * H * C * hd
+    return 2 * n * bits // 8 + 4 * n // C + 4 * n // GROUP
+
+
+def chunk_parts(buf: np.ndarray, shape, bits: int) -> list[np.ndarray]:
+    """Views of the six arrays of chunks at `bits` in buf (uint8 [..., packed_bytes]): keys' codes
+    [..., L, H, hd, C * bits / 8], their scales and biases [..., L, H, hd, 1] (float16), values'
+    codes [..., L, H, C, hd * bits / 8], their scales and biases [..., L, H, C, hd / GROUP]."""
+    L, _, H, C, hd = shape
+    lead = buf.shape[:-1]
+    dims = [
+        (np.uint8, (L, H, hd, C * bits // 8)),
+        (np.float16, (L, H, hd, 1)),
+        (np.float16, (L, H, hd, 1)),
+        (np.uint8, (L, H, C, hd * bits // 8)),
+        (np.float16, (L, H, C, hd // GROUP)),
+        (np.float16, (L, H, C, hd // GROUP)),
+    ]
+    parts, pos = [], 0
+    for dtype, d in dims:
+        nbytes = int(np.prod(d)) * np.dtype(dtype).itemsize
+        parts.append(buf[..., pos : pos + nbytes].view(dtype).reshape(*lead, *d))
+        pos += nbytes
+    return parts
+
+
+@lru_cache(maxsize=64)
+def layer_layouts(shape, bits: int, layer: int) -> tuple[CodedLayout, CodedLayout]:
+    """(keys' layout, values' layout) of layer `layer` of chunks at `bits` in an arena, block index =
+    byte offset / UNIT, as the kernel reads them (kernels/kv_codes.py)."""
+    size = packed_bytes(shape, bits)
+    base = np.zeros(size + UNIT, np.uint8)
+    # two blocks UNIT bytes apart: the views' first axis steps one arena unit
+    two = np.lib.stride_tricks.as_strided(base, (2, size), (UNIT, 1))
+    kc, ks, kb, vc, vs, vb = (p[:, layer] for p in chunk_parts(two, shape, bits))
+    C = shape[3]
+    # the kernel's index order: (block, head, token, channel); keys are packed along tokens
+    _, kl = from_views(kc.transpose(0, 1, 3, 2), ks.transpose(0, 1, 3, 2), kb.transpose(0, 1, 3, 2), bits, "tokens",
+                       C, 1, C)  # fmt: skip
+    _, vl = from_views(vc, vs, vb, bits, "channels", 1, GROUP, C)
+    return kl, vl
+
+
+def units(nbytes: int) -> int:
+    return -(-nbytes // UNIT)
+
+
+class CodedArena:
+    """Compressed chunks in one uint8 buffer of the backend (`buffer`), allocated whole."""
+
+    def __init__(self, ops, nbytes: int):
+        self.ops = ops
+        self.n_units = nbytes // UNIT
+        self.buffer = ops.array(np.zeros(max(self.n_units, 1) * UNIT, np.uint8))
+        self._free = [(0, self.n_units)] if self.n_units else []  # (first unit, units), by position
+        self._held: dict[int, tuple[int, int]] = {}  # first unit -> (units, bits)
+        self._refs: dict[int, int] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_units * UNIT
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(n for n, _ in self._held.values()) * UNIT
+
+    def can_hold(self, nbytes: int) -> bool:
+        need = units(nbytes)
+        return any(n >= need for _, n in self._free)
+
+    def place(self, data: np.ndarray, bits: int) -> int:
+        """Store a chunk's bytes (uint8 [packed_bytes]); returns its first unit."""
+        need = units(data.size)
+        for k, (at, n) in enumerate(self._free):
+            if n >= need:
+                self._free[k : k + 1] = [(at + need, n - need)] if n > need else []
+                self.buffer[at * UNIT : at * UNIT + data.size] = self.ops.array(data)
+                self.ops.materialize(self.buffer)
+                self._held[at] = (need, bits)
+                self._refs[at] = 1
+                return at
+        raise MemoryBudgetError(f"the compressed chunks' {self.nbytes / 1e6:.1f} MB hold no {data.size} more bytes")
+
+    def bits(self, at: int) -> int:
+        return self._held[at][1]
+
+    def read(self, at: int, nbytes: int) -> np.ndarray:
+        """A copy of the chunk's bytes."""
+        return np.array(self.ops.to_numpy(self.buffer[at * UNIT : at * UNIT + nbytes]))
+
+    def share(self, at: int) -> None:
+        self._check(at)
+        self._refs[at] += 1
+
+    def is_shared(self, at: int) -> bool:
+        return self._refs[at] > 1
+
+    def release(self, at: int) -> bool:
+        """Drop one holder; returns whether its bytes became free."""
+        self._check(at)
+        self._refs[at] -= 1
+        if self._refs[at]:
+            return False
+        del self._refs[at]
+        n, _ = self._held.pop(at)
+        ranges = sorted(self._free + [(at, n)])
+        merged: list[tuple[int, int]] = []
+        for a, m in ranges:
+            if merged and merged[-1][0] + merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], merged[-1][1] + m)
+            else:
+                merged.append((a, m))
+        self._free = merged
+        return True
+
+    def _check(self, at: int) -> None:
+        if at not in self._refs:
+            raise ValueError(f"no compressed chunk is held at arena unit {at}")
