@@ -20,6 +20,7 @@ from .stored_operands import one_buffer
 
 INTS = 15  # MF_KV_CODES_INTS
 BITS = (8, 4, 2)
+RAW = 32  # a layout of raw float32 (strides count floats, no scales): a chunk kept exact beside codes
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class CodedLayout:
         (the reference the kernel's gathering must equal bit for bit)."""
         b, h, t, d = np.meshgrid(*(np.arange(n) for n in (blocks, heads, tokens, hd)), indexing="ij")
         cs, ss = self.code_strides, self.scale_strides
+        if self.bits == RAW:
+            at = self.codes + 4 * (b * cs[0] + h * cs[1] + t * cs[2] + d * cs[3])
+            return buffer.view(np.uint8)[at[..., None] + np.arange(4)].view(np.float32)[..., 0]
         bit = (b * cs[0] + h * cs[1] + t * cs[2] + d * cs[3]) * self.bits
         codes = (buffer[self.codes + (bit >> 3)] >> (bit & 7).astype(np.uint8)) & ((1 << self.bits) - 1)
         si = b * ss[0] + h * ss[1] + (t // self.group_tokens) * ss[2] + (d // self.group_channels) * ss[3]
@@ -102,3 +106,8 @@ def from_views(
         bits, c, s, b, code_strides, tuple(st // 2 for st in scales.strides), group_tokens, group_channels, block_tokens
     )
     return buffer, layout
+
+
+def raw_layout(offset: int, strides: tuple[int, int, int, int], block_tokens: int = 0) -> CodedLayout:
+    """Float32 values at byte `offset` of a buffer with (block, head, token, channel) strides in floats."""
+    return CodedLayout(RAW, offset, 0, 0, strides, (0, 0, 0, 0), 1, 1, block_tokens)

@@ -31,7 +31,8 @@
 // class table of the same shape says what the block is: 0, a float chunk of the pool k, v (read as
 // mf_attention reads a table's blocks); c > 0, coded keys through kc[c - 1] and values through
 // vc[c - 1], the table's entry being the block index those layouts take (the service's chunks at
-// 8, 4 and 2 bits in one arena, block index = byte offset / the layouts' block stride).
+// 8, 4 and 2 bits in one arena, block index = byte offset / the layouts' block stride). A layout of
+// 32 bits is raw float32 (strides in floats, no scales): a chunk kept exact in the same arena.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -97,6 +98,11 @@ MF_INLINE int64_t kv_index(const Attn& p, int64_t b, int64_t h, int64_t j, int64
 
 // Coded element (token t of block or row blk, head h, channel d), dequantized as models/kv_quant.py does.
 MF_INLINE float coded_elem(const mf_kv_codes& c, int64_t blk, int64_t h, int64_t t, int64_t d) {
+  if (c.bits == 32) {  // raw float32: the strides count floats, no scale or bias
+    float x;
+    std::memcpy(&x, c.base + c.codes + 4 * (blk * c.cs[0] + h * c.cs[1] + t * c.cs[2] + d * c.cs[3]), 4);
+    return x;
+  }
   const int64_t bit = (blk * c.cs[0] + h * c.cs[1] + t * c.cs[2] + d * c.cs[3]) * c.bits;
   const uint32_t code = (c.base[c.codes + (bit >> 3)] >> (bit & 7)) & ((1u << c.bits) - 1u);
   const int64_t si = blk * c.ss[0] + h * c.ss[1] + (t / c.group_tokens) * c.ss[2] + (d / c.group_channels) * c.ss[3];
@@ -142,6 +148,18 @@ constexpr int64_t MAX_GROUPS = 1024, MAX_HD = 512;
 MF_INLINE bool decode_run(const mf_kv_codes& c, int64_t hd, int64_t blk, int64_t h, int64_t t0, int64_t nk, float* dst,
                           int64_t jstep, int64_t dstep) {
   if (hd > MAX_HD || nk > KB) return false;
+  if (c.bits == 32) {  // raw float32 (a chunk kept exact beside codes): copied, a row at a time where it can be
+    const int64_t base = blk * c.cs[0] + h * c.cs[1] + t0 * c.cs[2];
+    for (int64_t j = 0; j < nk; j++) {
+      const uint8_t* src = c.base + c.codes + 4 * (base + j * c.cs[2]);
+      if (c.cs[3] == 1 && dstep == 1) {
+        std::memcpy(dst + j * jstep, src, static_cast<size_t>(hd) * 4);
+        continue;
+      }
+      for (int64_t d = 0; d < hd; d++) std::memcpy(dst + d * dstep + j * jstep, src + 4 * d * c.cs[3], 4);
+    }
+    return true;
+  }
   const int64_t gt = c.group_tokens, gc = c.group_channels;
   const int64_t tg0 = t0 / gt, ntg = (t0 + nk - 1) / gt - tg0 + 1, ncg = (hd + gc - 1) / gc;
   if (ntg * ncg > MAX_GROUPS) return false;
@@ -460,7 +478,7 @@ void run_part(void* arg, int part) {
 // Whether a layout's furthest code, scale and bias for `blocks` blocks (or rows) of `tokens` tokens
 // lie inside its buffer: 0, or a negative code.
 int check_codes(const mf_kv_codes& c, int64_t blocks, int64_t heads, int64_t tokens, int64_t hd) {
-  if (c.bits != 2 && c.bits != 4 && c.bits != 8) return -4;
+  if (c.bits != 2 && c.bits != 4 && c.bits != 8 && c.bits != 32) return -4;
   if (c.base == nullptr || c.group_tokens < 1 || c.group_channels < 1 || c.codes < 0 || c.scales < 0 || c.biases < 0)
     return -5;
   for (int i = 0; i < 4; i++)
@@ -538,9 +556,9 @@ MF_EXPORT int mf_attention(const float* q, int64_t B, int64_t Hq, int64_t T, int
 // As mf_attention over compressed KV: row b's keys [0, k_coded[b]) are read through kc and its values
 // [0, v_coded[b]) through vc (their blocks named by `table` when given, kc->block_tokens tokens
 // each); the rest of its kv_len[b] keys and values are float (kv_type) at token j - coded[b] of row b
-// in k, v (strides ks, vs; residual_tokens of room). Codes: -4 bits not 8, 4 or 2; -5 a layout's
-// negative stride or offset; -6 a layout reaching past its buffer; -7 a count outside 0..kv_len[b]
-// or a residual past its room; -8 a negative table entry.
+// in k, v (strides ks, vs; residual_tokens of room). Codes: -4 bits not 8, 4, 2 or 32 (raw
+// float32); -5 a layout's negative stride or offset; -6 a layout reaching past its buffer; -7 a
+// count outside 0..kv_len[b] or a residual past its room; -8 a negative table entry.
 MF_EXPORT int mf_attention_coded(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
                                  const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks,
                                  const int64_t* vs, int64_t residual_tokens, const int32_t* table, int64_t max_blocks,

@@ -17,7 +17,7 @@ extern "C" {
 typedef struct mf_kv_codes {
   const uint8_t* base;     // codes, scales and biases all lie in this buffer
   int64_t nbytes;          // its size: every index the kernel may form is checked against it first
-  int64_t bits;            // 8, 4 or 2
+  int64_t bits;            // 8, 4 or 2; 32: raw float32 (strides count floats, scales unused)
   int64_t codes, scales, biases;           // byte offsets into base (scales and biases float16)
   int64_t cs[4];           // code strides: block (or row), head, token, channel
   int64_t ss[4];           // scale and bias strides: block (or row), head, token group, channel group

@@ -322,6 +322,7 @@ class MLXOps:
     # attention where the KV lies: compressed blocks and a chunk pool (backends/mlx_attention.py)
     sdpa_coded = mlx_attention.sdpa_coded
     sdpa_slots = mlx_attention.sdpa_slots
+    sdpa_mixed = mlx_attention.sdpa_mixed
 
     def mask(self, keep: np.ndarray):
         """A boolean numpy mask as sdpa takes it."""

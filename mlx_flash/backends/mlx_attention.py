@@ -1,6 +1,7 @@
 """Attention where the KV lies, as methods of MLXOps: over compressed blocks (the KV tiers' codes on
 flash, backends/coded_blocks.py) and over a pool of chunks named by a slot table (the service's
-contexts, backends/slot_attention.py), both through the CPU attention kernel's primitives."""
+contexts, backends/slot_attention.py), float or of mixed widths, through the CPU attention kernel's
+primitives."""
 
 from __future__ import annotations
 
@@ -28,4 +29,13 @@ def sdpa_slots(self, q, k, v, scale: float, block_tokens: int, table, kv_len, q_
     return mlx_kernels.attention(
         q, k.reshape(shape).transpose(axes), v.reshape(shape).transpose(axes), scale, self.kernel_threads,
         mx.array(kv_len, dtype=mx.int32), mx.array(q_pos, dtype=mx.int32), mx.array(table, dtype=mx.int32),
+    )  # fmt: skip
+
+
+def sdpa_mixed(self, q, k, v, scale: float, block_tokens: int, table, classes, codes, layouts, kv_len, q_pos):
+    shape, axes = slot_attention.block_shape(k.shape, block_tokens)
+    return mlx_kernels.attention_mixed(
+        q, k.reshape(shape).transpose(axes), v.reshape(shape).transpose(axes), scale, self.kernel_threads, codes,
+        layouts, mx.array(kv_len, dtype=mx.int32), mx.array(q_pos, dtype=mx.int32), mx.array(table, dtype=mx.int32),
+        mx.array(classes, dtype=mx.int32),
     )  # fmt: skip

@@ -190,6 +190,25 @@ class Ops(Protocol):
         chunks]) in order, holding kv_len[b] keys, its first query at position q_pos[b] (int32 numpy
         [B]); -> [B, Hq, T, hd]. Reads the pool where it lies on a CPU (backends/slot_attention.py)."""
 
+    def sdpa_mixed(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        scale: float,
+        block_tokens: int,
+        table,
+        classes,
+        codes: Any,
+        layouts,
+        kv_len,
+        q_pos,
+    ) -> Any:
+        """sdpa_slots over chunks of mixed widths: block i of row b is the pool's float chunk
+        table[b, i] where classes[b, i] is 0, else the compressed chunk at block table[b, i] of the
+        uint8 buffer `codes`, read through layouts[classes[b, i] - 1] (a keys', values' pair of
+        kernels/kv_codes.CodedLayout; kernels/cpu/attention.cpp mf_attention_mixed). CPU kernels only."""
+
     def attention_columns(self, q: Any, k: Any, scale: float) -> Any:
         """Causal attention mass each key receives, summed over heads and queries: q [1, Hq, T, hd],
         k [1, Hkv, S, hd] -> [S] float32 (KV compression's information density)."""

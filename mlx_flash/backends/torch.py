@@ -316,6 +316,19 @@ class TorchOps:
             torch.from_numpy(np.ascontiguousarray(table, np.int32)),
         )  # fmt: skip
 
+    def sdpa_mixed(self, q, k, v, scale: float, block_tokens: int, table, classes, codes, layouts, kv_len, q_pos):
+        if not self.stored_kernel:
+            raise ConfigError(
+                "kv_compression holds chunks the CPU attention kernel reads (float32 on the CPU): turn it off here"
+            )
+        shape, axes = slot_attention.block_shape(k.shape, block_tokens)
+        i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.int32))  # noqa: E731
+        ints = [i for pair in layouts for layout in pair for i in layout.ints()]
+        return torch_ops.ops().attention_mixed(
+            q, k.view(shape).permute(axes), v.view(shape).permute(axes), scale, self.kernel_threads, codes, ints,
+            i32(kv_len), i32(q_pos), i32(table), i32(classes),
+        )  # fmt: skip
+
     # attention scores for KV compression and top-k sparse attention (backends/torch_scores.py)
     attention_columns = torch_scores.attention_columns
     top_k_mask = torch_scores.top_k_mask

@@ -79,6 +79,7 @@ class BatchKV(LayerKV):
             else r.update(ops, k[b : b + 1], v[b : b + 1])
             for b, (r, p) in enumerate(zip(self.rows, pad))
         ]
+        outs = [(r.array(ops, kk), r.array(ops, vv)) for r, (kk, vv) in zip(self.rows, outs)]
         self._lengths = np.array([o[0].shape[2] for o in outs], np.int64)
         S = int(self._lengths.max())
 

@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..service.chunk_pool import ChunkPool, ChunkShape
 from ..service.chunked_kv import ChunkTable
-from ..service.compression import Compression, DensityTracker, choose_widths, lossy, packed_bytes
+from ..service.coded_chunks import packed_bytes
+from ..service.compression import Compression, DensityTracker, choose_widths, lossy
 from .perplexity_eval import token_nlls
 
 

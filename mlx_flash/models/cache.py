@@ -54,6 +54,11 @@ class LayerKV(ABC):
     def trim(self, n: int) -> None:
         """Forget the last n tokens; their slots are overwritten by later updates."""
 
+    def array(self, ops, held):
+        """update()'s keys (or values) as one array [B, Hkv, S, hd]: what it returned, unless that was
+        where they lie (a chunked cache's handles), gathered then."""
+        return held
+
     def attention(self, ops, q, keys, values, scale: float, mask):
         """Queries [B, Hq, T, hd] over the keys and values update() returned: every held one."""
         return ops.sdpa(q, keys, values, scale, mask)

@@ -62,9 +62,16 @@ class TopKAttention(LayerKV):
     def update(self, ops, k, v):
         return self.inner.update(ops, k, v)
 
+    def array(self, ops, held):
+        return self.inner.array(ops, held)
+
     def observe(self, ops, q, keys, scale: float) -> None:
         self.inner.observe(ops, q, keys, scale)
-        self._mask = ops.top_k_mask(q, keys, scale, self.inner.mask(ops, q.shape[2]), self.keep_share)
+        mask = self.inner.mask(ops, q.shape[2])
+        self._mask = ops.top_k_mask(q, self.inner.array(ops, keys), scale, mask, self.keep_share)
+
+    def attention(self, ops, q, keys, values, scale: float, mask):
+        return ops.sdpa(q, self.inner.array(ops, keys), self.inner.array(ops, values), scale, mask)
 
     def mask(self, ops, T: int):
         return self._mask

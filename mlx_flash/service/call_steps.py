@@ -99,6 +99,7 @@ class CallSteps:
             ctx.table.tokens = min(caches[0].offset, len(ids) + max(0, len(sampled) - 1))
             ctx.table.truncate(ctx.table.tokens)
             ctx.mark_changed(report.cached_tokens)
+            self.kv.compress(ctx)  # (with compression on: its complete chunks to the arena, at their width)
             if history is not None and not failed:
                 ctx.messages = history + [{"role": "assistant", "content": text}]
             self._count_call(report)

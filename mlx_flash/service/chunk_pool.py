@@ -11,6 +11,10 @@ A sequence's attention reads its slots where they lie through a slot table (Chun
 ops.sdpa_slots), and a slot's bytes are exported and imported whole for swap files. Slots are
 recycled through a free list; the pool never grows past n_slots.
 
+Compressed chunks (an option, service/compression.py) leave the float slots for an arena beside
+them (coded_chunks.CodedArena) holding the bytes their swap file holds; a chunk slot is then
+`coded_slot(unit)`, a negative number, and share, release and is_shared take either kind.
+
 Question-named methods, as a block manager has: can_allocate(n), allocate(), release(slot).
 """
 
@@ -21,6 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from .coded_chunks import CodedArena, packed_bytes
+
+
+def coded_slot(unit: int) -> int:
+    """The slot number of a compressed chunk at arena unit `unit` (negative: float slots are >= 0)."""
+    return -unit - 1
+
+
+def arena_unit(slot: int) -> int:
+    return -slot - 1
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class ChunkShape:
 
 
 class ChunkPool:
-    def __init__(self, ops, shape: ChunkShape, n_slots: int, grows: bool = False):
+    def __init__(self, ops, shape: ChunkShape, n_slots: int, grows: bool = False, coded_bytes: int = 0):
         if n_slots < 1:
             raise MemoryBudgetError(
                 f"a KV budget of {n_slots} chunks holds nothing; it needs at least one chunk "
@@ -59,6 +73,7 @@ class ChunkPool:
         self._grow(1 if grows else n_slots)  # one slot at least: a padded batch's rows point at row 0
         self._free = list(range(n_slots - 1, -1, -1))  # pop() hands out low slots first
         self._refs = [0] * n_slots  # sequences holding each slot (forked contexts share full chunks)
+        self.arena = CodedArena(ops, coded_bytes) if coded_bytes else None  # compressed chunks
 
     def _grow(self, slots: int) -> None:
         """Arrays of `slots` slots, the held slots' rows copied into them."""
@@ -98,15 +113,24 @@ class ChunkPool:
 
     def share(self, slot: int) -> int:
         """One more sequence holds `slot` (a fork): it stays until every holder released it."""
+        if slot < 0:
+            self._coded().share(arena_unit(slot))
+            return slot
         self._check(slot)
         self._refs[slot] += 1
         return slot
 
     def is_shared(self, slot: int) -> bool:
+        if slot < 0:
+            return self._coded().is_shared(arena_unit(slot))
         return self._refs[slot] > 1
 
     def release(self, slot: int) -> bool:
-        """Drop one holder of `slot`; returns whether the slot became free."""
+        """Drop one holder of `slot`; returns whether the slot (a float one: the arena's bytes are
+        counted apart) became free."""
+        if slot < 0:
+            self._coded().release(arena_unit(slot))
+            return False
         self._check(slot)
         self._refs[slot] -= 1
         if self._refs[slot] == 0:
@@ -118,6 +142,29 @@ class ChunkPool:
         if not 0 <= slot < self.n_slots or self._refs[slot] == 0:
             raise ValueError(f"KV chunk slot {slot} is not allocated")
 
+    # ---- compressed chunks ---------------------------------------------------------------------
+    def _coded(self) -> CodedArena:
+        if self.arena is None:
+            raise ValueError("this pool holds no compressed chunks")
+        return self.arena
+
+    def coded_bytes(self, bits: int) -> int:
+        return packed_bytes(self.shape.array_shape, bits)
+
+    def can_hold_coded(self, bits: int) -> bool:
+        return self.arena is not None and self.arena.can_hold(self.coded_bytes(bits))
+
+    def place_coded(self, payload: np.ndarray, bits: int) -> int:
+        """A chunk's bytes into the arena (uint8: coded_chunks.encode's, or float32 at bits RAW);
+        returns its slot."""
+        return coded_slot(self._coded().place(payload[: self.coded_bytes(bits)], bits))
+
+    def coded_payload(self, slot: int) -> tuple[np.ndarray, int]:
+        """(a copy of an arena chunk's bytes, its bits: 8, 4, 2 or RAW)."""
+        arena, unit = self._coded(), arena_unit(slot)
+        bits = arena.bits(unit)
+        return arena.read(unit, self.coded_bytes(bits)), bits
+
     def copy(self, src: int, dst: int) -> None:
         """Slot dst gets slot src's keys and values (copy on write of a shared chunk)."""
         C = self.shape.tokens
@@ -126,8 +173,8 @@ class ChunkPool:
 
     @property
     def nbytes(self) -> int:
-        """What the pool holds now as the backend keeps it (activation dtype)."""
-        return sum(int(a.nbytes) for a in self.keys + self.values)
+        """What the pool holds now as the backend keeps it (activation dtype), with the arena."""
+        return sum(int(a.nbytes) for a in self.keys + self.values) + (self.arena.nbytes if self.arena else 0)
 
     # ---- token rows -----------------------------------------------------------------------------
     def rows(self, slots, n_tokens: int) -> np.ndarray:

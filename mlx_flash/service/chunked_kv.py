@@ -5,10 +5,11 @@ ChunkTable is a sequence's chunk list (slot per chunk, None while a chunk is not
 token count; ChunkedKV is one layer's view of it that the graph calls. Writing token t of layer l
 puts it in row slot(t // C) * C + t % C of the pool's layer-l arrays. Attention reads the held
 tokens where they lie, through the sequence's slot table (ops.sdpa_slots, the attention kernel's
-slot-table form), the same keys in the same order as a contiguous cache's. update() still returns
-the held rows gathered in order (a plain slice when the slots happen to be consecutive; on MLX a
-lazy gather nothing evaluates unless a mask the kernel cannot apply or compression's attention mass
-asks for it), since a padded batch of prompt chunks (BatchKV) concatenates them.
+slot-table form), the same keys in the same order as a contiguous cache's; chunks compressed into
+the pool's arena are read there at their width (ops.sdpa_mixed), never as a float copy. update()
+returns where the held rows lie (HeldChunks); they are gathered in order (`array`, compressed chunks
+dequantized) only where something needs one array: a padded batch of prompt chunks (BatchKV), a
+mask the kernel cannot apply, or compression's attention mass.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 from ..backends.slot_attention import gathered_rows
 from ..batching.batch_cache import BatchKV
 from ..models.cache import LayerKV
-from .chunk_pool import ChunkPool
+from .chunk_pool import ChunkPool, arena_unit
+from .coded_chunks import CLASSES, floats, layer_layouts
 
 
 class ChunkTable:
@@ -51,15 +53,21 @@ class ChunkTable:
 
     def make_writable(self, start: int, end: int) -> None:
         """Chunks that tokens [start, end) will be written into and that another sequence shares
-        (a fork's last shared chunk) are copied first: a shared chunk is never written in place."""
+        (a fork's last shared chunk) are copied first: a shared chunk is never written in place; a
+        compressed one (a context cut inside it) comes back to a float slot as what it holds."""
         pool = self.pool
         for i in range(start // self.chunk_tokens, min(len(self.slots), self.chunks_for(end))):
             s = self.slots[i]
-            if s is not None and pool.is_shared(s):
-                new = self.claim()
+            if s is None or not (s < 0 or pool.is_shared(s)):
+                continue
+            new = self.claim()
+            if s < 0:
+                payload, bits = pool.coded_payload(s)
+                pool.load([new], floats(payload, pool.shape.array_shape, bits)[None])
+            else:
                 pool.copy(s, new)
-                pool.release(s)
-                self.slots[i] = new
+            pool.release(s)
+            self.slots[i] = new
 
     def truncate(self, n_tokens: int) -> list[int]:
         """Keep the first n_tokens tokens; returns the in-memory slots of the chunks dropped."""
@@ -96,13 +104,63 @@ class ChunkTable:
             self._index = (key, self.rows(0, n_tokens))
         return self._index[1]
 
-    def slot_table(self, n_tokens: int) -> np.ndarray:
-        """The slots of the chunks holding the first n_tokens tokens, as attention's slot table
-        (int32 [1, chunks]), built once per forward pass and shared by the layers."""
+    def slot_table(self, n_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The chunks holding the first n_tokens tokens as attention's slot table and class table
+        (int32 [1, chunks] each; classes None when every chunk is float: pool_entries), built once
+        per forward pass and shared by the layers."""
         key = tuple(self.slots[: self.chunks_for(n_tokens)])
         if self._table is None or self._table[0] != key:
-            self._table = (key, np.array([key], np.int32))
+            table, classes = pool_entries(self.pool, key)
+            self._table = (key, (table[None], None if classes is None else classes[None]))
         return self._table[1]
+
+    def gather(self, ops, layer: int, n_tokens: int, values: bool):
+        """Keys (or values) of the first n_tokens tokens of `layer` as one array [1, Hkv, n, hd]: a
+        slice or gather of the pool, compressed chunks dequantized (a copy; attention never needs it)."""
+        arr = (self.pool.values if values else self.pool.keys)[layer]
+        if not any(s is not None and s < 0 for s in self.slots[: self.chunks_for(n_tokens)]):
+            idx = self.fetch_index(n_tokens)
+            return arr[:, idx, :][None] if isinstance(idx, slice) else ops.take_tokens(arr, idx)[None]
+        C, shape = self.chunk_tokens, self.pool.shape.array_shape
+        parts = []
+        for i, s in enumerate(self.slots[: self.chunks_for(n_tokens)]):
+            n = min(C, n_tokens - i * C)
+            if s < 0:
+                payload, bits = self.pool.coded_payload(s)
+                parts.append(floats(payload, shape, bits, layer=layer)[int(values), :, :n])
+            else:
+                parts.append(ops.to_numpy(arr[:, s * C : s * C + n, :]))
+        return ops.array(np.concatenate(parts, axis=1)[None])
+
+
+def pool_entries(pool: ChunkPool, slots) -> tuple[np.ndarray, np.ndarray | None]:
+    """(table, classes) int32 [chunks] of attention over `slots`: a float slot is itself, class 0; a
+    chunk in the arena its unit, class CLASSES.index(bits) + 1. Classes None when all are float slots."""
+    if all(s >= 0 for s in slots):
+        return np.array(slots, np.int32), None
+    table = np.array([s if s >= 0 else arena_unit(s) for s in slots], np.int32)
+    classes = np.array([0 if s >= 0 else CLASSES.index(pool.arena.bits(arena_unit(s))) + 1 for s in slots], np.int32)
+    return table, classes
+
+
+def mixed_sdpa(ops, pool: ChunkPool, layer: int, q, scale: float, table, classes, kv_len, q_pos):
+    """Attention over a pool layer's float chunks and its arena's compressed ones (ops.sdpa_mixed)."""
+    layouts = [layer_layouts(pool.shape.array_shape, w, layer) for w in CLASSES]
+    return ops.sdpa_mixed(
+        q, pool.keys[layer], pool.values[layer], scale, pool.shape.tokens, table, classes, pool.arena.buffer, layouts,
+        kv_len, q_pos,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HeldChunks:
+    """Where a ChunkedKV's held keys (or values) lie, as its update returns them: `ChunkedKV.array`
+    gathers them (ChunkTable.gather)."""
+
+    table: ChunkTable
+    layer: int
+    n_tokens: int
+    values: bool
 
 
 class ChunkedKV(LayerKV):
@@ -126,65 +184,79 @@ class ChunkedKV(LayerKV):
         keys[:, new, :] = k[0]
         values[:, new, :] = v[0]
         self.offset = end
-        idx = t.fetch_index(end)
-        if isinstance(idx, slice):
-            return keys[:, idx, :][None], values[:, idx, :][None]
-        return ops.take_tokens(keys, idx)[None], ops.take_tokens(values, idx)[None]
+        return HeldChunks(t, self.layer, end, False), HeldChunks(t, self.layer, end, True)
+
+    def array(self, ops, held):
+        if isinstance(held, HeldChunks):
+            return held.table.gather(ops, held.layer, held.n_tokens, held.values)
+        return held  # a padded batch's rows, gathered already (BatchKV.observe)
 
     def trim(self, n: int) -> None:
         self._check_trim(n)
         self.offset -= n
 
     def attention(self, ops, q, keys, values, scale: float, mask):
-        """Over the pool where it lies (ops.sdpa_slots: the keys update() returned are a gather the
-        kernel does not need), unless the graph combined the mask with one of its own (Gemma 3's
-        sliding window), which the gathered keys take."""
+        """Over the pool (and its arena) where it lies, unless the graph combined the mask with one of
+        its own (Gemma 3's sliding window), which the gathered keys take."""
         if mask is not None and not isinstance(mask, str):
-            return ops.sdpa(q, keys, values, scale, mask)
+            return ops.sdpa(q, self.array(ops, keys), self.array(ops, values), scale, mask)
         t, pool = self.table, self.table.pool
+        table, classes = t.slot_table(self.offset)
+        kv_len, q_pos = np.array([self.offset], np.int32), np.array([self.offset - q.shape[2]], np.int32)
+        if classes is not None:
+            return mixed_sdpa(ops, pool, self.layer, q, scale, table, classes, kv_len, q_pos)
         return ops.sdpa_slots(
-            q, pool.keys[self.layer], pool.values[self.layer], scale, t.chunk_tokens, t.slot_table(self.offset),
-            np.array([self.offset], np.int32), np.array([self.offset - q.shape[2]], np.int32),
-        )  # fmt: skip
+            q, pool.keys[self.layer], pool.values[self.layer], scale, t.chunk_tokens, table, kv_len, q_pos
+        )
 
     def observe(self, ops, q, keys, scale: float) -> None:
         density = self.table.density
         if density is not None:  # one host read per layer: the price of measuring, compression only
-            density.add(ops.to_numpy(ops.attention_columns(q, keys, scale)), q.shape[2], q.shape[1])
+            columns = ops.attention_columns(q, self.array(ops, keys), scale)
+            density.add(ops.to_numpy(columns), q.shape[2], q.shape[1])
 
     def state(self, ops):
-        idx = self.table.fetch_index(self.offset)
-        pool = self.table.pool
         # copies: a backend's numpy view would change with the pool
-        return (
-            np.array(ops.to_numpy(pool.keys[self.layer][:, idx, :]))[None],
-            np.array(ops.to_numpy(pool.values[self.layer][:, idx, :]))[None],
+        return tuple(
+            np.array(ops.to_numpy(self.table.gather(ops, self.layer, self.offset, values))) for values in (False, True)
         )
 
 
 @dataclass(frozen=True)
 class HeldRows:
-    """The keys (or values) a chunked batch's update returns: one pool layer and the rows the step's
-    sequences hold there, [B, Hkv, S, hd] as `shape` says, gathered only where something needs them
-    as one array (a mask the graph combined with its own, attention mass for compression)."""
+    """The keys (or values) a chunked batch's update returns: where the step's sequences hold them,
+    [B, Hkv, S, hd] as `shape` says, gathered only where something needs them as one array (a mask
+    the graph combined with its own, attention mass for compression)."""
 
     pool: Any  # the pool's layer array [Hkv, slots * C, hd]
-    held: Any  # backend index of every row's held tokens, right-padded to S with pool row 0: [B * S]
+    step: "StepPoolRows"
+    rows: tuple  # the batch's ChunkedKV rows
+    values: bool
     shape: tuple  # (B, Hkv, S, hd)
 
     def gather(self, ops):
-        return gathered_rows(ops, self.pool, self.held, self.shape[0], self.shape[2])
+        B, _, S, _ = self.shape
+        if self.step.held is not None:
+            return gathered_rows(ops, self.pool, self.step.held, B, S)
+        parts = []  # compressed chunks among them: each row gathered (dequantized), right-padded
+        for r, n in zip(self.rows, self.step.kv_len):
+            g = r.table.gather(ops, r.layer, int(n), self.values)
+            parts.append(
+                g if n == S else ops.concatenate([g, ops.zeros((1, *g.shape[1:2], S - n, g.shape[3]), like=g)], axis=2)
+            )
+        return ops.concatenate(parts, axis=0)
 
 
 class ChunkedBatchKV(BatchKV):
     """One layer of several sequences' chunked caches in one pool, run as one batch (the server's
     continuous batching): a step scatters every row's new keys with one indexed write, and attention
     reads every row's chunks where they lie through a slot table with each row's length
-    (ops.sdpa_slots), no gathered copy of any row's keys. BatchKV over the same rows gathers each row
-    apart, then pads and concatenates: B reads and a copy of everything per layer and step. Each row
-    attends over the keys and values it holds alone, so attention computes what it would alone. The
-    layers of one step share their pool rows and slot table (`StepRows`): the tables are the same for
-    every layer, so they are worked out once per step. Positions, mask and the rest are BatchKV's."""
+    (ops.sdpa_slots, or ops.sdpa_mixed where the pool's arena holds compressed chunks of a row), no
+    gathered copy of any row's keys. BatchKV over the same rows gathers each row apart, then pads and
+    concatenates: B reads and a copy of everything per layer and step. Each row attends over the keys
+    and values it holds alone, so attention computes what it would alone. The layers of one step
+    share their pool rows and slot table (`StepRows`): the tables are the same for every layer, so
+    they are worked out once per step. Positions, mask and the rest are BatchKV's."""
 
     holds = ChunkedKV.holds
 
@@ -207,7 +279,14 @@ class ChunkedBatchKV(BatchKV):
         keys[:, rows.new, :] = ops.reshape(ops.transpose(k, (1, 0, 2, 3)), (H, B * T, D))
         values[:, rows.new, :] = ops.reshape(ops.transpose(v, (1, 0, 2, 3)), (H, B * T, v.shape[3]))
         self._lengths = np.array([r.offset for r in self.rows], np.int64)
-        return HeldRows(keys, rows.held, (B, H, rows.S, D)), HeldRows(values, rows.held, (B, H, rows.S, v.shape[3]))
+        held = tuple(self.rows)
+        return (
+            HeldRows(keys, rows, held, False, (B, H, rows.S, D)),
+            HeldRows(values, rows, held, True, (B, H, rows.S, v.shape[3])),
+        )
+
+    def array(self, ops, held):
+        return held.gather(ops) if isinstance(held, HeldRows) else held
 
     def mask(self, ops, T: int):
         """BatchKV's mask, remembered: attention applies it through each row's length, and only a mask
@@ -219,6 +298,8 @@ class ChunkedBatchKV(BatchKV):
         if mask is not self._mask:
             return ops.sdpa(q, keys.gather(ops), values.gather(ops), scale, mask)
         s = self.step.current
+        if s.classes is not None:
+            return mixed_sdpa(ops, self.pool, self.layer, q, scale, s.table, s.classes, s.kv_len, s.q_pos)
         return ops.sdpa_slots(q, keys.pool, values.pool, scale, self.pool.shape.tokens, s.table, s.kv_len, s.q_pos)
 
     def observe(self, ops, q, keys: HeldRows, scale: float) -> None:
@@ -231,9 +312,11 @@ class StepPoolRows:
     """Where one batched step's rows lie in the pool."""
 
     new: Any  # backend index of the new tokens' rows, [B * T]
-    held: Any  # backend index of the held tokens' rows, right-padded to S with pool row 0, [B * S]
+    held: Any  # backend index of the held tokens' rows, right-padded to S with pool row 0, [B * S]; None
+    # where a row holds compressed chunks (they are not pool rows)
     S: int  # the longest row's keys
     table: np.ndarray  # int32 [B, max chunks]: each row's slots (padding: slot 0, past its length)
+    classes: np.ndarray | None  # int32 [B, max chunks]: each chunk's class (pool_entries), None: all float
     kv_len: np.ndarray  # int32 [B]: each row's keys after the step
     q_pos: np.ndarray  # int32 [B]: the position of each row's first new token
 
@@ -249,25 +332,35 @@ class StepRows:
         key = (tuple(id(r.table) for r in rows), tuple(r.offset for r in rows), T)
         if key != self._key:
             pool = rows[0].table.pool
+            C = pool.shape.tokens
             new, ends = [], []
             for r in rows:
                 t, end = r.table, r.offset + T
                 t.make_writable(r.offset, end)  # a table's chunks serve every layer: once per step
                 t.reserve(end)
-                new.append(pool.rows(t.slots, end)[r.offset :])
+                first = r.offset // C  # the chunks the new tokens touch: float ones
+                new.append(pool.rows(t.slots[first : t.chunks_for(end)], end - first * C)[r.offset - first * C :])
                 ends.append(end)
             S = max(ends)
-            held = np.zeros((len(rows), S), np.int64)  # padding: pool row 0, masked
             n_chunks = [r.table.chunks_for(end) for r, end in zip(rows, ends)]
             table = np.zeros((len(rows), max(n_chunks)), np.int32)
-            for b, (r, end, n) in enumerate(zip(rows, ends, n_chunks)):
-                held[b, :end] = pool.rows(r.table.slots, end)
-                table[b, :n] = r.table.slots[:n]
+            classes = np.zeros_like(table)
+            for b, (r, n) in enumerate(zip(rows, n_chunks)):
+                table[b, :n], c = pool_entries(pool, r.table.slots[:n])
+                if c is not None:
+                    classes[b, :n] = c
+            held = None
+            if not classes.any():
+                held = np.zeros((len(rows), S), np.int64)  # padding: pool row 0, masked
+                for b, (r, end) in enumerate(zip(rows, ends)):
+                    held[b, :end] = pool.rows(r.table.slots, end)
+                held = ops.index(held)
             kv_len = np.array(ends, np.int32)
             self._key = key
             self.current = StepPoolRows(
-                ops.index(np.concatenate(new)), ops.index(held), S, table, kv_len, kv_len - np.int32(T)
-            )
+                ops.index(np.concatenate(new)), held, S, table, classes if classes.any() else None, kv_len,
+                kv_len - np.int32(T),
+            )  # fmt: skip
         return self.current
 
 

@@ -1,7 +1,7 @@
 """Compressed chunks held in memory at their width: an arena of the bytes a chunk's swap file holds,
 read by attention where they lie (kernels/cpu/attention.cpp mf_attention_mixed).
 
-A compressed chunk is compression.encode's bytes: per layer and head, keys' codes packed along the
+A compressed chunk is `encode`'s bytes: per layer and head, keys' codes packed along the
 chunk's tokens with a float16 scale and bias per channel, then values' codes packed along the head
 dimension with a scale and bias per GROUP channels. `chunk_parts` names those six arrays; encode,
 decode and the kernel's layouts are all read off it, so the three cannot disagree. In the arena a
@@ -19,18 +19,22 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import MemoryBudgetError
-from ..kernels.kv_codes import CodedLayout, from_views
+from ..kernels.kv_codes import RAW, CodedLayout, from_views, raw_layout
+from ..models.kv_quant import dequantize, quantize
 
 UNIT = 64  # bytes: a chunk's offset in the arena is a multiple of this
 GROUP = 32  # values: channels per scale and bias
-WIDTHS = (8, 4, 2)  # class c of the kernel's class table is WIDTHS[c - 1]
+WIDTHS = (8, 4, 2)  # what a chunk is compressed to
+CLASSES = (*WIDTHS, RAW)  # class c of the kernel's class table reads chunks of CLASSES[c - 1] bits
 
 
 def packed_bytes(shape, bits: int) -> int:
     """Bytes a chunk of float32 `shape` [layers, 2, Hkv, C, hd] takes at `bits` (codes + float16
-    scales and biases)."""
+    scales and biases; RAW: the float32 values alone)."""
     L, _, H, C, hd = shape
     n = L * H * C * hd
+    if bits == RAW:
+        return 2 * n * 4
     return 2 * n * bits // 8 + 4 * n // C + 4 * n // GROUP
 
 
@@ -56,10 +60,38 @@ def chunk_parts(buf: np.ndarray, shape, bits: int) -> list[np.ndarray]:
     return parts
 
 
+def encode(x: np.ndarray, bits: int) -> bytes:
+    """A chunk [layers, 2, Hkv, C, hd] at `bits`, as coded_chunks.chunk_parts lays it out. Keys are
+    quantized per channel over the chunk's tokens (their outliers sit in fixed channels; per-token
+    groups would spend the range on them), values per token along the head dimension (as KIVI does)."""
+    C = x.shape[3]
+    keys = np.ascontiguousarray(x[:, 0].swapaxes(-1, -2))  # [L, H, hd, C]
+    parts = quantize(keys, bits, C) + quantize(x[:, 1], bits, GROUP)
+    return b"".join(p.tobytes() for p in parts)
+
+
+def decode(buf: np.ndarray, shape, bits: int, out: np.ndarray | None = None, layer: int | None = None) -> np.ndarray:
+    """The inverse of encode: bytes (uint8) -> float32 `shape`, written into `out` when given; or
+    one layer's [2, Hkv, C, hd] alone."""
+    kc, ks, kb, vc, vs, vb = chunk_parts(buf[: packed_bytes(shape, bits)], shape, bits)
+    if layer is not None:
+        kc, ks, kb, vc, vs, vb = (p[layer][None] for p in (kc, ks, kb, vc, vs, vb))
+        shape = (1, *shape[1:])
+    if out is None:
+        out = np.empty(shape, np.float32)
+    dequantize(kc, ks, kb, bits, shape[3], out=out[:, 0].swapaxes(-1, -2))
+    dequantize(vc, vs, vb, bits, GROUP, out=out[:, 1])
+    return out if layer is None else out[0]
+
+
 @lru_cache(maxsize=64)
 def layer_layouts(shape, bits: int, layer: int) -> tuple[CodedLayout, CodedLayout]:
     """(keys' layout, values' layout) of layer `layer` of chunks at `bits` in an arena, block index =
-    byte offset / UNIT, as the kernel reads them (kernels/kv_codes.py)."""
+    byte offset / UNIT, as the kernel reads them (kernels/kv_codes.py); RAW: float32 [L, 2, H, C, hd]."""
+    if bits == RAW:
+        _, _, H, C, hd = shape
+        strides = (UNIT // 4, C * hd, hd, 1)
+        return tuple(raw_layout((2 * layer + j) * H * C * hd * 4, strides, C) for j in (0, 1))
     size = packed_bytes(shape, bits)
     base = np.zeros(size + UNIT, np.uint8)
     # two blocks UNIT bytes apart: the views' first axis steps one arena unit
@@ -73,17 +105,29 @@ def layer_layouts(shape, bits: int, layer: int) -> tuple[CodedLayout, CodedLayou
     return kl, vl
 
 
+def floats(payload: np.ndarray, shape, bits: int, layer: int | None = None) -> np.ndarray:
+    """A chunk's float32 values [L, 2, H, C, hd] (or one layer's [2, H, C, hd]) from its bytes: the
+    RAW ones as they are, codes dequantized (decode)."""
+    if bits != RAW:
+        return decode(payload, shape, bits, layer=layer)
+    x = payload[: packed_bytes(shape, RAW)].view(np.float32).reshape(shape)
+    return x if layer is None else x[layer]
+
+
 def units(nbytes: int) -> int:
     return -(-nbytes // UNIT)
 
 
 class CodedArena:
-    """Compressed chunks in one uint8 buffer of the backend (`buffer`), allocated whole."""
+    """Compressed chunks in one uint8 buffer, allocated whole: host memory the backend allocated
+    (`host`, written and read with numpy as the reader pool fills buffers) and the backend's array
+    over it without a copy (`buffer`, what attention reads)."""
 
     def __init__(self, ops, nbytes: int):
-        self.ops = ops
         self.n_units = nbytes // UNIT
-        self.buffer = ops.array(np.zeros(max(self.n_units, 1) * UNIT, np.uint8))
+        self.host = ops.host_buffer(max(self.n_units, 1) * UNIT)
+        self.host[:] = 0
+        self.buffer = ops.host_array(self.host)
         self._free = [(0, self.n_units)] if self.n_units else []  # (first unit, units), by position
         self._held: dict[int, tuple[int, int]] = {}  # first unit -> (units, bits)
         self._refs: dict[int, int] = {}
@@ -106,8 +150,7 @@ class CodedArena:
         for k, (at, n) in enumerate(self._free):
             if n >= need:
                 self._free[k : k + 1] = [(at + need, n - need)] if n > need else []
-                self.buffer[at * UNIT : at * UNIT + data.size] = self.ops.array(data)
-                self.ops.materialize(self.buffer)
+                self.host[at * UNIT : at * UNIT + data.size] = data
                 self._held[at] = (need, bits)
                 self._refs[at] = 1
                 return at
@@ -118,7 +161,7 @@ class CodedArena:
 
     def read(self, at: int, nbytes: int) -> np.ndarray:
         """A copy of the chunk's bytes."""
-        return np.array(self.ops.to_numpy(self.buffer[at * UNIT : at * UNIT + nbytes]))
+        return self.host[at * UNIT : at * UNIT + nbytes].copy()
 
     def share(self, at: int) -> None:
         self._check(at)

@@ -25,8 +25,7 @@ from enum import Enum
 import numpy as np
 
 from ..errors import ConfigError
-from ..models.kv_quant import dequantize, quantize
-from .coded_chunks import GROUP, WIDTHS, chunk_parts, packed_bytes
+from .coded_chunks import WIDTHS, decode, encode
 
 
 class Scheme(Enum):
@@ -179,23 +178,3 @@ def choose_widths(
 def lossy(x: np.ndarray, bits: int) -> np.ndarray:
     """What a chunk holds once compressed to `bits` and read back."""
     return decode(np.frombuffer(encode(x, bits), np.uint8), x.shape, bits)
-
-
-def encode(x: np.ndarray, bits: int) -> bytes:
-    """A chunk [layers, 2, Hkv, C, hd] at `bits`, as coded_chunks.chunk_parts lays it out. Keys are
-    quantized per channel over the chunk's tokens (their outliers sit in fixed channels; per-token
-    groups would spend the range on them), values per token along the head dimension (as KIVI does)."""
-    C = x.shape[3]
-    keys = np.ascontiguousarray(x[:, 0].swapaxes(-1, -2))  # [L, H, hd, C]
-    parts = quantize(keys, bits, C) + quantize(x[:, 1], bits, GROUP)
-    return b"".join(p.tobytes() for p in parts)
-
-
-def decode(buf: np.ndarray, shape, bits: int, out: np.ndarray | None = None) -> np.ndarray:
-    """The inverse of encode: bytes (uint8) -> float32 `shape`, written into `out` when given."""
-    if out is None:
-        out = np.empty(shape, np.float32)
-    kc, ks, kb, vc, vs, vb = chunk_parts(buf[: packed_bytes(shape, bits)], shape, bits)
-    dequantize(kc, ks, kb, bits, shape[3], out=out[:, 0].swapaxes(-1, -2))
-    dequantize(vc, vs, vb, bits, GROUP, out=out[:, 1])
-    return out

@@ -5,7 +5,10 @@ slots (claim), frees them in LCTRU order when the pool is full (make_room: write
 file first unless it has a current one, or drop it under Evict.DROP; another key's chunks only
 while that key holds more than its guaranteed share, quota.py), writes files ahead of time when
 idle (swap_out_idle), and brings chunks back (restore.py). Compressing a chunk (an option) happens
-when it is first written. The service holds the contexts; this module only moves their chunks.
+when a call leaves its context (compress) or when it is first written, whichever comes first: its
+bytes move to the pool's arena (coded_chunks.py), exactly what its swap file holds, and its float
+slot is freed; the arena makes room the same way (make_arena_room). The service holds the contexts;
+this module only moves their chunks.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from ..store.reader_pool import ReaderPool
 from .chunk_pool import ChunkPool
+from .coded_chunks import RAW, encode
 from .compression import Compression, choose_widths, lossy
 from .context import Context
 from .lifecycle import Evict, Lifecycle, Restore, eviction_order
@@ -77,6 +81,8 @@ class KVMemory:
         free = self.pool.free_slots
         held = self._held_by_owner() if self.quota.kv_share < 1.0 else {}  # (no share to guard: not counted)
         for ctx, i in eviction_order(self.contexts.values()):
+            if ctx.table.slots[i] < 0:  # compressed: its arena bytes free no float slot
+                continue
             if not self.quota.may_take(owner, ctx.owner, held.get(ctx.owner, 0), self.pool.n_slots):
                 continue
             victims.append((ctx, i))
@@ -95,8 +101,65 @@ class KVMemory:
             ctxs = {c.id: c for c, _ in victims}
             victims = [(c, i) for c in ctxs.values() for i in c.chunks_in_memory()]
         if self.lifecycle.evict is not Evict.DROP:
-            self.write(victims)
+            self.write(victims)  # with compression, a complete chunk moves to the arena (if it has room) and stays
+        if self.lifecycle.evict is Evict.CHUNKS:
+            victims = [(c, i) for c, i in victims if c.table.slots[i] >= 0]
         self._free(victims)
+
+    def make_arena_room(self, nbytes: int, owner: str = "") -> bool:
+        """Free compressed chunks (LCTRU order, written first unless current or Evict.DROP) until the
+        arena holds nbytes more; False where the idle contexts' chunks do not make that room."""
+        arena = self.pool.arena
+        for ctx, i in eviction_order(self.contexts.values()):
+            if arena.can_hold(nbytes):
+                break
+            if ctx.table.slots[i] >= 0 or not self.quota.may_take(owner, ctx.owner, 0, 0):
+                continue  # (a key's quota counts float slots: another key's arena bytes stay its own)
+            if self.lifecycle.evict is not Evict.DROP:
+                self.write([(ctx, i)])
+            self._free([(ctx, i)])
+        return arena.can_hold(nbytes)
+
+    def compress(self, ctx: Context) -> int:
+        """ctx's chunks held in float slots, into the arena: the complete ones compressed to the
+        widths the option chooses (ctx.widths where set: a chunk recomputed after a restore), the
+        last, incomplete one as its float32 values (RAW: exact, out of the float slots that the
+        calls being run write); returns how many. A chunk the arena has no room for stays."""
+        if self.pool.arena is None:
+            return 0
+        C = self.pool.shape.tokens
+        idx = [i for i in ctx.chunks_in_memory() if ctx.table.slots[i] >= 0 and ctx.chunk_tokens(i)]
+        idx = [i for i in idx if not self.pool.is_shared(ctx.table.slots[i])]
+        if not idx:
+            return 0
+        data = self.pool.export([ctx.table.slots[i] for i in idx])
+        widths = self._widths(ctx, dict(zip(idx, data)))
+        moved = 0
+        for j, i in enumerate(idx):
+            bits = widths.get(i, ctx.widths[i]) if ctx.chunk_tokens(i) == C else RAW
+            if not bits:
+                continue
+            if not (self.pool.can_hold_coded(bits) or self.make_arena_room(self.pool.coded_bytes(bits), ctx.owner)):
+                continue
+            payload = (
+                data[j].reshape(-1).view(np.uint8) if bits == RAW else np.frombuffer(encode(data[j], bits), np.uint8)
+            )
+            self._to_arena(ctx, i, payload, bits)
+            moved += 1
+        return moved
+
+    def _place(self, payload: np.ndarray, w: int, owner: str) -> int | None:
+        """A read compressed chunk's slot in the arena, room made for it; None where none can be."""
+        if not (self.pool.can_hold_coded(w) or self.make_arena_room(self.pool.coded_bytes(w), owner)):
+            return None
+        return self.pool.place_coded(payload, w)
+
+    def _to_arena(self, ctx: Context, i: int, payload: np.ndarray, w: int) -> None:
+        slot = self.pool.place_coded(payload, w)
+        self.pool.release(ctx.table.slots[i])
+        ctx.table.slots[i] = slot
+        if w != RAW:
+            ctx.widths[i] = w
 
     def _held_by_owner(self) -> dict[str, int]:
         """Slots each key's contexts hold in memory (a chunk shared by forks counted once per owner)."""
@@ -123,16 +186,27 @@ class KVMemory:
                 by_ctx.setdefault(ctx.id, []).append(i)
         for ctx_id, idx in by_ctx.items():
             ctx = self.contexts[ctx_id]
+            coded = [i for i in idx if ctx.table.slots[i] < 0]
+            idx = [i for i in idx if ctx.table.slots[i] >= 0]
             data = self.pool.export([ctx.table.slots[i] for i in idx])
             widths = self._widths(ctx, dict(zip(idx, data)))
             narrowed_slots, narrowed = [], []
             failed = True
+            shape = self.pool.shape
             try:
+                for i in coded:  # the arena's bytes are the file's payload (RAW ones a float32 file's)
+                    payload, bits = self.pool.coded_payload(ctx.table.slots[i])
+                    w = 0 if bits == RAW else bits
+                    ctx.disk[i] = self.swap.write_payload(ctx.id, i, shape, ctx.chunk_tokens(i), payload, w)
+                    self.counts.written += 1
                 for j, i in enumerate(idx):
                     w = widths.get(i, ctx.widths[i])
-                    ctx.disk[i] = self.swap.write_chunk(ctx.id, i, self.pool.shape, ctx.chunk_tokens(i), data[j], w)
+                    payload = self.swap.payload(shape, data[j], w)
+                    ctx.disk[i] = self.swap.write_payload(ctx.id, i, shape, ctx.chunk_tokens(i), payload, w)
                     self.counts.written += 1
-                    if w != ctx.widths[i]:  # newly compressed: memory holds what the file holds
+                    if w and self.pool.can_hold_coded(w):  # memory holds what the file holds, at its width
+                        self._to_arena(ctx, i, payload, w)
+                    elif w != ctx.widths[i]:  # (no arena, or a full one: the same values as floats)
                         ctx.widths[i] = w
                         narrowed_slots.append(ctx.table.slots[i])
                         narrowed.append(lossy(data[j], w))
@@ -145,7 +219,7 @@ class KVMemory:
                 except SwapError:
                     if not failed:
                         raise  # else the chunk's own error (naming its file) is the one to report
-        return sum(len(v) for v in by_ctx.values())
+        return sum(len(v) for v in by_ctx.values())  # (every chunk asked for: float and compressed)
 
     def _widths(self, ctx: Context, chunks: dict[int, np.ndarray]) -> dict[int, int]:
         """Widths for the complete, not yet compressed chunks among `chunks` (index -> data)."""
@@ -171,6 +245,7 @@ class KVMemory:
             lambda: self.claim(ctx.owner),
             recompute_only=how is Restore.RECOMPUTE,
             read_only=how is Restore.READ,
+            place=None if self.pool.arena is None else lambda payload, w: self._place(payload, w, ctx.owner),
         )
         self.counts.read += report.chunks_read
         self.counts.recomputed += report.chunks_recomputed

@@ -32,6 +32,8 @@ class ServiceStats:
     contexts: int
     contexts_resident: int  # every chunk in memory
     contexts_swapped: int  # at least one chunk only on flash
+    coded_bytes: int = 0  # the arena of compressed chunks (kv_compression), and what its chunks take
+    coded_bytes_used: int = 0
     calls: int = 0
     cache_hits: int = 0  # calls that reused at least one held token
     prompt_tokens: int = 0

@@ -73,9 +73,12 @@ def restore(
     claim,
     recompute_only: bool = False,
     read_only: bool = False,
+    place=None,
 ) -> RestoreReport:
-    """Bring the chunks holding ctx's first n_tokens tokens into memory (slots from `claim`).
-    recompute_only / read_only force one technique (the benchmark's ablations)."""
+    """Bring the chunks holding ctx's first n_tokens tokens into memory (float slots from `claim`;
+    a compressed chunk's bytes straight into the pool's arena by `place(payload, bits)` -> its slot,
+    or None where the arena has no room: then decoded into a float slot). recompute_only /
+    read_only force one technique (the benchmark's ablations)."""
     t0 = time.perf_counter()
     report = RestoreReport()
     table, shape, C = ctx.table, pool.shape, pool.shape.tokens
@@ -84,10 +87,12 @@ def restore(
         return report
     mean_bytes = sum(payload_bytes(shape, ctx.widths[i]) for i in missing) / len(missing)
     k = len(missing) if recompute_only else 0 if read_only else costs.recompute_count(len(missing), C, mean_bytes)
+    coded = set() if place is None else {i for i in missing[k:] if ctx.disk[i] is not None and ctx.widths[i]}
     try:
         for i in missing:
-            table.slots[i] = claim()
-        _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report)
+            if i not in coded:  # (a compressed chunk read gets its slot where it is placed)
+                table.slots[i] = claim()
+        _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report, coded, claim, place)
     except BaseException:
         for i in missing:  # nothing half-restored stays: the chunks are still on flash or recomputable
             if table.slots[i] is not None:
@@ -98,7 +103,7 @@ def restore(
     return report
 
 
-def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report) -> None:
+def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, report, coded, claim, place) -> None:
     table, shape, C = ctx.table, pool.shape, pool.shape.tokens
     to_read = [i for i in missing[k:] if ctx.disk[i] is not None]
     # Start the reads, then recompute the leading chunks while they run.
@@ -131,7 +136,7 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
         staged: list[int] = []  # the slots of the chunks decoded into data[: len(staged)]
         read = 0
 
-        def place() -> None:
+        def to_pool() -> None:
             if staged:
                 pool.load(staged, data[: len(staged)])
                 staged.clear()
@@ -154,17 +159,24 @@ def _bring_back(engine, pool, swap, reader, ctx, n_tokens, costs, missing, k, re
                     ctx.widths[i],
                     ctx.disk[i],
                 )
-            if problem is None:
-                chunk_data(buf[j, HEADER:], shape, ctx.widths[i], out=data[len(staged)])
-                staged.append(table.slots[i])
-                read += 1
-                if len(staged) == len(data):
-                    place()
-            else:
+            if problem is not None:
                 report.bad_files.append(problem)
                 ctx.disk[i] = None
+                if table.slots[i] is None:
+                    table.slots[i] = claim()
                 recompute.append(i)
-        place()
+                continue
+            read += 1
+            if i in coded:  # its bytes are what the arena holds
+                table.slots[i] = place(buf[j, HEADER:], ctx.widths[i])
+                if table.slots[i] is not None:
+                    continue
+                table.slots[i] = claim()
+            chunk_data(buf[j, HEADER:], shape, ctx.widths[i], out=data[len(staged)])
+            staged.append(table.slots[i])
+            if len(staged) == len(data):
+                to_pool()
+        to_pool()
         report.chunks_read = read
         # a read's cost includes checking and placing it: that part runs on this thread, not beside it
         read_s = time.perf_counter() - t_read

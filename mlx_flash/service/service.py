@@ -48,6 +48,7 @@ from .restore import RestoreReport
 from .swap_files import SwapDir
 
 DEFAULT_CHUNK = 16
+FLOAT_SHARE = 4  # with compression on, 1 / FLOAT_SHARE of the KV budget holds float chunks, the rest codes
 
 
 class Service(CallSteps):
@@ -82,9 +83,19 @@ class Service(CallSteps):
         self.max_contexts = max_contexts
         self.key_quota = key_quota
         self.contexts: dict[str, Context] = {}
+        # Compression holds complete chunks in an arena at their width; float slots are left for the
+        # chunks being written (a call's new tokens, each context's last chunk): a quarter of the budget.
+        float_bytes = self.kv_budget // FLOAT_SHARE if self.compression.on else self.kv_budget
+        n_float = float_bytes // slot_bytes
         self.kv = KVMemory(
             engine,
-            ChunkPool(engine.ops, self.shape, self.kv_budget // slot_bytes, grows),
+            ChunkPool(
+                engine.ops,
+                self.shape,
+                n_float,
+                grows,
+                max(0, self.kv_budget - n_float * slot_bytes) if self.compression.on else 0,
+            ),  # fmt: skip
             self.swap,
             self.compression,
             lifecycle,
@@ -334,6 +345,8 @@ class Service(CallSteps):
         s.chunks_written, s.chunks_read, s.chunks_recomputed = m.written, m.read, m.recomputed
         s.bad_swap_files = m.bad_files
         s.slots_free = self.pool.free_slots
+        arena = self.pool.arena
+        s.coded_bytes, s.coded_bytes_used = (arena.nbytes, arena.used_bytes) if arena else (0, 0)
         s.contexts = len(self.contexts)
         s.contexts_resident = sum(c.table.resident() for c in self.contexts.values())
         s.contexts_swapped = s.contexts - s.contexts_resident
@@ -350,6 +363,8 @@ class Service(CallSteps):
                 "chunk_bytes": s.chunk_bytes,
                 "slots": s.slots,
                 "slots_free": s.slots_free,
+                "compressed_bytes": s.coded_bytes,
+                "compressed_bytes_used": s.coded_bytes_used,
                 "chunks_written": s.chunks_written,
                 "chunks_read": s.chunks_read,
                 "chunks_recomputed": s.chunks_recomputed,

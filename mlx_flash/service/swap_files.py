@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import FlashError
 from .chunk_pool import ChunkShape
-from .compression import decode, encode, packed_bytes
+from .coded_chunks import decode, encode, packed_bytes
 
 MAGIC = b"MLXFKV1\n"
 HEADER = 4096  # the payload starts block-aligned, and files end on a block, for direct I/O
@@ -104,10 +104,23 @@ class SwapDir:
     ) -> int:
         """Write chunk `index` (float32 [layers, 2, Hkv, C, hd]) in float32 (width 0) or quantized
         to `width` bits; returns the payload's crc32."""
+        return self.write_payload(ctx_id, index, shape, n_tokens, self.payload(shape, data, width), width)
+
+    @staticmethod
+    def payload(shape: ChunkShape, data: np.ndarray, width: int) -> np.ndarray:
+        """What a chunk file of float32 `data` at `width` bits holds after its header (uint8)."""
         data = np.ascontiguousarray(data, dtype=np.float32)
         if data.shape != shape.array_shape:
             raise ValueError(f"chunk of shape {data.shape} is not {shape.array_shape}")
-        payload = np.frombuffer(encode(data, width), np.uint8) if width else data.view(np.uint8).reshape(-1)
+        return np.frombuffer(encode(data, width), np.uint8) if width else data.view(np.uint8).reshape(-1)
+
+    def write_payload(
+        self, ctx_id: str, index: int, shape: ChunkShape, n_tokens: int, payload: np.ndarray, width: int
+    ) -> int:
+        """Write chunk `index` from its payload (payload()'s bytes, or a compressed chunk's held in
+        memory); returns the payload's crc32."""
+        if payload.nbytes != payload_bytes(shape, width):
+            raise ValueError(f"a payload of {payload.nbytes} bytes is not a {width}-bit chunk of {shape.array_shape}")
         crc = zlib.crc32(payload)
         header = _FIELDS.pack(
             MAGIC,

@@ -13,8 +13,7 @@ from mlx_flash.errors import MemoryBudgetError
 from mlx_flash.kernels import mlx_kernels, torch_ops
 from mlx_flash.kernels.attention_ref import attention_ref
 from mlx_flash.service.chunk_pool import ChunkShape
-from mlx_flash.service.coded_chunks import UNIT, WIDTHS, CodedArena, layer_layouts, packed_bytes
-from mlx_flash.service.compression import decode, encode
+from mlx_flash.service.coded_chunks import UNIT, WIDTHS, CodedArena, decode, encode, layer_layouts, packed_bytes
 
 SHAPE = ChunkShape(layers=2, kv_heads=2, head_dim=64, tokens=16)
 

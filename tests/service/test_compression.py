@@ -16,11 +16,9 @@ from mlx_flash.service.compression import (
     assign_widths,
     choose_widths,
     attention_columns_ref,
-    decode,
-    encode,
     lossy,
-    packed_bytes,
 )
+from mlx_flash.service.coded_chunks import decode, encode, packed_bytes
 from mlx_flash.service.swap_files import SwapDir, chunk_data, file_bytes, payload_bytes
 
 

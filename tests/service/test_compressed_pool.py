@@ -1,0 +1,122 @@
+"""Compressed chunks held in the pool's arena at their width (service/coded_chunks.py,
+kv_memory.compress): a context whose complete chunks sit there as codes computes exactly what it
+computes over their dequantized float copy (a tiny random llama, both backends, one context and a
+decode batch); and on the default model, a service with compression holds more contexts in one
+KV budget the narrower the chunks, swaps a compressed context out and back through its codes, and
+continues it with the tokens it would have produced without the swap."""
+
+import numpy as np
+import pytest
+
+import mlx_flash
+from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
+from mlx_flash.service.chunked_kv import ChunkTable, chunked_batch_caches
+from mlx_flash.service.coded_chunks import encode, packed_bytes
+from mlx_flash.service.compression import lossy
+from mlx_flash.service.lifecycle import Restore
+from mlx_flash.batching.schedule import MicroBatch, Order, run_block
+
+
+@pytest.fixture(params=["torch", "mlx"])
+def tiny(request, tiny_store):
+    store, _ = tiny_store("llama", num_attention_heads=2)  # head_dim 32: values' groups of 32 channels
+    with mlx_flash.load(store, backend=request.param, ffn="resident", progress=False) as e:
+        yield e
+
+
+def _prefilled(e, pool, tokens):
+    t = ChunkTable(pool)
+    caches = t.caches()
+    e.forward(tokens, caches)
+    t.tokens = caches[0].offset
+    return t
+
+
+def _compress(pool, table, widths, coded: bool):
+    """The table's complete chunks at `widths` (cycled): into the arena (coded) or as their float copy."""
+    C = pool.shape.tokens
+    for i in range(table.tokens // C):
+        w = widths[i % len(widths)]
+        x = pool.export([table.slots[i]])[0]
+        if coded:
+            new = pool.place_coded(np.frombuffer(encode(x, w), np.uint8), w)
+            pool.release(table.slots[i])
+            table.slots[i] = new
+        else:
+            pool.load([table.slots[i]], lossy(x, w)[None])
+
+
+def test_codes_where_they_lie_compute_what_their_float_copy_computes(tiny):
+    e = tiny
+    a = e.args
+    shape = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 8)
+    pool = ChunkPool(e.ops, shape, 24, coded_bytes=12 * packed_bytes(shape.array_shape, 8))
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, 96, size=29).tolist()
+    coded, floats = _prefilled(e, pool, prompt), _prefilled(e, pool, prompt)
+    _compress(pool, coded, (4, 2, 8), True)
+    _compress(pool, floats, (4, 2, 8), False)
+    assert all(s < 0 for s in coded.slots[:3]) and coded.slots[3] >= 0  # three complete chunks coded, one float
+    nxt = rng.integers(3, 96, size=3).tolist()
+    got = np.array(e.forward(nxt, coded.caches()))
+    want = np.array(e.forward(nxt, floats.caches()))
+    assert np.array_equal(got, want)
+    exact = _prefilled(e, pool, prompt)  # the codes are not the floats: the comparison can fail
+    assert not np.array_equal(np.array(e.forward(nxt, exact.caches())), want)
+    # a decode batch over a coded row and a float one: each row as it computes alone
+    other = _prefilled(e, pool, rng.integers(3, 96, size=13).tolist())
+    alone = [np.array(e.forward([7], t.caches())) for t in (coded, other)]  # (t.tokens stays: the batch rewrites it)
+    caches = chunked_batch_caches([t.caches() for t in (coded, other)])
+    (logits,) = run_block(e, [MicroBatch(e.ops.tokens([[7], [7]]), caches)], Order.ZIGZAG)
+    logits = np.asarray(logits)
+    for b in range(2):
+        assert np.abs(logits[b, -1] - alone[b][-1]).max() < 1e-4
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def _resident(engine, tmp_path, compression, name):
+    svc = mlx_flash.Service(engine, directory=str(tmp_path / name), kv_budget=24 * 737280, kv_compression=compression)
+    for k in range(14):  # 3 complete chunks and a token each
+        ctx = svc.new_context()
+        list(svc.call(ctx, f"Note {k}: " + "the river runs past the old mill and on to the sea. " * 4, max_tokens=4))
+    s = svc.stats()
+    svc.close()
+    return s.contexts_resident
+
+
+@pytest.mark.slow
+def test_narrower_chunks_hold_more_contexts_in_one_budget(engines, store_dir, tmp_path):
+    engine = engines(store_dir, "torch")
+    held = {c: _resident(engine, tmp_path, c, c.replace(":", "")) for c in ("off", "static:8", "static:4")}
+    print(f"contexts held wholly in memory: {held}")
+    assert held["off"] < held["static:8"] < held["static:4"]
+
+
+@pytest.mark.slow
+def test_a_compressed_context_swaps_through_its_codes_and_continues_as_unswapped(engines, store_dir, tmp_path):
+    engine = engines(store_dir, "torch")
+    outs = []
+    for swap in (False, True):
+        svc = mlx_flash.Service(
+            engine, directory=str(tmp_path / str(swap)), kv_budget="40MB", kv_compression="static:4"
+        )
+        ctx = svc.new_context()
+        list(svc.call(ctx, user("What is the capital of France?"), max_tokens=24))
+        c = svc.get(ctx)
+        in_arena = [i for i, s in enumerate(c.table.slots) if s is not None and s < 0]
+        assert in_arena == list(range(len(c.table.slots)))  # complete chunks as codes, the last as floats
+        assert c.widths == [4] * (c.kv_tokens // 16) + [0] * (c.kv_tokens % 16 > 0)
+        if swap:
+            before = [x.state(engine.ops) for x in c.table.caches()]
+            svc.swap_out(ctx)
+            report = svc.bring_back(ctx, Restore.READ)
+            assert report.chunks_read == len(c.table.slots) and not report.bad_files
+            assert all(c.table.slots[i] < 0 for i in range(c.kv_tokens // 16))  # back in the arena, as codes
+            after = [x.state(engine.ops) for x in c.table.caches()]
+            assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(before, after))
+        outs.append("".join(s.text for s in svc.call(ctx, user("And of Germany?"), max_tokens=16)))
+        svc.close()
+    assert outs[0] == outs[1]
