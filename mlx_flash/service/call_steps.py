@@ -55,14 +55,14 @@ class CallSteps:
             raise ContextLengthError(
                 f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
                 f"(the model's context {self.engine.model_context}, the KV budget "
-                f"{self.pool.n_slots * self.shape.tokens} tokens)"
+                f"{self.pool.capacity_tokens} tokens)"
             )
         return ctx, ids, history
 
     @property
     def max_tokens(self) -> int:
         """Most tokens one context may hold: the model's context or the whole KV budget."""
-        return min(self.engine.model_context, self.pool.n_slots * self.shape.tokens)
+        return min(self.engine.model_context, self.pool.capacity_tokens)
 
     def new_report(self, ctx: Context, ids: list[int]) -> CallReport:
         return CallReport(context=ctx.id, prompt_tokens=len(ids), moves_before=self.kv.counts.copy())

@@ -142,6 +142,12 @@ class ChunkPool:
         if not 0 <= slot < self.n_slots or self._refs[slot] == 0:
             raise ValueError(f"KV chunk slot {slot} is not allocated")
 
+    @property
+    def capacity_tokens(self) -> int:
+        """Most tokens one sequence can hold: every float slot, and the arena's room at 8 bits."""
+        coded = self.arena.nbytes // self.coded_bytes(8) if self.arena else 0
+        return (self.n_slots + coded) * self.shape.tokens
+
     # ---- compressed chunks ---------------------------------------------------------------------
     def _coded(self) -> CodedArena:
         if self.arena is None:

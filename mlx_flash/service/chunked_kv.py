@@ -169,7 +169,7 @@ class ChunkedKV(LayerKV):
     def __init__(self, table: ChunkTable, layer: int, offset: int):
         self.table, self.layer = table, layer
         self.offset = offset
-        self.capacity = table.pool.n_slots * table.chunk_tokens
+        self.capacity = table.pool.capacity_tokens
 
     def update(self, ops, k, v):
         B, _, T, _ = k.shape

@@ -93,10 +93,13 @@ class KVMemory:
             if free >= n:
                 break
         if free < n:
-            raise MemoryBudgetError(
-                f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens) "
-                f"cannot hold {n} more chunks: the contexts in use hold the rest"
-            )
+            what = f"the KV budget ({self.pool.n_slots} chunks of {self.pool.shape.tokens} tokens)"
+            if self.pool.arena is not None:
+                what = (
+                    f"the KV budget's float chunks ({self.pool.n_slots} of {self.pool.shape.tokens} tokens, a "
+                    "quarter of it with kv_compression on, where a call writes its new tokens)"
+                )
+            raise MemoryBudgetError(f"{what} cannot hold {n} more chunks: the contexts in use hold the rest")
         if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
             ctxs = {c.id: c for c, _ in victims}
             victims = [(c, i) for c in ctxs.values() for i in c.chunks_in_memory()]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mlx_flash
+from mlx_flash.errors import MemoryBudgetError
 from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
 from mlx_flash.service.chunked_kv import ChunkTable, chunked_batch_caches
 from mlx_flash.service.coded_chunks import encode, packed_bytes
@@ -120,3 +121,16 @@ def test_a_compressed_context_swaps_through_its_codes_and_continues_as_unswapped
         outs.append("".join(s.text for s in svc.call(ctx, user("And of Germany?"), max_tokens=16)))
         svc.close()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.slow
+def test_a_call_beyond_the_float_slots_is_refused_naming_them(engines, store_dir, tmp_path):
+    svc = mlx_flash.Service(
+        engines(store_dir, "torch"), directory=str(tmp_path), kv_budget=8 * 737280, kv_compression="static:4"
+    )
+    assert svc.pool.n_slots == 2 and svc.max_tokens > 8 * 16  # two float chunks; the arena holds more than float would
+    ctx = svc.new_context()
+    with pytest.raises(MemoryBudgetError, match="float chunks .* cannot hold 4 more chunks"):
+        list(svc.call(ctx, "word " * 60, max_tokens=1))
+    assert not svc.get(ctx).pinned
+    svc.close()
