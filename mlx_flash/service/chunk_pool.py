@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MemoryBudgetError
-from .coded_chunks import CodedArena, packed_bytes
+from .coded_chunks import RAW, CodedArena, packed_bytes
 
 
 def coded_slot(unit: int) -> int:
@@ -164,6 +164,13 @@ class ChunkPool:
         """A chunk's bytes into the arena (uint8: coded_chunks.encode's, or float32 at bits RAW);
         returns its slot."""
         return coded_slot(self._coded().place(payload[: self.coded_bytes(bits)], bits))
+
+    def width(self, slot: int) -> int:
+        """Bits a chunk slot holds its chunk at: 0 for float (a float slot, or RAW in the arena)."""
+        if slot >= 0:
+            return 0
+        bits = self._coded().bits(arena_unit(slot))
+        return 0 if bits == RAW else bits
 
     def coded_payload(self, slot: int) -> tuple[np.ndarray, int]:
         """(a copy of an arena chunk's bytes, its bits: 8, 4, 2 or RAW)."""

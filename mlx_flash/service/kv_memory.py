@@ -199,7 +199,7 @@ class KVMemory:
             try:
                 for i in coded:  # the arena's bytes are the file's payload (RAW ones a float32 file's)
                     payload, bits = self.pool.coded_payload(ctx.table.slots[i])
-                    w = 0 if bits == RAW else bits
+                    w = ctx.widths[i] = 0 if bits == RAW else bits  # (a fork's shared chunk: its record says so now)
                     ctx.disk[i] = self.swap.write_payload(ctx.id, i, shape, ctx.chunk_tokens(i), payload, w)
                     self.counts.written += 1
                 for j, i in enumerate(idx):

@@ -236,6 +236,7 @@ class Service(CallSteps):
         dst.table.slots = [self.pool.share(s) for s in src.table.slots[: src.table.chunks_for(n_tokens)]]
         dst.table.tokens = n_tokens
         dst.mark_changed(0)
+        dst.widths = [self.pool.width(s) for s in dst.table.slots]  # shared compressed chunks stay so
         self.contexts[dst.id] = dst
         self._save(dst)
         return dst.id

@@ -16,6 +16,7 @@ from mlx_flash.service.coded_chunks import encode, packed_bytes
 from mlx_flash.service.compression import lossy
 from mlx_flash.service.lifecycle import Restore
 from mlx_flash.batching.schedule import MicroBatch, Order, run_block
+from mlx_flash.service.running_batch import RunningBatch
 
 
 @pytest.fixture(params=["torch", "mlx"])
@@ -134,3 +135,66 @@ def test_a_call_beyond_the_float_slots_is_refused_naming_them(engines, store_dir
         list(svc.call(ctx, "word " * 60, max_tokens=1))
     assert not svc.get(ctx).pinned
     svc.close()
+
+
+@pytest.mark.slow
+def test_a_fork_of_a_compressed_context_writes_its_own_chunks_and_both_survive_a_restart(engines, store_dir, tmp_path):
+    engine = engines(store_dir, "torch")
+    svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget="40MB", kv_compression="static:4")
+    a = svc.new_context()
+    list(svc.call(a, "The river runs past the old mill and on to the sea, where the boats wait. " * 3, max_tokens=12))
+    ca = svc.get(a)
+    before = [x.state(engine.ops) for x in ca.table.caches()]
+    b = svc.fork(a, 20)  # inside a compressed chunk (tokens 16-31)
+    cb = svc.get(b)
+    assert cb.table.slots[1] == ca.table.slots[1] < 0 and cb.widths[:2] == [4, 4]
+    list(svc.call(b, " Then it rains.", max_tokens=6))
+    assert cb.table.slots[1] != ca.table.slots[1]  # its copy, decoded to be written into, then compressed again
+    after = [x.state(engine.ops) for x in ca.table.caches()]
+    assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(before, after))
+    held = {c: [x.state(engine.ops) for x in svc.get(c).table.caches()] for c in (a, b)}
+    svc.flush()
+    svc.close()
+    again = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget="40MB", kv_compression="static:4")
+    assert not again.problems
+    for c in (a, b):
+        report = again.bring_back(c, Restore.READ)
+        assert not report.bad_files and report.chunks_recomputed == 0
+        now = [x.state(engine.ops) for x in again.get(c).table.caches()]
+        assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(held[c], now))
+    again.close()
+
+
+def test_the_running_batch_over_compressed_contexts_answers_as_each_call_alone(tiny_store, tmp_path):
+    """Second turns of three contexts whose first turns left them compressed: run together in the
+    server's batch (prompts packed into one pass, each row's compressed chunks gathered there;
+    decode steps over the codes where they lie), each gives the greedy tokens it gives alone."""
+    store, _ = tiny_store("llama", num_attention_heads=2)
+    rng = np.random.default_rng(5)
+    first = [rng.integers(3, 96, size=n).tolist() for n in (40, 21, 35)]
+    second = [rng.integers(3, 96, size=n).tolist() for n in (5, 9, 3)]
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False, prefill_chunk=16) as e:
+        results = []
+        for together in (False, True):
+            with mlx_flash.Service(e, directory=str(tmp_path / str(together)), kv_budget="4MB",
+                                   kv_compression="static:4") as svc:  # fmt: skip
+                ids = [svc.new_context() for _ in first]
+                for c, t in zip(ids, first):
+                    list(svc.call(c, e.tokenizer.decode(t), max_tokens=4))
+                assert all(svc.get(c).table.slots[0] < 0 for c in ids)  # compressed, in the arena
+                if not together:
+                    results.append(
+                        [
+                            [s.token for s in svc.call(c, e.tokenizer.decode(t), max_tokens=8)]
+                            for c, t in zip(ids, second)
+                        ]
+                    )
+                    continue
+                batch = RunningBatch(svc)
+                calls = [batch.start(c, e.tokenizer.decode(t), max_tokens=8)[0] for c, t in zip(ids, second)]
+                got = {id(c): [] for c in calls}
+                while batch.calls:
+                    for c, step in batch.step():
+                        got[id(c)].append(step.token)
+                results.append([got[id(c)] for c in calls])
+    assert results[0] == results[1]
