@@ -13,6 +13,7 @@ numpy views of the arrays that hold them; `dequantize` is the plain-ops reading 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -111,3 +112,10 @@ def from_views(
 def raw_layout(offset: int, strides: tuple[int, int, int, int], block_tokens: int = 0) -> CodedLayout:
     """Float32 values at byte `offset` of a buffer with (block, head, token, channel) strides in floats."""
     return CodedLayout(RAW, offset, 0, 0, strides, (0, 0, 0, 0), 1, 1, block_tokens)
+
+
+@lru_cache(maxsize=None)
+def pairs_ints(layouts: tuple) -> list[int]:
+    """A tuple of (keys', values') layout pairs as the mixed-width attention operators take them: each
+    pair's ints, keys' first (built once per tuple: they are asked every layer and step)."""
+    return [i for pair in layouts for layout in pair for i in layout.ints()]

@@ -26,6 +26,7 @@ from mlx_flash.errors import KernelUnavailableError
 from . import qmatmul
 from .blockmatmul import BlockMatrix
 from .qmatmul import StoredMatrix
+from .kv_codes import pairs_ints
 from .stored_operands import Listed, one_buffer, operands, layer_specs
 
 PAGE = 4096  # buffers start on a page: direct reads land in them without a bounce
@@ -335,7 +336,6 @@ def attention_mixed(
     mf_attention_mixed): block i of row b is float chunk table[b, i] of the pool k, v [slots, Hkv,
     block_tokens, hd] where classes[b, i] is 0, else coded chunk table[b, i] read through layouts[c - 1]
     (a (keys, values) pair of kernels/kv_codes.py CodedLayout over the uint8 buffer `codes`)."""
-    ints = [i for pair in layouts for layout in pair for i in layout.ints()]
     return extension().attention_mixed(
-        q, k, v, float(scale), max(int(threads), 1), codes, ints, kv_len, q_pos, table, classes
+        q, k, v, float(scale), max(int(threads), 1), codes, pairs_ints(tuple(layouts)), kv_len, q_pos, table, classes
     )

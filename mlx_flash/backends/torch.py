@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..host_memory import anonymous_buffer
 from ..kernels import cuda_ops, torch_ops
+from ..kernels.kv_codes import pairs_ints
 from ..kernels.qmatmul import library
 from . import slot_attention
 from .coded_blocks import block_layouts
@@ -323,9 +324,9 @@ class TorchOps:
             )
         shape, axes = slot_attention.block_shape(k.shape, block_tokens)
         i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.int32))  # noqa: E731
-        ints = [i for pair in layouts for layout in pair for i in layout.ints()]
         return torch_ops.ops().attention_mixed(
-            q, k.view(shape).permute(axes), v.view(shape).permute(axes), scale, self.kernel_threads, codes, ints,
+            q, k.view(shape).permute(axes), v.view(shape).permute(axes), scale, self.kernel_threads, codes,
+            pairs_ints(tuple(layouts)),
             i32(kv_len), i32(q_pos), i32(table), i32(classes),
         )  # fmt: skip
 

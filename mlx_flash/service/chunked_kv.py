@@ -23,7 +23,7 @@ from ..backends.slot_attention import gathered_rows
 from ..batching.batch_cache import BatchKV
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool, arena_unit
-from .coded_chunks import CLASSES, floats, layer_layouts
+from .coded_chunks import CLASSES, class_layouts, floats
 
 
 class ChunkTable:
@@ -121,16 +121,20 @@ class ChunkTable:
         if not any(s is not None and s < 0 for s in self.slots[: self.chunks_for(n_tokens)]):
             idx = self.fetch_index(n_tokens)
             return arr[:, idx, :][None] if isinstance(idx, slice) else ops.take_tokens(arr, idx)[None]
-        C, shape = self.chunk_tokens, self.pool.shape.array_shape
-        parts = []
+        C, shape, arena = self.chunk_tokens, self.pool.shape.array_shape, self.pool.arena
+        sh = self.pool.shape
+        out = np.empty((sh.kv_heads, self.chunks_for(n_tokens) * C, sh.head_dim), np.float32)
+        by_bits: dict[int, list[int]] = {}
         for i, s in enumerate(self.slots[: self.chunks_for(n_tokens)]):
-            n = min(C, n_tokens - i * C)
             if s < 0:
-                payload, bits = self.pool.coded_payload(s)
-                parts.append(floats(payload, shape, bits, layer=layer)[int(values), :, :n])
+                by_bits.setdefault(arena.bits(arena_unit(s)), []).append(i)
             else:
-                parts.append(ops.to_numpy(arr[:, s * C : s * C + n, :]))
-        return ops.array(np.concatenate(parts, axis=1)[None])
+                out[:, i * C : (i + 1) * C] = ops.to_numpy(arr[:, s * C : (s + 1) * C, :])
+        for bits, idx in by_bits.items():  # one gather and dequantization per width, not per chunk
+            x = arena.layer_floats([arena_unit(self.slots[i]) for i in idx], shape, bits, layer, values)
+            for i, xi in zip(idx, x):
+                out[:, i * C : (i + 1) * C] = xi
+        return ops.array(out[None, :, :n_tokens])
 
 
 def pool_entries(pool: ChunkPool, slots) -> tuple[np.ndarray, np.ndarray | None]:
@@ -145,7 +149,7 @@ def pool_entries(pool: ChunkPool, slots) -> tuple[np.ndarray, np.ndarray | None]
 
 def mixed_sdpa(ops, pool: ChunkPool, layer: int, q, scale: float, table, classes, kv_len, q_pos):
     """Attention over a pool layer's float chunks and its arena's compressed ones (ops.sdpa_mixed)."""
-    layouts = [layer_layouts(pool.shape.array_shape, w, layer) for w in CLASSES]
+    layouts = class_layouts(pool.shape.array_shape, layer)
     return ops.sdpa_mixed(
         q, pool.keys[layer], pool.values[layer], scale, pool.shape.tokens, table, classes, pool.arena.buffer, layouts,
         kv_len, q_pos,
@@ -210,8 +214,10 @@ class ChunkedKV(LayerKV):
         )
 
     def observe(self, ops, q, keys, scale: float) -> None:
+        """Compression's attention mass, measured over prompt passes (T > 1): a decode step's one query
+        would read every compressed chunk back to floats, every step."""
         density = self.table.density
-        if density is not None:  # one host read per layer: the price of measuring, compression only
+        if density is not None and q.shape[2] > 1:  # one host read per layer: the price of measuring
             columns = ops.attention_columns(q, self.array(ops, keys), scale)
             density.add(ops.to_numpy(columns), q.shape[2], q.shape[1])
 
@@ -303,7 +309,7 @@ class ChunkedBatchKV(BatchKV):
         return ops.sdpa_slots(q, keys.pool, values.pool, scale, self.pool.shape.tokens, s.table, s.kv_len, s.q_pos)
 
     def observe(self, ops, q, keys: HeldRows, scale: float) -> None:
-        if any(r.table.density is not None for r in self.rows):  # compression measures attention mass
+        if q.shape[2] > 1 and any(r.table.density is not None for r in self.rows):  # (as ChunkedKV.observe)
             super().observe(ops, q, keys.gather(ops), scale)
 
 

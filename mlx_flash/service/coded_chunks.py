@@ -71,20 +71,42 @@ def encode(x: np.ndarray, bits: int) -> bytes:
 
 
 def decode(buf: np.ndarray, shape, bits: int, out: np.ndarray | None = None, layer: int | None = None) -> np.ndarray:
-    """The inverse of encode: bytes (uint8) -> float32 `shape`, written into `out` when given; or
-    one layer's [2, Hkv, C, hd] alone."""
-    kc, ks, kb, vc, vs, vb = chunk_parts(buf[: packed_bytes(shape, bits)], shape, bits)
+    """The inverse of encode: bytes (uint8 [..., n]) -> float32 [..., *shape], written into `out` when
+    given; or (one chunk's bytes) one layer's [2, Hkv, C, hd] alone."""
+    kc, ks, kb, vc, vs, vb = chunk_parts(buf[..., : packed_bytes(shape, bits)], shape, bits)
     if layer is not None:
         kc, ks, kb, vc, vs, vb = (p[layer][None] for p in (kc, ks, kb, vc, vs, vb))
         shape = (1, *shape[1:])
     if out is None:
-        out = np.empty(shape, np.float32)
-    dequantize(kc, ks, kb, bits, shape[3], out=out[:, 0].swapaxes(-1, -2))
-    dequantize(vc, vs, vb, bits, GROUP, out=out[:, 1])
+        out = np.empty(kc.shape[:-4] + tuple(shape), np.float32)
+    dequantize(kc, ks, kb, bits, shape[3], out=out[..., 0, :, :, :].swapaxes(-1, -2))
+    dequantize(vc, vs, vb, bits, GROUP, out=out[..., 1, :, :, :])
     return out if layer is None else out[0]
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=None)
+def layer_bytes(shape, bits: int, layer: int) -> np.ndarray:
+    """Where layer `layer`'s bytes lie in a chunk at `bits` (int64 offsets), in the order a chunk of
+    that one layer holds them: gathered, they are a one-layer chunk (shape (1, 2, H, C, hd))."""
+    if bits == RAW:
+        n = int(np.prod(shape[1:])) * 4
+        return np.arange(layer * n, (layer + 1) * n)
+    base = np.zeros(packed_bytes(shape, bits), np.uint8)
+    at = base.ctypes.data
+    return np.concatenate(
+        [
+            np.arange(p[layer].ctypes.data - at, p[layer].ctypes.data - at + p[layer].nbytes)
+            for p in chunk_parts(base, shape, bits)
+        ]
+    )
+
+
+@lru_cache(maxsize=None)  # (a model's layers x CLASSES per chunk shape: built once each, asked every step)
+def class_layouts(shape, layer: int) -> tuple[tuple[CodedLayout, CodedLayout], ...]:
+    """layer_layouts of every class (CLASSES order), what attention takes for one layer."""
+    return tuple(layer_layouts(shape, bits, layer) for bits in CLASSES)
+
+
 def layer_layouts(shape, bits: int, layer: int) -> tuple[CodedLayout, CodedLayout]:
     """(keys' layout, values' layout) of layer `layer` of chunks at `bits` in an arena, block index =
     byte offset / UNIT, as the kernel reads them (kernels/kv_codes.py); RAW: float32 [L, 2, H, C, hd]."""
@@ -161,7 +183,22 @@ class CodedArena:
 
     def read(self, at: int, nbytes: int) -> np.ndarray:
         """A copy of the chunk's bytes."""
-        return self.host[at * UNIT : at * UNIT + nbytes].copy()
+        return self.view(at, nbytes).copy()
+
+    def layer_floats(self, ats, shape, bits: int, layer: int, values: bool) -> np.ndarray:
+        """Layer `layer`'s keys (or values) of the chunks at units `ats`, all of `bits`, as float32 [n, H,
+        C, hd]: their bytes of that layer gathered at once, then dequantized together (RAW: as they are)."""
+        raw = self.host[(np.asarray(ats, np.int64) * UNIT)[:, None] + layer_bytes(shape, bits, layer)[None, :]]
+        if bits == RAW:
+            return raw.view(np.float32).reshape(len(ats), *shape[1:])[:, int(values)]
+        c, s, b = chunk_parts(raw, (1, *shape[1:]), bits)[3 * int(values) : 3 * int(values) + 3]
+        if values:
+            return dequantize(c, s, b, bits, GROUP)[:, 0]
+        return dequantize(c, s, b, bits, shape[3])[:, 0].swapaxes(-1, -2)  # keys are stored [hd, C]
+
+    def view(self, at: int, nbytes: int) -> np.ndarray:
+        """The chunk's bytes where they lie (valid while it is held: read them, do not keep them)."""
+        return self.host[at * UNIT : at * UNIT + nbytes]
 
     def share(self, at: int) -> None:
         self._check(at)

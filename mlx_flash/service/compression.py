@@ -9,8 +9,9 @@ Option values (`kv_compression`, chosen once per service):
 
 Information density of a chunk (the paper's Eq. 1): each token's attention column mean (the mass it
 receives over the queries that can see it), averaged over layers, heads and the chunk's tokens.
-The graph reports each layer's column sums through the cache protocol (LayerKV.observe); the
-tracker keeps them per token. Quantization is group-wise affine (float16 scale and bias per group):
+The graph reports each layer's column sums through the cache protocol (LayerKV.observe) on prompt
+passes (a decode step's one query would read every compressed chunk back to floats, every step);
+the tracker keeps them per token. Quantization is group-wise affine (float16 scale and bias per group):
 keys per channel over the chunk's tokens, values per token in groups of GROUP along the head
 dimension, applied when a complete chunk is first written to flash: the
 swap file holds the codes, and the chunk in memory is replaced by its dequantized values, so a

@@ -12,6 +12,7 @@ from mlx_flash.backends.torch import TorchOps
 from mlx_flash.errors import MemoryBudgetError
 from mlx_flash.kernels import mlx_kernels, torch_ops
 from mlx_flash.kernels.attention_ref import attention_ref
+from mlx_flash.kernels.kv_codes import pairs_ints
 from mlx_flash.service.chunk_pool import ChunkShape
 from mlx_flash.service.coded_chunks import UNIT, WIDTHS, CodedArena, decode, encode, layer_layouts, packed_bytes
 
@@ -116,7 +117,7 @@ def test_attention_over_mixed_widths_equals_the_float_kernel_over_the_dequantize
             mx.array(q_pos), mx.array(table), mx.array(classes),
         )  # fmt: skip
         t = torch.from_numpy
-        ints = [i for pair in layouts for lay in pair for i in lay.ints()]
+        ints = pairs_ints(tuple(layouts))
         got_torch = torch_ops.ops().attention_mixed(
             t(q), t(k), t(v), 0.125, 1, t(arena), ints, t(kv_len), t(q_pos), t(table), t(classes)
         )
@@ -129,7 +130,7 @@ def test_a_class_or_block_outside_the_buffer_is_refused():
     chunks, widths, arena, pool, rows, table, classes, kv_len, q_pos, q = _mixed_case(rng, 1)
     layouts = [layer_layouts(SHAPE.array_shape, w, 0) for w in WIDTHS]
     t = torch.from_numpy
-    ints = [i for pair in layouts for lay in pair for i in lay.ints()]
+    ints = pairs_ints(tuple(layouts))
     bad = classes.copy()
     bad[0, 0] = 4
     with pytest.raises(RuntimeError, match="attention_mixed"):
