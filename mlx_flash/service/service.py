@@ -95,7 +95,7 @@ class Service(CallSteps):
                 n_float,
                 grows,
                 max(0, self.kv_budget - n_float * slot_bytes) if self.compression.on else 0,
-            ),  # fmt: skip
+            ),
             self.swap,
             self.compression,
             lifecycle,
