@@ -172,12 +172,11 @@ class ChunkPool:
         bits = self._coded().bits(arena_unit(slot))
         return 0 if bits == RAW else bits
 
-    def coded_payload(self, slot: int, copy: bool = True) -> tuple[np.ndarray, int]:
-        """(an arena chunk's bytes: a copy, or where they lie, to be read at once; its bits: 8, 4, 2
-        or RAW)."""
+    def coded_payload(self, slot: int) -> tuple[np.ndarray, int]:
+        """(a copy of an arena chunk's bytes, its bits: 8, 4, 2 or RAW)."""
         arena, unit = self._coded(), arena_unit(slot)
         bits = arena.bits(unit)
-        return (arena.read if copy else arena.view)(unit, self.coded_bytes(bits)), bits
+        return arena.read(unit, self.coded_bytes(bits)), bits
 
     def copy(self, src: int, dst: int) -> None:
         """Slot dst gets slot src's keys and values (copy on write of a shared chunk)."""

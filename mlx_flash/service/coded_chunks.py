@@ -183,7 +183,7 @@ class CodedArena:
 
     def read(self, at: int, nbytes: int) -> np.ndarray:
         """A copy of the chunk's bytes."""
-        return self.view(at, nbytes).copy()
+        return self.host[at * UNIT : at * UNIT + nbytes].copy()
 
     def layer_floats(self, ats, shape, bits: int, layer: int, values: bool) -> np.ndarray:
         """Layer `layer`'s keys (or values) of the chunks at units `ats`, all of `bits`, as float32 [n, H,
@@ -195,10 +195,6 @@ class CodedArena:
         if values:
             return dequantize(c, s, b, bits, GROUP)[:, 0]
         return dequantize(c, s, b, bits, shape[3])[:, 0].swapaxes(-1, -2)  # keys are stored [hd, C]
-
-    def view(self, at: int, nbytes: int) -> np.ndarray:
-        """The chunk's bytes where they lie (valid while it is held: read them, do not keep them)."""
-        return self.host[at * UNIT : at * UNIT + nbytes]
 
     def share(self, at: int) -> None:
         self._check(at)
