@@ -79,7 +79,10 @@ class CallSteps:
             ctx.table.truncate(n)
             ctx.mark_changed(n)
             ctx.sequence = ctx.sequence[:n]
-            self.kv.make_room(ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots), ctx.owner)
+            need = ctx.table.chunks_for(len(ids) + 1) - len(ctx.table.slots)
+            if self.pool.arena is not None:  # the first prefill piece: the rest claims as it goes (kv_memory.claim)
+                need = min(need, ctx.table.chunks_for(n + self.engine.config.prefill_chunk + 1) - len(ctx.table.slots))
+            self.kv.make_room(need, ctx.owner)
         except BaseException:
             ctx.pinned = False
             raise

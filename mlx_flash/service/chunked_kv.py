@@ -33,6 +33,7 @@ class ChunkTable:
         self.claim = claim or pool.allocate  # the service passes one that evicts other contexts first
         self.slots: list[int | None] = []
         self.tokens = 0  # tokens whose KV the chunks hold
+        self.written = 0  # tokens every layer has written before the pass now writing (make_writable's start)
         self._index = None  # (n_tokens, slots, backend index or slice) of the last fetch
         self._table = None  # (slots, int32 numpy [1, chunks]) of the last attention
 
@@ -56,6 +57,7 @@ class ChunkTable:
         (a fork's last shared chunk) are copied first: a shared chunk is never written in place; a
         compressed one (a context cut inside it) comes back to a float slot as what it holds."""
         pool = self.pool
+        self.written = start  # (a claim may compress the chunks wholly below it: kv_memory.claim)
         for i in range(start // self.chunk_tokens, min(len(self.slots), self.chunks_for(end))):
             s = self.slots[i]
             if s is None or not (s < 0 or pool.is_shared(s)):

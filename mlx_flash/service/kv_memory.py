@@ -66,9 +66,16 @@ class KVMemory:
         self.costs = LoadCosts()
         self.counts = MoveCounts()
 
-    def claim(self, owner: str = "") -> int:
-        """A free chunk slot for a context of `owner`, evicting idle contexts' chunks if none is free."""
-        self.make_room(1, owner)
+    def claim(self, owner: str = "", table=None) -> int:
+        """A free chunk slot for a context of `owner`, evicting idle contexts' chunks if none is free;
+        with compression on and none to evict, the claiming context's (`table`'s) own chunks that
+        every layer has written go to the arena first (a call longer than the float slots)."""
+        try:
+            self.make_room(1, owner)
+        except MemoryBudgetError:
+            ctx = next((c for c in self.contexts.values() if c.table is table), None) if table is not None else None
+            if ctx is None or not self.compress(ctx, upto=table.written) or not self.pool.can_allocate():
+                raise
         return self.pool.allocate()
 
     def make_room(self, n: int, owner: str = "") -> None:
@@ -97,7 +104,7 @@ class KVMemory:
             if self.pool.arena is not None:
                 what = (
                     f"the KV budget's float chunks ({self.pool.n_slots} of {self.pool.shape.tokens} tokens, a "
-                    "quarter of it with kv_compression on, where a call writes its new tokens)"
+                    "quarter of it with kv_compression on, where a call writes each prefill piece)"
                 )
             raise MemoryBudgetError(f"{what} cannot hold {n} more chunks: the contexts in use hold the rest")
         if self.lifecycle.evict is Evict.WHOLE_CONTEXT:  # the rest of each victim's context goes too
@@ -123,23 +130,30 @@ class KVMemory:
             self._free([(ctx, i)])
         return arena.can_hold(nbytes)
 
-    def compress(self, ctx: Context) -> int:
+    def compress(self, ctx: Context, upto: int | None = None) -> int:
         """ctx's chunks held in float slots, into the arena: the complete ones compressed to the
         widths the option chooses (ctx.widths where set: a chunk recomputed after a restore), the
         last, incomplete one as its float32 values (RAW: exact, out of the float slots that the
-        calls being run write); returns how many. A chunk the arena has no room for stays."""
+        calls being run write); or, during a call (upto), the chunks wholly below token `upto` alone.
+        Returns how many moved; a chunk the arena has no room for stays."""
         if self.pool.arena is None:
             return 0
-        C = self.pool.shape.tokens
-        idx = [i for i in ctx.chunks_in_memory() if ctx.table.slots[i] >= 0 and ctx.chunk_tokens(i)]
-        idx = [i for i in idx if not self.pool.is_shared(ctx.table.slots[i])]
+        C, slots = self.pool.shape.tokens, ctx.table.slots
+        n = ctx.kv_tokens if upto is None else upto
+        ctx.widths += [0] * (len(slots) - len(ctx.widths))  # (a call's new chunks, mid-call)
+        ctx.disk += [None] * (len(slots) - len(ctx.disk))
+        for i, s in enumerate(slots):  # compressed chunks' widths, as the arena holds them
+            if s is not None and s < 0 and self.pool.width(s):
+                ctx.widths[i] = self.pool.width(s)
+        idx = [i for i, s in enumerate(slots) if s is not None and s >= 0 and min(C, n - i * C) > 0]
+        idx = [i for i in idx if not self.pool.is_shared(slots[i]) and (upto is None or (i + 1) * C <= upto)]
         if not idx:
             return 0
-        data = self.pool.export([ctx.table.slots[i] for i in idx])
-        widths = self._widths(ctx, dict(zip(idx, data)))
+        data = self.pool.export([slots[i] for i in idx])
+        widths = self._widths(ctx, dict(zip(idx, data)), n)
         moved = 0
         for j, i in enumerate(idx):
-            bits = widths.get(i, ctx.widths[i]) if ctx.chunk_tokens(i) == C else RAW
+            bits = widths.get(i, ctx.widths[i]) if (i + 1) * C <= n else RAW
             if not bits:
                 continue
             if not (self.pool.can_hold_coded(bits) or self.make_arena_room(self.pool.coded_bytes(bits), ctx.owner)):
@@ -224,13 +238,15 @@ class KVMemory:
                         raise  # else the chunk's own error (naming its file) is the one to report
         return sum(len(v) for v in by_ctx.values())  # (every chunk asked for: float and compressed)
 
-    def _widths(self, ctx: Context, chunks: dict[int, np.ndarray]) -> dict[int, int]:
-        """Widths for the complete, not yet compressed chunks among `chunks` (index -> data)."""
+    def _widths(self, ctx: Context, chunks: dict[int, np.ndarray], n_tokens: int | None = None) -> dict[int, int]:
+        """Widths for the complete (of n_tokens held: ctx's, unless a call is writing), not yet
+        compressed chunks among `chunks` (index -> data)."""
         C = self.pool.shape.tokens
-        fresh = {i: x for i, x in chunks.items() if ctx.widths[i] == 0 and ctx.chunk_tokens(i) == C}
+        n_tokens = ctx.kv_tokens if n_tokens is None else n_tokens
+        fresh = {i: x for i, x in chunks.items() if ctx.widths[i] == 0 and (i + 1) * C <= n_tokens}
         if not fresh or not self.compression.on:
             return {}
-        n = ctx.kv_tokens // C
+        n = n_tokens // C
         density = ctx.table.density.chunk_density(C, n) if ctx.table.density is not None else None
         return choose_widths(self.compression, density, {j: w for j, w in enumerate(ctx.widths[:n]) if w}, fresh)
 

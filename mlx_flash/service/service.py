@@ -84,7 +84,8 @@ class Service(CallSteps):
         self.key_quota = key_quota
         self.contexts: dict[str, Context] = {}
         # Compression holds complete chunks in an arena at their width; float slots are left for the
-        # chunks being written (a call's new tokens, each context's last chunk): a quarter of the budget.
+        # chunks being written (a call's new tokens: a longer call moves its written chunks to the
+        # arena as it goes, kv_memory.claim): a quarter of the budget.
         float_bytes = self.kv_budget // FLOAT_SHARE if self.compression.on else self.kv_budget
         n_float = float_bytes // slot_bytes
         self.kv = KVMemory(
@@ -150,8 +151,9 @@ class Service(CallSteps):
 
     def _table(self, owner: str) -> ChunkTable:
         """A context's chunk list, its slots claimed for `owner` (quota.py)."""
-        claim = lambda: self.kv.claim(owner)  # noqa: E731
-        return ChunkTable(self.pool, claim, DensityTracker() if self.compression.needs_density else None)
+        table = ChunkTable(self.pool, None, DensityTracker() if self.compression.needs_density else None)
+        table.claim = lambda: self.kv.claim(owner, table)
+        return table
 
     def _save(self, ctx: Context) -> None:
         self.swap.write_record(ctx.id, ctx.record(self.model_id))

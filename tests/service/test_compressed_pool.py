@@ -198,3 +198,25 @@ def test_the_running_batch_over_compressed_contexts_answers_as_each_call_alone(t
                         got[id(c)].append(step.token)
                 results.append([got[id(c)] for c in calls])
     assert results[0] == results[1]
+
+
+def test_a_prompt_longer_than_the_float_slots_compresses_its_written_chunks_as_it_goes(tiny_store, tmp_path):
+    """Three float chunks, prefill pieces of one chunk: a 100-token prompt (7 chunks) runs, its chunks
+    written by every layer moving to the arena whenever the float slots run out; the same call in a
+    fresh service answers the same."""
+    store, _ = tiny_store("llama", num_attention_heads=2)
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(3, 96, size=100).tolist()
+    answers = []
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False, prefill_chunk=16) as e:
+        chunk = 2 * e.args.num_hidden_layers * e.args.num_key_value_heads * e.args.head_dim * 16 * 4
+        for k in range(2):
+            with mlx_flash.Service(e, directory=str(tmp_path / str(k)), kv_budget=12 * chunk,
+                                   kv_compression="static:4") as svc:  # fmt: skip
+                assert svc.pool.n_slots == 3
+                ctx = svc.new_context()
+                answers.append([s.token for s in svc.call(ctx, e.tokenizer.decode(prompt), max_tokens=8)])
+                c = svc.get(ctx)
+                assert len(answers[-1]) == 8 and c.kv_tokens > 100
+                assert all(s < 0 for s in c.table.slots) and c.widths[:6] == [4] * 6  # all in the arena
+    assert answers[0] == answers[1]
