@@ -185,7 +185,9 @@ class RunningBatch(CallBatch):
         ready = []
         for c, n in rows:
             try:
-                c.ctx.table.reserve(c.caches[0].offset + n)
+                start = c.caches[0].offset  # (what every layer has written: a claim may compress it)
+                c.ctx.table.make_writable(start, start + n)
+                c.ctx.table.reserve(start + n)
                 ready.append((c, n))
             except MemoryBudgetError as e:
                 c.error = e

@@ -220,3 +220,30 @@ def test_a_prompt_longer_than_the_float_slots_compresses_its_written_chunks_as_i
                 assert len(answers[-1]) == 8 and c.kv_tokens > 100
                 assert all(s < 0 for s in c.table.slots) and c.widths[:6] == [4] * 6  # all in the arena
     assert answers[0] == answers[1]
+
+
+def test_the_running_batch_prefills_a_prompt_longer_than_the_float_slots(tiny_store, tmp_path):
+    """The server's batch takes the same long prompt in pieces of two chunks (three float chunks): each
+    claim it makes before a pass may move the call's written chunks to the arena, and it answers as
+    Service.call does."""
+    store, _ = tiny_store("llama", num_attention_heads=2)
+    prompt = np.random.default_rng(8).integers(3, 96, size=100).tolist()
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False, prefill_chunk=32) as e:
+        chunk = 2 * e.args.num_hidden_layers * e.args.num_key_value_heads * e.args.head_dim * 16 * 4
+        answers = []
+        for batched in (False, True):
+            with mlx_flash.Service(e, directory=str(tmp_path / str(batched)), kv_budget=12 * chunk,
+                                   kv_compression="static:4") as svc:  # fmt: skip
+                ctx = svc.new_context()
+                if not batched:
+                    answers.append([s.token for s in svc.call(ctx, e.tokenizer.decode(prompt), max_tokens=8)])
+                    continue
+                batch = RunningBatch(svc)
+                call, _ = batch.start(ctx, e.tokenizer.decode(prompt), max_tokens=8)
+                got = []
+                while batch.calls:
+                    for c, step in batch.step():
+                        assert step is not None, c.error
+                        got.append(step.token)
+                answers.append(got)
+    assert answers[0] == answers[1] and len(answers[0]) == 8
