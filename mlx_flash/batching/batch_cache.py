@@ -82,18 +82,11 @@ class BatchKV(LayerKV):
         outs = [(r.array(ops, kk), r.array(ops, vv)) for r, (kk, vv) in zip(self.rows, outs)]
         self._lengths = np.array([o[0].shape[2] for o in outs], np.int64)
         S = int(self._lengths.max())
-
-        def padded(t):
-            n = t.shape[2]
-            if n == S:
-                return t
-            return ops.concatenate([t, ops.zeros((1, t.shape[1], S - n, t.shape[3]), like=t)], axis=2)
-
         if len(outs) == 1:
             return outs[0]
         return (
-            ops.concatenate([padded(kk) for kk, _ in outs], axis=0),
-            ops.concatenate([padded(vv) for _, vv in outs], axis=0),
+            ops.concatenate([right_padded(ops, kk, S) for kk, _ in outs], axis=0),
+            ops.concatenate([right_padded(ops, vv, S) for _, vv in outs], axis=0),
         )
 
     def mask(self, ops, T: int):
@@ -121,6 +114,14 @@ class BatchKV(LayerKV):
 
     def state(self, ops):
         raise NotImplementedError("a batch's state is its rows' states: call state() on each of BatchKV.rows")
+
+
+def right_padded(ops, t, S: int):
+    """One row's keys (or values) [1, Hkv, n, hd] right-padded with zeros to S tokens."""
+    n = t.shape[2]
+    if n == S:
+        return t
+    return ops.concatenate([t, ops.zeros((1, t.shape[1], S - n, t.shape[3]), like=t)], axis=2)
 
 
 def padded_mask(ops, lengths: np.ndarray, T: int, ragged: bool = False):

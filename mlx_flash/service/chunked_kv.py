@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..backends.slot_attention import gathered_rows
-from ..batching.batch_cache import BatchKV
+from ..batching.batch_cache import BatchKV, right_padded
 from ..models.cache import LayerKV
 from .chunk_pool import ChunkPool, arena_unit
 from .coded_chunks import CLASSES, class_layouts, floats
@@ -246,13 +246,9 @@ class HeldRows:
         B, _, S, _ = self.shape
         if self.step.held is not None:
             return gathered_rows(ops, self.pool, self.step.held, B, S)
-        parts = []  # compressed chunks among them: each row gathered (dequantized), right-padded
-        for r, n in zip(self.rows, self.step.kv_len):
-            g = r.table.gather(ops, r.layer, int(n), self.values)
-            parts.append(
-                g if n == S else ops.concatenate([g, ops.zeros((1, *g.shape[1:2], S - n, g.shape[3]), like=g)], axis=2)
-            )
-        return ops.concatenate(parts, axis=0)
+        # compressed chunks among them: each row gathered (dequantized), right-padded
+        rows = [r.table.gather(ops, r.layer, int(n), self.values) for r, n in zip(self.rows, self.step.kv_len)]
+        return ops.concatenate([right_padded(ops, g, S) for g in rows], axis=0)
 
 
 class ChunkedBatchKV(BatchKV):

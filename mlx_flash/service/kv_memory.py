@@ -156,7 +156,7 @@ class KVMemory:
             bits = widths.get(i, ctx.widths[i]) if (i + 1) * C <= n else RAW
             if not bits:
                 continue
-            if not (self.pool.can_hold_coded(bits) or self.make_arena_room(self.pool.coded_bytes(bits), ctx.owner)):
+            if not self._arena_room(bits, ctx.owner):
                 continue
             payload = (
                 data[j].reshape(-1).view(np.uint8) if bits == RAW else np.frombuffer(encode(data[j], bits), np.uint8)
@@ -167,9 +167,11 @@ class KVMemory:
 
     def _place(self, payload: np.ndarray, w: int, owner: str) -> int | None:
         """A read compressed chunk's slot in the arena, room made for it; None where none can be."""
-        if not (self.pool.can_hold_coded(w) or self.make_arena_room(self.pool.coded_bytes(w), owner)):
-            return None
-        return self.pool.place_coded(payload, w)
+        return self.pool.place_coded(payload, w) if self._arena_room(w, owner) else None
+
+    def _arena_room(self, bits: int, owner: str) -> bool:
+        """Whether the arena holds a chunk of `bits` now or once idle contexts' chunks made room."""
+        return self.pool.can_hold_coded(bits) or self.make_arena_room(self.pool.coded_bytes(bits), owner)
 
     def _to_arena(self, ctx: Context, i: int, payload: np.ndarray, w: int) -> None:
         slot = self.pool.place_coded(payload, w)
