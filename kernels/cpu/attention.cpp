@@ -42,6 +42,8 @@
 
 #include "kv_codes.h"
 #include "qmatmul.h"
+// after qmatmul.h, which says whether this is x86 (MF_X86)
+#include "attention_avx512.h"
 
 namespace mf {
 void run_parts(int parts, void (*fn)(void*, int), void* arg);
@@ -249,7 +251,9 @@ MF_INLINE bool load_coded_run(const Attn& p, const mf_kv_codes& c, const int32_t
 
 // Float32 keys (or values) j0 .. j0 + nk - 1 of row b, head h, not coded, into dst[d * dstep + j *
 // jstep]: a chunk's run at a time from one base (no table lookup and division per key: a 16-row
-// decode step's attention 7-10% faster, interleaved A/B), values copied whole.
+// decode step's attention 7-10% faster, interleaved A/B), values copied whole, keys into the
+// transposed tile 16 at a time in registers where AVX-512 is (attention_avx512.h).
+template <bool AVX512>
 MF_INLINE void load_float_run(const Attn& p, const uint8_t* base, int64_t sb, int64_t sh, int64_t st, int64_t b,
                               int64_t h, int64_t j0, int64_t nk, float* dst, int64_t jstep, int64_t dstep) {
   const float* src0 = reinterpret_cast<const float*>(base);
@@ -262,7 +266,13 @@ MF_INLINE void load_float_run(const Attn& p, const uint8_t* base, int64_t sb, in
     if (dstep == 1) {
       for (int64_t i = 0; i < n; i++) std::memcpy(out + i * jstep, src + i * st, static_cast<size_t>(p.hd) * 4);
     } else {
-      for (int64_t i = 0; i < n; i++)
+      int64_t i = 0;
+#if MF_X86
+      if constexpr (AVX512)
+        if (jstep == 1 && p.hd % 16 == 0)
+          for (; i + 16 <= n; i += 16) transpose_keys16(src + i * st, st, p.hd, out + i, dstep);
+#endif
+      for (; i < n; i++)
         for (int64_t d = 0; d < p.hd; d++) out[d * dstep + i * jstep] = src[i * st + d];
     }
     j = e;
@@ -271,6 +281,7 @@ MF_INLINE void load_float_run(const Attn& p, const uint8_t* base, int64_t sb, in
 
 // Keys and values j0 .. j0 + nk - 1 of row b, head h, of chunks of mixed widths (p.cls): the keys
 // transposed into kt[d * KB + j], the values as rows vb[j * hdp + d]; a run of one chunk at a time.
+template <bool AVX512>
 MF_INLINE void load_mixed(const Attn& p, int64_t b, int64_t h, int64_t j0, int64_t nk, float* kt, float* vb,
                           int64_t hdp) {
   const int64_t bt = p.block_tokens;
@@ -287,8 +298,8 @@ MF_INLINE void load_mixed(const Attn& p, int64_t b, int64_t h, int64_t j0, int64
         for (int64_t jj = j; jj < e; jj++)
           for (int64_t d = 0; d < p.hd; d++) vb[(jj - j0) * hdp + d] = coded_elem(vc, blk, h, jj - i * bt, d);
     } else if (p.kv_type == 0) {
-      load_float_run(p, p.k, p.ksb, p.ksh, p.kst, b, h, j, e - j, kt + (j - j0), 1, KB);
-      load_float_run(p, p.v, p.vsb, p.vsh, p.vst, b, h, j, e - j, vb + (j - j0) * hdp, hdp, 1);
+      load_float_run<AVX512>(p, p.k, p.ksb, p.ksh, p.kst, b, h, j, e - j, kt + (j - j0), 1, KB);
+      load_float_run<AVX512>(p, p.v, p.vsb, p.vsh, p.vst, b, h, j, e - j, vb + (j - j0) * hdp, hdp, 1);
     } else {
       for (int64_t jj = j; jj < e; jj++) {
         load_row(p, p.k, nullptr, nullptr, p.ksb, p.ksh, p.kst, b, h, jj, kt + (jj - j0), KB);
@@ -333,6 +344,7 @@ struct Scratch {
 };
 
 // One unit: row b, key head kvh, queries t0..t1 of its G query heads.
+template <bool AVX512>
 MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int64_t t1, Scratch& s) {
   const int64_t G = p.Hq / p.Hkv, nt = t1 - t0, R = G * nt, hd = p.hd, hdp = s.hdp;
   const int64_t len = p.kv_len[b], pos = p.q_pos[b];
@@ -355,10 +367,10 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
     // the block's keys transposed, its values as rows: a coded block at once where it can be
     if (p.cls != nullptr) {
-      load_mixed(p, b, kvh, j0, nk, kt, vb, hdp);
+      load_mixed<AVX512>(p, b, kvh, j0, nk, kt, vb, hdp);
     } else if (p.kc == nullptr && p.kv_type == 0) {
-      load_float_run(p, p.k, p.ksb, p.ksh, p.kst, b, kvh, j0, nk, kt, 1, KB);
-      load_float_run(p, p.v, p.vsb, p.vsh, p.vst, b, kvh, j0, nk, vb, hdp, 1);
+      load_float_run<AVX512>(p, p.k, p.ksb, p.ksh, p.kst, b, kvh, j0, nk, kt, 1, KB);
+      load_float_run<AVX512>(p, p.v, p.vsb, p.vsh, p.vst, b, kvh, j0, nk, vb, hdp, 1);
     } else {
       if (p.kc == nullptr || !load_coded_run(p, *p.kc, p.k_coded, b, kvh, j0, nk, kt, 1, KB))
         for (int64_t j = 0; j < nk; j++)
@@ -367,7 +379,10 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
         for (int64_t j = 0; j < nk; j++)
           load_row(p, p.v, p.vc, p.v_coded, p.vsb, p.vsh, p.vst, b, kvh, j0 + j, vb + j * hdp, 1);
     }
-    for (int64_t j = nk; j < KB; j++)
+    // Scores and probabilities are computed for the block's keys in whole lanes only (a 129-key
+    // context's third block holds one key): the keys past nk in them are zeros, masked below.
+    const int64_t n16 = (nk + L - 1) / L * L;
+    for (int64_t j = nk; j < n16; j++)
       for (int64_t d = 0; d < hd; d++) kt[d * KB + j] = 0.f;
     // RB query rows at a time: each key (and value) vector loaded once for all of them, their
     // partial sums held in registers across the head dimension (scores) or the block (outputs).
@@ -378,7 +393,12 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
         const int64_t t = t0 + (r0 + std::min(rr, nr - 1)) % nt;
         lim[rr] = rr < nr ? std::min(len, pos + t + 1) - j0 : 0;
       }
-      for (int jc = 0; jc < KB; jc += L) {
+      if constexpr (AVX512) {
+        const float* qr[RB];
+        for (int rr = 0; rr < RB; rr++) qr[rr] = q + (r0 + std::min(rr, nr - 1)) * hdp;
+        tile_scores(qr, kt, KB, hd, n16, &sc[0][0], KB);
+      } else {
+      for (int jc = 0; jc < n16; jc += L) {
         float a[RB][L];
         for (int rr = 0; rr < RB; rr++)
           for (int i = 0; i < L; i++) a[rr][i] = 0.f;
@@ -392,38 +412,53 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
         for (int rr = 0; rr < RB; rr++)
           for (int i = 0; i < L; i++) sc[rr][jc + i] = a[rr][i];
       }
+      }
       float c[RB];
       for (int rr = 0; rr < RB; rr++) {
         const int64_t r = r0 + rr;
         c[rr] = 1.f;
         if (lim[rr] <= 0) {  // a row that sees no key of this block: its sums stay as they are
-          for (int j = 0; j < KB; j++) sc[rr][j] = 0.f;
+          for (int j = 0; j < n16; j++) sc[rr][j] = 0.f;
           continue;
         }
         float mx[L];
         for (int i = 0; i < L; i++) mx[i] = -std::numeric_limits<float>::infinity();
-        for (int j0l = 0; j0l < KB; j0l += L)
-          for (int i = 0; i < L; i++) {
-            const float v = j0l + i < lim[rr] ? sc[rr][j0l + i] : -std::numeric_limits<float>::infinity();
-            mx[i] = v > mx[i] ? v : mx[i];
-          }
+        if constexpr (AVX512) {
+          masked_max(sc[rr], n16, lim[rr], mx);
+        } else {
+          for (int j0l = 0; j0l < n16; j0l += L)
+            for (int i = 0; i < L; i++) {
+              const float v = j0l + i < lim[rr] ? sc[rr][j0l + i] : -std::numeric_limits<float>::infinity();
+              mx[i] = v > mx[i] ? v : mx[i];
+            }
+        }
         float mb = mx[0];
         for (int i = 1; i < L; i++) mb = mx[i] > mb ? mx[i] : mb;
         const float m_old = s.m[r], m_new = mb > m_old ? mb : m_old;
         c[rr] = m_old == -std::numeric_limits<float>::infinity() ? 0.f : exp_neg(m_old - m_new);
         float* lr = s.l.data() + r * L;
         for (int i = 0; i < L; i++) lr[i] *= c[rr];
-        for (int j0l = 0; j0l < KB; j0l += L)
-          for (int i = 0; i < L; i++) {
-            const float e = exp_neg(sc[rr][j0l + i] - m_new);
-            const float pj = j0l + i < lim[rr] ? e : 0.f;
-            sc[rr][j0l + i] = pj;
-            lr[i] += pj;
-          }
+        if constexpr (AVX512) {
+          masked_exp(sc[rr], n16, lim[rr], m_new, lr);
+        } else {
+          for (int j0l = 0; j0l < n16; j0l += L)
+            for (int i = 0; i < L; i++) {
+              const float e = exp_neg(sc[rr][j0l + i] - m_new);
+              const float pj = j0l + i < lim[rr] ? e : 0.f;
+              sc[rr][j0l + i] = pj;
+              lr[i] += pj;
+            }
+        }
         s.m[r] = m_new;
       }
       int64_t last = 0;
       for (int rr = 0; rr < nr; rr++) last = std::max(last, std::min<int64_t>(nk, lim[rr]));
+      if constexpr (AVX512) {
+        float* ar[RB];
+        for (int rr = 0; rr < RB; rr++) ar[rr] = acc + (r0 + std::min(rr, nr - 1)) * hdp;
+        tile_values(ar, c, &sc[0][0], KB, vb, hdp, last, nr);
+        continue;
+      }
       for (int64_t dc = 0; dc < hdp; dc += L) {
         float a[RB][L];
         for (int rr = 0; rr < RB; rr++) {
@@ -461,15 +496,15 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
 #if MF_X86
 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void unit_avx512(const Attn& p, int64_t b, int64_t kvh,
                                                                           int64_t t0, int64_t t1, Scratch& s) {
-  unit_body(p, b, kvh, t0, t1, s);
+  unit_body<true>(p, b, kvh, t0, t1, s);
 }
 __attribute__((target("avx2,fma,f16c"))) void unit_avx2(const Attn& p, int64_t b, int64_t kvh, int64_t t0,
                                                         int64_t t1, Scratch& s) {
-  unit_body(p, b, kvh, t0, t1, s);
+  unit_body<false>(p, b, kvh, t0, t1, s);
 }
 #endif
 void unit_portable(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int64_t t1, Scratch& s) {
-  unit_body(p, b, kvh, t0, t1, s);
+  unit_body<false>(p, b, kvh, t0, t1, s);
 }
 
 struct Job {
