@@ -2,17 +2,25 @@
 with --chunked-rows as the server holds them, in a chunk pool), prefill passes of 1..4 prompts packed
 into one, and the weight products alone for B rows (--products: the layers' products and the
 output head's apart; the tokens/s the batched products allow, what tools/bench_concurrency.py's
-aggregate rate is held against); medians, tokens/s and GFLOP/s (mlx_flash/bench/batch_passes.py).
+aggregate rate is held against) and with --attention every layer's attention of a server decode
+step of B rows alone; medians, tokens/s and GFLOP/s (mlx_flash/bench/batch_passes.py).
 
     python tools/bench_batch_passes.py [--model M] [--backend torch|mlx] [--rows 1,8,32] [--prompts 1,4]
-        [--prompt-tokens 128] [--chunked-rows 16] [--products 16] [--threads N]
+        [--prompt-tokens 128] [--chunked-rows 16] [--products 16] [--attention 16] [--threads N]
 """
 
 import argparse
 import sys
 
 import mlx_flash
-from mlx_flash.bench.batch_passes import chunked_decode_step, decode_step, head_pass, prefill_pass, products_pass
+from mlx_flash.bench.batch_passes import (
+    attention_pass,
+    chunked_decode_step,
+    decode_step,
+    head_pass,
+    prefill_pass,
+    products_pass,
+)
 from mlx_flash.errors import FlashError, first_paragraph
 
 
@@ -35,6 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens of each prompt (default 128)")
     p.add_argument("--chunked-rows", type=ints, default=[], help="rows of a chunk-pool decode step (e.g. 16)")
     p.add_argument("--products", type=ints, default=[], help="rows of a products-only pass (e.g. 1,16)")
+    p.add_argument("--attention", type=ints, default=[], help="rows of a step's attention alone (e.g. 16)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: the engine's)")
     args = p.parse_args(argv)
     try:
@@ -53,6 +62,8 @@ def main(argv=None) -> int:
                 print(layers.line(), flush=True)
                 print(head.line(), flush=True)
                 print(f"{'products with the head':28s} {both * 1e3:8.1f} ms  {r / both:8.0f} tok/s", flush=True)
+            for r in args.attention:
+                print(attention_pass(engine, r).line(), flush=True)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

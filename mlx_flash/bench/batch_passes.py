@@ -6,7 +6,8 @@ tokens/s and GFLOP/s (2 x the engine's parameters in products a token, attention
 `products_pass` times the weight products alone for B rows of one token (every layer's attention
 projections and FFN, no attention, no head): the rate the batched products allow, which the
 server's aggregate rate is held against; `head_pass` the output head's product for B rows, which a
-decode step computes too."""
+decode step computes too; `attention_pass` every layer's attention of the server's decode step
+alone (rows of `held` tokens in a chunk pool, read where they lie)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class PassTime:
             "chunked": f"chunk-pool step, {self.rows} rows",
             "products": f"products of {self.rows} rows",
             "head": f"head of {self.rows} rows",
+            "attention": f"attention of {self.rows} rows",
         }.get(self.kind, f"prefill {self.rows} x {self.tokens}")
         return f"{what:28s} {self.seconds * 1e3:8.1f} ms  {self.tokens_per_s:8.0f} tok/s  {self.gflops:6.0f} GFLOP/s"
 
@@ -144,3 +146,30 @@ def head_pass(engine, rows: int, repeat: int = 5, seed: int = 0) -> PassTime:
     h = ops.array(rng.standard_normal((rows, 1, args.hidden_size)).astype(np.float32) * 0.1)
     s = median_seconds(lambda: ops.materialize(engine.module.head(ops, args, engine.weights, h)), repeat)
     return PassTime("head", rows, 1, s, 2.0 * args.vocab_size * args.hidden_size * rows)
+
+
+def attention_pass(engine, rows: int, held: int = 128, chunk_tokens: int = 32, repeat: int = 10, seed: int = 0):
+    """Every layer's attention of a server decode step alone (ops.sdpa_slots): `rows` contexts of
+    held + 1 tokens, each layer's chunks in its own pool (as the server's pool holds every layer
+    apart) in a random order, one query a row. Its FLOPs (scores and values: 4 x query heads x head
+    width a key) stand where a pass's products do."""
+    ops, a = engine.ops, engine.args
+    rng = np.random.default_rng(seed)
+    kv = held + 1
+    per_row = -(-kv // chunk_tokens)
+    n, H, Hkv, hd = rows * per_row, a.num_attention_heads, a.num_key_value_heads, a.head_dim
+    pools = [
+        [ops.array(rng.standard_normal((Hkv, n * chunk_tokens, hd)).astype(np.float32)) for _ in range(2)]
+        for _ in range(a.num_hidden_layers)
+    ]
+    q = ops.array(rng.standard_normal((rows, H, 1, hd)).astype(np.float32))
+    table = rng.permutation(n).reshape(rows, per_row).astype(np.int32)
+    kv_len = np.full(rows, kv, np.int32)
+    q_pos = kv_len - 1
+
+    def one():
+        outs = [ops.sdpa_slots(q, k, v, hd**-0.5, chunk_tokens, table, kv_len, q_pos) for k, v in pools]
+        ops.materialize(*outs)
+
+    s = median_seconds(one, repeat)
+    return PassTime("attention", rows, 1, s, 4.0 * H * hd * kv * rows * a.num_hidden_layers)
