@@ -1,5 +1,6 @@
 """tools/bench_batch_passes.py (mlx_flash/bench/batch_passes.py) on a tiny random llama: each line
-is measured, its FLOPs are the products' parameters x tokens, and bad lists are refused in one line."""
+is measured, its FLOPs are the products' parameters x tokens (attention's: 4 x heads x head width a
+key), and bad lists are refused in one line."""
 
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 
 import mlx_flash
 from mlx_flash.bench.batch_passes import (
+    attention_pass,
     chunked_decode_step,
     decode_step,
     head_pass,
@@ -30,7 +32,10 @@ def test_passes_are_timed_and_counted(tiny_store):
         pp = products_pass(e, 4, repeat=1)
         c = chunked_decode_step(e, 3, held=20, chunk_tokens=8, repeat=1)
         h = head_pass(e, 4, repeat=1)
+        at = attention_pass(e, 3, held=20, chunk_tokens=8, repeat=1)
     assert c.seconds > 0 and c.product_flops == d.product_flops and "chunk-pool step, 3 rows" in c.line()
+    att_flops = 4.0 * a.num_attention_heads * a.head_dim * 21 * 3 * a.num_hidden_layers
+    assert at.seconds > 0 and at.product_flops == att_flops and "attention of 3 rows" in at.line()
     assert h.seconds > 0 and h.product_flops == 2.0 * a.vocab_size * a.hidden_size * 4 and "head of 4" in h.line()
     assert d.seconds > 0 and d.tokens_per_s == 3 / d.seconds and d.product_flops == 2.0 * product_parameters(e) * 3
     assert p.product_flops == 2.0 * product_parameters(e) * 10 and "prefill 2 x 5" in p.line()
@@ -55,6 +60,8 @@ def test_the_tool_prints_a_line_per_pass_and_refuses_bad_lists(tiny_store):
             "2",
             "--products",
             "3",
+            "--attention",
+            "2",
         ],
         capture_output=True,
         text=True,
@@ -62,8 +69,8 @@ def test_the_tool_prints_a_line_per_pass_and_refuses_bad_lists(tiny_store):
     )
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if "tok/s" in ln]
-    assert len(lines) == 7 and "decode step of 2 rows" in lines[1] and "chunk-pool step, 2 rows" in lines[2]
+    assert len(lines) == 8 and "decode step of 2 rows" in lines[1] and "chunk-pool step, 2 rows" in lines[2]
     assert "prefill 2 x 6" in lines[3] and "products of 3 rows" in lines[4] and "head of 3 rows" in lines[5]
-    assert "products with the head" in lines[6]
+    assert "products with the head" in lines[6] and "attention of 2 rows" in lines[7]
     bad = subprocess.run([sys.executable, TOOL, "--rows", "1,x"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not a comma-separated list" in bad.stderr and "Traceback" not in bad.stderr
