@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 import mlx_flash
+from mlx_flash.batching.schedule import MicroBatch, Order, run_block
+from mlx_flash.service.chunk_pool import ChunkPool, ChunkShape
+from mlx_flash.service.chunked_kv import ChunkTable, chunked_batch_caches
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -36,6 +39,34 @@ def close(got, want, tol=1e-4):
         err = np.abs(g - w).max() / np.abs(w).max()
         assert g.shape == w.shape and err < tol, f"relative error {err:.1e}"
         assert np.array_equal(g.argmax(-1), w.argmax(-1))
+
+
+def chunked_steps(store, device, lengths=(5, 19, 12), steps=3) -> np.ndarray:
+    """The server's decode batch on `device`: contexts of `lengths` tokens prefilled alone into one
+    chunk pool (8-token chunks, their slots interleaved), then `steps` steps of all of them together
+    (ChunkedBatchKV); the logits of each step."""
+    with mlx_flash.load(store, backend="torch", device=device, progress=False, io=IO) as e:
+        a = e.args
+        pool = ChunkPool(e.ops, ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 8), 24)
+        tables = [ChunkTable(pool) for _ in lengths]
+        for k, t in enumerate(tables):
+            pool.allocate()  # a gap: no table's slots are consecutive with the last one's
+            caches = t.caches()
+            e.forward(IDS[k : k + lengths[k]], caches)
+            t.tokens = caches[0].offset
+        caches = [t.caches() for t in tables]
+        out = []
+        for step in range(steps):
+            tokens = e.ops.tokens([[IDS[step + r]] for r in range(len(lengths))])
+            out.append(run_block(e, [MicroBatch(tokens, chunked_batch_caches(caches))], Order.ZIGZAG)[0])
+        return np.stack(out)
+
+
+def test_cuda_chunked_batch_matches_cpu(tiny_store):
+    """The service's decode batch over a chunk pool, whose attention on CUDA runs as plain ops over
+    the rows' gathered chunks (the slot-table kernel is the CPU's): the CPU's logits."""
+    store, _ = tiny_store("llama", precision="q4")
+    close(chunked_steps(store, "cuda"), chunked_steps(store, "cpu"))
 
 
 @pytest.mark.parametrize("precision", ["q4", "q8", "source"])
