@@ -267,11 +267,9 @@ MF_INLINE void load_float_run(const Attn& p, const uint8_t* base, int64_t sb, in
       for (int64_t i = 0; i < n; i++) std::memcpy(out + i * jstep, src + i * st, static_cast<size_t>(p.hd) * 4);
     } else {
       int64_t i = 0;
-#if MF_X86
       if constexpr (AVX512)
         if (jstep == 1 && p.hd % 16 == 0)
           for (; i + 16 <= n; i += 16) transpose_keys16(src + i * st, st, p.hd, out + i, dstep);
-#endif
       for (; i < n; i++)
         for (int64_t d = 0; d < p.hd; d++) out[d * dstep + i * jstep] = src[i * st + d];
     }

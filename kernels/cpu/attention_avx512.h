@@ -170,4 +170,18 @@ __attribute__((target("avx512f,fma"))) inline void tile_values(float* const* ar,
 }
 
 }  // namespace mf
+#else
+#include <cstdint>
+
+// Elsewhere attention.cpp's unit_body<true> is never instantiated: these only declare the names its
+// discarded branches use (no definition is needed, none is called).
+namespace mf {
+void transpose_keys16(const float* src, int64_t st, int64_t hd, float* dst, int64_t dstep);
+void tile_scores(const float* const* qr, const float* kt, int64_t kb, int64_t hd, int64_t n, float* sc,
+                 int64_t sc_stride);
+void masked_max(const float* row, int64_t n, int64_t lim, float* mx);
+void masked_exp(float* row, int64_t n, int64_t lim, float m, float* lr);
+void tile_values(float* const* ar, const float* c, const float* sc, int64_t sc_stride, const float* vb, int64_t hdp,
+                 int64_t last, int nr);
+}  // namespace mf
 #endif

@@ -44,8 +44,10 @@ def dequantize(
     if out.shape != (*lead, n * per) or out.dtype != np.float32:
         raise ValueError(f"dequantize into {out.dtype} {out.shape}: float32 {(*lead, n * per)} expected")
     codes = _unpack(packed, bits).reshape(*lead, n * per // group, group)
-    dst = out.view()
-    dst.shape = (*lead, n * per // group, group)  # splitting an axis: always a view of out, never a copy
+    # the last axis split in two: always a view of out, never a copy (a strided view too; NumPy 2.5
+    # deprecates setting .shape, which said the same)
+    *s, step = out.strides
+    dst = np.lib.stride_tricks.as_strided(out, (*lead, n * per // group, group), (*s, step * group, step))
     np.multiply(codes, scale.astype(np.float32)[..., None], out=dst)  # uint8 x float32: float32, exactly
     np.add(dst, bias.astype(np.float32)[..., None], out=dst)
     return out
