@@ -180,13 +180,18 @@ def test_a_context_longer_than_the_budget_is_refused(engines, store_dir, tmp_pat
     svc.close()
 
 
-def test_fork_shares_chunks_copy_on_write(engines, store_dir, tmp_path):
+def one_answered(engines, store_dir, tmp_path):
+    """(engine, service, a context that answered TURNS[0], that context, its KV per layer now)."""
     engine = engines(store_dir, "torch")
     svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget="40MB")
     a = svc.new_context()
     answer(svc, a, TURNS[0])
     ca = svc.get(a)
-    before = [x.state(engine.ops) for x in ca.table.caches()]
+    return engine, svc, a, ca, [x.state(engine.ops) for x in ca.table.caches()]
+
+
+def test_fork_shares_chunks_copy_on_write(engines, store_dir, tmp_path):
+    engine, svc, a, ca, before = one_answered(engines, store_dir, tmp_path)
     b = svc.fork(a, 20)
     cb = svc.get(b)
     assert cb.table.slots[0] == ca.table.slots[0] and svc.pool.is_shared(ca.table.slots[0])
@@ -218,12 +223,7 @@ def test_a_new_chat_forks_the_system_prompt_it_shares_cut_inside_a_chunk(engines
     """A new conversation shares the chat template's system prompt with an earlier one: match
     offers every shared token (not whole chunks only), the fork's last chunk, cut inside, is
     copied as the call writes, the answer is one engine run's and the earlier context is unchanged."""
-    engine = engines(store_dir, "torch")
-    svc = mlx_flash.Service(engine, directory=str(tmp_path), kv_budget="40MB")
-    a = svc.new_context()
-    answer(svc, a, TURNS[0])
-    ca = svc.get(a)
-    before = [x.state(engine.ops) for x in ca.table.caches()]
+    engine, svc, a, ca, before = one_answered(engines, store_dir, tmp_path)
     chat = user("Why is the sky blue?")
     ids = engine.encode_prompt(chat)
     shared = next(i for i, (x, y) in enumerate(zip(ids, ca.held())) if x != y)
