@@ -8,8 +8,8 @@ Contexts, two ways. Explicit: a request naming a context (`context_id` field or 
 header) appends its messages (or prompt text) to that context: send only the new turn.
 Automatic: a request without one is matched, token by token, against the stored contexts of its
 API key; one whose whole KV is a prefix of the request continues in place (a stateless client
-re-sending a growing history pays only for the new turn), a shorter shared prefix is forked
-copy-on-write into a new context, and no match starts a new one. Either way the
+re-sending a growing history pays only for the new turn), a shorter shared prefix of whole chunks
+is forked copy-on-write into a new context, and no match starts a new one. Either way the
 response's `X-Context-Id` header names the context used, and `usage.prompt_tokens_details.
 cached_tokens` counts the prompt tokens served from it.
 

@@ -244,10 +244,8 @@ class Service(CallSteps):
         return dst.id
 
     def match(self, ids: list[int], owner: str = "") -> tuple[str | None, int]:
-        """The owner's context sharing the longest token prefix with ids, and that prefix's length
-        (a stateless client re-sending a growing history finds its conversation here; a new one
-        forks another's system prompt, at least a chunk's worth of tokens: the fork's last chunk, cut
-        inside, is copied when its call writes into it, so every shared token is kept)."""
+        """The owner's context sharing the longest token prefix with ids, and its length in whole
+        chunks (a stateless client re-sending a growing history finds its conversation here)."""
         best, best_n = None, 0
         for ctx in self.contexts.values():
             if ctx.owner != owner or ctx.pinned:
@@ -255,9 +253,11 @@ class Service(CallSteps):
             n = common_prefix(ids, ctx.held())
             if n > best_n or (n == best_n and best is not None and ctx.last_used > best.last_used):
                 best, best_n = ctx, n
-        if best is None or (best_n < best.kv_tokens and best_n < self.shape.tokens):
-            return None, 0  # a fork pays for less than a chunk's worth of shared tokens: a new context
-        return best.id, best_n
+        if best is None:
+            return None, 0
+        if best_n < best.kv_tokens:  # a shared part only: whole chunks are worth a fork
+            best_n = best_n // self.shape.tokens * self.shape.tokens
+        return (best.id, best_n) if best_n else (None, 0)
 
     # ---- calls --------------------------------------------------------------------------------
     def call(

@@ -558,7 +558,7 @@ def test_three_turns_through_the_server_equal_one_run(server, client, engines, s
         assert text == engine.generate(history, max_tokens=16), (k, text)
         cached = out.usage.prompt_tokens_details.cached_tokens
         # later turns reuse what the context holds (a stateless first turn may already share the
-        # default system prompt with another conversation: a fork)
+        # default system prompt's whole chunks with another conversation: a fork)
         assert cached > 0 if k else (stateless or cached == 0), (k, cached)
         history.append({"role": "assistant", "content": text})
 
