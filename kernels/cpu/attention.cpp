@@ -396,20 +396,20 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
         for (int rr = 0; rr < RB; rr++) qr[rr] = q + (r0 + std::min(rr, nr - 1)) * hdp;
         tile_scores(qr, kt, KB, hd, n16, &sc[0][0], KB);
       } else {
-      for (int jc = 0; jc < n16; jc += L) {
-        float a[RB][L];
-        for (int rr = 0; rr < RB; rr++)
-          for (int i = 0; i < L; i++) a[rr][i] = 0.f;
-        for (int64_t d = 0; d < hd; d++) {
-          const float* kd = kt + d * KB + jc;
-          for (int rr = 0; rr < RB; rr++) {
-            const float qd = q[(r0 + std::min(rr, nr - 1)) * hdp + d];
-            for (int i = 0; i < L; i++) a[rr][i] += qd * kd[i];
+        for (int jc = 0; jc < n16; jc += L) {
+          float a[RB][L];
+          for (int rr = 0; rr < RB; rr++)
+            for (int i = 0; i < L; i++) a[rr][i] = 0.f;
+          for (int64_t d = 0; d < hd; d++) {
+            const float* kd = kt + d * KB + jc;
+            for (int rr = 0; rr < RB; rr++) {
+              const float qd = q[(r0 + std::min(rr, nr - 1)) * hdp + d];
+              for (int i = 0; i < L; i++) a[rr][i] += qd * kd[i];
+            }
           }
+          for (int rr = 0; rr < RB; rr++)
+            for (int i = 0; i < L; i++) sc[rr][jc + i] = a[rr][i];
         }
-        for (int rr = 0; rr < RB; rr++)
-          for (int i = 0; i < L; i++) sc[rr][jc + i] = a[rr][i];
-      }
       }
       float c[RB];
       for (int rr = 0; rr < RB; rr++) {

@@ -52,6 +52,13 @@ class ChunkTable:
         while len(self.slots) < self.chunks_for(n_tokens):
             self.slots.append(self.claim())
 
+    def write_ready(self, start: int, end: int) -> None:
+        """Slots for tokens [start, end) about to be written: the shared or compressed chunks among
+        the held ones copied first (make_writable), then the missing ones claimed (reserve), in that
+        order so a claim that compresses knows what every layer has written (kv_memory.claim)."""
+        self.make_writable(start, end)
+        self.reserve(end)
+
     def make_writable(self, start: int, end: int) -> None:
         """Chunks that tokens [start, end) will be written into and that another sequence shares
         (a fork's last shared chunk) are copied first: a shared chunk is never written in place; a
@@ -183,8 +190,7 @@ class ChunkedKV(LayerKV):
             raise ValueError(f"a chunked KV cache holds one sequence (got a batch of {B})")
         end = self.offset + T
         t, pool = self.table, self.table.pool
-        t.make_writable(self.offset, end)
-        t.reserve(end)
+        t.write_ready(self.offset, end)
         new = t.rows(self.offset, end)
         keys, values = pool.keys[self.layer], pool.values[self.layer]
         keys[:, new, :] = k[0]
@@ -340,8 +346,7 @@ class StepRows:
             new, ends = [], []
             for r in rows:
                 t, end = r.table, r.offset + T
-                t.make_writable(r.offset, end)  # a table's chunks serve every layer: once per step
-                t.reserve(end)
+                t.write_ready(r.offset, end)  # a table's chunks serve every layer: once per step
                 first = r.offset // C  # the chunks the new tokens touch: float ones
                 new.append(pool.rows(t.slots[first : t.chunks_for(end)], end - first * C)[r.offset - first * C :])
                 ends.append(end)

@@ -145,7 +145,7 @@ class KVMemory:
         for i, s in enumerate(slots):  # compressed chunks' widths, as the arena holds them
             if s is not None and s < 0 and self.pool.width(s):
                 ctx.widths[i] = self.pool.width(s)
-        idx = [i for i, s in enumerate(slots) if s is not None and s >= 0 and min(C, n - i * C) > 0]
+        idx = [i for i, s in enumerate(slots) if s is not None and s >= 0 and i * C < n]
         idx = [i for i in idx if not self.pool.is_shared(slots[i]) and (upto is None or (i + 1) * C <= upto)]
         if not idx:
             return 0

@@ -186,8 +186,7 @@ class RunningBatch(CallBatch):
         for c, n in rows:
             try:
                 start = c.caches[0].offset  # (what every layer has written: a claim may compress it)
-                c.ctx.table.make_writable(start, start + n)
-                c.ctx.table.reserve(start + n)
+                c.ctx.table.write_ready(start, start + n)
                 ready.append((c, n))
             except MemoryBudgetError as e:
                 c.error = e
