@@ -67,11 +67,11 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
 def model_title(model: str) -> str:
     """The GGUF's general.name (random-weight files say "synthetic"), else the file name."""
     if model.endswith(".gguf"):
-        from gguf import GGUFReader
+        from mlx_flash.convert.gguf_header import read_gguf_header
 
-        field = GGUFReader(model).fields.get("general.name")
+        field = read_gguf_header(model).fields.get("general.name")
         if field is not None:
-            return bytes(field.parts[field.data[0]]).decode(errors="replace")
+            return str(field.value)
     return os.path.basename(model.rstrip("/"))
 
 

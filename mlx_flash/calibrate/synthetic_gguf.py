@@ -146,8 +146,8 @@ def tokenizer_fields(path: str) -> dict:
     out = {}
     for key, field in fields_of(path, "no vocabulary to copy").items():
         if key.startswith("tokenizer."):
-            vtype = field.types[0]
-            out[key] = (field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+            vtype = GGUFValueType(field.vtype)
+            out[key] = (field.value, vtype, GGUFValueType(field.item_type) if vtype == GGUFValueType.ARRAY else None)
     return out
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..models import GGUF_MOE_ARCHS, gguf_model_type, model_entry, model_module
-from .gguf_header import check_gguf_header
+from .gguf_header import GGUFHeader, read_gguf_header
 from .gguf_tokenizer import check_vocabulary_buildable, save_gguf_tokenizer
 from .source_model import SourceModel
 from .tensor_source import GGUFTensors
@@ -72,19 +72,19 @@ def _minus_one(name: str, a: np.ndarray) -> np.ndarray:
     return a - np.float32(1) if name.endswith("norm.weight") and a.dtype == np.float32 else a
 
 
-def _gguf_metadata(reader) -> dict:
+def _gguf_metadata(header: GGUFHeader) -> dict:
     """Every metadata field but the vocabulary arrays (large, read by gguf_tokenizer) as plain values."""
     meta = {}
-    for key, field in reader.fields.items():
+    for key, field in header.fields.items():
         if key.startswith("tokenizer.ggml.") and key not in (
             "tokenizer.ggml.bos_token_id",
             "tokenizer.ggml.eos_token_id",
             "tokenizer.ggml.model",
         ):
             continue
-        meta[key] = field.contents()
-    if "tokenizer.ggml.tokens" in reader.fields:
-        meta["tokenizer.ggml.n_tokens"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+        meta[key] = field.value
+    if "tokenizer.ggml.tokens" in header.fields:
+        meta["tokenizer.ggml.n_tokens"] = header.fields["tokenizer.ggml.tokens"].count
     return meta
 
 
@@ -110,29 +110,17 @@ def gguf_parts(path: str) -> list[str]:
     return parts
 
 
-def _open_gguf(path: str):
-    """(gguf reader, metadata) of one GGUF file, or one line naming what is wrong with it."""
-    from gguf import GGUFReader
-
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise ModelFileError(f"{path}: not a GGUF file (bad magic bytes)")
-    check_gguf_header(path)
-    try:
-        reader = GGUFReader(path)
-        return reader, _gguf_metadata(reader)
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        why = str(e)
-        if "cannot reshape" in why:  # the reader's view of a tensor's data came out short
-            why = "a tensor's data lies past the end of the file: truncated download?"
-        raise ModelFileError(f"{path}: unreadable GGUF ({why})") from None
+def _open_gguf(path: str) -> tuple[GGUFHeader, dict]:
+    """(header, metadata) of one GGUF file, or one line naming what is wrong with it."""
+    header = read_gguf_header(path)
+    return header, _gguf_metadata(header)
 
 
 def read_gguf(path: str) -> SourceModel:
     parts = gguf_parts(path)
     path = parts[0]  # the model's metadata and vocabulary are in the first part
     opened = [_open_gguf(p) for p in parts]
-    reader, meta = opened[0]
+    header, meta = opened[0]
     for i, (p, (_, pmeta)) in enumerate(zip(parts, opened)):
         count, no = pmeta.get("split.count"), pmeta.get("split.no")
         if len(parts) > 1 and (count != len(parts) or no != i):
@@ -146,7 +134,7 @@ def read_gguf(path: str) -> SourceModel:
     def m(key, default=None):
         return meta.get(f"{arch}.{key}", default)
 
-    moe = bool(m("expert_count")) or any("_exps." in t.name for t in reader.tensors)
+    moe = bool(m("expert_count")) or any("_exps." in t.name for t in header.tensors)
     if moe and arch not in GGUF_MOE_ARCHS:
         raise UnsupportedModelError(
             f"{path}: mixture-of-experts GGUF of architecture {arch!r} is not supported "
@@ -190,12 +178,11 @@ def read_gguf(path: str) -> SourceModel:
     adjust = _minus_one if mod.GGUF.norm_plus_one else None
     tensors = GGUFTensors(
         path,
-        reader,
+        header,
         lambda n: _gguf_name(n, mod.GGUF.layer_names),
         adjust,
-        [(p, r) for p, (r, _) in zip(parts[1:], opened[1:])],
+        [(p, h) for p, (h, _) in zip(parts[1:], opened[1:])],
     )
-    del reader, opened  # their memory maps of the files are not needed past the tensor tables
     vocab = m("vocab_size") or meta.get("tokenizer.ggml.n_tokens", 0)
     # 0: no vocabulary (a file read for its tensors alone; conversion refuses it when building the tokenizer)
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 <= vocab <= 1 << 24:

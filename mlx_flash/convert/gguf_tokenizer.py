@@ -20,7 +20,7 @@ import json
 import os
 
 from ..errors import ModelFileError
-from .gguf_header import check_gguf_header
+from .gguf_header import GGUFField, read_gguf_header
 from .gguf_sentencepiece import BUILT as SENTENCEPIECE_BUILT
 from .gguf_sentencepiece import sentencepiece_bpe
 
@@ -66,17 +66,11 @@ def byte_alphabet() -> dict[int, str]:
     return spelled
 
 
-def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer from") -> dict:
-    """The `tokenizer.*` and `general.architecture` fields of a GGUF as gguf's ReaderField objects
-    (values and their GGUF types); a file without a vocabulary is refused, saying `why` it is needed."""
-    from gguf import GGUFReader
-
-    check_gguf_header(path)
-    try:
-        reader = GGUFReader(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelFileError(f"{path}: unreadable GGUF metadata ({e})") from None
-    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.architecture"}
+def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer from") -> dict[str, GGUFField]:
+    """The `tokenizer.*` and `general.architecture` fields of a GGUF (values and their GGUF types); a
+    file without a vocabulary is refused, saying `why` it is needed."""
+    fields = read_gguf_header(path).fields
+    fields = {k: f for k, f in fields.items() if k.startswith("tokenizer.") or k == "general.architecture"}
     if "tokenizer.ggml.tokens" not in fields:
         raise ModelFileError(f"{path}: GGUF metadata has no tokenizer.ggml.tokens ({why})")
     return fields
@@ -84,12 +78,7 @@ def tokenizer_fields(path: str, why: str = "no vocabulary to build a tokenizer f
 
 def read_tokenizer_metadata(path: str) -> dict:
     """The `tokenizer.*` and `general.architecture` fields of a GGUF as plain Python values."""
-    meta = {}
-    for k, f in tokenizer_fields(path).items():
-        try:
-            meta[k] = f.contents()
-        except (ValueError, IndexError, TypeError) as e:  # UnicodeDecodeError: a string that is not UTF-8
-            raise ModelFileError(f"{path}: GGUF metadata {k} is unreadable ({str(e)[:80]})") from None
+    meta = {k: f.value for k, f in tokenizer_fields(path).items()}
     for key, ok, what in _TYPES:
         if f"tokenizer.ggml.{key}" in meta and not ok(meta[f"tokenizer.ggml.{key}"]):
             raise ModelFileError(

@@ -81,21 +81,21 @@ class ArrayTensors(SourceTensors):
 
 
 class GGUFTensors(SourceTensors):
-    """reader: an open `gguf.GGUFReader` (its metadata and tensor table; its memory map is not
-    touched for data); rename: GGUF tensor name -> canonical name or None (unknown role); adjust:
+    """header: the file's GGUF header (convert/gguf_header.py: its tensor table; gguf's reader
+    serves too); rename: GGUF tensor name -> canonical name or None (unknown role); adjust:
     (canonical name, array) -> the array kept, for plain tensors an architecture stores shifted. A
     canonical name holding "{}" names a stack (a MoE layer's experts, a 3-D tensor, experts
     outermost): expert e is the tensor named with e in place of "{}", the e-th equal byte range of
     the stack, so one expert is read without the others."""
 
-    def __init__(self, path: str, reader, rename, adjust=None, parts=()):
+    def __init__(self, path: str, header, rename, adjust=None, parts=()):
         self.path = path
         self._adjust = adjust  # (canonical name, plain array) -> the array the store keeps, or None
         self._entries = {}  # canonical name -> (file offset, bytes, ggml type, numpy shape, part)
         self._file = {}  # canonical name -> the file it lies in (a split GGUF's part)
         self._stacks = {}  # GGUF name of a stack -> its number of experts
         unknown = []
-        for file, t in [(path, t) for t in reader.tensors] + [(p, t) for p, r in parts for t in r.tensors]:
+        for file, t in [(path, t) for t in header.tensors] + [(p, t) for p, h in parts for t in h.tensors]:
             canon = rename(t.name)
             if canon is None:
                 unknown.append(t.name)
