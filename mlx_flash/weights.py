@@ -345,6 +345,10 @@ class StreamedFFN(LayerSource):
         self.turned = turned_layers(ops, self.reader, "mlx-flash-ffn-turns")
         self.mem_seconds = 0.0
         self.held: dict[int, FFNWeights] = {}
+        # (buffer, layer) -> weights over that buffer, when they are views of it (in_place): the bytes a
+        # later read of the layer into the same buffer brings are the same, so the weights are built once
+        # (building them costs about as much per call as a small product, every layer of every step)
+        self.views: dict[tuple[int, int], FFNWeights] | None = {} if in_place(ops, self.layout) else None
 
     def layer(self, i: int, x=None) -> FFNWeights:
         w = self.held.get(i)
@@ -353,9 +357,14 @@ class StreamedFFN(LayerSource):
         if self.turned is not None:
             return self.turned.layer(i)
         rows = self.reader.read_layer(i)
-        t = time.perf_counter()
-        w = bundle_weights(self.ops, self.layout, rows, i)
-        self.mem_seconds += time.perf_counter() - t
+        key = (self.reader.last_buffer, i)
+        w = self.views.get(key) if self.views is not None else None
+        if w is None:
+            t = time.perf_counter()
+            w = bundle_weights(self.ops, self.layout, rows, i)
+            self.mem_seconds += time.perf_counter() - t
+            if self.views is not None and rows.flags.c_contiguous:
+                self.views[key] = w
         return w
 
     def place(self, resident: int, read_ahead: bool = True) -> int:
@@ -388,6 +397,7 @@ class StreamedFFN(LayerSource):
 
     def close(self) -> None:
         self.held = {}
+        self.views = None if self.views is None else {}
         if self.turned is not None:
             self.turned.close()
         self.reader.close()

@@ -83,3 +83,24 @@ def test_the_readme_example_source_computes_what_the_resident_one_does(tiny_stor
         e.ffn = src
         assert np.array_equal(e.logits([5, 6, 7]), want)
         assert src.calls == [1] * e.args.num_hidden_layers and src.stats() == FFNStats()
+
+
+def test_a_streamed_layer_is_read_every_step_but_its_weights_built_once_per_buffer(store_dir):
+    """Eager backend, weights that are views of the read buffers (the default model's Q4_1 bundles):
+    each call reads the layer again, but builds nothing once a buffer has held that layer, and the
+    logits equal the resident engine's."""
+    store = store_dir
+    ids = [1, 5, 9, 2]
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False) as e:
+        want = np.asarray(e.forward(ids, e.new_caches(), all_logits=True))
+    with mlx_flash.load(store, backend="torch", ffn="stream", progress=False) as e:
+        L = e.args.num_hidden_layers
+        assert e.ffn.views is not None  # in place: what the cache is for
+        first = [e.ffn.layer(i) for i in range(L)] + [e.ffn.layer(i) for i in range(L)]
+        reads = e.ffn.stats().reads
+        built = dict(e.ffn.views)
+        again = [e.ffn.layer(i) for i in range(L)] + [e.ffn.layer(i) for i in range(L)]
+        assert e.ffn.stats().reads > reads  # read again
+        assert e.ffn.views == built and all(a is b for a, b in zip(first, again))  # built once
+        got = np.asarray(e.forward(ids, e.new_caches(), all_logits=True))
+    np.testing.assert_array_equal(got, want)

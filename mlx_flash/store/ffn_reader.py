@@ -40,7 +40,7 @@ class FFNReader:
         self.prefetch = prefetch
         self._holds = [None] * len(self.bufs)  # (layer, rows skipped) each buffer holds or is being filled with
         self._pending: dict[int, object] = {}  # buffer -> batch in flight
-        self._last = len(self.bufs) - 1  # the buffer handed out last
+        self._last = len(self.bufs) - 1  # the buffer handed out last (read_layer)
         self.bytes_read = 0  # bytes fetched from the device
         self.reads = 0  # read requests issued (after coalescing and splitting)
         self.wait_seconds = 0.0  # time the caller was blocked waiting for reads
@@ -69,6 +69,11 @@ class FFNReader:
                 self._finish(other)
                 self._submit(other, nxt)
         return self.bufs[b].reshape(self.layout.n_rows, self.layout.bundle_bytes)
+
+    @property
+    def last_buffer(self) -> int:
+        """The buffer read_layer handed out last (its rows are views of it)."""
+        return self._last
 
     def read_into(self, layer: int, alloc) -> np.ndarray:
         """The bundles of `layer` read into a buffer of their own, `alloc(nbytes)` (a backend's memory

@@ -35,6 +35,9 @@ class Store:
         self.path = path
         self.manifest = manifest
         self._held = hold(path)  # while this Store lives, the store cannot be removed (in_use.py)
+        self._by_layer: dict[int | None, list] = {}  # layer (None: of no layer) -> its (name, TensorEntry)
+        for name, t in manifest.tensors.items():
+            self._by_layer.setdefault(tensor_layer(name), []).append((name, t))
 
     @property
     def config(self) -> dict:
@@ -61,7 +64,7 @@ class Store:
                 f"{self.path}: its resident file does not keep each layer's tensors together "
                 "(converted by an older version): convert the model again to stream layers"
             )
-        for run in self._runs([(n, t) for n, t in self.manifest.tensors.items() if tensor_layer(n) is None]):
+        for run in self._runs(self._by_layer.get(None, [])):
             first, last = run[0][1], run[-1][1]
             blob = self._read(first.file, first.offset, last.offset + last.nbytes - first.offset, alloc)
             for name, t in run:  # one buffer per run: a matrix's parts (codes, scales, biases) lie in one memory
@@ -91,7 +94,7 @@ class Store:
 
     def layer_tensors(self, layer: int) -> list:
         """(name, TensorEntry) of the resident tensors of one layer."""
-        return [(n, t) for n, t in self.manifest.tensors.items() if tensor_layer(n) == layer]
+        return list(self._by_layer.get(layer, ()))
 
     def layer_regions(self) -> dict[int, tuple[str, int, int]] | None:
         """layer -> (file, offset, bytes): each layer's resident tensors as one contiguous range of
