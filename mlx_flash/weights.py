@@ -24,7 +24,6 @@ from .store.safetensors_io import tensor_layer
 from .store.stage import dropped_tensors
 from .store.store import Store
 
-
 PARTS = ("weight", "scales", "biases", "bias")
 
 
@@ -345,25 +344,23 @@ class StreamedFFN(LayerSource):
         self.turned = turned_layers(ops, self.reader, "mlx-flash-ffn-turns")
         self.mem_seconds = 0.0
         self.held: dict[int, FFNWeights] = {}
-        # (buffer, layer) -> weights over that buffer, when they are views of it (in_place): the bytes a
-        # later read of the layer into the same buffer brings are the same, so the weights are built once
-        # (building them costs about as much per call as a small product, every layer of every step)
-        self.views: dict[tuple[int, int], FFNWeights] | None = {} if in_place(ops, self.layout) else None
+        # (buffer, layer) -> weights that are views of it (in_place): built once, not per layer and step
+        self.views: dict[tuple[int, int], FFNWeights] = {}
+        self.keep_views = in_place(ops, self.layout)
 
     def layer(self, i: int, x=None) -> FFNWeights:
-        w = self.held.get(i)
-        if w is not None:
-            return w
+        if i in self.held:
+            return self.held[i]
         if self.turned is not None:
             return self.turned.layer(i)
         rows = self.reader.read_layer(i)
         key = (self.reader.last_buffer, i)
-        w = self.views.get(key) if self.views is not None else None
+        w = self.views.get(key)
         if w is None:
             t = time.perf_counter()
             w = bundle_weights(self.ops, self.layout, rows, i)
             self.mem_seconds += time.perf_counter() - t
-            if self.views is not None and rows.flags.c_contiguous:
+            if self.keep_views and rows.flags.c_contiguous:
                 self.views[key] = w
         return w
 
@@ -384,20 +381,19 @@ class StreamedFFN(LayerSource):
 
     def stats(self) -> FFNStats:
         r, t = self.reader, self.turned
-        if t is None:
-            return FFNStats(
-                io_seconds=r.wait_seconds, mem_seconds=self.mem_seconds, bytes_read=r.bytes_read, reads=r.reads
-            )
+        wait, nbytes, reads = (
+            (t.turns.wait_seconds, t.turns.bytes_read, t.turns.reads) if t is not None else (0.0, 0, 0)
+        )
         return FFNStats(
-            io_seconds=r.wait_seconds + t.turns.wait_seconds,
+            io_seconds=r.wait_seconds + wait,
             mem_seconds=self.mem_seconds,
-            bytes_read=r.bytes_read + t.turns.bytes_read,
-            reads=r.reads + t.turns.reads,
+            bytes_read=r.bytes_read + nbytes,
+            reads=r.reads + reads,
         )
 
     def close(self) -> None:
         self.held = {}
-        self.views = None if self.views is None else {}
+        self.views = {}
         if self.turned is not None:
             self.turned.close()
         self.reader.close()

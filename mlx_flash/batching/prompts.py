@@ -70,13 +70,14 @@ def prefill_together(
     pass_tokens: int | None = None,
 ) -> None:
     """Every sequence's prompt in chunks of at most config.prefill_chunk tokens (the chunks a single
-    run uses), several sequences' chunks packed into one batched pass (ragged_rows) of at most
-    `pass_tokens` tokens (default the prefill chunk: what the memory plan holds a pass of), each
+    run uses), several sequences' chunks packed into one batched pass (pack_rows) of at most
+    `pass_tokens` tokens (default the prefill chunk: what the memory plan holds a pass of; a caller
+    that planned memory for larger passes may give more, the throughput mode's policy), each
     round's passes through one schedule in `order`; the first token of each sequence is sampled.
     attend(caches): the caches a pass attends through (the throughput mode's sparse attention), else
     the batch of the sequences' own."""
     chunk = engine.config.prefill_chunk
-    budget = chunk if pass_tokens is None else max(1, min(pass_tokens, chunk))
+    budget = chunk if pass_tokens is None else max(1, pass_tokens)
     while True:
         todo = [s for s in seqs if s.prefilled < len(s.ids)]
         if not todo:

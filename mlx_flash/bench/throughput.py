@@ -135,6 +135,7 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
         "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,
         "bytes_read": run.bytes_read,
         "policy": run.policy,
+        "prefill_pass": run.prefill_pass,
         "predicted_s": run.predicted_s,
         "predicted_tokens_per_s": run.predicted_tokens_per_s,
         "memory_planned": run.memory_planned,

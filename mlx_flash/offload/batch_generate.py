@@ -2,9 +2,9 @@
 `python -m mlx_flash.batch`).
 
 Sequences go in blocks of policy.block_size. A block is prefilled layer by layer, every sequence
-of it through layer i before layer i + 1 (prompts of different lengths packed into left-padded
-passes of at most the longest prompt's tokens, the one-prompt pass the policy's memory holds; each
-row's KV is what it computes alone), then decoded step by step in micro-batches
+of it through layer i before layer i + 1 (each prompt in the chunks a single run makes, several
+prompts' chunks packed into left-padded passes of the tokens the policy's memory holds; each row's
+KV is what it computes alone), then decoded step by step in micro-batches
 of policy.gpu_batch rows (batching/batch_cache.py BatchKV: each row keeps its own cache and position),
 in the policy's order (batching/schedule.py). A sequence that finishes leaves its micro-batch; the
 block ends when all have. The sequences of the block's last policy.kv_on_flash micro-batches keep
@@ -34,12 +34,14 @@ def generate_batch(
     work: list[tuple[list[int], int]],
     opts: SamplingOptions,
     policy: Policy,
+    pass_tokens: int = 0,
     on_done: Callable[[Sequence], None] | None = None,
     on_token: Callable[[int], None] | None = None,
 ) -> tuple[list[Sequence], BatchStats]:
     """Every prompt's Sequence (work: encode_all's (ids, token budget) per prompt), in prompt order,
-    and the run's stats. on_done(seq) is called as each sequence finishes; on_token(n) after each
-    step with the tokens it made (progress)."""
+    and the run's stats. pass_tokens: the tokens of a prefill pass the policy's memory holds
+    (cost_model.prefill_pass; 0: the longest prompt's chunk). on_done(seq) is called as each sequence
+    finishes; on_token(n) after each step with the tokens it made (progress)."""
     check_sampling(opts.temperature, opts.top_p, opts.top_k)
     policy.check(engine.args.num_hidden_layers)
     stats = BatchStats(sequences=len(work), policy=policy.to_dict())
@@ -64,9 +66,9 @@ def generate_batch(
                 opts,
                 eos,
                 lambda caches: with_top_k(caches, policy.attention_keep),
-                # the pass the policy's memory holds (cost_model.memory_bytes): one prompt's chunk, so
-                # shorter prompts share a pass and no pass outgrows the longest prompt's
-                pass_tokens=max(min(len(s.ids), engine.config.prefill_chunk) for s in block),
+                # the pass the policy's memory holds (cost_model.memory_bytes): several sequences' chunks,
+                # or one prompt's chunk, so shorter prompts share a pass and no pass outgrows the longest's
+                pass_tokens=pass_tokens or max(min(len(s.ids), engine.config.prefill_chunk) for s in block),
             )
             stats.prefill_s += time.perf_counter() - t0
             return_free_memory()  # the prefill's activations, freed, leave the process (memory/allocator.py)

@@ -19,7 +19,7 @@ from ..sampling import shown
 from ..units import fmt
 from .batch_generate import generate_batch
 from .calibration import measure_compute
-from .cost_model import Machine, Workload
+from .cost_model import Machine, Workload, prefill_pass
 from .engine_room import check_whole_layers, read_bps, streams_layers, weights_room
 from .policy import Policy
 from .search import Choice, describe, search
@@ -35,6 +35,7 @@ class BatchRun(BatchStats):
     room: int = 0
     compute: dict = field(default_factory=dict)
     weights: str = ""  # where the weights are: "resident" (loaded so), or "placed" by the policy
+    prefill_pass: int = 0  # tokens of a packed prefill pass (cost_model.prefill_pass; 0: one prompt's chunk)
 
     def line(self) -> str:
         """The policy, its prediction and the measurement side by side."""
@@ -44,6 +45,7 @@ class BatchRun(BatchStats):
             f"measured {self.seconds:.1f} s ({self.tokens_per_s:.1f} tok/s) for {self.sequences} sequences, "
             f"{self.generated_tokens} tokens; the policy holds {fmt(self.memory_planned)} of {fmt(self.room)}"
             + ("; the whole model resident" if self.weights == "resident" else "")
+            + (f"; prefill passes of {self.prefill_pass} tokens" if self.prefill_pass else "")
         )
 
 
@@ -115,6 +117,7 @@ def run_batch(
         room=m.room,
         compute=asdict(m.compute),
         weights="placed" if streams_layers(engine) else "resident",
+        prefill_pass=prefill_pass(m, workload, p),
     )
     slots = engine.layer_slots
     placed = streams_layers(engine)  # a StreamedFFN (ffn stream, dense): the policy places its layers
@@ -130,6 +133,7 @@ def run_batch(
             work,
             opts,
             p,
+            run.prefill_pass,
             on_done=chain_done(on_done, bar),
             on_token=(lambda n: tick(bar, n, t0)) if bar else None,
         )

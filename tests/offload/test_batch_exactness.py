@@ -25,6 +25,7 @@ import pytest
 import mlx_flash
 from mlx_flash.offload import Order, Policy
 from mlx_flash.batching.prompts import ragged_rows
+from mlx_flash.offload.cost_model import PACKED_PASS
 from mlx_flash.batching.sequence import SamplingOptions
 from mlx_flash.offload.run import run_batch
 
@@ -169,8 +170,9 @@ def test_prompts_prefilled_in_chunks_equal_their_runs_alone(chunked, wiki_text):
     assert lengths[0] < 32 < lengths[-2] and lengths[-1] > 2 * 32  # one, two and three chunks
     refs = [alone(chunked, p, 6)[0] for p in prompts]
     for policy in (Policy(2, 2), Policy(2, 2, order=Order.ROW)):
-        seqs, _ = run_batch(chunked, prompts, 6, SamplingOptions(), policy, False)
+        seqs, stats = run_batch(chunked, prompts, 6, SamplingOptions(), policy, False)
         assert [s.tokens for s in sorted(seqs, key=lambda s: s.index)] == refs, policy
+        assert stats.prefill_pass == PACKED_PASS  # several prompts' 32-token chunks in one pass
 
 
 @pytest.fixture(scope="module")
@@ -181,10 +183,11 @@ def streamed(default_gguf, wiki_text):
         yield e, prompts, [alone(e, p, 8)[0] for p in prompts]
 
 
-def layer_calls(seqs, policy: Policy, chunk: int) -> int:
+def layer_calls(seqs, policy: Policy, chunk: int, pass_tokens: int) -> int:
     """How often a block schedule asks for each streamed layer: once per block pass (prefill round or
     decode step) in the zig-zag order, once per micro-batch in the row order. Prompts here are one
-    prefill chunk, packed into left-padded passes of at most the longest prompt's tokens; after the prefill, the
+    prefill chunk, packed into left-padded passes of at most `pass_tokens` (the run's packed pass,
+    cost_model.prefill_pass) or else the longest prompt's tokens; after the prefill, the
     sequences still running form micro-batches of gpu_batch that keep their members, and a
     micro-batch runs a step while one of them has tokens to make."""
     calls = 0
@@ -193,7 +196,7 @@ def layer_calls(seqs, policy: Policy, chunk: int) -> int:
     for b in range(0, len(ordered), policy.block_size):
         block = [len(s.tokens) for s in ordered[b : b + policy.block_size]]
         widths = [min(len(s.ids), chunk) for s in ordered[b : b + policy.block_size]]
-        passes = ragged_rows(widths, max(widths))  # packed into passes of the longest prompt's tokens
+        passes = ragged_rows(widths, pass_tokens or max(widths))
         calls += len(passes) if row else 1  # prefill: one per packed pass (row) or one for the block
         live = [n for n in block if n > 1]
         groups = [live[i : i + policy.gpu_batch] for i in range(0, len(live), policy.gpu_batch)]
@@ -229,7 +232,9 @@ def test_placed_layers_read_from_flash_are_exact(streamed, policy):
     assert stats.policy == policy.to_dict()
     layer = e.store.manifest.ffn.layer_nbytes
     want = (
-        layer_calls(seqs, policy, e.config.prefill_chunk) * (e.args.num_hidden_layers - policy.resident_layers) * layer
+        layer_calls(seqs, policy, e.config.prefill_chunk, stats.prefill_pass)
+        * (e.args.num_hidden_layers - policy.resident_layers)
+        * layer
     )
     # (a read started ahead at the end of one run may be the next run's first)
     assert abs(stats.bytes_read - want) <= layer, (stats.bytes_read / layer, want / layer)

@@ -19,6 +19,8 @@ from mlx_flash.offload.cost_model import (
     kv_bytes,
     memory_bytes,
     minimum_bytes,
+    PACKED_PASS,
+    prefill_pass,
     run_seconds,
     tokens_per_s,
 )
@@ -351,3 +353,16 @@ def test_resident_share_fills_the_room_when_reads_dominate():
     assert resident_share(half, WORK, p) == pytest.approx(0.5, abs=1e-6)
     assert resident_share(machine(room=fixed, read_bps=2e8), WORK, p) == pytest.approx(0.0, abs=1e-9)
     assert resident_share(machine(room=fixed - 1, read_bps=2e8), WORK, p) is None
+
+
+def test_a_prefill_pass_packs_prompts_only_where_the_room_holds_its_buffers():
+    """Several short prompts' chunks share a PACKED_PASS-token pass when the room holds that pass's
+    buffers beside the policy; a tight room, a block of one sequence or prompts as long as the pass
+    get one prompt's chunk per pass (0)."""
+    p = Policy(8, 1)
+    need = memory_bytes(machine(), WORK, p, PACKED_PASS)
+    assert need > memory_bytes(machine(), WORK, p)  # the larger pass's buffers are counted
+    assert prefill_pass(machine(room=need), WORK, p) == PACKED_PASS
+    assert prefill_pass(machine(room=need - 1), WORK, p) == 0
+    assert prefill_pass(machine(), WORK, Policy(1, 1)) == 0
+    assert prefill_pass(machine(), replace(WORK, prompt=PACKED_PASS), p) == 0
