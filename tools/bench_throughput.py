@@ -23,7 +23,7 @@ import sys
 
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
-from mlx_flash.bench.throughput import MODES, BenchConfig, run_config
+from mlx_flash.bench.throughput import MODES, BenchConfig, against_single, run_config
 
 LABELS = {
     "single": "(a) one at a time",
@@ -190,6 +190,8 @@ def main() -> int:
                     if "vs_single" in r
                 )
             )
+        for line in against_single(rows):
+            print(line)
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump({"label": a.label, "args": vars(a), "rows": rows}, fh, indent=1)

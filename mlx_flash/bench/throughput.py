@@ -95,9 +95,9 @@ def run_config(cfg: BenchConfig, text: str) -> dict:
 def _single(engine, prompts, generate: int) -> dict:
     io0 = engine.io_bytes()
     tokens = prefill = decode = 0.0
+    ids = []
     for p in prompts:
-        for _ in engine.stream_generate(p, max_tokens=generate):
-            pass
+        ids.append([step.token for step in engine.stream_generate(p, max_tokens=generate)])
         s = engine.last
         tokens += s.generated_tokens
         prefill += s.prefill_s
@@ -111,6 +111,7 @@ def _single(engine, prompts, generate: int) -> dict:
         "tokens_per_s": tokens / (prefill + decode),
         "decode_tokens_per_s": tokens / decode if decode else 0.0,
         "bytes_read": engine.io_bytes() - io0,
+        "tokens": ids,  # each sequence's generated ids (the batched modes' must equal them)
     }
 
 
@@ -134,6 +135,7 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
         "tokens_per_s": run.tokens_per_s,
         "decode_tokens_per_s": run.generated_tokens / run.decode_s if run.decode_s else 0.0,
         "bytes_read": run.bytes_read,
+        "tokens": [s.tokens for s in sorted(seqs, key=lambda s: s.index)],  # each sequence's sampled ids
         "policy": run.policy,
         "prefill_pass": run.prefill_pass,
         "predicted_s": run.predicted_s,
@@ -142,3 +144,28 @@ def _batched(engine, prompts, cfg: BenchConfig) -> dict:
         "room": run.room,
         "compute": run.compute,
     }
+
+
+def against_single(rows: list[dict]) -> list[str]:
+    """The cap one-at-a-time's prefill puts on a batched mode's ratio over it ((prefill + decode) /
+    prefill of one sequence), each batched row's ratio as a share of that cap, and whether its first
+    sequences generated exactly the tokens they did one at a time (the same prompts, greedy). Adds
+    "cap", "of_cap" and "same_as_single" to the rows; returns the lines to print."""
+    single = next((r for r in rows if r.get("mode") == "single" and "tokens_per_s" in r), None)
+    if single is None or not single["sequences"]:
+        return []
+    p, d = single["prefill_s"] / single["sequences"], single["decode_s"] / single["sequences"]
+    cap = (p + d) / p
+    lines = [f"the cap one at a time's prefill puts on the ratio: {cap:.2f}x ({p:.2f} s prefill + {d:.2f} s decode)"]
+    for r in rows:
+        if r is single or "tokens_per_s" not in r or "tokens" not in r:
+            continue
+        ratio = r["tokens_per_s"] / single["tokens_per_s"]
+        n = len(single["tokens"])
+        same = [t[: len(s)] for t, s in zip(r["tokens"][:n], single["tokens"])] == single["tokens"]
+        r.update(cap=cap, of_cap=ratio / cap, same_as_single=same)
+        lines.append(
+            f"{r['label']}: {ratio:.2f}x = {ratio / cap:.2f} of the cap; its first {n} sequences "
+            + ("generated the same tokens as one at a time" if same else "DIFFER from one at a time")
+        )
+    return lines
