@@ -344,9 +344,9 @@ class StreamedFFN(LayerSource):
         self.turned = turned_layers(ops, self.reader, "mlx-flash-ffn-turns")
         self.mem_seconds = 0.0
         self.held: dict[int, FFNWeights] = {}
-        # (buffer, layer) -> weights that are views of it (in_place): built once, not per layer and step
+        # (buffer, layer) -> weights viewing it, built once (the CPU kernel's; a device's copies are not kept)
         self.views: dict[tuple[int, int], FFNWeights] = {}
-        self.keep_views = in_place(ops, self.layout)
+        self.keep_views = ops.in_place_kernel and in_place(ops, self.layout)
 
     def layer(self, i: int, x=None) -> FFNWeights:
         if i in self.held:
