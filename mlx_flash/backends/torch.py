@@ -303,7 +303,7 @@ class TorchOps:
         return torch_ops.ops().attention_coded(
             q, k, v, scale, self.kernel_threads, codes, k_layout.ints(), codes, v_layout.ints(),
             torch.tensor([[coded], [coded]], dtype=torch.int32), torch.tensor([S], dtype=torch.int32),
-            torch.tensor([S - T], dtype=torch.int32), torch.from_numpy(table),
+            torch.tensor([S - T], dtype=torch.int32), torch.tensor(table),  # a copy: the cached table is read-only
         )  # fmt: skip
 
     def sdpa_slots(self, q, k, v, scale: float, block_tokens: int, table, kv_len, q_pos):
