@@ -44,7 +44,6 @@ class GGUFTensorInfo:
 
 @dataclass(frozen=True)
 class GGUFHeader:
-    version: int
     fields: dict[str, GGUFField]
     tensors: list[GGUFTensorInfo]
     data_offset: int  # where the tensor data begins (the header's end, aligned)
@@ -59,11 +58,6 @@ def read_gguf_header(path: str) -> GGUFHeader:
         # mapped, not read: the header is all that is walked, and a model file can be gigabytes
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _Walk(path, data).header()
-
-
-def check_gguf_header(path: str) -> None:
-    """Refuse a GGUF whose header does not fit its file (see read_gguf_header)."""
-    read_gguf_header(path)
 
 
 class _Walk:
@@ -138,7 +132,7 @@ class _Walk:
         if align.vtype != 4 or align.value < 1 or align.value & (align.value - 1):
             self.fail(f"GGUF general.alignment {str(align.value)[:20]} is not a power of two (uint32)")
         data_offset = -(-self.pos // align.value) * align.value
-        return GGUFHeader(version, fields, self.tensors(entries, data_offset), data_offset)
+        return GGUFHeader(fields, self.tensors(entries, data_offset), data_offset)
 
     def tensor_entry(self, i: int) -> tuple[str, tuple[int, ...], int, int]:
         name = self.text(f"tensor name {i}")
