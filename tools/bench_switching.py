@@ -2,12 +2,13 @@
 large model, more than the KV budget holds, visited in a Zipf trace of `--switches` visits of
 `--turns` calls each. Ours (LLMS: chunk eviction, ahead-of-time swap-out, read and recompute at
 once) beside whole-context swap at the same compression and recompute (drop the KV, prefill again;
-on the trace's first `--recompute-switches` switches). Table and JSON.
+on the trace's first `--recompute-switches` switches). The KV budget holds `--kv-contexts` contexts
+at the compression's width. Table and JSON.
 
     python tools/bench_switching.py --model FILE_OR_STORE [--backend torch|mlx] [--contexts 6]
         [--min-tokens 2048] [--max-tokens 4096] [--switches 12] [--turns 2] [--kv-contexts 2]
-        [--compression tolerance:0.5] [--recompute-switches 3] [--variants ours,whole,recompute] [--dir DIR]
-        [--reuse] [--json OUT]
+        [--compression tolerance:0.5] [--prefill-chunk 128] [--recompute-switches 3]
+        [--variants ours,whole,recompute] [--dir DIR] [--reuse] [--json OUT]
 """
 
 import argparse
@@ -47,7 +48,19 @@ def main() -> int:
     p.add_argument("--switches", type=int, default=d.switches)
     p.add_argument("--turns", type=int, default=d.turns)
     p.add_argument("--zipf", type=float, default=d.zipf_s, help="the Zipf exponent s (weights 1 / rank^s)")
-    p.add_argument("--kv-contexts", type=float, default=d.kv_contexts, help="KV budget in contexts of the mean length")
+    p.add_argument(
+        "--kv-contexts",
+        type=float,
+        default=d.kv_contexts,
+        help="KV budget in contexts of the mean starting length, held at the compression's width",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=128,
+        help="prompt tokens per pass (default 128): a quarter of a compressed budget is float slots, "
+        "which must hold one pass's new chunks",
+    )
     p.add_argument("--think", type=float, default=d.think_s, help="mean idle seconds between calls")
     p.add_argument("--compression", default="tolerance:0.5", help="ours and whole-context swap (kv_compression)")
     p.add_argument("--recompute-switches", type=int, default=3)
@@ -73,7 +86,7 @@ def main() -> int:
         unknown = set(a.variants.split(",")) - set(keys)
         if unknown:
             raise ConfigError(f"--variants takes ours, whole, recompute (not {', '.join(sorted(unknown))})")
-        engine = load(a.model, backend=a.backend, progress=False)
+        engine = load(a.model, backend=a.backend, prefill_chunk=a.prefill_chunk, progress=False)
         build_dir = os.path.join(base, "build")
         if a.reuse:
             built = load_built(build_dir)

@@ -28,8 +28,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
-from ..service.service import DEFAULT_CHUNK, Service
-from .service_trace import Variant, chunk_bytes
+from ..service.chunk_pool import ChunkShape
+from ..service.coded_chunks import packed_bytes
+from ..service.compression import Compression, Scheme
+from ..service.service import DEFAULT_CHUNK, FLOAT_SHARE, Service
+from .service_trace import Variant
 
 IDS_FILE = "trace-contexts.json"
 
@@ -100,12 +103,25 @@ def _texts(engine, corpus: str, trace: SwitchTrace) -> tuple[list[list[int]], li
     return starts, pieces
 
 
-def kv_budget(engine, trace: SwitchTrace, tokens: list[int]) -> int:
-    """`kv_contexts` contexts of the mean starting length, in whole chunks of the pool, and never
-    less than the longest context grows to in the trace (a call's context must fit whole)."""
+def kv_budget(engine, trace: SwitchTrace, tokens: list[int], compression=None) -> int:
+    """`kv_contexts` contexts of the mean starting length, in whole chunks at the width they are held
+    in memory, and never less than the longest context grows to in the trace (a call's context must
+    fit whole). Without compression chunks are float32 slots. With it, complete chunks sit in the
+    arena at their width (tolerance:R at its mean, 8R bits) and a quarter of the budget is float
+    slots (service.FLOAT_SHARE), which must hold one prefill chunk's new chunks as every layer writes
+    them; so that a compressed budget holds as few contexts as the trace asks, not four times more."""
+    a = engine.args
+    shape = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, DEFAULT_CHUNK)
     grown = max(tokens) + trace.switches * trace.turns * (trace.call_tokens + trace.generate)
-    chunks = max(trace.kv_contexts * float(np.mean(tokens)), grown) / DEFAULT_CHUNK + 1
-    return int(np.ceil(chunks)) * chunk_bytes(engine)
+    chunks = int(np.ceil(max(trace.kv_contexts * float(np.mean(tokens)), grown) / DEFAULT_CHUNK)) + 1
+    c = Compression.parse(compression)
+    if not c.on:
+        return chunks * shape.nbytes
+    bits = c.bits if c.scheme is Scheme.STATIC else 8 * c.ratio
+    held = packed_bytes(shape.array_shape, 4) + (bits - 4) * shape.nbytes / 32  # codes: bits / 32 of float32
+    arena = chunks * int(held)
+    floats = (-(-engine.config.prefill_chunk // DEFAULT_CHUNK) + 2) * shape.nbytes
+    return max(-(-arena * FLOAT_SHARE // (FLOAT_SHARE - 1)), floats * FLOAT_SHARE)
 
 
 def build(engine, corpus: str, trace: SwitchTrace, directory: str, compression: str, progress=print) -> Built:
@@ -113,7 +129,7 @@ def build(engine, corpus: str, trace: SwitchTrace, directory: str, compression: 
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     starts, pieces = _texts(engine, corpus, trace)
-    budget = kv_budget(engine, trace, [len(s) for s in starts])
+    budget = kv_budget(engine, trace, [len(s) for s in starts], compression)
     t0 = time.perf_counter()
     ids = []
     with Service(engine, directory=directory, kv_budget=budget, kv_compression=compression) as svc:
@@ -174,10 +190,13 @@ def replay(
     res = ReplayResult(variant.name)
     used = [0] * len(built.ids)
     t_start = time.perf_counter()
+    # Recompute holds its contexts as float slots (its restore prefills them whole): the same number
+    # of contexts' budget in float32; a compressed variant's is the build's.
+    on = Compression.parse(variant.compression).on
     svc = Service(
         engine,
         directory=directory,
-        kv_budget=built.kv_budget,
+        kv_budget=built.kv_budget if on else kv_budget(engine, trace, built.tokens),
         kv_compression=variant.compression,
         lifecycle=variant.lifecycle,
     )
