@@ -1,8 +1,7 @@
 """`python -m mlx_flash.serve` as a real subprocess on a loopback port: the openai package and curl
 against it, one-line OpenAI-style errors for bad requests (the server stays up), explicit contexts,
-API keys scoping contexts, 8 concurrent streaming clients (5 s; the full tier
-or MLX_FLASH_SOAK=1: 60 s)
-under the memory limit, and a client that disconnects mid-stream."""
+API keys scoping contexts, 8 concurrent streaming clients (5 s; the full tier or
+MLX_FLASH_SOAK=1: 60 s) under the memory limit, and a client that disconnects mid-stream."""
 
 from __future__ import annotations
 
