@@ -191,10 +191,15 @@ def full_context_restore(engine, corpus: str, directory: str, tokens: int | None
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def chunk_shape(engine) -> ChunkShape:
+    """A 16-token chunk of the engine's model."""
+    a = engine.args
+    return ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 16)
+
+
 def chunk_bytes(engine) -> int:
     """One 16-token chunk of the engine's model (float32, as the CPU backends hold it)."""
-    a = engine.args
-    return ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, 16).nbytes
+    return chunk_shape(engine).nbytes
 
 
 def _drop_page_cache() -> None:

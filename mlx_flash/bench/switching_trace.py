@@ -28,11 +28,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
-from ..service.chunk_pool import ChunkShape
 from ..service.coded_chunks import packed_bytes
 from ..service.compression import Compression, Scheme
 from ..service.service import DEFAULT_CHUNK, FLOAT_SHARE, Service
-from .service_trace import Variant
+from .service_trace import Variant, chunk_shape
 
 IDS_FILE = "trace-contexts.json"
 
@@ -110,15 +109,15 @@ def kv_budget(engine, trace: SwitchTrace, tokens: list[int], compression=None) -
     arena at their width (tolerance:R at its mean, 8R bits) and a quarter of the budget is float
     slots (service.FLOAT_SHARE), which must hold one prefill chunk's new chunks as every layer writes
     them; so that a compressed budget holds as few contexts as the trace asks, not four times more."""
-    a = engine.args
-    shape = ChunkShape(a.num_hidden_layers, a.num_key_value_heads, a.head_dim, DEFAULT_CHUNK)
+    shape = chunk_shape(engine)
     grown = max(tokens) + trace.switches * trace.turns * (trace.call_tokens + trace.generate)
     chunks = int(np.ceil(max(trace.kv_contexts * float(np.mean(tokens)), grown) / DEFAULT_CHUNK)) + 1
     c = Compression.parse(compression)
     if not c.on:
         return chunks * shape.nbytes
     bits = c.bits if c.scheme is Scheme.STATIC else 8 * c.ratio
-    held = packed_bytes(shape.array_shape, 4) + (bits - 4) * shape.nbytes / 32  # codes: bits / 32 of float32
+    at4, at8 = packed_bytes(shape.array_shape, 4), packed_bytes(shape.array_shape, 8)
+    held = at4 + (bits - 4) * (at8 - at4) / 4  # linear in the width: a fractional mean in between
     arena = chunks * int(held)
     floats = (-(-engine.config.prefill_chunk // DEFAULT_CHUNK) + 2) * shape.nbytes
     return max(-(-arena * FLOAT_SHARE // (FLOAT_SHARE - 1)), floats * FLOAT_SHARE)
