@@ -43,16 +43,18 @@ def build(
     sources,
     salt: str,
     cuda_flags=(),
+    cflags=("-O3",),
     python_module: bool = True,
     note: str | None = None,
     load: bool = True,
 ):
     """Build (or load the build of) the extension `prefix` from `files`, (folder, name) pairs of
-    shipped sources copied side by side into root/<hash>, compiling those named in `sources`; `what`
-    names it in messages, `note` (e.g. how long it takes) is printed when it is built rather than
-    loaded. Returns the module (python_module), else the library's path once loaded (operators it
-    registers with TORCH_LIBRARY are then in torch.ops). load=False: build when not built yet, and
-    return None without importing torch when it is (a build started ahead of its use)."""
+    shipped sources copied side by side into root/<hash>, compiling those named in `sources` with the
+    C++ flags `cflags` (a caller that changes them names them in `salt`); `what` names it in messages,
+    `note` (e.g. how long it takes) is printed when it is built rather than loaded. Returns the module
+    (python_module), else the library's path once loaded (operators it registers with TORCH_LIBRARY
+    are then in torch.ops). load=False: build when not built yet, and return None without importing
+    torch when it is (a build started ahead of its use)."""
     where, texts = folder(root, files, salt)
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, ".lock"), "w") as lock:
@@ -79,7 +81,7 @@ def build(
             module = cpp_extension.load(
                 name=f"{prefix}_{os.path.basename(where)[:8]}",
                 sources=[os.path.join(where, n) for n in sources],
-                extra_cflags=["-O3"],
+                extra_cflags=list(cflags),
                 extra_cuda_cflags=["-O3", *cuda_flags],
                 build_directory=where,
                 is_python_module=python_module,
