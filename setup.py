@@ -112,9 +112,9 @@ class BuildExt(build_ext):
         return [p for p in super().get_outputs() if os.path.exists(p) or "_mlx_kernels" not in p]
 
 
-# MLX_FLASH_EXTENSIONS=0 installs the package without compiling (an editable install whose
-# extensions `setup.py build_ext --inplace` builds next, as `make chat` does: the package is importable
-# meanwhile, so the torch operators build beside that compile instead of after it).
+# MLX_FLASH_EXTENSIONS=0 installs the package without compiling: `make chat` installs it editable
+# so, then compiles its extensions in place (setup.py build_ext --inplace), the compiler's output in a
+# log it shows when the build fails.
 EXTENSIONS = os.environ.get("MLX_FLASH_EXTENSIONS", "1") != "0"
 
 setup(
