@@ -18,13 +18,23 @@ import re
 import shutil
 import subprocess
 import sys
-
-# (table, key, the plain reading's pattern: the array ends with the first "]" that closes a line)
-RUNTIME = ("project", "dependencies", r"^dependencies = (\[.*?\])\s*$")
-BUILD = ("build-system", "requires", r"^requires = (\[.*?\])\s*$")
+from typing import NamedTuple
 
 
-def requirements(text: str, which=RUNTIME) -> list[str]:
+class Array(NamedTuple):
+    """One array of pyproject.toml: its table, its key, and the plain reading's pattern (the array
+    ends with the first "]" that closes a line)."""
+
+    table: str
+    key: str
+    pattern: str
+
+
+RUNTIME = Array("project", "dependencies", r"^dependencies = (\[.*?\])\s*$")
+BUILD = Array("build-system", "requires", r"^requires = (\[.*?\])\s*$")
+
+
+def requirements(text: str, which: Array = RUNTIME) -> list[str]:
     table, key, pattern = which
     try:
         import tomllib  # deferred: absent before Python 3.11, where the plain reading below serves
