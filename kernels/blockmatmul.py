@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import qmatmul
+from .qmatmul import Arith
 from .gguf_blocks_ref import BLOCKS, GgufBlock, dequantize
 
 
@@ -71,7 +72,9 @@ class BlockMatrix:
         and a block of weights; see cpu/gguf_blocks.h), or None for a plain matrix."""
         return self._layout
 
-    def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None, arith: Arith = Arith.EXACT
+    ) -> np.ndarray:
         """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given), as StoredMatrix."""
         if x.ndim != 2 or x.shape[1] != self.k_in:
             raise ValueError(f"x must be [T, {self.k_in}] (got shape {x.shape})")
@@ -79,13 +82,14 @@ class BlockMatrix:
             out = np.empty((x.shape[0], self.n_out), dtype=np.float32)
         elif out.shape != (x.shape[0], self.n_out):
             raise ValueError(f"out must be [{x.shape[0]}, {self.n_out}] (got shape {out.shape})")
-        self.into(x, x.shape[0], out, threads)
+        self.into(x, x.shape[0], out, threads, arith)
         return out
 
-    def into(self, x, rows: int, out, threads: int = 1) -> None:
+    def into(self, x, rows: int, out, threads: int = 1, arith: Arith = Arith.EXACT) -> None:
         """The product of `rows` input rows into `out` (buffers [rows, K] and [rows, N] float32,
-        C-contiguous; the kernel checks their type and size)."""
-        self._call(x, rows, self.k_in, self._w[0], self._w[1], self.n_out, out, max(threads, 1), self._layout_ptr, 0, 0)
+        C-contiguous; the kernel checks their type and size), in `arith`."""
+        w, kind = self._w[0], self._w[1]
+        self._call(x, rows, self.k_in, w, kind, self.n_out, out, max(threads, 1), self._layout_ptr, 0, 0, int(arith))
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Some rows as float32 (embedding lookups: a few rows, never a whole matrix); plain

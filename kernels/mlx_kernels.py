@@ -25,7 +25,7 @@ from mlx_flash.errors import KernelUnavailableError
 
 from . import qmatmul
 from .blockmatmul import BlockMatrix
-from .qmatmul import StoredMatrix
+from .qmatmul import Arith, StoredMatrix
 from .kv_codes import pairs_ints
 from .stored_operands import Listed, one_buffer, operands, layer_specs
 
@@ -121,9 +121,10 @@ class GraphMatrix:
     `sparse(x, ids, n)` the product over n listed units (StoredMatrix.sparse's meaning), ids an MLX
     int32 array."""
 
-    def __init__(self, matrix: StoredMatrix | BlockMatrix, threads: int):
+    def __init__(self, matrix: StoredMatrix | BlockMatrix, threads: int, arith: Arith = Arith.EXACT):
         self.ext, self.threads = extension(), max(int(threads), 1)
         self.op = operands(matrix)
+        self.arith = self.op.arithmetic(arith)  # what its products compute (q8 where the kernels read it)
         where = locate(self.op.views)
         self.buffer, self.offsets, self.external = (
             where.buffer,
@@ -131,7 +132,7 @@ class GraphMatrix:
             where.external,
         )
         self.k_in, self.n_out = self.op.k_in, self.op.n_out
-        self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operations take it
+        self.spec = self.op.spec(self.offsets, self.arith)  # the matrix as whole-layer operations take it
         self.matrix = matrix  # kept alive: its views are what the offsets point into
         # a streamed slot's turns (slot_turns.SlotGate: fences and the latest claim), or None: resident
         self.gate = None
@@ -192,6 +193,7 @@ class GraphMatrix:
             group,
             n_out,
             self.op.transposed,
+            int(self.arith),
             self.op.layout,
             self.threads,
             ids,

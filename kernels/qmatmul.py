@@ -21,14 +21,32 @@ from mlx_flash.errors import KernelUnavailableError
 
 
 class Isa(IntEnum):
-    """Code paths of the kernel, chosen at load from what the CPU reports."""
+    """Code paths of the kernels, chosen at load from what the CPU reports (cpu/qmatmul.cpp). The
+    float arithmetic has three (a VNNI level runs its width's float loops); the q8 arithmetic one per
+    level (cpu/q8.h)."""
 
     PORTABLE = 0
     AVX2 = 1  # AVX2 + FMA + F16C
-    AVX512 = 2  # AVX-512 F + BW
+    AVX512 = 2  # AVX-512 F, BW, DQ, VL
+    AVXVNNI = 3  # AVX2 with 256-bit VNNI (or AVX-512 VNNI's encoding of it)
+    AVX512_VNNI = 4  # AVX-512 with VNNI
+
+    @property
+    def float_path(self) -> "Isa":
+        """The float arithmetic's loops at this level."""
+        return {Isa.AVXVNNI: Isa.AVX2, Isa.AVX512_VNNI: Isa.AVX512}.get(self, self)
 
 
-ABI_VERSION = 7  # must equal mf_abi_version() of the compiled library
+class Arith(IntEnum):
+    """The arithmetic of a product, as the kernels take it (cpu/q8.h): the float arithmetic (float32
+    activations, float32 multiply-adds over the stored codes) or the q8 arithmetic (activations
+    quantized to 8-bit codes in blocks of 32, integer dot products, scales applied in float)."""
+
+    EXACT = 0
+    Q8 = 1
+
+
+ABI_VERSION = 8  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None
@@ -76,11 +94,20 @@ def library() -> ctypes.CDLL:
             vp,
             ctypes.c_int,
             vp,
+            vp,
+            vp,
+            ctypes.c_int,
         ]
         lib.mf_qmatmul.restype = ctypes.c_int
         lib.mf_cpu_isa.restype = ctypes.c_int
         lib.mf_set_isa.argtypes = [ctypes.c_int]
         lib.mf_set_isa.restype = ctypes.c_int
+        lib.mf_can_run_isa.argtypes = [ctypes.c_int]
+        lib.mf_can_run_isa.restype = ctypes.c_int
+        lib.mf_q8_reads.argtypes = [ctypes.c_int] * 4
+        lib.mf_q8_reads.restype = ctypes.c_int
+        lib.mf_q8_quantize.argtypes = [vp, i64, i64, vp, vp]
+        lib.mf_q8_quantize.restype = ctypes.c_int
         _QMATMUL = importlib.import_module(__name__.rpartition(".")[0] + "._qmatmul").qmatmul
         _LIB, _LIB_PATH = lib, found[0]
     return _LIB
@@ -101,6 +128,37 @@ def module_function(name: str):
 def cpu_isa() -> Isa:
     """The code path the kernel takes on this CPU."""
     return Isa(library().mf_cpu_isa())
+
+
+def runnable_isas() -> list[Isa]:
+    """Every level this CPU can run (tests force each)."""
+    lib = library()
+    return [isa for isa in Isa if lib.mf_can_run_isa(int(isa))]
+
+
+def float_paths() -> list[Isa]:
+    """The float arithmetic's distinct loops this CPU can run."""
+    return sorted({isa.float_path for isa in runnable_isas()})
+
+
+def q8_reads(kind: int, bits: int, group: int, rows_are_outputs: bool) -> bool:
+    """Whether the q8 arithmetic multiplies a matrix (kind 0: affine `bits`-bit groups of `group`;
+    else a GGUF block type): rows are outputs, and affine codes are 2, 4 or 8 bits in groups of a
+    multiple of 32. Others (neuron-major down columns, 3- and 6-bit codes) run the float arithmetic
+    whichever is asked."""
+    return bool(library().mf_q8_reads(int(kind), int(bits), int(group), int(rows_are_outputs)))
+
+
+def q8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [T, K] float32 as the q8 arithmetic quantizes it: (codes int8 [T, K] in natural order, block
+    scales float32 [T, K / 32]); what q8_ref.quantize computes."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    T, K = x.shape
+    if K % 32:
+        raise ValueError(f"the q8 arithmetic quantizes rows in blocks of 32 (got {K} inputs)")
+    q, d = np.empty((T, K), np.int8), np.empty((T, K // 32), np.float32)
+    library().mf_q8_quantize(x.ctypes.data, T, K, q.ctypes.data, d.ctypes.data)
+    return q, d
 
 
 def use_isa(isa: Isa) -> Isa:
@@ -276,9 +334,11 @@ class StoredMatrix:
             stand_in(biases, (rows, groups)),
         )
 
-    def __call__(self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
-        """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given). The kernel checks
-        both buffers' type, contiguity and size (a ValueError names which)."""
+    def __call__(
+        self, x: np.ndarray, threads: int = 1, out: np.ndarray | None = None, arith: Arith = Arith.EXACT
+    ) -> np.ndarray:
+        """x [T, K] float32 (C-contiguous) -> [T, N] float32 (into `out` when given), in `arith`. The
+        kernel checks both buffers' type, contiguity and size (a ValueError names which)."""
         if x.ndim != 2 or x.shape[1] != self.k_in:
             raise ValueError(f"x must be [T, {self.k_in}] (got shape {x.shape})")
         T = x.shape[0]
@@ -286,17 +346,25 @@ class StoredMatrix:
             out = np.empty((T, self.n_out), dtype=np.float32)
         elif out.shape != (T, self.n_out):
             raise ValueError(f"out must be [{T}, {self.n_out}] (got shape {out.shape})")
-        self.into(x, T, out, threads)
+        self.into(x, T, out, threads, arith)
         return out
 
-    def into(self, x, rows: int, out, threads: int = 1) -> None:
+    def into(self, x, rows: int, out, threads: int = 1, arith: Arith = Arith.EXACT) -> None:
         """The product of `rows` input rows into `out`, for callers that hold buffers already shaped
         (any layout whose memory is [rows, K] and [rows, N] float32, C-contiguous). Only the kernel's
         own checks run: type, contiguity and size of both buffers."""
         w, s, b, st, n, bits, group, tr, lay = self._w
-        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, threads if threads > 1 else 1, lay, 0, 0)
+        th = threads if threads > 1 else 1
+        self._call(x, rows, self.k_in, w, s, b, st, n, bits, group, tr, out, th, lay, 0, 0, int(arith))
 
-    def sparse(self, x: np.ndarray, ids: np.ndarray, threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+    def sparse(
+        self,
+        x: np.ndarray,
+        ids: np.ndarray,
+        threads: int = 1,
+        out: np.ndarray | None = None,
+        arith: Arith = Arith.EXACT,
+    ) -> np.ndarray:
         """The product over the listed units of a laid-out matrix only, in list order; ids int32 [n],
         each in [0, units):
           "blocks" (rows in blocks, e.g. gate rows of bundles): x [T, K] -> [T, n * rows per block]
@@ -327,7 +395,8 @@ class StoredMatrix:
             return out
         w, s, b, st, _, bits, group, tr, lay = self._w
         rid, gid = (ids.ctypes.data, 0) if axis != "groups" else (0, ids.ctypes.data)
-        self._call(x, T, k, w, s, b, st, n_out, bits, group, tr, out, threads if threads > 1 else 1, lay, rid, gid)
+        th = threads if threads > 1 else 1
+        self._call(x, T, k, w, s, b, st, n_out, bits, group, tr, out, th, lay, rid, gid, int(arith))
         return out
 
 
@@ -342,10 +411,11 @@ def qmatmul(
     threads: int = 1,
     bf16_scales: bool = False,
     out: np.ndarray | None = None,
+    arith: Arith = Arith.EXACT,
 ) -> np.ndarray:
     """One product x [T, K] @ W^T (W stored [N, K/(32/bits)] words, `transposed`) or @ W (W stored
     [K, N/...]); StoredMatrix when one matrix is multiplied many times."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"x must be [T, K] (got shape {x.shape})")
-    return StoredMatrix(packed, scales, biases, bits, group, transposed, bf16_scales)(x, threads, out)
+    return StoredMatrix(packed, scales, biases, bits, group, transposed, bf16_scales)(x, threads, out, arith)

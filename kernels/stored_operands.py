@@ -11,7 +11,7 @@ from enum import IntEnum
 import numpy as np
 
 from .blockmatmul import BlockMatrix
-from .qmatmul import StoredMatrix
+from .qmatmul import Arith, StoredMatrix, q8_reads
 
 
 class Listed(IntEnum):
@@ -45,11 +45,19 @@ class Operands:
         rows, else the whole output (listed groups or rows of the input)."""
         return (n * self.rpb if self.sparse_axis == "blocks" else self.n_out), Listed.of(self.sparse_axis)
 
-    def spec(self, offsets) -> list[int]:
+    def spec(self, offsets, arith: Arith = Arith.EXACT) -> list[int]:
         """The matrix as the whole-layer operators take it (kernels/cpu/matrix_ref.h): kind, the byte
-        offsets of its parts in their buffer, scale type, bits, group, outputs, transposed, layout."""
+        offsets of its parts in their buffer, scale type, bits, group, outputs, transposed, arithmetic,
+        layout."""
         w, s, b = (tuple(offsets) + (0, 0, 0))[:3]
-        return [self.kind, w, s, b, *self.quant, self.n_out, int(self.transposed), *self.layout]
+        return [self.kind, w, s, b, *self.quant, self.n_out, int(self.transposed), int(arith), *self.layout]
+
+    def arithmetic(self, asked: Arith) -> Arith:
+        """The arithmetic a product of this matrix runs when `asked` is asked for: q8 only where its
+        kernels read the matrix (qmatmul.q8_reads), else the float arithmetic."""
+        if asked is Arith.Q8 and q8_reads(self.kind, self.quant[1], self.quant[2], self.transposed):
+            return Arith.Q8
+        return Arith.EXACT
 
 
 def operands(matrix: StoredMatrix | BlockMatrix) -> Operands:

@@ -23,6 +23,7 @@ from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
 from .extension_build import build, folder, is_built
+from .qmatmul import Arith
 from .stored_operands import one_buffer, operands, layer_specs
 
 SOURCES = (
@@ -142,6 +143,7 @@ def _register_fakes(torch) -> None:
         threads,
         ids=None,
         listed=0,
+        arith=0,
     ):
         return x.new_empty((*x.shape[:-1], n_out))
 
@@ -236,11 +238,12 @@ class TorchMatrix:
     """A StoredMatrix or BlockMatrix as a torch operator call: `__call__(x)` is x [.., K] times it;
     `rows(ids)` rows of a plain matrix as float32 [..ids, K] (embedding lookups)."""
 
-    def __init__(self, matrix, threads: int):
+    def __init__(self, matrix, threads: int, arith: Arith = Arith.EXACT):
         import torch
 
         self.ops, self.threads = ops(), max(int(threads), 1)
         self.op = operands(matrix)
+        self.arith = self.op.arithmetic(arith)  # what its products compute (q8 where the kernels read it)
         found = [tensor_of(v) for v in self.op.views]
         if all(f is not None and f[0] is found[0][0] for f in found):
             t = found[0][0]
@@ -250,7 +253,7 @@ class TorchMatrix:
             self.buffer = torch.from_numpy(buf)
         self.offsets = tuple(offsets) + (0,) * (3 - len(offsets))
         self.n_out, self.k_in = self.op.n_out, self.op.k_in
-        self.spec = self.op.spec(self.offsets)  # the matrix as whole-layer operators take it
+        self.spec = self.op.spec(self.offsets, self.arith)  # the matrix as whole-layer operators take it
         first = self.op.views[0]  # rows, K, bytes a row, bytes a row of scales: what rows() reads
         self.row_geometry = (
             first.shape[0],
@@ -277,6 +280,9 @@ class TorchMatrix:
             self.op.transposed,
             self.op.layout,
             self.threads,
+            None,
+            0,
+            int(self.arith),
         )
 
     def sparse(self, x, ids, n: int):
@@ -301,6 +307,7 @@ class TorchMatrix:
             self.threads,
             ids,
             int(listed),
+            int(self.arith),
         )
 
     @staticmethod

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gguf_blocks.h"
+#include "q8.h"
 
 using namespace mf;
 
@@ -90,11 +91,13 @@ void block_rows_portable(const BlockProblem& p, int64_t n0, int64_t n1) { rows_b
 extern "C" {
 
 // y = x @ W^T for W in GGUF block type `type` (gguf_blocks.h). `layout`: rpb, wb, wr, wg (BlockProblem),
-// or null for a plain [N, K/QK*bytes] matrix; row_ids / group_ids as there, or null; the caller has
+// or null for a plain [N, K/QK*bytes] matrix; row_ids / group_ids as there, or null; arith 0 the float
+// arithmetic, 1 the q8 arithmetic (q8.h); the caller has
 // checked that every block they name lies inside the memory the layout describes. Returns 0, or a
 // negative code for bad arguments (checked again in Python, which names them).
 MF_EXPORT int mf_blockmatmul(const float* x, int64_t T, int64_t K, const uint8_t* w, int type, int64_t N, float* y,
-                             int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids) {
+                             int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids,
+                             int arith) {
   if (block_bytes(type) == 0) return -1;
   const int QK = block_weights(type);
   if (K % QK != 0) return -2;
@@ -102,6 +105,11 @@ MF_EXPORT int mf_blockmatmul(const float* x, int64_t T, int64_t K, const uint8_t
   if (layout != nullptr) {
     if (layout[0] < 1) return -5;
     std::memcpy(lay, layout, sizeof(lay));
+  }
+  if (arith != 0 && arith != 1) return -7;
+  if (arith == 1) {  // the q8 arithmetic (q8_matmul.cpp)
+    const QMatrix m{type, 0, 0, w, nullptr, nullptr, N, K, lay[0], lay[1], lay[2], lay[3], 0, 0, 0, row_ids, group_ids};
+    return q8_matmul(m, x, T, y, threads);
   }
   std::vector<float> sums(T * (K / 16));
   for (int64_t t = 0; t < T; t++)

@@ -11,9 +11,9 @@
 extern "C" {
 int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w, const void* scales, const void* biases,
                int scale_type, int64_t N, int bits, int group, int transposed, float* y, int threads,
-               const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids);
+               const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids, int arith);
 int mf_blockmatmul(const float* x, int64_t T, int64_t K, const uint8_t* w, int type, int64_t N, float* y, int threads,
-                   const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids);
+                   const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids, int arith);
 int mf_silu_mul(const float* g, const float* u, int64_t n, float* y);
 }
 
@@ -22,9 +22,9 @@ namespace {
 int product(const mf_matrix& m, const float* x, int64_t T, int64_t K, float* y, int threads) {
   if (m.kind == 0)
     return mf_qmatmul(x, T, K, reinterpret_cast<const uint32_t*>(m.w), m.scales, m.biases, m.scale_type, m.n_out,
-                      m.bits, m.group, m.transposed, y, threads, m.layout, m.row_ids, m.group_ids);
+                      m.bits, m.group, m.transposed, y, threads, m.layout, m.row_ids, m.group_ids, m.arith);
   if (!m.transposed) return -20;  // block rows are always outputs
-  return mf_blockmatmul(x, T, K, m.w, m.kind, m.n_out, y, threads, m.layout, m.row_ids, m.group_ids);
+  return mf_blockmatmul(x, T, K, m.w, m.kind, m.n_out, y, threads, m.layout, m.row_ids, m.group_ids, m.arith);
 }
 
 }  // namespace

@@ -152,4 +152,5 @@ int current_isa();
 }  // namespace mf
 
 extern "C" int mf_blockmatmul(const float* x, int64_t T, int64_t K, const uint8_t* w, int type, int64_t N, float* y,
-                              int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids);
+                              int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids,
+                              int arith);

@@ -19,9 +19,10 @@ namespace mlx_flash {
 struct KernelLibrary {
   int (*qmatmul)(const float* x, int64_t T, int64_t K, const uint32_t* w, const void* scales, const void* biases,
                  int scale_type, int64_t N, int bits, int group, int transposed, float* y, int threads,
-                 const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids) = nullptr;
+                 const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids, int arith) = nullptr;
   int (*blockmatmul)(const float* x, int64_t T, int64_t K, const uint8_t* w, int type, int64_t N, float* y,
-                     int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids) = nullptr;
+                     int threads, const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids,
+                     int arith) = nullptr;
   int64_t (*rows)(const int32_t* ids, int64_t n, int64_t rows, const uint8_t* w, const uint8_t* scales,
                   const uint8_t* biases, int kind, int bits, int group, int scale_type, int64_t K, int64_t wr,
                   int64_t sr, float* out) = nullptr;

@@ -21,6 +21,7 @@ typedef struct mf_matrix {
   const int64_t* layout;   // null: a plain matrix; else the kernel's row layout (7 ints affine, 4 blocks)
   const int32_t* row_ids;    // a sparse product over listed blocks of rows (or rows of the input), or null
   const int32_t* group_ids;  // a sparse product over listed groups of the input, or null
+  int arith;                 // 0: the float arithmetic; 1: the q8 arithmetic where it reads the matrix (q8.h)
 } mf_matrix;
 
 #ifdef __cplusplus

@@ -32,32 +32,91 @@
 #include <unistd.h>
 
 #include "gguf_blocks.h"
+#include "q8.h"
 #include "qmatmul.h"
+
+#if MF_X86
+#include <cpuid.h>
+#endif
 
 using namespace mf;
 
 namespace {
 
 // ---- instruction set ------------------------------------------------------------------------------
-enum Isa { GENERIC = 0, AVX2 = 1, AVX512 = 2 };
+// Levels (mf_cpu_isa): 0 portable, 1 AVX2 (+FMA, F16C), 2 AVX-512 F + BW, 3 AVX-VNNI (AVX2 with 256-bit
+// VNNI), 4 AVX-512 VNNI. The float arithmetic has three paths (0, 1, 2: a VNNI level runs its width's
+// float path); the q8 arithmetic one per level (q8_matmul.cpp).
+enum Isa { GENERIC = 0, AVX2 = 1, AVX512 = 2, AVXVNNI = 3, AVX512VNNI = 4 };
 
-int detect_isa() {
+bool has_avx2() {
 #if MF_X86
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return AVX512;
-  if (avx2) return AVX2;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
 #endif
+}
+
+bool has_avx512() {
+#if MF_X86
+  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+bool has_avx512vnni() {
+#if MF_X86
+  return has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+bool has_avxvnni() {  // the VEX encoding (CPUID 7.1 EAX bit 4), which GCC 12's builtin does not name
+#if MF_X86
+  unsigned a, b, c, d;
+  if (!has_avx2() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return (a >> 4) & 1;
+#else
+  return false;
+#endif
+}
+
+// Whether this CPU can run level `isa`: level 3 runs here with AVX-VNNI, or with AVX-512 VNNI's
+// encoding of the same 256-bit instruction (how tests run that path on an AVX-512 machine).
+bool can_run(int isa) {
+  switch (isa) {
+    case GENERIC: return true;
+    case AVX2: return has_avx2();
+    case AVX512: return has_avx512();
+    case AVXVNNI: return has_avxvnni() || has_avx512vnni();
+    case AVX512VNNI: return has_avx512vnni();
+  }
+  return false;
+}
+
+int detect_isa() {
+  if (has_avx512vnni()) return AVX512VNNI;
+  if (has_avx512()) return AVX512;
+  if (has_avxvnni()) return AVXVNNI;
+  if (has_avx2()) return AVX2;
   return GENERIC;
 }
 
 int g_isa = detect_isa();
 
+// The float arithmetic's path at level `isa`.
+int float_path(int isa) { return isa == AVX512VNNI ? AVX512 : isa == AVXVNNI ? AVX2 : isa; }
+
 void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
   if (n0 >= n1) return;
 #if MF_X86
-  if (g_isa == AVX512 && run_avx512(p, transposed, n0, n1)) return;
-  if (g_isa >= AVX2 && run_avx2(p, transposed, n0, n1)) return;
+  const int isa = float_path(g_isa);
+  if (isa == AVX512 && run_avx512(p, transposed, n0, n1)) return;
+  if (isa >= AVX2 && run_avx2(p, transposed, n0, n1)) return;
 #endif
   run_portable(p, transposed, n0, n1);
 }
@@ -181,7 +240,9 @@ void run_parts(int parts, void (*fn)(void*, int), void* arg) {
   g_pool.run(parts, [&](int part) { fn(arg, part); });
 }
 
-int current_isa() { return g_isa; }
+int current_isa() { return float_path(g_isa); }
+int current_level() { return g_isa; }
+bool cpu_has_avxvnni() { return has_avxvnni(); }
 
 }  // namespace mf
 
@@ -194,19 +255,39 @@ extern "C" {
 // 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products);
 // 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul; 6: rows of
 // stored matrices (mf_rows, rows.cpp) and attention (mf_attention, attention.cpp); 7: a gated FFN layer in
-// one call (mf_gated_ffn, gated_ffn.cpp)
-MF_EXPORT int mf_abi_version() { return 7; }
+// one call (mf_gated_ffn, gated_ffn.cpp); 8: the arithmetic argument (q8.h) of every product, levels 3 and 4
+MF_EXPORT int mf_abi_version() { return 8; }
 
-// Which code path run_range takes on this CPU: 0 portable, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW).
+// The level this CPU runs (see Isa above): 0 portable, 1 AVX2, 2 AVX-512 BW, 3 AVX-VNNI, 4 AVX-512 VNNI.
 MF_EXPORT int mf_cpu_isa() { return g_isa; }
 
-// Force a path (tests compare every path this CPU can run); returns the previous one, or -1 if the
+// Whether this CPU can run level `isa` (tests force every level it can).
+MF_EXPORT int mf_can_run_isa(int isa) { return can_run(isa) ? 1 : 0; }
+
+// Force a level (tests compare every level this CPU can run); returns the previous one, or -1 if the
 // CPU cannot run the one asked for.
 MF_EXPORT int mf_set_isa(int isa) {
-  if (isa < 0 || isa > detect_isa()) return -1;
+  if (!can_run(isa)) return -1;
   int old = g_isa;
   g_isa = isa;
   return old;
+}
+
+// x [T, K] (K a multiple of 32) as the q8 arithmetic quantizes it (q8_quantize.cpp), in natural order:
+// codes q [T, K] and block scales d [T, K / 32] (tests compare them with the plain-ops reference).
+MF_EXPORT int mf_q8_quantize(const float* x, int64_t T, int64_t K, int8_t* q, float* d) {
+  if (K % 32 != 0 || T < 0) return -40;
+  std::vector<float> s(T * (K / 32));
+  std::vector<int32_t> s16(T * (K / 16)), s32(T * (K / 32));
+  ActRows rows{T, K, ORDER_NATURAL, q, d, s.data(), s16.data(), s32.data()};
+  quantize_rows(x, K, T, ORDER_NATURAL, rows);
+  return 0;
+}
+
+// Whether a product of this matrix runs the q8 arithmetic when asked to (q8.h q8_reads); else it
+// runs the float arithmetic.
+MF_EXPORT int mf_q8_reads(int kind, int bits, int group, int transposed) {
+  return q8_reads(kind, bits, group, transposed != 0) ? 1 : 0;
 }
 
 // y = x @ W^T (transposed) or x @ W, see the top of this file. `layout`: where rows lie (Problem's rpb,
@@ -216,7 +297,7 @@ MF_EXPORT int mf_set_isa(int isa) {
 // negative code for bad arguments (checked again in Python, which names them).
 MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w, const void* scales, const void* biases,
                int scale_type, int64_t N, int bits, int group, int transposed, float* y, int threads,
-               const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids) {
+               const int64_t* layout, const int32_t* row_ids, const int32_t* group_ids, int arith) {
   if (bits != 2 && bits != 4 && bits != 8) return -1;
   if (group <= 0 || group % 8 != 0) return -2;
   const int64_t packed = transposed ? K : N;
@@ -229,6 +310,14 @@ MF_EXPORT int mf_qmatmul(const float* x, int64_t T, int64_t K, const uint32_t* w
     std::memcpy(lay, layout, sizeof(lay));
   }
   if (group_ids != nullptr && !transposed) return -6;
+  if (arith != 0 && arith != 1) return -7;
+  if (arith == 1 && q8_reads(0, bits, group, transposed)) {  // the q8 arithmetic (q8_matmul.cpp)
+    const int kind = bits == 2 ? QK_AFF2 : bits == 4 ? QK_AFF4 : QK_AFF8;
+    const QMatrix m{kind, scale_type, group, reinterpret_cast<const uint8_t*>(w), static_cast<const char*>(scales),
+                    static_cast<const char*>(biases), N, K, lay[0], lay[1], lay[2], lay[3], lay[4], lay[5], lay[6],
+                    row_ids, group_ids};
+    return q8_matmul(m, x, T, y, threads);
+  }
   std::lock_guard<std::mutex> lock(g_call_mu);
   static std::vector<float> xsum, xperm;  // scratch, reused across calls (one call at a time)
   if (transposed) {
@@ -287,16 +376,16 @@ bool float_buffer(PyObject* obj, Py_buffer* view, int64_t floats, const char* wh
 }
 
 // qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, y, threads, layout, row_ids,
-// group_ids) -> None. x and y: float32 buffers [T, K] and [T, N]; w, scales, biases, layout (7 int64)
+// group_ids, arith) -> None. x and y: float32 buffers [T, K] and [T, N]; w, scales, biases, layout (7 int64)
 // and the ids (int32): addresses (ints, 0 for none) of arrays the caller keeps alive and checked
 // (mlx_flash.kernels.qmatmul.StoredMatrix: the matrix once, ids per call).
 PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 16) {
-    PyErr_SetString(PyExc_TypeError, "qmatmul takes 16 arguments");
+  if (nargs != 17) {
+    PyErr_SetString(PyExc_TypeError, "qmatmul takes 17 arguments");
     return nullptr;
   }
-  long long v[16] = {0};
-  for (int i : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15}) {
+  long long v[17] = {0};
+  for (int i : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16}) {
     v[i] = PyLong_AsLongLong(args[i]);
     if (v[i] == -1 && PyErr_Occurred()) return nullptr;
   }
@@ -317,7 +406,7 @@ PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                   reinterpret_cast<const void*>(v[4]), reinterpret_cast<const void*>(v[5]), (int)v[6], N, (int)v[8],
                   (int)v[9], (int)v[10], static_cast<float*>(yb.buf), (int)v[12],
                   reinterpret_cast<const int64_t*>(v[13]), reinterpret_cast<const int32_t*>(v[14]),
-                  reinterpret_cast<const int32_t*>(v[15]));
+                  reinterpret_cast<const int32_t*>(v[15]), (int)v[16]);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&xb);
   PyBuffer_Release(&yb);
@@ -328,16 +417,16 @@ PyObject* py_qmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-// blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids) -> None: mf_blockmatmul
+// blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids, arith) -> None: mf_blockmatmul
 // (blockmatmul.cpp) on buffers x [T, K] and out [T, N]; w, layout (4 int64) and the ids: addresses
 // (0 for none) of arrays the caller keeps alive and checked (mlx_flash.kernels.qmatmul.BlockMatrix).
 PyObject* py_blockmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 11) {
-    PyErr_SetString(PyExc_TypeError, "blockmatmul takes 11 arguments");
+  if (nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "blockmatmul takes 12 arguments");
     return nullptr;
   }
-  long long v[11] = {0};
-  for (int i : {1, 2, 3, 4, 5, 7, 8, 9, 10}) {
+  long long v[12] = {0};
+  for (int i : {1, 2, 3, 4, 5, 7, 8, 9, 10, 11}) {
     v[i] = PyLong_AsLongLong(args[i]);
     if (v[i] == -1 && PyErr_Occurred()) return nullptr;
   }
@@ -356,7 +445,7 @@ PyObject* py_blockmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_BEGIN_ALLOW_THREADS
   rc = mf_blockmatmul(static_cast<const float*>(xb.buf), T, K, reinterpret_cast<const uint8_t*>(v[3]), (int)v[4], N,
                       static_cast<float*>(yb.buf), (int)v[7], reinterpret_cast<const int64_t*>(v[8]),
-                      reinterpret_cast<const int32_t*>(v[9]), reinterpret_cast<const int32_t*>(v[10]));
+                      reinterpret_cast<const int32_t*>(v[9]), reinterpret_cast<const int32_t*>(v[10]), (int)v[11]);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&xb);
   PyBuffer_Release(&yb);
@@ -370,9 +459,9 @@ PyObject* py_blockmatmul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef qmatmul_methods[] = {
     {"qmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_qmatmul)), METH_FASTCALL,
      "qmatmul(x, T, K, w, scales, biases, scale_type, N, bits, group, transposed, out, threads, layout, row_ids, "
-     "group_ids)"},
+     "group_ids, arith)"},
     {"blockmatmul", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_blockmatmul)), METH_FASTCALL,
-     "blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids)"},
+     "blockmatmul(x, T, K, w, type, N, out, threads, layout, row_ids, group_ids, arith)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

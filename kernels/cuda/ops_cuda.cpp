@@ -86,7 +86,7 @@ mf::AffineMatrix affine_matrix(const char* op, const at::Tensor& buffer, const a
 at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t kind, int64_t w_off, int64_t s_off,
                          int64_t b_off, int64_t scale_type, int64_t bits, int64_t group, int64_t n_out,
                          bool transposed, at::IntArrayRef layout, int64_t /*threads*/,
-                         const c10::optional<at::Tensor>& ids, int64_t /*listed*/) {
+                         const c10::optional<at::Tensor>& ids, int64_t /*listed*/, int64_t /*arith: float here*/) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat, "stored_matmul: x must be a float32 CUDA tensor");
   const mf::AffineMatrix m = affine_matrix("stored_matmul", buffer, x, kind, w_off, s_off, b_off, scale_type, bits,
                                            group, n_out, transposed, !layout.empty() || ids.has_value());
@@ -94,7 +94,8 @@ at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t 
 }
 
 // One expert matrix of a moe_experts table: [kind, w_off, s_off, b_off, scale type, bits, group, n_out,
-// transposed, layout...] (stored_operands.Operands.spec) over `buffer`, for inputs of width k.
+// transposed, arith, layout...] (stored_operands.Operands.spec) over `buffer`, for inputs of width k. The
+// GPU multiplies in the float arithmetic whatever arith says.
 struct ExpertMatrix {
   mf::AffineMatrix m;
   int64_t n_out;
@@ -102,11 +103,11 @@ struct ExpertMatrix {
 };
 
 ExpertMatrix expert_matrix(const at::Tensor& buffer, at::IntArrayRef spec, const at::Tensor& x, int64_t k) {
-  TORCH_CHECK(spec.size() >= 9, "moe_experts: a matrix is at least 9 ints (got ", mf::text(spec.size()), ")");
+  TORCH_CHECK(spec.size() >= 10, "moe_experts: a matrix is at least 10 ints (got ", mf::text(spec.size()), ")");
   const at::Tensor probe = x.new_empty({0, k});  // only its width and device are read
   const bool transposed = spec[8] != 0;
   return {affine_matrix("moe_experts", buffer, probe, spec[0], spec[1], spec[2], spec[3], spec[4], spec[5], spec[6],
-                        spec[7], transposed, spec.size() > 9),
+                        spec[7], transposed, spec.size() > 10),
           spec[7], transposed};
 }
 

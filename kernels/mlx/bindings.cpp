@@ -22,7 +22,7 @@ namespace mx = mlx::core;
 namespace {
 
 MatrixSpec spec_of(int kind, int64_t w_off, int64_t s_off, int64_t b_off, int scale_type, int bits, int group,
-                   int64_t n_out, bool transposed, std::vector<int64_t> layout) {
+                   int64_t n_out, bool transposed, int arith, std::vector<int64_t> layout) {
   MatrixSpec s;
   s.kind = kind;
   s.w_off = w_off;
@@ -33,16 +33,17 @@ MatrixSpec spec_of(int kind, int64_t w_off, int64_t s_off, int64_t b_off, int sc
   s.group = group;
   s.n_out = n_out;
   s.transposed = transposed;
+  s.arith = arith;
   s.layout = std::move(layout);
   return s;
 }
 
 // A matrix from the list the whole-layer entries take (stored_operands.Operands.spec).
 MatrixSpec spec_from(const std::vector<int64_t>& v) {
-  if (v.size() != 9 && v.size() != (v.empty() || v[0] == 0 ? 16u : 13u))
-    throw std::invalid_argument("a matrix is 9 ints and its layout (7 affine, 4 blocks)");
-  return spec_of((int)v[0], v[1], v[2], v[3], (int)v[4], (int)v[5], (int)v[6], v[7], v[8] != 0,
-                 std::vector<int64_t>(v.begin() + 9, v.end()));
+  if (v.size() != 10 && v.size() != (v.empty() || v[0] == 0 ? 17u : 14u))
+    throw std::invalid_argument("a matrix is 10 ints and its layout (7 affine, 4 blocks)");
+  return spec_of((int)v[0], v[1], v[2], v[3], (int)v[4], (int)v[5], (int)v[6], v[7], v[8] != 0, (int)v[9],
+                 std::vector<int64_t>(v.begin() + 10, v.end()));
 }
 
 }  // namespace
@@ -61,15 +62,17 @@ NB_MODULE(_mlx_kernels, m) {
   m.def(
       "stored_matmul",
       [](const mx::array& x, const mx::array& buffer, int kind, int64_t w_off, int64_t s_off, int64_t b_off,
-         int scale_type, int bits, int group, int64_t n_out, bool transposed, std::vector<int64_t> layout, int threads,
-         std::optional<mx::array> ids, int listed) {
-        return mlx_flash::stored_matmul(
-            x, buffer, spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, n_out, transposed, std::move(layout)),
-            threads, ids, static_cast<Listed>(listed));
+         int scale_type, int bits, int group, int64_t n_out, bool transposed, int arith, std::vector<int64_t> layout,
+         int threads, std::optional<mx::array> ids, int listed) {
+        return mlx_flash::stored_matmul(x, buffer,
+                                        spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, n_out, transposed,
+                                                arith, std::move(layout)),
+                                        threads, ids, static_cast<Listed>(listed));
       },
       "x"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "n_out"_a,
-      "transposed"_a, "layout"_a, "threads"_a, "ids"_a = nb::none(), "listed"_a = 0,
-      "x [.., K] times the stored matrix in `buffer` -> [.., n_out] float32 (lazy).");
+      "transposed"_a, "arith"_a, "layout"_a, "threads"_a, "ids"_a = nb::none(), "listed"_a = 0,
+      "x [.., K] times the stored matrix in `buffer` -> [.., n_out] float32 (lazy), in arithmetic `arith` (0 float, "
+      "1 q8).");
 
   m.def(
       "gated_ffn",
@@ -120,7 +123,7 @@ NB_MODULE(_mlx_kernels, m) {
       [](const mx::array& ids, const mx::array& buffer, int kind, int64_t w_off, int64_t s_off, int64_t b_off,
          int scale_type, int bits, int group, int64_t rows, int64_t k, int64_t row_bytes, int64_t scale_row_bytes) {
         return mlx_flash::stored_rows(ids, buffer,
-                                      spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, k, true, {}), rows, k,
+                                      spec_of(kind, w_off, s_off, b_off, scale_type, bits, group, k, true, 0, {}), rows, k,
                                       row_bytes, scale_row_bytes);
       },
       "ids"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "rows"_a,

@@ -132,10 +132,11 @@ void StoredMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     if (spec.kind == 0) {
       check(kernels().qmatmul(xp, T, K, reinterpret_cast<const uint32_t*>(base + spec.w_off), base + spec.s_off,
                               base + spec.b_off, spec.scale_type, spec.n_out, spec.bits, spec.group,
-                              spec.transposed ? 1 : 0, yp, threads, lay, rows, groups),
+                              spec.transposed ? 1 : 0, yp, threads, lay, rows, groups, spec.arith),
             "StoredMatmul");
     } else {
-      check(kernels().blockmatmul(xp, T, K, base + spec.w_off, spec.kind, spec.n_out, yp, threads, lay, rows, groups),
+      check(kernels().blockmatmul(xp, T, K, base + spec.w_off, spec.kind, spec.n_out, yp, threads, lay, rows, groups,
+                                  spec.arith),
             "StoredMatmul");
     }
   });
@@ -163,7 +164,7 @@ namespace {
 mf_matrix matrix_at(const MatrixSpec& m, const uint8_t* base, Listed listed, const int32_t* ids) {
   return mf_matrix{m.kind, base + m.w_off, base + m.s_off, base + m.b_off, m.scale_type, m.bits, m.group, m.n_out,
                    m.transposed ? 1 : 0, m.layout.empty() ? nullptr : m.layout.data(),
-                   listed == Listed::Rows ? ids : nullptr, listed == Listed::Groups ? ids : nullptr};
+                   listed == Listed::Rows ? ids : nullptr, listed == Listed::Groups ? ids : nullptr, m.arith};
 }
 }  // namespace
 

@@ -27,10 +27,12 @@ struct MatrixSpec {
   int scale_type = 0, bits = 0, group = 0;  // affine only
   int64_t n_out = 0;
   bool transposed = true;        // rows are outputs (y = x W^T); always for block types
+  int arith = 0;                 // 0: the float arithmetic; 1: q8 where the kernels read the matrix (cpu/q8.h)
   std::vector<int64_t> layout;   // empty: a plain matrix; else the kernel's row layout (7 or 4 ints)
   bool operator==(const MatrixSpec& o) const {
     return kind == o.kind && w_off == o.w_off && s_off == o.s_off && b_off == o.b_off && scale_type == o.scale_type &&
-           bits == o.bits && group == o.group && n_out == o.n_out && transposed == o.transposed && layout == o.layout;
+           bits == o.bits && group == o.group && n_out == o.n_out && transposed == o.transposed &&
+           arith == o.arith && layout == o.layout;
   }
 };
 

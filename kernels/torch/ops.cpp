@@ -65,7 +65,7 @@ const int32_t* ids_ptr(const c10::optional<at::Tensor>& ids) {
 at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t kind, int64_t w_off, int64_t s_off,
                          int64_t b_off, int64_t scale_type, int64_t bits, int64_t group, int64_t n_out,
                          bool transposed, at::IntArrayRef layout, int64_t threads, const c10::optional<at::Tensor>& ids,
-                         int64_t listed) {
+                         int64_t listed, int64_t arith) {
   cpu_float(x, "x");
   buffer_ok(buffer, std::max({w_off, s_off, b_off}));
   TORCH_CHECK(layout.empty() || layout.size() == (kind == 0 ? 7u : 4u), "a layout is 7 ints (affine) or 4 (blocks)");
@@ -82,11 +82,11 @@ at::Tensor stored_matmul(const at::Tensor& x, const at::Tensor& buffer, int64_t 
     done(loaded().qmatmul(xc.data_ptr<float>(), T, K, reinterpret_cast<const uint32_t*>(base + w_off), base + s_off,
                           base + b_off, (int)scale_type, n_out, (int)bits, (int)group, transposed ? 1 : 0,
                           y.data_ptr<float>(), (int)threads, lay, listed == 1 ? ip : nullptr,
-                          listed == 2 ? ip : nullptr),
+                          listed == 2 ? ip : nullptr, (int)arith),
          "stored_matmul");
   } else {
     done(loaded().blockmatmul(xc.data_ptr<float>(), T, K, base + w_off, (int)kind, n_out, y.data_ptr<float>(),
-                              (int)threads, lay, listed == 1 ? ip : nullptr, listed == 2 ? ip : nullptr),
+                              (int)threads, lay, listed == 1 ? ip : nullptr, listed == 2 ? ip : nullptr, (int)arith),
          "stored_matmul");
   }
   return y;
@@ -254,14 +254,15 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& inv_freq, const at::Tenso
 }
 
 // A stored matrix from its operator arguments: [kind, w_off, s_off, b_off, scale_type, bits, group, n_out,
-// transposed, layout...] (torch_ops.TorchMatrix.spec), its parts found in `buffer`.
+// transposed, arith, layout...] (torch_ops.TorchMatrix.spec), its parts found in `buffer`.
 mf_matrix matrix_of(const at::Tensor& buffer, at::IntArrayRef spec, const char* what) {
-  TORCH_CHECK(spec.size() == 9 || spec.size() == (spec[0] == 0 ? 16u : 13u),
-              what, ": a matrix is 9 ints and its layout (7 affine, 4 blocks)");
+  TORCH_CHECK(spec.size() == 10 || spec.size() == (spec[0] == 0 ? 17u : 14u),
+              what, ": a matrix is 10 ints and its layout (7 affine, 4 blocks)");
   buffer_ok(buffer, std::max({spec[1], spec[2], spec[3]}));
   const uint8_t* base = buffer.data_ptr<uint8_t>();
   return mf_matrix{(int)spec[0], base + spec[1], base + spec[2], base + spec[3], (int)spec[4], (int)spec[5],
-                   (int)spec[6], spec[7], (int)spec[8], spec.size() > 9 ? spec.data() + 9 : nullptr, nullptr, nullptr};
+                   (int)spec[6], spec[7], (int)spec[8], spec.size() > 10 ? spec.data() + 10 : nullptr, nullptr, nullptr,
+                   (int)spec[9]};
 }
 
 // A sparse product's ids on a matrix: listed 1 names rows (or blocks of rows), 2 groups, 0 none.
@@ -367,7 +368,8 @@ at::Tensor silu_mul(const at::Tensor& g, const at::Tensor& u) {
 TORCH_LIBRARY(mlx_flash, m) {
   m.def("use_kernel_library(str path) -> ()", &use_kernel_library);
   m.def("stored_matmul(Tensor x, Tensor buffer, int kind, int w_off, int s_off, int b_off, int scale_type, int bits, "
-        "int group, int n_out, bool transposed, int[] layout, int threads, Tensor? ids=None, int listed=0) -> Tensor");
+        "int group, int n_out, bool transposed, int[] layout, int threads, Tensor? ids=None, int listed=0, int arith=0) "
+        "-> Tensor");
   m.def("stored_rows(Tensor ids, Tensor buffer, int kind, int w_off, int s_off, int b_off, int scale_type, int bits, "
         "int group, int rows, int k, int row_bytes, int scale_row_bytes) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor? kv_len=None, Tensor? q_pos=None, "

@@ -14,10 +14,10 @@ import torch
 from mlx_flash.kernels import mlx_kernels, torch_ops
 from mlx_flash.kernels.attention_ref import attention_ref, coded_rows
 from mlx_flash.kernels.kv_codes import from_views
-from mlx_flash.kernels.qmatmul import Isa, cpu_isa, use_isa
+from mlx_flash.kernels.qmatmul import float_paths, use_isa
 from mlx_flash.models.kv_quant import dequantize, quantize
 
-RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
+RUNNABLE = float_paths()  # the float arithmetic's loops
 BLOCK = 16
 
 

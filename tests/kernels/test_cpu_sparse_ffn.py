@@ -6,12 +6,12 @@ and on the default model's own store, where the slab spec is read from the manif
 import numpy as np
 import pytest
 
-from mlx_flash.kernels.qmatmul import Isa, cpu_isa, use_isa
+from mlx_flash.kernels.qmatmul import cpu_isa, float_paths, use_isa
 from mlx_flash.kernels.slab_spec import DownLayout, ScaleType, spec_of
 from mlx_flash.kernels.sparse_ffn import CpuSparseFFN
 from mlx_flash.kernels.sparse_ffn_ref import random_slab, sparse_down_ref, sparse_gate_up_ref
 
-RUNNABLE = [isa for isa in Isa if isa <= cpu_isa()]
+RUNNABLE = float_paths()  # the float arithmetic's loops
 SLOTS = 24
 
 

@@ -121,13 +121,13 @@ def test_a_malformed_matrix_is_refused_in_one_line():
     (g, u, dn), *_ = layer("fused-4bit")
     tg, td = torch_ops.TorchMatrix(g, 2), torch_ops.TorchMatrix(dn, 2)
     x = torch.zeros(1, 1, D)
-    with pytest.raises(RuntimeError, match="a matrix is 9 ints"):
+    with pytest.raises(RuntimeError, match="a matrix is 10 ints"):
         tg.ops.gated_ffn(x, tg.buffer, tg.spec[:5], tg.buffer, [], td.buffer, td.spec, 2)
     odd = list(tg.spec)
     odd[7] -= 1  # gate|up of an odd width
     with pytest.raises(RuntimeError, match="odd number"):
         tg.ops.gated_ffn(x, tg.buffer, odd, tg.buffer, [], td.buffer, td.spec, 2)
-    with pytest.raises(ValueError, match="a matrix is 9 ints"):
+    with pytest.raises(ValueError, match="a matrix is 10 ints"):
         mlx_kernels.extension().gated_ffn(
             mx.zeros((1, D)),
             mx.zeros((8,), mx.uint8),
