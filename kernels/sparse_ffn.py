@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .qmatmul import StoredMatrix
+from .qmatmul import Arith, StoredMatrix
 from .slab_spec import SCALE_BYTES, DownLayout, ScaleType, SlabSpec
 
 _SCALE_NP = {ScaleType.F16: np.float16, ScaleType.BF16: np.uint16, ScaleType.F32: np.float32}
@@ -74,8 +74,8 @@ class CpuSparseFFN:
 
     name = "cpu"
 
-    def __init__(self, spec: SlabSpec, threads: int = 1):
-        self.spec, self.threads = spec, threads
+    def __init__(self, spec: SlabSpec, threads: int = 1, arith: Arith = Arith.EXACT):
+        self.spec, self.threads, self.arith = spec, threads, arith
         self._views = {}  # (address, shape, strides, dtype) -> the slab and its three matrices
 
     def matrices(self, slab: np.ndarray) -> tuple[StoredMatrix, StoredMatrix, StoredMatrix]:
@@ -96,7 +96,7 @@ class CpuSparseFFN:
         gate, up, _ = self._matrices(slab)
         ids = np.ascontiguousarray(idx[:count], dtype=np.int32)
         x = np.ascontiguousarray(x, dtype=np.float32)
-        return gate.sparse(x, ids, self.threads), up.sparse(x, ids, self.threads)
+        return gate.sparse(x, ids, self.threads, arith=self.arith), up.sparse(x, ids, self.threads, arith=self.arith)
 
     def gate_up(self, x: np.ndarray, slab: np.ndarray, idx: np.ndarray, count: int) -> np.ndarray:
         """x [T, D] float32 -> h [T, count*block] (only the active bundles: the CPU knows count)."""
@@ -107,4 +107,4 @@ class CpuSparseFFN:
         _, _, down = self._matrices(slab)
         ids = np.ascontiguousarray(idx[:count], dtype=np.int32)
         h = np.ascontiguousarray(h[:, : count * self.spec.block], dtype=np.float32)
-        return down.sparse(h, ids, self.threads)
+        return down.sparse(h, ids, self.threads, arith=self.arith)

@@ -53,6 +53,7 @@ def load(
     io: IOOptions | None = None,
     device: str | None = None,
     torch_dtype: str = "float32",
+    arithmetic: str = "auto",
     prefill_chunk: int = 512,
     verify_checksums: bool = False,
     cache_dir: str = "",
@@ -71,6 +72,8 @@ def load(
         or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned;
         kv_on_flash: a context longer than the KV share holds keeps its older tokens on flash;
         kv_flash_bits: those tokens compressed to 8, 4 or 2 bits (0: exact).
+    arithmetic: "auto" (q8 on CPUs with AVX-512, exact elsewhere), "q8" (activations as 8-bit codes,
+        integer dot products: llama.cpp's arithmetic) or "exact" (float32, the checkpoint's values).
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
@@ -89,6 +92,7 @@ def load(
         threads=threads,
         device=device,
         torch_dtype=torch_dtype,
+        arithmetic=arithmetic,
         prefill_chunk=prefill_chunk,
         verify_checksums=verify_checksums,
         cache_dir=cache_dir,
@@ -180,9 +184,11 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
         "streamed_layers": len(streamed),
         "layer_slots": slots.nbytes if slots else 0,
         "backend": f"{ops.describe()} ({why})",
+        "arithmetic": ops.arithmetic.line(),
     }
     if progress:
         print(f"backend: {account['backend']}", file=sys.stderr)
+        print(f"arithmetic: {account['arithmetic']}", file=sys.stderr)
         print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
     engine = Engine(
         ops,
@@ -223,9 +229,12 @@ def ffn_source_for(ops, store, cfg: EngineConfig, module, args, resident_held: i
 
 
 def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = None):
+    """The ops of `backend` as cfg asks; torch_dtype: another torch mode (the gate predictor's
+    bfloat16 ops, whose own products are not the CPU kernels': their arithmetic is exact)."""
     if backend is Backend.TORCH:
-        return get_backend("torch", device=cfg.device, threads=cfg.threads, dtype=torch_dtype or cfg.torch_dtype.value)
-    return get_backend("mlx", device=cfg.device, threads=cfg.threads)
+        dtype, arithmetic = torch_dtype or cfg.torch_dtype.value, "exact" if torch_dtype else cfg.arithmetic.value
+        return get_backend("torch", device=cfg.device, threads=cfg.threads, dtype=dtype, arithmetic=arithmetic)
+    return get_backend("mlx", device=cfg.device, threads=cfg.threads, arithmetic=cfg.arithmetic.value)
 
 
 def _plan_with_tiers(cfg: EngineConfig, ops, planned, shape, context_limit: int, weights_min: int):

@@ -26,6 +26,12 @@ class Backend(Enum):
     TORCH = "torch"  # CPU / CUDA
 
 
+class Arithmetic(Enum):
+    AUTO = "auto"  # q8 where the CPU kernels' integer path beats their float loops (AVX-512), else exact
+    Q8 = "q8"  # activations as 8-bit codes in blocks of 32, integer dot products (backends/arithmetic.py)
+    EXACT = "exact"  # float32 multiply-adds over the stored codes: the source checkpoint's values
+
+
 class TorchDtype(Enum):
     FLOAT32 = "float32"  # exact
     BFLOAT16 = "bfloat16"  # torch's fast int4 kernel; approximate
@@ -102,6 +108,14 @@ class EngineConfig:
         kind=int,
     )
     device: str | None = option(None, "backend device: cpu or gpu (mlx), cpu or cuda (torch)", kind=str)
+    arithmetic: Arithmetic = option(
+        Arithmetic.AUTO,
+        "what the quantized products compute: exact (float32 activations times the stored weights, "
+        "float32 sums: the checkpoint's values), q8 (each row of activations quantized to 8-bit codes in "
+        "blocks of 32 and multiplied as integers, as llama.cpp does: faster on a CPU, its perplexity cost "
+        "measured in docs/results/kernels.md) or auto (the default: q8 on CPUs with AVX-512, where it is "
+        "faster; exact elsewhere and on GPUs)",
+    )
     torch_dtype: TorchDtype = option(
         TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast int4 kernel; approximate)"
     )

@@ -26,6 +26,8 @@ from mlx_flash.errors import FlashError, first_paragraph
 CONFIGS = {
     "mlx": dict(backend="mlx"),
     "torch": dict(backend="torch", torch_dtype="float32"),
+    "mlx-exact": dict(backend="mlx", arithmetic="exact"),
+    "torch-exact": dict(backend="torch", torch_dtype="float32", arithmetic="exact"),
     "torch-bf16": dict(backend="torch", torch_dtype="bfloat16"),
     "torch-stream": dict(backend="torch", torch_dtype="float32", ffn="stream"),
     "mlx-stream": dict(backend="mlx", ffn="stream"),

@@ -70,6 +70,8 @@ struct QMatrix {
   const int64_t* soff = nullptr;  // [K / 32]: bytes from the row's first scale to block b's scale (affine)
   bool one_block = false;         // every row in the first block of rows (no row ids): row n at n * wr
   bool adjacent = false;          // block b + 1 follows block b (of a pair) in every row
+  bool side_by_side = false;      // rows lie side by side inside each block, the blocks far apart (a block
+                                  // store's down matrix: block b of every row in bundle b)
 };
 
 inline const uint8_t* qrow(const QMatrix& m, int64_t n) {
@@ -79,6 +81,20 @@ inline const uint8_t* qrow(const QMatrix& m, int64_t n) {
 }
 
 inline const uint8_t* qblock(const QMatrix& m, const uint8_t* row, int64_t b) { return row + m.boff[b]; }
+
+// Rows n0, n0 + 1, ... of a matrix in order, with no division per row: where each row's bytes and
+// (affine) scales start.
+struct RowCursor {
+  const QMatrix& m;
+  int64_t blk, r;
+  RowCursor(const QMatrix& matrix, int64_t n0) : m(matrix), blk(n0 / matrix.rpb), r(n0 % matrix.rpb) {}
+  int64_t id() const { return m.row_ids ? m.row_ids[blk] : blk; }
+  const uint8_t* row() const { return m.w + id() * m.wb + r * m.wr; }
+  int64_t scales() const { return id() * m.sb + r * m.sr; }  // bytes from the scales' start
+  void next() {
+    if (++r == m.rpb) r = 0, blk++;
+  }
+};
 
 // Byte offset of row n's scales (and biases) for affine kinds; block b's at that plus soff[b].
 inline int64_t qscale_row(const QMatrix& m, int64_t n) {

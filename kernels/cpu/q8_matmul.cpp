@@ -89,6 +89,7 @@ int q8_matmul(const QMatrix& matrix, const float* x, int64_t T, float* y, int th
   m.soff = act.soff.data();
   m.one_block = m.row_ids == nullptr && m.rpb >= m.N;
   const int64_t block_bytes = affine ? 4 * (m.kind == QK_AFF2 ? 2 : m.kind == QK_AFF4 ? 4 : 8) : 0;
+  m.side_by_side = m.rpb > 1 && m.wb == 0 && m.wr < m.wg && m.row_ids == nullptr;
   m.adjacent = affine;
   for (int64_t b = 0; b + 1 < nb && m.adjacent; b += 2) m.adjacent = act.boff[b + 1] == act.boff[b] + block_bytes;
   act.q.resize(T * K);

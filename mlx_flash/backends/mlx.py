@@ -34,6 +34,7 @@ from . import (
     walk,
 )
 from . import mlx_attention
+from .arithmetic import choose_arithmetic
 from .mlx_weights import Weight
 
 NAME = "mlx"
@@ -48,12 +49,15 @@ class MLXOps:
 
     name = NAME
 
-    def __init__(self, device: str | None = None, threads: int | None = None):
+    def __init__(self, device: str | None = None, threads: int | None = None, arithmetic: str = "exact"):
         if device:
             mx.set_default_device(mx.Device(mx.cpu if device == "cpu" else mx.gpu))
         self.on_gpu = mx.default_device() == mx.gpu
         self.act_dtype = mx.float16 if self.on_gpu else mx.float32
         self.kernel_threads = threads or cpu_threads()
+        # GGUF block rows on a GPU still run the CPU primitive (kernel_weight), in float there
+        self.arithmetic = choose_arithmetic(arithmetic, not self.on_gpu, "MLX on the GPU")
+        self.arith = self.arithmetic.arith
         # Times this backend turned a lazy array into host memory (each one evaluates the graph and
         # waits for it): the host syncs a decode step costs (tools/bench_kernels.py --syncs).
         self.host_syncs = 0
@@ -69,7 +73,7 @@ class MLXOps:
             return f"mlx {mx.__version__} (gpu)"
         return (
             f"mlx {mx.__version__} (cpu; products, embedding rows and attention as MLX primitives over the "
-            f"stored bytes, {self.kernel_threads} kernel threads)"
+            f"stored bytes, {self.kernel_threads} kernel threads, {self.arith.name.lower()} arithmetic)"
         )
 
     @property

@@ -21,7 +21,7 @@ def sparse_kernel(self, spec, act: GateActivation):
         return None
     if self.on_gpu:
         return MetalSparseFFN(spec)
-    return CpuSparseFFN(spec, self.kernel_threads)
+    return CpuSparseFFN(spec, self.kernel_threads, self.arith)
 
 
 def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
@@ -58,4 +58,4 @@ def sparse_ffn(self, call, x: mx.array, act: GateActivation) -> mx.array:
 
 def slab_graphs(self, call):
     """The graph operations of a slab's gate, up and down (backends.slab_operators: kept per slab)."""
-    return slab_operators(self._slabs, call, lambda m: mlx_kernels.GraphMatrix(m, self.kernel_threads))
+    return slab_operators(self._slabs, call, lambda m: mlx_kernels.GraphMatrix(m, self.kernel_threads, self.arith))

@@ -62,7 +62,7 @@ def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False,
             False,
             (matrix.raw,),
             matrix,
-            mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
+            mlx_kernels.GraphMatrix(matrix, self.kernel_threads, self.arith),
             metal,
         )
     if not self.on_gpu and quant.bits in KERNEL_BITS:
@@ -82,7 +82,7 @@ def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False,
             transposed,
             stored,
             matrix,
-            mlx_kernels.GraphMatrix(matrix, self.kernel_threads),
+            mlx_kernels.GraphMatrix(matrix, self.kernel_threads, self.arith),
         )
     # Scales/biases in the activation dtype: quantized_matmul wants one float type throughout.
     return Weight(
@@ -102,7 +102,15 @@ def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
     primitive; resident block weights (weight()) take the Metal kernel."""
     # () : no arrays of its own to count
     return Weight(
-        None, None, None, None, quant, False, (), matrix, mlx_kernels.GraphMatrix(matrix, self.kernel_threads)
+        None,
+        None,
+        None,
+        None,
+        quant,
+        False,
+        (),
+        matrix,
+        mlx_kernels.GraphMatrix(matrix, self.kernel_threads, self.arith),
     )
 
 

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..kernels.qmatmul import Arith
+    from .arithmetic import ArithmeticChoice
+
     from ..ffn_source import GateActivation
     from ..quant_spec import QuantSpec
     from ..slot_turns import SlotTurns
@@ -28,6 +31,8 @@ class Ops(Protocol):
     name: str  # "mlx" or "torch": messages and per-backend choices
     act_dtype: Any  # the activations' dtype (float32 on a CPU; MLX's GPU float16)
     kernel_threads: int  # threads the CPU kernels run on
+    arithmetic: ArithmeticChoice  # what its quantized products compute, and why (backends/arithmetic.py)
+    arith: Arith  # arithmetic.arith: what it passes the kernels
 
     @property
     def lazy(self) -> bool:

@@ -32,6 +32,7 @@ from ..ffn_source import GateActivation
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
 from . import covered_bytes, cpu_threads, expert_operators, fused_ffn_weights, leaves, owner
 from . import torch_scores, torch_sparse, torch_weights
+from .arithmetic import choose_arithmetic
 from .torch_quant import dequantize
 from .torch_rope import RopeTables
 from .torch_weights import Weight
@@ -53,7 +54,9 @@ class TorchOps:
 
     name = NAME
 
-    def __init__(self, device: str | None = None, threads: int | None = None, dtype: str = "float32"):
+    def __init__(
+        self, device: str | None = None, threads: int | None = None, dtype: str = "float32", arithmetic: str = "exact"
+    ):
         if torch is None:
             raise ConfigError("backend 'torch' needs PyTorch: pip install 'mlx-flash-engine[torch]' (torch==2.13.0)")
         if dtype not in DTYPES:
@@ -72,6 +75,9 @@ class TorchOps:
         self.stored_kernel = dtype == "float32" and self.device.type == "cpu"
         self.cuda_kernel = dtype == "float32" and self.device.type == "cuda"  # the stored product on the GPU
         self.kernel_threads = threads or cpu_threads()
+        where = f"torch on {self.device.type}" + (" in bfloat16" if dtype == "bfloat16" else "")
+        self.arithmetic = choose_arithmetic(arithmetic, self.stored_kernel, where)
+        self.arith = self.arithmetic.arith
         if self.stored_kernel or self.cuda_kernel:
             library()  # a missing or stale kernel library fails here, at load, naming the fix
             # built on first use (the CUDA operator after the CPU ones); a failed build is named here, at load
@@ -86,7 +92,7 @@ class TorchOps:
         if self.stored_kernel:
             return (
                 f"torch {torch.__version__} (cpu, float32; quantized linears on the stored bytes, "
-                f"{self.kernel_threads} kernel threads; torch ops on 1 thread)"
+                f"{self.kernel_threads} kernel threads, {self.arith.name.lower()} arithmetic; torch ops on 1 thread)"
             )
         if self.cuda_kernel:
             return f"torch {torch.__version__} ({self.device}, float32; quantized linears on the stored bytes)"

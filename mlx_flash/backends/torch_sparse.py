@@ -25,7 +25,7 @@ def sparse_kernel(self, spec, act: GateActivation):
         return None
     if self.device.type == "cuda":
         return CudaSparseFFN(spec)
-    return CpuSparseFFN(spec, self.kernel_threads)
+    return CpuSparseFFN(spec, self.kernel_threads, self.arith)
 
 
 def sparse_ffn(self, call, x, act: GateActivation):
@@ -58,4 +58,4 @@ def sparse_ffn(self, call, x, act: GateActivation):
 
 def slab_ops(self, call):
     """The operators of a slab's gate, up and down (backends.slab_operators: kept per slab)."""
-    return slab_operators(self._slabs, call, lambda m: torch_ops.TorchMatrix(m, self.kernel_threads))
+    return slab_operators(self._slabs, call, lambda m: torch_ops.TorchMatrix(m, self.kernel_threads, self.arith))

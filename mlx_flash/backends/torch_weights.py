@@ -67,7 +67,7 @@ def weight(self, parts: dict, quant: QuantSpec | None, transposed: bool = False,
             (matrix.raw,),
             quant,
             matrix,
-            torch_ops.TorchMatrix(matrix, self.kernel_threads),
+            torch_ops.TorchMatrix(matrix, self.kernel_threads, self.arith),
         )
     if (self.stored_kernel and quant.bits in KERNEL_BITS) or (
         self.cuda_kernel and cuda_ops.readable(quant.bits, quant.group_size)
@@ -116,7 +116,7 @@ def stored(self, parts: dict, quant: QuantSpec, transposed: bool, dtypes: dict, 
         q,
         quant,
         matrix,
-        torch_ops.TorchMatrix(matrix, self.kernel_threads),
+        torch_ops.TorchMatrix(matrix, self.kernel_threads, self.arith),
     )
 
 
@@ -139,5 +139,5 @@ def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
         None,
         quant,
         matrix,
-        torch_ops.TorchMatrix(matrix, self.kernel_threads),
+        torch_ops.TorchMatrix(matrix, self.kernel_threads, self.arith),
     )

@@ -112,6 +112,8 @@ def format_stats(engine) -> str:
     plan = engine.memory_plan
     if "backend" in plan:
         text += f"\nbackend: {plan['backend']}"
+    if "arithmetic" in plan:
+        text += f"\narithmetic: {plan['arithmetic']}"
     if "limit" in plan:
         text += (
             f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "

@@ -1,0 +1,69 @@
+"""Which arithmetic a backend's products run (EngineConfig.arithmetic), decided once at load:
+
+  exact  float32 activations times the stored codes, float32 multiply-adds: the source checkpoint's
+         values, what every mode has computed so far
+  q8     each row of activations quantized to 8-bit codes in blocks of 32 (a scale per block), the
+         stored codes multiplied by them as integers, the scales applied in float once a block:
+         llama.cpp's arithmetic (kernels/cpu/q8.h); the same bits on every CPU path, for any thread
+         count and whichever rows come together
+  auto   q8 where the CPU kernels have a vector integer path that beats the float loops (AVX-512;
+         AVX2-only CPUs and the portable loops keep exact), exact where the products are not the CPU
+         kernels' (MLX on a GPU, torch on CUDA, torch's bfloat16 mode)
+
+Matrices the q8 kernels do not read (neuron-major down columns, 3- and 6-bit codes) run exact either
+way (kernels/qmatmul.py q8_reads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..kernels.qmatmul import Arith, Isa, cpu_isa
+
+ARITHMETICS = ("auto", "q8", "exact")
+WORDS = {
+    Arith.EXACT: "exact (float32 multiply-adds over the stored codes)",
+    Arith.Q8: "q8 (activations as 8-bit codes in blocks of 32, integer dot products)",
+}
+LEVEL_NAMES = {
+    Isa.PORTABLE: "the portable loops",
+    Isa.AVX2: "AVX2",
+    Isa.AVX512: "AVX-512 BW",
+    Isa.AVXVNNI: "AVX-VNNI",
+    Isa.AVX512_VNNI: "AVX-512 VNNI",
+}
+# Levels whose q8 loops beat their float loops on every product (measured: docs/results/kernels.md)
+AUTO_Q8 = (Isa.AVX512, Isa.AVX512_VNNI)
+
+
+@dataclass(frozen=True)
+class ArithmeticChoice:
+    arith: Arith
+    why: str
+
+    def line(self) -> str:
+        """One line for the load's output and /stats: what the products compute, and why."""
+        return f"{WORDS[self.arith]} ({self.why})"
+
+
+def choose_arithmetic(asked: str, cpu_kernels: bool, where: str) -> ArithmeticChoice:
+    """The arithmetic for `asked` ("auto", "q8" or "exact"); cpu_kernels: the backend's quantized
+    products are the CPU kernels; `where`: the backend in words, for the messages."""
+    if asked not in ARITHMETICS:
+        raise ConfigError(f"arithmetic {asked!r} is unknown (choose one of: {', '.join(ARITHMETICS)})")
+    if asked == "exact":
+        return ArithmeticChoice(Arith.EXACT, "asked for")
+    if not cpu_kernels:
+        if asked == "q8":
+            raise ConfigError(
+                f"arithmetic q8 runs in the CPU kernels; {where} multiplies in floating point (use auto or exact)"
+            )
+        return ArithmeticChoice(Arith.EXACT, f"auto: {where} multiplies in floating point")
+    level = cpu_isa()
+    if asked == "q8":
+        return ArithmeticChoice(Arith.Q8, f"asked for; {LEVEL_NAMES[level]} on this CPU")
+    if level in AUTO_Q8:
+        return ArithmeticChoice(Arith.Q8, f"auto: {LEVEL_NAMES[level]} integer products on this CPU")
+    return ArithmeticChoice(
+        Arith.EXACT, f"auto: this CPU runs {LEVEL_NAMES[level]}, where the float loops are as fast or faster"
+    )
