@@ -106,7 +106,7 @@ def library() -> ctypes.CDLL:
         lib.mf_can_run_isa.restype = ctypes.c_int
         lib.mf_q8_reads.argtypes = [ctypes.c_int] * 4
         lib.mf_q8_reads.restype = ctypes.c_int
-        lib.mf_q8_quantize.argtypes = [vp, i64, i64, vp, vp]
+        lib.mf_q8_quantize.argtypes = [vp, i64, i64, vp, vp, vp]
         lib.mf_q8_quantize.restype = ctypes.c_int
         _QMATMUL = importlib.import_module(__name__.rpartition(".")[0] + "._qmatmul").qmatmul
         _LIB, _LIB_PATH = lib, found[0]
@@ -149,16 +149,17 @@ def q8_reads(kind: int, bits: int, group: int, rows_are_outputs: bool) -> bool:
     return bool(library().mf_q8_reads(int(kind), int(bits), int(group), int(rows_are_outputs)))
 
 
-def q8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [T, K] float32 as the q8 arithmetic quantizes it: (codes int8 [T, K] in natural order, block
-    scales float32 [T, K / 32]); what q8_ref.quantize computes."""
+def q8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [T, K] float32 as the q8 arithmetic quantizes it: (codes int8 [T, K] in natural order, scales
+    float32 [T, K / 16] one per 16 inputs, block sums float32 [T, K / 32]); what q8_ref.quantize
+    computes."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     T, K = x.shape
     if K % 32:
         raise ValueError(f"the q8 arithmetic quantizes rows in blocks of 32 (got {K} inputs)")
-    q, d = np.empty((T, K), np.int8), np.empty((T, K // 32), np.float32)
-    library().mf_q8_quantize(x.ctypes.data, T, K, q.ctypes.data, d.ctypes.data)
-    return q, d
+    q, d, s = np.empty((T, K), np.int8), np.empty((T, 2, K // 32), np.float32), np.empty((T, K // 32), np.float32)
+    library().mf_q8_quantize(x.ctypes.data, T, K, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    return q, d.transpose(0, 2, 1).reshape(T, K // 16), s
 
 
 def use_isa(isa: Isa) -> Isa:

@@ -59,24 +59,24 @@ void block_codes(const QMatrix& m, const uint8_t* row, int64_t b, uint8_t* c) {
   }
 }
 
-// scale(u) of block b's sub-blocks (sc[0], and sc[1] for Q6_K) and offset(b) (0 where none).
+// scale(b, u) of block b's halves (sc[0], sc[1]: equal except in Q6_K) and offset(b) (0 where none).
 void block_factors(const QMatrix& m, int64_t n, const uint8_t* row, int64_t b, float* sc, float* off) {
   *off = 0.f;
   if (m.kind == QK_AFF2 || m.kind == QK_AFF4 || m.kind == QK_AFF8) {
     const int64_t so = qscale_row(m, n) + m.soff[b];
-    sc[0] = load_scale(m.scales + so, m.scale_type, 0);
+    sc[0] = sc[1] = load_scale(m.scales + so, m.scale_type, 0);
     *off = load_scale(m.biases + so, m.scale_type, 0);
     return;
   }
   const uint8_t* p = qblock(m, row, b);
   switch (m.kind) {
-    case QK_Q5_0: sc[0] = f16_at(p); return;
-    case QK_Q5_1: sc[0] = f16_at(p); *off = f16_at(p + 2); return;
+    case QK_Q5_0: sc[0] = sc[1] = f16_at(p); return;
+    case QK_Q5_1: sc[0] = sc[1] = f16_at(p); *off = f16_at(p + 2); return;
     case QK_Q4_K:
     case QK_Q5_K: {
       int s, mn;
       scale_min_k4((int)(b % 8), p + 4, &s, &mn);
-      sc[0] = f16_at(p) * (float)s;
+      sc[0] = sc[1] = f16_at(p) * (float)s;
       *off = -(f16_at(p + 2) * (float)mn);
       return;
     }
@@ -90,18 +90,12 @@ void block_factors(const QMatrix& m, int64_t n, const uint8_t* row, int64_t b, f
   }
 }
 
-// Position of natural input e of a 32-block inside that block's (or its pair's) run of the
-// activation, for a pair (`paired`, `second`: the block is B) or a trailing single block.
-int act_position(int order, bool paired, bool second, int e) {
-  if (order == ORDER_NIBBLES)
-    return paired ? (e & 1) * 32 + (second ? 16 : 0) + e / 2 : (e & 1) * 16 + e / 2;
-  if (order == ORDER_CRUMBS) {
-    const int i = e / 4, j = e % 4;
-    if (!paired) return 8 * j + i;
-    const int run = (j < 2 ? 0 : 4) + (second ? 2 : 0) + (j & 1);
-    return 8 * run + i;
-  }
-  return (second ? 32 : 0) + e;
+// Position of natural input e of a 32-block among the block's 32 activation codes (q8.h's orders).
+int act_position(int order, int e) {
+  const int h = e % 16, half = 16 * (e / 16);
+  if (order == ORDER_NIBBLES) return half + (h & 1) * 8 + h / 2;
+  if (order == ORDER_CRUMBS) return half + 4 * (h % 4) + h / 4;
+  return e;
 }
 
 }  // namespace q8
@@ -109,33 +103,29 @@ int act_position(int order, bool paired, bool second, int e) {
 void q8_portable(const Q8Job& job, int64_t n0, int64_t n1) {
   const QMatrix& m = *job.m;
   const ActRows& x = *job.rows;
-  const int64_t nb = m.K / 32, subs = sub_blocks(m.kind), zero = zero_point(m.kind);
+  const int64_t nb = m.K / 32, zero = zero_point(m.kind);
   const bool offset = has_offset(m.kind);
   uint8_t c[32];
-  int8_t xq[32];
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t* row = qrow(m, n);
     for (int64_t t = 0; t < x.T; t++) {
       const int8_t* q = x.q + t * m.K;
+      const float* d = x.d + t * 2 * nb;
       float p[16] = {0.f};
       for (int64_t b = 0; b < nb; b++) {
         float& a = p[b % 16];
-        const bool paired = (b & ~int64_t(1)) + 1 < nb;
-        const int8_t* run = q + 32 * (b & ~int64_t(1));
-        for (int e = 0; e < 32; e++) xq[e] = run[q8::act_position(x.order, paired, b & 1, e)];
         q8::block_codes(m, row, b, c);
         float sc[2], off;
         q8::block_factors(m, n, row, b, sc, &off);
-        const float d = x.d[t * nb + b];
-        const int64_t width = 32 / subs;
-        for (int64_t u = 0; u < subs; u++) {
+        for (int u = 0; u < 2; u++) {
           int32_t dot = 0, sum = 0;
-          for (int64_t e = u * width; e < (u + 1) * width; e++) {
-            dot += (int32_t)c[e] * (int32_t)xq[e];
-            sum += xq[e];
+          for (int e = 16 * u; e < 16 * u + 16; e++) {
+            const int32_t xq = q[32 * b + q8::act_position(x.order, e)];
+            dot += (int32_t)c[e] * xq;
+            sum += xq;
           }
           dot -= (int32_t)zero * sum;
-          a = std::fma((float)dot, sc[u] * d, a);
+          a = std::fma((float)dot, sc[u] * d[u * nb + b], a);
         }
         if (offset) a = std::fma(off, x.s[t * nb + b], a);
       }

@@ -42,10 +42,11 @@ def test_quantized_codes_equal_the_reference(K):
     rng = np.random.default_rng(K)
     x = (rng.standard_normal((5, K)) * rng.uniform(0.01, 10, (5, 1))).astype(np.float32)
     x[1, :32] = 0.0  # an all-zero block: scale 0, codes 0
-    x[2, 5] = 1e30  # one huge input: its block's other codes round to zero
-    q, d = q8_quantize(x)
-    q_ref, d_ref = quantize(x)
+    x[2, 5] = 1e30  # one huge input: the other codes of its 16 round to zero
+    q, d, s = q8_quantize(x)
+    q_ref, d_ref, s_ref = quantize(x)
     assert np.array_equal(q, q_ref) and np.array_equal(d.view(np.uint32), d_ref.view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), s_ref.view(np.uint32))
     assert q.min() >= -127 and q.max() <= 127
 
 
