@@ -151,15 +151,15 @@ def q8_reads(kind: int, bits: int, group: int, rows_are_outputs: bool) -> bool:
 
 def q8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x [T, K] float32 as the q8 arithmetic quantizes it: (codes int8 [T, K] in natural order, scales
-    float32 [T, K / 16] one per 16 inputs, block sums float32 [T, K / 32]); what q8_ref.quantize
+    float32 [T, K / 8] one per 8 inputs, block sums float32 [T, K / 32]); what q8_ref.quantize
     computes."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     T, K = x.shape
     if K % 32:
         raise ValueError(f"the q8 arithmetic quantizes rows in blocks of 32 (got {K} inputs)")
-    q, d, s = np.empty((T, K), np.int8), np.empty((T, 2, K // 32), np.float32), np.empty((T, K // 32), np.float32)
+    q, d, s = np.empty((T, K), np.int8), np.empty((T, 4, K // 32), np.float32), np.empty((T, K // 32), np.float32)
     library().mf_q8_quantize(x.ctypes.data, T, K, q.ctypes.data, d.ctypes.data, s.ctypes.data)
-    return q, d.transpose(0, 2, 1).reshape(T, K // 16), s
+    return q, d.transpose(0, 2, 1).reshape(T, K // 8), s
 
 
 def use_isa(isa: Isa) -> Isa:

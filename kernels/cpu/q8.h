@@ -1,29 +1,30 @@
 // The 8-bit activation arithmetic ("q8"): each row of x is quantized to int8 codes with a float scale
-// per 16 inputs (d = max|x| / 127 over the 16, codes round(x / d) in [-127, 127]), and every product
-// multiplies the stored codes by those codes as integers, the scales applied in float once per 16.
-// llama.cpp's arithmetic (its Q8_1 activations have a scale per 32 inputs, Q8_K per 256): 16 halves
-// the activations' rounding error, which on the default model is the difference between +0.2% and
-// +0.1% of perplexity (docs/results/kernels.md). One canonical order of the float operations makes a
-// product's outputs the same to the bit on every instruction set (AVX-512 VNNI, AVX-512 BW,
-// AVX-VNNI, AVX2, portable), for any split between threads and whether a row of x is multiplied
-// alone or in a tile of many:
+// per 8 inputs (a quarter of a 32-block: d = max|x| / 127 over the 8, codes round(x / d) in [-127,
+// 127]), and every product multiplies the stored codes by those codes as integers, the scales applied
+// in float once per quarter. llama.cpp's arithmetic has a scale per 32 inputs (Q8_1) or 256 (Q8_K);
+// on the default model that costs +0.21% of perplexity on Wikipedia, per 16 +0.14%, per 8 within
+// +0.05% (docs/results/kernels.md). One canonical order of the float operations makes a product's
+// outputs the same to the bit on every instruction set (AVX-512 VNNI, AVX-512 BW, AVX-VNNI, AVX2,
+// portable), for any split between threads and whether a row of x is multiplied alone or in a tile of
+// many:
 //
 //   for each output y[t, n]: 16 partial sums p[0..15], 32-block b of the row adding into p[b % 16]:
-//     for each half u (16 inputs) of b:
-//       I  = sum over u of code * xq                   (integers: exact on every path)
-//       I -= zero * (sum over u of xq)                 (kinds whose codes carry an offset: Q5_0 16, Q6_K 32)
-//       p[b % 16] = fma(float(I), scale(b, u) * d(b, u), p[b % 16])
-//     p[b % 16] = fma(offset(b), S(b), p[b % 16])      (kinds with a per-block offset)
+//     for each half h of b (16 inputs, quarters u = 2h and 2h + 1):
+//       I_u  = sum over quarter u of code * xq          (integers: exact on every path)
+//       I_u -= zero * (sum over quarter u of xq)        (kinds whose codes carry an offset: Q5_0 16, Q6_K 32)
+//       g = float(I_2h) * d(b, 2h);  g = fma(float(I_2h+1), d(b, 2h+1), g)
+//       p[b % 16] = fma(g, scale(b, h), p[b % 16])
+//     p[b % 16] = fma(offset(b), S(b), p[b % 16])       (kinds with a per-block offset)
 //   then y = tree(p): p[i] += p[i + 8], p[i] += p[i + 4], p[i] += p[i + 2] (i below each), y = p[0] + p[1]
 //
-// where S(b) = d(b, 0) * sum(xq of half 0) + d(b, 1) * sum(xq of half 1) (each product rounded, then
-// the sum: what the quantizer computes once). scale(b, u) and offset(b) are exact float32 values of
-// the stored block (fp16 times a small integer; the two halves share a scale except in Q6_K, whose
-// scales are per 16), so they too are the same on every path. The 16 partial sums are what makes both
-// kernels cheap: a row alone puts 16 consecutive blocks in the 16 lanes of a vector (its scales lie
-// side by side), and a tile of rows of x puts the rows in the lanes and keeps the 16 sums in memory.
-// Plain-ops reference: kernels/q8_ref.py; the portable loop (q8_portable.cpp) is this formula in
-// scalar C++.
+// where S(b) = ((a0 + a1) + a2) + a3 with a_u = d(b, u) * float(sum of quarter u's xq), each step
+// rounded: what the quantizer computes once. scale(b, h) and offset(b) are exact float32 values of the
+// stored block (fp16 times a small integer; a block's halves share a scale except in Q6_K, whose
+// scales are per 16), so they too are the same on every path. The 16 partial sums are what makes
+// both kernels cheap: a row alone puts 16 consecutive blocks in the 16 lanes of a vector (its scales
+// lie side by side), and a tile of rows of x puts the rows in the lanes and keeps the 16 sums in
+// memory. Plain-ops reference: kernels/q8_ref.py; the portable loop (q8_portable.cpp) is this formula
+// in scalar C++.
 #pragma once
 
 #include <cstdint>
@@ -33,14 +34,14 @@
 namespace mf {
 
 // Where a kind's stored codes land in the vectors a decode kernel unpacks a pair of 32-blocks (A, B)
-// into, and so the order an activation row's codes must have for that kind. Each 16 bytes hold one
-// half of a block (A's first, A's second, B's first, B's second), so a half's sum is one 128-bit
-// segment's; within a half:
-//   NATURAL  its 16 codes in order (8-bit affine, and every GGUF kind)
-//   NIBBLES  its 8 even codes, then its 8 odd ones (4-bit affine: a byte holds codes 2i and 2i + 1)
-//   CRUMBS   4-byte runs: codes 4i, then 4i + 1, 4i + 2, 4i + 3, for i < 4 (2-bit affine: a byte holds
-//            codes 4i .. 4i + 3)
-// A single trailing block (an odd number of blocks) is its two halves alone.
+// into, and so the order an activation row's codes must have for that kind. Each 8 bytes hold one
+// quarter of a block (A's four, then B's), so a quarter's sum is that of two int32 lanes; within a
+// quarter:
+//   NATURAL  its 8 codes in order (8-bit affine, and every GGUF kind)
+//   NIBBLES  its 4 even codes, then its 4 odd ones (4-bit affine: a byte holds codes 2i and 2i + 1)
+//   CRUMBS   codes 0, 4, 1, 5, 2, 6, 3, 7 (2-bit affine: a byte holds codes 4i .. 4i + 3; each 16-bit
+//            word of two bytes is shifted by 0, 2, 4, 6)
+// A single trailing block (an odd number of blocks) is its four quarters alone.
 enum ActOrder { ORDER_NATURAL = 0, ORDER_NIBBLES = 1, ORDER_CRUMBS = 2 };
 
 // The kinds the q8 kernels multiply: affine groups (2, 4, 8 bits) and GGUF blocks.
@@ -50,7 +51,7 @@ enum QKind { QK_AFF2 = 100, QK_AFF4 = 101, QK_AFF8 = 102, QK_Q5_0 = Q5_0, QK_Q5_
 constexpr int act_order(int kind) {
   return kind == QK_AFF4 ? ORDER_NIBBLES : kind == QK_AFF2 ? ORDER_CRUMBS : ORDER_NATURAL;
 }
-constexpr int HALVES = 2;  // activation scales per 32-block
+constexpr int QUARTERS = 4;  // activation scales per 32-block
 constexpr bool has_offset(int kind) { return kind != QK_Q5_0 && kind != QK_Q6_K; }
 constexpr int zero_point(int kind) { return kind == QK_Q5_0 ? 16 : kind == QK_Q6_K ? 32 : 0; }
 constexpr int64_t super_block(int kind) {  // weights per stored block (a GGUF block; affine: 32)
@@ -109,27 +110,27 @@ inline int64_t qscale_row(const QMatrix& m, int64_t n) {
 }
 
 // T rows of x quantized for one code order (q8_quantize.cpp): row t's codes at q + t * K; with nb = K /
-// 32 blocks, its scales and code sums of half u of block b at d, s16 + (t * 2 + u) * nb + b (each
-// half's row of blocks side by side), S(b) at s + t * nb + b.
+// 32 blocks, the scale and code sum of quarter u of block b at d, s8 + (t * 4 + u) * nb + b (each
+// quarter's row of blocks side by side), S(b) at s + t * nb + b.
 struct ActRows {
   int64_t T, K;
   int order;
   int8_t* q;
-  float* d;      // d(b, u)
-  float* s;      // S(b)
-  int32_t* s16;  // sum of half u's codes
+  float* d;     // d(b, u)
+  float* s;     // S(b)
+  int32_t* s8;  // the sum of quarter u's codes
 };
 
 // L rows of x (a tile; rows past T are zeros) with the rows in lanes, for the tile kernels: the codes
-// of inputs 4c .. 4c + 3 of rows 0 .. L-1 at q + c * 4L (natural order); d and s16 of half u of block
-// b of every row at d, s16 + (b * 2 + u) * L, and S(b) at s + b * L.
+// of inputs 4c .. 4c + 3 of rows 0 .. L-1 at q + c * 4L (natural order); d and s8 of quarter u of
+// block b of every row at d, s8 + (b * 4 + u) * L, and S(b) at s + b * L.
 struct ActTile {
   int64_t K;
   int lanes;
   int8_t* q;
   float* d;
   float* s;
-  int32_t* s16;
+  int32_t* s8;
 };
 
 // q8_quantize.cpp: rows t0 .. t0 + T of x [*, K] into `out` (arrays sized for T rows), in `order`;
@@ -163,7 +164,7 @@ constexpr bool q8_reads(int kind, int bits, int group, bool transposed) {
 
 namespace q8 {  // the portable path's pieces, which the vector paths use for rare layouts and tails
 void block_codes(const QMatrix& m, const uint8_t* row, int64_t b, uint8_t* codes);  // natural order
-void block_factors(const QMatrix& m, int64_t n, const uint8_t* row, int64_t b, float* sc, float* off);  // sc[2]
+void block_factors(const QMatrix& m, int64_t n, const uint8_t* row, int64_t b, float* sc, float* off);  // sc[2]: halves
 int act_position(int order, int e);  // natural input e's place among its block's 32 activation codes
 }  // namespace q8
 #if MF_X86

@@ -56,7 +56,7 @@ struct Activations {
   std::vector<int64_t> boff, soff;
   std::vector<int8_t> q, tq;
   std::vector<float> d, s, td, ts;
-  std::vector<int32_t> s16, ts16;
+  std::vector<int32_t> s8, ts8;
   std::vector<ActTile> tiles;
 };
 
@@ -93,25 +93,25 @@ int q8_matmul(const QMatrix& matrix, const float* x, int64_t T, float* y, int th
   m.adjacent = affine;
   for (int64_t b = 0; b + 1 < nb && m.adjacent; b += 2) m.adjacent = act.boff[b + 1] == act.boff[b] + block_bytes;
   act.q.resize(T * K);
-  act.d.resize(T * nb * 2);
+  act.d.resize(T * nb * QUARTERS);
   act.s.resize(T * nb);
-  act.s16.resize(T * nb * 2);
-  ActRows rows{T, K, act_order(m.kind), act.q.data(), act.d.data(), act.s.data(), act.s16.data()};
+  act.s8.resize(T * nb * QUARTERS);
+  ActRows rows{T, K, act_order(m.kind), act.q.data(), act.d.data(), act.s.data(), act.s8.data()};
   quantize_rows(x, K, T, rows.order, rows);
   int64_t n_tiles = 0;
   if (T >= TILE_ROWS && lanes > 0) {
     n_tiles = (T + lanes - 1) / lanes;
     act.tq.resize(n_tiles * lanes * K);
-    act.td.resize(n_tiles * lanes * nb * 2);
+    act.td.resize(n_tiles * lanes * nb * QUARTERS);
     act.ts.resize(n_tiles * lanes * nb);
-    act.ts16.resize(n_tiles * lanes * nb * 2);
+    act.ts8.resize(n_tiles * lanes * nb * QUARTERS);
     act.tiles.resize(n_tiles);
     for (int64_t i = 0; i < n_tiles; i++) {
       ActTile& tile = act.tiles[i];
       tile.q = act.tq.data() + i * lanes * K;
-      tile.d = act.td.data() + i * lanes * nb * 2;
+      tile.d = act.td.data() + i * lanes * nb * QUARTERS;
       tile.s = act.ts.data() + i * lanes * nb;
-      tile.s16 = act.ts16.data() + i * lanes * nb * 2;
+      tile.s8 = act.ts8.data() + i * lanes * nb * QUARTERS;
       quantize_tile(x, K, i * lanes, T, lanes, tile);
     }
   }

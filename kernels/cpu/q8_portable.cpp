@@ -92,9 +92,9 @@ void block_factors(const QMatrix& m, int64_t n, const uint8_t* row, int64_t b, f
 
 // Position of natural input e of a 32-block among the block's 32 activation codes (q8.h's orders).
 int act_position(int order, int e) {
-  const int h = e % 16, half = 16 * (e / 16);
-  if (order == ORDER_NIBBLES) return half + (h & 1) * 8 + h / 2;
-  if (order == ORDER_CRUMBS) return half + 4 * (h % 4) + h / 4;
+  const int c = e % 8, quarter = 8 * (e / 8);
+  if (order == ORDER_NIBBLES) return quarter + (c & 1) * 4 + c / 2;
+  if (order == ORDER_CRUMBS) return quarter + 4 * ((c % 4) / 2) + 2 * (c % 2) + c / 4;
   return e;
 }
 
@@ -110,22 +110,27 @@ void q8_portable(const Q8Job& job, int64_t n0, int64_t n1) {
     const uint8_t* row = qrow(m, n);
     for (int64_t t = 0; t < x.T; t++) {
       const int8_t* q = x.q + t * m.K;
-      const float* d = x.d + t * 2 * nb;
+      const float* d = x.d + t * QUARTERS * nb;
       float p[16] = {0.f};
       for (int64_t b = 0; b < nb; b++) {
         float& a = p[b % 16];
         q8::block_codes(m, row, b, c);
         float sc[2], off;
         q8::block_factors(m, n, row, b, sc, &off);
-        for (int u = 0; u < 2; u++) {
+        int32_t I[QUARTERS];
+        for (int u = 0; u < QUARTERS; u++) {
           int32_t dot = 0, sum = 0;
-          for (int e = 16 * u; e < 16 * u + 16; e++) {
+          for (int e = 8 * u; e < 8 * u + 8; e++) {
             const int32_t xq = q[32 * b + q8::act_position(x.order, e)];
             dot += (int32_t)c[e] * xq;
             sum += xq;
           }
-          dot -= (int32_t)zero * sum;
-          a = std::fma((float)dot, sc[u] * d[u * nb + b], a);
+          I[u] = dot - (int32_t)zero * sum;
+        }
+        for (int h = 0; h < 2; h++) {
+          float g = (float)I[2 * h] * d[2 * h * nb + b];
+          g = std::fma((float)I[2 * h + 1], d[(2 * h + 1) * nb + b], g);
+          a = std::fma(g, sc[h], a);
         }
         if (offset) a = std::fma(off, x.s[t * nb + b], a);
       }

@@ -274,12 +274,12 @@ MF_EXPORT int mf_set_isa(int isa) {
 }
 
 // x [T, K] (K a multiple of 32) as the q8 arithmetic quantizes it (q8_quantize.cpp), in natural order:
-// codes q [T, K], scales d [T, K / 16] (half u of block b at t * K / 16 + u * K / 32 + b) and S(b)
+// codes q [T, K], scales d [T, K / 8] (quarter u of block b at t * K / 8 + u * K / 32 + b) and S(b)
 // [T, K / 32] (tests compare them with the plain-ops reference).
 MF_EXPORT int mf_q8_quantize(const float* x, int64_t T, int64_t K, int8_t* q, float* d, float* s) {
   if (K % 32 != 0 || T < 0) return -40;
-  std::vector<int32_t> s16(T * (K / 16));
-  ActRows rows{T, K, ORDER_NATURAL, q, d, s, s16.data()};
+  std::vector<int32_t> s8(T * (K / 8));
+  ActRows rows{T, K, ORDER_NATURAL, q, d, s, s8.data()};
   quantize_rows(x, K, T, ORDER_NATURAL, rows);
   return 0;
 }
