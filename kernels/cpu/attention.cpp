@@ -4,8 +4,9 @@
 // are widened as they are read), float32 accumulation.
 //
 // What each query sees. Row b of a batch holds kv_len[b] keys; its first query sits at position
-// q_pos[b] and query t at q_pos[b] + t; query t sees key j when j <= q_pos[b] + t and j < kv_len[b]
-// (one sequence's causal prompt: q_pos = S - T, kv_len = S; a decode step: T = 1). Grouped-query
+// q_pos[b] and query t at q_pos[b] + t; query t sees key j when j <= max(q_pos[b] + t, 0) and j <
+// kv_len[b] (one sequence's causal prompt: q_pos = S - T, kv_len = S; a decode step: T = 1; a query
+// before position 0, a left-padded step's padding column, sees key 0 rather than nothing). Grouped-query
 // attention: query head h reads key head h / (Hq / Hkv).
 //
 // Where keys lie. Key j of row b, head h is at
@@ -359,7 +360,7 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   for (int64_t i = 0; i < R * hdp; i++) acc[i] = 0.f;
   for (int64_t r = 0; r < R; r++) s.m[r] = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < R * L; i++) s.l[i] = 0.f;
-  const int64_t kend = std::min(len, pos + t1);  // keys the last query sees
+  const int64_t kend = std::min(len, std::max<int64_t>(pos + t1, 1));  // keys the last query sees
   alignas(64) float sc[RB][KB];
   for (int64_t j0 = 0; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
@@ -389,7 +390,7 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
       int64_t lim[RB];
       for (int rr = 0; rr < RB; rr++) {  // keys of this block row r0 + rr sees: [0, lim)
         const int64_t t = t0 + (r0 + std::min(rr, nr - 1)) % nt;
-        lim[rr] = rr < nr ? std::min(len, pos + t + 1) - j0 : 0;
+        lim[rr] = rr < nr ? std::min(len, std::max<int64_t>(pos + t + 1, 1)) - j0 : 0;
       }
       if constexpr (AVX512) {
         const float* qr[RB];

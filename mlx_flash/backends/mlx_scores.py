@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..models.cache import RowsMask
+
 
 def attention_columns(self, q, k, scale: float):
     """Attention mass each key receives: softmax(q k^T * scale) with the causal mask (aligned as
@@ -34,6 +36,8 @@ def top_k_mask(self, q, k, scale: float, mask, keep: float):
         vis = mx.ones((1, 1, T, S), dtype=mx.bool_)
     elif isinstance(mask, str):
         vis = (mx.arange(S)[None, :] <= mx.arange(T)[:, None] + (S - T))[None, None]
+    elif isinstance(mask, RowsMask):
+        vis = mx.array(mask.keep(T, S))
     else:
         vis = mask
     s = mx.where(vis, s, -mx.inf)

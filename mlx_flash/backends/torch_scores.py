@@ -5,6 +5,8 @@ offload/sparse_attention.top_k_mask_reference."""
 
 from __future__ import annotations
 
+from ..models.cache import RowsMask
+
 try:
     import torch
 except ImportError:  # the torch backend says what to install (TorchOps refuses to start without it)
@@ -36,6 +38,8 @@ def top_k_mask(self, q, k, scale: float, mask, keep: float):
         vis = torch.ones(1, 1, T, S, dtype=torch.bool, device=q.device)
     elif isinstance(mask, str):
         vis = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)[None, None]
+    elif isinstance(mask, RowsMask):
+        vis = torch.from_numpy(mask.keep(T, S)).to(q.device)
     else:
         vis = mask
     s = s.masked_fill(~vis, float("-inf"))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.cache import LayerKV
+from ..models.cache import LayerKV, RowsMask
 
 
 class BatchKV(LayerKV):
@@ -126,13 +126,12 @@ def right_padded(ops, t, S: int):
 
 def padded_mask(ops, lengths: np.ndarray, T: int, ragged: bool = False):
     """The mask of right-padded rows after an update of T tokens: row b's query t sees key j iff
-    j <= lengths[b] - T + t (at least key 0: a left-padded step's padding columns, `ragged`); one
-    sequence's mask when no row is padded."""
+    j <= lengths[b] - T + t (at least key 0: a left-padded step's padding columns, `ragged`), as a
+    RowsMask (the attention kernel then computes each row as it would alone); one sequence's mask
+    when no row is padded."""
     if (lengths == lengths[0]).all() and not ragged:
         return "causal" if T > 1 else None
-    last = np.maximum(lengths[:, None] - T + np.arange(T)[None, :], 0)  # [B, T]
-    keep = np.arange(int(lengths.max()))[None, None, :] <= last[:, :, None]  # [B, T, S]
-    return ops.mask(keep[:, None])
+    return RowsMask(np.ascontiguousarray(lengths, np.int32), np.ascontiguousarray(lengths - T, np.int32))
 
 
 class BlockKV(LayerKV):

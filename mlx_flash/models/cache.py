@@ -13,7 +13,8 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
   positions()      the position of each sequence's next token, for RoPE and learned positions: an
                    int (one sequence: `offset`), or int numpy [B] (a batch: one per row)
   mask(ops, T)     after update, the attention mask of the T new queries, as ops.sdpa takes it:
-                   None or "causal" for one sequence, a boolean [B, 1, T, S] for a padded batch
+                   None or "causal" for one sequence, a RowsMask for a batch of rows right-padded to
+                   the longest (each row seeing what it would alone), a boolean [B, 1, T, S] else
   attention(ops, q, keys, values, scale, mask)
                    softmax(scale q keys^T) values over what update returned, under `mask`: ops.sdpa,
                    unless the cache returned less than every held key (compressed tokens on flash,
@@ -35,8 +36,27 @@ member, run as one batch).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class RowsMask:
+    """The mask of a batch whose rows hold different numbers of keys, right-padded to the longest:
+    row b holds kv_len[b] keys, its query t sits at position q_pos[b] + t and sees key j when j <=
+    max(q_pos[b] + t, 0) and j < kv_len[b] (a query before position 0, a left-padded step's padding
+    column, sees key 0 rather than nothing). The CPU attention kernel takes it as it is (each row then
+    computes exactly what it computes alone); other attention takes keep()."""
+
+    kv_len: np.ndarray  # int32 [B]
+    q_pos: np.ndarray  # int32 [B]
+
+    def keep(self, T: int, S: int) -> np.ndarray:
+        """The same mask as booleans [B, 1, T, S] (True: attend)."""
+        last = np.maximum(self.q_pos[:, None] + np.arange(T)[None, :], 0)  # [B, T]
+        keys = np.arange(S)[None, None, :]
+        return ((keys <= last[:, :, None]) & (keys < self.kv_len[:, None, None]))[:, None]
 
 
 class LayerKV(ABC):

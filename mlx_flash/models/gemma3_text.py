@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
+from .cache import RowsMask
 from .common import ArgsFromDict, GGUFLayout, gated_hidden, gated_mlp, linear
 from .rope import rope_frequencies
 
@@ -175,7 +176,9 @@ def window_mask(ops, cache_mask, positions, T: int, S: int, window: int):
     first = np.atleast_1d(np.asarray(positions, np.int64))[:, None] + np.arange(T)[None, :]  # [B or 1, T]
     j = np.arange(S)[None, None, :]
     keep = (j <= first[:, :, None]) & (j > first[:, :, None] - window)  # [B or 1, T, S]
-    if cache_mask is not None and not isinstance(cache_mask, str):  # a padded batch's mask
+    if isinstance(cache_mask, RowsMask):  # a padded batch's mask
+        return ops.mask(keep[:, None] & cache_mask.keep(T, S))
+    if cache_mask is not None and not isinstance(cache_mask, str):
         keep = keep[:, None] & ops.to_numpy(cache_mask).astype(bool)
         return ops.mask(keep)
     return ops.mask(keep[:, None])

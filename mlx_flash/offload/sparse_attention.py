@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.cache import LayerKV
+from ..models.cache import LayerKV, RowsMask
 
 
 def visible_reference(mask, B: int, T: int, S: int) -> np.ndarray:
@@ -23,6 +23,8 @@ def visible_reference(mask, B: int, T: int, S: int) -> np.ndarray:
         return np.ones((1, 1, T, S), bool)
     if isinstance(mask, str):
         return (np.arange(S)[None, :] <= np.arange(T)[:, None] + (S - T))[None, None]
+    if isinstance(mask, RowsMask):
+        return mask.keep(T, S)
     return np.asarray(mask, bool)
 
 
