@@ -72,8 +72,9 @@ def load(
         or bytes); weights_budget: the weights' and caches' share of it; context: KV tokens planned;
         kv_on_flash: a context longer than the KV share holds keeps its older tokens on flash;
         kv_flash_bits: those tokens compressed to 8, 4 or 2 bits (0: exact).
-    arithmetic: "auto" (q8 on CPUs with AVX-512, exact elsewhere), "q8" (activations as 8-bit codes,
-        integer dot products: llama.cpp's arithmetic) or "exact" (float32, the checkpoint's values).
+    arithmetic: "exact" (float32, the checkpoint's values; what "auto", the default, takes) or "q8"
+        (activations as 8-bit codes, integer dot products as llama.cpp computes: faster on a CPU, and
+        its answers are llama.cpp's rather than exact's).
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.

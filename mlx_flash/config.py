@@ -27,7 +27,7 @@ class Backend(Enum):
 
 
 class Arithmetic(Enum):
-    AUTO = "auto"  # q8 where the CPU kernels' integer path beats their float loops (AVX-512), else exact
+    AUTO = "auto"  # exact: q8 changes answers (backends/arithmetic.py)
     Q8 = "q8"  # activations as 8-bit codes in blocks of 32, integer dot products (backends/arithmetic.py)
     EXACT = "exact"  # float32 multiply-adds over the stored codes: the source checkpoint's values
 
@@ -111,10 +111,10 @@ class EngineConfig:
     arithmetic: Arithmetic = option(
         Arithmetic.AUTO,
         "what the quantized products compute: exact (float32 activations times the stored weights, "
-        "float32 sums: the checkpoint's values), q8 (each row of activations quantized to 8-bit codes in "
-        "blocks of 32 and multiplied as integers, as llama.cpp does: faster on a CPU, its perplexity cost "
-        "measured in docs/results/kernels.md) or auto (the default: q8 on CPUs with AVX-512, where it is "
-        "faster; exact elsewhere and on GPUs)",
+        "float32 sums: the checkpoint's values), q8 (each row of activations quantized to 8-bit codes, a "
+        "scale per 8, multiplied as integers, as llama.cpp does: faster on a CPU; its quality cost, "
+        "measured in docs/results/kernels.md, is llama.cpp's: greedy answers differ from exact's) or auto "
+        "(the default: exact)",
     )
     torch_dtype: TorchDtype = option(
         TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast int4 kernel; approximate)"
