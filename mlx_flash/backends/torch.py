@@ -172,14 +172,10 @@ class TorchOps:
         """down(act(gate) * up) of x in one operator call where this backend has one for these weights
         (SwiGLU over stored matrices without biases, with the CPU kernel; identical to the pieces),
         else None: the caller composes the pieces."""
-        found = (
-            fused_ffn_weights(
-                act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored" and w.bias is None
-            )
-            if self.stored_kernel
-            else None
+        found = self.stored_kernel and fused_ffn_weights(
+            act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored" and w.bias is None
         )
-        if found is None:
+        if not found:
             return None
         gate, up, dn = found
         return torch_ops.TorchMatrix.gated_ffn(x, gate.op, up.op if up is not None else None, dn.op)
@@ -298,13 +294,10 @@ class TorchOps:
         (True: attend). With the CPU kernel the first three run its attention (kernels/cpu/attention.cpp),
         so a row of a padded batch computes what it computes alone."""
         if self.stored_kernel and (mask is None or isinstance(mask, (str, RowsMask))):
-            if isinstance(mask, RowsMask):
-                lens, pos = torch.from_numpy(mask.kv_len), torch.from_numpy(mask.q_pos)
-                return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads, lens, pos)
-            return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads)
+            rows = (torch.from_numpy(mask.kv_len), torch.from_numpy(mask.q_pos)) if isinstance(mask, RowsMask) else ()
+            return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads, *rows)
         T, S = q.shape[-2], k.shape[-2]
-        if isinstance(mask, RowsMask):
-            mask = self.mask(mask.keep(T, S))
+        mask = self.mask(mask.keep(T, S)) if isinstance(mask, RowsMask) else mask
         if isinstance(mask, str):
             # Lower-right alignment (as mx.fast): query t sees keys up to S - T + t.
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None
