@@ -76,6 +76,7 @@ struct QMatrix {
   const int64_t* soff = nullptr;  // [K / 32]: bytes from the row's first scale to block b's scale (affine)
   bool one_block = false;         // every row in the first block of rows (no row ids): row n at n * wr
   bool adjacent = false;          // block b + 1 follows block b (of a pair) in every row
+  bool in_order = false;          // every block follows the one before it (a row's bytes are its codes in order)
   bool side_by_side = false;      // rows lie side by side inside each block, the blocks far apart (a block
                                   // store's down matrix: block b of every row in bundle b)
 };

@@ -92,6 +92,8 @@ int q8_matmul(const QMatrix& matrix, const float* x, int64_t T, float* y, int th
   m.side_by_side = m.rpb > 1 && m.wb == 0 && m.wr < m.wg && m.row_ids == nullptr;
   m.adjacent = affine;
   for (int64_t b = 0; b + 1 < nb && m.adjacent; b += 2) m.adjacent = act.boff[b + 1] == act.boff[b] + block_bytes;
+  m.in_order = affine;
+  for (int64_t b = 0; b < nb && m.in_order; b++) m.in_order = act.boff[b] == b * block_bytes;
   act.q.resize(T * K);
   act.d.resize(T * nb * QUARTERS);
   act.s.resize(T * nb);
