@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from mlx_flash.bench.quality import greedy_tokens, hf_references  # noqa: F401 (the tests take them from here)
+
 
 def greedy(e, prompt, n):
     """(n greedy tokens, logits of every step [n + 1, vocab]) from token ids `prompt`."""
@@ -13,35 +15,6 @@ def greedy(e, prompt, n):
         logits = np.asarray(e.forward([toks[-1]], caches)).reshape(-1)
         seen.append(logits)
     return toks, np.stack(seen)
-
-
-def greedy_tokens(engine, ids, steps):
-    """`steps` greedy tokens after a prefill of token ids `ids` (EOS ignored)."""
-    caches = engine.new_caches()
-    logits = engine.prefill(ids, caches)
-    out = []
-    for _ in range(steps):
-        out.append(int(np.argmax(logits)))
-        logits = engine.forward([out[-1]], caches)[-1]
-    return out
-
-
-def hf_references(model, prompts, steps):
-    """[(ids, logits [T, vocab], `steps` greedy tokens)] of a transformers model on each prompt."""
-    import torch
-
-    out = []
-    for ids in prompts:
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].numpy()
-            tokens = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=steps,
-                do_sample=False,
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            )
-        out.append((ids, logits, tokens[0, len(ids) :].tolist()))
-    return out
 
 
 def kernel_and_reference_runs(open_engine, prompt, n):

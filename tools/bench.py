@@ -12,70 +12,22 @@ threads); otherwise its column says "not installed".
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
-
-import numpy as np
 
 import mlx_flash
-from mlx_flash.calibrate import corpus_path
+from mlx_flash.bench.decode_pairs import engine_run, llama_run, medians, open_llama, prompt_text
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
 
 CONFIGS = {
     "mlx": dict(backend="mlx"),
     "torch": dict(backend="torch", torch_dtype="float32"),
-    "mlx-exact": dict(backend="mlx", arithmetic="exact"),
-    "torch-exact": dict(backend="torch", torch_dtype="float32", arithmetic="exact"),
+    "mlx-q8": dict(backend="mlx", arithmetic="q8"),
+    "torch-q8": dict(backend="torch", torch_dtype="float32", arithmetic="q8"),
     "torch-bf16": dict(backend="torch", torch_dtype="bfloat16"),
     "torch-stream": dict(backend="torch", torch_dtype="float32", ffn="stream"),
     "mlx-stream": dict(backend="mlx", ffn="stream"),
 }
-
-
-def prompt_text() -> str:
-    try:
-        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
-            return fh.read()[:20000]
-    except FlashError:
-        return "The quick brown fox jumps over the lazy dog. " * 200
-
-
-def run_engine(engine, ids, gen):
-    caches = engine.new_caches()
-    t0 = time.perf_counter()
-    logits = engine.prefill(ids, caches)
-    t1 = time.perf_counter()
-    for _ in range(gen):
-        logits = engine.forward([int(np.argmax(logits))], caches)[-1]
-    t2 = time.perf_counter()
-    return len(ids) / (t1 - t0), gen / (t2 - t1)
-
-
-def run_llama_cpp(llm, ids, gen):
-    def last_logits():  # llama.cpp keeps the last token's logits; read them without a copy
-        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    t1 = time.perf_counter()
-    for _ in range(gen):
-        llm.eval([int(np.argmax(last_logits()))])
-    t2 = time.perf_counter()
-    return len(ids) / (t1 - t0), gen / (t2 - t1)
-
-
-def measure(fn, runs):
-    fn()  # warm-up (first-touch of weights, allocator, kernel selection)
-    pre, dec = zip(*(fn() for _ in range(runs)))
-    return {
-        "prefill_tps": statistics.median(pre),
-        "decode_tps": statistics.median(dec),
-        "prefill_all": list(pre),
-        "decode_all": list(dec),
-    }
 
 
 def main() -> int:
@@ -106,22 +58,19 @@ def main() -> int:
             with mlx_flash.load(a.model, progress=True, **kw) as engine:
                 ids = engine.tokenizer.encode(prompt_text())[: a.prompt_tokens]
                 print(f"[{name}] {engine.ops.describe()}", file=sys.stderr)
-                results[name] = measure(lambda: run_engine(engine, ids, a.gen_tokens), a.runs)
+                results[name] = medians(lambda: engine_run(engine, ids, a.gen_tokens), a.runs)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if peer_only or (not a.no_llama_cpp and ids is not None):
-        try:
-            from llama_cpp import Llama
-        except ImportError:
+        gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
+        llm = open_llama(gguf, a.prompt_tokens + a.gen_tokens + 16, a.threads)
+        if llm is None:
             results["llama.cpp"] = "not installed"
         else:
-            gguf = a.model if a.model and a.model.endswith(".gguf") else default_model_path()
-            n_ctx = max(1024, a.prompt_tokens + a.gen_tokens + 16)
-            llm = Llama(gguf, n_ctx=n_ctx, n_threads=a.threads, n_batch=512, verbose=False)
             if ids is None:  # the peer alone: the same text in its own tokens
                 ids = llm.tokenize(prompt_text().encode())[: a.prompt_tokens]
-            results["llama.cpp"] = measure(lambda: run_llama_cpp(llm, ids, a.gen_tokens), a.runs)
+            results["llama.cpp"] = medians(lambda: llama_run(llm, ids, a.gen_tokens), a.runs)
     print(f"\nprompt {a.prompt_tokens} tokens, generate {a.gen_tokens}, median of {a.runs} runs, {a.threads} threads")
     print(f"{'config':<14}{'prefill tok/s':>15}{'decode tok/s':>15}")
     for name, r in results.items():

@@ -8,6 +8,8 @@ avx512_vnni (a build that assumes them dies with SIGILL elsewhere); AMX off.
 
 import sys
 
+from mlx_flash.bench.record import cpu_flags  # empty where not Linux: a portable build
+
 # ggml CMake option -> the /proc/cpuinfo flag it needs
 OPTIONS = {
     "GGML_AVX": "avx",
@@ -18,14 +20,6 @@ OPTIONS = {
     "GGML_AVX512_VNNI": "avx512_vnni",
 }
 ALWAYS_OFF = ["GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"]
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    try:
-        with open(path) as fh:
-            return set(next((line.split(":", 1)[1] for line in fh if line.startswith("flags")), "").split())
-    except OSError:
-        return set()  # not Linux: a portable build
 
 
 def cmake_args(flags: set[str]) -> str:

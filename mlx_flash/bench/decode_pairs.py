@@ -1,0 +1,95 @@
+"""Prefill and decode speed of an engine against llama.cpp (llama-cpp-python) on the same prompt: one
+run of each (a prompt's prefill, then exactly `gen` greedy tokens, EOS ignored), and interleaved pairs
+of runs, ours and the peer's in alternating order, so that a machine whose speed drifts (shared,
+throttled) moves both sides of a pair alike; the pair ratios' median and lowest are the figures."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from ..calibrate import corpus_path
+from ..errors import FlashError
+
+
+def prompt_text(chars: int = 20000) -> str:
+    """Real Wikipedia text (a repeated sentence when the corpus is not fetched)."""
+    try:
+        with open(corpus_path("wikipedia"), encoding="utf-8") as fh:
+            return fh.read()[:chars]
+    except FlashError:
+        return "The quick brown fox jumps over the lazy dog. " * (chars // 45)
+
+
+def engine_run(engine, ids, gen: int) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s) of one run from an empty cache."""
+    caches = engine.new_caches()
+    t0 = time.perf_counter()
+    logits = engine.prefill(ids, caches)
+    t1 = time.perf_counter()
+    for _ in range(gen):
+        logits = engine.forward([int(np.argmax(logits))], caches)[-1]
+    t2 = time.perf_counter()
+    return len(ids) / (t1 - t0), gen / (t2 - t1) if gen else 0.0
+
+
+def open_llama(gguf: str, n_ctx: int, threads: int):
+    """llama.cpp on the GGUF (batches of 512 tokens, a context of at least 1,024), or None when
+    llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    return Llama(gguf, n_ctx=max(n_ctx, 1024), n_threads=threads, n_batch=512, verbose=False)
+
+
+def llama_run(llm, ids, gen: int) -> tuple[float, float]:
+    """engine_run's measurement for llama.cpp: its last token's logits read in place (no copy)."""
+
+    def last_logits():
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    for _ in range(gen):
+        llm.eval([int(np.argmax(last_logits()))])
+    t2 = time.perf_counter()
+    return len(ids) / (t1 - t0), gen / (t2 - t1) if gen else 0.0
+
+
+def medians(run, runs: int) -> dict:
+    """Medians of `runs` runs after a warm-up run (first touch of the weights, allocators, paths)."""
+    run()
+    pre, dec = zip(*(run() for _ in range(runs)))
+    return {
+        "prefill_tps": statistics.median(pre),
+        "decode_tps": statistics.median(dec),
+        "prefill_all": list(pre),
+        "decode_all": list(dec),
+    }
+
+
+def interleaved(ours, peer, pairs: int, key: int = 1) -> dict:
+    """`pairs` pairs of (ours(), peer()) after a warm-up of each, ours first in even pairs and second
+    in odd ones; key 1 compares decode tokens/s, 0 prefill. Every pair's rates and ratio, and the
+    median and lowest ratio."""
+    ours(), peer()
+    rows = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a, b = ours(), peer()
+        else:
+            b, a = peer(), ours()
+        rows.append({"ours": a[key], "peer": b[key], "ratio": a[key] / b[key]})
+    ratios = [r["ratio"] for r in rows]
+    return {
+        "pairs": rows,
+        "median_ratio": statistics.median(ratios),
+        "lowest_ratio": min(ratios),
+        "ours_median": statistics.median(r["ours"] for r in rows),
+        "peer_median": statistics.median(r["peer"] for r in rows),
+    }
