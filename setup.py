@@ -46,6 +46,7 @@ CPU_SOURCES = (
     "q8_avx2",
     "q8_avxvnni",
     "q8_avxvnni_evex",
+    "tmac",
 )
 
 
