@@ -149,6 +149,7 @@ setup(
                 "kernels/cpu/gguf_blocks.h",
                 "kernels/cpu/matrix_ref.h",
                 "kernels/cpu/kv_codes.h",
+                "kernels/cpu/tmac_x86.inc",
             ],
         ),
         CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx"),

@@ -23,6 +23,9 @@ class TmacPath(IntEnum):
 
     AUTO = 0
     PORTABLE = 1
+    AVX512_BW = 2  # vpshufb lookups, vpmaddubsw into int16
+    AVX512_VNNI = 3  # vpshufb lookups, vpdpbusd
+    AVX512_VBMI = 4  # vpermb lookups, vpdpbusd
 
 
 _BOUND = False

@@ -13,9 +13,8 @@
 // matrix once, offline (the same size). Blocks of 16 rows; per block and group a 320-byte record: 4
 // run pairs of 64 bytes (dword r = row r; byte j = plane j; low nibble: the pair's first run, high
 // nibble its second), then the 16 rows' float16 scales and biases. So a 64-byte load is 128 weights
-// of 16 rows, a row's 4 plane bytes sit in one dword (one vpdpbusd can weight them by 1, 2, 4, 8 into
-// the row's int32 lane: no horizontal sums anywhere), and a block is one sequential stream. This file
-// has the portable loop; the AVX-512 ones follow.
+// of 16 rows, a row's 4 plane bytes sit in one dword (one vpdpbusd weights them by 1, 2, 4, 8 into
+// the row's int32 lane: no horizontal sums anywhere), and a block is one sequential stream.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,8 +32,13 @@ namespace {
 
 constexpr int64_t ROWS = 16, RUNS = 8, RECORD = 4 * 64 + 4 * ROWS;  // rows a block, runs a group, bytes
 
-// Paths (mf_tmac_matvec's `path`): 0 the fastest this CPU runs, 1 the portable loop.
-enum Path { AUTO = 0, PORTABLE = 1 };
+// Paths (mf_tmac_matvec's `path`): 0 the fastest this CPU runs, then:
+enum Path { AUTO = 0, PORTABLE = 1, BW = 2, VNNI = 3, VBMI = 4 };
+//   BW:   vpshufb lookups (index nibbles masked), planes weighted and paired by vpmaddubsw into int16,
+//         widened once a group by vpmaddwd (AVX-512 F/BW/VL: every AVX-512 CPU since Skylake-X)
+//   VNNI: vpshufb lookups, planes weighted and summed into int32 by vpdpbusd
+//   VBMI: vpermb lookups (it reads 6 index bits and ignores the top 2, and the table is broadcast to
+//         all 4 of its 16-byte quarters, so no nibble needs masking), vpdpbusd
 
 struct Tables {  // one row of x as the product reads it
   const int8_t* q;  // [K / 4][16] int8 entries
@@ -90,12 +94,102 @@ void block_portable(const uint8_t* w, int64_t K, const Tables& tb, int64_t blk, 
   for (int r = 0; r < live; r++) y[r] = acc[r];
 }
 
-bool can_run(int path) { return path == PORTABLE; }
+#if MF_X86
+#define TMAC_BW "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
 
-const int g_best = PORTABLE;
+// ---- tables (AVX-512 F) ---------------------------------------------------------------------------
+// A run's 16 entries in the 16 lanes of one register: x[m] added, in order m = 0..3, to the lanes
+// whose index has bit m (the portable path's sums); then its steps, lane by lane.
+__attribute__((target(TMAC_BW))) void group_table_avx512(const float* x, int8_t* q, float* d, float* xs) {
+  static const __mmask16 bit[4] = {0xAAAA, 0xCCCC, 0xF0F0, 0xFF00};
+  __m512 t[RUNS], amax = _mm512_setzero_ps();
+  for (int r = 0; r < RUNS; r++) {
+    t[r] = _mm512_setzero_ps();
+    for (int m = 0; m < 4; m++) t[r] = _mm512_mask_add_ps(t[r], bit[m], t[r], _mm512_set1_ps(x[4 * r + m]));
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(t[r]));
+  }
+  const float top = _mm512_reduce_max_ps(amax);
+  const __m512 id = _mm512_set1_ps(top > 0.f ? 127.f / top : 0.f);
+  for (int r = 0; r < RUNS; r++) {  // vcvtps2dq rounds to nearest, ties to even (the default mode)
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(t[r], id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * r), _mm512_cvtepi32_epi8(v));
+  }
+  *d = top / 127.f;
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[1]), _mm512_add_ps(t[2], t[3])),
+                                 _mm512_add_ps(_mm512_add_ps(t[4], t[5]), _mm512_add_ps(t[6], t[7])));
+  const __m128 top4 = _mm512_extractf32x4_ps(s, 3);  // lanes 12..15: T[15] is the last
+  *xs = _mm_cvtss_f32(_mm_shuffle_ps(top4, top4, 3));
+}
 
-void build_tables(const float* x, int64_t K, int, int8_t* q, float* d, float* xs) {
-  for (int64_t g = 0; g < K / 32; g++) group_table_portable(x + 32 * g, q + 128 * g, d + g, xs + g);
+// ---- product (AVX-512): tmac_x86.inc once per path ------------------------------------------------
+namespace bw {
+#define TMAC_TARGET TMAC_BW
+#define TMAC_LOOKUP_VPERMB 0
+#define TMAC_DPBUSD 0
+#include "tmac_x86.inc"
+#undef TMAC_TARGET
+#undef TMAC_LOOKUP_VPERMB
+#undef TMAC_DPBUSD
+}  // namespace bw
+
+namespace vnni {
+#define TMAC_TARGET TMAC_BW ",avx512vnni"
+#define TMAC_LOOKUP_VPERMB 0
+#define TMAC_DPBUSD 1
+#include "tmac_x86.inc"
+#undef TMAC_TARGET
+#undef TMAC_LOOKUP_VPERMB
+#undef TMAC_DPBUSD
+}  // namespace vnni
+
+namespace vbmi {
+#define TMAC_TARGET TMAC_BW ",avx512vnni,avx512vbmi"
+#define TMAC_LOOKUP_VPERMB 1
+#define TMAC_DPBUSD 1
+#include "tmac_x86.inc"
+#undef TMAC_TARGET
+#undef TMAC_LOOKUP_VPERMB
+#undef TMAC_DPBUSD
+}  // namespace vbmi
+#endif
+
+bool can_run(int path) {
+#if MF_X86
+  __builtin_cpu_init();
+  const bool bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+                  __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool vnni = bw && __builtin_cpu_supports("avx512vnni");
+  switch (path) {
+    case PORTABLE: return true;
+    case BW: return bw;
+    case VNNI: return vnni;
+    case VBMI: return vnni && __builtin_cpu_supports("avx512vbmi");
+  }
+  return false;
+#else
+  return path == PORTABLE;
+#endif
+}
+
+int best_path() {
+  for (int path : {VBMI, VNNI, BW})
+    if (can_run(path)) return path;
+  return PORTABLE;
+}
+
+const int g_best = best_path();
+
+void build_tables(const float* x, int64_t K, int path, int8_t* q, float* d, float* xs) {
+  for (int64_t g = 0; g < K / 32; g++) {
+#if MF_X86
+    if (path != PORTABLE) {
+      group_table_avx512(x + 32 * g, q + 128 * g, d + g, xs + g);
+      continue;
+    }
+#endif
+    group_table_portable(x + 32 * g, q + 128 * g, d + g, xs + g);
+  }
 }
 
 struct Job {
@@ -110,9 +204,17 @@ void run_part(void* arg, int part) {
   const Job& j = *static_cast<const Job*>(arg);
   const int64_t blocks = (j.N + ROWS - 1) / ROWS;
   const int64_t b0 = blocks * part / j.parts, b1 = blocks * (part + 1) / j.parts;
-  for (int64_t b = b0; b < b1; b++) {
-    const int64_t live = j.N - b * ROWS < ROWS ? j.N - b * ROWS : ROWS;
-    block_portable(j.w, j.K, j.tb, b, (int)live, j.y + b * ROWS);
+  switch (j.path) {
+#if MF_X86
+    case BW: return bw::product(j.w, j.K, j.tb, b0, b1, j.N, j.y);
+    case VNNI: return vnni::product(j.w, j.K, j.tb, b0, b1, j.N, j.y);
+    case VBMI: return vbmi::product(j.w, j.K, j.tb, b0, b1, j.N, j.y);
+#endif
+    default:
+      for (int64_t b = b0; b < b1; b++) {
+        const int64_t live = j.N - b * ROWS < ROWS ? j.N - b * ROWS : ROWS;
+        block_portable(j.w, j.K, j.tb, b, (int)live, j.y + b * ROWS);
+      }
   }
 }
 
@@ -122,10 +224,11 @@ void run_part(void* arg, int part) {
 
 extern "C" {
 
-// Bit p set: this CPU runs path p (1 portable); bits 8..15: the path that path 0 (auto) takes.
+// Bit p set: this CPU runs path p (1 portable, 2 AVX-512 BW, 3 AVX-512 VNNI, 4 AVX-512 VBMI + VNNI);
+// bits 8..15: the path that path 0 (auto) takes.
 MF_EXPORT int mf_tmac_paths() {
   int bits = g_best << 8;
-  for (int p = PORTABLE; p <= PORTABLE; p++) bits |= can_run(p) ? 1 << p : 0;
+  for (int p = PORTABLE; p <= VBMI; p++) bits |= can_run(p) ? 1 << p : 0;
   return bits;
 }
 
@@ -159,7 +262,7 @@ MF_EXPORT int mf_tmac_repack(const uint32_t* w, const uint16_t* scales, const ui
 }
 
 // The tables of one row x [K] (what a product builds first): q [K / 4, 16] int8, d and xs [K / 32].
-// `path`: as mf_tmac_matvec's. Returns 0 or negative.
+// `path` 1: the portable loops, else the AVX-512 ones where the CPU has them. Returns 0 or negative.
 MF_EXPORT int mf_tmac_tables(const float* x, int64_t K, int8_t* q, float* d, float* xs, int path) {
   if (K < 32 || K % 32) return -1;
   if (path == AUTO) path = g_best;
@@ -174,7 +277,7 @@ MF_EXPORT int mf_tmac_tables(const float* x, int64_t K, int8_t* q, float* d, flo
 MF_EXPORT int mf_tmac_matvec(const uint8_t* w, int64_t N, int64_t K, const float* x, float* y, int threads, int path) {
   if (N < 1 || K < 32 || K % 32) return -1;
   if (path == AUTO) path = g_best;
-  if (!can_run(path)) return -2;
+  if (path < PORTABLE || path > VBMI || !can_run(path)) return -2;
   thread_local std::vector<int8_t> q;  // the calling thread's scratch, reused from call to call
   thread_local std::vector<float> d, xs;
   q.resize(K / 4 * 16);

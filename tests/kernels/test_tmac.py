@@ -1,6 +1,6 @@
 """T-MAC's table-lookup product (kernels/cpu/tmac.cpp): its repacked layout and its tables equal the
 plain-ops reference's (kernels/tmac_ref.py) byte for byte, and its outputs equal the reference's to
-the bit on every path this CPU runs (the portable loop, so far) and for 1 and 2 threads,
+the bit on every path this CPU runs (portable, AVX-512 BW, VNNI, VBMI) and for 1 and 2 threads,
 extreme codes (0 and 15: every lookup at index 0 or 15, int16 sums at their largest) and extreme
 activations included. Its distance to the exact product is the tables' rounding, which has a
 worst-case bound per row (each entry off by at most half a table step) that every output keeps."""
@@ -10,12 +10,16 @@ import pytest
 
 from mlx_flash.kernels.q8_ref import q8_matmul_ref
 from mlx_flash.kernels.qmatmul_ref import dequantize
-from mlx_flash.kernels.tmac import TmacMatrix, tmac_paths, tmac_tables
+from mlx_flash.kernels.tmac import TmacMatrix, TmacPath, tmac_paths, tmac_tables
 from mlx_flash.kernels.tmac_ref import repack_ref, tables, tmac_matvec_ref
 
 from kernel_vectors import quantized
 
 PATHS = tmac_paths()
+VECTOR_PATHS = [p for p in PATHS if p != TmacPath.PORTABLE]
+needs_avx512 = pytest.mark.skipif(
+    not VECTOR_PATHS, reason="this CPU has no AVX-512 (F, BW, VL): only the portable T-MAC path runs here"
+)
 
 
 def words_of(codes: np.ndarray) -> np.ndarray:
@@ -99,6 +103,20 @@ def test_extreme_codes_and_activations(code, sign):
         assert np.abs(q[:, 15].astype(np.int32)).min() == 127
     y = every_path(TmacMatrix(words, scales, biases), x)
     assert np.array_equal(y, tmac_matvec_ref(x, words, scales, biases))
+
+
+@needs_avx512
+def test_avx512_equals_portable_on_a_model_shape():
+    """A default-model shape (1536 x 576): every vector path and both thread counts, the same bits
+    as the portable loop."""
+    rng = np.random.default_rng(5)
+    _, words, scales, biases = quantized(rng, 1536, 576, 4, 32)
+    m = TmacMatrix(words, scales, biases)
+    x = rng.standard_normal(576).astype(np.float32)
+    portable = m(x, 1, path=TmacPath.PORTABLE)
+    for path in VECTOR_PATHS:
+        for threads in (1, 2):
+            assert np.array_equal(m(x, threads, path=path), portable), f"{path.name} threads={threads}"
 
 
 def test_error_to_the_exact_product_is_within_the_tables_rounding():
