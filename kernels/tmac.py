@@ -85,7 +85,12 @@ class TmacMatrix:
         lib = _lib()
         packed, scales, biases = (np.ascontiguousarray(a) for a in (packed, scales, biases))
         self.n_out, self.k_in = N, K
-        self.data = np.empty(lib.mf_tmac_bytes(N, K), np.uint8)  # the repacked matrix, kept
+        size = lib.mf_tmac_bytes(N, K)
+        # the repacked matrix, kept, on a cache line boundary: the kernel's 64-byte loads are whole
+        # lines (numpy's 16-byte alignment split each load over two lines)
+        raw = np.empty(size + 64, np.uint8)
+        start = -raw.ctypes.data % 64
+        self.data = raw[start : start + size]
         rc = lib.mf_tmac_repack(packed.ctypes.data, scales.ctypes.data, biases.ctypes.data, N, K, self.data.ctypes.data)
         if rc != 0:
             raise ValueError(f"the T-MAC repack refused its arguments (code {rc})")

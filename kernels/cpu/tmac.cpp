@@ -14,7 +14,9 @@
 // run pairs of 64 bytes (dword r = row r; byte j = plane j; low nibble: the pair's first run, high
 // nibble its second), then the 16 rows' float16 scales and biases. So a 64-byte load is 128 weights
 // of 16 rows, a row's 4 plane bytes sit in one dword (one vpdpbusd weights them by 1, 2, 4, 8 into
-// the row's int32 lane: no horizontal sums anywhere), and a block is one sequential stream.
+// the row's int32 lane: no horizontal sums anywhere), and a block is one sequential stream. The
+// vector loop reads 4 blocks side by side (4 streams sharing each table load); one stream of the 4
+// blocks interleaved per group measured slower (DRAM-bound 7B shape on one core: 2.4 ms against 1.46).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
