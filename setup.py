@@ -144,7 +144,7 @@ setup(
                 "kernels/cpu/qmatmul.h",
                 "kernels/cpu/q8.h",
                 "kernels/cpu/q8_x86_512.inc",
-                "kernels/cpu/q8_x86_512_aff4.inc",
+                "kernels/cpu/q8_x86_512_affine.inc",
                 "kernels/cpu/q8_x86_256.inc",
                 "kernels/cpu/gguf_blocks.h",
                 "kernels/cpu/matrix_ref.h",

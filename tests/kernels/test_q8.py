@@ -53,10 +53,10 @@ def test_quantized_codes_equal_the_reference(K):
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("tokens", [1, 3, 8, 20])
-@pytest.mark.parametrize("k_in", [7 * 128, 10 * 128])
+@pytest.mark.parametrize("k_in", [3 * 128, 7 * 128, 10 * 128])
 def test_affine_equals_reference_on_every_level(bits, group, tokens, k_in, isa_restored):
-    """28 blocks: a run of 16 and a short one of 12 (rows short enough for 4-bit decode to take 4 at a
-    time); 40: two runs and one of 8, rows taken one at a time."""
+    """12 blocks: one short run; 28: a run of 16 and a short one of 12; 40: two runs and one of 8. Rows
+    of 576 bytes or fewer are decoded 4 at a time, longer ones one at a time."""
     rng = np.random.default_rng(bits * 100 + group + tokens)
     n_out = 67
     _, words, scales, biases = quantized(rng, n_out, k_in, bits, group)
