@@ -2,18 +2,22 @@
 against llama.cpp (llama-cpp-python, same GGUF, same threads) in the same run. One JSON record of the
 run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a part per --parts:
 
-    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,kernels] [--models default,gemma]
-        [--backends torch,mlx] [--arithmetics exact,q8] [--pairs 5] [--gen-tokens 128]
-        [--prompt-tokens 2000] [--threads 2] [--json bench_results/arithmetic.json]
+    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,throughput,kernels]
+        [--models default,gemma] [--backends torch,mlx] [--arithmetics exact,q8] [--pairs 5]
+        [--decode-prompt 128] [--gen-tokens 128] [--prompt-tokens 2000] [--threads 2]
+        [--json bench_results/arithmetic.json]
 
 - quality: perplexity over the first 4,096 Wikipedia tokens in windows of 512 (each arithmetic, torch;
   llama.cpp on the same ids and windows), and greedy continuations (24 tokens) of 5 held-out prompts
   compared with exact's, transformers' and llama.cpp's (mlx_flash/bench/quality.py).
-- decode: --pairs interleaved pairs of a 128-token prompt then --gen-tokens greedy tokens, ours and
-  llama.cpp's, per model, backend and arithmetic; the pair ratios' median and lowest.
+- decode: --pairs interleaved pairs of a --decode-prompt-token prompt then --gen-tokens greedy tokens,
+  ours and llama.cpp's, per model, backend and arithmetic; the pair ratios' median and lowest.
 - prompt: a --prompt-tokens prompt's prefill against llama.cpp's (3 interleaved pairs), and on torch
   its time split into linear products, attention and the rest (mlx_flash/bench/prompt_split.py).
 - rows: a decode step of 16 rows against one row, tokens/s (mlx_flash/bench/batch_passes.py).
+- throughput: the throughput mode over 32 prompts of 128 tokens, 32 generated each, the FFN streamed
+  (ffn="stream", torch), against the same prompts one at a time (4 of them; their rate does not depend
+  on how many), and whether the batch's first 4 sequences equal theirs (mlx_flash/bench/throughput.py).
 - kernels: the product alone per shape, rows and threads in each arithmetic, and q8 on every code
   path this CPU runs (mlx_flash/bench/arithmetic_kernels.py).
 
@@ -33,10 +37,11 @@ from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
 from mlx_flash.bench.batch_passes import decode_step
 from mlx_flash.bench.prompt_split import prefill_split
 from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.throughput import BenchConfig, against_single, run_config
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
 
-PARTS = ("quality", "decode", "prompt", "rows", "kernels")
+PARTS = ("quality", "decode", "prompt", "rows", "throughput", "kernels")
 
 
 def model_path(name: str) -> str | None:
@@ -74,11 +79,11 @@ def quality_part(gguf: str, arithmetics, threads: int) -> dict:
 
 
 def decode_part(gguf, backends, arithmetics, a) -> dict:
-    llm, out = dp.open_llama(gguf, 128 + a.gen_tokens + 16, a.threads), {}
+    llm, out = dp.open_llama(gguf, a.decode_prompt + a.gen_tokens + 16, a.threads), {}
     for backend in backends:
         for arith in arithmetics:
             with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=a.threads, progress=False) as e:
-                ids = e.tokenizer.encode(dp.prompt_text())[:128]
+                ids = e.tokenizer.encode(dp.prompt_text())[: a.decode_prompt]
                 res = dp.interleaved(
                     lambda: dp.engine_run(e, ids, a.gen_tokens), lambda: dp.llama_run(llm, ids, a.gen_tokens), a.pairs
                 )
@@ -129,6 +134,24 @@ def rows_part(gguf, backends, arithmetics, a) -> dict:
     return out
 
 
+def throughput_part(gguf, backends, arithmetics, a) -> dict:
+    text, out = q.wikipedia(400_000), {}
+    for arith in arithmetics:
+        base = dict(store=gguf, backend="torch", sequences=32, prompt=128, generate=32, ffn="stream", arithmetic=arith)
+        rows = [run_config(BenchConfig(mode=mode, **base), text) | {"label": mode} for mode in ("single", "flexgen")]
+        against_single(rows)
+        batched = rows[1]
+        out[arith] = {"single": rows[0], "flexgen": batched}
+        print(
+            f"  {arith}: 32 prompts, FFN streamed: {batched['tokens_per_s']:.1f} tok/s against "
+            f"{rows[0]['tokens_per_s']:.2f} one at a time: {batched['tokens_per_s'] / rows[0]['tokens_per_s']:.1f}x; "
+            f"first 4 equal to one at a time: {batched.get('same_as_single')}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
@@ -137,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--arithmetics", default="exact,q8")
     p.add_argument("--pairs", type=int, default=5, help="interleaved decode pairs (default 5)")
     p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--decode-prompt", type=int, default=128, help="tokens of the decode part's prompt")
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--json", default="bench_results/arithmetic.json")
@@ -166,7 +190,12 @@ def main(argv=None) -> int:
                     record[part][name] = quality_part(gguf, ariths, a.threads)
                     print(f"  agreement: {record[part][name]['agreement']}", file=sys.stderr)
                 else:
-                    fn = {"decode": decode_part, "prompt": prompt_part, "rows": rows_part}[part]
+                    fn = {
+                        "decode": decode_part,
+                        "prompt": prompt_part,
+                        "rows": rows_part,
+                        "throughput": throughput_part,
+                    }[part]
                     record[part][name] = fn(gguf, backends, ariths, a)
                 write(a.json, header, **record)  # kept as it grows: a long run interrupted keeps its parts
     except FlashError as e:

@@ -45,6 +45,8 @@ class BenchConfig:
     single_sequences: int = 4  # sequences the single mode runs (its rate does not depend on how many)
     kv_bits: int = 0
     policy: str | None = None  # JSON for the naive mode (default: blocks of NAIVE_BATCH, one micro-batch each)
+    ffn: str = "auto"
+    arithmetic: str = "auto"
 
 
 def prompt_texts(tokenizer, text: str, n: int, length: int, seed: int = 0) -> list[str]:
@@ -70,6 +72,8 @@ def run_config(cfg: BenchConfig, text: str) -> dict:
         backend=cfg.backend,
         memory_budget=cfg.memory_budget,
         weights_budget=cfg.weights_budget,
+        ffn=cfg.ffn,
+        arithmetic=cfg.arithmetic,
         batch=True,
         progress=False,
     )
