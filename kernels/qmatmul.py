@@ -40,7 +40,7 @@ class Isa(IntEnum):
 class Arith(IntEnum):
     """The arithmetic of a product, as the kernels take it (cpu/q8.h): the float arithmetic (float32
     activations, float32 multiply-adds over the stored codes) or the q8 arithmetic (activations
-    quantized to 8-bit codes in blocks of 32, integer dot products, scales applied in float)."""
+    quantized to 8-bit codes with a scale per 8 inputs, integer dot products, scales applied in float)."""
 
     EXACT = 0
     Q8 = 1
