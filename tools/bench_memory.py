@@ -329,7 +329,12 @@ def main() -> int:
         default="25%,50%,75%,100%,150%",
         help="memory limits: %% of an engine's weights plus its floor, or bytes (2GB); default 25%%..150%%",
     )
-    p.add_argument("--backends", "--configs", default="mlx,torch", help="our backends, or none (default: mlx,torch)")
+    p.add_argument(
+        "--backends",
+        "--configs",
+        default="mlx,torch",
+        help="our backends, each with its arithmetic after a slash (torch/q8), or none (default: mlx,torch)",
+    )
     p.add_argument(
         "--sparse",
         default="",

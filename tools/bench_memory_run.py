@@ -101,6 +101,7 @@ def run_ours(
     from mlx_flash.moe.experts import StreamedExperts
 
     backend, _, share = mode.partition(":")
+    backend, _, arithmetic = backend.partition("/")  # "torch/q8": the backend and the arithmetic
     sparse = (
         {"ffn": "sparse", "flash": mlx_flash.FlashOptions(predictor="statistical", statistical_active=float(share))}
         if share
@@ -108,7 +109,15 @@ def run_ours(
     )
     t0 = time.perf_counter()
     try:  # "auto": the cgroup's limit less the safety margin, split by the planner (one line on stderr)
-        engine = mlx_flash.load(store, backend=backend, memory_budget="auto", progress=True, **sparse, **(kv or {}))
+        engine = mlx_flash.load(
+            store,
+            backend=backend,
+            arithmetic=arithmetic or "auto",
+            memory_budget="auto",
+            progress=True,
+            **sparse,
+            **(kv or {}),
+        )
     except MemoryBudgetError as e:
         return {"refused": str(e)}
     load_s = time.perf_counter() - t0

@@ -2,17 +2,19 @@
 
   exact  float32 activations times the stored codes, float32 multiply-adds: the source checkpoint's
          values, what every mode has computed so far
-  q8     each row of activations quantized to 8-bit codes in blocks of 32 (a scale per block), the
-         stored codes multiplied by them as integers, the scales applied in float once a block:
-         llama.cpp's arithmetic (kernels/cpu/q8.h); the same bits on every CPU path, for any thread
-         count and whichever rows come together
-  auto   exact. q8 is faster on every CPU with a vector integer path, but on the models we ship its
-         quality is llama.cpp's, not the checkpoint's: the default model's greedy continuations of 5
-         held-out prompts equal exact's in 2 of 5 (llama.cpp's: 2 of 5), Gemma 3 270M's in 3 of 5,
-         and the default chat's first answer changes (docs/results/kernels.md). So q8 is asked for.
+  q8     each row of activations quantized to 8-bit codes with a float scale per 8 inputs, the stored
+         codes multiplied by them as integers, the scales applied in float: llama.cpp's kind of
+         arithmetic (kernels/cpu/q8.h); the same bits on every CPU path, for any thread count and
+         whichever rows come together
+  auto   exact. q8 is faster on AVX-512 CPUs (decode and prefill of the default model, a 7B shape;
+         AVX2's integer path is not faster than its float one at the default model's shapes), but on
+         the models we ship its greedy answers are llama.cpp's kind, not the checkpoint's: the default
+         model's continuations of 5 held-out prompts equal transformers' in 2 of 5 (llama.cpp's: 2 of
+         5), Gemma 3 270M's in 3 of 5, and the default chat's first answer changes
+         (docs/results/arithmetic.md). So q8 is asked for.
 
 Matrices the q8 kernels do not read (neuron-major down columns, 3- and 6-bit codes) run exact either
-way (kernels/qmatmul.py q8_reads)."""
+way (kernels/qmatmul.py q8_reads)"""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ..kernels.qmatmul import Arith, Isa, cpu_isa
 ARITHMETICS = ("auto", "q8", "exact")
 WORDS = {
     Arith.EXACT: "exact (float32 multiply-adds over the stored codes)",
-    Arith.Q8: "q8 (activations as 8-bit codes in blocks of 32, integer dot products)",
+    Arith.Q8: "q8 (activations as 8-bit codes, a scale per 8 inputs, integer dot products)",
 }
 LEVEL_NAMES = {
     Isa.PORTABLE: "the portable loops",

@@ -93,3 +93,23 @@ def interleaved(ours, peer, pairs: int, key: int = 1) -> dict:
         "ours_median": statistics.median(r["ours"] for r in rows),
         "peer_median": statistics.median(r["peer"] for r in rows),
     }
+
+
+def read_stream_gbs(gigabytes: float = 4.0, threads: int = 2, repeat: int = 3) -> float:
+    """GB/s of a read-only pass over `gigabytes` of float32 (torch's sum on `threads` threads: vector
+    loads, nothing written), best of `repeat`: what a decode step that reads its weights once from
+    memory can approach."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(int(gigabytes * 1e9) // 4)
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+        return x.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(before)
