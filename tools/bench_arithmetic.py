@@ -83,62 +83,61 @@ def quality_part(gguf: str, arithmetics, threads: int) -> dict:
     return out
 
 
+def engines(gguf, backends, arithmetics, threads):
+    """("backend-arithmetic", engine) for each backend and arithmetic, one engine open at a time."""
+    for backend in backends:
+        for arith in arithmetics:
+            with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=threads, progress=False) as e:
+                yield f"{backend}-{arith}", e
+
+
 def decode_part(gguf, backends, arithmetics, a) -> dict:
     llm, out = dp.open_llama(gguf, a.decode_prompt + a.gen_tokens + 16, a.threads), {}
     if a.stream_gb:
         out["read_stream_gbs"] = dp.read_stream_gbs(a.stream_gb, a.threads)
         print(f"  a read-only stream over {a.stream_gb:g} GB: {out['read_stream_gbs']:.1f} GB/s", file=sys.stderr)
-    for backend in backends:
-        for arith in arithmetics:
-            with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=a.threads, progress=False) as e:
-                ids = e.tokenizer.encode(dp.prompt_text())[: a.decode_prompt]
-                res = dp.interleaved(
-                    lambda: dp.engine_run(e, ids, a.gen_tokens), lambda: dp.llama_run(llm, ids, a.gen_tokens), a.pairs
-                )
-            out[f"{backend}-{arith}"] = res
-            print(
-                f"  {backend}-{arith}: decode {res['ours_median']:.1f} tok/s against llama.cpp "
-                f"{res['peer_median']:.1f}: median pair {res['median_ratio']:.2f}x, lowest {res['lowest_ratio']:.2f}x",
-                file=sys.stderr,
-                flush=True,
-            )
+    for name, e in engines(gguf, backends, arithmetics, a.threads):
+        ids = e.tokenizer.encode(dp.prompt_text())[: a.decode_prompt]
+        res = out[name] = dp.interleaved(
+            lambda: dp.engine_run(e, ids, a.gen_tokens), lambda: dp.llama_run(llm, ids, a.gen_tokens), a.pairs
+        )
+        print(
+            f"  {name}: decode {res['ours_median']:.1f} tok/s against llama.cpp {res['peer_median']:.1f}: "
+            f"median pair {res['median_ratio']:.2f}x, lowest {res['lowest_ratio']:.2f}x",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
 def prompt_part(gguf, backends, arithmetics, a) -> dict:
     llm, out = dp.open_llama(gguf, a.prompt_tokens + 16, a.threads), {}
     text = dp.prompt_text(a.prompt_tokens * 12)
-    for backend in backends:
-        for arith in arithmetics:
-            with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=a.threads, progress=False) as e:
-                ids = e.tokenizer.encode(text)[: a.prompt_tokens]
-                res = dp.interleaved(lambda: dp.engine_run(e, ids, 0), lambda: dp.llama_run(llm, ids, 0), 3, key=0)
-                res["split"] = prefill_split(e, ids)
-            out[f"{backend}-{arith}"] = res
-            s = res["split"]
-            parts = (
-                f" (linear {s['linear_s']:.2f} s, attention {s['attention_s']:.2f} s, rest {s['rest_s']:.2f} s)"
-                if "linear_s" in s
-                else ""
-            )
-            print(
-                f"  {backend}-{arith}: {len(ids)}-token prompt {s['seconds']:.2f} s{parts}; against llama.cpp "
-                f"{len(ids) / res['peer_median']:.2f} s: median pair {res['median_ratio']:.2f}x",
-                file=sys.stderr,
-                flush=True,
-            )
+    for name, e in engines(gguf, backends, arithmetics, a.threads):
+        ids = e.tokenizer.encode(text)[: a.prompt_tokens]
+        res = out[name] = dp.interleaved(lambda: dp.engine_run(e, ids, 0), lambda: dp.llama_run(llm, ids, 0), 3, key=0)
+        s = res["split"] = prefill_split(e, ids)
+        parts = (
+            f" (linear {s['linear_s']:.2f} s, attention {s['attention_s']:.2f} s, rest {s['rest_s']:.2f} s)"
+            if "linear_s" in s
+            else ""
+        )
+        print(
+            f"  {name}: {len(ids)}-token prompt {s['seconds']:.2f} s{parts}; against llama.cpp "
+            f"{len(ids) / res['peer_median']:.2f} s: median pair {res['median_ratio']:.2f}x",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
 def rows_part(gguf, backends, arithmetics, a) -> dict:
     out = {}
-    for backend in backends:
-        for arith in arithmetics:
-            with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=a.threads, progress=False) as e:
-                one, sixteen = decode_step(e, 1), decode_step(e, 16)
-            ratio = one.seconds * 16 / sixteen.seconds
-            out[f"{backend}-{arith}"] = {"one_s": one.seconds, "sixteen_s": sixteen.seconds, "ratio": ratio}
-            print(f"  {backend}-{arith}: 16 rows {ratio:.2f}x one row's tokens/s", file=sys.stderr, flush=True)
+    for name, e in engines(gguf, backends, arithmetics, a.threads):
+        one, sixteen = decode_step(e, 1), decode_step(e, 16)
+        ratio = one.seconds * 16 / sixteen.seconds
+        out[name] = {"one_s": one.seconds, "sixteen_s": sixteen.seconds, "ratio": ratio}
+        print(f"  {name}: 16 rows {ratio:.2f}x one row's tokens/s", file=sys.stderr, flush=True)
     return out
 
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from importlib import metadata
 
+from ..kernels.qmatmul import cpu_isa
+
 # the /proc/cpuinfo flags that choose a kernel path here or in llama.cpp
 DISPATCH_FLAGS = (
     "avx",
@@ -69,8 +71,6 @@ def versions() -> dict:
 def provenance(argv: list[str] | None = None) -> dict:
     """The record's header. `commit` is empty outside a git checkout (an installed wheel); `dirty` says
     whether tracked files differed from it when the run began."""
-    from ..kernels.qmatmul import cpu_isa
-
     flags = cpu_flags()
     return {
         "commit": _git("rev-parse", "HEAD"),

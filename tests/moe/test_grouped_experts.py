@@ -142,3 +142,24 @@ def test_streamed_equals_resident_for_64_tokens_at_every_budget(gguf_stores, bac
             got = greedy(e, prompt, 64)
         assert got[0] == want[0], f"{share:.0%} of expert bytes"
         assert np.array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_streamed_experts_equal_resident_within_q8(gguf_stores, backend):
+    """The q8 arithmetic keeps streamed experts exact against resident ones: Q4_1 and the Q4_K_M mix,
+    a tenth of the expert bytes cached, 16 greedy tokens and every step's logits."""
+    prompt = list(range(5, 15))
+    for quant, store in gguf_stores.items():
+        with mlx_flash.load(store, backend=backend, arithmetic="q8", progress=False) as e:
+            want = greedy(e, prompt, 16)
+        with mlx_flash.load(
+            store, backend=backend, arithmetic="q8", ffn="stream", weights_budget="1GB", progress=False, io=IO
+        ) as e:
+            plan = mlx_flash.memory_plan(e)
+        budget = plan["resident_weights"] + max(plan["slot_bytes"], plan["all_experts_bytes"] // 10)
+        with mlx_flash.load(
+            store, backend=backend, arithmetic="q8", ffn="stream", weights_budget=budget, progress=False, io=IO
+        ) as e:
+            got = greedy(e, prompt, 16)
+        assert got[0] == want[0], quant
+        assert np.array_equal(got[1], want[1]), quant
