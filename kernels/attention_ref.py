@@ -8,13 +8,14 @@ import numpy as np
 
 
 def attention_ref(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kv_len=None, q_pos=None, table=None
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kv_len=None, q_pos=None, table=None, window=0
 ) -> np.ndarray:
     """q [B, Hq, T, hd]; k, v [B, Hkv, S, hd] (row b's keys), or pools [blocks, Hkv, block_tokens, hd]
     read through table [B, max_blocks] (key j of row b: block table[b, j // block_tokens], token
     j % block_tokens). Row b holds kv_len[b] keys (default S) and its first query is at position
-    q_pos[b] (default S - T); query t sees key j when j <= max(q_pos[b] + t, 0) and j < kv_len[b]. Returns
-    [B, Hq, T, hd] float64 (zeros for a query that sees no key)."""
+    q_pos[b] (default S - T); query t sees key j when j <= max(q_pos[b] + t, 0) and j < kv_len[b], and
+    with window > 0 when j > q_pos[b] + t - window. Returns [B, Hq, T, hd] float64 (zeros for a query
+    that sees no key)."""
     B, Hq, T, hd = q.shape
     Hkv = k.shape[1]
     if table is not None:
@@ -40,6 +41,8 @@ def attention_ref(
             s = (q[b, h].astype(np.float64) * scale) @ kb[h // g].T  # [T, S]
             keys = np.arange(s.shape[1])
             seen = (keys[None, :] <= np.maximum(q_pos[b] + np.arange(T), 0)[:, None]) & (keys[None, :] < kv_len[b])
+            if window > 0:
+                seen &= keys[None, :] > (q_pos[b] + np.arange(T) - window)[:, None]
             s = np.where(seen, s, -np.inf)
             m = s.max(axis=1, keepdims=True)
             p = np.where(seen, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)

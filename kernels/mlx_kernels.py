@@ -276,12 +276,13 @@ def write_tokens(buffer: mx.array, x: mx.array, offset: int) -> mx.array:
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, threads: int, kv_len=None, q_pos=None, table=None
+    q: mx.array, k: mx.array, v: mx.array, scale: float, threads: int, kv_len=None, q_pos=None, table=None, window=0
 ) -> mx.array:
     """softmax(scale q k^T) v, lazily (kernels/cpu/attention.cpp): q [B, Hq, T, hd]; k, v [B, Hkv, S, hd]
     (each row's queries the last T of its S keys, or per row kv_len / q_pos int32 [B]), or pools
-    [blocks, Hkv, block_tokens, hd] with a slot table int32 [B, max_blocks]."""
-    return extension().attention(q, k, v, float(scale), max(int(threads), 1), kv_len, q_pos, table)
+    [blocks, Hkv, block_tokens, hd] with a slot table int32 [B, max_blocks]; window > 0: each query sees
+    only its last `window` keys (its own included)."""
+    return extension().attention(q, k, v, float(scale), max(int(threads), 1), kv_len, q_pos, table, int(window))
 
 
 def attention_coded(

@@ -152,7 +152,7 @@ def _register_fakes(torch) -> None:
         return buffer.new_empty((*ids.shape, k), dtype=torch.float32)
 
     @torch.library.register_fake(lib + "attention")
-    def _(q, k, v, scale, threads, kv_len=None, q_pos=None, table=None):
+    def _(q, k, v, scale, threads, kv_len=None, q_pos=None, table=None, window=0):
         B, Hq, T, hd = q.shape
         return q.new_empty((B, T, Hq, hd)).transpose(1, 2)
 

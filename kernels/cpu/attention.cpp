@@ -6,7 +6,9 @@
 // What each query sees. Row b of a batch holds kv_len[b] keys; its first query sits at position
 // q_pos[b] and query t at q_pos[b] + t; query t sees key j when j <= max(q_pos[b] + t, 0) and j <
 // kv_len[b] (one sequence's causal prompt: q_pos = S - T, kv_len = S; a decode step: T = 1; a query
-// before position 0, a left-padded step's padding column, sees key 0 rather than nothing). Grouped-query
+// before position 0, a left-padded step's padding column, sees key 0 rather than nothing). With a
+// window w > 0 (Gemma 3's sliding layers) it also sees only j > q_pos[b] + t - w: its last w keys,
+// its own included; the key blocks before the first query's window are not read. Grouped-query
 // attention: query head h reads key head h / (Hq / Hkv).
 //
 // Where keys lie. Key j of row b, head h is at
@@ -83,6 +85,7 @@ struct Attn {
   const int32_t* cls = nullptr;
   const mf_kv_codes* kcs = nullptr;
   const mf_kv_codes* vcs = nullptr;
+  int64_t window = 0;  // keys a query sees back from its own position (0: all)
 };
 
 #define MF_INLINE inline __attribute__((always_inline))
@@ -361,8 +364,10 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
   for (int64_t r = 0; r < R; r++) s.m[r] = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < R * L; i++) s.l[i] = 0.f;
   const int64_t kend = std::min(len, std::max<int64_t>(pos + t1, 1));  // keys the last query sees
+  // The first key the first query sees, in whole blocks: earlier blocks would be masked for every row.
+  const int64_t kbegin = p.window > 0 ? std::max<int64_t>(pos + t0 - p.window + 1, 0) / KB * KB : 0;
   alignas(64) float sc[RB][KB];
-  for (int64_t j0 = 0; j0 < kend; j0 += KB) {
+  for (int64_t j0 = kbegin; j0 < kend; j0 += KB) {
     const int64_t nk = std::min<int64_t>(KB, kend - j0);
     // the block's keys transposed, its values as rows: a coded block at once where it can be
     if (p.cls != nullptr) {
@@ -387,10 +392,11 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
     // partial sums held in registers across the head dimension (scores) or the block (outputs).
     for (int64_t r0 = 0; r0 < R; r0 += RB) {
       const int nr = (int)std::min<int64_t>(RB, R - r0);
-      int64_t lim[RB];
-      for (int rr = 0; rr < RB; rr++) {  // keys of this block row r0 + rr sees: [0, lim)
+      int64_t lo[RB], lim[RB];
+      for (int rr = 0; rr < RB; rr++) {  // keys of this block row r0 + rr sees: [lo, lim)
         const int64_t t = t0 + (r0 + std::min(rr, nr - 1)) % nt;
         lim[rr] = rr < nr ? std::min(len, std::max<int64_t>(pos + t + 1, 1)) - j0 : 0;
+        lo[rr] = p.window > 0 ? std::max<int64_t>(pos + t - p.window + 1, 0) - j0 : 0;
       }
       if constexpr (AVX512) {
         const float* qr[RB];
@@ -416,18 +422,19 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
       for (int rr = 0; rr < RB; rr++) {
         const int64_t r = r0 + rr;
         c[rr] = 1.f;
-        if (lim[rr] <= 0) {  // a row that sees no key of this block: its sums stay as they are
+        if (lim[rr] <= 0 || lim[rr] <= lo[rr]) {  // a row that sees no key of this block: its sums stay
           for (int j = 0; j < n16; j++) sc[rr][j] = 0.f;
           continue;
         }
         float mx[L];
         for (int i = 0; i < L; i++) mx[i] = -std::numeric_limits<float>::infinity();
         if constexpr (AVX512) {
-          masked_max(sc[rr], n16, lim[rr], mx);
+          masked_max(sc[rr], n16, lo[rr], lim[rr], mx);
         } else {
           for (int j0l = 0; j0l < n16; j0l += L)
             for (int i = 0; i < L; i++) {
-              const float v = j0l + i < lim[rr] ? sc[rr][j0l + i] : -std::numeric_limits<float>::infinity();
+              const bool in = j0l + i >= lo[rr] && j0l + i < lim[rr];
+              const float v = in ? sc[rr][j0l + i] : -std::numeric_limits<float>::infinity();
               mx[i] = v > mx[i] ? v : mx[i];
             }
         }
@@ -438,12 +445,12 @@ MF_INLINE void unit_body(const Attn& p, int64_t b, int64_t kvh, int64_t t0, int6
         float* lr = s.l.data() + r * L;
         for (int i = 0; i < L; i++) lr[i] *= c[rr];
         if constexpr (AVX512) {
-          masked_exp(sc[rr], n16, lim[rr], m_new, lr);
+          masked_exp(sc[rr], n16, lo[rr], lim[rr], m_new, lr);
         } else {
           for (int j0l = 0; j0l < n16; j0l += L)
             for (int i = 0; i < L; i++) {
               const float e = exp_neg(sc[rr][j0l + i] - m_new);
-              const float pj = j0l + i < lim[rr] ? e : 0.f;
+              const float pj = j0l + i >= lo[rr] && j0l + i < lim[rr] ? e : 0.f;
               sc[rr][j0l + i] = pj;
               lr[i] += pj;
             }
@@ -599,19 +606,22 @@ extern "C" {
 // strides qs (3 int64: batch, head, token; elements, the head dimension contiguous); k, v: bases
 // with strides ks, vs (3 int64 each: block or row, head, token); table: int32 [B, max_blocks] or
 // null (then block_tokens is unused and row b is block b); kv_len, q_pos: int32 [B]; out: float32
-// with strides os (3 int64). Returns 0, or a negative code for bad arguments.
+// with strides os (3 int64); window: 0, or the keys a query sees back from its own position. Returns 0,
+// or a negative code for bad arguments.
 MF_EXPORT int mf_attention(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
                            const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks,
                            const int64_t* vs, const int32_t* table, int64_t max_blocks, int64_t block_tokens,
                            const int32_t* kv_len, const int32_t* q_pos, float scale, float* out, const int64_t* os,
-                           int threads) {
+                           int threads, int64_t window) {
   if (B < 0 || T < 0 || hd < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv != 0) return -1;
   if (kv_type != 0 && kv_type != 1) return -2;
   if (table != nullptr && (max_blocks < 1 || block_tokens < 1)) return -3;
   if (B == 0 || T == 0) return 0;
-  const Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
-               kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, block_tokens, kv_len,
-               q_pos, scale, out, os[0], os[1], os[2]};
+  if (window < 0) return -1;
+  Attn p{q, B, Hq, T, hd, qs[0], qs[1], qs[2], static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v),
+         kv_type, Hkv, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], table, max_blocks, block_tokens, kv_len,
+         q_pos, scale, out, os[0], os[1], os[2]};
+  p.window = window;
   return run(p, threads);
 }
 

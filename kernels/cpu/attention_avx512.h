@@ -60,12 +60,18 @@ __attribute__((target("avx512f"))) inline __mmask16 lanes_below(int64_t j0, int6
   return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-// mx[i] = the largest of mx[i] and row[j0 + i] for j0 + i < lim (j0 = 0, 16, .. < n), as
+// Lanes lo <= j0 + i < lim of 16.
+__attribute__((target("avx512f"))) inline __mmask16 lanes_within(int64_t j0, int64_t lo, int64_t lim) {
+  return (__mmask16)(lanes_below(j0, lim) & ~lanes_below(j0, lo));
+}
+
+// mx[i] = the largest of mx[i] and row[j0 + i] for lo <= j0 + i < lim (j0 = 0, 16, .. < n), as
 // `v > mx ? v : mx` lane by lane.
-__attribute__((target("avx512f"))) inline void masked_max(const float* row, int64_t n, int64_t lim, float* mx) {
+__attribute__((target("avx512f"))) inline void masked_max(const float* row, int64_t n, int64_t lo, int64_t lim,
+                                                           float* mx) {
   __m512 m = _mm512_loadu_ps(mx);
   for (int64_t j0 = 0; j0 < n; j0 += 16)
-    m = _mm512_mask_max_ps(m, lanes_below(j0, lim), _mm512_loadu_ps(row + j0), m);
+    m = _mm512_mask_max_ps(m, lanes_within(j0, lo, lim), _mm512_loadu_ps(row + j0), m);
   _mm512_storeu_ps(mx, m);
 }
 
@@ -89,12 +95,13 @@ __attribute__((target("avx512f,fma"))) inline __m512 exp_neg16(__m512 x) {
   return _mm512_mul_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23)));
 }
 
-// row[j] = exp_neg(row[j] - m) for j < lim, 0 for lim <= j < n; lr[i] += row[j0 + i] per 16-lane block.
-__attribute__((target("avx512f,fma"))) inline void masked_exp(float* row, int64_t n, int64_t lim, float m, float* lr) {
+// row[j] = exp_neg(row[j] - m) for lo <= j < lim, 0 for the other j < n; lr[i] += row[j0 + i] per 16-lane block.
+__attribute__((target("avx512f,fma"))) inline void masked_exp(float* row, int64_t n, int64_t lo, int64_t lim, float m,
+                                                              float* lr) {
   __m512 l = _mm512_loadu_ps(lr);
   const __m512 vm = _mm512_set1_ps(m);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const __m512 p = _mm512_maskz_mov_ps(lanes_below(j0, lim), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j0), vm)));
+    const __m512 p = _mm512_maskz_mov_ps(lanes_within(j0, lo, lim), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j0), vm)));
     _mm512_storeu_ps(row + j0, p);
     l = _mm512_add_ps(l, p);
   }
@@ -179,8 +186,8 @@ namespace mf {
 void transpose_keys16(const float* src, int64_t st, int64_t hd, float* dst, int64_t dstep);
 void tile_scores(const float* const* qr, const float* kt, int64_t kb, int64_t hd, int64_t n, float* sc,
                  int64_t sc_stride);
-void masked_max(const float* row, int64_t n, int64_t lim, float* mx);
-void masked_exp(float* row, int64_t n, int64_t lim, float m, float* lr);
+void masked_max(const float* row, int64_t n, int64_t lo, int64_t lim, float* mx);
+void masked_exp(float* row, int64_t n, int64_t lo, int64_t lim, float m, float* lr);
 void tile_values(float* const* ar, const float* c, const float* sc, int64_t sc_stride, const float* vb, int64_t hdp,
                  int64_t last, int nr);
 }  // namespace mf

@@ -29,7 +29,7 @@ struct KernelLibrary {
   int (*attention)(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs, const void* k,
                    const void* v, int kv_type, int64_t Hkv, const int64_t* ks, const int64_t* vs, const int32_t* table,
                    int64_t max_blocks, int64_t block_tokens, const int32_t* kv_len, const int32_t* q_pos, float scale,
-                   float* out, const int64_t* os, int threads) = nullptr;
+                   float* out, const int64_t* os, int threads, int64_t window) = nullptr;
   int (*attention_coded)(const float* q, int64_t B, int64_t Hq, int64_t T, int64_t hd, const int64_t* qs,
                          const void* k, const void* v, int kv_type, int64_t Hkv, const int64_t* ks, const int64_t* vs,
                          int64_t residual_tokens, const int32_t* table, int64_t max_blocks, const int32_t* kv_len,

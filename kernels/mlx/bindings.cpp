@@ -130,8 +130,9 @@ NB_MODULE(_mlx_kernels, m) {
       "k"_a, "row_bytes"_a, "scale_row_bytes"_a, "Rows `ids` of the stored matrix as float32 [..ids, k] (lazy).");
 
   m.def("attention", &mlx_flash::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "kv_len"_a = nb::none(),
-        "q_pos"_a = nb::none(), "table"_a = nb::none(),
-        "softmax(scale q k^T) v with each query's keys (see primitives.h) -> [B, Hq, T, hd] float32 (lazy).");
+        "q_pos"_a = nb::none(), "table"_a = nb::none(), "window"_a = 0,
+        "softmax(scale q k^T) v with each query's keys (see primitives.h; window > 0: only its last window keys) "
+        "-> [B, Hq, T, hd] float32 (lazy).");
 
   m.def("attention_coded", &mlx_flash::attention_coded, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "k_codes"_a,
         "k_layout"_a, "v_codes"_a, "v_layout"_a, "coded"_a, "kv_len"_a, "q_pos"_a, "table"_a = nb::none(),

@@ -385,7 +385,7 @@ std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& in
 
 bool Attention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const Attention&>(other);
-  return scale_ == o.scale_ && mode_ == o.mode_ && threads_ == o.threads_;
+  return scale_ == o.scale_ && mode_ == o.mode_ && threads_ == o.threads_ && window_ == o.window_;
 }
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -406,7 +406,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   const int64_t block_tokens = mode_ == Mode::Table ? S : 0;
   const mx::Strides &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
   enc.dispatch([=, qp = q.data<float>(), kp = k.data<void>(), vp = v.data<void>(), op = out.data<float>(),
-                scale = scale_, threads = threads_]() {
+                scale = scale_, threads = threads_, window = window_]() {
     std::vector<int32_t> lens, pos;
     const int32_t *lp = kv_len, *pp = q_pos;
     if (lp == nullptr) {  // every row holds S keys, its queries the last T of them
@@ -418,15 +418,16 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     const int64_t qst[3] = {qs[0], qs[1], qs[2]}, kst[3] = {ks[0], ks[1], ks[2]}, vst[3] = {vs[0], vs[1], vs[2]};
     const int64_t ost[3] = {strides[0], strides[1], strides[2]};
     check(kernels().attention(qp, B, Hq, T, hd, qst, kp, vp, f16 ? 1 : 0, Hkv, kst, vst, table, max_blocks,
-                              block_tokens, lp, pp, scale, op, ost, threads),
+                              block_tokens, lp, pp, scale, op, ost, threads, window),
           "Attention");
   });
 }
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
                     const std::optional<mx::array>& kv_len, const std::optional<mx::array>& q_pos,
-                    const std::optional<mx::array>& table) {
+                    const std::optional<mx::array>& table, int64_t window) {
   need(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "attention: q, k and v must be 4-D");
+  need(window >= 0, "attention: window must be 0 (every key) or a positive number of keys");
   need(k.shape() == v.shape(), "attention: k and v differ in shape " + shape_str(k.shape()) + " vs " +
                                    shape_str(v.shape()));
   need(q.shape(3) == k.shape(3) && k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0,
@@ -447,7 +448,8 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     need(k.shape(2) >= q.shape(2), "attention: fewer keys than queries");
   }
   if (table) inputs.push_back(mx::contiguous(mx::astype(*table, mx::int32, s), false, s));
-  return mx::array(q.shape(), mx::float32, std::make_shared<Attention>(s, scale, mode, threads), std::move(inputs));
+  return mx::array(q.shape(), mx::float32, std::make_shared<Attention>(s, scale, mode, threads, window),
+                   std::move(inputs));
 }
 
 std::vector<mx::Shape> CodedAttention::output_shapes(const std::vector<mx::array>& inputs) {

@@ -141,8 +141,8 @@ class StoredRows : public CpuPrimitive {
 class Attention : public CpuPrimitive {
  public:
   enum class Mode { Uniform = 0, Rows = 1, Table = 2 };
-  Attention(mx::Stream s, float scale, Mode mode, int threads)
-      : CpuPrimitive(s), scale_(scale), mode_(mode), threads_(threads) {}
+  Attention(mx::Stream s, float scale, Mode mode, int threads, int64_t window)
+      : CpuPrimitive(s), scale_(scale), mode_(mode), threads_(threads), window_(window) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override { return "Attention"; }
@@ -152,6 +152,7 @@ class Attention : public CpuPrimitive {
   float scale_;
   Mode mode_;
   int threads_;
+  int64_t window_;  // keys a query sees back from its own position (0: all)
 };
 
 // Attention over compressed KV (kernels/cpu/attention.cpp mf_attention_coded). Inputs q, k, v (float
@@ -322,7 +323,7 @@ mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec 
                       int64_t row_bytes, int64_t scale_row_bytes);
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
                     const std::optional<mx::array>& kv_len, const std::optional<mx::array>& q_pos,
-                    const std::optional<mx::array>& table);
+                    const std::optional<mx::array>& table, int64_t window);
 mx::array attention_coded(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
                           const mx::array& k_codes, std::vector<int64_t> k_layout, const mx::array& v_codes,
                           std::vector<int64_t> v_layout, const mx::array& coded, const mx::array& kv_len,

@@ -109,8 +109,9 @@ at::Tensor stored_rows(const at::Tensor& ids, const at::Tensor& buffer, int64_t 
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t threads,
                      const c10::optional<at::Tensor>& kv_len, const c10::optional<at::Tensor>& q_pos,
-                     const c10::optional<at::Tensor>& table) {
+                     const c10::optional<at::Tensor>& table, int64_t window) {
   cpu_float(q, "q");
+  TORCH_CHECK(window >= 0, "attention: window must be 0 (every key) or a positive number of keys");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
               "attention: q, k, v must be 4-D, k and v of one shape");
   TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf),
@@ -141,7 +142,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int32_t* tp = ids_ptr(table);
   done(loaded().attention(q.data_ptr<float>(), B, Hq, T, hd, qs, k.data_ptr(), v.data_ptr(),
                           k.scalar_type() == at::kHalf ? 1 : 0, Hkv, ks, vs, tp, table ? table->size(1) : 0,
-                          table ? S : 0, lp, pp, (float)scale, out.data_ptr<float>(), os, (int)threads),
+                          table ? S : 0, lp, pp, (float)scale, out.data_ptr<float>(), os, (int)threads, window),
        "attention");
   return out;
 }
@@ -373,7 +374,7 @@ TORCH_LIBRARY(mlx_flash, m) {
   m.def("stored_rows(Tensor ids, Tensor buffer, int kind, int w_off, int s_off, int b_off, int scale_type, int bits, "
         "int group, int rows, int k, int row_bytes, int scale_row_bytes) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor? kv_len=None, Tensor? q_pos=None, "
-        "Tensor? table=None) -> Tensor");
+        "Tensor? table=None, int window=0) -> Tensor");
   m.def("attention_coded(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor k_codes, int[] k_layout, "
         "Tensor v_codes, int[] v_layout, Tensor coded, Tensor kv_len, Tensor q_pos, Tensor? table=None) -> Tensor");
   m.def("attention_mixed(Tensor q, Tensor k, Tensor v, float scale, int threads, Tensor codes, int[] layouts, "

@@ -20,7 +20,7 @@ from ..kernels import mlx_kernels
 from ..ffn_source import GateActivation
 from ..slot_turns import SlotTurns
 
-from ..models.cache import RowsMask
+from ..models.cache import RowsMask, WindowMask
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
 from . import (
     covered_bytes,
@@ -317,15 +317,16 @@ class MLXOps:
 
     def sdpa(self, q, k, v, scale: float, mask=None):
         """q [B,Hq,T,hd], k/v [B,Hkv,S,hd]. mask: None, "causal" (the last query aligned with the last
-        key), a RowsMask (models/cache.py) or a boolean mask from `mask` [B, 1, T, S] (True: attend). On the
-        CPU the first three run our attention primitive (MLX's CPU attention multiplies on a reference
-        BLAS); a boolean mask runs MLX's."""
-        if not self.on_gpu and (mask is None or isinstance(mask, (str, RowsMask))):
+        key), a RowsMask or a WindowMask (models/cache.py) or a boolean mask from `mask` [B, 1, T, S]
+        (True: attend). On the CPU the first four run our attention primitive (MLX's CPU attention
+        multiplies on a reference BLAS); a boolean mask runs MLX's."""
+        if not self.on_gpu and (mask is None or isinstance(mask, (str, RowsMask, WindowMask))):
             if isinstance(mask, RowsMask):  # each row of a padded batch as it computes alone
                 lens, pos = mx.array(mask.kv_len), mx.array(mask.q_pos)
                 return mlx_kernels.attention(q, k, v, scale, self.kernel_threads, lens, pos)
-            return mlx_kernels.attention(q, k, v, scale, self.kernel_threads)
-        if isinstance(mask, RowsMask):
+            window = mask.window if isinstance(mask, WindowMask) else 0
+            return mlx_kernels.attention(q, k, v, scale, self.kernel_threads, window=window)
+        if isinstance(mask, (RowsMask, WindowMask)):
             mask = self.mask(mask.keep(q.shape[-2], k.shape[-2]))
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 

@@ -29,7 +29,7 @@ from . import slot_attention
 from .coded_blocks import block_layouts
 from ..ffn_source import GateActivation
 
-from ..models.cache import RowsMask
+from ..models.cache import RowsMask, WindowMask
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
 from . import covered_bytes, cpu_threads, expert_operators, fused_ffn_weights, leaves, owner
 from . import torch_scores, torch_sparse, torch_weights
@@ -290,14 +290,15 @@ class TorchOps:
         return torch.inference_mode()
 
     def sdpa(self, q, k, v, scale: float, mask=None):
-        """mask: None, "causal", a RowsMask (models/cache.py) or a boolean mask from `mask` [B, 1, T, S]
-        (True: attend). With the CPU kernel the first three run its attention (kernels/cpu/attention.cpp),
-        so a row of a padded batch computes what it computes alone."""
+        """mask: None, "causal", a RowsMask or a WindowMask (models/cache.py) or a boolean mask from `mask`
+        [B, 1, T, S] (True: attend); the CPU kernel (kernels/cpu/attention.cpp) runs the first four."""
+        if self.stored_kernel and isinstance(mask, WindowMask):
+            return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads, window=mask.window)
         if self.stored_kernel and (mask is None or isinstance(mask, (str, RowsMask))):
             rows = (torch.from_numpy(mask.kv_len), torch.from_numpy(mask.q_pos)) if isinstance(mask, RowsMask) else ()
             return torch_ops.ops().attention(q, k, v, scale, self.kernel_threads, *rows)
         T, S = q.shape[-2], k.shape[-2]
-        mask = self.mask(mask.keep(T, S)) if isinstance(mask, RowsMask) else mask
+        mask = self.mask(mask.keep(T, S)) if isinstance(mask, (RowsMask, WindowMask)) else mask
         if isinstance(mask, str):
             # Lower-right alignment (as mx.fast): query t sees keys up to S - T + t.
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T) if T > 1 else None

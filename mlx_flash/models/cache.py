@@ -15,6 +15,7 @@ Every model graph takes a list of per-layer caches as an explicit argument and c
   mask(ops, T)     after update, the attention mask of the T new queries, as ops.sdpa takes it:
                    None or "causal" for one sequence, a RowsMask for a batch of rows right-padded to
                    the longest (each row seeing what it would alone), a boolean [B, 1, T, S] else
+                   (a graph may narrow it: a WindowMask for a sliding layer of one sequence)
   attention(ops, q, keys, values, scale, mask)
                    softmax(scale q keys^T) values over what update returned, under `mask`: ops.sdpa,
                    unless the cache returned less than every held key (compressed tokens on flash,
@@ -39,6 +40,22 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class WindowMask:
+    """One sequence's causal mask over its S keys (its T queries the last T of them) in which each query
+    sees only its last `window` keys, its own included: Gemma 3's sliding layers once the context is
+    longer than the window. The CPU attention kernel takes the window and skips the keys before it;
+    other attention takes keep()."""
+
+    window: int
+
+    def keep(self, T: int, S: int) -> np.ndarray:
+        """The same mask as booleans [1, 1, T, S] (True: attend)."""
+        pos = (S - T + np.arange(T))[:, None]
+        keys = np.arange(S)[None, :]
+        return ((keys <= pos) & (keys > pos - self.window))[None, None]
 
 
 @dataclass(frozen=True)

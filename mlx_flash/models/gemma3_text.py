@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..ffn_source import FFNWeights, GateActivation, LayerSource
-from .cache import RowsMask
+from .cache import RowsMask, WindowMask
 from .common import ArgsFromDict, GGUFLayout, gated_hidden, gated_mlp, linear
 from .rope import rope_frequencies
 
@@ -211,7 +211,10 @@ def attention(ops, args: ModelArgs, lw: dict, x, cache, sliding: bool):
     S = k.shape[2]
     mask = cache.mask(ops, T)
     if sliding and S > args.window:
-        mask = window_mask(ops, mask, offset, T, S, args.window)
+        if (mask is None or isinstance(mask, str)) and isinstance(offset, int) and offset == S - T:
+            mask = WindowMask(args.window)  # one sequence holding every key: the kernel skips the rest
+        else:
+            mask = window_mask(ops, mask, offset, T, S, args.window)
     o = cache.attention(ops, q, k, v, scale_qk, mask)
     o = ops.reshape(ops.transpose(o, (0, 2, 1, 3)), (B, T, Hq * hd))
     return linear(ops, o, lw["o"])

@@ -1,7 +1,8 @@
 """The CPU attention kernel (kernels/cpu/attention.cpp, run as the MLX primitive) against its plain-ops
 reference on every code path this CPU can run: grouped-query heads, a causal prompt and decode steps,
 per-row lengths and positions, keys in a pool of chunks read through a slot table, float16 keys,
-head sizes that are not a multiple of the vector width, and strided views of a cache."""
+head sizes that are not a multiple of the vector width, strided views of a cache, and a sliding window
+(each query's last keys only)."""
 
 import mlx.core as mx
 import numpy as np
@@ -44,6 +45,34 @@ def test_equals_the_reference_on_every_path(shape, isa_restored):
         use_isa(isa)
         for threads in (1, 2):
             _close(mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), hd**-0.5, threads), ref)
+
+
+@pytest.mark.parametrize(
+    "shape, window",
+    [
+        ((1, 8, 2, 300, 300, 64), 100),  # a prompt longer than the window: blocks before it skipped
+        ((1, 8, 2, 40, 700, 64), 512),  # a chunk late in a long context
+        ((1, 4, 1, 1, 1000, 256), 512),  # a decode step
+        ((1, 4, 4, 20, 20, 32), 64),  # shorter than the window: every causal key
+        ((1, 6, 3, 33, 90, 48), 1),  # each query its own key only
+    ],
+)
+def test_a_window_equals_the_reference_on_every_path(shape, window, isa_restored):
+    B, Hq, Hkv, T, S, hd = shape
+    q, k, v = _qkv(np.random.default_rng(S + window), *shape)
+    ref = attention_ref(q, k, v, hd**-0.5, window=window)
+    for isa in RUNNABLE:
+        use_isa(isa)
+        for threads in (1, 2):
+            _close(mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), hd**-0.5, threads, window=window), ref)
+    if T > 1 and S > window:  # the window is not the causal mask: a query differs from its unwindowed answer
+        assert np.abs(attention_ref(q, k, v, hd**-0.5) - ref).max() > 1e-3
+
+
+def test_refuses_a_negative_window():
+    q, k, v = _qkv(np.random.default_rng(12), 1, 2, 2, 1, 4, 8)
+    with pytest.raises(ValueError, match="window"):
+        mlx_kernels.attention(mx.array(q), mx.array(k), mx.array(v), 1.0, 1, window=-1)
 
 
 def test_output_transposes_to_the_projection_input_without_a_copy():

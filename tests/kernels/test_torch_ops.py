@@ -77,6 +77,13 @@ def test_attention_equals_the_reference(ops):
     assert y.transpose(1, 2).is_contiguous(), "laid out for the output projection"
 
 
+def test_attention_with_a_window_equals_the_reference(ops):
+    rng = np.random.default_rng(5)
+    q, k, v = _x(rng, 1, 8, 70, 64), _x(rng, 1, 2, 600, 64), _x(rng, 1, 2, 600, 64)
+    y = ops.attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), 0.125, 2, window=512)
+    assert np.abs(y.numpy() - attention_ref(q, k, v, 0.125, window=512)).max() < 2e-5
+
+
 def test_pointwise_operators_equal_their_references(ops):
     rng = np.random.default_rng(4)
     x, w = _x(rng, 3, 576), _x(rng, 576)
