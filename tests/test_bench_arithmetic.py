@@ -1,5 +1,5 @@
-"""The arithmetic benchmark's pieces (mlx_flash/bench/: record, decode_pairs, quality, arithmetic_kernels)
-and its tool's refusals. Speeds are not asserted: they are the benchmark's output, not a test's."""
+"""The arithmetic benchmark's pieces (mlx_flash/bench/: record, decode_pairs, quality, arithmetic_kernels,
+step_profile) and its tool's refusals. Speeds are not asserted: they are the benchmark's output, not a test's."""
 
 import json
 import os
@@ -9,7 +9,9 @@ import sys
 
 import numpy as np
 
+import mlx_flash
 from mlx_flash.bench import arithmetic_kernels, decode_pairs, quality, record
+from mlx_flash.bench.step_profile import step_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,3 +87,13 @@ def test_the_tool_refuses_an_unknown_part_in_one_line():
         out.stderr.strip()
         == "error: --parts: unknown part 'speed' (choose from quality, decode, prompt, rows, throughput, kernels, tmac)"
     )
+
+
+def test_a_step_profile_names_the_kernels_and_leaves_python_the_rest(tiny_store):
+    store, _ = tiny_store("llama")
+    with mlx_flash.load(store, backend="torch", progress=False) as e:
+        one, four = step_profile(e, 1, held=8, steps=2, min_ms=0), step_profile(e, 4, held=8, steps=2, min_ms=0)
+    for r, rows in ((one, 1), (four, 4)):
+        assert r["rows"] == rows and r["step_ms"] > 0
+        assert {"mlx_flash::attention", "mlx_flash::rms_norm"} <= set(r["ops_ms"])
+        assert list(r["ops_ms"].values()) == sorted(r["ops_ms"].values(), reverse=True)

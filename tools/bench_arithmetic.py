@@ -2,7 +2,7 @@
 against llama.cpp (llama-cpp-python, same GGUF, same threads) in the same run. One JSON record of the
 run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a part per --parts:
 
-    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,throughput,kernels,tmac]
+    python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,profile,throughput,kernels,tmac]
         [--models default,gemma] [--backends torch,mlx] [--arithmetics exact,q8] [--pairs 5]
         [--decode-prompt 128] [--gen-tokens 128] [--stream-gb 4] [--prompt-tokens 2000] [--threads 2]
         [--json bench_results/arithmetic.json]
@@ -16,6 +16,8 @@ run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a
 - prompt: a --prompt-tokens prompt's prefill against llama.cpp's (3 interleaved pairs), and on torch
   its time split into linear products, attention and the rest (mlx_flash/bench/prompt_split.py).
 - rows: a decode step of 16 rows against one row, tokens/s (mlx_flash/bench/batch_passes.py).
+- profile: on torch, a decode step of 1 and of 16 rows under torch's profiler: each operator's own
+  time a step and Python's between them (mlx_flash/bench/step_profile.py).
 - throughput: the throughput mode over 32 prompts of 128 tokens, 32 generated each, the FFN streamed
   (ffn="stream", torch), against the same prompts one at a time (4 of them; their rate does not depend
   on how many), and whether the batch's first 4 sequences equal theirs (mlx_flash/bench/throughput.py).
@@ -40,13 +42,14 @@ from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
 from mlx_flash.bench.batch_passes import decode_step
 from mlx_flash.bench.prompt_split import prefill_split
 from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.step_profile import step_profile
 from mlx_flash.bench.throughput import BenchConfig, against_single, run_config
 from mlx_flash.bench.tmac import table as tmac_table
 from mlx_flash.bench.tmac import tmac_against_q8
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
 
-PARTS = ("quality", "decode", "prompt", "rows", "throughput", "kernels", "tmac")
+PARTS = ("quality", "decode", "prompt", "rows", "profile", "throughput", "kernels", "tmac")
 
 
 def model_path(name: str) -> str | None:
@@ -141,6 +144,18 @@ def rows_part(gguf, backends, arithmetics, a) -> dict:
     return out
 
 
+def profile_part(gguf, backends, arithmetics, a) -> dict:
+    out = {}
+    for name, e in engines(gguf, ["torch"], arithmetics, a.threads):
+        out[name] = [step_profile(e, rows) for rows in (1, 16)]
+        for r in out[name]:
+            top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["ops_ms"].items())[:4])
+            print(
+                f"  {name}: {r['rows']} rows {r['step_ms']:.1f} ms: {top}; Python {r['python_ms']:.2f}", file=sys.stderr
+            )
+    return out
+
+
 def throughput_part(gguf, backends, arithmetics, a) -> dict:
     text, out = q.wikipedia(400_000), {}
     for arith in arithmetics:
@@ -206,6 +221,7 @@ def main(argv=None) -> int:
                         "decode": decode_part,
                         "prompt": prompt_part,
                         "rows": rows_part,
+                        "profile": profile_part,
                         "throughput": throughput_part,
                     }[part]
                     record[part][name] = fn(gguf, backends, ariths, a)
