@@ -85,7 +85,7 @@ def test_the_tool_refuses_an_unknown_part_in_one_line():
     assert out.returncode == 2
     assert (
         out.stderr.strip()
-        == "error: --parts: unknown part 'speed' (choose from quality, decode, prompt, rows, throughput, kernels, tmac)"
+        == "error: --parts: unknown part 'speed' (choose from quality, decode, prompt, rows, profile, throughput, kernels, tmac)"
     )
 
 
