@@ -52,7 +52,7 @@ def time_product(mats: list[StoredMatrix], rows: int, threads: int, arith: Arith
 
 def arithmetic_table(shapes, rows, threads, repeat: int = 20, levels: bool = False) -> list[dict]:
     """A row per shape, rows, threads: exact and q8 milliseconds, GB/s of the stored bytes and the q8
-    speedup; with `levels`, q8 at one row on each code path this CPU runs (forced, one at a time)."""
+    speedup; with `levels`, both at one row on each code path this CPU runs (forced, one at a time)."""
     rng, out = np.random.default_rng(0), []
     for name in shapes:
         n, k = SHAPES[name]
@@ -73,8 +73,8 @@ def arithmetic_table(shapes, rows, threads, repeat: int = 20, levels: bool = Fal
             try:
                 for isa in runnable_isas():
                     use_isa(isa)
-                    s = time_product(mats, 1, 1, Arith.Q8, repeat)
-                    out.append({"shape": name, "rows": 1, "threads": 1, "level": isa.name, "q8_ms": s * 1e3})
+                    ms = {f"{a.name.lower()}_ms": time_product(mats, 1, 1, a, repeat) * 1e3 for a in Arith}
+                    out.append({"shape": name, "rows": 1, "threads": 1, "level": isa.name} | ms)
             finally:
                 use_isa(found)
     return out
