@@ -63,7 +63,7 @@ def choose_arithmetic(asked: str, cpu_kernels: bool, where: str) -> ArithmeticCh
     if asked == "q8":
         return ArithmeticChoice(Arith.Q8, f"asked for; {LEVEL_NAMES[cpu_isa()]} on this CPU")
     if cpu_isa() not in (Isa.AVX512, Isa.AVX512_VNNI):  # measured: q8 gains on AVX-512 only
-        return ArithmeticChoice(Arith.EXACT, f"auto: q8's {LEVEL_NAMES[cpu_isa()]} path is no faster than exact")
+        return ArithmeticChoice(Arith.EXACT, f"auto: q8 on {LEVEL_NAMES[cpu_isa()]} gains little or loses here")
     return ArithmeticChoice(
         Arith.EXACT, "auto: q8 is faster on this CPU but answers differently; --arithmetic q8 asks for it"
     )
