@@ -101,7 +101,8 @@ __attribute__((target("avx512f,fma"))) inline void masked_exp(float* row, int64_
   __m512 l = _mm512_loadu_ps(lr);
   const __m512 vm = _mm512_set1_ps(m);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const __m512 p = _mm512_maskz_mov_ps(lanes_within(j0, lo, lim), exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j0), vm)));
+    const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(row + j0), vm));
+    const __m512 p = _mm512_maskz_mov_ps(lanes_within(j0, lo, lim), e);
     _mm512_storeu_ps(row + j0, p);
     l = _mm512_add_ps(l, p);
   }
