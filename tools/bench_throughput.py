@@ -7,7 +7,8 @@ and the ablations: no overlap, no policy search. Prints each policy's predicted 
 measured one; table, JSON and a plot.
 
     python tools/bench_throughput.py [--store DIR] [--compressed-store DIR] [--label NAME]
-        [--memory-budget 2GB] [--weights-share 0.3] [--sequences 32] [--prompt 128] [--generate 32]
+        [--arithmetic auto|exact|q8] [--memory-budget 2GB] [--weights-share 0.3] [--sequences 32]
+        [--prompt 128] [--generate 32]
         [--modes single,row,flexgen,naive,no-overlap] [--cgroup] [--json OUT] [--plot OUT.png]
     python tools/bench_throughput.py --worker CONFIG_JSON     (one configuration, in this process)
 
@@ -96,6 +97,7 @@ def main() -> int:
     )
     p.add_argument("--label", default=None, help="what the store is, for the table (say 'synthetic' for one)")
     p.add_argument("--backend", default="torch", choices=("torch", "mlx"))
+    p.add_argument("--arithmetic", default="auto", choices=("auto", "exact", "q8"), help="load(arithmetic=...)")
     p.add_argument("--memory-budget", default="auto")
     p.add_argument("--weights-share", type=float, default=0.3)
     p.add_argument("--sequences", type=int, default=32)
@@ -128,6 +130,7 @@ def main() -> int:
         # inside a cgroup the engine's "auto" budget is the cgroup's limit (less the planner's margin)
         base = dict(
             backend=a.backend,
+            arithmetic=a.arithmetic,
             memory_budget="auto" if a.cgroup else a.memory_budget,
             sequences=a.sequences,
             prompt=a.prompt,
