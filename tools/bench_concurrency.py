@@ -5,7 +5,7 @@ against each prompt's text when sent alone, and the server's peak RSS against it
 One table, JSON and a plot.
 
     python tools/bench_concurrency.py [--model M] [--backend torch|mlx] [--clients 1,4,16]
-        [--memory-budget 1.5GB] [--max-tokens 64] [--max-batch 32] [--kv-budget B] [--repeat 1]
+        [--memory-budget 1.5GB] [--max-tokens 64] [--context-chars 0] [--max-batch 32] [--kv-budget B] [--repeat 1]
         [--server-arg='--threads 1' ...] [--dir DIR] [--json OUT] [--plot OUT.png]
 
 Each run gets a fresh server (its own service directory under a temporary directory) on a free
@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 
+from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import first_paragraph
 from mlx_flash.bench.load_client import Server, concurrent, stream_chat, warm
 
@@ -62,8 +63,14 @@ PROMPTS = [
 ]
 
 
-def prompt(i: int) -> str:
-    return PROMPTS[i] if i < len(PROMPTS) else f"{PROMPTS[i % len(PROMPTS)]} (Question {i + 1}.)"
+def prompt(i: int, context_chars: int = 0) -> str:
+    """Client i's question; with context_chars, after its own excerpt of that many characters of the
+    Wikipedia set (client i's starts i excerpts in), as a conversation that brings a long text."""
+    q = PROMPTS[i] if i < len(PROMPTS) else f"{PROMPTS[i % len(PROMPTS)]} (Question {i + 1}.)"
+    if not context_chars:
+        return q
+    text = read_corpus("wikipedia")[i * context_chars : (i + 1) * context_chars]
+    return f"{text}\n\nSet the text above aside. {q}"
 
 
 def compare(text: str, ref: str, deltas: list, ref_deltas: list) -> dict:
@@ -107,7 +114,7 @@ def references(args, base: str, n: int) -> list:
         warm(srv.port, 1)
         refs = []
         for i in range(n):
-            r = stream_chat(srv.port, prompt(i), args.max_tokens)
+            r = stream_chat(srv.port, prompt(i, args.context_chars), args.max_tokens)
             if r["error"]:
                 raise RuntimeError(f"reference prompt {i}: {r['error']}\n{srv.log_text()[-2000:]}")
             refs.append(r)
@@ -123,7 +130,7 @@ def run(args, base: str, clients: int, refs: list) -> dict:
     with Server(os.path.join(base, f"c{clients}"), server_flags(args, clients), args.start_timeout) as srv:
         warm(srv.port, clients)
         cpu0, load0 = srv.cpu_s(), load_average()
-        results, t0 = concurrent(srv.port, [prompt(i) for i in range(clients)], args.max_tokens)
+        results, t0 = concurrent(srv.port, [prompt(i, args.context_chars) for i in range(clients)], args.max_tokens)
         cpu1, load1 = srv.cpu_s(), load_average()
         stats = srv.stats()
         errors = [f"client {i}: {r['error']}" for i, r in enumerate(results) if r["error"]]
@@ -145,6 +152,7 @@ def run(args, base: str, clients: int, refs: list) -> dict:
             "server_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
             "load_average": [load0, load1],
             "per_client_tokens_per_s": statistics.median(r["tokens"] / (r["end"] - r["start"]) for r in results),
+            "prompt_tokens_median": statistics.median((r["usage"] or {}).get("prompt_tokens", 0) for r in results),
             "identical": sum(c["identical"] for c in checks),
             "streams": clients,
             "mismatches": [c for c in checks if not c["identical"]],
@@ -253,6 +261,13 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=32, help="the server's --max-batch (default: 32)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request (default: 64)")
     p.add_argument(
+        "--context-chars",
+        type=int,
+        default=0,
+        help="put an excerpt of this many characters of the Wikipedia set before each question "
+        "(2300: about 512 tokens); default: the question alone",
+    )
+    p.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -291,7 +306,8 @@ def main() -> int:
                     f"{c:3d} clients{f' (repeat {k + 1})' if a.repeat > 1 else ''}: {row['tokens']} tokens in "
                     f"{row['wall_s']:.2f} s: {row['tokens_per_s']:.1f} tok/s, TTFT median "
                     f"{fmt_ms(row['ttft_median_ms'])} ms max {fmt_ms(row['ttft_max_ms'])} ms, {row['identical']}/{c} "
-                    f"identical, server CPU {cpu} s, load {row['load_average'][0]:.1f}",
+                    f"identical, server CPU {cpu} s, load {row['load_average'][0]:.1f}, "
+                    f"prompt tokens {row['prompt_tokens_median']:.0f} (median)",
                     flush=True,
                 )
         rows = [median_row(runs[c]) for c in counts]
