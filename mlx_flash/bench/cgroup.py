@@ -1,6 +1,6 @@
 """Run a command inside a memory limit and read what it cost, for benchmarks at limits below the
-model's size (tools/bench_memory.py, bench_pipeline.py, bench_throughput.py --cgroup and
-budget_kept.py here): a fresh child of this process's own memory cgroup with the limit (cgroup v1
+model's size (the memory, pipeline and long-context benchmarks, throughput --cgroup, and budget_kept.py
+here): a fresh child of this process's own memory cgroup with the limit (cgroup v1
 memory.limit_in_bytes, swap included where memsw exists; v2 memory.max, no swap), the peak the
 kernel charged to it (RSS and page cache), the pages it read again after the limit evicted them,
 and its OOM kills; the page cache dropped before a cold run; the read bandwidth of the drive
@@ -24,6 +24,9 @@ from ..errors import FlashError
 from ..store.reader_pool import ReaderPool
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+# The measured child of the memory, long-context and pipeline benchmarks, run by its path (never as
+# `-m`, which would import this package into the process whose memory is measured).
+MEMORY_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_child.py")
 _serial = itertools.count()
 
 

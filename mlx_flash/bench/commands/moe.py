@@ -1,0 +1,77 @@
+"""MoE decode fed by real text (teacher forcing), ours beside llama.cpp on the same GGUF.
+
+    python -m mlx_flash.bench moe --model FILE.gguf [--backends mlx,torch] [--weights-budget 4GB]
+                                  [--tokens 32] [--prompt-tokens 64] [--no-llama-cpp] [--per-expert]
+
+After a prompt of the Wikipedia corpus, each step is fed the text's next token (not the engine's own
+pick), in every engine: synthetic weights decode one token over and over, which routes the same
+experts every step. Rows: median ms per step and tokens/s, MB read per step and the expert cache's
+hit rate (ours), and, per engine of ours, how the steps routed (the smallest share of a layer's
+experts used, the largest consecutive overlap, the most steps one expert served). --per-expert adds
+rows with the grouped kernel switched off (one call set per routed expert, the reference).
+Runs in this process, warm (no memory limit or dropped caches: python -m mlx_flash.bench memory measures those).
+"""
+
+import argparse
+import os
+import sys
+
+import mlx_flash
+from mlx_flash.bench import teacher_forced
+from mlx_flash.calibrate import read_corpus
+from mlx_flash.calibrate.routes import record_teacher_forced, routing_spread
+from mlx_flash.errors import FlashError, exit_status, first_paragraph
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlx_flash.bench moe", description=first_paragraph(__doc__))
+    p.add_argument("--model", required=True, help="a MoE GGUF (e.g. tools/make_synthetic.py --format gguf)")
+    p.add_argument("--backends", default="mlx,torch")
+    p.add_argument("--weights-budget", default=None, help="ours: the weights budget (default: the automatic plan)")
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
+    p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--per-expert", action="store_true", help="also run ours with the grouped kernel off")
+    return exit_status(lambda: run(p.parse_args(argv)))
+
+
+def run(a) -> None:
+    if not os.path.isfile(a.model):
+        raise FlashError(f"{a.model}: no such GGUF file")
+    rows = []
+    ids = None
+    for backend in a.backends.split(","):
+        for grouped in (True, False) if a.per_expert else (True,):
+            with mlx_flash.load(a.model, backend=backend, weights_budget=a.weights_budget, progress=False) as e:
+                if ids is None:
+                    ids = e.tokenizer.encode(read_corpus("wikipedia")[:20000])[: a.prompt_tokens + a.tokens]
+                if not grouped:
+                    e.ops.moe_experts = lambda *args: None  # this engine's ops only: the per-expert reference
+                r = teacher_forced.ours(e, ids, a.prompt_tokens)
+                spread = routing_spread(record_teacher_forced(e, ids, a.prompt_tokens), e.args.num_experts)
+                r["used_min"] = min(x["used"] for x in spread)
+                r["overlap_max"] = max(x["overlap"] for x in spread)
+                r["top_max"] = max(x["top"] for x in spread)
+            r["engine"] = f"ours, {backend}" + ("" if grouped else ", one call set per expert")
+            rows.append(r)
+            print(f"{r['engine']}: {r['tok_s']:.2f} tok/s", file=sys.stderr)
+    if not a.no_llama_cpp:
+        r = teacher_forced.llama_cpp(a.model, ids, a.prompt_tokens, a.threads)
+        r["engine"] = "llama.cpp (mmap)"
+        rows.append(r)
+    base = rows[-1]["tok_s"] if not a.no_llama_cpp else None
+    print(
+        f"{len(ids) - a.prompt_tokens} teacher-forced tokens after {a.prompt_tokens}; weights budget "
+        f"{a.weights_budget or 'auto'}\n"
+        "| engine | ms/token | tok/s | x llama.cpp | MB read/token | hit rate | experts used/layer (min) | "
+        "overlap (max) | top expert (max) |\n" + "|---" * 9 + "|"
+    )
+    for r in rows:
+        x = f"{r['tok_s'] / base:.2f}" if base else "-"
+        hit = "-" if r.get("hit_rate") is None else f"{r['hit_rate']:.1%}"
+        mb = "-" if "mb_read" not in r else f"{r['mb_read']:.1f}"
+        spread = (
+            f"{r['used_min']:.0%} | {r['overlap_max']:.2f} | {r['top_max']:.0%}" if "used_min" in r else "- | - | -"
+        )
+        print(f"| {r['engine']} | {r['ms']:.1f} | {r['tok_s']:.2f} | {x} | {mb} | {hit} | {spread} |")
