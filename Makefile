@@ -92,11 +92,13 @@ lint: install-dev
 test-full: data
 	MLX_FLASH_FULL=1 $(PYTEST) $(ARGS)
 
+# A benchmark by name: make bench ARGS="decode --runs 3"; without ARGS, the list of them.
 bench: install-dev
-	$(BIN)/python tools/bench.py $(ARGS)
+	$(BIN)/python -m mlx_flash.bench $(ARGS)
 
-# The peer engine of tools/bench.py and tools/bench_memory.py: llama.cpp, compiled from source for
-# this CPU's instruction sets (tools/peer_flags.py; about 8 minutes on 2 cores). Not a test extra.
+# The peer engine of the decode and memory benchmarks (python -m mlx_flash.bench decode, memory):
+# llama.cpp, compiled from source for this CPU's instruction sets (tools/peer_flags.py; about 8
+# minutes on 2 cores). Not a test extra.
 peers: install
 	CMAKE_ARGS="$$($(BIN)/python tools/peer_flags.py)" $(PIP) install --no-binary llama-cpp-python $(PEER)
 

@@ -110,7 +110,7 @@ def test_every_documented_option_is_a_chat_flag():
 )
 def test_auto_precision(kw, precision):
     """precision="auto" converts a source losslessly unless a sparse FFN selects neurons approximately,
-    where per-neuron bundles read far less for the same quality (tools/read_unit.py)."""
+    where per-neuron bundles read far less for the same quality (python -m mlx_flash.bench read-unit)."""
     assert EngineConfig(**kw).store_precision() == precision
 
 

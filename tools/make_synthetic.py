@@ -8,7 +8,7 @@ Results from either are synthetic: real bytes, layout and read patterns, random 
 
 Store: default output <cache>/stores/synthetic-<shape>. Llama-2-7B is about 13.5 GB (8.7 GB of FFN
 bundles); mixtral-8x7b is 2.9 GB of experts per layer, qwen3-30b-a3b 1.2 GB (use --layers:
-tools/bench_experts.py --synthetic replays routing over however many layers there are).
+`python -m mlx_flash.bench experts --synthetic` replays routing over however many layers there are).
 
 GGUF: default output <cache>/synthetic/<shape>-<quant>[-L<layers>].gguf, default quant Q4_1. Every
 matrix (token_embd, output and every expert included) holds random blocks of the quant, scaled so

@@ -6,7 +6,7 @@ Routes the Austen text (calibration) and the Wikipedia text (validation) through
 model, fits P(expert at layer l | experts at l-1, l-2) on the first, reports on the second how many
 of each token's experts the top-K prediction names, and saves the predictor into the store (where
 `load(..., ffn="stream")` finds it and preloads) and the validation trace as <store>/routes-wikipedia.npy
-(the access trace the cache-policy table replays: tools/bench_experts.py --policies).
+(the access trace the cache-policy table replays: python -m mlx_flash.bench experts --policies).
 """
 
 import argparse

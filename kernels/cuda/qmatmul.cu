@@ -10,7 +10,7 @@
 // rows_out_wide_kernel: the same product with 16-byte loads where the shapes allow them (a row of a
 //   multiple of 4 words, 16-byte aligned words and x): lane l takes words 4l..4l+3, 4(l+32).., so a
 //   warp's load reads 512 consecutive bytes, and each 4 codes' x values come as one float4. Measured
-//   on an H100 against the one-word kernel in one run (tools/bench_kernel.py --cuda): 8-bit codes,
+//   on an H100 against the one-word kernel in one run (python -m mlx_flash.bench matmul --cuda): 8-bit codes,
 //   one token (decode), 1.2x on the 7B shapes (1,348 against 1,112 GB/s); 4-bit codes no faster
 //   (about 530 GB/s, a fifth of a copy's rate); 8 tokens no faster (one 8-bit shape 0.85x). What
 //   bounds those is the per-code work (widening each code, summing x per group for the bias, per

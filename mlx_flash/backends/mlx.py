@@ -6,7 +6,7 @@ kernels are slow in half precision) and float16 on the GPU. Quantized linears: o
 bytes (mlx_flash.kernels.metal_blocks); on the CPU our kernels as MLX primitives
 (mlx_flash.kernels.mlx_kernels: products over the stored bytes, embedding rows, attention) inside
 the lazy graph, since MLX's CPU quantized_matmul is ~7x slower and its CPU attention runs on a
-reference BLAS (tools/bench_kernel.py); a token's forward is built lazily and evaluated once.
+reference BLAS (python -m mlx_flash.bench matmul); a token's forward is built lazily and evaluated once.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class MLXOps:
         self.arithmetic = choose_arithmetic(arithmetic, not self.on_gpu, "MLX on the GPU")
         self.arith = self.arithmetic.arith
         # Times this backend turned a lazy array into host memory (each one evaluates the graph and
-        # waits for it): the host syncs a decode step costs (tools/bench_kernels.py --syncs).
+        # waits for it): the host syncs a decode step costs (python -m mlx_flash.bench sparse-kernels --syncs).
         self.host_syncs = 0
         self._rope_freqs: dict = {}  # (dims, base) -> inverse frequencies, for the CPU rope
         self._turns: list[SlotTurns] = []  # streamed slots' turns, settled after each evaluation

@@ -1,4 +1,4 @@
-"""Our side of tools/bench_batch_peers.py: Wikipedia prompts of stated lengths, and `generate_batch`
+"""Our side of `python -m mlx_flash.bench batch-peers`: Wikipedia prompts of stated lengths, and `generate_batch`
 timed at each batch size (medians of its own prefill and decode seconds) with the texts it gave."""
 
 from __future__ import annotations

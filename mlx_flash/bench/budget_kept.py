@@ -1,7 +1,7 @@
 """memory_budget against the peak RSS it allows, measured as a user meets it: a one-shot chat answer
 at a budget, in a fresh process (a backend's import, the tokenizer and the plan's floor are part of
 what is measured), its peak RSS read by its parent (the kernel's VmHWM of its one child), optionally
-inside a memory cgroup of the budget's size. Used by `tools/bench_memory.py --kept` and
+inside a memory cgroup of the budget's size. Used by `python -m mlx_flash.bench memory --kept` and
 tests/memory/test_budget_kept.py."""
 
 from __future__ import annotations

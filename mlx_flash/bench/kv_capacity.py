@@ -1,4 +1,4 @@
-"""How many contexts one KV budget holds, by compression scheme (tools/bench_kv_capacity.py): a
+"""How many contexts one KV budget holds, by compression scheme (`python -m mlx_flash.bench kv-capacity`): a
 service of a fixed `kv_budget` gets `contexts` calls, each in a new context whose prompt is its own
 slice of a corpus; afterwards, how many contexts still hold every chunk in memory (the rest were
 swapped out to make room), what the pool's arena holds, and the widths the chunks got."""

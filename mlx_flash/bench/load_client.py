@@ -1,6 +1,6 @@
 """The client side of a load test on the OpenAI-compatible server (service/server.py): start
 `python -m mlx_flash.serve` as a subprocess on a free loopback port with a fresh service directory,
-stream chat completions from it, many at once, and read its /v1/stats (tools/bench_concurrency.py
+stream chat completions from it, many at once, and read its /v1/stats (`python -m mlx_flash.bench concurrency`
 drives it).
 
   Server(directory, flags, start_timeout)       the server subprocess, a context manager; .port, .stats(), .cpu_s()

@@ -1,7 +1,7 @@
 """The LLMS trace benchmark (paper §4, §5.1): many contexts built from real text, called in the
 paper's patterns with Poisson arrivals, under a KV budget that holds a share of their KV; LLMS
 against the baselines and its ablations, each a Service (service/) with other options on the same
-calls; tools/bench_service.py runs it.
+calls; `python -m mlx_flash.bench service` runs it.
 
 Switching latency is the time from a call's arrival until its context is ready to prefill the
 new tokens (making room, reading and recomputing chunks); time to first token adds that prefill

@@ -1,8 +1,8 @@
-"""The sparse FFN kernels measured (tools/bench_kernels.py): each target (the CPU kernel, its Metal and
-CUDA members) checked against the plain-ops reference on one layer, then timed over layers' worth of
-distinct slabs in rotation per shape, bits and sparsity, beside a copy of as many bytes; and the
-default model's host syncs per decode token in sparse mode. The tool's docstring says what each
-column means."""
+"""The sparse FFN kernels measured (`python -m mlx_flash.bench sparse-kernels`): each target (the CPU
+kernel, its Metal and CUDA members) checked against the plain-ops reference on one layer, then timed
+over layers' worth of distinct slabs in rotation per shape, bits and sparsity, beside a copy of as
+many bytes; and the default model's host syncs per decode token in sparse mode. The command's
+docstring (mlx_flash/bench/commands/sparse_kernels.py) says what each column means."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The switching benchmark where switching costs: a handful of long contexts (thousands of tokens
 of real text each) on a large model, more of them than the KV budget holds, visited in a stated
-trace; tools/bench_switching.py runs it.
+trace; `python -m mlx_flash.bench switching` runs it.
 
 The trace: `switches` visits, each to a context drawn from a Zipf distribution over the contexts
 (rank r with weight 1 / r^s, the ranks a random permutation; never the context just visited), each
@@ -146,7 +146,7 @@ def build(engine, corpus: str, trace: SwitchTrace, directory: str, compression: 
 
 
 def load_built(directory: str) -> Built:
-    """A build left by an earlier run (tools/bench_switching.py --reuse)."""
+    """A build left by an earlier run (`python -m mlx_flash.bench switching --reuse`)."""
     try:
         with open(os.path.join(directory, IDS_FILE)) as f:
             return Built(directory=directory, **json.load(f))

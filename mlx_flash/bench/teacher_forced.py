@@ -1,7 +1,7 @@
 """Decoding fed by a fixed text (teacher forcing), the way MoE benchmarks run: after a prompt, each
 step is given the text's next token, not the model's own pick, so routing follows real text in every
 engine compared (random weights decode one token over and over, which routes the same experts every
-step and lets any expert cache look good). Used by tools/bench_moe.py.
+step and lets any expert cache look good). Used by `python -m mlx_flash.bench moe`.
 
 `ours` times our engine's steps (one `forward` of one token each) and reads its counters (the
 routing of the same steps is recorded in a pass of its own, calibrate.routes.record_teacher_forced:

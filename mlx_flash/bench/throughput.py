@@ -1,4 +1,4 @@
-"""One measured configuration of the throughput benchmark (tools/bench_throughput.py runs each in a
+"""One measured configuration of the throughput benchmark (`python -m mlx_flash.bench throughput` runs each in a
 process of its own, inside a memory cgroup when asked, and reads the JSON it prints).
 
 Modes (FlexGen §6's comparisons on this platform):

@@ -6,7 +6,7 @@ Public surface (what the tools and notebooks call):
   corpora             corpus_path, read_corpus, fetch_all: the offline Austen / Wikipedia texts
   perplexity_eval     perplexity(engine, text, ...), token_nlls
   activations         collect (x and |h| per layer), magnitude_thresholds, window_activity
-  read_unit           OracleUnits: the read unit's quality cost (tools/read_unit.py)
+  read_unit           OracleUnits: the read unit's quality cost (python -m mlx_flash.bench read-unit)
   predictor_training  train_predictors, measure_activity, summarize (-> sparse.predictor.Predictors)
   derive_moe          moefy: a dense model -> a MoE-fied HF-style directory (method: moefication)
   routes              record_routes, decode_trace, fit_routing_predictor, routing_accuracy

@@ -6,7 +6,7 @@ precision "source": a bundle holds one quantization group of neurons).
 with the largest activation mass sum(|silu(gate)·up|) over the unit's neurons, zeroing every other
 neuron: what a perfect selector reading that share of each layer's bytes computes. Comparing the two
 stores at equal bytes read per token (share x layer bytes) separates the read unit's cost from any
-predictor's errors. Offline only (tools/read_unit.py); nothing per token uses it.
+predictor's errors. Offline only (python -m mlx_flash.bench read-unit); nothing per token uses it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """An mlx-lm model directory (Hugging Face layout) built from a llama GGUF, so that mlx-lm can run
-on the very weights our engine runs (tools/bench_batch_peers.py compares the two).
+on the very weights our engine runs (`python -m mlx_flash.bench batch-peers` compares the two).
 
   build_peer_dir(gguf, cache_dir, dtype) -> path   built once into <cache_dir>/peers/, keyed by the file
 

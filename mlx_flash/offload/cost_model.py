@@ -28,7 +28,7 @@ from ..batching.schedule import Order
 _F32 = 4
 # A prefill pass packs several sequences' prompt chunks up to this many tokens when the room holds
 # its buffers: the product kernels compute about a fifth more tokens a second over 256 rows than
-# over 64 (tools/bench_batch_passes.py --prompt-tokens 64 --prompts 1,4).
+# over 64 (python -m mlx_flash.bench batch-passes --prompt-tokens 64 --prompts 1,4).
 PACKED_PASS = 256
 
 

@@ -1,7 +1,7 @@
 """Top-k sparse attention (FlexGen §5), a named approximation: each query attends only to the
 `keep` share of the keys it may see that score highest (at least one), the softmax renormalized over
 those. FlexGen uses it to read a tenth of the values from the slower tier; here it is measured for
-its quality cost (`tools/perplexity.py --attention-keep`) and available to the throughput mode
+its quality cost (`python -m mlx_flash.bench perplexity --attention-keep`) and available to the throughput mode
 (`Policy.attention_keep`, 1.0: exact).
 
 `TopKAttention` wraps any member of the KV-cache protocol: the graph shows a cache its queries and

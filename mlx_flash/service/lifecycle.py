@@ -30,7 +30,7 @@ class Restore(Enum):
 @dataclass(frozen=True)
 class Lifecycle:
     """How chunks leave memory and come back. The default is LLMS; the other values are the
-    baselines and ablations tools/bench_service.py measures it against."""
+    baselines and ablations `python -m mlx_flash.bench service` measures it against."""
 
     evict: Evict = Evict.CHUNKS
     restore: Restore = Restore.PIPELINE

@@ -17,7 +17,7 @@ def test_token_nlls_matches_definition():
 @pytest.mark.slow
 @pytest.mark.full  # ~40 s; both backends' logits against transformers: tests/models/test_smollm2_vs_transformers.py
 def test_backends_agree_and_match_transformers(engines, store_dir, f16_store_dir, wiki_text, hf_reference):
-    # MLX on a Linux CPU is slow, so the suite scores 512 tokens; tools/perplexity.py does 4096.
+    # MLX on a Linux CPU is slow, so the suite scores 512 tokens; python -m mlx_flash.bench perplexity does 4096.
     n, ctx = 512, 256
     r_mlx = perplexity(engines(store_dir, "mlx"), wiki_text, ctx, n)
     r_torch = perplexity(engines(store_dir, "torch"), wiki_text, ctx, n)

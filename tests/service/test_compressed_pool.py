@@ -90,7 +90,7 @@ def _resident(engine, tmp_path, compression, name):
 
 
 @pytest.mark.slow
-@pytest.mark.full  # ~30 s: tools/bench_kv_capacity.py measures it at scale; the tests above run the codes
+@pytest.mark.full  # ~30 s: python -m mlx_flash.bench kv-capacity measures it at scale; the tests above run the codes
 def test_narrower_chunks_hold_more_contexts_in_one_budget(engines, store_dir, tmp_path):
     engine = engines(store_dir, "torch")
     held = {c: _resident(engine, tmp_path, c, c.replace(":", "")) for c in ("off", "static:8", "static:4")}
