@@ -13,7 +13,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 INSTALL_TORCH = $(PIP) install -q "$(TORCH)" 2>/dev/null || $(PIP) install -q "$(TORCH)" --extra-index-url $(TORCH_INDEX)
 UNAME := $(shell uname -s)
 
-.PHONY: chat test test-full lint install install-dev data bench peers clean
+.PHONY: chat test test-full lint install install-dev data bench results peers clean
 
 # The venv without ensurepip, and the newest pip put into it by the pip at hand (--python): 3 s
 # where ensurepip then an upgrade took 13. Without a pip at hand (or one older than 22.3), ensurepip.
@@ -95,6 +95,13 @@ test-full: data
 # A benchmark by name: make bench ARGS="decode --runs 3"; without ARGS, the list of them.
 bench: install-dev
 	$(BIN)/python -m mlx_flash.bench $(ARGS)
+
+# The results pages (docs/results/): each benchmark of the quick tier (the default model and Gemma 3,
+# about 10 minutes on 2 cores) writes its record into docs/results/records/, then every generated
+# table is rewritten from the records. ARGS="--tier full" for the 7B shape (long; the memory-limit run
+# needs root), ARGS=--render to rewrite the tables alone. llama.cpp's columns need `make peers` first.
+results: data
+	$(BIN)/python -m mlx_flash.bench results $(ARGS)
 
 # The peer engine of the decode and memory benchmarks (python -m mlx_flash.bench decode, memory):
 # llama.cpp, compiled from source for this CPU's instruction sets (tools/peer_flags.py; about 8

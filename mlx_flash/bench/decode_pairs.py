@@ -35,6 +35,13 @@ def engine_run(engine, ids, gen: int) -> tuple[float, float]:
     return len(ids) / (t1 - t0), gen / (t2 - t1) if gen else 0.0
 
 
+def peer_built() -> bool:
+    """Whether llama.cpp's Python binding (the peer, `make peers`) can be imported here."""
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def open_llama(gguf: str, n_ctx: int, threads: int):
     """llama.cpp on the GGUF (batches of 512 tokens, a context of at least 1,024), or None when
     llama-cpp-python is not installed."""
@@ -76,21 +83,27 @@ def medians(run, runs: int) -> dict:
 def interleaved(ours, peer, pairs: int, key: int = 1) -> dict:
     """`pairs` pairs of (ours(), peer()) after a warm-up of each, ours first in even pairs and second
     in odd ones; key 1 compares decode tokens/s, 0 prefill. Every pair's rates and ratio, and the
-    median and lowest ratio."""
-    ours(), peer()
+    median and lowest ratio. With no peer (llama.cpp not built: peer is None), ours alone, `pairs`
+    times, and the peer's figures None."""
+    ours()
+    if peer is not None:
+        peer()
     rows = []
     for i in range(pairs):
-        if i % 2 == 0:
+        if peer is None:
+            a, b = ours(), None
+        elif i % 2 == 0:
             a, b = ours(), peer()
         else:
             b, a = peer(), ours()
-        rows.append({"ours": a[key], "peer": b[key], "ratio": a[key] / b[key]})
+        rows.append({"ours": a[key], "peer": b and b[key], "ratio": b and a[key] / b[key]})
+    out = {"pairs": rows, "ours_median": statistics.median(r["ours"] for r in rows)}
+    if peer is None:
+        return out | {"median_ratio": None, "lowest_ratio": None, "peer_median": None}
     ratios = [r["ratio"] for r in rows]
-    return {
-        "pairs": rows,
+    return out | {
         "median_ratio": statistics.median(ratios),
         "lowest_ratio": min(ratios),
-        "ours_median": statistics.median(r["ours"] for r in rows),
         "peer_median": statistics.median(r["peer"] for r in rows),
     }
 
@@ -113,3 +126,14 @@ def read_stream_gbs(gigabytes: float = 4.0, threads: int = 2, repeat: int = 3) -
         return x.numel() * 4 / best / 1e9
     finally:
         torch.set_num_threads(before)
+
+
+def token_read_bytes(gguf: str) -> int:
+    """The bytes one decode token reads of a GGUF's weights: every tensor but the embedding table, of
+    which a token reads one row (counted whole where there is no separate output matrix: the head
+    then reads all of it)."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(gguf).tensors}
+    tied = "output.weight" not in sizes
+    return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+from ..config import default_cache_dir
 from ..kernels.qmatmul import cpu_isa
 
 # the /proc/cpuinfo flags that choose a kernel path here or in llama.cpp
@@ -68,25 +69,60 @@ def versions() -> dict:
     return out
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a user types it: `python -m mlx_flash.bench NAME ...` for a benchmark run through
+    the command family (whose sys.argv[0] is the path of bench/__main__.py, a path of this machine)."""
+    args = list(sys.argv if argv is None else argv)
+    if args and os.path.basename(args[0]) == "__main__.py" and os.path.basename(os.path.dirname(args[0])) == "bench":
+        args[0] = "-m mlx_flash.bench"
+    return " ".join(["python", *args])
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (None where the system has none): a record says how busy
+    the machine was before and after, since a neighbour's work slows every figure."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def provenance(argv: list[str] | None = None) -> dict:
     """The record's header. `commit` is empty outside a git checkout (an installed wheel); `dirty` says
-    whether tracked files differed from it when the run began."""
+    whether tracked files other than the results pages and their records (which a results run
+    rewrites as it goes) differed from it when the run began."""
     flags = cpu_flags()
     return {
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")),
         "cpu": cpu_model(),
         "cpu_flags": [f for f in DISPATCH_FLAGS if f in flags],
         "cores": os.cpu_count(),
         "kernel_path": cpu_isa().name,
         "versions": versions(),
-        "command": " ".join(["python", *(sys.argv if argv is None else argv)]),
+        "command": command_line(argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_before": load_average(),
     }
 
 
 def write(path: str, header: dict, **parts) -> None:
-    """One JSON file: the header's fields, then each part under its name."""
+    """One JSON file: the header's fields, the load average now (a run writes its record as it grows,
+    so the last write's is the load after), then each part under its name. Written to a temporary
+    sibling and renamed into place, so a run killed mid-write leaves the previous record whole."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump({**header, **parts}, fh, indent=1)
+    text = without_local_paths(json.dumps({**header, "load_after": load_average(), **parts}, indent=1))
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def without_local_paths(text: str) -> str:
+    """The record's text with this machine's cache folder written `<cache>` and its home `~`: records
+    are committed beside the pages, and a path of the machine that ran them says nothing to a reader
+    (the cache's layout is the engine's own: <cache>/synthetic/..., <cache>/stores/...)."""
+    cache = json.dumps(default_cache_dir())[1:-1]
+    home = json.dumps(os.path.expanduser("~"))[1:-1]
+    text = text.replace(cache, "<cache>")
+    return text.replace(home + "/", "~/") if len(home) > 1 else text

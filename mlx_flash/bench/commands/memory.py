@@ -82,6 +82,8 @@ from mlx_flash.bench.cgroup import (
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.tokenizer import Tokenizer
 
+from mlx_flash.bench.models import NAMES, bench_model
+from mlx_flash.bench.record import provenance, write
 from mlx_flash.bench.commands.memory_report import MB, fmt_cell, model_title, plot, print_table, replot
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
@@ -210,8 +212,10 @@ def git_version() -> str:
 
 def limited(a) -> None:
     own_memory_cgroup()  # refuse before converting anything
-    version = git_version()  # the code measured: others may change the checkout while this runs
-    model = a.model or default_model_path()
+    header = provenance()  # the code measured: others may change the checkout while this runs
+    version = git_version()
+    asked = a.model or "default"
+    model = bench_model(asked) if asked in NAMES else asked
     gguf = model if model.endswith(".gguf") else None
     store = resolve_store(model, default_cache_dir(), "source", progress=True)
     engines, note = engines_for(gguf, store, a.backends, a.peer, a.sparse)
@@ -255,24 +259,23 @@ def limited(a) -> None:
         print(note)
     title = model_title(model)
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
-                {
-                    "model": model,
-                    "title": title,
-                    "store": store,
-                    "version": version,
-                    "tokens": a.tokens,
-                    "prompt_tokens": a.prompt_tokens,
-                    "bandwidth": bandwidth,
-                    "cap": cap,
-                    "floors": floor,
-                    "peer": note or "llama.cpp",
-                    "rows": rows,
-                },
-                fh,
-                indent=1,
-            )
+        write(
+            a.json,
+            header,
+            **{
+                "model": asked,
+                "title": title,
+                "store": store,
+                "version": version,
+                "tokens": a.tokens,
+                "prompt_tokens": a.prompt_tokens,
+                "bandwidth": bandwidth,
+                "cap": cap,
+                "floors": floor,
+                "peer": note or "llama.cpp",
+                "rows": rows,
+            },
+        )
     if a.plot:
         plot(rows, title, bandwidth, a.plot)
 
