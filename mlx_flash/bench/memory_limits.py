@@ -9,8 +9,8 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from ..sparse.planner import model_bytes
 from ..store import open_store
+from ..store.sizes import model_bytes
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..choices import PredictorKind, SparseMode
 from ..config import EngineConfig, FFNMode
 from ..errors import MemoryBudgetError
-from ..sparse.modes import SparseMode
-from ..sparse.planner import model_bytes, stored_resident_bytes
-from ..sparse.selectors import PredictorKind
+from ..store.sizes import expert_bytes, ffn_layer_bytes, ffn_layers, model_bytes, read_unit_bytes, resident_bytes
+from ..store.sizes import vector_bytes
 from ..store.stage import dropped_tensors
 from ..store.store import lead
 from ..units import fmt
@@ -19,15 +19,15 @@ from ..units import fmt
 def ffn_minimum(store) -> int:
     """The least a streamed FFN holds: one layer's (or one expert's) read buffer, the weights made
     of it, and one row per layer (what a hybrid plan needs to exist)."""
-    lay = store.manifest.ffn
-    unit = lay.expert_nbytes if lay.n_experts else lay.layer_nbytes
-    return 2 * unit + (0 if lay.n_experts else len(lay.layer_offsets) * lay.bundle_bytes)
+    if expert_bytes(store):
+        return 2 * expert_bytes(store)
+    return 2 * ffn_layer_bytes(store) + ffn_layers(store) * read_unit_bytes(store)
 
 
 def copied_vectors(store) -> int:
     """What a backend may copy of the resident tensors beside the bytes read: their vectors (norms,
     biases: MLX keeps its own array of each, cast to float32 at most twice the stored size)."""
-    return 2 * sum(t.nbytes for t in store.manifest.tensors.values() if len(t.shape) == 1)
+    return 2 * vector_bytes(store)
 
 
 def weights_minimum(store) -> int:
@@ -35,7 +35,7 @@ def weights_minimum(store) -> int:
     two layers' resident tensors (streamed through two slots; all layers for a store whose file
     does not keep layers together), the streamed FFN's minimum and the vectors a backend copies."""
     regions = store.layer_regions()
-    res = stored_resident_bytes(store)
+    res = resident_bytes(store)
     if regions:
         sizes = [n for *_, n in regions.values()]
         res += min(2, len(sizes)) * max(lead(off) + n for _, off, n in regions.values()) - sum(sizes)
@@ -46,11 +46,11 @@ def streamed_layers(cfg: EngineConfig, store, weights_budget: int) -> list[int]:
     """The layers whose resident tensors are read when they compute (the last ones; the first stay
     resident): none when every layer fits beside the streamed FFN's minimum."""
     regions = store.layer_regions()
-    need = stored_resident_bytes(store) + ffn_minimum(store)
+    need = resident_bytes(store) + ffn_minimum(store)
     if cfg.ffn is FFNMode.RESIDENT or not regions or need <= weights_budget:
         return []
     sizes = [n for *_, n in regions.values()]
-    others = stored_resident_bytes(store) - sum(sizes)
+    others = resident_bytes(store) - sum(sizes)
     keep = max(0, (weights_budget - others - ffn_minimum(store) - copied_vectors(store) - 2 * max(sizes)) // max(sizes))
     return sorted(regions)[min(keep, len(sizes)) :]
 
@@ -60,10 +60,11 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
     limit, else exact streaming (a dense FFN: hybrid sparse with every neuron computed, or, for the
     throughput mode (`batch`), whole layers read once per step for the whole batch; MoE: streamed
     experts); an explicit ffn="resident" that does not fit is refused with what it needs."""
-    fits = model_bytes(store) + store.manifest.ffn.layer_nbytes <= plan.weights_budget  # + the load-time read buffer
+    need = model_bytes(store) + ffn_layer_bytes(store)  # + the load-time read buffer
+    fits = need <= plan.weights_budget
     if cfg.ffn is FFNMode.RESIDENT and not fits:
         raise MemoryBudgetError(
-            f"ffn resident needs {fmt(model_bytes(store) + store.manifest.ffn.layer_nbytes)} for "
+            f"ffn resident needs {fmt(need)} for "
             f"weights; the memory budget leaves {fmt(plan.weights_budget)} ({plan.limit.how}): "
             "use ffn auto or stream, or a larger memory budget"
         )
@@ -72,7 +73,7 @@ def resolve_ffn(cfg: EngineConfig, store, plan, batch: bool = False) -> EngineCo
         return cfg
     if fits:
         return replace(cfg, ffn=FFNMode.RESIDENT)
-    if store.manifest.ffn.n_experts or batch or blocks:  # (block types: exact dense streaming, see above)
+    if expert_bytes(store) or batch or blocks:  # (block types: exact dense streaming, see above)
         return replace(cfg, ffn=FFNMode.STREAM)
     return replace(
         cfg, ffn=FFNMode.SPARSE, flash=replace(cfg.flash, mode=SparseMode.HYBRID, predictor=PredictorKind.DENSE)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..config import FFNMode
 from ..errors import ConfigError
 from ..memory.weights_plan import copied_vectors
-from ..sparse.planner import stored_resident_bytes
 from ..store.disk_profile import default_profile
+from ..store.sizes import resident_bytes
 
 
 def check_whole_layers(engine) -> None:
@@ -41,7 +41,7 @@ def weights_room(engine, default: int = 0) -> int:
     slots = engine.layer_slots
     attn = sum(slots.regions[i][2] for i in slots.regions) if slots is not None else 0
     held = (
-        stored_resident_bytes(engine.store)
+        resident_bytes(engine.store)
         - attn
         + (slots.nbytes if slots is not None else 0)
         + (2 * lay.layer_nbytes if streams_layers(engine) else 0)

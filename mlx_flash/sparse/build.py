@@ -9,12 +9,13 @@ from ..options import FlashOptions
 from ..store.disk_profile import default_profile
 from ..store.ffn_reader import FFNReader
 from ..store.reader_pool import ReaderPool
+from ..store.sizes import model_bytes
 from ..store.stream_pool import stream_pool
 from ..weights import bundle_weights
 from .cached_rows import CachedRowsFFN
 from .dense_slab import DenseSlabFFN
 from .modes import SparseKernel
-from .planner import model_bytes, plan_budget
+from .planner import plan_budget
 from .predictor import Predictors
 from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
 from .selectors import AllActive, LowRankSelector, PredictorKind, StatisticalSelector

@@ -20,23 +20,12 @@ shrinks the window to fit memory).
 from __future__ import annotations
 
 from ..errors import MemoryBudgetError
+from ..store.sizes import resident_bytes
 from ..units import fmt
 from . import cost_model
 from .modes import SparseMode, SparsePlan
 
 DEFAULT_WINDOW = 4  # when no activity was measured (predictors trained before it was recorded, or none)
-
-
-def stored_resident_bytes(store) -> int:
-    return sum(t.nbytes for t in store.manifest.tensors.values())
-
-
-def model_bytes(store, resident: int | None = None, ffn_layer: int | None = None) -> int:
-    """Bytes of the fully resident model: its resident tensors and every FFN layer, as a backend
-    holds them when given (`resident`, `ffn_layer` = one converted layer), else as stored."""
-    lay = store.manifest.ffn
-    res = stored_resident_bytes(store) if resident is None else resident
-    return res + (lay.layer_nbytes if ffn_layer is None else ffn_layer) * len(lay.layer_offsets)
 
 
 def choose_window(
@@ -77,7 +66,7 @@ def plan_budget(
     window 0: chosen by `choose_window` from `activity` and the disk `profile` (DEFAULT_WINDOW without them)."""
     lay = store.manifest.ffn
     L, F, bb = len(lay.layer_offsets), lay.n_rows, row_bytes or lay.bundle_bytes
-    resident = stored_resident_bytes(store) if resident is None else resident
+    resident = resident_bytes(store) if resident is None else resident
     preds = predictor_bytes if mode.needs_predictor else 0
     buffers = 2 * lay.layer_nbytes if not mode.needs_predictor else lay.layer_nbytes  # naive/hybrid prefetch
     fixed = resident + preds + buffers + converted_layer

@@ -60,8 +60,8 @@ def test_matches_transformers_on_the_same_file(references, engines, gemma_store,
 def test_store_is_about_the_files_size(gemma_gguf, gemma_store):
     """The store holds the file's tensors as stored: its weights within a few percent of the GGUF's
     (Q8_0's affine form adds its -128 d bias per block: 36 bytes per 32 weights instead of 34)."""
-    from mlx_flash.sparse.planner import model_bytes
     from mlx_flash.store import open_store
+    from mlx_flash.store.sizes import model_bytes
 
     held = model_bytes(open_store(gemma_store, False, False))
     assert 0.95 < held / os.path.getsize(gemma_gguf) < 1.08
