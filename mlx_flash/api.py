@@ -3,36 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 import sys
 
 from .backends import get_backend
 from .backends.choice import choose_backend
-from .budget import weights_budget
 from .config import Backend, EngineConfig, FFNMode, TorchDtype, default_cache_dir
-from .memory import ModelShape, plan_process, process_rss, resolve_limit
-from .memory.allocator import return_free_memory
-from .errors import ConfigError, MemoryBudgetError
-from .memory.process_plan import check_backend_room, plan_tiers
-from .models.kv_coded_blocks import BlockFormat
-from .models.kv_tiers import EVICT_STEP, TierPlan
-from .memory.weights_plan import resolve_ffn, streamed_layers, weights_line, weights_minimum
-from .sparse.planner import model_bytes
 from .default_model import resolve_store
 from .engine import Engine, model_context
+from .errors import ConfigError
 from .kernels import torch_ops
 from .layer_stream import LayerSlots, StreamedLayers
-from .options import ExpertOptions, FlashOptions, IOOptions
-from .store import open_store
-from .store.kv_tier_file import KVBlockFile, KVTierFile
-from .store.reader_pool import ReaderPool
+from .memory import ModelShape, process_rss, resolve_limit
+from .memory.allocator import return_free_memory
+from .memory.load_plan import plan_load
+from .memory.process_plan import check_backend_room
+from .memory.weights_plan import weights_line
 from .models import MODEL_TYPES, model_module
-from .store.stream_pool import stream_pool, stream_pools_bytes
+from .moe.build import expert_source
+from .options import ExpertOptions, FlashOptions, IOOptions
+from .sparse.build import sparse_source
+from .store import open_store
+from .store.reader_pool import ReaderPool
+from .store.stream_pool import stream_pool
 from .tokenizer import Tokenizer
 from .weights import ResidentFFN, StreamedFFN, resident_getter
-from .moe.build import expert_source
-from .sparse.build import sparse_source
 
 
 def load(
@@ -130,33 +124,10 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
     eos = store.config.get("eos_token_id")
     tokenizer = Tokenizer(store.path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
     return_free_memory()
-    shape = ModelShape.from_config(store.config)
-
-    def planned(context: int):
-        return plan_process(
-            limit,
-            process_rss(),
-            cfg.backend.value,
-            shape,
-            model_context(args),
-            weights_minimum(store),
-            context,
-            cfg.prefill_chunk,
-            stream_pools_bytes(cfg.cache_dir or default_cache_dir(), cfg.io.threads),
-        )
-
-    plan, tiers = _plan_with_tiers(cfg, ops, planned, shape, model_context(args), weights_minimum(store))
-    cfg = dataclasses.replace(cfg, prefill_chunk=plan.prefill_chunk)  # the chunk its buffers were planned for
-    # (below what a streamed dense FFN holds it is refused here; below what a sparse or expert FFN needs,
-    # by that FFN's planner, with its own minimum: neither holds one whole layer's reads)
-    plan.weights_budget = weights_budget(
-        cfg.weights_budget,
-        model_bytes(store),
-        plan.weights_budget,
-        weights_minimum(store) if cfg.ffn is FFNMode.STREAM and not store.manifest.ffn.n_experts else 0,
+    planned = plan_load(
+        cfg, store, limit, ModelShape.from_config(store.config), model_context(args), ops.in_place_kernel, batch
     )
-    cfg = resolve_ffn(cfg, store, plan, batch)
-    streamed = streamed_layers(cfg, store, plan.weights_budget)
+    cfg, plan, tiers, streamed = planned.config, planned.process, planned.tiers, planned.streamed
     slots = (
         LayerSlots(
             store,
@@ -236,63 +207,3 @@ def backend_ops(cfg: EngineConfig, backend: Backend, torch_dtype: str | None = N
         dtype, arithmetic = torch_dtype or cfg.torch_dtype.value, "exact" if torch_dtype else cfg.arithmetic.value
         return get_backend("torch", device=cfg.device, threads=cfg.threads, dtype=dtype, arithmetic=arithmetic)
     return get_backend("mlx", device=cfg.device, threads=cfg.threads, arithmetic=cfg.arithmetic.value)
-
-
-def _plan_with_tiers(cfg: EngineConfig, ops, planned, shape, context_limit: int, weights_min: int):
-    """(the process plan, the KV tiers it gives one sequence or None): with kv_on_flash on a CPU
-    backend, a context the KV share cannot hold resident (the model's, or --context) keeps its older
-    tokens on flash (memory/process_plan.plan_tiers) where the read buffers fit; an explicit context
-    that fits neither way is refused as without tiers."""
-    usable = cfg.kv_on_flash and ops.in_place_kernel
-    coded = BlockFormat(cfg.kv_flash_bits, shape.kv_heads, shape.head_dim, EVICT_STEP) if cfg.kv_flash_bits else None
-    on_flash = coded.bytes_per_token() * shape.layers if coded else 0
-    try:
-        plan = planned(cfg.context)
-    except MemoryBudgetError:
-        if not (usable and cfg.context):
-            raise
-        plan = plan_tiers(
-            planned(0),
-            shape,
-            cfg.context,
-            weights_min,
-            _disk_free(_tier_folder(cfg)),
-            True,
-            on_flash,
-            cfg.kv_flash_bits,
-        )
-        if not plan.tier_context:
-            raise
-    else:
-        if usable:
-            want, free = cfg.context or context_limit, _disk_free(_tier_folder(cfg))
-            plan = plan_tiers(plan, shape, want, weights_min, free, bool(cfg.context), on_flash, cfg.kv_flash_bits)
-    if not plan.tier_context:
-        return plan, None
-    folder, L, H, D, n = _tier_folder(cfg), shape.layers, shape.kv_heads, shape.head_dim, plan.tier_context
-    return plan, TierPlan(
-        window=plan.kv_tokens - plan.prefill_chunk,
-        chunk=plan.prefill_chunk,
-        context=n,
-        layers=L,
-        kv_heads=H,
-        head_dim=D,
-        open_file=(
-            (lambda: KVBlockFile(folder, L, EVICT_STEP, coded.nbytes, n))
-            if coded
-            else (lambda: KVTierFile(folder, L, H, D, n))
-        ),
-        coded=coded,
-    )
-
-
-def _tier_folder(cfg: EngineConfig) -> str:
-    """Where sequences' older KV goes: beside the stores, on the flash they stream from."""
-    return os.path.join(cfg.cache_dir or default_cache_dir(), "kv")
-
-
-def _disk_free(folder: str) -> int:
-    """Free bytes on the disk `folder` is (or would be) on."""
-    while not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    return shutil.disk_usage(folder).free
