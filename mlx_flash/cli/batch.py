@@ -17,7 +17,7 @@ import os
 import sys
 
 from ..config import EngineConfig
-from ..distributed.flags import add_pipeline_arguments
+from .pipeline_flags import add_pipeline_arguments
 from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, first_paragraph
 from ..options import add_arguments, from_arguments

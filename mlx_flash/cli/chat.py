@@ -14,15 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..api import load_config
 from ..config import EngineConfig
-from ..distributed.flags import add_pipeline_arguments
 from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, PipelineFault, first_paragraph
 from ..memory import peak_rss, process_rss
 from ..options import add_arguments, from_arguments
 from ..sampling import check_int, check_sampling_flags
-from ..distributed.launch import load_for
-from ..distributed.serving import conversations_for
+from ..service import Service
+from ..service.sequences import TieredConversations
+from .pipeline_flags import add_pipeline_arguments
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
 
@@ -159,9 +160,32 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     # long as the chat
     with (
         tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
-        conversations_for(engine, long=True, directory=tmp) as conversations,
+        conversations_for(engine, args.pipeline, tmp) as conversations,
     ):
         _converse(engine, conversations, args, inp, out, interactive)
+
+
+def load_engine(args, cfg):
+    """(the engine the flags ask for, None); on a pipeline's rank other than 0, once rank 0 stopped it,
+    (None, its exit status). distributed/ is entered for --pipeline only."""
+    if not args.pipeline:
+        return load_config(args.model, cfg), None
+    from ..distributed.launch import load_for  # deferred: a pipeline's ranks, for --pipeline only
+
+    return load_for(args, cfg, verbose=args.verbose)
+
+
+def conversations_for(engine, pipeline: bool, directory: str):
+    """What holds the REPL's conversation: with --pipeline, its KV on every rank; with a plan that keeps a
+    long sequence's older KV on flash, its whole context (TieredConversations); else an in-process
+    Service keeping its contexts in `directory`."""
+    if pipeline:
+        from ..distributed.conversations import PipelineConversations  # deferred: for --pipeline only
+
+        return PipelineConversations(engine)
+    if engine.kv_tiers is not None:
+        return TieredConversations(engine)
+    return Service(engine, directory=directory)
 
 
 def _converse(engine, svc, args, inp, out, interactive: bool) -> None:
@@ -276,7 +300,7 @@ def main(argv=None) -> int:
         check_flags(args)
 
         cfg = from_arguments(EngineConfig, args)
-        engine, status = load_for(args, cfg, verbose=args.verbose)
+        engine, status = load_engine(args, cfg)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
         with engine:

@@ -13,7 +13,7 @@ import sys
 
 from ..budget import parse_budget
 from ..config import EngineConfig
-from ..distributed.flags import add_pipeline_arguments
+from .pipeline_flags import add_pipeline_arguments
 from ..distributed.launch import load_for
 from ..distributed.serving import conversations_for, model_store_path, server_for
 from ..default_model import MODEL_HELP
