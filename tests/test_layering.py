@@ -79,6 +79,11 @@ RULES = (
         ("mlx_flash.calibrate", "mlx_flash.convert"),
     ),
     Rule(
+        "memory/ asks store/ for a model's sizes: it imports neither sparse/ nor moe/ (which plan under it)",
+        ("mlx_flash.memory",),
+        ("mlx_flash.sparse", "mlx_flash.moe"),
+    ),
+    Rule(
         "no runtime package imports bench/ (the measuring harnesses of tools/ and tests, above what they measure)",
         ("mlx_flash",),
         ("mlx_flash.bench",),
@@ -91,6 +96,16 @@ RULES = (
         ("mlx_flash.calibrate",),
         exempt=("mlx_flash",),
         exempt_within=("mlx_flash.calibrate", "mlx_flash.bench"),
+    ),
+)
+
+
+# Rules on the imports run at import time only (imports_of(..., module_level=True)).
+MODULE_LEVEL_RULES = (
+    Rule(
+        "the chat's start does not import distributed/ at module level: it is entered for --pipeline only",
+        ("mlx_flash.cli.chat", "mlx_flash.chat"),
+        ("mlx_flash.distributed",),
     ),
 )
 
@@ -203,6 +218,18 @@ def floor_violations(imports: dict) -> list[str]:
     return sorted(bad)
 
 
+def test_the_module_level_rules_hold():
+    bad = violations(import_map(PACKAGE_DIR, module_level=True), MODULE_LEVEL_RULES)
+    assert not bad, "layering broken at import time:\n" + "\n".join(bad)
+    fake = {
+        "mlx_flash.cli.chat": ("chat.py", [(1, "mlx_flash.distributed.launch"), (2, "mlx_flash.api")]),
+        "mlx_flash.cli.serve": ("serve.py", [(3, "mlx_flash.distributed.serving")]),
+    }
+    assert [v.split(" (rule")[0] for v in violations(fake, MODULE_LEVEL_RULES)] == [
+        "chat.py:1: imports mlx_flash.distributed.launch"
+    ]
+
+
 def test_the_floor_imports_only_the_floor():
     """The bottom of the package (docs/architecture.md): the leaves import nothing of the package, options
     and the graphs (models/) only leaves, config leaves and options, kernels/ leaves and config. Everything
@@ -265,9 +292,10 @@ def test_each_rule_catches_its_violation():
         "mlx_flash.memory.a": ("memory/a.py", [(17, "mlx_flash.bench.cgroup")]),
         "mlx_flash.service.a": ("service/a.py", [(18, "mlx_flash.bench")]),
         "mlx_flash.bench.a": ("bench/a.py", [(19, "mlx_flash.bench.cgroup"), (20, "mlx_flash.service.service")]),
+        "mlx_flash.memory.b": ("memory/b.py", [(21, "mlx_flash.sparse.planner"), (22, "mlx_flash.store.sizes")]),
     }
     got = violations(fake)
-    expected_lines = {1, 2, 3, 7, 8, 9, 10, 11, 12, 17, 18}
+    expected_lines = {1, 2, 3, 7, 8, 9, 10, 11, 12, 17, 18, 21}
     assert {int(v.split(":")[1]) for v in got} == expected_lines, "\n".join(got)
     assert any(v.startswith("engine.py:10: imports mlx_flash.calibrate.routes (rule: the per-token path") for v in got)
     assert any(v.startswith("chat.py:12: imports mlx_flash.calibrate (rule: calibrate/ is imported") for v in got)
@@ -462,6 +490,19 @@ def documented_levels(path: str) -> dict[str, int]:
     return levels
 
 
+ARCHITECTURE = os.path.join(os.path.dirname(PACKAGE_DIR), "docs", "architecture.md")
+LEVELS = documented_levels(ARCHITECTURE)  # the one written order of the packages, which tests read from here
+TOP = max(LEVELS.values())  # mlx_flash/__init__.py stands with the entry modules
+
+
+def level_of(module: str) -> int:
+    """The level of a module of mlx_flash in docs/architecture.md's table: its own row (an entry
+    module), else its package's or top-level module's (mlx_flash.sparse.planner: mlx_flash.sparse)."""
+    if module == "mlx_flash":
+        return TOP
+    return LEVELS[module] if module in LEVELS else LEVELS[".".join(module.split(".")[:2])]
+
+
 def level_violations(graph: dict[str, set[str]], levels: dict[str, int]) -> list[str]:
     """Each package or module missing from the table, and each import of one at its own level or above."""
     bad = [f"{a} has no level in the table" for a in sorted(graph) if a not in levels]
@@ -478,7 +519,7 @@ def level_violations(graph: dict[str, set[str]], levels: dict[str, int]) -> list
 def test_the_documented_levels_hold():
     """The package order is written down once, in docs/architecture.md's table, and this reads it: every
     package and top-level module has a level, and each imports (at module level) only lower ones."""
-    levels = documented_levels(os.path.join(os.path.dirname(PACKAGE_DIR), "docs", "architecture.md"))
+    levels = LEVELS
     assert levels["mlx_flash.errors"] == 0 and "mlx_flash.batching" in levels
     graph = package_graph(
         {**import_map(PACKAGE_DIR, module_level=True), **import_map(KERNELS_DIR, "mlx_flash.", module_level=True)}
