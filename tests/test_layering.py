@@ -467,7 +467,8 @@ def test_no_two_packages_import_each_other():
 
 
 ENTRY_MODULES = tuple(
-    f"mlx_flash.{m}" for m in ("chat", "serve", "batch", "verify", "profile_disk", "stores", "convert.__main__")
+    f"mlx_flash.{m}"
+    for m in ("chat", "serve", "batch", "verify", "profile_disk", "stores", "convert.__main__", "bench.__main__")
 )
 
 

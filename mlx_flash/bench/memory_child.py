@@ -107,9 +107,9 @@ class RecordingPool:
 def run_ours(
     store: str, mode: str, tokens: int, ids: list[int], fed=None, read_log=None, kv: dict | None = None
 ) -> dict:
-    import mlx_flash
-    from mlx_flash.errors import MemoryBudgetError
-    from mlx_flash.moe.experts import StreamedExperts
+    import mlx_flash  # deferred: the llama.cpp child must not import the package (its memory is measured)
+    from mlx_flash.errors import MemoryBudgetError  # deferred: as above
+    from mlx_flash.moe.experts import StreamedExperts  # deferred: as above
 
     backend, _, share = mode.partition(":")
     backend, _, arithmetic = backend.partition("/")  # "torch/q8": the backend and the arithmetic

@@ -1,4 +1,4 @@
-"""What tools/bench_memory.py runs and how it sums one limit's runs up: the engines and modes (ours
+"""What `python -m mlx_flash.bench memory` runs and how it sums one limit's runs up: the engines and modes (ours
 per backend, sparse shares, llama.cpp mmap and no-mmap), the bytes a token must read at a limit,
 and the medians of a cell (one engine at one limit)."""
 
@@ -37,7 +37,7 @@ class Engine:
 
     @property
     def run_mode(self) -> str:
-        """The mode argument of bench_memory_run.py: the backend, and the sparse share after a colon."""
+        """The mode argument of memory_child.py: the backend, and the sparse share after a colon."""
         return self.mode if self.active is None else f"{self.mode}:{self.active}"
 
 

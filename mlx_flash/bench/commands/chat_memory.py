@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from mlx_flash.errors import first_paragraph
+from mlx_flash.default_model import default_model_path
 
 LLAMA = """
 import sys
@@ -66,7 +67,6 @@ def ours(backend: str, question: str, max_tokens: int) -> dict:
 
 
 def llama_cpp(context: int, question: str, max_tokens: int) -> int | str:
-    from mlx_flash.default_model import default_model_path
 
     try:
         import llama_cpp  # noqa: F401

@@ -31,6 +31,20 @@ import numpy as np
 import mlx_flash
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
+from mlx_flash.default_model import resolve_store
+from mlx_flash.config import default_cache_dir
+from mlx_flash.moe.policies import POLICIES
+from mlx_flash.moe.policies import simulate
+from mlx_flash.calibrate import decode_trace
+from mlx_flash.models import llama
+from mlx_flash.moe.experts import StreamedExperts
+from mlx_flash.store.reader_pool import ReaderPool
+from mlx_flash.backends import get_backend
+from mlx_flash.calibrate import fit_routing_predictor
+from mlx_flash.calibrate import write_expert_store
+from mlx_flash.models.moe import ModelArgs
+from mlx_flash.moe.routing import model_id
+from mlx_flash.store import open_store
 
 SHARES = (0.25, 0.5, 1.0)
 
@@ -57,8 +71,6 @@ def run(a) -> None:
         return bench_synthetic(a)
     if not a.model:
         raise FlashError("--model is required (a MoE model, e.g. tools/moefy.py's output)")
-    from mlx_flash.default_model import resolve_store
-    from mlx_flash.config import default_cache_dir
 
     store = resolve_store(a.model, default_cache_dir())
     if a.policies:
@@ -74,8 +86,6 @@ def load_routes(store: str) -> np.ndarray:
 
 
 def policy_table(store: str, sizes: list[int]) -> None:
-    from mlx_flash.moe.policies import POLICIES, simulate
-    from mlx_flash.calibrate import decode_trace
 
     routes = load_routes(store)
     L, N, K = routes.shape
@@ -270,9 +280,6 @@ def replayed_routes(path: str, n_layers: int, n_experts: int, k: int, tokens: in
 
 
 def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> dict:
-    from mlx_flash.models import llama
-    from mlx_flash.moe.experts import StreamedExperts
-    from mlx_flash.store.reader_pool import ReaderPool
 
     lay = store.manifest.ffn
     L, N, K = routes.shape
@@ -311,11 +318,6 @@ def replay_row(label, store, slots, preload, routes, predictor, ops, args) -> di
 
 
 def bench_synthetic(a) -> None:
-    from mlx_flash.backends import get_backend
-    from mlx_flash.calibrate import fit_routing_predictor, write_expert_store
-    from mlx_flash.models.moe import ModelArgs
-    from mlx_flash.moe.routing import model_id
-    from mlx_flash.store import open_store
 
     store = open_store(a.synthetic)
     lay, cfg = store.manifest.ffn, store.config

@@ -24,6 +24,16 @@ from mlx_flash.calibrate import corpus_path
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
 from mlx_flash.sparse import cost_model
 from mlx_flash.store.disk_profile import default_profile
+from mlx_flash.budget import parse_budget
+from mlx_flash.calibrate import StatisticalActivity
+from mlx_flash.calibrate import replay
+from mlx_flash.config import default_cache_dir
+from mlx_flash.sparse.build import replay_source
+from mlx_flash.sparse.modes import SparseMode
+from mlx_flash.sparse.planner import plan_budget
+from mlx_flash.store import open_store
+from mlx_flash.store.sizes import model_bytes
+from mlx_flash.store.stream_pool import stream_pool
 
 
 def bench_mode(a, mode, prompt, profile):
@@ -93,15 +103,6 @@ def bench_mode(a, mode, prompt, profile):
 def bench_synthetic(a, mode, profile):
     """I/O-only replay on a synthetic store (random weights, statistical activity: synthetic)."""
 
-    from mlx_flash.budget import parse_budget
-    from mlx_flash.calibrate import StatisticalActivity, replay
-    from mlx_flash.config import default_cache_dir
-    from mlx_flash.sparse.build import replay_source
-    from mlx_flash.sparse.modes import SparseMode
-    from mlx_flash.sparse.planner import model_bytes, plan_budget
-    from mlx_flash.store import open_store
-    from mlx_flash.store.stream_pool import stream_pool
-
     store = open_store(a.synthetic)
     lay = store.manifest.ffn
     plan, account = plan_budget(SparseMode(mode), parse_budget(a.budget, model_bytes(store)), store, 0, a.window or 4)
@@ -140,7 +141,6 @@ CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 def enter_cgroup(limit) -> str:
     """Move this process into a fresh cgroup-v1 memory cgroup capped at `limit` bytes."""
-    from mlx_flash.budget import parse_budget
 
     path = os.path.join(CGROUP_ROOT, f"mlx_flash_bench_{os.getpid()}")
     try:

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from mlx_flash import load
+from mlx_flash.api import load
 from mlx_flash.bench.kv_capacity import contexts_held
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph

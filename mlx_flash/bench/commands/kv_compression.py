@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from mlx_flash import load
+from mlx_flash.api import load
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.calibrate.kv_compression import kv_quality
 from mlx_flash.errors import FlashError, first_paragraph

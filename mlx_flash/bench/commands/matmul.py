@@ -22,6 +22,8 @@ from mlx_flash.errors import KernelUnavailableError, first_paragraph
 from mlx_flash.bench.timing import median_seconds
 from mlx_flash.kernels.qmatmul import cpu_isa, qmatmul
 from mlx_flash.kernels.qmatmul_ref import dequantize
+from mlx_flash.kernels import cuda_ops
+from mlx_flash.kernels.qmatmul import StoredMatrix
 
 # (name, outputs N, inputs K, transposed): transposed=False is the neuron-major down projection.
 SHAPES = [
@@ -65,9 +67,6 @@ def bench_cuda(a, tokens) -> list[dict]:
     """The CUDA stored product per shape, bits and token count; its GB/s of stored bytes against a
     device-to-device copy of as many bytes (read + write)."""
     import torch
-
-    from mlx_flash.kernels import cuda_ops
-    from mlx_flash.kernels.qmatmul import StoredMatrix
 
     cuda_ops.ops()  # built before timing (once per torch version and GPU)
     print(f"CUDA: {torch.cuda.get_device_name()}; torch {torch.__version__}")

@@ -5,6 +5,7 @@ import json
 import os
 
 from mlx_flash.errors import FlashError
+from mlx_flash.convert.gguf_header import read_gguf_header
 
 MB = 1e6
 
@@ -67,8 +68,6 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
 def model_title(model: str) -> str:
     """The GGUF's general.name (random-weight files say "synthetic"), else the file name."""
     if model.endswith(".gguf"):
-        from mlx_flash.convert.gguf_header import read_gguf_header
-
         field = read_gguf_header(model).fields.get("general.name")
         if field is not None:
             return str(field.value)

@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-from mlx_flash import EngineConfig, load_config
+from mlx_flash.api import load_config
+from mlx_flash.config import EngineConfig
 from mlx_flash.calibrate import corpus_path, perplexity
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.options import add_arguments, from_arguments

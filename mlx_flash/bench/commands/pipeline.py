@@ -32,6 +32,8 @@ from mlx_flash.distributed.local import rank_envs
 from mlx_flash.errors import exit_status, first_paragraph
 from mlx_flash.bench.cgroup import MEMORY_CHILD, MemoryCgroup, drop_page_cache
 from mlx_flash.units import fmt
+from mlx_flash.default_model import resolve_store
+from mlx_flash.tokenizer import Tokenizer
 
 PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."
 TOPICS = [
@@ -159,8 +161,6 @@ def pipeline(a, limit: int) -> dict:
 def llama_cpp(a, limit: int) -> dict:
     """llama.cpp (llama-cpp-python, mmap) on the same file and prompt in one cgroup of `limit`: the
     peer's decode rate (mlx_flash/bench/memory_child.py, run by path: it imports nothing of this package)."""
-    from mlx_flash.default_model import resolve_store
-    from mlx_flash.tokenizer import Tokenizer
 
     ids = Tokenizer(resolve_store(a.model or a.gguf, "", "source", False)).encode(PROMPT)
     drop_page_cache()

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from mlx_flash import load
+from mlx_flash.api import load
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.service_trace import PATTERNS, VARIANTS, TraceConfig, build_texts, full_context_restore, run_trace

@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-from mlx_flash import load
+from mlx_flash.api import load
 from mlx_flash.bench.service_trace import Variant
 from mlx_flash.bench.switching_trace import SwitchTrace, build, load_built, replay, visits
 from mlx_flash.calibrate import read_corpus

@@ -25,6 +25,10 @@ import sys
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.throughput import MODES, BenchConfig, against_single, run_config
+from mlx_flash.bench.cgroup import MemoryCgroup
+from mlx_flash.budget import parse_budget
+from mlx_flash.config import default_cache_dir
+from mlx_flash.default_model import resolve_store
 
 LABELS = {
     "single": "(a) one at a time",
@@ -45,8 +49,6 @@ def store_bytes(path):
 def run_one(cfg: BenchConfig, cgroup_limit) -> dict:
     cmd = [sys.executable, "-m", "mlx_flash.bench", "throughput", "--worker", json.dumps(cfg.__dict__)]
     if cgroup_limit:
-        from mlx_flash.bench.cgroup import MemoryCgroup
-
         with MemoryCgroup(cgroup_limit) as cg:
             r = cg.run(cmd)
         extra = {"cgroup_limit": cg.limit, "cgroup_peak": r.peak, "oom_kills": r.oom_kills}
@@ -113,14 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.worker is not None:
             print(json.dumps(run_config(BenchConfig(**json.loads(a.worker)), read_corpus("wikipedia"))), flush=True)
             return 0
-        from mlx_flash.budget import parse_budget
 
         def weights_budget(store):
             n = store_bytes(store)
             if n is None:
-                from mlx_flash.config import default_cache_dir
-                from mlx_flash.default_model import resolve_store
-
                 n = store_bytes(resolve_store(None, default_cache_dir(), "source", False))
             return str(int(n * a.weights_share))
 
