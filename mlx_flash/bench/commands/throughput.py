@@ -13,7 +13,15 @@ measured one; table, JSON and a plot.
     python -m mlx_flash.bench throughput --worker CONFIG_JSON     (one configuration, in this process)
 
 --weights-share: the weights' budget as a share of the store's bytes (the rest of --memory-budget
-holds the runtime, the block's KV cache and activations).
+holds the runtime, the block's KV cache and activations). --store takes a store, a GGUF (converted
+into the store cache before the first configuration runs) or a benchmark model name
+(mlx_flash/bench/models.py). The headline run, 32 sequences on the Mistral-7B layer shape (12 of its
+32 layers, Q8_0, synthetic weights) in a 2.4 GB cgroup:
+
+    python -m mlx_flash.bench throughput --store mistral-12l --label "Mistral-7B shape, 12 layers, Q8_0 (synthetic)"
+        --sequences 32 --prompt 128 --generate 32 --single-sequences 1 --memory-budget 2.4GB --cgroup
+
+--json writes the rows as a record (bench/record.py: where and what ran, then label, args, rows).
 """
 
 import argparse
@@ -22,6 +30,8 @@ import os
 import subprocess
 import sys
 
+from mlx_flash.bench import record
+from mlx_flash.bench.models import NAMES, bench_model
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.throughput import MODES, BenchConfig, against_single, run_config
@@ -44,6 +54,18 @@ def store_bytes(path):
     if path is None:
         return None
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith((".bin", ".safetensors")))
+
+
+def as_store(name: str | None) -> str | None:
+    """--store's directory: a benchmark model name's GGUF or a GGUF file converted into the store cache
+    (once; the configurations then load the store, so no run times a conversion); None (the default
+    model) and a store directory as they are."""
+    if name is None:
+        return None
+    path = bench_model(name) if name in NAMES else name
+    if path is None:
+        raise FlashError(f"{name}: not available here")
+    return resolve_store(path, default_cache_dir(), "source", True) if os.path.isfile(path) else path
 
 
 def run_one(cfg: BenchConfig, cgroup_limit) -> dict:
@@ -91,7 +113,9 @@ def plot(rows, path, title):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.bench throughput", description=first_paragraph(__doc__))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--store", default=None, help="store to run (default: the default model)")
+    p.add_argument(
+        "--store", default=None, help=f"store dir, GGUF, or a name: {', '.join(NAMES)} (default: the default model)"
+    )
     p.add_argument(
         "--compressed-store",
         default=None,
@@ -115,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.worker is not None:
             print(json.dumps(run_config(BenchConfig(**json.loads(a.worker)), read_corpus("wikipedia"))), flush=True)
             return 0
+        header = record.provenance()
+        store = as_store(a.store)
 
         def weights_budget(store):
             n = store_bytes(store)
@@ -136,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             single_sequences=a.single_sequences,
         )
         runs = [
-            (m, BenchConfig(mode=m, store=a.store, weights_budget=weights_budget(a.store), **base))
+            (m, BenchConfig(mode=m, store=store, weights_budget=weights_budget(store), **base))
             for m in a.modes.split(",")
         ]
         if a.compressed_store:
@@ -145,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 (
                     "compressed",
                     BenchConfig(
-                        mode="flexgen", store=a.compressed_store, weights_budget=weights_budget(a.store), **base
+                        mode="flexgen", store=as_store(a.compressed_store), weights_budget=weights_budget(store), **base
                     ),
                 ),
             )
@@ -194,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in against_single(rows):
             print(line)
         if a.json:
-            with open(a.json, "w") as fh:
-                json.dump({"label": a.label, "args": vars(a), "rows": rows}, fh, indent=1)
+            record.write(a.json, header, label=a.label, args=vars(a), rows=rows)
         if a.plot:
             plot(
                 rows,
