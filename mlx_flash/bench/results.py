@@ -5,8 +5,10 @@ generated sections of docs/results/*.md from the records (mlx_flash/bench/pages.
 rewrites the pages from the records already there, running nothing.
 
 The quick tier measures the default model and Gemma 3 270M (about 10 minutes on 2 cores, llama.cpp
-built by `make peers`); the full tier the Llama-2-7B shape on synthetic weights (resident, and inside a
-2 GB memory cgroup: root and cgroup v1), long. A table whose record is missing says which command
+built by `make peers`); the full tier large shapes on synthetic weights (mlx_flash/bench/models.py):
+the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the Qwen3-30B-A3B shape's first 8
+layers fed real text, the throughput mode on the Mistral-7B shape's first 12 layers in a 2.4 GB
+cgroup (the cgroups need root and cgroup v1), about half an hour. A table whose record is missing says which command
 writes it."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 from ..errors import FlashError
 from . import pages
 from . import result_tables as t
+from . import result_tables_big as big
 
 QUICK, FULL = "quick", "full"
 
@@ -57,6 +60,14 @@ RUNS = (
         ("arithmetic", *SEVEN_B, "--parts", "decode", "--pairs", "3", "--decode-prompt", "16", "--gen-tokens", "16")
         + ("--stream-gb", "4"),
         6.0,
+    ),
+    Run("full-moe-8l", FULL, ("moe", "--model", "moe-8l", "--tokens", "32"), 1.5),
+    Run(
+        "full-throughput",
+        FULL,
+        ("throughput", "--store", "mistral-12l", "--sequences", "32", "--prompt", "128", "--generate", "32")
+        + ("--single-sequences", "1", "--modes", "single,row,flexgen", "--memory-budget", "2.4GB", "--cgroup"),
+        9.0,
     ),
     Run(
         "full-7b-2gb",
@@ -98,6 +109,8 @@ TABLES = (
     Table("quality", "arithmetic.md", ("quick-quality",), one("quick-quality", t.quality)),
     Table("kernels", "kernels.md", ("quick-kernels",), one("quick-kernels", t.kernels)),
     Table("memory-7b", "memory-limits.md", ("full-7b-2gb",), one("full-7b-2gb", t.memory)),
+    Table("moe-8l", "experts.md", ("full-moe-8l",), one("full-moe-8l", big.moe)),
+    Table("throughput-mistral", "throughput.md", ("full-throughput",), one("full-throughput", big.throughput)),
 )
 
 
