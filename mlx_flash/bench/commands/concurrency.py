@@ -4,7 +4,7 @@ clients and its speedup over one client, median and max time to first token, str
 against each prompt's text when sent alone, and the server's peak RSS against its memory limit.
 One table, JSON and a plot.
 
-    python -m mlx_flash.bench concurrency [--model M] [--backend torch|mlx] [--clients 1,4,16]
+    python -m mlx_flash.bench concurrency [--model NAME|M] [--backend torch|mlx] [--clients 1,4,16]
         [--memory-budget 1.5GB] [--max-tokens 64] [--context-chars 0] [--max-batch 32] [--kv-budget B] [--repeat 1]
         [--server-arg='--threads 1' ...] [--dir DIR] [--json OUT] [--plot OUT.png]
 
@@ -23,12 +23,15 @@ differing chunk (= token) and character are reported. Memory: /v1/stats after th
 the server process's peak RSS, against memory.limit). --repeat N: N fresh servers per client count;
 the table shows the run of median tokens/s, and the best run with its ratio to 1 client's best. The
 server's CPU seconds over each run and the machine's load average are kept: other processes on the
-same cores slow every figure. The server subprocess and the streaming clients are
-mlx_flash/bench/load_client.py (the standard library's http.client; no openai package needed).
+same cores slow every figure. --model: a name of mlx_flash/bench/models.py (default, gemma, ...),
+else the server's --model. --json writes a record (mlx_flash/bench/record.py: commit, CPU, versions,
+command, load before and after) with the parts config, reference, reference_median_tokens_per_s and
+rows; result_tables_service.concurrency renders it as a table. The server subprocess and the
+streaming clients are mlx_flash/bench/load_client.py (the standard library's http.client; no openai
+package needed).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -38,6 +41,8 @@ import tempfile
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import first_paragraph
 from mlx_flash.bench.load_client import Server, concurrent, stream_chat, warm
+from mlx_flash.bench.models import NAMES, bench_model
+from mlx_flash.bench.record import provenance, write
 
 PROMPTS = [
     "Explain how a refrigerator keeps food cold.",
@@ -101,7 +106,7 @@ def server_flags(args, clients: int) -> list:
         str(max(16, clients + 1)),
     ]
     if args.model:
-        flags += ["--model", args.model]
+        flags += ["--model", args.model_path]
     if args.kv_budget:
         flags += ["--kv-budget", args.kv_budget]
     for arg in args.server_arg:
@@ -202,6 +207,7 @@ def median_row(runs: list) -> dict:
                 "server_cpu_s",
                 "load_average",
                 "identical",
+                "per_client_tokens_per_s",
             )
         }
         for r in runs
@@ -253,7 +259,11 @@ def fmt_mb(v) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.bench concurrency", description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None, help="the server's --model (default: its default model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"{', '.join(NAMES)} or the server's --model (default: the server's default model)",
+    )
     p.add_argument("--backend", default="torch", choices=("torch", "mlx"))
     p.add_argument("--clients", default="1,4,16", help="client counts, comma-separated (default: 1,4,16)")
     p.add_argument("--memory-budget", default="1.5GB", help="the server's --memory-budget (default: 1.5GB)")
@@ -290,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         print("error: --clients takes positive integers, comma-separated (1,4,16)", file=sys.stderr)
+        return 1
+    header = provenance(None if argv is None else ["-m", "mlx_flash.bench", "concurrency", *argv])
+    a.model_path = bench_model(a.model) if a.model in NAMES else a.model
+    if a.model and a.model_path is None:
+        print(f"error: model {a.model!r} is not installed", file=sys.stderr)
         return 1
     base = a.dir or tempfile.mkdtemp(prefix="bench-concurrency-")
     rows = []
@@ -358,26 +373,23 @@ def main(argv: list[str] | None = None) -> int:
         if r["peak_rss"] and r["limit"] and r["peak_rss"] > r["limit"]:
             print(f"{r['clients']} clients: peak RSS {fmt_mb(r['peak_rss'])} is over the limit {fmt_mb(r['limit'])}")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
+        write(
+            a.json,
+            header,
+            config={k: v for k, v in vars(a).items() if k not in ("json", "plot", "model_path")},
+            reference=[
                 {
-                    "config": {k: v for k, v in vars(a).items() if k not in ("json", "plot")},
-                    "reference": [
-                        {
-                            "prompt": r["prompt"],
-                            "tokens": r["tokens"],
-                            "ttft_s": r["ttft_s"],
-                            "seconds": r["end"] - r["start"],
-                            "text": r["text"],
-                        }
-                        for r in refs
-                    ],
-                    "reference_median_tokens_per_s": solo,
-                    "rows": rows,
-                },
-                fh,
-                indent=1,
-            )
+                    "prompt": r["prompt"],
+                    "tokens": r["tokens"],
+                    "ttft_s": r["ttft_s"],
+                    "seconds": r["end"] - r["start"],
+                    "text": r["text"],
+                }
+                for r in refs
+            ],
+            reference_median_tokens_per_s=solo,
+            rows=rows,
+        )
     if a.plot and rows:
         plot(rows, a.plot)
     return 1 if any(r["errors"] for r in rows) else 0

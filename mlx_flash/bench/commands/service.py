@@ -4,9 +4,13 @@ budget holding 25% of their KV: LLMS against LMK (drop and recompute), whole-con
 (chunks, LRU) and vLLM-SQ (+ static 8-bit), and LLMS with each technique ablated. Also a context at
 the model's full length: ready again from flash against its re-prefill. Table, JSON and a plot.
 
-    python -m mlx_flash.bench service [--backend torch|mlx] [--patterns random,markov,gaussian]
-        [--contexts 16] [--context-tokens 512] [--calls 48] [--variants NAME,...] [--full-context]
-        [--json OUT] [--plot OUT.png]
+    python -m mlx_flash.bench service [--model NAME|GGUF] [--backend torch|mlx]
+        [--patterns random,markov,gaussian] [--contexts 16] [--context-tokens 512] [--calls 48]
+        [--variants NAME,...] [--full-context] [--json OUT] [--plot OUT.png] [--from-json IN]
+
+--model: a name of mlx_flash/bench/models.py (default, gemma, ...) or a GGUF. --json writes a record
+(mlx_flash/bench/record.py: commit, CPU, versions, command, load before and after) with the parts
+config, model, backend, rows and full_context; result_tables_service.service renders it as a table.
 """
 
 import argparse
@@ -18,6 +22,9 @@ import tempfile
 from mlx_flash.api import load
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.bench.models import NAMES, bench_model
+from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.result_tables_service import service as service_table
 from mlx_flash.bench.service_trace import PATTERNS, VARIANTS, TraceConfig, build_texts, full_context_restore, run_trace
 
 
@@ -46,7 +53,7 @@ def plot(rows, names, patterns, path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.bench service", description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help=f"{', '.join(NAMES)} or a GGUF (default: the default model)")
     p.add_argument("--backend", default="torch", choices=("torch", "mlx"))
     p.add_argument("--patterns", default=",".join(PATTERNS))
     p.add_argument("--variants", default=",".join(v.name for v in VARIANTS))
@@ -71,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['pattern']:9s} {r['variant']:34s} switch {r['switch_mean_ms']:8.1f} ms  ttft "
                 f"{r['ttft_mean_ms']:8.1f} ms"
             )
+        print("\n" + service_table(old))
         if a.plot:
             plot(rows, names, patterns, a.plot)
         return 0
@@ -79,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(variants) != len(names):
         print(f"error: --variants takes names among: {', '.join(v.name for v in VARIANTS)}", file=sys.stderr)
         return 1
+    header = provenance(None if argv is None else ["-m", "mlx_flash.bench", "service", *argv])
     cfg = TraceConfig(contexts=a.contexts, context_tokens=a.context_tokens, calls=a.calls, kv_share=a.kv_share)
     base = a.dir or tempfile.mkdtemp(prefix="bench-service-")
     rows, full = [], None
     try:
-        engine = load(a.model, backend=a.backend, progress=False)
+        model = bench_model(a.model) if a.model in NAMES else a.model
+        if a.model and model is None:
+            raise FlashError(f"model {a.model!r} is not installed")
+        engine = load(model, backend=a.backend, progress=False)
         text = read_corpus("wikipedia")
         starts, pieces = build_texts(engine, text, cfg)
         for pattern in a.patterns.split(","):
@@ -126,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             f"recompute {rc:.3f} s: {rc / full['pipeline']['seconds']:.1f}x faster than re-prefill"
         )
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"config": vars(cfg), "rows": rows, "full_context": full}, fh, indent=1)
+        asked = a.model or "default"  # the record names the model as asked for, not this machine's path
+        write(a.json, header, config=vars(cfg), model=asked, backend=a.backend, rows=rows, full_context=full)
     if a.plot and rows:
         plot(rows, [v.name for v in variants], patterns, a.plot)
     return 0
