@@ -149,7 +149,7 @@ class ExpertOptions:
         ExpertPolicy.EDGEMOE, "MoE with streamed experts: expert-cache eviction policy", flag="--expert-policy"
     )
     # Off by default: on the derived MoE model decoded teacher-forced on two cores, every policy ran
-    # slower with the preloader than without (docs/results/experts.md): its reads and conversions
+    # slower with the preloader than without (docs/earlier-results/experts.md): its reads and conversions
     # take the cores the products need, and a third of its guesses are wrong.
     preload: int = option(
         0,

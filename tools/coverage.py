@@ -371,9 +371,7 @@ def write_between_markers(path: str, text: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--families", action="store_true", help="run the family tests for the families table")
-    p.add_argument(
-        "--speed", action="store_true", help="run the decode benchmark on real files (llama.cpp beside)"
-    )
+    p.add_argument("--speed", action="store_true", help="run the decode benchmark on real files (llama.cpp beside)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument(
         "--write",

@@ -11,7 +11,7 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
   dtype="bfloat16" (fast, approximate): on the CPU, 4-bit linears run on torch's weight-only int4
       kernel (bfloat16 inputs, scales and outputs), 8-bit ones as two exact 4-bit halves on the same
       kernel, other weights stay dense float32; on CUDA, quantized weights are dequantized once into
-      float16 for torch's half-precision matmuls. Its perplexity cost is measured in docs/results/kernels.md.
+      float16 for torch's half-precision matmuls. Its perplexity cost is measured in docs/earlier-results/kernels.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a batched pass costs on the loaded engine, the numbers behind the throughput mode's cap
-(docs/results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV,
+(docs/earlier-results/throughput.md): a decode step of B rows (each holding `held` tokens in one BlockKV,
 or, as the server holds them, in a chunk pool) and a prefill pass of R prompts of T tokens packed
 left-padded into one pass, each the median wall time of `repeat` calls after one warm-up, with
 tokens/s and GFLOP/s (2 x the engine's parameters in products a token, attention not counted).

@@ -11,7 +11,7 @@ FFN precision (`precision`):
                  neurons: their gate and up rows and the down matrix's [D, g] slice as stored
   source-neuron  gate/up as the source has them, the down projection re-quantized along d_model at
                  `down_bits` (default 8) so every neuron is a bundle of its own (the finer read
-                 unit, at a measured quality cost: docs/results/flash.md, "Sparse read unit")
+                 unit, at a measured quality cost: docs/earlier-results/flash.md, "Sparse read unit")
   f16            dequantize gate/up/down to float16 (lossless for 4/8-bit sources up to fp16 rounding)
   q4, q8         affine-quantize gate/up/down rows to 4/8 bits (group 32 unless group_size says otherwise)
 """
