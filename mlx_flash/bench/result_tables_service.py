@@ -77,11 +77,14 @@ def _service_note(rec: dict) -> str:
     if not cfg:
         return ""
     share = cfg.get("kv_share")
+    mb = next((r["kv_budget_mb"] for r in rec.get("rows", []) if r.get("kv_budget_mb")), None)
+    budget = f"{mb:.1f} MB, " if mb else ""
     return (
         f"\n\n{model_title(rec.get('model', 'default'))}, {rec.get('backend', MISSING)}: "
         f"{cfg.get('contexts', MISSING)} contexts of {cfg.get('context_tokens', MISSING)} tokens, "
         f"{cfg.get('calls', MISSING)} calls of {cfg.get('call_tokens', MISSING)} new tokens each, "
-        f"KV budget {MISSING if share is None else f'{share:.0%}'} of their KV."
+        f"KV budget {budget}at least {MISSING if share is None else f'{share:.0%}'} of their KV "
+        "(more where a compressing variant's float chunks need it: the same for every variant)."
     )
 
 

@@ -6,7 +6,7 @@ rewrites the pages from the records already there, running nothing.
 
 The quick tier measures the default model and Gemma 3 270M (about 10 minutes on 2 cores, llama.cpp
 built by `make peers`); the full tier large shapes on synthetic weights (mlx_flash/bench/models.py):
-the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the server under 16 clients, the
+the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the LLMS trace, the server under 16 clients, the
 Qwen3-30B-A3B shape's first 8 layers fed real text, the throughput mode on the Mistral-7B shape's
 first 12 layers in a 2.4 GB cgroup (the cgroups need root and cgroup v1), about half an hour. A table
 whose record is missing says which command writes it."""
@@ -62,6 +62,7 @@ RUNS = (
         + ("--stream-gb", "4"),
         6.0,
     ),
+    Run("full-service", FULL, ("service", "--patterns", "random", "--calls", "24"), 5.0),
     Run("full-concurrency", FULL, ("concurrency", "--clients", "1,16", "--max-tokens", "32"), 1.0),
     Run("full-moe-8l", FULL, ("moe", "--model", "moe-8l", "--tokens", "32"), 1.5),
     Run(
@@ -111,6 +112,7 @@ TABLES = (
     Table("quality", "arithmetic.md", ("quick-quality",), one("quick-quality", t.quality)),
     Table("kernels", "kernels.md", ("quick-kernels",), one("quick-kernels", t.kernels)),
     Table("memory-7b", "memory-limits.md", ("full-7b-2gb",), one("full-7b-2gb", t.memory)),
+    Table("service-trace", "service.md", ("full-service",), one("full-service", svc.service)),
     Table("concurrency", "service.md", ("full-concurrency",), one("full-concurrency", svc.concurrency)),
     Table("moe-8l", "experts.md", ("full-moe-8l",), one("full-moe-8l", big.moe)),
     Table("throughput-mistral", "throughput.md", ("full-throughput",), one("full-throughput", big.throughput)),

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..service.chunk_pool import ChunkShape
 from ..service.lifecycle import Evict, Lifecycle, Restore
-from ..service.service import Service
+from ..service.service import DEFAULT_CHUNK, FLOAT_SHARE, Service
 
 PATTERNS = ("random", "markov", "gaussian")
 
@@ -91,10 +91,12 @@ class TraceResult:
     chunks_read: int = 0
     chunks_recomputed: int = 0
     chunks_written: int = 0
+    kv_budget: int = 0
 
     def summary(self) -> dict:
         return {
             "variant": self.variant,
+            "kv_budget_mb": self.kv_budget / 1e6,
             "pattern": self.pattern,
             "calls": len(self.switch_s),
             "switch_mean_ms": 1e3 * float(np.mean(self.switch_s)),
@@ -121,10 +123,22 @@ def build_texts(engine, corpus: str, cfg: TraceConfig) -> tuple[list[list[int]],
     return starts, pieces
 
 
+def trace_budget(engine, cfg: TraceConfig) -> int:
+    """The KV budget every variant of a trace gets: `kv_share` of the contexts' float KV, and never less
+    than a compressing variant needs to run at all. With compression on, a quarter of the budget holds
+    float chunks (service.FLOAT_SHARE), where every layer writes a prefill piece's new chunks before
+    they are coded: one prefill chunk's worth and two more must fit there. One budget for all
+    variants, so their times compare; the record gives it in MB."""
+    chunk = chunk_bytes(engine)
+    share = int(cfg.kv_share * cfg.contexts * -(-cfg.context_tokens // DEFAULT_CHUNK) * chunk)
+    floats = (-(-engine.config.prefill_chunk // DEFAULT_CHUNK) + 2) * chunk
+    return max(share, floats * FLOAT_SHARE)
+
+
 def run_trace(engine, variant: Variant, pattern: str, starts, pieces, cfg: TraceConfig, directory: str) -> TraceResult:
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    budget = int(cfg.kv_share * cfg.contexts * -(-cfg.context_tokens // 16) * chunk_bytes(engine))
+    budget = trace_budget(engine, cfg)
     svc = Service(
         engine, directory=directory, kv_budget=budget, kv_compression=variant.compression, lifecycle=variant.lifecycle
     )
@@ -139,7 +153,7 @@ def run_trace(engine, variant: Variant, pattern: str, starts, pieces, cfg: Trace
         order = call_sequence(pattern, cfg.contexts, cfg.calls, rng)
         gaps = rng.exponential(cfg.mean_gap_s, cfg.calls)
         used = [0] * cfg.contexts
-        res = TraceResult(variant.name, pattern)
+        res = TraceResult(variant.name, pattern, kv_budget=budget)
         s0 = svc.stats()
         read0, rec0, wr0 = s0.chunks_read, s0.chunks_recomputed, s0.chunks_written
         for c, gap in zip(order, gaps):
