@@ -97,9 +97,10 @@ bench: install-dev
 	$(BIN)/python -m mlx_flash.bench $(ARGS)
 
 # The results pages (docs/results/): each benchmark of the quick tier (the default model and Gemma 3,
-# about 10 minutes on 2 cores) writes its record into docs/results/records/, then every generated
-# table is rewritten from the records. ARGS="--tier full" for the 7B shape (long; the memory-limit run
-# needs root), ARGS=--render to rewrite the tables alone. llama.cpp's columns need `make peers` first.
+# under 10 minutes on 2 cores) writes its record into docs/results/records/, then every generated
+# table is rewritten from the records. ARGS="--tier full" for the large synthetic shapes (about 40
+# minutes; its cgroups need root), ARGS=--render to rewrite the tables alone. llama.cpp's columns need
+# `make peers` first.
 results: data
 	$(BIN)/python -m mlx_flash.bench results $(ARGS)
 

@@ -57,11 +57,11 @@ class Trace:
             self.interface += 1
             return
         if within(callee, ("mlx_flash.distributed",)):
-            self.distributed.add(f"{callee}:{frame.f_code.co_qualname}")
+            self.distributed.add(f"{callee}:{frame.f_code.co_name}")
         if level_of(callee) > level_of(caller):
             self.climbs.append(
-                f"{caller}:{back.f_code.co_qualname} (level {level_of(caller)}) -> "
-                f"{callee}:{frame.f_code.co_qualname} (level {level_of(callee)})"
+                f"{caller}:{back.f_code.co_name} (level {level_of(caller)}) -> "
+                f"{callee}:{frame.f_code.co_name} (level {level_of(callee)})"
             )
 
     def report(self) -> str:

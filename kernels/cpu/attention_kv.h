@@ -5,8 +5,8 @@
 // blocks named by a slot table (kv_index, load_float_run), affine codes dequantized a run at a time
 // (decode_run, load_coded_run) or one element at a time (coded_elem, load_row), and chunks of mixed
 // widths (load_mixed). The layouts, and why codes are dequantized as they are, are described at the top
-// of attention.cpp. Kept apart from the unit's arithmetic there so that neither file passes 600 lines;
-// everything here is inlined into that unit as before.
+// of attention.cpp. Apart from the unit's arithmetic there, which reads better without the layouts'
+// detail; everything here is inlined into that one unit.
 #pragma once
 
 #include <algorithm>

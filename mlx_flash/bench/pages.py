@@ -44,7 +44,8 @@ def sections(text: str, where: str = "page") -> list[Section]:
             seen.add(m[1])
         elif m := END.match(line):
             if m[1] != open_name:
-                raise FlashError(f"{where}:{i + 1}: end of {m[1]!r} where {open_name!r} is open")
+                inside = "no section is open" if open_name is None else f"{open_name!r} is open"
+                raise FlashError(f"{where}:{i + 1}: end of {m[1]!r} where {inside}")
             out.append(Section(open_name, first, i))
             open_name = None
     if open_name is not None:

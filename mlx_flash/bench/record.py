@@ -106,6 +106,12 @@ def provenance(argv: list[str] | None = None) -> dict:
     }
 
 
+def bench_provenance(name: str, argv: list[str] | None) -> dict:
+    """provenance() of the benchmark command NAME run with `argv` (what `python -m mlx_flash.bench`
+    hands its main; None: this process's own arguments after NAME)."""
+    return provenance(["-m", "mlx_flash.bench", name, *(sys.argv[2:] if argv is None else argv)])
+
+
 def write(path: str, header: dict, **parts) -> None:
     """One JSON file: the header's fields, the load average now (a run writes its record as it grows,
     so the last write's is the load after), then each part under its name. Written to a temporary

@@ -4,11 +4,11 @@ each in its own process, writing its JSON record into docs/results/records/, the
 generated sections of docs/results/*.md from the records (mlx_flash/bench/pages.py); `--render`
 rewrites the pages from the records already there, running nothing.
 
-The quick tier measures the default model and Gemma 3 270M (about 10 minutes on 2 cores, llama.cpp
+The quick tier measures the default model and Gemma 3 270M (under 10 minutes on 2 cores, llama.cpp
 built by `make peers`); the full tier large shapes on synthetic weights (mlx_flash/bench/models.py):
 the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the LLMS trace, the server under 16 clients, the
 Qwen3-30B-A3B shape's first 8 layers fed real text, the throughput mode on the Mistral-7B shape's
-first 12 layers in a 2.4 GB cgroup (the cgroups need root and cgroup v1), about half an hour. A table
+first 12 layers in a 2.4 GB cgroup (the cgroups need root and cgroup v1), about 40 minutes. A table
 whose record is missing says which command writes it."""
 
 from __future__ import annotations

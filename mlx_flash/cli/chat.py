@@ -160,7 +160,7 @@ def repl(engine, args, inp=sys.stdin, out=sys.stdout) -> None:
     # long as the chat
     with (
         tempfile.TemporaryDirectory(prefix="mlx-flash-chat-") as tmp,
-        conversations_for(engine, args.pipeline, tmp) as conversations,
+        chat_conversations(engine, args.pipeline, tmp) as conversations,
     ):
         _converse(engine, conversations, args, inp, out, interactive)
 
@@ -175,7 +175,7 @@ def load_engine(args, cfg):
     return load_for(args, cfg, verbose=args.verbose)
 
 
-def conversations_for(engine, pipeline: bool, directory: str):
+def chat_conversations(engine, pipeline: bool, directory: str):
     """What holds the REPL's conversation: with --pipeline, its KV on every rank; with a plan that keeps a
     long sequence's older KV on flash, its whole context (TieredConversations); else an in-process
     Service keeping its contexts in `directory`."""

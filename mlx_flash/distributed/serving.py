@@ -27,7 +27,7 @@ from .running_batch import PipelineRunningBatch
 def conversations_for(engine, long: bool = False, **service_options):
     """What holds a command's conversations: on a model split across ranks, each conversation's KV on
     every rank (PipelineConversations: the service options are a one-process service's); with `long`
-    (the chat's REPL: one conversation at a time) and a plan that keeps a long sequence's older KV on
+    (`serve --long-context`: one conversation at a time) and a plan that keeps a long sequence's older KV on
     flash, one conversation's whole context (TieredConversations); else an in-process Service made
     with `service_options`, its contexts in the KV share's chunks."""
     if isinstance(engine.runner, Pipeline):

@@ -48,7 +48,7 @@ def test_replace_rewrites_the_named_section_and_keeps_the_prose():
     [
         ("<!-- begin generated: a -->\n", "has no end marker"),
         ("<!-- begin generated: a -->\n<!-- begin generated: b -->\n", "begins inside 'a'"),
-        ("<!-- end generated: a -->\n", "end of 'a' where None is open"),
+        ("<!-- end generated: a -->\n", "end of 'a' where no section is open"),
         ("<!-- begin generated: a -->\n<!-- end generated: a -->\n" * 2, "appears twice"),
     ],
 )

@@ -40,7 +40,7 @@ import sys
 from mlx_flash.bench import arithmetic_parts as parts_
 from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
-from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.bench.tmac import table as tmac_table
 from mlx_flash.bench.tmac import tmac_against_q8
 from mlx_flash.errors import FlashError, first_paragraph
@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     backends, ariths = a.backends.split(","), a.arithmetics.split(",")
     opts = parts_.PartOptions(a.threads, a.pairs, a.gen_tokens, a.decode_prompt, a.stream_gb, a.prompt_tokens)
-    command = ["-m", "mlx_flash.bench", "arithmetic", *(sys.argv[1:] if argv is None else argv)]
-    header, record = provenance(command), {}  # the command as typed, to run again
+    header, record = bench_provenance("arithmetic", argv), {}  # the command as typed, to run again
     try:
         for part in parts:
             print(f"[{part}]", file=sys.stderr, flush=True)
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             record[part] = {}
             for name in a.models.split(","):
-                gguf = bench_model(name)
+                gguf = bench_model(name, skip_missing=True)
                 if gguf is None:
                     continue
                 print(f" {name}: {gguf}", file=sys.stderr, flush=True)

@@ -39,10 +39,10 @@ import sys
 import tempfile
 
 from mlx_flash.calibrate import read_corpus
-from mlx_flash.errors import first_paragraph
+from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.load_client import Server, concurrent, stream_chat, warm
 from mlx_flash.bench.models import NAMES, bench_model
-from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.record import bench_provenance, write
 
 PROMPTS = [
     "Explain how a refrigerator keeps food cold.",
@@ -301,10 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print("error: --clients takes positive integers, comma-separated (1,4,16)", file=sys.stderr)
         return 1
-    header = provenance(None if argv is None else ["-m", "mlx_flash.bench", "concurrency", *argv])
-    a.model_path = bench_model(a.model) if a.model in NAMES else a.model
-    if a.model and a.model_path is None:
-        print(f"error: model {a.model!r} is not installed", file=sys.stderr)
+    header = bench_provenance("concurrency", argv)
+    try:
+        a.model_path = bench_model(a.model) if a.model else None
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     base = a.dir or tempfile.mkdtemp(prefix="bench-concurrency-")
     rows = []

@@ -83,7 +83,7 @@ from mlx_flash.calibrate import read_corpus
 from mlx_flash.tokenizer import Tokenizer
 
 from mlx_flash.bench.models import NAMES, bench_model
-from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.bench.commands.memory_report import MB, fmt_cell, model_title, plot, print_table, replot
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
@@ -212,10 +212,10 @@ def git_version() -> str:
 
 def limited(a) -> None:
     own_memory_cgroup()  # refuse before converting anything
-    header = provenance()  # the code measured: others may change the checkout while this runs
+    header = bench_provenance("memory", a.argv)  # the code measured: the checkout may change meanwhile
     version = git_version()
     asked = a.model or "default"
-    model = bench_model(asked) if asked in NAMES else asked
+    model = bench_model(asked)
     gguf = model if model.endswith(".gguf") else None
     store = resolve_store(model, default_cache_dir(), "source", progress=True)
     engines, note = engines_for(gguf, store, a.backends, a.peer, a.sparse)
@@ -282,7 +282,7 @@ def limited(a) -> None:
 
 def no_limit(a) -> None:
     """The measurement this tool made before limits (RSS after load + tokens, peak, imports)."""
-    model = a.model or default_model_path()
+    model = bench_model(a.model or "default")
     store = resolve_store(model, default_cache_dir(), "source", progress=True)
     engines, note = engines_for(model if model.endswith(".gguf") else None, store, a.backends, a.peer)
     ids = prompt_ids(store, a.prompt_tokens)
@@ -332,7 +332,9 @@ def kept(a) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.bench memory", description=first_paragraph(__doc__))
-    p.add_argument("--model", default=None, help="GGUF (or store / HF dir: ours only; default: the default model)")
+    p.add_argument(
+        "--model", default=None, help=f"{', '.join(NAMES)} or a GGUF (a store or HF dir: ours only; default: default)"
+    )
     p.add_argument(
         "--limits",
         default="25%,50%,75%,100%,150%",
@@ -375,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--from-json", default=None, metavar="IN", help="print the table (and --plot) of an earlier --json")
     a = p.parse_args(argv)
+    a.argv = argv  # the command as typed, for the record
     a.backends = [] if a.backends == "none" else [b.strip() for b in a.backends.split(",") if b.strip()]
     a.runs = a.runs or (3 if a.no_limit else 1)
     try:

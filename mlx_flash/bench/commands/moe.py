@@ -26,7 +26,7 @@ from mlx_flash.bench.decode_pairs import peer_built
 from mlx_flash.bench.models import NAMES, bench_model
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.calibrate.routes import record_teacher_forced, routing_spread
-from mlx_flash.errors import FlashError, exit_status, first_paragraph
+from mlx_flash.errors import exit_status, first_paragraph
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-llama-cpp", action="store_true")
     p.add_argument("--per-expert", action="store_true", help="also run ours with the grouped kernel off")
     p.add_argument("--json", default=None, help="write the rows as a JSON record here")
-    return exit_status(lambda: run(p.parse_args(argv)))
+    return exit_status(lambda: run(p.parse_args(argv), argv))
 
 
-def run(a) -> None:
-    header = record.provenance()
+def run(a, argv: list[str] | None) -> None:
+    header = record.bench_provenance("moe", argv)
     path = bench_model(a.model)
-    if path is None:
-        raise FlashError(f"{a.model}: not available here")
     rows = []
     ids = None
     for backend in a.backends.split(","):

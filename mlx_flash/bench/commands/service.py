@@ -23,7 +23,7 @@ from mlx_flash.api import load
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.bench.models import NAMES, bench_model
-from mlx_flash.bench.record import provenance, write
+from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.bench.result_tables_service import service as service_table
 from mlx_flash.bench.service_trace import PATTERNS, VARIANTS, TraceConfig, build_texts, full_context_restore, run_trace
 
@@ -87,14 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(variants) != len(names):
         print(f"error: --variants takes names among: {', '.join(v.name for v in VARIANTS)}", file=sys.stderr)
         return 1
-    header = provenance(None if argv is None else ["-m", "mlx_flash.bench", "service", *argv])
+    header = bench_provenance("service", argv)
     cfg = TraceConfig(contexts=a.contexts, context_tokens=a.context_tokens, calls=a.calls, kv_share=a.kv_share)
     base = a.dir or tempfile.mkdtemp(prefix="bench-service-")
     rows, full = [], None
     try:
-        model = bench_model(a.model) if a.model in NAMES else a.model
-        if a.model and model is None:
-            raise FlashError(f"model {a.model!r} is not installed")
+        model = bench_model(a.model) if a.model else None
         engine = load(model, backend=a.backend, progress=False)
         text = read_corpus("wikipedia")
         starts, pieces = build_texts(engine, text, cfg)

@@ -15,13 +15,14 @@ waits for shows as a sum far below it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
+from mlx_flash.bench.decode_pairs import peer_built
 from mlx_flash.errors import first_paragraph
 
 DECODE = ["-m", "mlx_flash.bench", "decode"]  # the decode benchmark, one process per measurement
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --processes {a.processes}: at least 2 share the cores", file=sys.stderr)
         return 2
     configs = a.configs.split(",")
-    if "llama.cpp" in configs and importlib.util.find_spec("llama_cpp") is None:
+    if "llama.cpp" in configs and not peer_built():
         print("llama.cpp: not installed (make peers); measuring ours alone", file=sys.stderr)
         configs.remove("llama.cpp")
     results = {}

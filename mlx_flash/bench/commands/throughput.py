@@ -62,9 +62,7 @@ def as_store(name: str | None) -> str | None:
     model) and a store directory as they are."""
     if name is None:
         return None
-    path = bench_model(name) if name in NAMES else name
-    if path is None:
-        raise FlashError(f"{name}: not available here")
+    path = bench_model(name)
     return resolve_store(path, default_cache_dir(), "source", True) if os.path.isfile(path) else path
 
 
@@ -135,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     a = p.parse_args(argv)
+    a.argv = argv  # the command as typed, for the record
     try:
         if a.worker is not None:
             print(json.dumps(run_config(BenchConfig(**json.loads(a.worker)), read_corpus("wikipedia"))), flush=True)
             return 0
-        header = record.provenance()
+        header = record.bench_provenance("throughput", a.argv)
         store = as_store(a.store)
 
         def weights_budget(store):
