@@ -8,7 +8,13 @@ from __future__ import annotations
 import statistics
 
 NOT_BUILT = "peer not built"
-MODELS = {"default": "default (SmolLM2-135M Q4_1)", "gemma": "Gemma 3 270M Q4_K_M"}
+MODELS = {
+    "default": "default (SmolLM2-135M Q4_1)",
+    "gemma": "Gemma 3 270M Q4_K_M",
+    "7b": "Llama-2-7B shape Q4_1 (synthetic)",
+    "moe-8l": "Qwen3-30B-A3B shape, 8 layers, Q4_1 (synthetic)",
+    "mistral-12l": "Mistral-7B shape, 12 layers, Q8_0 (synthetic)",
+}
 
 
 def model_title(name: str) -> str:
