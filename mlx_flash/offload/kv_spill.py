@@ -72,8 +72,11 @@ class SpillFolder:
             if parent:
                 os.makedirs(parent, exist_ok=True)
             self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)  # mode 0700
-            self._lock = open(os.path.join(self.path, LOCK), "w")
+            # locked under another name, then renamed: a folder shows its lock only once the lock is
+            # held, so another run's reap_orphans never finds this one's free in between and removes it
+            self._lock = open(os.path.join(self.path, LOCK + ".new"), "w")
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
+            os.rename(os.path.join(self.path, LOCK + ".new"), os.path.join(self.path, LOCK))
         except OSError as e:
             raise SpillError(
                 f"KV spill folder under {parent or tempfile.gettempdir()}: cannot create it ({e.strerror})"

@@ -448,3 +448,22 @@ def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_a_live_one_is
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_folder_being_made_is_never_taken_for_a_killed_runs(tmp_path, monkeypatch):
+    """Another run reaping orphans at the worst moment, between a folder's creation and its lock being
+    taken, must not find that folder's lock free and remove it: the lock only takes its name once held."""
+    import fcntl
+
+    from mlx_flash.offload import kv_spill
+
+    real, reaped = fcntl.flock, []
+
+    def reap_first(fh, op):
+        if op == fcntl.LOCK_EX and not reaped:  # this run's lock, about to be taken
+            reaped.append(kv_spill.reap_orphans(str(tmp_path)))  # (its own flocks are LOCK_NB: not here)
+        return real(fh, op)
+
+    monkeypatch.setattr(kv_spill.fcntl, "flock", reap_first)
+    with SpillFolder(str(tmp_path)) as folder:
+        assert reaped == [[]] and os.path.isdir(folder.path)
