@@ -98,7 +98,7 @@ bench: install-dev
 
 # The results pages (docs/results/): each benchmark of the quick tier (the default model and Gemma 3,
 # under 10 minutes on 2 cores) writes its record into docs/results/records/, then every generated
-# table is rewritten from the records. ARGS="--tier full" for the large synthetic shapes (about 40
+# table is rewritten from the records. ARGS="--tier full" for the large synthetic shapes (about 20
 # minutes; its cgroups need root), ARGS=--render to rewrite the tables alone. llama.cpp's columns need
 # `make peers` first.
 results: data

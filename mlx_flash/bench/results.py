@@ -6,10 +6,10 @@ rewrites the pages from the records already there, running nothing.
 
 The quick tier measures the default model and Gemma 3 270M (under 10 minutes on 2 cores, llama.cpp
 built by `make peers`); the full tier large shapes on synthetic weights (mlx_flash/bench/models.py):
-the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the LLMS trace, the server under 16 clients, the
-Qwen3-30B-A3B shape's first 8 layers fed real text, the throughput mode on the Mistral-7B shape's
-first 12 layers in a 2.4 GB cgroup (the cgroups need root and cgroup v1), about 40 minutes. A table
-whose record is missing says which command writes it."""
+the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the LLMS trace, the server under 16
+clients, the Qwen3-30B-A3B shape's first 8 layers fed real text, the throughput mode on the Mistral-7B
+shape's first 12 layers in a 2.4 GB cgroup (the cgroups need root and cgroup v1), about 20 minutes once
+its synthetic checkpoints are written. A table whose record is missing says which command writes it."""
 
 from __future__ import annotations
 
@@ -60,24 +60,24 @@ RUNS = (
         FULL,
         ("arithmetic", *SEVEN_B, "--parts", "decode", "--pairs", "3", "--decode-prompt", "16", "--gen-tokens", "16")
         + ("--stream-gb", "4"),
-        6.0,
+        4.0,
     ),
-    Run("full-service", FULL, ("service", "--patterns", "random", "--calls", "24"), 5.0),
-    Run("full-concurrency", FULL, ("concurrency", "--clients", "1,16", "--max-tokens", "32"), 1.0),
-    Run("full-moe-8l", FULL, ("moe", "--model", "moe-8l", "--tokens", "32"), 1.5),
+    Run("full-service", FULL, ("service", "--patterns", "random", "--calls", "24"), 3.5),
+    Run("full-concurrency", FULL, ("concurrency", "--clients", "1,16", "--max-tokens", "32"), 0.5),
+    Run("full-moe-8l", FULL, ("moe", "--model", "moe-8l", "--tokens", "32"), 0.5),
     Run(
         "full-throughput",
         FULL,
         ("throughput", "--store", "mistral-12l", "--sequences", "32", "--prompt", "128", "--generate", "32")
         + ("--single-sequences", "1", "--modes", "single,row,flexgen", "--memory-budget", "2.4GB", "--cgroup"),
-        9.0,
+        8.5,
     ),
     Run(
         "full-7b-2gb",
         FULL,
         ("memory", "--model", "7b", "--limits", "2GB", "--backends", "torch/exact,torch/q8", "--tokens", "8")
         + ("--prompt-tokens", "16"),
-        15.0,
+        2.5,
     ),
 )
 
