@@ -7,8 +7,8 @@ docs/results/records/, then rewrite every generated table of docs/results/*.md f
 quick (`make results`): the default model and Gemma 3 270M, under 10 minutes on 2 cores. full: large
 shapes on synthetic weights (the Llama-2-7B shape resident and inside a 2 GB memory cgroup, the LLMS
 trace, the server under 16 clients, a MoE shape fed by real text, the throughput mode in a 2.4 GB
-cgroup; root and cgroup v1 for the cgroups; the synthetic GGUFs are written first when absent, about
-11 GB), about 20 minutes. --render rewrites the pages from the records
+cgroup; root and cgroup v1 for the cgroups; the synthetic GGUFs and their stores are written first when absent,
+about 21 GB), about 20 minutes. --render rewrites the pages from the records
 there, running nothing. Take the machine to yourself: every figure is a speed. Without llama.cpp
 (`make peers`) its columns say "peer not built".
 """
