@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 NOT_BUILT = "peer not built"
+MISSING = "-"  # a figure the record does not hold
 MODELS = {
     "default": "default (SmolLM2-135M Q4_1)",
     "gemma": "Gemma 3 270M Q4_K_M",
@@ -20,6 +21,11 @@ MODELS = {
 def model_title(name: str) -> str:
     """The record's model key as a reader knows it (a GGUF path keeps only its file name)."""
     return MODELS.get(name, name.rsplit("/", 1)[-1])
+
+
+def cell(value, fmt: str = "{:.1f}") -> str:
+    """A figure formatted, or MISSING where the record has none."""
+    return MISSING if value is None else fmt.format(value)
 
 
 def spread(values, digits: int = 1) -> str:

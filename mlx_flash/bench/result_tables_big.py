@@ -6,7 +6,7 @@ not run."""
 
 from __future__ import annotations
 
-from .result_tables import NOT_BUILT, model_title, table
+from .result_tables import NOT_BUILT, cell, model_title, table
 
 # the benchmark model names (bench/models.py) of this tier as a reader knows them
 TITLES = {
@@ -21,10 +21,6 @@ THROUGHPUT_LABELS = {
     "naive": "ablation: no policy search",
     "no-overlap": "ablation: (c) without overlap",
 }
-
-
-def _num(value, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
 
 
 def _is_peer(row: dict) -> bool:
@@ -49,13 +45,13 @@ def moe(rec: dict) -> str:
         rows.append(
             [
                 r.get("engine", "-"),
-                _num(r.get("ms"), "{:.1f}"),
-                _num(tok_s, "{:.2f}"),
+                cell(r.get("ms"), "{:.1f}"),
+                cell(tok_s, "{:.2f}"),
                 x,
-                _num(r.get("mb_read"), "{:.1f}"),
+                cell(r.get("mb_read"), "{:.1f}"),
                 _hit(r),
-                _num(r.get("used_min"), "{:.0%}"),
-                _num(r.get("overlap_max"), "{:.2f}"),
+                cell(r.get("used_min"), "{:.0%}"),
+                cell(r.get("overlap_max"), "{:.2f}"),
             ]
         )
     if peer is None:
@@ -72,8 +68,8 @@ def moe(rec: dict) -> str:
     ]
     budget = rec.get("weights_budget") or "auto"
     said = (
-        f"\n\n{_num(rec.get('tokens'), '{}')} teacher-forced tokens after a prompt of "
-        f"{_num(rec.get('prompt_tokens'), '{}')} (Wikipedia); model: {_title(rec.get('model'))}; "
+        f"\n\n{cell(rec.get('tokens'), '{}')} teacher-forced tokens after a prompt of "
+        f"{cell(rec.get('prompt_tokens'), '{}')} (Wikipedia); model: {_title(rec.get('model'))}; "
         f"weights budget {budget}."
     )
     return table(head, rows) + said
@@ -111,12 +107,12 @@ def throughput(rec: dict) -> str:
         rows.append(
             [
                 label,
-                _num(r.get("sequences"), "{}"),
+                cell(r.get("sequences"), "{}"),
                 shape,
-                _num(r.get("tokens_per_s"), "{:.2f}"),
-                _num(r.get("decode_tokens_per_s"), "{:.2f}"),
-                _num(r.get("bytes_read") and r["bytes_read"] / 2**30, "{:.2f}"),
-                "1x" if r.get("label") == "single" else _num(r.get("vs_single"), "**{:.1f}x**"),
+                cell(r.get("tokens_per_s"), "{:.2f}"),
+                cell(r.get("decode_tokens_per_s"), "{:.2f}"),
+                cell(r.get("bytes_read") and r["bytes_read"] / 2**30, "{:.2f}"),
+                "1x" if r.get("label") == "single" else cell(r.get("vs_single"), "**{:.1f}x**"),
                 pred,
                 _peak(r),
                 "-" if same is None else ("yes" if same else "**no**"),
@@ -137,9 +133,9 @@ def throughput(rec: dict) -> str:
     args = rec.get("args") or {}
     said = (
         f"\n\nStore: {rec.get('label') or _title(args.get('store') or 'default')}; prompts of "
-        f"{_num(args.get('prompt'), '{}')} tokens, {_num(args.get('generate'), '{}')} generated each; memory budget "
+        f"{cell(args.get('prompt'), '{}')} tokens, {cell(args.get('generate'), '{}')} generated each; memory budget "
         f"{args.get('memory_budget', '-')}" + (" (a cgroup)" if args.get("cgroup") else "") + ", weights' budget "
-        f"{_num(args.get('weights_share'), '{:.0%}')} of the store."
+        f"{cell(args.get('weights_share'), '{:.0%}')} of the store."
     )
     return table(head, rows) + said
 

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import statistics
 
-from .result_tables import model_title, spread, table
+from .result_tables import MISSING, cell, model_title, spread, table
 
-MISSING = "-"
 BASELINES = {
     "LMK": "LMK (drop, recompute)",
     "whole-context swap": "whole-context swap",
     "vLLM-S": "vLLM-S (chunks, LRU)",
     "vLLM-SQ": "vLLM-SQ (+ static 8-bit)",
 }
-
-
-def _num(v, fmt: str = "{:.1f}") -> str:
-    return MISSING if v is None else fmt.format(v)
 
 
 def _ms(v) -> str:
@@ -150,5 +145,5 @@ def _concurrency_note(rec: dict, repeats: int) -> str:
         f"\n\n{model_title(cfg.get('model') or 'default')}, {cfg.get('backend', MISSING)}, "
         f"max_tokens {cfg.get('max_tokens', MISSING)}, greedy, --memory-budget {cfg.get('memory_budget', MISSING)}, "
         f"{cfg.get('repeat', repeats)} repeat(s) of each count, each on a fresh server; each prompt alone: "
-        f"{_num(rec.get('reference_median_tokens_per_s'))} tok/s (median)."
+        f"{cell(rec.get('reference_median_tokens_per_s'))} tok/s (median)."
     )
