@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 
+from ..durable import write_durably
 from ..errors import FlashError
 from .chunk_pool import ChunkShape
 from .coded_chunks import decode, encode, packed_bytes
@@ -70,7 +71,7 @@ class SwapDir:
     def write_record(self, ctx_id: str, record: dict) -> None:
         folder = self.folder(ctx_id)
         os.makedirs(folder, exist_ok=True)
-        _atomic_write(os.path.join(folder, RECORD), [record_bytes(record)])
+        write_durably(os.path.join(folder, RECORD), [record_bytes(record)], SwapError)
 
     def records(self) -> tuple[dict[str, dict], list[str]]:
         """(id -> record) of every context folder with a readable record, and one line per folder
@@ -136,7 +137,7 @@ class SwapDir:
         ).ljust(HEADER, b"\0")
         pad = bytes(file_bytes(shape, width) - HEADER - payload.nbytes)
         os.makedirs(self.folder(ctx_id), exist_ok=True)
-        _atomic_write(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad])
+        write_durably(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad], SwapError)
         return crc
 
     def chunk_problem(
@@ -207,35 +208,6 @@ def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int, out: np.ndarr
         return floats
     np.copyto(out, floats)
     return out
-
-
-def _atomic_write(path: str, parts) -> None:
-    """Write `parts` (bytes-like) to path through a temporary sibling: write, fsync, rename, fsync
-    the folder. A failure removes the temporary and raises SwapError naming the file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            for p in parts:
-                view = memoryview(p)
-                while view.nbytes:
-                    n = os.write(fd, view)
-                    view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise SwapError(f"{path}: cannot write it ({e.strerror or e})") from None
 
 
 def _remove_temporaries(folder: str) -> None:

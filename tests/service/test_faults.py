@@ -24,6 +24,7 @@ import pytest
 
 import mlx_flash
 from mlx_flash.errors import ContextNotFoundError, FlashError
+from mlx_flash import durable
 from mlx_flash.service import swap_files
 from mlx_flash.service.chunk_pool import ChunkShape
 from mlx_flash.service.lifecycle import Restore
@@ -398,7 +399,7 @@ def test_truncated_or_deleted_chunk_file_is_recomputed(torch_engine, tmp_path, r
 
 
 class FullDisk:
-    """`os` as swap_files sees it, on a disk with `room` bytes left: os.write writes what fits, then
+    """`os` as the durable writes see it, on a disk with `room` bytes left: os.write writes what fits, then
     fails with ENOSPC. Records the files whose write failed."""
 
     def __init__(self, room):
@@ -436,7 +437,7 @@ def _full_disk_swap_out(engine, directory, monkeypatch, fail_at):
         "record": len(c.table.slots) * file_bytes + 10,
     }[fail_at]
     disk = FullDisk(room)
-    monkeypatch.setattr(swap_files, "os", disk)
+    monkeypatch.setattr(durable, "os", disk)
     with pytest.raises(SwapError) as e:
         svc.swap_out(ctx)
     monkeypatch.undo()  # space again
@@ -501,7 +502,7 @@ def test_full_disk_during_eviction(torch_engine, tmp_path, reference, monkeypatc
     other_kv, other_slots = states(engine, o), list(o.table.slots)
     system, turns = CONVERSATION
     ctx = svc.new_context(system=system)
-    monkeypatch.setattr(swap_files, "os", FullDisk(0))
+    monkeypatch.setattr(durable, "os", FullDisk(0))
     steps = []
     with pytest.raises(SwapError, match="No space left on device"):
         for step in svc.call(ctx, user(turns[0]), max_tokens=MAX_TOKENS):
@@ -531,7 +532,7 @@ def test_full_disk_during_eviction_error_names_the_chunk_file(torch_engine, tmp_
     system, turns = CONVERSATION
     ctx = svc.new_context(system=system)
     disk = FullDisk({"none": 0, "two-chunks": 2 * (HEADER + svc.shape.nbytes) + 50_000}[room])  # + other's record
-    monkeypatch.setattr(swap_files, "os", disk)
+    monkeypatch.setattr(durable, "os", disk)
     with pytest.raises(SwapError) as e:
         answer(svc, ctx, turns[0])
     monkeypatch.undo()
