@@ -47,6 +47,9 @@ CPU_SOURCES = (
     "q8_avxvnni",
     "q8_avxvnni_evex",
     "tmac",
+    "channel_major",
+    "channel_major_x86",
+    "channel_major_ffn",
 )
 
 
@@ -152,6 +155,7 @@ setup(
                 "kernels/cpu/kv_codes.h",
                 "kernels/cpu/attention_kv.h",
                 "kernels/cpu/tmac_x86.inc",
+                "kernels/cpu/channel_major.h",
             ],
         ),
         CMakeExtension("mlx_flash.kernels._mlx_kernels", "kernels/mlx"),

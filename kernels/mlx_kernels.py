@@ -25,6 +25,7 @@ from mlx_flash.errors import KernelUnavailableError
 
 from . import qmatmul
 from .blockmatmul import BlockMatrix
+from .channel_major import ACTS
 from .qmatmul import Arith, StoredMatrix
 from .kv_codes import pairs_ints
 from .stored_operands import Listed, one_buffer, operands, layer_specs
@@ -202,6 +203,59 @@ class GraphMatrix:
         if self.external:  # the memory may be refilled once this returns
             mx.eval(y)
         return y
+
+
+class GraphChannelMajor:
+    """A ChannelMajorMatrix (channel_major.py) as an MLX operation: `__call__(x, threshold)` is x [.., K]
+    times it, lazily, a row's channels with |x| <= threshold taken as zero (negative: the dense
+    product). The layout is read where it lies when MLX allocated it (the matrix made with
+    framework_buffer), else copied into MLX memory once here. Each evaluated thresholded product adds
+    to `counters` (rows, active channels, active groups), held by the extension for its nodes; each
+    dense one (a negative threshold: prompts, several rows) to `dense_counters`, so the first say what
+    the thresholds skipped."""
+
+    def __init__(self, cm_matrix, threads: int):
+        self.ext, self.threads = extension(), max(int(threads), 1)
+        self.buffer = framework_array(cm_matrix.buffer)
+        self._counts, self._dense_counts = self.ext.CmCounters(), self.ext.CmCounters()
+        self.n_out, self.k_in = cm_matrix.n_out, cm_matrix.k_in
+        self.spec = (0, *cm_matrix.spec)  # [offset, n_out, k_in, bits, group, scale_type] in self.buffer
+        self.matrix = cm_matrix
+        self._op, self._args = self.ext.cm_matmul, (self.buffer, *self.spec)  # bound once: called every product
+
+    @property
+    def counters(self) -> np.ndarray:
+        """int64 [3]: what the evaluated thresholded products counted so far."""
+        return np.array(self._counts.values(), dtype=np.int64)
+
+    @property
+    def dense_counters(self) -> np.ndarray:
+        """int64 [3]: what the evaluated dense products counted so far."""
+        return np.array(self._dense_counts.values(), dtype=np.int64)
+
+    def reset_counters(self) -> None:
+        self._counts.reset()
+
+    def __call__(self, x: mx.array, threshold: float) -> mx.array:
+        counts = self._counts if threshold >= 0 else self._dense_counts
+        return self._op(x, *self._args, threshold, self.threads, counts)
+
+
+def cm_gated_ffn(x, gate_up: GraphChannelMajor, down: GraphChannelMajor, t_gu, t_down, up=None, act="silu"):
+    """down(act(gate) * up) of x [.., K] as one node (kernels/cpu/channel_major_ffn.cpp): gate_up holds
+    gate|up (2F outputs, gate first), or, with `up` (a GraphChannelMajor), the gate alone; gate and up
+    skip x's channels with |x| <= t_gu, down the activations' with |h| <= t_down (negative: none). Each
+    matrix counts as its own node would (thresholded into `counters`, dense into `dense_counters`); the
+    result equals those nodes to the bit. act: "silu" or "gelu_tanh"."""
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {sorted(ACTS)} (got {act!r})")
+    g, d, on = gate_up, down, t_gu >= 0
+    return g.ext.cm_gated_ffn(
+        *(x, g.buffer, g.spec, (up or g).buffer, () if up is None else up.spec, d.buffer, d.spec),
+        *(t_gu, t_down, ACTS[act], g.threads, g._counts if on else g._dense_counts),
+        None if up is None else up._counts if on else up._dense_counts,
+        d._counts if t_down >= 0 else d._dense_counts,
+    )
 
 
 def gated_ffn(

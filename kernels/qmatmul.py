@@ -46,7 +46,7 @@ class Arith(IntEnum):
     Q8 = 1
 
 
-ABI_VERSION = 8  # must equal mf_abi_version() of the compiled library
+ABI_VERSION = 10  # must equal mf_abi_version() of the compiled library
 KERNEL_BITS = (2, 4, 8)  # widths whose codes do not straddle words (3 and 6 bits do; backends keep their own path)
 _SCALE_TYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 2}  # bfloat16 travels as uint16 words: 1
 _LIB = None

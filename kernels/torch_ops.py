@@ -22,6 +22,7 @@ import numpy as np
 from mlx_flash.config import default_cache_dir
 
 from . import qmatmul
+from .channel_major import ACTS
 from .extension_build import build, folder, is_built
 from .qmatmul import Arith
 from .stored_operands import one_buffer, operands, layer_specs
@@ -186,6 +187,14 @@ def _register_fakes(torch) -> None:
     def _(x, ids, weights, sum, buffers, table, threads):
         return torch.empty_like(sum, memory_format=torch.contiguous_format)
 
+    @torch.library.register_fake(lib + "cm_matmul")
+    def _(x, buffer, spec, threshold, threads, counters=None):
+        return x.new_empty((*x.shape[:-1], spec[1]))
+
+    @torch.library.register_fake(lib + "cm_gated_ffn")
+    def _(x, gate_buffer, gate, up_buffer, up, down_buffer, down, t_gu, t_down, act, threads, *counters):
+        return x.new_empty((*x.shape[:-1], down[1]))
+
 
 def moe_experts(x, ids, weights, total, experts: dict, n_experts: int, threads: int):
     """total + every routed expert's gated FFN of its tokens times their router weights, experts
@@ -327,3 +336,61 @@ class TorchMatrix:
         w, s, b = self.offsets
         st, bits, group = self.op.quant
         return self.ops.stored_rows(ids, self.buffer, self.op.kind, w, s, b, st, bits, group, *self.row_geometry)
+
+
+class TorchChannelMajor:
+    """A ChannelMajorMatrix as a torch operator call: `__call__(x, threshold)` is x [.., K] times it,
+    a row's channels with |x| <= threshold taken as zero (negative: the dense product). The layout is
+    read where it lies (torch memory when the matrix was made with framework_buffer, else the numpy
+    memory shared without a copy); each thresholded product adds to the matrix's own counters
+    (`counters`, a tensor sharing them), and each dense one (a negative threshold: prompts, several
+    rows) to `dense_counters`, so the first say what the thresholds skipped."""
+
+    def __init__(self, cm_matrix, threads: int):
+        import torch
+
+        self.ops, self.threads = ops(), max(int(threads), 1)
+        found = tensor_of(cm_matrix.buffer)
+        if found is None:
+            self.buffer, self.offset = torch.from_numpy(cm_matrix.buffer), 0
+        else:
+            self.buffer, self.offset = found[0].reshape(-1).view(torch.uint8), found[1]
+        self.counters = torch.from_numpy(cm_matrix.counters)
+        self.dense_counters = torch.zeros(3, dtype=torch.int64)
+        self.n_out, self.k_in = cm_matrix.n_out, cm_matrix.k_in
+        self.spec = (self.offset, *cm_matrix.spec)  # the matrix as the operators take it
+        self.matrix = cm_matrix  # kept alive: its buffer is what the offset points into
+        # bound once: a decode step calls these for every product, and the overload's lookup and the
+        # arguments' tuple each cost a little per call
+        self._op, self._args = self.ops.cm_matmul.default, (self.buffer, self.spec)
+        self._ffn = self.ops.cm_gated_ffn.default
+
+    def __call__(self, x, threshold: float):
+        counters = self.counters if threshold >= 0 else self.dense_counters
+        return self._op(x, *self._args, threshold, self.threads, counters)
+
+
+def cm_gated_ffn(x, gate_up: TorchChannelMajor, down: TorchChannelMajor, t_gu, t_down, up=None, act="silu"):
+    """down(act(gate) * up) of x [.., K] in one operator call (kernels/cpu/channel_major_ffn.cpp):
+    gate_up holds gate|up (2F outputs, gate first), or, with `up` (a TorchChannelMajor), the gate alone;
+    gate and up skip the channels of x with |x| <= t_gu, down those of the activations with |h| <=
+    t_down (negative: none). Each matrix counts as its own call would (thresholded products into
+    `counters`, dense ones into `dense_counters`); the result equals those calls to the bit."""
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {sorted(ACTS)} (got {act!r})")
+    g, d, u = gate_up, down, up or gate_up
+    on = t_gu >= 0
+    return g._ffn(
+        x,
+        *g._args,
+        u.buffer,
+        () if up is None else up.spec,
+        *d._args,
+        t_gu,
+        t_down,
+        ACTS[act],
+        g.threads,
+        g.counters if on else g.dense_counters,
+        None if up is None else up.counters if on else up.dense_counters,
+        d.counters if t_down >= 0 else d.dense_counters,
+    )

@@ -51,6 +51,12 @@ struct KernelLibrary {
                    const mf_matrix* down, float* hidden, float* y, int threads) = nullptr;
   int (*moe_experts)(const float* x, int64_t N, int64_t D, const int32_t* ids, const float* wts, int64_t K, int64_t E,
                      const mf_matrix* const* experts, int64_t Dout, float* scratch, float* y, int threads) = nullptr;
+  int64_t (*cm_bytes)(int64_t N, int64_t K, int bits, int group, int scale_type) = nullptr;
+  int (*cm_matmul)(const uint8_t* cm, int64_t N, int64_t K, int bits, int group, int scale_type, const float* x,
+                   int64_t T, float threshold, float* y, int threads, int64_t* counters) = nullptr;
+  int (*cm_gated_ffn)(const float* x, int64_t T, const mf_cm_matrix* gate, const mf_cm_matrix* up,
+                      const mf_cm_matrix* down, float t_gu, float t_down, int act, float* hidden, float* y,
+                      int threads, int64_t* gate_counters, int64_t* up_counters, int64_t* down_counters) = nullptr;
 };
 
 // A compressed-KV layout from the MF_KV_CODES_INTS ints the frameworks pass (kv_codes.h's order),
@@ -89,6 +95,9 @@ inline KernelLibrary kernel_table(const std::string& path) {
   detail::find(handle, "mf_write_tokens", path, lib.write_tokens);
   detail::find(handle, "mf_gated_ffn", path, lib.gated_ffn);
   detail::find(handle, "mf_moe_experts", path, lib.moe_experts);
+  detail::find(handle, "mf_cm_bytes", path, lib.cm_bytes);
+  detail::find(handle, "mf_cm_matmul", path, lib.cm_matmul);
+  detail::find(handle, "mf_cm_gated_ffn", path, lib.cm_gated_ffn);
   return lib;
 }
 

@@ -43,6 +43,15 @@ MF_INLINE void silu_mul_body(const float* g, const float* u, int64_t n, float* y
   for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
+// GELU with the tanh approximation (GeGLU, Gemma's gate): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+MF_INLINE void gelu_tanh_mul_body(const float* g, const float* u, int64_t n, float* y) {
+  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; i++) {
+    const float v = g[i];
+    y[i] = 0.5f * v * (1.f + std::tanh(c * (v + 0.044715f * v * v * v))) * u[i];
+  }
+}
+
 #if MF_X86
 __attribute__((target("avx512f,avx2,fma"))) void rms_avx512(const float* x, const float* w, float eps, int64_t rows,
                                                             int64_t D, float* y) {
@@ -116,10 +125,17 @@ MF_EXPORT int mf_rope(const float* x, int64_t B, int64_t H, int64_t T, int64_t h
   return 0;
 }
 
-// y = silu(g) * u = g / (1 + exp(-g)) * u over n values (the gated FFN's activations).
+// y = silu(g) * u = g / (1 + exp(-g)) * u over n values (the gated FFN's activations; y may be g or u).
 MF_EXPORT int mf_silu_mul(const float* g, const float* u, int64_t n, float* y) {
   if (n < 0) return -1;
   silu_mul_body(g, u, n, y);
+  return 0;
+}
+
+// y = gelu_tanh(g) * u over n values (a GeGLU FFN's activations; y may be g or u).
+MF_EXPORT int mf_gelu_tanh_mul(const float* g, const float* u, int64_t n, float* y) {
+  if (n < 0) return -1;
+  gelu_tanh_mul_body(g, u, n, y);
   return 0;
 }
 

@@ -255,8 +255,10 @@ extern "C" {
 // 2: the module function qmatmul; 3: its row layout argument; 4: row and group ids (sparse products);
 // 5: the block kernel (mf_blockmatmul, blockmatmul.cpp) and its module function blockmatmul; 6: rows of
 // stored matrices (mf_rows, rows.cpp) and attention (mf_attention, attention.cpp); 7: a gated FFN layer in
-// one call (mf_gated_ffn, gated_ffn.cpp); 8: the arithmetic argument (q8.h) of every product, levels 3 and 4
-MF_EXPORT int mf_abi_version() { return 8; }
+// one call (mf_gated_ffn, gated_ffn.cpp); 8: the arithmetic argument (q8.h) of every product, levels 3 and 4;
+// 9: the channel-major product (mf_cm_bytes, mf_cm_relayout, mf_cm_matmul; channel_major.cpp); 10: its
+// layout's outputs padded to 64 instead of 256, its gated FFN (mf_cm_gated_ffn), mf_gelu_tanh_mul
+MF_EXPORT int mf_abi_version() { return 10; }
 
 // The level this CPU runs (see Isa above): 0 portable, 1 AVX2, 2 AVX-512 BW, 3 AVX-VNNI, 4 AVX-512 VNNI.
 MF_EXPORT int mf_cpu_isa() { return g_isa; }

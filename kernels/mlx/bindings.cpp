@@ -46,6 +46,20 @@ MatrixSpec spec_from(const std::vector<int64_t>& v) {
                  std::vector<int64_t>(v.begin() + 10, v.end()));
 }
 
+// A channel-major matrix from the list cm_gated_ffn takes (torch_ops' and mlx_kernels' spec).
+mlx_flash::CmSpec cm_spec_from(const std::vector<int64_t>& v) {
+  if (v.size() != 6)
+    throw std::invalid_argument("a channel-major matrix is 6 ints (offset, n_out, k_in, bits, group, scale_type)");
+  mlx_flash::CmSpec s;
+  s.offset = v[0];
+  s.n_out = v[1];
+  s.k_in = v[2];
+  s.bits = (int)v[3];
+  s.group = (int)v[4];
+  s.scale_type = (int)v[5];
+  return s;
+}
+
 }  // namespace
 
 NB_MODULE(_mlx_kernels, m) {
@@ -128,6 +142,44 @@ NB_MODULE(_mlx_kernels, m) {
       },
       "ids"_a, "buffer"_a, "kind"_a, "w_off"_a, "s_off"_a, "b_off"_a, "scale_type"_a, "bits"_a, "group"_a, "rows"_a,
       "k"_a, "row_bytes"_a, "scale_row_bytes"_a, "Rows `ids` of the stored matrix as float32 [..ids, k] (lazy).");
+
+  nb::class_<mlx_flash::CmCounters>(m, "CmCounters",
+                                     "What evaluated channel-major products counted: rows, active channels, "
+                                     "active groups.")
+      .def(nb::init<>())
+      .def("values", &mlx_flash::CmCounters::values, "The three counts.")
+      .def("reset", &mlx_flash::CmCounters::reset, "Set them to zero.");
+
+  m.def(
+      "cm_matmul",
+      [](const mx::array& x, const mx::array& buffer, int64_t offset, int64_t n_out, int64_t k_in, int bits, int group,
+         int scale_type, float threshold, int threads, std::shared_ptr<mlx_flash::CmCounters> counters) {
+        return mlx_flash::cm_matmul(x, buffer, cm_spec_from({offset, n_out, k_in, bits, group, scale_type}),
+                                    threshold, threads, std::move(counters));
+      },
+      "x"_a, "buffer"_a, "offset"_a, "n_out"_a, "k_in"_a, "bits"_a, "group"_a, "scale_type"_a, "threshold"_a,
+      "threads"_a, nb::arg("counters").none() = nb::none(),
+      "x [.., k_in] times the channel-major matrix at `offset` in `buffer` -> [.., n_out] float32 (lazy); a row's "
+      "channels with |x| <= threshold count as zero (threshold < 0: none); counted into `counters` when given.");
+
+  m.def(
+      "cm_gated_ffn",
+      [](const mx::array& x, const mx::array& gate_buffer, std::vector<int64_t> gate, const mx::array& up_buffer,
+         std::vector<int64_t> up, const mx::array& down_buffer, std::vector<int64_t> down, float t_gu, float t_down,
+         int act, int threads, std::shared_ptr<mlx_flash::CmCounters> gate_counters,
+         std::shared_ptr<mlx_flash::CmCounters> up_counters, std::shared_ptr<mlx_flash::CmCounters> down_counters) {
+        std::optional<mlx_flash::CmSpec> u;
+        if (!up.empty()) u = cm_spec_from(up);
+        return mlx_flash::cm_gated_ffn(x, gate_buffer, cm_spec_from(gate), up_buffer, u, down_buffer,
+                                       cm_spec_from(down), t_gu, t_down, act, threads,
+                                       {std::move(gate_counters), std::move(up_counters), std::move(down_counters)});
+      },
+      "x"_a, "gate_buffer"_a, "gate"_a, "up_buffer"_a, "up"_a, "down_buffer"_a, "down"_a, "t_gu"_a, "t_down"_a,
+      "act"_a, "threads"_a, nb::arg("gate_counters").none() = nb::none(), nb::arg("up_counters").none() = nb::none(),
+      nb::arg("down_counters").none() = nb::none(),
+      "down(act(gate) * up) of x [.., K] over channel-major matrices, each [offset, n_out, k_in, bits, group, "
+      "scale_type] in its buffer (up [] when gate holds gate|up); gate and up skip x's channels with |x| <= t_gu, "
+      "down the activations' with |h| <= t_down; act 0 silu, 1 gelu (tanh); counted per matrix when given (lazy).");
 
   m.def("attention", &mlx_flash::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "threads"_a, "kv_len"_a = nb::none(),
         "q_pos"_a = nb::none(), "table"_a = nb::none(), "window"_a = 0,

@@ -2,8 +2,9 @@
 // tests that check weights reach the kernel where they were read) and the GPU evaluation none of them
 // has. The primitives themselves are one file per family: primitives_matmul.cpp (stored matrices'
 // products and rows), primitives_ffn.cpp (gated FFN layers, MoE experts), primitives_attention.cpp,
-// primitives_pointwise.cpp (RMS norm, RoPE, silu * up, KV writes) and primitives_buffers.cpp (fences,
-// wrapped and empty buffers); what they share is primitives_common.h.
+// primitives_pointwise.cpp (RMS norm, RoPE, silu * up, KV writes), primitives_buffers.cpp (fences,
+// wrapped and empty buffers) and primitives_channel_major.cpp (the product skipping zeroed inputs);
+// what they share is primitives_common.h.
 #include "primitives.h"
 
 #include <atomic>

@@ -6,6 +6,8 @@
 // quantized_matmul and fast attention (mlx_flash/backends/mlx.py).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -115,6 +117,77 @@ class MoEExperts : public CpuPrimitive {
   std::vector<ExpertSpec> experts_;
   int64_t scratch_;
   int threads_;
+};
+
+// A channel-major matrix (kernels/cpu/channel_major.cpp): where its layout lies in the buffer input
+// and its shape and quantization.
+struct CmSpec {
+  int64_t offset = 0, n_out = 0, k_in = 0;
+  int bits = 0, group = 0, scale_type = 0;
+  bool operator==(const CmSpec& o) const {
+    return offset == o.offset && n_out == o.n_out && k_in == o.k_in && bits == o.bits && group == o.group &&
+           scale_type == o.scale_type;
+  }
+};
+
+// What evaluated channel-major products counted (rows, active channels, active groups), shared by a
+// Python object and the nodes that add to it: a node keeps it alive until it has run.
+class CmCounters {
+ public:
+  void add(const int64_t* counts) {
+    for (int i = 0; i < 3; i++) v_[i].fetch_add(counts[i], std::memory_order_relaxed);
+  }
+  std::vector<int64_t> values() const { return {v_[0].load(), v_[1].load(), v_[2].load()}; }
+  void reset() {
+    for (auto& v : v_) v.store(0);
+  }
+
+ private:
+  std::atomic<int64_t> v_[3] = {{0}, {0}, {0}};
+};
+
+// y[.., N] = x[.., K] times a channel-major matrix, a row's channels with |x| <= threshold taken as
+// zero (threshold < 0: none are); inputs x float32, buffer uint8. Counts into `counters` when set.
+class ChannelMajorMatmul : public CpuPrimitive {
+ public:
+  ChannelMajorMatmul(mx::Stream s, CmSpec spec, float threshold, int threads, std::shared_ptr<CmCounters> counters)
+      : CpuPrimitive(s), spec_(spec), threshold_(threshold), threads_(threads), counters_(std::move(counters)) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "ChannelMajorMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  CmSpec spec_;
+  float threshold_;
+  int threads_;
+  std::shared_ptr<CmCounters> counters_;
+};
+
+// down(act(x G^T) * (x U^T)) over channel-major matrices (kernels/cpu/channel_major_ffn.cpp): gate and
+// up skip x's channels with |x| <= t_gu, down the activations' with |h| <= t_down (negative: none).
+// Inputs: x float32, the gate, up and down buffers (uint8; one array may serve as several). No up: gate
+// holds gate|up (2F outputs, gate first). act 0 silu, 1 gelu (tanh). Each matrix counts into its own
+// counters when set (gate, up, down). The same products and activation as separate nodes, to the bit.
+class ChannelMajorFFN : public CpuPrimitive {
+ public:
+  using Counters = std::array<std::shared_ptr<CmCounters>, 3>;
+  ChannelMajorFFN(mx::Stream s, CmSpec gate, std::optional<CmSpec> up, CmSpec down, float t_gu, float t_down,
+                  int act, int threads, Counters counters)
+      : CpuPrimitive(s), gate_(gate), up_(up), down_(down), t_gu_(t_gu), t_down_(t_down), act_(act),
+        threads_(threads), counters_(std::move(counters)) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "ChannelMajorFFN"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  CmSpec gate_;
+  std::optional<CmSpec> up_;
+  CmSpec down_;
+  float t_gu_, t_down_;
+  int act_, threads_;
+  Counters counters_;
 };
 
 // Rows ids[...] of a stored matrix as float32 [..., K] (inputs: ids int32, buffer uint8); an id
@@ -321,6 +394,11 @@ mx::array moe_experts(const mx::array& x, const mx::array& ids, const mx::array&
                       const std::vector<mx::array>& buffers, std::vector<ExpertSpec> experts, int threads);
 mx::array stored_rows(const mx::array& ids, const mx::array& buffer, MatrixSpec spec, int64_t rows, int64_t k,
                       int64_t row_bytes, int64_t scale_row_bytes);
+mx::array cm_matmul(const mx::array& x, const mx::array& buffer, CmSpec spec, float threshold, int threads,
+                    std::shared_ptr<CmCounters> counters);
+mx::array cm_gated_ffn(const mx::array& x, const mx::array& gate_buffer, CmSpec gate, const mx::array& up_buffer,
+                       std::optional<CmSpec> up, const mx::array& down_buffer, CmSpec down, float t_gu, float t_down,
+                       int act, int threads, ChannelMajorFFN::Counters counters);
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, int threads,
                     const std::optional<mx::array>& kv_len, const std::optional<mx::array>& q_pos,
                     const std::optional<mx::array>& table, int64_t window);

@@ -12,6 +12,7 @@
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -354,6 +355,92 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& ids, const at::Ten
   return y;
 }
 
+// A channel-major matrix (kernels/cpu/channel_major.cpp) from its operator arguments: its layout in
+// `buffer` from byte spec[0], spec[1:] = n_out, k_in, bits, group, scale_type
+// (torch_ops.TorchChannelMajor.spec); one line naming what is wrong.
+mf_cm_matrix cm_of(const at::Tensor& buffer, at::IntArrayRef spec, const char* what) {
+  TORCH_CHECK(spec.size() == 6, what, ": a channel-major matrix is 6 ints (offset, n_out, k_in, bits, group, "
+              "scale_type), got ", mf::text(spec.size()));
+  const int64_t size = loaded().cm_bytes(spec[1], spec[2], (int)spec[3], (int)spec[4], (int)spec[5]);
+  TORCH_CHECK(size >= 0, what, ": the channel-major layout refuses this matrix (code ", mf::text(size),
+              "): bits 2, 4 or 8, groups of 32 .. 256 dividing K, scale type 0, 1 or 2");
+  TORCH_CHECK(spec[0] >= 0, what, ": the offset must not be negative");
+  buffer_ok(buffer, spec[0] + size);
+  return mf_cm_matrix{buffer.data_ptr<uint8_t>() + spec[0], spec[1], spec[2], (int)spec[3], (int)spec[4], (int)spec[5]};
+}
+
+int64_t* counters_of(const c10::optional<at::Tensor>& counters, const char* what) {
+  if (!counters) return nullptr;
+  TORCH_CHECK(counters->device().is_cpu() && counters->scalar_type() == at::kLong && counters->is_contiguous() &&
+                  counters->numel() == 3,
+              what, ": counters must be a contiguous int64 CPU tensor of 3 values");
+  return counters->data_ptr<int64_t>();
+}
+
+// x [.., K] as float32 rows: the contiguous tensor and its row count, K checked.
+at::Tensor rows_of(const at::Tensor& x, int64_t k_in, const char* what, int64_t* T) {
+  cpu_float(x, "x");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k_in, what, ": x must be [.., ", mf::text(k_in), "] (its last axis is ",
+              mf::text(x.dim() ? x.size(-1) : 0), ")");
+  at::Tensor xc = x.contiguous();
+  *T = k_in ? xc.numel() / k_in : 0;
+  return xc;
+}
+
+at::Tensor empty_rows(const at::Tensor& xc, int64_t n) {
+  std::vector<int64_t> shape(xc.sizes().begin(), xc.sizes().end());
+  shape.back() = n;
+  return at::empty(shape, xc.options());
+}
+
+// x [.., K] times a channel-major matrix: a row's channels with |x| <= threshold count as zero
+// (threshold < 0: none do). counters (int64 [3]: rows, active channels, active groups) are added to
+// in place when given.
+at::Tensor cm_matmul(const at::Tensor& x, const at::Tensor& buffer, at::IntArrayRef spec, double threshold,
+                     int64_t threads, const c10::optional<at::Tensor>& counters) {
+  const mf_cm_matrix m = cm_of(buffer, spec, "cm_matmul");
+  TORCH_CHECK(!std::isnan(threshold), "cm_matmul: the threshold must be a number (got NaN)");
+  int64_t* cp = counters_of(counters, "cm_matmul");
+  int64_t T;
+  const at::Tensor xc = rows_of(x, m.k_in, "cm_matmul", &T);
+  at::Tensor y = empty_rows(xc, m.n_out);
+  done(loaded().cm_matmul(m.w, m.n_out, m.k_in, m.bits, m.group, m.scale_type, xc.data_ptr<float>(), T,
+                          (float)threshold, y.data_ptr<float>(), (int)threads, cp),
+       "cm_matmul");
+  return y;
+}
+
+// down(act(gate) * up) of x [.., K] over channel-major matrices (kernels/cpu/channel_major_ffn.cpp):
+// up empty: gate holds gate|up (2F outputs, gate first); else gate and up hold F each. act 0 silu, 1
+// gelu (tanh). Each matrix's counters are added to when given.
+at::Tensor cm_gated_ffn(const at::Tensor& x, const at::Tensor& gate_buffer, at::IntArrayRef gate,
+                        const at::Tensor& up_buffer, at::IntArrayRef up, const at::Tensor& down_buffer,
+                        at::IntArrayRef down, double t_gu, double t_down, int64_t act, int64_t threads,
+                        const c10::optional<at::Tensor>& gate_counters, const c10::optional<at::Tensor>& up_counters,
+                        const c10::optional<at::Tensor>& down_counters) {
+  const mf_cm_matrix g = cm_of(gate_buffer, gate, "cm_gated_ffn gate"), dn = cm_of(down_buffer, down, "cm_gated_ffn down");
+  const mf_cm_matrix u = up.empty() ? mf_cm_matrix{} : cm_of(up_buffer, up, "cm_gated_ffn up");
+  TORCH_CHECK(up.empty() ? g.n_out % 2 == 0 : (u.n_out == g.n_out && u.k_in == g.k_in),
+              "cm_gated_ffn: gate and up differ in shape, or gate|up has an odd number of outputs (",
+              mf::text(g.n_out), ")");
+  const int64_t F = up.empty() ? g.n_out / 2 : g.n_out;
+  TORCH_CHECK(dn.k_in == F, "cm_gated_ffn: down takes ", mf::text(dn.k_in), " inputs, the activations are ",
+              mf::text(F));
+  TORCH_CHECK(!std::isnan(t_gu) && !std::isnan(t_down), "cm_gated_ffn: the thresholds must be numbers (got NaN)");
+  TORCH_CHECK(act == 0 || act == 1, "cm_gated_ffn: act is 0 (silu) or 1 (gelu, tanh approximation)");
+  int64_t *gc = counters_of(gate_counters, "cm_gated_ffn gate"), *dc = counters_of(down_counters, "cm_gated_ffn down");
+  int64_t* uc = counters_of(up_counters, "cm_gated_ffn up");
+  int64_t T;
+  const at::Tensor xc = rows_of(x, g.k_in, "cm_gated_ffn", &T);
+  at::Tensor y = empty_rows(xc, dn.n_out);
+  // torch's memory for the activations: what its allocator counts
+  at::Tensor hidden = at::empty({std::max<int64_t>(2 * T * F, 1)}, xc.options());
+  done(loaded().cm_gated_ffn(xc.data_ptr<float>(), T, &g, up.empty() ? nullptr : &u, &dn, (float)t_gu, (float)t_down,
+                             (int)act, hidden.data_ptr<float>(), y.data_ptr<float>(), (int)threads, gc, uc, dc),
+       "cm_gated_ffn");
+  return y;
+}
+
 at::Tensor silu_mul(const at::Tensor& g, const at::Tensor& u) {
   cpu_float(g, "g");
   cpu_float(u, "u");
@@ -386,6 +473,11 @@ TORCH_LIBRARY(mlx_flash, m) {
         "-> Tensor");
   m.def("gated_ffn(Tensor x, Tensor gate_buffer, int[] gate, Tensor up_buffer, int[] up, Tensor down_buffer, "
         "int[] down, int threads, Tensor? ids=None, int[] listed=[]) -> Tensor");
+  m.def("cm_matmul(Tensor x, Tensor buffer, int[] spec, float threshold, int threads, Tensor(a!)? counters=None) "
+        "-> Tensor");
+  m.def("cm_gated_ffn(Tensor x, Tensor gate_buffer, int[] gate, Tensor up_buffer, int[] up, Tensor down_buffer, "
+        "int[] down, float t_gu, float t_down, int act, int threads, Tensor(a!)? gate_counters=None, "
+        "Tensor(b!)? up_counters=None, Tensor(c!)? down_counters=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
@@ -399,4 +491,6 @@ TORCH_LIBRARY_IMPL(mlx_flash, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("moe_experts", &moe_experts);
   m.impl("gated_ffn", &gated_ffn);
+  m.impl("cm_matmul", &cm_matmul);
+  m.impl("cm_gated_ffn", &cm_gated_ffn);
 }
