@@ -13,6 +13,8 @@ Public API:
   expert_cache_stats      hits and misses of a MoE engine's expert cache, per layer
   convert                 GGUF / HF / mlx-community model -> store (python -m mlx_flash.convert)
   moefy                   a dense Llama-family model -> a MoE-fied copy with trained routers (tools/moefy.py)
+  sparsity_thresholds     measure a model's activation-sparsity thresholds for load(..., sparsity=s)
+                          (python -m mlx_flash.sparsify)
   profile_disk            random-read throughput by chunk size x threads, and latency (python -m mlx_flash.profile_disk)
   default_profile         the disk profile load() uses (saved, or a quick probe run once)
   best_threads            reader threads a profile gives a chunk size
@@ -20,8 +22,9 @@ Public API:
   FlashError and subclasses: typed errors with one-line messages
 
 Commands: python -m mlx_flash.chat, python -m mlx_flash.serve, python -m mlx_flash.batch,
-python -m mlx_flash.convert, python -m mlx_flash.verify, python -m mlx_flash.profile_disk (console
-scripts mlx-flash-chat, -serve, -batch, -convert, -verify, -profile-disk).
+python -m mlx_flash.convert, python -m mlx_flash.verify, python -m mlx_flash.profile_disk,
+python -m mlx_flash.sparsify (console scripts mlx-flash-chat, -serve, -batch, -convert, -verify,
+-profile-disk, -sparsify).
 """
 
 from .api import load, load_config
@@ -58,6 +61,7 @@ __all__ = [
     "expert_cache_stats",
     "convert",
     "moefy",
+    "sparsity_thresholds",
     "profile_disk",
     "default_profile",
     "best_threads",
@@ -74,14 +78,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # moefy is offline code (calibrate/): imported on first use, so an inference process never loads it.
-    if name == "moefy":
-        from .calibrate import moefy  # deferred: offline code an inference process never loads
+OFFLINE = ("moefy", "sparsity_thresholds")  # in calibrate/: imported on first use, never by inference
 
-        return moefy
+
+def __getattr__(name: str):
+    if name in OFFLINE:
+        from . import calibrate  # deferred: offline code an inference process never loads
+
+        return getattr(calibrate, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"moefy"})
+    return sorted(set(globals()) | set(OFFLINE))

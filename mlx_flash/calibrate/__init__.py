@@ -15,6 +15,7 @@ Public surface (what the tools and notebooks call):
   synthetic           make_synthetic_store, SHAPES, StatisticalActivity: random-weight stores of big shapes
   synthetic_gguf      write_synthetic_gguf: random-weight GGUF checkpoints of big shapes (Q4_1/Q4_0/Q8_0)
   io_replay           replay: I/O-only replay of the sparse FFN path on a store
+  thresholds          sparsity_thresholds, calibrate: activation-sparsity thresholds (sparse/thresholds.py)
 """
 
 from .activations import collect, magnitude_thresholds, window_activity
@@ -29,8 +30,10 @@ from .predictor_training import measure_activity, summarize, train_predictors
 from .routes import decode_trace, fit_routing_predictor, record_routes, routing_accuracy
 from .synthetic import SHAPES, StatisticalActivity, make_synthetic_store
 from .synthetic_gguf import write_synthetic_gguf
+from .thresholds import sparsity_thresholds
 
 __all__ = [
+    "sparsity_thresholds",
     "corpus_path",
     "read_corpus",
     "fetch_all",

@@ -1,0 +1,205 @@
+"""Calibrate activation-sparsity thresholds (sparse/thresholds.py): run the model, dense, over a
+calibration text and record the magnitude of every input of every thresholded product, per layer;
+save the quantiles beside the store.
+
+Magnitudes go into a histogram per (layer, input) with 1,000 bins per decade from 1e-10 to 1e4
+(a relative resolution of 0.23%), so a calibration of any length holds a fixed few megabytes and
+the quantiles come from every value, not a sample.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..api import load
+from ..errors import ConfigError
+from ..weights import ResidentFFN
+from .corpora import read_corpus
+from .perplexity_eval import token_nlls
+from ..choices import SparsityRows
+from ..sparse.activation_sparsity import threshold_products
+from ..sparse.thresholds import PERCENTS, ROLES, Thresholds, save_thresholds, store_fingerprint
+
+LOW, DECADES, PER_DECADE = -10, 14, 1000
+BINS = DECADES * PER_DECADE
+
+
+def histogram(x: np.ndarray) -> np.ndarray:
+    """Counts of |x| in the log bins (zeros and anything below 1e-10 in the first)."""
+    a = np.abs(x.astype(np.float32, copy=False)).reshape(-1)
+    with np.errstate(divide="ignore"):
+        b = np.floor((np.log10(a) - LOW) * PER_DECADE)
+    b = np.clip(np.nan_to_num(b, nan=0.0, neginf=0.0), 0, BINS - 1).astype(np.int64)
+    return np.bincount(b, minlength=BINS)
+
+
+def quantiles(counts: np.ndarray) -> np.ndarray:
+    """float32 [PERCENTS]: the magnitude below which p% of the counted values fall, p = 0..99 (p = 0
+    is 0: no input is zeroed)."""
+    cum = np.cumsum(counts, dtype=np.float64)
+    total = cum[-1]
+    out = np.zeros(PERCENTS, dtype=np.float32)
+    for p in range(1, PERCENTS):
+        want = total * p / 100.0
+        b = int(np.searchsorted(cum, want))
+        before = cum[b - 1] if b else 0.0
+        frac = (want - before) / max(counts[b], 1)  # within the bin, log-linear
+        out[p] = 10.0 ** (LOW + (b + frac) / PER_DECADE)
+    return np.maximum.accumulate(out)
+
+
+class RecordingOps:
+    """The engine's ops with `linear` counting each thresholded input's magnitudes before the product
+    (offline only: the per-token path never wraps its ops). `gated_ffn` answers None so gate|up and
+    down run as separate products, each of which is seen."""
+
+    def __init__(self, ops, where: dict[int, tuple[int, str]], n_layers: int):
+        self._ops, self._where = ops, where
+        self.counts = {r: np.zeros((n_layers, BINS), dtype=np.int64) for r in ROLES}
+        self.rows = 0
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def gated_ffn(self, act, gate_up, down, x):
+        return None
+
+    def linear(self, x, w):
+        found = self._where.get(id(w))
+        if found is not None:
+            layer, role = found
+            self.counts[role][layer] += histogram(self._ops.to_numpy(x))
+        return self._ops.linear(x, w)
+
+
+def thresholded_weights(engine) -> dict[int, tuple[int, str]]:
+    """id of each weight the thresholds apply to -> (layer, role); a weight given as parts (products
+    of differing quantization) is listed part by part."""
+    where = {}
+
+    def add(w, layer, role):
+        for part in w if isinstance(w, tuple) else (w,):
+            where[id(part)] = (layer, role)
+
+    for i in range(engine.args.num_hidden_layers):
+        lw = engine.weights["layers"][i]
+        add(lw["qkv"], i, "qkv")
+        add(lw["o"], i, "o")
+        fw = engine.ffn.layer(i)
+        if fw.gate_up is None:
+            raise ConfigError("sparsity thresholds need a gated FFN (SwiGLU or GeGLU); this model's FFN is ungated")
+        add(fw.gate_up, i, "gate_up")
+        add(fw.down, i, "down")
+    return where
+
+
+def calibrate(engine, text: str, tokens: int = 8192, context: int = 512, progress: bool = True) -> Thresholds:
+    """Thresholds of a dense, resident engine measured on the first `tokens` tokens of `text`, fed in
+    independent windows of `context` tokens."""
+    if not isinstance(engine.ffn, ResidentFFN):
+        raise ConfigError("sparsity thresholds are measured on a resident FFN (load with ffn='resident')")
+    ids = engine.tokenizer.encode(text)[:tokens]
+    if len(ids) < context:
+        raise ConfigError(f"the calibration text has {len(ids)} tokens; at least {context} are needed")
+    from tqdm import tqdm
+
+    rec = RecordingOps(engine.ops, thresholded_weights(engine), engine.args.num_hidden_layers)
+    ops, engine.ops = engine.ops, rec
+    try:
+        starts = range(0, len(ids) - context + 1, context)
+        for s in tqdm(starts, desc="calibrating thresholds", unit="window", disable=not progress, file=sys.stderr):
+            caches = engine.new_caches()
+            engine.forward(ids[s : s + context], caches)
+            engine.release(caches)
+    finally:
+        engine.ops = ops
+    q = {r: np.stack([quantiles(c) for c in rec.counts[r]]) for r in ROLES}
+    scored = len(starts) * context
+    return Thresholds(q, store_fingerprint(engine.store), {"tokens": scored, "context": context})
+
+
+STEP = 0.1  # how far the greedy search moves one input's level at a time
+TOP = 0.9  # the highest level it gives an input
+
+
+def role_params(args) -> dict[str, int]:
+    """Weights each input feeds in the whole model: what a model-wide level weighs the inputs by."""
+    d, f, hd = args.hidden_size, args.intermediate_size, args.head_dim
+    heads, kv = args.num_attention_heads, args.num_key_value_heads
+    per_layer = {"qkv": d * (heads + 2 * kv) * hd, "o": heads * hd * d, "gate_up": 2 * d * f, "down": f * d}
+    return {r: n * args.num_hidden_layers for r, n in per_layer.items()}
+
+
+def greedy_allocation(engine, found: Thresholds, ids: list[int], progress: bool = True) -> list:
+    """TEAL's greedy allocation, taken model-wide: from every input dense, raise by STEP the level of
+    the input whose step costs the least calibration loss (the log perplexity of `ids`, every row
+    thresholded) per share of the model's weights it skips, until every input is at TOP. Returns the
+    points [model-wide level, {input: level}] (Thresholds.allocation). The engine's products are
+    left thresholded: use it for nothing else."""
+    from tqdm import tqdm
+
+    products = threshold_products(engine.ops, engine.weights, engine.ffn, found, 0.0, SparsityRows.ALL)
+    params = role_params(engine.args)
+    total = sum(params.values())
+
+    def wide(levels):
+        return sum(levels[r] * params[r] for r in ROLES) / total
+
+    def loss(levels) -> float:
+        at = {r: found.quantiles[r][:, min(round(levels[r] * 100), PERCENTS - 1)] for r in ROLES}
+        for layer, role, p in products:
+            p.threshold = float(at[role][layer])
+        return float(token_nlls(engine.logits(ids)[:-1], np.asarray(ids[1:])).mean())
+
+    levels = dict.fromkeys(ROLES, 0.0)
+    points, now = [[0.0, dict(levels)]], loss(levels)
+    steps = round(TOP / STEP) * len(ROLES)
+    with tqdm(total=steps, desc="allocating levels", unit="step", disable=not progress, file=sys.stderr) as bar:
+        while any(levels[r] < TOP - 1e-9 for r in ROLES):
+            best = None
+            for r in ROLES:
+                if levels[r] >= TOP - 1e-9:
+                    continue
+                trial = {**levels, r: round(levels[r] + STEP, 6)}
+                cost = loss(trial)
+                per_share = (cost - now) / (wide(trial) - wide(levels))
+                if best is None or per_share < best[0]:
+                    best = (per_share, trial, cost)
+            _, levels, now = best
+            points.append([round(wide(levels), 6), dict(levels)])
+            bar.update(1)
+    return points
+
+
+def sparsity_thresholds(
+    model: str | None = None,
+    corpus: str = "austen",
+    tokens: int = 8192,
+    context: int = 512,
+    progress: bool = True,
+    precision: str = "auto",
+    allocate: int = 512,
+) -> str:
+    """Measure a model's activation-sparsity thresholds on `corpus` (the Austen novels by default) and
+    save them beside its store; returns the file's path. `load(model, sparsity=0.4)` then uses them.
+    precision: the store's, as load() takes it (ffn="sparse" converts at "source-neuron": each store
+    has thresholds of its own). allocate: tokens of the greedy search that shares a model-wide level
+    among the inputs (greedy_allocation); 0: every input at the model-wide level."""
+    with load(model, ffn="resident", progress=progress, precision=precision) as engine:
+        return save_thresholds(engine.store, measure(engine, corpus, tokens, context, allocate, progress))
+
+
+def measure(engine, corpus: str, tokens: int, context: int, allocate: int, progress: bool = True) -> Thresholds:
+    """A dense, resident engine's thresholds on `corpus`: the quantiles over its first `tokens` tokens,
+    then (allocate > 0) the greedy allocation over the `allocate` tokens after them. The engine's
+    products are left thresholded by the search: use it for nothing else."""
+    text = read_corpus(corpus)
+    found = calibrate(engine, text, tokens, context, progress)
+    found.calibration["corpus"] = corpus
+    if allocate:
+        ids = engine.tokenizer.encode(text)[tokens : tokens + allocate]
+        found.allocation = greedy_allocation(engine, found, ids, progress)
+        found.calibration["allocation_tokens"] = len(ids)
+    return found
