@@ -21,6 +21,7 @@ from .memory.weights_plan import weights_line
 from .models import MODEL_TYPES, model_module
 from .moe.build import expert_source
 from .options import ExpertOptions, FlashOptions, IOOptions
+from .sparse.activation_sparsity import sparsity_line, sparsity_products
 from .sparse.build import sparse_source
 from .store import open_store
 from .store.reader_pool import ReaderPool
@@ -48,6 +49,8 @@ def load(
     device: str | None = None,
     torch_dtype: str = "float32",
     arithmetic: str = "auto",
+    sparsity: float = 0.0,
+    sparsity_rows: str = "decode",
     prefill_chunk: int = 512,
     verify_checksums: bool = False,
     cache_dir: str = "",
@@ -69,6 +72,8 @@ def load(
     arithmetic: "exact" (float32, the checkpoint's values; what "auto", the default, takes) or "q8"
         (activations as 8-bit codes, integer dot products as llama.cpp computes: faster on a CPU, and
         its answers are llama.cpp's rather than exact's).
+    sparsity: the share of every product's inputs treated as zero in decode steps (0.4: 40%), by
+        thresholds measured once with python -m mlx_flash.sparsify (TEAL); 0, the default, is dense.
     flash / experts / io: the options of sparse FFNs, expert caches and reads (mlx_flash.options).
     Every keyword is an EngineConfig field, documented there (mlx_flash.config) and in the chat's --help.
     progress: conversion, disk-probe and load progress on stderr.
@@ -88,6 +93,8 @@ def load(
         device=device,
         torch_dtype=torch_dtype,
         arithmetic=arithmetic,
+        sparsity=sparsity,
+        sparsity_rows=sparsity_rows,
         prefill_chunk=prefill_chunk,
         verify_checksums=verify_checksums,
         cache_dir=cache_dir,
@@ -151,16 +158,20 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
             slots.attach(ops, weights["layers"][i], i)
         weights["layers"] = StreamedLayers(weights["layers"], slots)
     ffn_source, account = ffn_source_for(ops, store, cfg, module, args, held, plan, progress)
+    thresholded = sparsity_products(ops, store, cfg, weights, ffn_source, len(streamed)) if cfg.sparsity else []
     account = {
         **account,
         "streamed_layers": len(streamed),
         "layer_slots": slots.nbytes if slots else 0,
         "backend": f"{ops.describe()} ({why})",
         "arithmetic": ops.arithmetic.line(),
+        "sparsity": sparsity_line(cfg, thresholded),
     }
     if progress:
         print(f"backend: {account['backend']}", file=sys.stderr)
         print(f"arithmetic: {account['arithmetic']}", file=sys.stderr)
+        if thresholded:
+            print(f"sparsity: {account['sparsity']}", file=sys.stderr)
         print(plan.line(weights_line(cfg, store, account)), file=sys.stderr)
     engine = Engine(
         ops,
@@ -175,6 +186,7 @@ def load_config(model: str | None, cfg: EngineConfig, progress: bool = True, bat
         kv_tokens=plan.kv_tokens,
         layer_slots=slots,
         kv_tiers=tiers,
+        thresholded=thresholded,
     )
     return_free_memory()
     return engine

@@ -56,3 +56,10 @@ class ExpertPolicy(Enum):
     LRU = "lru"
     LFU = "lfu"
     FIFO = "fifo"
+
+
+class SparsityRows(Enum):
+    """Which rows of a product the activation-sparsity thresholds apply to (backends/thresholded.py)."""
+
+    DECODE = "decode"  # one-row steps; prompts and several sequences at once run dense
+    ALL = "all"  # every row: each token of a text scored as a decode step would compute it (quality figures)

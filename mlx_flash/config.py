@@ -8,9 +8,11 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
-from .choices import PRECISIONS, PredictorKind
+from .choices import PRECISIONS, PredictorKind, SparsityRows
 from .errors import ConfigError
 from .options import ExpertOptions, FlashOptions, IOOptions, _check_enums, check_threads, option
+
+MAX_SPARSITY = 0.95  # above this the models measured answer noise (docs/results/sparsity.md)
 
 
 class FFNMode(Enum):
@@ -119,6 +121,19 @@ class EngineConfig:
     torch_dtype: TorchDtype = option(
         TorchDtype.FLOAT32, "torch linears: float32 (exact) or bfloat16 (torch's fast int4 kernel; approximate)"
     )
+    sparsity: float = option(
+        0.0,
+        "share of every product's inputs treated as zero in decode steps (TEAL activation sparsity): "
+        "inputs at or below a threshold per layer and input, measured once by python -m mlx_flash.sparsify "
+        "on calibration text, are skipped, their weights neither read nor multiplied. Faster decode at a "
+        "quality cost measured in docs/results/sparsity.md; 0 (the default): dense",
+        kind=float,
+    )
+    sparsity_rows: SparsityRows = option(
+        SparsityRows.DECODE,
+        "rows the sparsity thresholds apply to: decode (the default: one-row steps; prompts and batches "
+        "run dense) or all (every row, as the quality figures score a text)",
+    )
     prefill_chunk: int = option(512, "prompt tokens per forward pass during prefill")
     verify_checksums: bool = option(
         False,
@@ -145,6 +160,8 @@ class EngineConfig:
         if self.kv_flash_bits not in (0, 8, 4, 2):
             raise ConfigError(f"kv_flash_bits must be 0 (exact), 8, 4 or 2 (got {self.kv_flash_bits})")
         check_threads("threads", self.threads)
+        if not 0.0 <= self.sparsity <= MAX_SPARSITY:
+            raise ConfigError(f"sparsity must be in [0, {MAX_SPARSITY}] (got {self.sparsity:g})")
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown (choose one of: auto, {', '.join(PRECISIONS)})")
         # A directory given is checked for writing too; the default one only for its shape: a load that

@@ -48,6 +48,7 @@ class Engine:
         layer_slots=None,
         runner: Runner | None = None,
         kv_tiers: TierPlan | None = None,
+        thresholded: list | tuple = (),
     ):
         self.ops = ops
         self.module = module
@@ -64,6 +65,8 @@ class Engine:
         self.runner = runner or LocalRunner()
         # one sequence's older KV on flash when the plan holds fewer tokens resident than its context
         self.kv_tiers = kv_tiers
+        # products behind activation-sparsity thresholds (backends/thresholded.py), for their counters
+        self.thresholded = tuple(thresholded)
         self._tier_reads: TierReads | None = None  # their read buffers, made at the first such sequence
         self.last = GenerationSummary()
         self.last_batch = None  # the stats of the last generate_batch (offload.run.BatchRun)
@@ -85,6 +88,7 @@ class Engine:
             self.layer_slots,
             runner,
             self.kv_tiers,
+            self.thresholded,
         )
 
     # ---- model calls ----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import numpy as np
 from ..kernels import mlx_kernels
 from ..ffn_source import GateActivation
 from ..slot_turns import SlotTurns
-
 from ..models.cache import RowsMask, WindowMask
 from ..models.rope import frequencies_key, kernel_inverse_frequencies
 from . import (
@@ -33,10 +32,11 @@ from . import (
     mlx_weights,
     owner,
     walk,
+    mlx_attention,
 )
-from . import mlx_attention
 from .arithmetic import choose_arithmetic
 from .mlx_weights import Weight
+from .thresholded import Thresholded, thresholded_ffn
 
 NAME = "mlx"
 # MLX keeps freed buffers for reuse, capped at this: the memory plan's runtime share
@@ -140,14 +140,11 @@ class MLXOps:
             out = out.astype(self.act_dtype)
         return out
 
-    @staticmethod
-    def matmul_only(w: Weight) -> Weight:
-        """A weight only multiplied: MLX keeps nothing extra for embedding lookups."""
-        return w
-
     # a linear's stored parts as a Weight, and one over rows laid out elsewhere (backends/mlx_weights.py)
     weight = mlx_weights.weight
     kernel_weight = mlx_weights.kernel_weight
+    matmul_only = mlx_weights.matmul_only
+    thresholded = mlx_weights.thresholded
 
     @property
     def in_place_kernel(self) -> bool:
@@ -184,6 +181,8 @@ class MLXOps:
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x: mx.array, w: Weight) -> mx.array:
+        if isinstance(w, Thresholded):  # TEAL sparsity: backends/thresholded.py
+            return w.product(self, x)
         if w.metal is not None:
             y = w.metal(x)
         elif w.graph is not None:
@@ -256,13 +255,13 @@ class MLXOps:
     def gated_ffn(self, act: GateActivation, gate_up, down, x):
         """down(act(gate) * up) of x as one node where this backend has one for these weights (SwiGLU over
         stored matrices without biases, on the CPU: mlx_kernels.gated_ffn, identical to the pieces),
-        else None: the caller composes the pieces."""
-        found = (
-            None
-            if self.on_gpu
-            else fused_ffn_weights(
-                act, gate_up, down, lambda w: isinstance(w, Weight) and w.graph is not None and w.bias is None
-            )
+        else None: the caller composes the pieces. Thresholded weights: mlx_kernels.cm_gated_ffn."""
+        if self.on_gpu:
+            return None
+        if (fused := thresholded_ffn(act, gate_up, down, x, mlx_kernels.cm_gated_ffn)) is not None:
+            return fused
+        found = fused_ffn_weights(
+            act, gate_up, down, lambda w: isinstance(w, Weight) and w.graph is not None and w.bias is None
         )
         if found is None:
             return None

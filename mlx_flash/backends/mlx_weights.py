@@ -12,9 +12,10 @@ import numpy as np
 
 from ..kernels import mlx_kernels
 from ..kernels.metal_blocks import MetalBlockMatmul
-from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
+from ..kernels.qmatmul import KERNEL_BITS, Arith, StoredMatrix
 from ..quant_spec import QuantSpec
 from . import block_matrix
+from .thresholded import Thresholded, channel_major, over_kernel
 
 
 @dataclass
@@ -116,3 +117,20 @@ def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
 
 def _opt(ops, parts, key, dtypes):
     return ops.array(parts[key], dtypes.get(key)) if parts.get(key) is not None else None
+
+
+def matmul_only(self, w: Weight) -> Weight:
+    """A weight only multiplied: MLX keeps nothing extra for embedding lookups."""
+    return w
+
+
+def thresholded(self, w: Weight, threshold: float, every_row: bool) -> Thresholded:
+    """`w` behind an activation threshold (backends/thresholded.py): over the channel-major kernel
+    where this backend has it for the weight (a CPU primitive, exact arithmetic: the layout then
+    replaces the stored one), else the masked reference."""
+    cm = None
+    if not self.on_gpu and self.arith is Arith.EXACT:
+        cm = channel_major(w.matrix, mlx_kernels.framework_buffer, self.kernel_threads)
+    if cm is None:
+        return Thresholded(threshold, every_row, 0, 0, inner=w)
+    return over_kernel(cm, mlx_kernels.GraphChannelMajor(cm, self.kernel_threads), threshold, every_row, w.bias)

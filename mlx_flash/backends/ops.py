@@ -84,6 +84,12 @@ class Ops(Protocol):
     def matmul_only(self, w: Any) -> Any:
         """The weight without what only an embedding lookup needs (it is only multiplied)."""
 
+    def thresholded(self, w: Any, threshold: float, every_row: bool) -> Any:
+        """`w` behind an activation threshold (backends/thresholded.py: a Thresholded, which `linear`
+        takes): input channels with |x| <= threshold count as zero, in one-row steps (every row with
+        `every_row`); over the channel-major kernel where the backend has it for `w` (the layout then
+        replaces the stored one), else the masked reference."""
+
     # ---- products over stored bytes and pointwise ops --------------------------------------------
     def linear(self, x: Any, w: Any) -> Any:
         """x [.., in] @ w -> [.., out] (+ its bias), over the weight as stored."""

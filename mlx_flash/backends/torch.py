@@ -16,8 +16,6 @@ CPU here, CUDA when present. Activations and the residual stream are float32. Tw
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ..errors import ConfigError
@@ -36,6 +34,7 @@ from . import torch_scores, torch_sparse, torch_weights
 from .arithmetic import choose_arithmetic
 from .torch_quant import dequantize
 from .torch_rope import RopeTables
+from .thresholded import Thresholded, thresholded_ffn
 from .torch_weights import Weight
 
 try:
@@ -127,16 +126,13 @@ class TorchOps:
     weight = torch_weights.weight
     _stored = torch_weights.stored
     kernel_weight = torch_weights.kernel_weight
+    matmul_only = torch_weights.matmul_only
+    thresholded = torch_weights.thresholded
 
     @property
     def in_place_kernel(self) -> bool:
         """Whether kernel_weight() works here: the CPU kernel multiplies float32 activations."""
         return self.stored_kernel
-
-    @staticmethod
-    def matmul_only(w: Weight) -> Weight:
-        """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""
-        return dataclasses.replace(w, q=None)
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()
@@ -171,7 +167,9 @@ class TorchOps:
     def gated_ffn(self, act: GateActivation, gate_up, down, x):
         """down(act(gate) * up) of x in one operator call where this backend has one for these weights
         (SwiGLU over stored matrices without biases, with the CPU kernel; identical to the pieces),
-        else None: the caller composes the pieces."""
+        else None: the caller composes the pieces. Thresholded weights: torch_ops.cm_gated_ffn."""
+        if (fused := thresholded_ffn(act, gate_up, down, x, torch_ops.cm_gated_ffn)) is not None:
+            return fused
         found = self.stored_kernel and fused_ffn_weights(
             act, gate_up, down, lambda w: isinstance(w, Weight) and w.kind == "stored" and w.bias is None
         )
@@ -236,6 +234,8 @@ class TorchOps:
 
     # ---- ops ----------------------------------------------------------------------------------
     def linear(self, x, w: Weight):
+        if isinstance(w, Thresholded):  # TEAL sparsity: backends/thresholded.py
+            return w.product(self, x)
         shape = x.shape
         if w.kind == "stored":  # float32 in and out: the kernel's operator on the stored bytes
             y = w.op(x)

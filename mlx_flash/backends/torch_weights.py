@@ -5,15 +5,17 @@ on the CPU block kernel, or packed for torch's int4 kernel (backends/torch.py sa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..kernels import cuda_ops, torch_ops
-from ..kernels.qmatmul import KERNEL_BITS, StoredMatrix
+from ..kernels.qmatmul import KERNEL_BITS, Arith, StoredMatrix
 from ..quant_spec import QuantSpec
 from . import block_matrix
+from .thresholded import Thresholded, channel_major, over_kernel
 from .torch_quant import dequantize, int4pack, unpack_bits
 
 try:
@@ -141,3 +143,20 @@ def kernel_weight(self, matrix: StoredMatrix, quant: QuantSpec) -> Weight:
         matrix,
         torch_ops.TorchMatrix(matrix, self.kernel_threads, self.arith),
     )
+
+
+def matmul_only(self, w: Weight) -> Weight:
+    """The weight without the stored triple kept for embedding lookups (a weight only multiplied)."""
+    return dataclasses.replace(w, q=None)
+
+
+def thresholded(self, w: Weight, threshold: float, every_row: bool) -> Thresholded:
+    """`w` behind an activation threshold (backends/thresholded.py): over the channel-major kernel
+    where this backend has it for the weight (the CPU kernel, exact arithmetic: the layout then
+    replaces the stored one), else the masked reference."""
+    cm = None
+    if self.stored_kernel and self.arith is Arith.EXACT:
+        cm = channel_major(w.matrix, torch_ops.framework_buffer, self.kernel_threads)
+    if cm is None:
+        return Thresholded(threshold, every_row, 0, w.out_features, inner=w)
+    return over_kernel(cm, torch_ops.TorchChannelMajor(cm, self.kernel_threads), threshold, every_row, w.bias)

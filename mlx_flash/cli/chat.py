@@ -23,6 +23,7 @@ from ..options import add_arguments, from_arguments
 from ..sampling import check_int, check_sampling_flags
 from ..service import Service
 from ..service.sequences import TieredConversations
+from ..stats import sparsity_words
 from .pipeline_flags import add_pipeline_arguments
 
 HELP = "commands: /reset  /stats  /quit   (Ctrl-C stops an answer; Ctrl-D or /quit exits)"
@@ -115,6 +116,8 @@ def format_stats(engine) -> str:
         text += f"\nbackend: {plan['backend']}"
     if "arithmetic" in plan:
         text += f"\narithmetic: {plan['arithmetic']}"
+    if engine.thresholded:
+        text += f"\n{sparsity_words(engine)}"
     if "limit" in plan:
         text += (
             f"\nmemory: {process_rss() / 1e6:.0f} MB held now, peak {peak_rss() / 1e6:.0f} MB, limit "

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from ..errors import ConfigError, ContextNotFoundError
 from ..memory import peak_rss, process_rss
+from ..stats import sparsity_stats
 from . import openai_api as oa
 from .engine_loop import DONE, EngineLoop
 
@@ -256,6 +257,7 @@ class Server:
                     "plan": plan,
                     **sections.get("memory", {}),
                 },
+                "sparsity": sparsity_stats(self.svc.engine),
                 "queue": {
                     "waiting": self.engine.queued,
                     "running": len(self.engine.active),

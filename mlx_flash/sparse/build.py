@@ -17,6 +17,7 @@ from .dense_slab import DenseSlabFFN
 from .modes import SparseKernel
 from .planner import plan_budget
 from .predictor import Predictors
+from .thresholds import load_thresholds
 from .row_format import BundleFile, BundleRows, DownRows, FieldFile, down_fields
 from .selectors import AllActive, LowRankSelector, PredictorKind, StatisticalSelector
 from .statistical import StatisticalActivity
@@ -32,10 +33,22 @@ def _first_layer_rows(store):
         return FFNReader(pool, store.file_path(lay.file), lay).read_layer(0)
 
 
-def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progress: bool):
+def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progress: bool, sparsity: float = 0.0):
     """(selector, bytes it holds, activity measured at training or None) for opts.predictor.
-    gate_ops: the backend the gate predictor's 4-bit weights run on."""
+    gate_ops: the backend the gate predictor's 4-bit weights run on. With `sparsity` (load(...,
+    sparsity=s)) the gate predictor selects the neurons whose activation is above down's input
+    threshold at that level (sparse/thresholds.py): the resident model's down product skips the same
+    neurons, so the sparse FFN reads exactly the rows the thresholds leave; no trained predictor is
+    needed."""
     lay = store.manifest.ffn
+    if sparsity:
+        if opts.predictor is not PredictorKind.GATE:
+            raise ConfigError(
+                f"sparsity {sparsity:g} with ffn='sparse' selects neurons by down's input thresholds, which "
+                f"predictor 'gate' computes; predictor {opts.predictor.value!r} selects otherwise (use 'gate')"
+            )
+        found = load_thresholds(store, len(lay.layer_offsets), "--precision source-neuron").at(sparsity)["down"]
+        return (*gate_selector(ops, store, module, args, gate_ops, found, progress), None)
     if opts.predictor is PredictorKind.DENSE:
         return AllActive(lay.n_neurons), 0, None
     if opts.predictor is PredictorKind.STATISTICAL:
@@ -43,20 +56,23 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
         return StatisticalSelector(model, lay.block), model.p.nbytes, None
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
     if opts.predictor is PredictorKind.GATE:
-        with ReaderPool(threads=2, mode="buffered") as pool:
-            sel = GateUpSelector(
-                gate_ops,
-                module,
-                args,
-                lay,
-                FFNReader(pool, store.file_path(lay.file), lay),
-                preds.magnitude_thresholds,
-                progress,
-            )
-        return sel, gate_ops.held_bytes(sel.weights), preds.activity
+        return (
+            *gate_selector(ops, store, module, args, gate_ops, preds.magnitude_thresholds, progress),
+            preds.activity,
+        )
     if opts.recall is not None:
         preds.use_recall(opts.recall)
     return LowRankSelector(preds, ops), sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers), preds.activity
+
+
+def gate_selector(ops, store, module, args, gate_ops, thresholds, progress: bool):
+    """(the gate predictor over the store's gate|up rows with these per-layer thresholds, bytes it holds)."""
+    lay = store.manifest.ffn
+    with ReaderPool(threads=2, mode="buffered") as pool:
+        sel = GateUpSelector(
+            gate_ops, module, args, lay, FFNReader(pool, store.file_path(lay.file), lay), thresholds, progress
+        )
+    return sel, gate_ops.held_bytes(sel.weights)
 
 
 def sparse_source(
@@ -68,7 +84,7 @@ def sparse_source(
     opts, lay = cfg.flash, store.manifest.ffn
     selector, pbytes, activity = None, 0, None
     if opts.mode.needs_predictor:
-        selector, pbytes, activity = make_selector(ops, store, opts, module, args, gate_ops, progress)
+        selector, pbytes, activity = make_selector(ops, store, opts, module, args, gate_ops, progress, cfg.sparsity)
     layer_held = ops.held_bytes(bundle_weights(ops, lay, _first_layer_rows(store)))
     # the fully resident model holds each layer's weights: converted copies, or (0 held beyond the
     # rows: weights that are views) the layer's bytes as stored

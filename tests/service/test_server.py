@@ -528,6 +528,7 @@ def test_client_disconnect_mid_stream(server):
         time.sleep(0.1)
     waited = time.monotonic() - t0
     assert not st["queue"]["busy"], st["queue"]
+    assert st["sparsity"]["level"] == 0.0 and st["sparsity"]["rows"] == 0  # off: nothing thresholded
     status, _, d = server.request("GET", f"/v1/contexts/{ctx}")
     assert status == 200
     print(f"\ndisconnect: the engine was free {waited:.2f} s later; the context kept {d['tokens']} tokens")
