@@ -25,6 +25,7 @@ from . import pages
 from . import result_tables as t
 from . import result_tables_big as big
 from . import result_tables_service as svc
+from . import result_tables_sparsity as sparsity
 
 QUICK, FULL = "quick", "full"
 
@@ -73,6 +74,20 @@ RUNS = (
         8.5,
     ),
     Run(
+        "full-sparsity-quality",
+        FULL,
+        ("sparsity", "--parts", "thresholds,quality", "--models", "default,gemma", "--recalibrate"),
+        14.0,
+    ),
+    Run("full-sparsity-decode", FULL, ("sparsity", "--parts", "decode", "--models", "default", "--peer"), 4.0),
+    Run(
+        "full-sparsity-7b",
+        FULL,
+        ("sparsity", "--parts", "thresholds,decode", "--models", "7b", "--levels", "0.4,0.5", "--pairs", "3")
+        + ("--gen-tokens", "16", "--decode-prompt", "16", "--calibration-tokens", "1024", "--allocate", "0"),
+        12.0,
+    ),
+    Run(
         "full-7b-2gb",
         FULL,
         ("memory", "--model", "7b", "--limits", "2GB", "--backends", "torch/exact,torch/q8", "--tokens", "8")
@@ -115,6 +130,21 @@ TABLES = (
     Table("service-trace", "service.md", ("full-service",), one("full-service", svc.service)),
     Table("concurrency", "service.md", ("full-concurrency",), one("full-concurrency", svc.concurrency)),
     Table("moe-8l", "experts.md", ("full-moe-8l",), one("full-moe-8l", big.moe)),
+    Table(
+        "sparsity-quality", "sparsity.md", ("full-sparsity-quality",), one("full-sparsity-quality", sparsity.quality)
+    ),
+    Table(
+        "sparsity-decode",
+        "sparsity.md",
+        ("full-sparsity-decode", "full-sparsity-quality"),
+        lambda recs: sparsity.decode(recs["full-sparsity-decode"], recs["full-sparsity-quality"]),
+    ),
+    Table(
+        "sparsity-7b",
+        "sparsity.md",
+        ("full-sparsity-7b",),
+        one("full-sparsity-7b", lambda rec: sparsity.decode(rec, None)),
+    ),
     Table("throughput-mistral", "throughput.md", ("full-throughput",), one("full-throughput", big.throughput)),
 )
 

@@ -1,0 +1,98 @@
+"""The tables of docs/results/sparsity.md, from the sparsity benchmark's records (python -m mlx_flash.bench
+sparsity): quality per level against the dense model, and decode per level against the dense model in
+the same run. Pure functions of the records, like result_tables.py."""
+
+from __future__ import annotations
+
+from .result_tables import MISSING, model_title, spread, table
+
+WITHIN = 0.02  # the recommended level: the largest whose perplexity is within +2% of dense
+
+
+def recommended(quality: dict) -> str | None:
+    """The largest level of a model's quality part within +2% perplexity of its first (dense) level."""
+    ppl = quality["perplexity"]
+    base = next(iter(ppl.values()))
+    ok = [float(k) for k, v in ppl.items() if v <= base * (1 + WITHIN)]
+    return f"{max(ok):g}" if ok else None
+
+
+def quality(rec: dict) -> str:
+    rows = []
+    for model, res in rec["quality"].items():
+        ppl, base, best = res["perplexity"], next(iter(res["perplexity"].values())), recommended(res)
+        n = len(next(iter(res["greedy"].values())))
+        for level, value in ppl.items():
+            mark = " (recommended)" if level == best and float(level) > 0 else ""
+            rows.append(
+                [
+                    model_title(model),
+                    f"{float(level):.0%}{mark}",
+                    f"{value:.4f}",
+                    f"{(value / base - 1) * 100:+.2f}%",
+                    f"{res['equal'][level]} of {n}",
+                    f"{res['shared_prefix'][level]:.1f}",
+                ]
+            )
+    head = [
+        "model",
+        "sparsity",
+        "perplexity, every row thresholded",
+        "against dense",
+        "greedy equal to dense",
+        "tokens shared before the first difference (of 24)",
+    ]
+    return table(head, rows)
+
+
+def predicted(st: dict) -> str:
+    """The level's prediction of the bytes a token reads, and how far the measure is from it."""
+    want = st.get("predicted_bytes_per_token")
+    if not want:
+        return MISSING
+    return f"{want / 1e6:.1f}, {(st['read_bytes_per_token'] / want - 1) * 100:+.0f}%"
+
+
+def decode(rec: dict, q: dict | None) -> str:
+    """Each level's decode against dense (pairs), with the perplexity at that level where the quality
+    record `q` has the model, the share of inputs zeroed and the bytes a token read against dense."""
+    q = q or {}
+    rows = []
+    for model, by_backend in rec["decode"].items():
+        ppl = (q.get("quality") or {}).get(model, {}).get("perplexity", {})
+        base = next(iter(ppl.values()), None)
+        for backend, levels in by_backend.items():
+            peer = levels.get("dense_vs_llama.cpp")
+            for level, res in levels.items():
+                if level == "dense_vs_llama.cpp":
+                    continue
+                st = res["stats"]
+                cost = MISSING if level not in ppl else f"{ppl[level]:.3f} ({(ppl[level] / base - 1) * 100:+.1f}%)"
+                rows.append(
+                    [
+                        model_title(model),
+                        "MLX" if backend == "mlx" else backend,
+                        f"{float(level):.0%}",
+                        cost,
+                        spread([p["ours"] for p in res["pairs"]], 2),
+                        spread([p["peer"] for p in res["pairs"]], 2),
+                        f"**{res['median_ratio']:.2f}x** (lowest {res['lowest_ratio']:.2f}x)",
+                        f"{st['zeroed_share']:.1%}",
+                        f"{st['read_bytes_per_token'] / 1e6:.1f} ({predicted(st)}) / "
+                        f"{st['dense_bytes_per_token'] / 1e6:.1f}",
+                        MISSING if peer is None else f"{peer['peer_median']:.2f}",
+                    ]
+                )
+    head = [
+        "model",
+        "backend",
+        "sparsity",
+        "perplexity (against dense)",
+        "sparse, tok/s",
+        "dense, tok/s",
+        "sparse / dense, pairs",
+        "inputs zeroed",
+        "MB a token reads: sparse (predicted) / dense",
+        "llama.cpp, tok/s",
+    ]
+    return table(head, rows)
