@@ -29,6 +29,7 @@ def test_the_commands_have_console_scripts():
         "mlx-flash-verify",
         "mlx-flash-profile-disk",
         "mlx-flash-models",
+        "mlx-flash-sparsify",
     }
 
 
