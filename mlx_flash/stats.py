@@ -50,7 +50,7 @@ class SparsityStats:
     """What the thresholds did since load, over the products the kernel ran thresholded (the reference
     path's products are not counted: it reads every byte). Every field is always present."""
 
-    rows: int = 0  # product rows run thresholded (a decode step of a model with L layers counts 4L)
+    rows: int = 0  # product rows run thresholded (a decode step counts one for each product)
     inputs: int = 0  # input channels of those rows
     active: int = 0  # ... of which above their threshold
     dense_bytes: int = 0  # bytes those rows would have read dense
@@ -100,8 +100,10 @@ def sparsity_stats(engine) -> dict:
 
 def predicted_bytes(weights, level: float) -> float:
     """Bytes a decode step's thresholded products read, as the level predicts them: the share
-    1 - level of each product's channels (each threshold is its input's level-quantile on calibration
-    text), and every group's scales unless all its channels are zeroed (taken as independent)."""
+    1 - level of each product's channels (each threshold is its input's quantile at its own level on
+    calibration text, and those levels average, weighted by the weights each input feeds, to the
+    model-wide one: the bytes are in that proportion), and every group's scales unless all its
+    channels are zeroed (taken as independent)."""
     total = 0.0
     for w in weights:
         if w.counts() is None:

@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
 import numpy as np
 
 from ..ffn_source import GateActivation
@@ -32,6 +31,9 @@ DENSE = -1.0  # the kernels' threshold for "every channel active"
 
 @dataclass
 class Thresholded:
+    """One product behind its threshold: what `ops.thresholded` makes of a weight (n_in inputs,
+    out_features outputs), multiplied by `product`."""
+
     threshold: float
     every_row: bool
     n_in: int

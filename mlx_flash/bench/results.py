@@ -78,7 +78,7 @@ RUNS = (
         FULL,
         ("sparsity", "--parts", "thresholds,quality", "--models", "default,gemma", "--recalibrate")
         + ("--levels", "0,0.2,0.25,0.3,0.4,0.5,0.6"),
-        14.0,
+        26.0,
     ),
     Run("full-sparsity-decode", FULL, ("sparsity", "--parts", "decode", "--models", "default", "--peer"), 4.0),
     Run(

@@ -132,12 +132,20 @@ def role_params(args) -> dict[str, int]:
     return {r: n * args.num_hidden_layers for r, n in per_layer.items()}
 
 
-def greedy_allocation(engine, found: Thresholds, ids: list[int], progress: bool = True) -> list:
+CHECKED = (0.25, 0.4)  # model-wide levels at which the search's split must beat the uniform one
+
+
+def greedy_allocation(
+    engine, found: Thresholds, ids: list[int], check: list[int], progress: bool = True
+) -> tuple[list, dict]:
     """TEAL's greedy allocation, taken model-wide: from every input dense, raise by STEP the level of
     the input whose step costs the least calibration loss (the log perplexity of `ids`, every row
-    thresholded) per share of the model's weights it skips, until every input is at TOP. Returns the
-    points [model-wide level, {input: level}] (Thresholds.allocation). The engine's products are
-    left thresholded: use it for nothing else."""
+    thresholded) per share of the model's weights it skips, until every input is at TOP. Then the
+    split is checked on other text (`check`) at CHECKED levels against every input at the level: it is
+    kept only where it loses less there, since a search on a few hundred tokens can fit them rather
+    than the model. Returns (the points [model-wide level, {input: level}] for Thresholds.allocation,
+    or [] for the uniform split; the check's losses). The engine's products are left thresholded:
+    use it for nothing else."""
     from tqdm import tqdm
 
     products = threshold_products(engine.ops, engine.weights, engine.ffn, found, 0.0, SparsityRows.ALL)
@@ -147,11 +155,11 @@ def greedy_allocation(engine, found: Thresholds, ids: list[int], progress: bool 
     def wide(levels):
         return sum(levels[r] * params[r] for r in ROLES) / total
 
-    def loss(levels) -> float:
+    def loss(levels, text_ids=ids) -> float:
         at = {r: found.quantiles[r][:, min(round(levels[r] * 100), PERCENTS - 1)] for r in ROLES}
         for layer, role, p in products:
             p.threshold = float(at[role][layer])
-        return float(token_nlls(engine.logits(ids)[:-1], np.asarray(ids[1:])).mean())
+        return float(token_nlls(engine.logits(text_ids)[:-1], np.asarray(text_ids[1:])).mean())
 
     levels = dict.fromkeys(ROLES, 0.0)
     points, now = [[0.0, dict(levels)]], loss(levels)
@@ -170,7 +178,21 @@ def greedy_allocation(engine, found: Thresholds, ids: list[int], progress: bool 
             _, levels, now = best
             points.append([round(wide(levels), 6), dict(levels)])
             bar.update(1)
-    return points
+    searched = Thresholds(found.quantiles, found.store, found.calibration, points)
+    checked = {
+        f"{level:g}": {
+            "searched": loss(searched.role_levels(level), check),
+            "uniform": loss(dict.fromkeys(ROLES, level), check),
+        }
+        for level in CHECKED
+    }
+    return points, checked
+
+
+def search_wins(checked: dict) -> bool:
+    """Whether the searched split lost less than the uniform one on the check's text: a search on a
+    few hundred tokens can fit them rather than the model, so only a split that holds elsewhere is kept."""
+    return sum(c["searched"] for c in checked.values()) < sum(c["uniform"] for c in checked.values())
 
 
 def sparsity_thresholds(
@@ -193,13 +215,19 @@ def sparsity_thresholds(
 
 def measure(engine, corpus: str, tokens: int, context: int, allocate: int, progress: bool = True) -> Thresholds:
     """A dense, resident engine's thresholds on `corpus`: the quantiles over its first `tokens` tokens,
-    then (allocate > 0) the greedy allocation over the `allocate` tokens after them. The engine's
-    products are left thresholded by the search: use it for nothing else."""
+    then (allocate > 0) the greedy allocation over the `allocate` tokens after them, checked on the
+    `allocate` tokens after those. The engine's products are left thresholded by the search: use it
+    for nothing else."""
     text = read_corpus(corpus)
     found = calibrate(engine, text, tokens, context, progress)
     found.calibration["corpus"] = corpus
     if allocate:
-        ids = engine.tokenizer.encode(text)[tokens : tokens + allocate]
-        found.allocation = greedy_allocation(engine, found, ids, progress)
-        found.calibration["allocation_tokens"] = len(ids)
+        ids = engine.tokenizer.encode(text)[tokens : tokens + 2 * allocate]
+        points, checked = greedy_allocation(engine, found, ids[:allocate], ids[allocate:], progress)
+        found.allocation = points if search_wins(checked) else []
+        found.calibration |= {
+            "allocation_tokens": allocate,
+            "allocation": "searched" if found.allocation else "uniform (the search's split lost on the check)",
+            "allocation_check": checked,
+        }
     return found

@@ -3,9 +3,9 @@
 The thresholds (sparse/thresholds.py) give each layer's q|k|v, o, gate|up and down inputs a magnitude
 for the level asked; each of those weights becomes the backend's `Thresholded` (backends/
 thresholded.py), which skips the channels at or below it. The graph is unchanged: it multiplies by
-whatever weight it is handed. Applied at load to a model whose attention is resident, with its FFN resident or sparse
-(ffn="sparse", predictor "gate": the neurons above down's thresholds are the rows read); streamed
-attention layers and other FFN sources are refused, naming what to use instead.
+whatever weight it is handed. Applied at load to a model whose attention is resident, with its FFN
+resident or sparse (ffn="sparse", predictor "gate": the neurons above down's thresholds are the rows
+read); streamed attention layers and other FFN sources are refused, naming what to use instead.
 """
 
 from __future__ import annotations

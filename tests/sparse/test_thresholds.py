@@ -185,12 +185,15 @@ def test_the_sparse_ffn_reads_the_neurons_above_downs_thresholds(calibrated_q4):
 
 
 def test_the_greedy_allocation_rises_to_every_input_at_its_top_and_levels_follow_it(calibrated):
-    from mlx_flash.calibrate.thresholds import TOP, greedy_allocation, role_params
+    from mlx_flash.calibrate.thresholds import TOP, greedy_allocation, role_params, search_wins
 
     store, found, _ = calibrated
     with mlx_flash.load(store, backend="torch", ffn="resident", progress=False) as e:
-        points = greedy_allocation(e, found, list(range(3, 60)), progress=False)
+        points, checked = greedy_allocation(e, found, list(range(3, 60)), list(range(59, 2, -1)), progress=False)
         params = role_params(e.args)
+    assert set(checked) == {"0.25", "0.4"} and all(set(c) == {"searched", "uniform"} for c in checked.values())
+    assert search_wins({"0.4": {"searched": 1.0, "uniform": 2.0}})
+    assert not search_wins({"0.4": {"searched": 2.0, "uniform": 1.0}})
     assert points[0] == [0.0, dict.fromkeys(ROLES, 0.0)] and all(
         v == pytest.approx(TOP) for v in points[-1][1].values()
     )
