@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mlx_flash.host_memory import anonymous_buffer
 from mlx_flash.kernels.qmatmul import StoredMatrix, library
 
 TILE = 256  # outputs the kernel's decode loop holds in registers per group (a thread's last tile narrower)
@@ -84,13 +85,6 @@ def cm_bytes(n_out: int, k_in: int, bits: int, group: int, scale_type: int) -> i
     return size
 
 
-def aligned_buffer(nbytes: int) -> np.ndarray:
-    """`nbytes` of numpy memory starting on a cache line (the kernel's loads are then whole lines)."""
-    raw = np.empty(nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start : start + nbytes]
-
-
 class ChannelMajorMatrix:
     """A stored matrix in the channel-major layout: `matmul(x, threshold)` is x [T, K] (or [K]) times
     it with every channel of a row whose |x| is not above `threshold` taken as zero (negative: all).
@@ -136,12 +130,12 @@ class ChannelMajorMatrix:
     ) -> "ChannelMajorMatrix":
         """`matrix` (rows are outputs; plain or laid out inside a store's bundles) rewritten into a
         buffer from buffer_factory(nbytes) (a writable uint8 numpy array, e.g. a framework's memory;
-        default: numpy memory on a cache line), on `threads` threads."""
+        default: page-aligned anonymous memory), on `threads` threads."""
         if not isinstance(matrix, StoredMatrix) or not matrix.rows_are_outputs:
             raise ValueError("the channel-major layout is made from a StoredMatrix whose rows are outputs")
         n, k, bits, group, st = matrix.n_out, matrix.k_in, matrix.bits, matrix.group, matrix.scale_type
         size = cm_bytes(n, k, bits, group, st)
-        buffer = (buffer_factory or aligned_buffer)(size)
+        buffer = (buffer_factory or anonymous_buffer)(size)  # page-aligned: loads are whole lines
         if not isinstance(buffer, np.ndarray) or not buffer.flags.writeable:
             raise ValueError("buffer_factory must return a writable uint8 numpy array")
         out = cls(buffer, n, k, bits, group, st)

@@ -48,7 +48,7 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
                 f"predictor 'gate' computes; predictor {opts.predictor.value!r} selects otherwise (use 'gate')"
             )
         found = load_thresholds(store, len(lay.layer_offsets), "--precision source-neuron").at(sparsity)["down"]
-        return (*gate_selector(ops, store, module, args, gate_ops, found, progress), None)
+        return (*gate_selector(store, module, args, gate_ops, found, progress), None)
     if opts.predictor is PredictorKind.DENSE:
         return AllActive(lay.n_neurons), 0, None
     if opts.predictor is PredictorKind.STATISTICAL:
@@ -56,16 +56,13 @@ def make_selector(ops, store, opts: FlashOptions, module, args, gate_ops, progre
         return StatisticalSelector(model, lay.block), model.p.nbytes, None
     preds = Predictors.load(store.path, len(lay.layer_offsets), lay.d_model, lay.n_neurons)
     if opts.predictor is PredictorKind.GATE:
-        return (
-            *gate_selector(ops, store, module, args, gate_ops, preds.magnitude_thresholds, progress),
-            preds.activity,
-        )
+        return (*gate_selector(store, module, args, gate_ops, preds.magnitude_thresholds, progress), preds.activity)
     if opts.recall is not None:
         preds.use_recall(opts.recall)
     return LowRankSelector(preds, ops), sum(p.U.nbytes + p.V.nbytes + p.b.nbytes for p in preds.layers), preds.activity
 
 
-def gate_selector(ops, store, module, args, gate_ops, thresholds, progress: bool):
+def gate_selector(store, module, args, gate_ops, thresholds, progress: bool):
     """(the gate predictor over the store's gate|up rows with these per-layer thresholds, bytes it holds)."""
     lay = store.manifest.ffn
     with ReaderPool(threads=2, mode="buffered") as pool:

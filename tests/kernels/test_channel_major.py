@@ -10,7 +10,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from mlx_flash.kernels.channel_major import ChannelMajorMatrix, _lib, aligned_buffer, cm_bytes
+from mlx_flash.host_memory import anonymous_buffer
+from mlx_flash.kernels.channel_major import ChannelMajorMatrix, _lib, cm_bytes
 from mlx_flash.kernels.channel_major_ref import cm_counts, cm_matmul_ref, relayout_ref
 from mlx_flash.kernels.qmatmul import StoredMatrix, float_paths, unpack_codes, use_isa
 
@@ -89,7 +90,7 @@ def test_the_layout_holds_the_outputs_padded_to_64_only():
     for n, padded in ((576, 576), (960, 960), (300, 320), (64, 64), (65, 128)):
         for bits, scale_type, ssize in ((4, 0, 2), (8, 2, 4), (2, 1, 2)):
             size = cm_bytes(n, 256, bits, 64, scale_type)
-            cm = ChannelMajorMatrix(aligned_buffer(size), n, 256, bits, 64, scale_type)
+            cm = ChannelMajorMatrix(anonymous_buffer(size), n, 256, bits, 64, scale_type)
             assert cm.channel_bytes == padded * bits // 8 and cm.group_bytes == 2 * padded * ssize
             assert size == 4 * (64 * cm.channel_bytes + cm.group_bytes)
 
@@ -187,7 +188,7 @@ def test_bad_arguments_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="bits must be 2, 4 or 8"):
         cm_bytes(64, 128, 3, 32, 0)
     with pytest.raises(ValueError, match="buffer of"):
-        ChannelMajorMatrix(aligned_buffer(10), 64, 128, 4, 32, 0)
+        ChannelMajorMatrix(anonymous_buffer(10), 64, 128, 4, 32, 0)
     # the library's own checks, for callers that reach it without the binding
     lib, y = _lib(), np.empty((2, 64), np.float32)
     call = [cm.buffer.ctypes.data, 64, 128, 4, 32, 0, x.ctypes.data, 2, 0.0, y.ctypes.data, 1, None]
