@@ -49,6 +49,11 @@ class MemoryBudgetError(ConfigError):
     names the minimum (or what the limit lacks)."""
 
 
+class DiskError(FlashError):
+    """A file the engine writes or reads could not be: a full or read-only disk, an I/O error, a file
+    where a folder should be. The machine's fault, not the request's: a server answers it 5xx."""
+
+
 class PipelineFault(FlashError):
     """A rank of a model split across ranks died or stalled: the pipeline cannot go on."""
 

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import FlashError
+from ..errors import DiskError
 from ..batching.batch_cache import padded_mask
 from ..models.cache import LayerKV
 from ..store.positional_io import read_all, write_all
@@ -38,7 +38,7 @@ from ..store.positional_io import read_all, write_all
 _F32 = 4
 
 
-class SpillError(FlashError):
+class SpillError(DiskError):
     """The spill folder could not be made or written (full disk, permissions)."""
 
 

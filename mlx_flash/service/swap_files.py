@@ -28,7 +28,7 @@ import zlib
 import numpy as np
 
 from ..durable import write_durably
-from ..errors import FlashError
+from ..errors import DiskError
 from .chunk_pool import ChunkShape
 from .coded_chunks import decode, encode, packed_bytes
 
@@ -42,7 +42,7 @@ RECORD_MAGIC = b"MLXFCTX1"
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
-class SwapError(FlashError):
+class SwapError(DiskError):
     """A swap file could not be written (full disk, permissions): the chunk stays in memory."""
 
 
@@ -71,7 +71,7 @@ class SwapDir:
     def write_record(self, ctx_id: str, record: dict) -> None:
         folder = self.folder(ctx_id)
         os.makedirs(folder, exist_ok=True)
-        write_durably(os.path.join(folder, RECORD), [record_bytes(record)], SwapError)
+        write_durably(os.path.join(folder, RECORD), [record_bytes(record)], SwapError, mode=0o600)
 
     def records(self) -> tuple[dict[str, dict], list[str]]:
         """(id -> record) of every context folder with a readable record, and one line per folder
@@ -137,7 +137,7 @@ class SwapDir:
         ).ljust(HEADER, b"\0")
         pad = bytes(file_bytes(shape, width) - HEADER - payload.nbytes)
         os.makedirs(self.folder(ctx_id), exist_ok=True)
-        write_durably(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad], SwapError)
+        write_durably(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad], SwapError, mode=0o600)
         return crc
 
     def chunk_problem(

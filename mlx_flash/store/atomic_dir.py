@@ -25,12 +25,12 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
-from ..errors import FlashError
+from ..errors import DiskError
 
 PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
 
 
-class OutputError(FlashError):
+class OutputError(DiskError):
     """An output directory could not be written (full disk, permissions)."""
 
 

@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from ..errors import FlashError
+from ..errors import DiskError
 from ..units import fmt
 from .pool_file import open_direct
 from .positional_io import read_all, write_all
@@ -34,7 +34,7 @@ _F32 = 4
 READ_PARTS = 8  # a block file's range is read in this many parts side by side
 
 
-class KVTierError(FlashError):
+class KVTierError(DiskError):
     """The file of a sequence's older KV could not be made, written or read (full disk, permissions)."""
 
 

@@ -9,11 +9,11 @@ import sys
 
 import numpy as np
 
-from ..errors import FlashError
+from ..errors import DiskError
 from .read_plan import BLOCK
 
 
-class ReadError(FlashError):
+class ReadError(DiskError):
     """A read failed: short read, EOF, I/O error, closed file or pool."""
 
 

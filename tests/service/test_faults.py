@@ -454,7 +454,7 @@ def test_full_disk_during_swap_out(torch_engine, tmp_path, reference, monkeypatc
     svc, ctx, err, failed, (kv, slots, free) = _full_disk_swap_out(engine, directory, monkeypatch, fail_at)
     msg = str(err)
     assert isinstance(err, FlashError) and "\n" not in msg
-    assert "No space left on device" in msg
+    assert "the disk is full" in msg
     assert failed and any(p in msg for p in failed), "the message names no file whose write failed"
     if fail_at != "record":  # the chunk file that did not fit, not the record that could not follow it
         assert failed[0].endswith(".kv") and failed[0] in msg, (msg, failed)
@@ -504,7 +504,7 @@ def test_full_disk_during_eviction(torch_engine, tmp_path, reference, monkeypatc
     ctx = svc.new_context(system=system)
     monkeypatch.setattr(durable, "os", FullDisk(0))
     steps = []
-    with pytest.raises(SwapError, match="No space left on device"):
+    with pytest.raises(SwapError, match="the disk is full"):
         for step in svc.call(ctx, user(turns[0]), max_tokens=MAX_TOKENS):
             steps.append(step)
     monkeypatch.undo()
