@@ -10,7 +10,8 @@ A name resolves to a local path, first found first:
 A repository holding GGUF files gives the file of the named quant (every part of a split one); with
 no quant named, the first of DEFAULT_QUANTS it has (said on stderr), or its only GGUF. Any other
 repository is an HF or mlx-community model folder: config.json, weights and tokenizer files.
-A missing or ambiguous name is one line saying what was tried and what exists.
+A missing or ambiguous name is one line saying what was tried and what exists; a cached snapshot's
+link whose blob is gone is named as that (the link, the blob, what to do), not as a file never cached.
 """
 
 from __future__ import annotations
@@ -92,17 +93,32 @@ def _resolve_in(name: str, hub: HubName, files: list[str], progress: bool) -> st
 
 
 def cached_files(repo: str) -> list[str]:
-    """The files of `repo`'s cached snapshot (refs/main, else the newest), relative to it."""
+    """The files of `repo`'s cached snapshot (refs/main, else the newest), relative to it. A link
+    whose blob is gone is listed too: the repository has that file, and fetch() names what is
+    wrong with it rather than calling the repository absent."""
     snap = _snapshot(repo)
     if snap is None:
         return []
     out = []
     for root, _, names in os.walk(snap, followlinks=False):
         for n in names:
-            full = os.path.join(root, n)
-            if os.path.exists(full):  # a link to a blob that is gone is no file
-                out.append(os.path.relpath(full, snap).replace(os.sep, "/"))
+            out.append(os.path.relpath(os.path.join(root, n), snap).replace(os.sep, "/"))
     return sorted(out)
+
+
+def missing_blob(link: str) -> str | None:
+    """The blob a snapshot link points to, when that blob is gone (a cache cleaned by hand, a disk
+    that lost it); None for a file that is there or a name that is not a link."""
+    if not os.path.islink(link) or os.path.exists(link):
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+
+
+def _lost_blob(repo: str, filename: str, snap: str, blob: str, why: str, todo: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"{repo}/{filename}: the cached link {os.path.join(snap, filename)} points to the blob {blob}, which is "
+        f"missing, and {why}; {todo}, or remove the snapshot {snap}"
+    )
 
 
 def _repo_dir(repo: str) -> str:
@@ -190,7 +206,10 @@ def fetch(repo: str, filename: str, progress: bool) -> str:
     snap = _snapshot(repo)
     if snap is not None and os.path.exists(os.path.join(snap, filename)):
         return os.path.join(snap, filename)
+    lost = missing_blob(os.path.join(snap, filename)) if snap is not None else None
     if offline():
+        if lost:
+            raise _lost_blob(repo, filename, snap, lost, "HF_HUB_OFFLINE is set", "unset it to download the file again")
         raise ModelNotFoundError(
             f"{repo}/{filename}: not in the Hugging Face cache ({hub_cache()}), and HF_HUB_OFFLINE is set"
         )
@@ -201,6 +220,10 @@ def fetch(repo: str, filename: str, progress: bool) -> str:
     except FlashError:
         raise
     except Exception as e:  # network errors of every kind: one line, the partial file kept for a resume
+        if lost:
+            raise _lost_blob(
+                repo, filename, snap, lost, f"downloading it again failed ({_why(e)})", "run again when the hub answers"
+            ) from None
         raise ModelNotFoundError(
             f"{repo}/{filename}: the download failed ({_why(e)}); run again to resume it"
         ) from None

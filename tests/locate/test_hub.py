@@ -213,3 +213,54 @@ def test_a_gated_repository_says_to_log_in(hub):
     hub({"org/g": {"m-Q4_0.gguf": b"q4"}}, gated=("org/g",))
     with pytest.raises(ModelNotFoundError, match="org/g: .*the hub is gated \\(log in with `hf auth login`\\)$"):
         resolve("org/g")
+
+
+def _lose_blob(snap: str, name: str) -> str:
+    """Delete the blob the snapshot link `name` points to, as a cache cleaned by hand leaves it; the blob's path."""
+    link = os.path.join(snap, name)
+    blob = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+    os.remove(blob)
+    return blob
+
+
+def test_a_link_to_a_missing_blob_is_named_offline(hf_cache):
+    snap = lay_out(hf_cache, "org/m-GGUF", {"m-Q4_0.gguf": b"q4"})
+    blob = _lose_blob(snap, "m-Q4_0.gguf")
+    for name in ("org/m-GGUF", "org/m-GGUF:Q4_0"):
+        with pytest.raises(ModelNotFoundError) as e:
+            resolve(name, progress=False)
+        assert str(e.value) == (
+            f"org/m-GGUF/m-Q4_0.gguf: the cached link {os.path.join(snap, 'm-Q4_0.gguf')} points to the blob "
+            f"{blob}, which is missing, and HF_HUB_OFFLINE is set; unset it to download the file again, "
+            f"or remove the snapshot {snap}"
+        )
+    folder = lay_out(hf_cache, "org/plain", {"config.json": b"{}", "model.safetensors": b"x"})
+    blob = _lose_blob(folder, "model.safetensors")
+    with pytest.raises(ModelNotFoundError, match=f"org/plain/model.safetensors: .* the blob {blob}, which is missing"):
+        resolve("org/plain")
+
+
+def test_a_link_to_a_missing_blob_is_named_when_the_hub_cannot_be_reached(hf_cache, monkeypatch):
+    snap = lay_out(hf_cache, "org/m-GGUF", {"m-Q4_0.gguf": b"q4"})
+    blob = _lose_blob(snap, "m-Q4_0.gguf")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    with pytest.raises(ModelNotFoundError) as e:
+        resolve("org/m-GGUF", progress=False)
+    said = str(e.value)
+    assert said.startswith(f"org/m-GGUF/m-Q4_0.gguf: the cached link {os.path.join(snap, 'm-Q4_0.gguf')} points")
+    assert f"the blob {blob}, which is missing, and downloading it again failed (" in said
+    assert said.endswith(f"run again when the hub answers, or remove the snapshot {snap}") and "\n" not in said
+
+
+def test_a_link_to_a_missing_blob_is_downloaded_again(hub):
+    """The blob a link names is the file's version (its ETag): fetching that version fills the link."""
+    data = b"q4 bytes"
+    hub({"org/m-GGUF": {"m-Q4_0.gguf": data}})
+    base = os.path.join(os.environ["HF_HUB_CACHE"], "models--org--m-GGUF")
+    link = os.path.join(base, "snapshots", COMMIT, "m-Q4_0.gguf")
+    os.makedirs(os.path.dirname(link))
+    os.symlink(os.path.join("..", "..", "blobs", hashlib.sha256(data).hexdigest()), link)  # its blob gone
+    assert resolve("org/m-GGUF", progress=False) == link
+    with open(link, "rb") as f:
+        assert f.read() == data
