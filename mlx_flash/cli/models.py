@@ -1,15 +1,17 @@
-"""The converted stores in the cache: list them, remove one, prune the old.
+"""The converted stores in the cache: list them, remove one, prune the old and the broken.
 
     python -m mlx_flash.stores list              each store: its source, size on disk, the converter
                                                      version that wrote it, its last use; and the cache
     python -m mlx_flash.stores remove NAME       delete one (its name, or the file it was converted from)
-    python -m mlx_flash.stores prune [--dry-run] delete the stores an older converter wrote and the
-                                                     folders of conversions that died half-way
+    python -m mlx_flash.stores prune [--dry-run] delete the stores an older converter wrote, the broken
+                                                     ones and the folders of conversions that died
+                                                     half-way
     [--cache-dir DIR]                                (default: $MLX_FLASH_CACHE, else ~/.cache/mlx_flash)
     (installed as the console script mlx-flash-models)
 
-A store that a running engine or conversion holds is refused with one line and exit status 1; a
-store the next load needs again is converted again then (from its source).
+A broken store (its manifest.json gone, unreadable or not a store's) is listed as broken with its
+size and why, and counted. A store that a running engine or conversion holds is refused with one
+line and exit status 1; a store the next load needs again is converted again then (from its source).
 """
 
 import argparse
@@ -23,15 +25,27 @@ from ..locate.cached_stores import CachedStore, find, list_stores, prune, remove
 from ..units import fmt
 
 
+PRUNE = (
+    "Delete the stores an older converter wrote, the broken ones (manifest.json gone, unreadable or not a "
+    "store's) and the folders of conversions that died half-way; a store a running engine or conversion "
+    "holds is kept, and said."
+)
+
+
 def _row(s: CachedStore) -> list[str]:
+    if s.broken:
+        return [s.name, f"(broken: {s.broken})", fmt(s.size), "-", _when(s)]
     if s.partial_pid:
         version = "-"
     elif s.converter_version is None:
         version = f"<{CONVERTER_VERSION} (old)"
     else:
         version = f"{s.converter_version}" + (" (old)" if s.outdated else "")
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.last_used)) if s.last_used else "-"
-    return [s.name, s.source, fmt(s.size), version, when]
+    return [s.name, s.source, fmt(s.size), version, _when(s)]
+
+
+def _when(s: CachedStore) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(s.last_used)) if s.last_used else "-"
 
 
 def print_list(cache_dir: str) -> None:
@@ -44,10 +58,10 @@ def print_list(cache_dir: str) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.rjust(w) if i == 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-    old = [s for s in stores if s.outdated or s.dead_partial]
+    old = [s for s in stores if s.outdated or s.broken or s.dead_partial]
     line = f"{len(stores)} stores, {fmt(sum(s.size for s in stores))}"
     if old:
-        line += f"; prune removes {len(old)} ({fmt(sum(s.size for s in old))}): older converter or unfinished"
+        line += f"; prune removes {len(old)} ({fmt(sum(s.size for s in old))}): older converter, broken or unfinished"
     print(line)
 
 
@@ -55,10 +69,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_flash.stores", description=first_paragraph(__doc__))
     p.add_argument("--cache-dir", default=None, help="the cache (default: $MLX_FLASH_CACHE, else ~/.cache/mlx_flash)")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="each store: source, size, converter version, last use")
+    sub.add_parser("list", help="each store: source, size, converter version, last use (a broken one: why)")
     rm = sub.add_parser("remove", help="delete one store")
     rm.add_argument("name", help="the store's name (as list shows it) or the file it was converted from")
-    pr = sub.add_parser("prune", help="delete stores of older converters and unfinished conversions")
+    what = "delete stores of older converters, broken stores and unfinished conversions"
+    pr = sub.add_parser("prune", help=what, description=PRUNE)
     pr.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     a = p.parse_args(argv)
     cache = a.cache_dir or default_cache_dir()

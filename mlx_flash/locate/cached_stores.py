@@ -1,7 +1,9 @@
 """The converted stores in the cache (`<cache>/stores/`): what each was converted from, its size on
 disk, the converter version that wrote it and its last use; removing one, and pruning the stores an
-older converter wrote and the partial directories of conversions that died. A store that a live
-engine or conversion holds (store/in_use.py) is refused with one line, never removed under it.
+older converter wrote, the broken ones and the partial directories of conversions that died. A
+folder there whose manifest is gone, unreadable or not a store's is a broken store: listed with its
+size and why, counted, removable by name, and pruned (no load can open it as it is). A store that
+a live engine or conversion holds (store/in_use.py) is refused with one line, never removed under it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ..convert import CONVERTER_VERSION
 from ..errors import ConfigError, StoreError
 from ..store.atomic_dir import PARTIAL_NAME, process_alive
 from ..store.in_use import conversion_lock_path, in_use_path, try_exclusive
-from ..store.manifest import MANIFEST_NAME
+from ..store.manifest import FORMAT_NAME, MANIFEST_NAME
 
 LOCK_NAME = re.compile(r"^\.(.+)\.(lock|in-use)$")
 
@@ -30,10 +32,11 @@ class CachedStore:
     converter_version: int | None  # None: written before stores recorded it
     last_used: float  # seconds since the epoch
     partial_pid: int = 0  # a conversion's unfinished folder: its writer's process
+    broken: str = ""  # why no load can use it (no manifest, an unreadable one...); "" for a sound store
 
     @property
     def outdated(self) -> bool:
-        return not self.partial_pid and (self.converter_version or 0) < CONVERTER_VERSION
+        return not self.partial_pid and not self.broken and (self.converter_version or 0) < CONVERTER_VERSION
 
     @property
     def dead_partial(self) -> bool:
@@ -55,23 +58,38 @@ def _size(path: str) -> int:
     return total
 
 
-def _describe(path: str, name: str) -> CachedStore:
-    source, version = "?", None
+def _read_manifest(path: str) -> tuple[dict, str]:
+    """The manifest of the store folder `path` as JSON and ""; or {} and why no load can use it.
+    Only what a listing needs: opening the store validates the rest."""
+    mpath = os.path.join(path, MANIFEST_NAME)
     try:
-        with open(os.path.join(path, MANIFEST_NAME), encoding="utf-8") as f:
-            src = json.load(f).get("source") or {}
-        source = str(src.get("file") or src.get("dir") or "?")
-        version = src.get("converter_version")
-        version = version if isinstance(version, int) else None
-    except (OSError, ValueError, AttributeError):
-        pass
+        with open(mpath, encoding="utf-8") as f:
+            m = json.load(f)
+    except FileNotFoundError:
+        return {}, f"no {MANIFEST_NAME}"
+    except OSError as e:
+        return {}, f"{MANIFEST_NAME} cannot be read ({e.strerror})"
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return {}, f"{MANIFEST_NAME} is not valid JSON"
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        return {}, f"{MANIFEST_NAME} is not a store manifest"
+    return m, ""
+
+
+def _describe(path: str, name: str) -> CachedStore:
+    m, broken = _read_manifest(path)
+    src = m.get("source")
+    src = src if isinstance(src, dict) else {}
+    source = "?" if broken else str(src.get("file") or src.get("dir") or "?")
+    version = src.get("converter_version")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else None
     marks = [in_use_path(path), os.path.join(path, MANIFEST_NAME)]
-    last = max((os.stat(m).st_mtime for m in marks if os.path.exists(m)), default=0.0)
-    return CachedStore(name, path, source, _size(path), version, last)
+    last = max((os.stat(mark).st_mtime for mark in marks if os.path.exists(mark)), default=0.0)
+    return CachedStore(name, path, source, _size(path), version, last, broken=broken)
 
 
 def list_stores(cache_dir: str) -> list[CachedStore]:
-    """Every store in the cache and every unfinished conversion's folder, by name."""
+    """Every store in the cache, broken ones too, and every unfinished conversion's folder, by name."""
     folder = stores_dir(cache_dir)
     try:
         names = sorted(os.listdir(folder))
@@ -97,18 +115,19 @@ def list_stores(cache_dir: str) -> list[CachedStore]:
                     int(m.group(2)),
                 )
             )
-        elif os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        else:
             out.append(_describe(path, n))
     return out
 
 
 def find(cache_dir: str, name: str) -> CachedStore:
-    """The finished store called `name`, or the only one converted from a source called `name`."""
+    """The finished store called `name` (a broken one too), or the only sound one converted from a
+    source called `name`."""
     stores = [s for s in list_stores(cache_dir) if not s.partial_pid]
     exact = [s for s in stores if s.name == name]
     if exact:
         return exact[0]
-    by_source = [s for s in stores if s.source == name or os.path.splitext(s.source)[0] == name]
+    by_source = [s for s in stores if not s.broken and name in (s.source, os.path.splitext(s.source)[0])]
     if len(by_source) == 1:
         return by_source[0]
     if by_source:
@@ -161,9 +180,9 @@ def remove(store: CachedStore) -> None:
 
 
 def prune(cache_dir: str, dry_run: bool = False) -> tuple[list[CachedStore], list[str]]:
-    """Remove the stores an older converter wrote and the folders of conversions whose process is
-    gone. Returns (removed, one line per store left and why); with dry_run, what it would remove
-    and keep, touching nothing."""
+    """Remove the stores an older converter wrote, the broken ones and the folders of conversions
+    whose process is gone. Returns (removed, one line per store left and why); with dry_run, what
+    it would remove and keep, touching nothing."""
     removed, kept = [], []
     for s in list_stores(cache_dir):
         if s.partial_pid:
@@ -173,7 +192,7 @@ def prune(cache_dir: str, dry_run: bool = False) -> tuple[list[CachedStore], lis
                 removed.append(s)
             else:
                 kept.append(f"{s.name}: being converted (process {s.partial_pid})")
-        elif s.outdated:
+        elif s.outdated or s.broken:
             if dry_run:
                 why = held_by(s)
                 if why:

@@ -20,6 +20,7 @@ from mlx_flash.locate.cached_stores import find, list_stores, prune, remove
 from mlx_flash.store import open_store
 from mlx_flash.store.atomic_dir import output_lock
 from mlx_flash.store.in_use import hold
+from mlx_flash.units import fmt
 
 
 @pytest.fixture
@@ -160,3 +161,73 @@ def test_cli_as_a_user_runs_it(cache):
         text=True,
     )
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.startswith("error: no store")
+
+
+def _broken_copies(path):
+    """Copies of the store broken as a user meets them: the manifest gone, not JSON, not a store's,
+    unreadable (a folder where the file should be); name -> the reason list_stores gives."""
+    stores = os.path.dirname(path)
+    why = {
+        "gone": "no manifest.json",
+        "garbled": "manifest.json is not valid JSON",
+        "foreign": "manifest.json is not a store manifest",
+        "unreadable": "manifest.json cannot be read (Is a directory)",
+    }
+    for name in why:
+        shutil.copytree(path, os.path.join(stores, name))
+        os.remove(os.path.join(stores, name, "manifest.json"))
+    with open(os.path.join(stores, "garbled", "manifest.json"), "w") as f:
+        f.write('{"format": "mlx_flash.st')
+    with open(os.path.join(stores, "foreign", "manifest.json"), "w") as f:
+        json.dump({"format": "something else"}, f)
+    os.mkdir(os.path.join(stores, "unreadable", "manifest.json"))
+    return why
+
+
+def test_a_broken_store_is_listed_counted_removed_and_pruned(cache, capsys):
+    cache_dir, path = cache
+    why = _broken_copies(path)
+    stores = {s.name: s for s in list_stores(cache_dir)}
+    assert {n: s.broken for n, s in stores.items() if s.broken} == why
+    assert not stores[os.path.basename(path)].broken
+    for name in why:
+        assert stores[name].size == _bytes_on_disk(os.path.join(cache_dir, "stores", name)) > 0
+        assert not stores[name].outdated
+    assert models_main(["--cache-dir", cache_dir, "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("gone ") and "(broken: no manifest.json)" in line for line in out)
+    total = sum(s.size for s in stores.values())
+    assert out[-1].startswith(f"5 stores, {fmt(total)}; prune removes 4 (")
+    assert out[-1].endswith("older converter, broken or unfinished")
+    remove(find(cache_dir, "gone"))
+    assert not os.path.exists(os.path.join(cache_dir, "stores", "gone"))
+    assert models_main(["--cache-dir", cache_dir, "prune", "--dry-run"]) == 0
+    broken = ("foreign", "garbled", "unreadable")
+    assert capsys.readouterr().out.splitlines() == [f"would remove {n} ({fmt(stores[n].size)})" for n in broken] + [
+        f"3 to remove, {fmt(sum(stores[n].size for n in broken))}"
+    ]
+    removed, kept = prune(cache_dir)
+    assert [s.name for s in removed] == list(broken) and kept == []
+    assert [s.path for s in list_stores(cache_dir)] == [path]
+
+
+def test_a_broken_store_an_engine_holds_is_refused(cache):
+    cache_dir, path = cache
+    store = open_store(path)
+    os.remove(os.path.join(path, "manifest.json"))  # (the open store has it read already)
+    [s] = list_stores(cache_dir)
+    assert s.broken == "no manifest.json"
+    with pytest.raises(StoreError, match="a running engine holds it"):
+        remove(find(cache_dir, s.name))
+    assert prune(cache_dir) == ([], [f"{s.name}: a running engine holds it; close that engine first"])
+    assert os.path.isdir(path)
+    del store
+    gc.collect()
+    assert [r.path for r in prune(cache_dir)[0]] == [path] and not os.path.exists(path)
+
+
+def test_prune_help_says_what_it_removes(capsys):
+    with pytest.raises(SystemExit):
+        models_main(["prune", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "older converter" in said and "the broken ones (manifest.json gone" in said and "died half-way" in said
