@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, MemoryBudgetError
 from ..units import fmt
+from ..models.kv_tiers import EVICT_STEP
 from .limit import MemoryLimit
 from .import_cost import ImportKilled, measured_import_cost
 
@@ -120,6 +121,8 @@ class ProcessPlan:
     tier_reads: int = 0  # the read buffers of the tokens on flash
     tier_disk: int = 0  # the file one sequence's KV takes on flash
     tier_bits: int = 0  # the width of the tokens on flash (0: float32, exact)
+    # what the disk under the tiers' folder cut the context to, in words (plan_tiers); "": it did not
+    disk_short: str = ""
 
     @property
     def context(self) -> int:
@@ -141,6 +144,7 @@ class ProcessPlan:
             "kv_context": self.context,
             "kv_read_buffers": self.tier_reads,
             "kv_on_flash": self.tier_disk,
+            "kv_disk_short": self.disk_short,
         }
 
     def line(self, weights: str) -> str:
@@ -175,6 +179,7 @@ def plan_tiers(
     asked: bool = True,
     flash_per_token: float = 0,
     bits: int = 0,
+    folder: str = "",
 ) -> ProcessPlan:
     """`plan` with KV tiers when its KV share holds fewer than `want` tokens: the share keeps a window
     of recent tokens resident (at least MIN_WINDOW beside a prefill chunk), the older ones go to
@@ -182,11 +187,15 @@ def plan_tiers(
     attention buffers over that context come from the weights' share, down to the weights' minimum;
     prefill chunks halve while their attention buffers take more than WORK_SHARE of the limit. What
     does not fit halves the context, until it fits or the share holds it resident (then the plan is
-    unchanged). A context whose file is more than `disk_free` is refused naming both when `asked` (a
-    user's --context), else halves too. `flash_per_token`: the bytes a token takes on flash (and in a
-    read buffer), every layer, when compressed to `bits` (default: float32, as resident)."""
+    unchanged). A context whose file is more than `disk_free` on the disk of `folder` (where the files
+    go) is refused naming both when `asked` (a user's --context); else the context becomes what the
+    disk holds (in whole moves to flash, EVICT_STEP), or what the share holds resident, and the plan
+    says so (`disk_short`, one of its notes): a context cut by a full disk is never a silent one.
+    `flash_per_token`: the bytes a token takes on flash (and in a read buffer), every layer, when
+    compressed to `bits` (default: float32, as resident)."""
     per_tok = kv_bytes_per_token(shape)
     on_flash = flash_per_token or per_tok
+    cut = 0  # the longest context memory holds with tiers, when the disk holds less of it
     while plan.kv_tokens < want:  # the longest context up to `want` whose buffers fit
         reads = int(2 * on_flash / shape.layers * want)  # two buffers of one layer's keys and values
         chunk = plan.prefill_chunk  # halved (as plan_process does) while its attention buffers over `want`
@@ -195,18 +204,24 @@ def plan_tiers(
         work = work_bytes(shape, chunk, want)
         room = plan.limit.bytes - plan.floor - plan.slack - plan.reader_bytes - reads - work - weights_minimum
         resident = max(plan.kv_tokens, chunk + MIN_WINDOW)  # the KV share, or the least window beside a chunk
-        if per_tok * resident <= room and (asked or on_flash * want <= disk_free):
+        if per_tok * resident > room:
+            want //= 2
+            continue
+        if asked or on_flash * want <= disk_free:
             break
-        want //= 2
+        cut = cut or want
+        want = min(want - 1, disk_tokens(disk_free, on_flash))  # as much as the disk holds, if memory does
     else:
-        return plan
+        return (
+            dataclasses.replace(plan, **_cut_by_disk(plan, plan.context, cut, on_flash, disk_free, folder))
+            if cut
+            else plan
+        )
     disk = int(on_flash * want)
     if disk > disk_free:
-        raise ConfigError(
-            f"a context of {want} tokens keeps {fmt(disk)} of KV on flash; the disk has {fmt(disk_free)} free "
-            f"(free some, or lower --context)"
-        )
-    return dataclasses.replace(
+        holds = disk_tokens(disk_free, on_flash)
+        raise ConfigError(f"{disk_words(folder, disk_free, holds, want, disk)}; free some, or lower --context")
+    tiered = dataclasses.replace(
         plan,
         kv_tokens=resident,
         kv_bytes=per_tok * resident,
@@ -224,6 +239,28 @@ def plan_tiers(
             else []
         ),
     )
+    return dataclasses.replace(tiered, **_cut_by_disk(tiered, want, cut, on_flash, disk_free, folder))
+
+
+def disk_tokens(disk_free: int, on_flash: float) -> int:
+    """Tokens a file in `disk_free` bytes holds, in whole moves to flash (a compressed file is sized
+    in blocks of that many tokens)."""
+    return int(disk_free // on_flash) // EVICT_STEP * EVICT_STEP
+
+
+def disk_words(folder: str, free: int, holds: int, wanted: int, needs: int) -> str:
+    """Why the disk limits a context, as a refusal and the plan's note say it."""
+    where = f"the KV tier folder {folder}" if folder else "the disk"
+    return f"{where} has {fmt(free)} free, enough for {holds} tokens (a context of {wanted} needs {fmt(needs)})"
+
+
+def _cut_by_disk(plan: ProcessPlan, context: int, cut: int, on_flash: float, free: int, folder: str) -> dict:
+    """The fields that say a context of `cut` tokens became `context` for want of disk (none when `cut`
+    is 0)."""
+    if not cut:
+        return {}
+    words = disk_words(folder, free, context, cut, int(on_flash * cut))
+    return {"disk_short": words, "notes": plan.notes + [f"context {context} tokens, not {cut}: {words}"]}
 
 
 def check_backend_room(limit: MemoryLimit, backend: str, rss: int, cache_dir: str) -> None:

@@ -178,9 +178,50 @@ def test_tiers_are_left_out_where_the_share_holds_the_context_or_nothing_fits():
 
 def test_a_context_the_disk_cannot_hold_is_refused_naming_both():
     plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
-    with pytest.raises(
-        ConfigError, match=r"context of 4096 tokens keeps 4295\.0 MB of KV on flash; .* 1000\.0 MB free"
-    ):
-        plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB)
-    # the model's context (no --context asked): as long a context as the disk holds
-    assert plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB, asked=False).context == 512
+    with pytest.raises(ConfigError) as e:
+        plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB, folder="/flash/kv")
+    assert str(e.value) == (
+        "the KV tier folder /flash/kv has 1000.0 MB free, enough for 896 tokens (a context of 4096 needs "
+        "4295.0 MB); free some, or lower --context"
+    )
+
+
+def test_without_context_asked_the_plan_holds_what_the_disk_holds_and_says_so():
+    """1000 MB hold 953 tokens of a 7B's 1 MiB each: 896 in whole moves to flash (64 tokens), with the
+    read buffers of that context; the plan names the folder, what is free, what it holds and what the
+    model's context would need, in its line and its account (where the engine's refusal reads it)."""
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    cut = plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=1000 * MB, asked=False, folder="/flash/kv")
+    assert cut.context == 896 and cut.tier_disk == 896 * kv_bytes_per_token(LLAMA_7B) <= 1000 * MB
+    assert cut.tier_reads == 2 * 2 * 32 * 128 * 896 * 4
+    words = "the KV tier folder /flash/kv has 1000.0 MB free, enough for 896 tokens (a context of 4096 needs 4295.0 MB)"
+    assert cut.disk_short == cut.account()["kv_disk_short"] == words
+    assert f"; context 896 tokens, not 4096: {words}" in cut.line("x")
+    # with room on the disk nothing is said
+    whole = plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=10**12, asked=False, folder="/flash/kv")
+    assert whole.context == 4096 and whole.disk_short == "" and "not 4096" not in whole.line("x")
+
+
+def test_a_full_disk_leaves_the_context_memory_holds_and_says_so():
+    """10 MB hold no move to flash: the context is the KV share's, resident, and the plan says why."""
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    cut = plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, disk_free=10 * MB, asked=False, folder="/flash/kv")
+    assert not cut.tier_context and cut.context == plan.kv_tokens < 4096
+    assert cut.weights_budget == plan.weights_budget and cut.kv_bytes == plan.kv_bytes  # the plan as it was
+    assert cut.disk_short == (
+        f"the KV tier folder /flash/kv has 10.0 MB free, enough for {plan.kv_tokens} tokens "
+        "(a context of 4096 needs 4295.0 MB)"
+    )
+    assert f"context {plan.kv_tokens} tokens, not 4096: the KV tier folder /flash/kv" in cut.line("x")
+
+
+def test_a_compressed_file_cut_by_the_disk_fits_it_in_whole_blocks():
+    """4-bit blocks of 64 tokens: the context the disk holds is whole blocks, so the file KVBlockFile
+    reserves (every layer's blocks) is no more than what is free."""
+    plan = plan_process(MemoryLimit(2000 * MB, "given"), 100 * MB, "mlx", LLAMA_7B, 4096, 1000 * MB)
+    fmt = BlockFormat(4, 32, 128, 64)
+    free = 100 * MB + 12345
+    cut = plan_tiers(plan, LLAMA_7B, 4096, 1000 * MB, free, False, fmt.bytes_per_token() * 32, 4, "/flash/kv")
+    assert cut.context % 64 == 0 and 32 * (cut.context // 64) * fmt.nbytes <= free
+    assert 32 * (cut.context // 64 + 1) * fmt.nbytes > free  # and no block fewer than fits
+    assert cut.disk_short.startswith(f"the KV tier folder /flash/kv has 100.0 MB free, enough for {cut.context} ")
