@@ -17,7 +17,9 @@ folder should be. The writes are plain `os` calls so that a test can fail the Nt
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 
 from .errors import DiskError
 from .units import fmt
@@ -94,23 +96,20 @@ def sync_tree(root: str) -> None:
         sync_folder(folder)
 
 
-class DurableFile:
-    """`with DurableFile(path, StoreError) as f: f.write(b)`: on a clean exit the bytes are fsynced
-    and renamed over `path` (its folder fsynced); on an error the temporary is removed and `path` is
-    left as it was. `needed` (bytes, when known) is named if the disk fills."""
+class _Writer:
+    """An open file written front to back with `os.write` (every byte of each call, in one call per
+    chunk however large: no per-element writes); the subclasses say where the bytes land."""
 
     def __init__(self, path: str, error: type[DiskError], mode: int = 0o644, needed: int | None = None):
         self.path, self.error, self.mode, self.needed = path, error, mode, needed
-        self.tmp = f"{path}.tmp-{os.getpid()}"
         self.fd = -1
         self.written = 0
 
-    def __enter__(self) -> DurableFile:
+    def _open(self, target: str) -> None:
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+            self.fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self.mode)
         except OSError as e:
             raise self.error(write_failure(self.path, e, self.needed)) from None
-        return self
 
     def write(self, data) -> int:
         """Write every byte of `data` (bytes-like); returns how many."""
@@ -126,14 +125,69 @@ class DurableFile:
         self.written += total
         return total
 
+    def tell(self) -> int:
+        """Bytes written so far (the offset the next write lands at)."""
+        return self.written
+
+    def pad_to(self, alignment: int) -> None:
+        """Zeros up to the next multiple of `alignment` bytes."""
+        pad = -self.written % alignment
+        if pad:
+            self.write(bytes(pad))
+
+    def _sync_and_close(self) -> None:
+        os.fsync(self.fd)
+        fd, self.fd = self.fd, -1
+        os.close(fd)
+
+    def _abandon(self) -> None:
+        raise NotImplementedError
+
+
+class FolderFile(_Writer):
+    """`with FolderFile(path, OutputError) as f: f.write(b)`: a new file inside a folder that is
+    written whole and then renamed into place (store/atomic_dir.py), so it needs no temporary of its
+    own: its bytes are fsynced on close, and `sync_tree` + the folder's rename make its name durable.
+    On an error the file is removed."""
+
+    def __enter__(self) -> FolderFile:
+        self._open(self.path)
+        return self
+
     def __exit__(self, kind, value, tb) -> None:
         if kind is not None:
             self._abandon()
             return
         try:
-            os.fsync(self.fd)
-            os.close(self.fd)
-            self.fd = -1
+            self._sync_and_close()
+        except OSError as e:
+            self._abandon()
+            raise self.error(write_failure(self.path, e, self.needed)) from None
+
+    def _abandon(self) -> None:
+        _close_and_remove(self.fd, self.path)
+        self.fd = -1
+
+
+class DurableFile(_Writer):
+    """`with DurableFile(path, StoreError) as f: f.write(b)`: on a clean exit the bytes are fsynced
+    and renamed over `path` (its folder fsynced); on an error the temporary is removed and `path` is
+    left as it was. `needed` (bytes, when known) is named if the disk fills."""
+
+    def __init__(self, path: str, error: type[DiskError], mode: int = 0o644, needed: int | None = None):
+        super().__init__(path, error, mode, needed)
+        self.tmp = f"{path}.tmp-{os.getpid()}"
+
+    def __enter__(self) -> DurableFile:
+        self._open(self.tmp)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is not None:
+            self._abandon()
+            return
+        try:
+            self._sync_and_close()
             os.replace(self.tmp, self.path)
             sync_folder(os.path.dirname(os.path.abspath(self.path)))
         except OSError as e:
@@ -141,16 +195,21 @@ class DurableFile:
             raise self.error(write_failure(self.path, e, self.needed)) from None
 
     def _abandon(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = -1
+        _close_and_remove(self.fd, self.tmp)
+        self.fd = -1
+
+
+def _close_and_remove(fd: int, path: str) -> None:
+    """Clean up after a failed write; errors here would only hide the one being raised."""
+    if fd >= 0:
         try:
-            os.unlink(self.tmp)
+            os.close(fd)
         except OSError:
             pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_durably(path: str, parts, error: type[DiskError], mode: int = 0o644) -> None:
@@ -158,3 +217,63 @@ def write_durably(path: str, parts, error: type[DiskError], mode: int = 0o644) -
     with DurableFile(path, error, mode=mode) as f:
         for p in parts:
             f.write(p)
+
+
+def write_new(path: str, parts, error: type[DiskError], mode: int = 0o644) -> None:
+    """Write `parts` (bytes-like) to a new file inside a folder written whole (see FolderFile)."""
+    with FolderFile(path, error, mode=mode) as f:
+        for p in parts:
+            f.write(p)
+
+
+def write_json(path: str, obj, error: type[DiskError], indent: int | None = 1, in_folder: bool = False) -> None:
+    """`obj` as JSON (UTF-8, non-ASCII kept) to `path`: durably, or (`in_folder`) as a FolderFile."""
+    data = json.dumps(obj, indent=indent, ensure_ascii=False).encode()
+    (write_new if in_folder else write_durably)(path, [data], error)
+
+
+COPY_CHUNK = 16 << 20  # bytes per read and write of a copy: few calls, little memory
+
+
+def copy_new(src: str, dst: str, error: type[DiskError]) -> None:
+    """Copy the file `src` to a new file `dst` inside a folder written whole (see FolderFile); a
+    source that cannot be read is the caller's OSError to name."""
+    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with FolderFile(dst, error, needed=os.fstat(fd).st_size) as out:
+            while chunk := os.read(fd, COPY_CHUNK):
+                out.write(chunk)
+    finally:
+        os.close(fd)
+
+
+def replace_folder(tmp: str, out: str, error: type[DiskError]) -> None:
+    """Put the folder `tmp` (written whole) in place as `out`: every file and folder below it fsynced,
+    renamed over `out` (an existing `out` goes to `tmp + ".old"` first and is removed after), the
+    parent fsynced so the rename survives. A failure raises `error` in one line naming `out`."""
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+        sync_tree(tmp)
+        if os.path.exists(out):
+            old = tmp + ".old"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            sync_folder(parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+            sync_folder(parent)
+    except OSError as e:
+        raise error(write_failure(out, e)) from None
+
+
+def move_durably(src: str, dst: str, error: type[DiskError]) -> None:
+    """Rename the file `src` (written and fsynced by the caller) over `dst`, and fsync the folders
+    so the rename survives; a failure raises `error` in one line naming `dst`."""
+    try:
+        os.replace(src, dst)
+        sync_folder(os.path.dirname(os.path.abspath(dst)))
+        if os.path.dirname(os.path.abspath(src)) != os.path.dirname(os.path.abspath(dst)):
+            sync_folder(os.path.dirname(os.path.abspath(src)))
+    except OSError as e:
+        raise error(write_failure(dst, e)) from None

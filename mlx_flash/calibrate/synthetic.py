@@ -14,9 +14,10 @@ import os
 import numpy as np
 
 from ..errors import ConfigError
-from ..store.atomic_dir import atomic_dir
+from ..durable import FolderFile, write_new
+from ..store.atomic_dir import OutputError, atomic_dir
 from ..store.bundles import plan_fields
-from ..store.manifest import ALIGNMENT, FFN_FILE, RESIDENT_FILE, FFNLayout, Manifest
+from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest
 from ..sparse.statistical import StatisticalActivity  # noqa: F401  (the model these stores are driven by)
 from ..store.safetensors_io import safetensors_layout
 
@@ -175,7 +176,7 @@ def make_synthetic_store(
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"synthetic {shape}", disable=not progress) as bar:
             head, tensors = safetensors_layout({n: (shp, "float16") for n, shp in resident.items()}, RESIDENT_FILE)
             digest = hashlib.sha256()
-            with open(os.path.join(tmp, RESIDENT_FILE), "wb") as fh:
+            with FolderFile(os.path.join(tmp, RESIDENT_FILE), OutputError) as fh:  # (atomic_dir's folder)
                 _put(fh, head, digest)
                 for n in sorted(resident):
                     if n.endswith("norm.weight"):  # norms of ones keep activations in range
@@ -189,7 +190,7 @@ def make_synthetic_store(
             }
             digest = hashlib.sha256()
             offsets = []
-            with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
+            with FolderFile(os.path.join(tmp, FFN_FILE), OutputError) as fh:
                 for _ in range(L):
                     _put(fh, b"\0" * (-fh.tell() % ALIGNMENT), digest)
                     offsets.append(fh.tell())
@@ -216,6 +217,5 @@ def make_synthetic_store(
             files=files,
             source={"synthetic": shape, "seed": seed, "note": "random weights; results are synthetic"},
         )
-        with open(os.path.join(tmp, "manifest.json"), "w") as fh:
-            fh.write(m.to_json())
+        write_new(os.path.join(tmp, MANIFEST_NAME), [m.to_json().encode()], OutputError)
     return out_dir

@@ -42,11 +42,14 @@ from pathlib import Path
 import numpy as np
 
 from ..config import default_cache_dir
+from ..durable import DurableFile, write_failure
 from ..errors import ConfigError
+from ..store.atomic_dir import OutputError
 from .synthetic import QK_NORM_TYPES, SHAPES
 from ..convert.gguf_quantize import _pack_scales_k4
 from ..convert.gguf_tokenizer import tokenizer_fields as fields_of
 from ..default_model import default_model_path
+from ..units import fmt
 
 # quant name -> (GGML block type, llama.cpp file type), both as their gguf-py enum names. Q4_K_M is a
 # mix, as llama.cpp's quantizer makes it (tensor_type): Q4_K, with Q6_K for the output matrix and for
@@ -302,9 +305,9 @@ def write_synthetic_gguf(
     when `tokenizer` is its path (or the fields `tokenizer_fields` read from one, to read them once
     for several files): every `tokenizer.*` field is copied, and the shape's vocab_size is replaced
     by the tokenizer's token count (a Llama-2-7B shape here has 49152 embedding rows, not 32000).
-    The file is written under a `.partial` name and renamed when complete; one chunk of blocks is
+    The file is written durably (durable.DurableFile: a temporary renamed when complete); one chunk of blocks is
     in memory at a time. Refused with a ConfigError for an unknown shape or quant, a shape with no
-    GGUF architecture here (see `shape_config`), or too little free disk space."""
+    GGUF architecture here (see `shape_config`), or (an OutputError) too little free disk space."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
     from tqdm import tqdm
 
@@ -333,12 +336,12 @@ def write_synthetic_gguf(
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{path}: cannot create its directory ({e.strerror})") from None
+        raise OutputError(write_failure(folder, e)) from None
     total = sum(nbytes)
     need = total + len(plan) * 32 + (8 << 20)  # alignment and metadata (the vocabulary is ~2 MB)
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise ConfigError(f"{path}: needs about {need / 1e9:.2f} GB, only {free / 1e9:.2f} GB free")
+        raise OutputError(f"{path}: the disk is full (needs {fmt(need)}, {fmt(free)} free)")
 
     w = GGUFWriter(None, ARCHS[cfg["model_type"]])
     _add_metadata(w, cfg, shape, quant, seed, tok)
@@ -356,13 +359,21 @@ def write_synthetic_gguf(
             w.add_tensor_info(name, shp, np.dtype(np.float32), n)
 
     rng = np.random.default_rng(seed)
-    tmp = path + ".partial"
+    # gguf-py renders the header (metadata and tensor infos, small) into a file of its own; its bytes
+    # then open the durable file the tensors are written to (os.write, fsync, rename)
+    head = path + ".head"
     try:
-        w.write_header_to_file(Path(tmp))
+        w.write_header_to_file(Path(head))
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        fh = w.fout[0]
-        w.write_padding(fh, fh.tell())
+    finally:
+        w.close()
+    with open(head, "rb") as f:
+        header = f.read()
+    os.unlink(head)
+    with DurableFile(path, OutputError, needed=need) as fh:
+        fh.write(header)
+        fh.pad_to(w.data_alignment)
         start = fh.tell()
         offset = 0
         with tqdm(
@@ -381,13 +392,6 @@ def write_synthetic_gguf(
                 else:  # a router or a norm
                     fh.write(_float_tensor(rng, kind, shp).tobytes())
                     bar.update(n)
-                w.write_padding(fh, n)
+                fh.pad_to(w.data_alignment)  # (every tensor starts aligned, so this pads n)
                 offset += GGUFWriter.ggml_pad(n, w.data_alignment)
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return path

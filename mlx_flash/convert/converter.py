@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from ..durable import FolderFile, write_new
 from ..errors import ConfigError, ModelFileError
 from ..models import model_module
 from ..progress import byte_bar, step
@@ -30,7 +31,7 @@ from ..quant_spec import BLOCKS, QuantSpec
 from ..choices import PRECISIONS
 from ..store.bundles import pack_layer, plan_fields
 from ..store.manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, FFNLayout, Manifest, sha256_file
-from ..store.atomic_dir import atomic_dir, output_lock
+from ..store.atomic_dir import OutputError, atomic_dir, output_lock
 from ..store.safetensors_io import write_safetensors
 from ..store.store import is_store
 from .source_model import SourceModel
@@ -92,11 +93,9 @@ def convert(
             src = read_source(source)
         with atomic_dir(out_dir, progress, locked=True) as tmp:
             manifest = _write_store(src, tmp, precision, group_size, down_bits, progress)
-            with open(os.path.join(tmp, MANIFEST_NAME + ".tmp"), "w") as fh:
-                fh.write(manifest.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(os.path.join(tmp, MANIFEST_NAME + ".tmp"), os.path.join(tmp, MANIFEST_NAME))
+            # last, inside the folder: a store is a store once its manifest is there (atomic_dir
+            # then fsyncs every file and renames the folder into place)
+            write_new(os.path.join(tmp, MANIFEST_NAME), [manifest.to_json().encode()], OutputError)
     return out_dir
 
 
@@ -138,7 +137,7 @@ def _write_store(
     layer_offsets, fields, bundle_bytes, ffn_quant, block, layer_quant = [], None, 0, None, 1, []
     d_model = cfg["hidden_size"]
     widths = _block_widths(src, mod, cfg, precision)
-    with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
+    with FolderFile(os.path.join(tmp, FFN_FILE), OutputError) as fh:
         for layer in tqdm(range(n_layers), desc="bundling FFN layers", disable=not progress, unit="layer"):
             parts, lq, blk = _layer_parts(src, _ffn_groups(mod, cfg, layer), precision, group_size, down_bits)
             parts = [_padded(p, widths) for p in parts]
@@ -149,13 +148,12 @@ def _write_store(
             elif [(p[0], list(p[1].shape[1:]), p[2]) for p in parts] != [(f.name, f.shape, f.dtype) for f in fields]:
                 raise ModelFileError(f"{src.name}: FFN of layer {layer} differs in shape or type from layer 0")
             packed = pack_layer(fields, bundle_bytes, {p[0]: p[1] for p in parts})
-            pad = -fh.tell() % ALIGNMENT
-            fh.write(b"\0" * pad)
+            fh.pad_to(ALIGNMENT)
             layer_offsets.append(fh.tell())
             fh.write(memoryview(packed.reshape(-1)))
             del parts, packed
             _release()
-        fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+        fh.pad_to(ALIGNMENT)
     n_neurons = cfg["intermediate_size"]
     ffn = FFNLayout(
         file=FFN_FILE,

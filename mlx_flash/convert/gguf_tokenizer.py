@@ -16,10 +16,11 @@ installed; without it they are refused with the install line.
 
 from __future__ import annotations
 
-import json
 import os
 
+from ..durable import write_json, write_new
 from ..errors import ModelFileError
+from ..store.atomic_dir import OutputError
 from .gguf_header import GGUFField, read_gguf_header
 from .gguf_sentencepiece import BUILT as SENTENCEPIECE_BUILT
 from .gguf_sentencepiece import sentencepiece_bpe
@@ -231,7 +232,7 @@ def save_through_transformers(path: str, out_dir: str, why: str, directory: str,
         tok = AutoTokenizer.from_pretrained(directory, **load_kwargs)
     except Exception as e:  # transformers raises many types for odd vocabularies
         raise ModelFileError(f"{path}: cannot build its tokenizer through transformers ({e})") from None
-    tok.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)  # (library files in a folder written whole: sync_tree makes them durable)
 
 
 def builds_without_transformers(kind: str, arch: str) -> bool:
@@ -270,6 +271,6 @@ def save_gguf_tokenizer(path: str, out_dir: str) -> None:
             path, out_dir, _why(kind, arch), os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
         )
         return
-    tok.save(os.path.join(out_dir, "tokenizer.json"))
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
-        json.dump(tokenizer_config(meta), fh, indent=2, ensure_ascii=False)
+    # (into the folder of a store or model directory being written whole: FolderFile's)
+    write_new(os.path.join(out_dir, "tokenizer.json"), [tok.to_str(pretty=True).encode()], OutputError)
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config(meta), OutputError, 2, in_folder=True)

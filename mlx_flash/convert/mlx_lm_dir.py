@@ -20,12 +20,13 @@ Only mlx is needed (imported when used); mlx-lm itself runs elsewhere, in its ow
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import tempfile
 
+from ..durable import replace_folder, write_json
 from ..errors import ModelFileError
+from ..store.atomic_dir import OutputError
 from .gguf_tokenizer import save_gguf_tokenizer
 
 PEER_FORMAT = 1  # bump when the model directory written here changes: it is part of the cache key
@@ -137,9 +138,9 @@ def build_peer_dir(gguf: str, cache_dir: str, dtype: str) -> str:
     config = peer_config(meta, set(tensors), quant, gguf)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(out))
+    # mlx writes the weights itself; replace_folder fsyncs them with the rest before the rename
     mx.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
     save_gguf_tokenizer(gguf, tmp)
-    with open(os.path.join(tmp, "config.json"), "w") as fh:
-        json.dump(config, fh, indent=1)
-    os.replace(tmp, out)
+    write_json(os.path.join(tmp, "config.json"), config, OutputError, in_folder=True)
+    replace_folder(tmp, out, OutputError)
     return out

@@ -15,11 +15,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 
+from ..durable import copy_new
 from ..errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..models import model_module
 from ..quant_spec import QuantSpec
+from ..store.atomic_dir import OutputError
 from .gguf_source import read_gguf
 from .gguf_tokenizer import save_through_transformers
 from .source_model import SourceModel
@@ -94,7 +95,7 @@ def read_hf_dir(path: str) -> SourceModel:
         for name in TOKENIZER_FILES:
             src = os.path.join(path, name)
             if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(out_dir, name))
+                copy_new(src, os.path.join(out_dir, name), OutputError)  # (into the store's folder)
                 found = found or name.startswith("tokenizer")
         if not found:
             raise ModelFileError(f"{path}: no tokenizer files (tokenizer.json or tokenizer.model)")

@@ -10,12 +10,12 @@ Around it:
 - partial directories of writers that died (SIGKILL, power loss: their PID is gone) are removed
   when the next writer starts in the same folder; SIGTERM is turned into an exit that removes this
   writer's own partial directory first;
-- a write that fails (full disk, no permission) is one line naming the path.
+- a write that fails (full disk, no permission) is one line naming the path (durable.write_failure);
+- the finished folder is made durable before and after its rename (durable.replace_folder).
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import re
@@ -25,6 +25,7 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
+from ..durable import replace_folder, write_failure
 from ..errors import DiskError
 
 PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
@@ -67,13 +68,13 @@ def output_lock(out_dir: str, progress: bool = True):
     try:
         os.makedirs(parent, exist_ok=True)  # the lock lives beside the output: its folder comes first
     except OSError as e:
-        raise OutputError(f"{parent}: cannot create it ({e.strerror})") from None
+        raise OutputError(write_failure(parent, e)) from None
     path = os.path.join(parent, f".{os.path.basename(out_dir)}.lock")
     while True:
-        try:
+        try:  # (not durable: a lock holds no data, only the holder's pid for the waiting message)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise OutputError(f"{out_dir}: cannot create its lock ({e.strerror})") from None
+            raise OutputError(write_failure(path, e)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -127,7 +128,7 @@ def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as e:
-        raise OutputError(f"{parent}: cannot create it ({e.strerror})") from None
+        raise OutputError(write_failure(parent, e)) from None
     with nullcontext() if locked else output_lock(out_dir, progress), _terminate_as_exit():
         remove_dead_partials(parent)
         tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
@@ -135,17 +136,12 @@ def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
         try:
             os.makedirs(tmp)
             yield tmp
-            if os.path.exists(out_dir):
-                old = tmp + ".old"
-                os.replace(out_dir, old)
-                os.replace(tmp, out_dir)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, out_dir)
+            # every file of tmp fsynced, then the rename, then the parent: a power loss leaves the
+            # old folder or the whole new one under out_dir, never one with holes
+            replace_folder(tmp, out_dir, OutputError)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise OutputError(f"{e.filename or out_dir}: {what}") from None
+            raise OutputError(write_failure(e.filename or out_dir, e)) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -9,6 +9,8 @@ import struct
 
 import numpy as np
 
+from ..durable import FolderFile
+from .atomic_dir import OutputError
 from .manifest import DTYPE_SIZES, TensorEntry
 
 _ST_DTYPES = {
@@ -79,12 +81,12 @@ def write_safetensors(
     memory at a time; `adjacent`: runs of names written back to back (file_order). Returns the
     manifest entries."""
     head, entries = safetensors_layout(specs, file_name, adjacent)
-    with open(path, "wb") as fh:
+    with FolderFile(path, OutputError) as fh:  # (inside a store's folder, written whole: atomic_dir)
         fh.write(head)
         for name in file_order(specs, adjacent):
             data = np.ascontiguousarray(produce(name))
             if data.nbytes != entries[name].nbytes:
                 raise ValueError(f"{name}: {data.nbytes} bytes produced for a {entries[name].nbytes}-byte tensor")
-            fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+            fh.write(data.reshape(-1).view(np.uint8))
             del data
     return entries

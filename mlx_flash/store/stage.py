@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 
-from .atomic_dir import atomic_dir, output_lock
+from ..durable import FolderFile, copy_new, write_new
+from .atomic_dir import OutputError, atomic_dir, output_lock
 from .manifest import ALIGNMENT, FFN_FILE, MANIFEST_NAME, RESIDENT_FILE, Manifest, sha256_file
 from .safetensors_io import tensor_layer, write_safetensors
 from .store import Store, is_store
@@ -67,7 +67,7 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False,
             offsets = _write_ffn(store, layers, tmp)
             for name in sorted(os.listdir(store.path)):  # the tokenizer's files
                 if name not in (RESIDENT_FILE, FFN_FILE, MANIFEST_NAME) and os.path.isfile(store.file_path(name)):
-                    shutil.copyfile(store.file_path(name), os.path.join(tmp, name))
+                    copy_new(store.file_path(name), os.path.join(tmp, name), OutputError)
             ffn = dataclasses.replace(
                 m.ffn, layer_offsets=offsets, layer_quant=m.ffn.layer_quant[layers.start : layers.stop]
             )
@@ -88,8 +88,7 @@ def cut_stage(store: Store, layers: range, out_dir: str, progress: bool = False,
             manifest = Manifest(
                 config=stage_config(m.config, layers), tensors=entries, quant=quant, ffn=ffn, files=files, source=source
             )
-            with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
-                fh.write(manifest.to_json())
+            write_new(os.path.join(tmp, MANIFEST_NAME), [manifest.to_json().encode()], OutputError)
     return out_dir
 
 
@@ -114,10 +113,10 @@ def _write_ffn(store: Store, layers: range, tmp: str) -> list[int]:
     """The stage's FFN layers, each at an ALIGNMENT boundary as the converter places them."""
     lay = store.manifest.ffn
     offsets = []
-    with open(os.path.join(tmp, FFN_FILE), "wb") as fh:
+    with FolderFile(os.path.join(tmp, FFN_FILE), OutputError) as fh:
         for i in layers:
-            fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+            fh.pad_to(ALIGNMENT)
             offsets.append(fh.tell())
-            fh.write(memoryview(store.read_bytes(lay.file, lay.layer_offsets[i], lay.layer_nbytes)))
-        fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+            fh.write(store.read_bytes(lay.file, lay.layer_offsets[i], lay.layer_nbytes))
+        fh.pad_to(ALIGNMENT)
     return offsets

@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from mlx_flash.calibrate import synthetic, synthetic_gguf
 from mlx_flash.errors import ConfigError
+from mlx_flash.store.atomic_dir import OutputError
 
 VOCAB = 49152  # the default model's tokenizer
 
@@ -163,7 +164,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, small_shape, tokenizer, monk
     with pytest.raises(ConfigError, match="dense layers between"):
         synthetic_gguf.write_synthetic_gguf(out, "dense-between", progress=False)
     monkeypatch.setattr(synthetic_gguf.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
-    with pytest.raises(ConfigError, match="GB free"):
+    with pytest.raises(OutputError, match=r"the disk is full \(needs .* MB, 0.0 MB free\)"):
         synthetic_gguf.write_synthetic_gguf(out, small_shape, progress=False, tokenizer=tokenizer)
     assert not list(tmp_path.iterdir())  # nothing written, not even a partial file
 
