@@ -19,11 +19,13 @@ array is touched (the read buffers are numpy views of memory the backend allocat
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
 import numpy as np
 
+from ..durable import file_in_the_way, write_failure
 from ..errors import DiskError
 from ..units import fmt
 from .pool_file import open_direct
@@ -78,7 +80,7 @@ class KVTierFile(_NamelessFile):
                 try:
                     self.bytes_written += write_all(self.fd, data, self._at(layer, which, h, start))
                 except OSError as e:
-                    raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
+                    raise KVTierError(f"KV on flash: {write_failure(self.where, e)}") from None
 
     def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> None:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
@@ -117,7 +119,7 @@ class KVBlockFile(_NamelessFile):
             at = (layer * self.blocks + first) * self.block_bytes
             self.bytes_written += write_all(self.fd, memoryview(np.ascontiguousarray(data)).cast("B"), at)
         except OSError as e:
-            raise KVTierError(f"KV on flash under {self.where}: cannot write it ({e.strerror})") from None
+            raise KVTierError(f"KV on flash: {write_failure(self.where, e)}") from None
 
     def read_blocks(self, layer: int, start: int, n: int, out: np.ndarray, pool=None) -> int:
         """Tokens [start, n) of one layer (whole blocks) into the same blocks of `out` (uint8 [blocks >=
@@ -133,22 +135,40 @@ class KVBlockFile(_NamelessFile):
         return _read_jobs(self, jobs, pool, n)
 
 
+def check_tier_folder(folder: str) -> None:
+    """Refuse `folder` (KVTierError, one line) where no file could be made in it: it or a folder above
+    it is a file, or its disk is read-only, or this user may not write there. Asked at load, so a plan
+    with KV tiers is refused then, not at the first prompt long enough to reach flash."""
+    blocker = file_in_the_way(os.path.join(folder, "kv.tier"))  # the folder itself counts
+    cause = errno.ENOTDIR if blocker else None
+    if cause is None:
+        existing = os.path.abspath(folder)
+        while not os.path.exists(existing):  # where makedirs would start
+            existing = os.path.dirname(existing)
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            cause = errno.EROFS
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            cause = errno.EACCES
+    if cause is not None:
+        raise KVTierError(f"KV on flash: {write_failure(folder, OSError(cause, os.strerror(cause)))}")
+
+
 def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, int | None, str]:
     """A nameless file of `nbytes` reserved under `folder`: (descriptor, a descriptor of it that
-    bypasses the page cache or None, folder)."""
+    bypasses the page cache or None, folder). A failure names the tokens and bytes, and the cause as
+    durable.write_failure says it (a full disk with what is free, a read-only one, a file in the way)."""
+    said = f"KV on flash for {capacity} tokens ({fmt(nbytes)})"
     try:
         os.makedirs(folder, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="kv-", suffix=".tier", dir=folder)
     except OSError as e:
-        raise KVTierError(f"KV on flash under {folder}: cannot create a file there ({e.strerror})") from None
+        raise KVTierError(f"{said}: {write_failure(folder, e)}") from None
     try:
         os.posix_fallocate(fd, 0, nbytes)
         direct = open_direct(path) if nbytes >= BLOCK else None  # (its probe reads a block)
     except OSError as e:
         os.close(fd)
-        raise KVTierError(
-            f"KV on flash under {folder}: cannot reserve {fmt(nbytes)} for {capacity} tokens ({e.strerror})"
-        ) from None
+        raise KVTierError(f"{said}: {write_failure(folder, e)}") from None
     finally:
         os.unlink(path)  # nameless from here: the kernel frees it when the process lets both descriptors go
     return fd, direct, folder

@@ -3,10 +3,14 @@ bit for bit in the read buffers' layout, nothing named on disk while it is held,
 reserved at the start (a disk that cannot hold it is one line naming the bytes), writes outside it
 refused."""
 
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
-from mlx_flash.store.kv_tier_file import KVBlockFile, KVTierError, KVTierFile
+from mlx_flash.store.kv_tier_file import KVBlockFile, KVTierError, KVTierFile, check_tier_folder
 
 
 def test_steps_written_read_back_in_the_read_buffers_layout(tmp_path):
@@ -26,10 +30,73 @@ def test_steps_written_read_back_in_the_read_buffers_layout(tmp_path):
     f.close()
 
 
-def test_a_disk_that_cannot_hold_it_is_said_at_the_start(tmp_path):
-    with pytest.raises(KVTierError, match=r"cannot reserve [0-9.]+ [A-Z]B for 1125899906842624 tokens") as e:
+def test_a_file_no_disk_could_hold_is_said_at_the_start(tmp_path):
+    with pytest.raises(KVTierError, match=r"^KV on flash for 1125899906842624 tokens \([0-9.]+ MB\): ") as e:
         KVTierFile(str(tmp_path), layers=1, kv_heads=1, head_dim=256, capacity=2**50)
     assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Factory: a folder on a tmpfs of 1 MB (read-only with ro=True), unmounted after the test; skipped
+    where this process may not mount one (not root, or no mount)."""
+    mounted = []
+
+    def make(ro: bool = False) -> str:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a small disk needs root and mount(8)")
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        opts = "size=1m" + (",ro" if ro else "")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(str(where))
+        return str(where)
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", where], check=True)
+
+
+def test_a_full_disk_is_named_with_the_bytes_needed_and_free(small_disk):
+    """2 MB of KV on a 1 MB disk: one line naming the tokens, the bytes, the folder, that the disk is
+    full and what is free; nothing left behind."""
+    folder = os.path.join(small_disk(), "kv")
+    with pytest.raises(KVTierError) as e:
+        KVTierFile(folder, layers=2, kv_heads=2, head_dim=64, capacity=1024)
+    assert str(e.value) == f"KV on flash for 1024 tokens (2.1 MB): {folder}: the disk is full (1.0 MB free)"
+    assert os.listdir(folder) == []
+
+
+def test_a_read_only_disk_is_named_at_load_and_when_the_file_is_made(small_disk):
+    folder = os.path.join(small_disk(ro=True), "kv")
+    with pytest.raises(KVTierError) as e:
+        check_tier_folder(folder)
+    assert str(e.value) == f"KV on flash: {folder}: the disk is read-only"
+    with pytest.raises(KVTierError) as e:
+        KVTierFile(folder, layers=1, kv_heads=1, head_dim=64, capacity=1000)
+    assert str(e.value) == f"KV on flash for 1000 tokens (0.5 MB): {folder}: the disk is read-only"
+
+
+@pytest.mark.parametrize("blocked", ["kv", "cache"])
+def test_a_file_where_the_folder_should_be_is_named_at_load_and_when_the_file_is_made(tmp_path, blocked):
+    """The folder itself a plain file, or a folder above it: each names the file in the way."""
+    folder = str(tmp_path / "cache" / "kv")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kv").write_text("not a folder")
+    if blocked == "cache":
+        os.remove(folder)
+        os.rmdir(tmp_path / "cache")
+        (tmp_path / "cache").write_text("not a folder")
+    blocker = str(tmp_path / blocked) if blocked == "cache" else folder
+    with pytest.raises(KVTierError) as e:
+        check_tier_folder(folder)
+    assert str(e.value) == f"KV on flash: {folder}: {blocker} is a file, not a folder"
+    with pytest.raises(KVTierError) as e:
+        KVTierFile(folder, layers=1, kv_heads=1, head_dim=64, capacity=1000)
+    assert str(e.value) == f"KV on flash for 1000 tokens (0.5 MB): {folder}: {blocker} is a file, not a folder"
+    check_tier_folder(str(tmp_path / "elsewhere" / "kv"))  # a folder still to be made is fine
 
 
 def test_writes_outside_the_file_are_refused(tmp_path):
