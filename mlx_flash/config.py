@@ -142,7 +142,9 @@ class EngineConfig:
         flag="--verify",
     )
     cache_dir: str = option(
-        "", "where converted stores and the disk profile live (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)"
+        "",
+        "where converted stores, the disk profile and a long context's older KV (KV tiers, in its kv folder) "
+        "live (default: $MLX_FLASH_CACHE or ~/.cache/mlx_flash)",
     )
     flash: FlashOptions = option(None, "LLM-in-a-flash options", kind=FlashOptions, factory=FlashOptions)
     experts: ExpertOptions = option(None, "expert-cache options", kind=ExpertOptions, factory=ExpertOptions)

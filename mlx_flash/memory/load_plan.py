@@ -9,15 +9,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 from dataclasses import dataclass
 
 from ..budget import weights_budget
 from ..config import EngineConfig, FFNMode, default_cache_dir
+from ..durable import free_bytes
 from ..errors import MemoryBudgetError
 from ..models.kv_coded_blocks import BlockFormat
 from ..models.kv_tiers import EVICT_STEP, TierPlan
-from ..store.kv_tier_file import KVBlockFile, KVTierFile
+from ..store.kv_tier_file import KVBlockFile, KVTierFile, check_tier_folder
 from ..store.sizes import expert_bytes, model_bytes
 from ..store.stream_pool import stream_pools_bytes
 from .available import process_rss
@@ -76,8 +76,10 @@ def plan_load(
 def _plan_with_tiers(cfg: EngineConfig, in_place_kernel: bool, planned, shape, context_limit: int, least: int):
     """(the process plan, the KV tiers it gives one sequence or None): with kv_on_flash on a backend
     whose kernels read KV in place, a context the KV share cannot hold resident (the model's, or
-    --context) keeps its older tokens on flash (process_plan.plan_tiers) where the read buffers fit;
-    an explicit context that fits neither way is refused as without tiers."""
+    --context) keeps its older tokens on flash (process_plan.plan_tiers) where the read buffers fit
+    and the disk of the tier folder holds them (else the context is cut, and the plan says so); an
+    explicit context that fits neither way is refused as without tiers, and so is a tier folder no
+    file can be made in (a plain file, a read-only disk)."""
     usable = cfg.kv_on_flash and in_place_kernel
     coded = BlockFormat(cfg.kv_flash_bits, shape.kv_heads, shape.head_dim, EVICT_STEP) if cfg.kv_flash_bits else None
     on_flash = coded.bytes_per_token() * shape.layers if coded else 0
@@ -87,17 +89,20 @@ def _plan_with_tiers(cfg: EngineConfig, in_place_kernel: bool, planned, shape, c
     except MemoryBudgetError:
         if not (usable and cfg.context):
             raise
-        plan = plan_tiers(planned(0), shape, cfg.context, least, _disk_free(folder), True, on_flash, cfg.kv_flash_bits)
+        plan = plan_tiers(
+            planned(0), shape, cfg.context, least, _disk_free(folder), True, on_flash, cfg.kv_flash_bits, folder
+        )
         if not plan.tier_context:
             raise
     else:
         if usable:
             want = cfg.context or context_limit
             plan = plan_tiers(
-                plan, shape, want, least, _disk_free(folder), bool(cfg.context), on_flash, cfg.kv_flash_bits
+                plan, shape, want, least, _disk_free(folder), bool(cfg.context), on_flash, cfg.kv_flash_bits, folder
             )
     if not plan.tier_context:
         return plan, None
+    check_tier_folder(folder)  # a folder no file can be made in is refused now, not at the first long prompt
     L, H, D, n = shape.layers, shape.kv_heads, shape.head_dim, plan.tier_context
     return plan, TierPlan(
         window=plan.kv_tokens - plan.prefill_chunk,
@@ -121,7 +126,5 @@ def _tier_folder(cfg: EngineConfig) -> str:
 
 
 def _disk_free(folder: str) -> int:
-    """Free bytes on the disk `folder` is (or would be) on."""
-    while not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    return shutil.disk_usage(folder).free
+    """Bytes a file may still take on the disk `folder` is (or would be) on (0: it cannot be asked)."""
+    return free_bytes(folder) or 0
