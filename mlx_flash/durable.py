@@ -105,9 +105,9 @@ class _Writer:
         self.fd = -1
         self.written = 0
 
-    def _open(self, target: str) -> None:
+    def _open(self, target: str, how: int = os.O_TRUNC) -> None:
         try:
-            self.fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self.mode)
+            self.fd = os.open(target, os.O_WRONLY | os.O_CREAT | how | os.O_CLOEXEC, self.mode)
         except OSError as e:
             raise self.error(write_failure(self.path, e, self.needed)) from None
 
@@ -128,6 +128,26 @@ class _Writer:
     def tell(self) -> int:
         """Bytes written so far (the offset the next write lands at)."""
         return self.written
+
+    def write_at(self, data, offset: int) -> None:
+        """Write every byte of `data` at `offset` (os.pwrite; the sequential position is left)."""
+        view = memoryview(data).cast("B")
+        try:
+            while view.nbytes:
+                n = os.pwrite(self.fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as e:
+            self._abandon()
+            raise self.error(write_failure(self.path, e, self.needed)) from None
+
+    def reserve(self, size: int) -> None:
+        """Give the file `size` bytes of disk now (zeros), so a disk too small for it fails here, in
+        one line naming the bytes needed and free, not after minutes of writing."""
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as e:
+            self._abandon()
+            raise self.error(write_failure(self.path, e, size)) from None
 
     def pad_to(self, alignment: int) -> None:
         """Zeros up to the next multiple of `alignment` bytes."""
@@ -197,6 +217,60 @@ class DurableFile(_Writer):
     def _abandon(self) -> None:
         _close_and_remove(self.fd, self.tmp)
         self.fd = -1
+
+
+class AppendFile(_Writer):
+    """`with AppendFile(path, error, fresh) as f: f.write(b)`: bytes appended to `path` (emptied
+    first when `fresh`), fsynced when the block ends, however it ends: what arrived survives a crash
+    that follows, and a later run goes on from the file's end (a resumable download). The file is
+    kept on an error; the caller renames it into place when whole (move_durably)."""
+
+    def __init__(self, path: str, error: type[DiskError], fresh: bool, mode: int = 0o644, needed: int | None = None):
+        super().__init__(path, error, mode, needed)
+        self.fresh = fresh
+
+    def __enter__(self) -> AppendFile:
+        self._open(self.path, os.O_TRUNC if self.fresh else os.O_APPEND)
+        return self
+
+    def sync(self) -> None:
+        """fsync what was appended so far (a result reported as done survives a crash)."""
+        try:
+            os.fsync(self.fd)
+        except OSError as e:
+            self._abandon()
+            raise self.error(write_failure(self.path, e)) from None
+
+    def __exit__(self, kind, value, tb) -> None:
+        if self.fd < 0:  # (a failed write closed it)
+            return
+        try:
+            self._sync_and_close()
+        except OSError as e:
+            self._abandon()
+            if kind is None:  # (else the error in flight says more)
+                raise self.error(write_failure(self.path, e)) from None
+
+    def _abandon(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd = -1
+
+
+def truncate_durably(path: str, size: int, error: type[DiskError]) -> None:
+    """Cut the file `path` to `size` bytes (a torn last record dropped), fsynced."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise error(write_failure(path, e)) from None
 
 
 def _close_and_remove(fd: int, path: str) -> None:

@@ -14,6 +14,8 @@ import sys
 from importlib import metadata
 
 from ..config import default_cache_dir
+from ..durable import write_durably, write_failure
+from ..store.atomic_dir import OutputError
 from ..kernels.qmatmul import cpu_isa
 
 # the /proc/cpuinfo flags that choose a kernel path here or in llama.cpp
@@ -115,13 +117,14 @@ def bench_provenance(name: str, argv: list[str] | None) -> dict:
 def write(path: str, header: dict, **parts) -> None:
     """One JSON file: the header's fields, the load average now (a run writes its record as it grows,
     so the last write's is the load after), then each part under its name. Written to a temporary
-    sibling and renamed into place, so a run killed mid-write leaves the previous record whole."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sibling and renamed into place (durable.write_durably), so a run killed mid-write, or a power
+    loss, leaves the previous record whole."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as e:
+        raise OutputError(write_failure(path, e)) from None
     text = without_local_paths(json.dumps({**header, "load_after": load_average(), **parts}, indent=1))
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text + "\n")
-    os.replace(tmp, path)
+    write_durably(path, [(text + "\n").encode()], OutputError)
 
 
 def without_local_paths(text: str) -> str:

@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..durable import write_json
 from ..errors import ConfigError
+from ..store.atomic_dir import OutputError
 from ..service.coded_chunks import packed_bytes
 from ..service.compression import Compression, Scheme
 from ..service.service import DEFAULT_CHUNK, FLOAT_SHARE, Service
@@ -140,8 +142,8 @@ def build(engine, corpus: str, trace: SwitchTrace, directory: str, compression: 
         svc.flush()
         tokens = [svc.get(c).kv_tokens for c in ids]
     built = Built(directory, ids, tokens, pieces, budget, time.perf_counter() - t0)
-    with open(os.path.join(directory, IDS_FILE), "w") as f:
-        json.dump({k: v for k, v in asdict(built).items() if k != "directory"}, f)
+    ids = {k: v for k, v in asdict(built).items() if k != "directory"}
+    write_json(os.path.join(directory, IDS_FILE), ids, OutputError, indent=None)  # (--reuse reads it)
     return built
 
 

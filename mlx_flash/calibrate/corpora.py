@@ -19,7 +19,9 @@ import zipfile
 import zlib
 
 from ..config import default_cache_dir
+from ..durable import write_durably
 from ..errors import FlashError, ModelNotFoundError
+from ..store.atomic_dir import OutputError
 
 AUSTEN = "austen.txt"
 WIKIPEDIA = "wikipedia.txt"
@@ -63,10 +65,7 @@ def fetch_austen(out_dir: str) -> str:
         _run(["dpkg-deb", "-x", deb, "x"], tmp)
         ddir = glob.glob(os.path.join(tmp, "x", "usr", "lib", "R", "site-library", "janeaustenr", "data"))[0]
         books = read_r_lazyload(os.path.join(ddir, "Rdata"))
-    with open(out + ".tmp", "w", encoding="utf-8") as fh:
-        for name in AUSTEN_ORDER:
-            fh.write("\n".join(books[name]).strip() + "\n\n")
-    os.replace(out + ".tmp", out)
+    write_durably(out, [("\n".join(books[name]).strip() + "\n\n").encode() for name in AUSTEN_ORDER], OutputError)
     return out
 
 
@@ -105,10 +104,7 @@ def fetch_wikipedia(out_dir: str) -> str:
             name = next(n for n in z.namelist() if re.search(r"test_data/enwiki-latest-pages-articles.*\.bz2$", n))
             xml = bz2.decompress(z.read(name)).decode("utf-8")
     articles = wiki_articles(xml)
-    with open(out + ".tmp", "w", encoding="utf-8") as fh:
-        for title, text in articles:
-            fh.write(f"{title}\n\n{text}\n\n")
-    os.replace(out + ".tmp", out)
+    write_durably(out, [f"{title}\n\n{text}\n\n".encode() for title, text in articles], OutputError)
     return out
 
 

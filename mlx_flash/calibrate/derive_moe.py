@@ -8,14 +8,14 @@ The directory's config.json carries how it was made ("moefication") so reports c
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from ..api import load
+from ..durable import write_json
 from ..errors import ConfigError, UnsupportedModelError
-from ..store.atomic_dir import atomic_dir
+from ..store.atomic_dir import OutputError, atomic_dir
 from .moefication import balanced_clusters, expert_contributions, expert_order, router_quality, train_router
 from ..convert.sources import read_source
 from .activations import collect
@@ -140,11 +140,10 @@ def moefy(
         moefication=report,
     )
     hf.update(quantization=_quantization_config(src))
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:  # (mlx writes the weights itself: atomic_dir fsyncs them before the rename)
         mx.save_safetensors(os.path.join(tmp, "model.safetensors"), tensors)
         src.save_tokenizer(tmp)
-        with open(os.path.join(tmp, "config.json"), "w") as fh:
-            json.dump(hf, fh, indent=1)
+        write_json(os.path.join(tmp, "config.json"), hf, OutputError, in_folder=True)
     return report
 
 

@@ -20,13 +20,13 @@ dequantized to float), to measure importance without writing stores.
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 
+from ..durable import FolderFile, copy_new, write_new
 from ..errors import ConfigError
 from ..quant_spec import QuantSpec
-from ..store.atomic_dir import atomic_dir
+from ..store.atomic_dir import OutputError, atomic_dir
 from ..store.bundles import pack_layer, plan_fields, unpack_rows
 from ..store.manifest import ALIGNMENT, MANIFEST_NAME, RESIDENT_FILE, ExpertFormat, sha256_file
 
@@ -121,7 +121,7 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
     with atomic_dir(out_dir) as tmp:
         formats: dict[int, ExpertFormat] = {}
         table = []
-        with open(os.path.join(tmp, EXPERT_FILE), "wb") as fh:
+        with FolderFile(os.path.join(tmp, EXPERT_FILE), OutputError) as fh:  # (atomic_dir's folder)
             for layer in tqdm(range(L), desc="writing experts", unit="layer", disable=not progress):
                 row = []
                 for e in range(E):
@@ -138,11 +138,11 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
                             down_rows=b != 16,
                         )
                     f = formats[b]
-                    fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+                    fh.pad_to(ALIGNMENT)
                     row.append([b, fh.tell()])
-                    fh.write(pack_layer(f.fields, f.bundle_bytes, {p[0]: p[1] for p in parts}).tobytes())
+                    fh.write(pack_layer(f.fields, f.bundle_bytes, {p[0]: p[1] for p in parts}))
                 table.append(row)
-            fh.write(b"\0" * (-fh.tell() % ALIGNMENT))
+            fh.pad_to(ALIGNMENT)
         order = sorted(formats)
         index = {b: i for i, b in enumerate(order)}
         table = [[[index[b], off] for b, off in row] for row in table]
@@ -162,7 +162,7 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         )
         for name in os.listdir(store.path):
             if name not in (MANIFEST_NAME, lay.file) and os.path.isfile(os.path.join(store.path, name)):
-                shutil.copy2(os.path.join(store.path, name), os.path.join(tmp, name))
+                copy_new(os.path.join(store.path, name), os.path.join(tmp, name), OutputError)
         files = {
             RESIDENT_FILE: dict(store.manifest.files[RESIDENT_FILE]),
             EXPERT_FILE: {
@@ -172,6 +172,5 @@ def write_expert_store(store, out_dir: str, bits: list[list[int]], group_size: i
         }
         source = dict(store.manifest.source, expert_bits_from=os.path.basename(store.path))
         manifest = replace(store.manifest, ffn=ffn, files=files, source=source)
-        with open(os.path.join(tmp, MANIFEST_NAME), "w") as fh:
-            fh.write(manifest.to_json())
+        write_new(os.path.join(tmp, MANIFEST_NAME), [manifest.to_json().encode()], OutputError)
     return out_dir

@@ -17,6 +17,7 @@ import os
 import sys
 
 from ..config import EngineConfig
+from ..durable import AppendFile, truncate_durably
 from .pipeline_flags import add_pipeline_arguments
 from ..default_model import MODEL_HELP
 from ..errors import ConfigError, FlashError, first_paragraph
@@ -25,6 +26,7 @@ from ..sampling import check_int, check_sampling_flags
 from ..distributed.launch import load_for
 from ..distributed.transport import launcher_rank
 from ..offload import Policy
+from ..store.atomic_dir import OutputError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -128,8 +130,7 @@ def done_ids(path: str) -> set:
             raise ConfigError(f"{path} line {n}: not a result line of this command; give another output file") from None
     if len(keep) != len(data):
         print(f"warning: {path}: dropped a last line cut short by an earlier run", file=sys.stderr)
-        with open(path, "r+b") as fh:
-            fh.truncate(len(keep))
+        truncate_durably(path, len(keep), OutputError)
     return ids
 
 
@@ -156,17 +157,15 @@ def main(argv=None) -> int:
         engine, status = load_for(args, from_arguments(EngineConfig, args), batch=True)
         if engine is None:  # a pipeline's rank other than 0: it served its layers until rank 0 stopped
             return status
-        with engine, open(args.output, "a", encoding="utf-8") as out:
+        # appended and fsynced line by line: a line is in OUT (and skipped by a resumed run) only once
+        # it is on the disk; a line a crash cut short is dropped by done_ids
+        with engine, AppendFile(args.output, OutputError, fresh=False) as out:
 
             def write(seq):
                 job = todo[seq.index]
-                out.write(
-                    json.dumps(
-                        {"id": job["id"], "text": seq.text, "tokens": seq.generated, "finish_reason": seq.finish_reason}
-                    )
-                    + "\n"
-                )
-                out.flush()
+                line = {"id": job["id"], "text": seq.text, "tokens": seq.generated, "finish_reason": seq.finish_reason}
+                out.write((json.dumps(line) + "\n").encode())
+                out.sync()
 
             if todo:
                 engine.generate_batch(

@@ -4,7 +4,8 @@ huggingface_hub resumes a transfer that breaks within one call, but writes each 
 temporary file, so a download stopped by Ctrl-C or a dropped network starts again from byte 0: for
 a multi-gigabyte GGUF that is the difference between minutes and an hour. Here the bytes go to
 `blobs/<etag>.incomplete`, appended from where it ends (a Range request), under a lock so two
-processes never append to one file; the finished blob gets the snapshot link and refs/main the
+processes never append to one file, fsynced as each transfer ends (durable.AppendFile) so what
+arrived survives a crash and the next run resumes from it; the finished blob gets the snapshot link and refs/main the
 cache layout has, so huggingface_hub and every tool using the cache find it too. The metadata
 request (auth, the hub's redirects, its error codes) is huggingface_hub's.
 
@@ -24,7 +25,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from ..durable import AppendFile, move_durably, sync_folder, write_durably, write_failure
 from ..errors import ModelNotFoundError
+from ..store.atomic_dir import OutputError
 
 PIECE = 1 << 20
 RETRIES = 5  # transfers per call (huggingface_hub's own count)
@@ -79,9 +82,12 @@ def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, prog
         raise ModelNotFoundError(f"{url}: the hub's answer names no file version (etag, commit)")
     blob = os.path.join(repo_dir, "blobs", meta.etag)
     link = os.path.join(repo_dir, "snapshots", meta.commit_hash, filename)
-    os.makedirs(os.path.dirname(blob), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(blob), exist_ok=True)
+    except OSError as e:
+        raise OutputError(write_failure(blob, e)) from None
     part = blob + ".incomplete"
-    with open(part + ".lock", "w") as lock:
+    with open(part + ".lock", "w") as lock:  # (not durable: a lock holds no data)
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # another process fetching it: wait, then find it done
         if not os.path.exists(blob):
             auth = build_hf_headers() if _same_host(meta.location, url) else {}  # never a token to a CDN
@@ -99,13 +105,16 @@ def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, prog
             got = os.path.getsize(part)
             if meta.size is not None and got != meta.size:
                 raise ModelNotFoundError(f"{repo}/{filename}: {got} of {meta.size} bytes arrived; run again to resume")
-            os.replace(part, blob)
-    if not os.path.lexists(link):
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
-    os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
-    with open(os.path.join(repo_dir, "refs", "main"), "w") as f:
-        f.write(meta.commit_hash)
+            move_durably(part, blob, OutputError)  # (its bytes were fsynced as each transfer ended)
+    try:
+        if not os.path.lexists(link):
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)
+            sync_folder(os.path.dirname(link))
+        os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
+    except OSError as e:
+        raise OutputError(write_failure(e.filename or link, e)) from None
+    write_durably(os.path.join(repo_dir, "refs", "main"), [meta.commit_hash.encode()], OutputError)
     return link
 
 
@@ -122,7 +131,7 @@ def _transfer(location: str, auth: dict, part: str, size: int | None, bar) -> No
             have = 0
         bar.reset(total=size)
         bar.update(have)
-        with open(part, "ab" if have else "wb") as f:
+        with AppendFile(part, OutputError, fresh=not have, needed=size) as f:
             while piece := r.read(PIECE):
                 f.write(piece)
                 bar.update(len(piece))

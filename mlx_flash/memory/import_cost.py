@@ -22,6 +22,9 @@ import signal
 import subprocess
 import sys
 
+from ..durable import write_json
+from ..store.atomic_dir import OutputError
+
 FILE = "import_cost.json"
 # The child: its RSS before the import (numpy and this package's API in, as in the caller) and its peak
 # after importing a module, or after starting a backend ("backend:NAME": the framework's import and
@@ -90,10 +93,7 @@ def measured_import_cost(module: str, estimate: int, cache_dir: str, backend: st
     kept[key] = cost
     try:
         os.makedirs(cache_dir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(kept, fh, indent=1)
-        os.replace(tmp, path)
-    except OSError:
+        write_json(path, kept, OutputError)
+    except (OSError, OutputError):
         pass  # a read-only cache: measured again next time
     return cost

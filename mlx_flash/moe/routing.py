@@ -13,11 +13,14 @@ the routers): loading it for another model is refused with the two ids named.
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
 
+from ..durable import write_durably
 from ..errors import ConfigError, ModelFileError
+from ..store.atomic_dir import OutputError
 from ..store.manifest import RESIDENT_FILE
 
 PREDICTOR_FILE = "routing_predictor.npz"  # in the store directory
@@ -68,16 +71,16 @@ class RoutingPredictor:
         return [int(e) for e in np.argsort(-self.scores(layer, prev1, prev2), kind="stable")[:n]]
 
     def save(self, path: str) -> None:
-        tmp = path + ".tmp.npz"
+        buf = io.BytesIO()  # (numpy writes a file object; durable.py writes the bytes with os.write)
         np.savez_compressed(
-            tmp,
+            buf,
             pair=self.pair,
             single=self.single,
             marginal=self.marginal,
             k=np.array(self.k),
             model=np.array(self.model),
         )
-        os.replace(tmp, path)
+        write_durably(path, [buf.getbuffer()], OutputError)
 
     @classmethod
     def load(cls, path: str, model: str) -> "RoutingPredictor":

@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..durable import write_failure
 from ..errors import DiskError
 from ..batching.batch_cache import padded_mask
 from ..models.cache import LayerKV
@@ -78,9 +79,7 @@ class SpillFolder:
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
             os.rename(os.path.join(self.path, LOCK + ".new"), os.path.join(self.path, LOCK))
         except OSError as e:
-            raise SpillError(
-                f"KV spill folder under {parent or tempfile.gettempdir()}: cannot create it ({e.strerror})"
-            ) from None
+            raise SpillError(f"KV spill folder: {write_failure(parent or tempfile.gettempdir(), e)}") from None
         reap_orphans(os.path.dirname(self.path))
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-spill")
         self._files: list[SpillFile] = []
@@ -112,11 +111,12 @@ class SpillFile:
         self.path, self.capacity = path, capacity
         self.token = kv_heads * head_dim  # floats of one token's keys (or values) in one layer
         self.row_shape = (kv_heads, head_dim)
-        try:
+        nbytes = layers * 2 * capacity * self.token * _F32
+        try:  # (not durable: the run's own, removed when it ends; nothing reads it after a crash)
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.ftruncate(self.fd, layers * 2 * capacity * self.token * _F32)
+            os.ftruncate(self.fd, nbytes)
         except OSError as e:
-            raise SpillError(f"{path}: cannot create it ({e.strerror})") from None
+            raise SpillError(write_failure(path, e, nbytes)) from None
 
     def _offset(self, layer: int, which: int, position: int) -> int:
         return ((layer * 2 + which) * self.capacity + position) * self.token * _F32
@@ -130,7 +130,7 @@ class SpillFile:
             try:
                 write_all(self.fd, data, self._offset(layer, which, start))
             except OSError as e:
-                raise SpillError(f"{self.path}: cannot write it ({e.strerror})") from None
+                raise SpillError(write_failure(self.path, e, data.nbytes)) from None
 
     def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
         """The first n tokens of one layer into k_out, v_out (float32 [n, Hkv, hd], contiguous)."""

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..durable import write_durably, write_json
 from ..errors import StoreError
+from ..store.atomic_dir import OutputError
 
 WEIGHTS_NAME = "predictors.safetensors"
 META_NAME = "predictors.json"
@@ -68,7 +70,7 @@ class Predictors:
         self.recall = key
 
     def save(self, store_path: str) -> None:
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
         tensors = {}
         for i, p in enumerate(self.layers):
@@ -86,11 +88,10 @@ class Predictors:
             "window_activity": self.activity,
         }
         wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
-        save_file(tensors, wpath + ".tmp")
-        with open(mpath + ".tmp", "w") as fh:
-            json.dump(meta, fh, indent=1)
-        os.replace(wpath + ".tmp", wpath)  # weights first: a crash between leaves the old json, which
-        os.replace(mpath + ".tmp", mpath)  # then fails the shape check instead of loading silently
+        # weights first: a crash between leaves the old json, which then fails the shape check
+        # instead of loading silently
+        write_durably(wpath, [save(tensors)], OutputError)
+        write_json(mpath, meta, OutputError)
 
     @classmethod
     def load(cls, store_path: str, n_layers: int, d_model: int, n_neurons: int) -> "Predictors":

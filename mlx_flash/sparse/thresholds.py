@@ -25,6 +25,7 @@ import numpy as np
 from ..config import MAX_SPARSITY
 from ..durable import write_durably
 from ..errors import ConfigError, StoreError
+from ..store.atomic_dir import OutputError
 
 FILE_NAME = "sparsity-thresholds.json"
 FORMAT = "mlx_flash sparsity thresholds"
@@ -102,7 +103,7 @@ class Thresholds:
 def save_thresholds(store, thresholds: Thresholds) -> str:
     """Write the thresholds beside the store's manifest, durably; returns the path."""
     path = thresholds_path(store)
-    write_durably(path, [thresholds.to_json()], StoreError)
+    write_durably(path, [thresholds.to_json()], OutputError)
     return path
 
 

@@ -8,7 +8,9 @@ import os
 
 import numpy as np
 
+from ..durable import DurableFile
 from ..errors import StoreError
+from ..store.atomic_dir import OutputError
 from ..store.manifest import FFNLayout
 
 FILE_NAME = "ffn_unbundled.bin"
@@ -38,10 +40,9 @@ def ensure_unbundled(store, progress: bool = False) -> str:
         return path
     from tqdm import tqdm
 
-    tmp = path + ".partial"
     buf = np.empty(layout.layer_nbytes, dtype=np.uint8)  # one layer at a time: no mapping of the whole file
-    with open(store.file_path(layout.file), "rb") as src, open(tmp, "wb") as fh:
-        fh.truncate(size)
+    with open(store.file_path(layout.file), "rb") as src, DurableFile(path, OutputError, needed=size) as fh:
+        fh.reserve(size)
         for layer, base in enumerate(
             tqdm(layout.layer_offsets, desc="unbundled layout", unit="layer", disable=not progress)
         ):
@@ -49,7 +50,5 @@ def ensure_unbundled(store, progress: bool = False) -> str:
             src.readinto(memoryview(buf))
             rows = buf.reshape(layout.n_rows, layout.bundle_bytes)
             for f, off in zip(layout.fields, offsets[layer]):
-                fh.seek(off)
-                fh.write(np.ascontiguousarray(rows[:, f.offset : f.offset + f.nbytes]).tobytes())
-    os.replace(tmp, path)
+                fh.write_at(np.ascontiguousarray(rows[:, f.offset : f.offset + f.nbytes]), off)
     return path

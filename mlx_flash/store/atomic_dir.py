@@ -32,7 +32,8 @@ PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
 
 
 class OutputError(DiskError):
-    """An output directory could not be written (full disk, permissions)."""
+    """An output folder or file could not be written (full disk, read-only disk, permissions): the
+    error of the package's durable writes (durable.py) of stores and the files beside them."""
 
 
 def process_alive(pid: int) -> bool:

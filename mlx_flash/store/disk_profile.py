@@ -15,7 +15,9 @@ import time
 
 import numpy as np
 
+from ..durable import DurableFile, write_json
 from ..errors import FlashError
+from .atomic_dir import OutputError
 from .reader_pool import BLOCK, ReaderPool
 from ..config import default_cache_dir
 from ..progress import step
@@ -36,7 +38,7 @@ def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
     rng = np.random.default_rng(0)
     block = 4 * MiB  # small: the quick probe runs inside the caller's memory budget (64 MiB peaked 128 MiB over it)
     with (
-        open(path + ".tmp", "wb") as fh,
+        DurableFile(path, OutputError, needed=size) as fh,  # (reused by later runs: whole, or absent)
         tqdm(total=size, unit="B", unit_scale=True, desc="scratch file", disable=not progress) as bar,
     ):
         left = size
@@ -45,9 +47,6 @@ def make_scratch_file(path: str, size: int, progress: bool = False) -> str:
             fh.write(rng.bytes(n))
             left -= n
             bar.update(n)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(path + ".tmp", path)
     return path
 
 
@@ -160,9 +159,7 @@ def most_threads(cache_dir: str) -> int:
 
 
 def save_profile(profile: dict, path: str) -> None:
-    with open(path + ".tmp", "w") as fh:
-        json.dump(profile, fh, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(path, profile, OutputError)
 
 
 def plot_profile(profile: dict, png: str) -> None:

@@ -23,7 +23,9 @@ import hashlib
 import json
 import os
 
+from ..durable import write_json
 from ..errors import StoreError
+from .atomic_dir import OutputError
 from ..progress import byte_bar
 
 STAMPS = "verified"
@@ -49,17 +51,11 @@ def _load(path: str) -> dict:
 
 
 def _save(path: str, stamps: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(stamps, fh)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        write_json(path, stamps, OutputError, indent=None)
+    except (OSError, OutputError):
+        pass  # a cache: the next open hashes again (see the module's docstring)
 
 
 def sha256_file(path: str, bar=None, chunk: int = 1 << 22) -> str:
