@@ -8,6 +8,11 @@ order with one key), so one key's flood does not starve another's requests. Othe
 is a function run between steps. Each job's steps, its usage and an end marker go to its asyncio
 queue on the event loop's thread. With nothing to do for IDLE_SWAP_S, the loop writes a few chunks
 ahead of need (Service.swap_out_idle).
+
+A failed call answers by its cause (api_error): the request's fault 4xx, the disk's (DiskError) 507
+or 500, overload 503, anything else 500 with its traceback printed once (a bug); the loop goes on.
+A context the failed request made is deleted again, so a failure leaves no half-made context behind
+(one holding chunks that only a write to the full disk could evict).
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import errno
 import queue
+import sys
 import threading
 import traceback
 
-from ..errors import ContextLengthError, ContextNotFoundError, FlashError, MemoryBudgetError
+from ..errors import ContextLengthError, ContextNotFoundError, DiskError, FlashError, MemoryBudgetError
 from . import openai_api as oa
 from .running_batch import RunningBatch
 
@@ -80,11 +87,7 @@ class EngineLoop:
             try:
                 self._turn()
             except Exception as e:  # a bug: the running requests fail with 500, the loop goes on
-                traceback.print_exc()
-                for call, job in list(self.active.items()):
-                    self.batch.finish(call, failed=True)
-                    job.put(self._api_error(e))
-                    self._end(call, job)
+                self._fail_all(e)
 
     def _turn(self) -> None:
         """Take what arrived, start waiting jobs while the batch has room, run one decode step."""
@@ -146,7 +149,7 @@ class EngineLoop:
         the KV budget cannot hold while other calls run goes back to the head of the queue (False):
         it starts when they have finished, where a 503 would send its client away."""
         svc, req = self.svc, job.req
-        made = None  # a context this request made: removed again if the request fails before its first token
+        made = None  # a context this request made: removed again if the request fails
         try:
             if job.explicit:
                 ctx, whole = job.explicit, False
@@ -155,7 +158,7 @@ class EngineLoop:
                 ids = svc.engine.encode_prompt(req.prompt) if req.chat else svc.engine.tokenizer.encode(req.prompt)
                 ctx, made = self._context_for(ids, job.owner)
                 whole = True
-            job.context = ctx
+            job.context, job.made = ctx, made is not None
             call, step = self.batch.start(ctx, req.prompt, owner=job.owner, whole=whole, **req.sampling.kwargs())
         except Exception as e:
             if made is not None:
@@ -168,7 +171,7 @@ class EngineLoop:
                 self.queued += 1
                 self.queued_by[job.owner] += 1
                 return False
-            job.put(self._api_error(e))
+            job.put(self._failed(e))
             job.put(DONE)
             return True
         if step is not None:
@@ -196,20 +199,48 @@ class EngineLoop:
     def _api_error(self, e: Exception) -> oa.ApiError:
         return api_error(e)
 
+    def _failed(self, e: Exception) -> oa.ApiError:
+        """The answer to a failure; an unexpected one (not a FlashError: a bug) has its traceback
+        printed, once."""
+        if not isinstance(e, FlashError):
+            traceback.print_exception(e, file=sys.stderr)
+        return self._api_error(e)
+
+    def _fail_all(self, e: Exception) -> None:
+        """A failed pass (or a bug in the loop) fails every running call; the server stays up."""
+        err = self._failed(e)
+        for call, job in list(self.active.items()):
+            try:
+                self.batch.finish(call, failed=True)
+            except FlashError:
+                pass  # (its record could not be written either: the error on its way names the cause)
+            job.put(err)
+            self._end(call, job)
+            self._forget(job)
+
+    def _forget(self, job) -> None:
+        """Delete the context a failed request made (a request's failure leaves none behind)."""
+        if job.made:
+            job.made = False
+            try:
+                self.svc.delete(job.context, job.owner)
+            except FlashError:
+                pass  # (already gone, or in use again: it stays)
+
     def _step(self) -> None:
         for call, job in list(self.active.items()):
             if job.cancel.is_set():  # the client went away: it stops here, its context keeps what it got
-                self.batch.finish(call)
+                try:
+                    self.batch.finish(call)
+                except FlashError as e:  # (its record could not be written: the next call's context says so)
+                    job.put(self._failed(e))
                 self._end(call, job)
         if not self.batch.calls:
             return
         try:
             results = self.batch.step()
         except Exception as e:  # a failed pass fails every call in it; the server stays up
-            for call, job in list(self.active.items()):
-                self.batch.finish(call, failed=True)
-                job.put(self._api_error(e))
-                self._end(call, job)
+            self._fail_all(e)
             return
         for call, step in results:
             job = self.active.get(call)
@@ -218,9 +249,11 @@ class EngineLoop:
             if step is not None:
                 job.put(step)
             if call.error is not None:
-                job.put(self._api_error(call.error))
+                job.put(self._failed(call.error))
             if call not in self.batch.calls:
                 self._end(call, job)
+                if call.error is not None:
+                    self._forget(job)
 
     def _end(self, call, job) -> None:
         self.active.pop(call, None)
@@ -237,18 +270,37 @@ class EngineLoop:
             job = self.waiting.popleft()
             job.put(oa.ApiError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
             job.put(DONE)
-        self.svc.flush()
+        try:
+            self.svc.flush()
+        except DiskError as e:  # the records are on flash already; a chunk without a file is recomputed
+            print(f"warning: chunks not written at shutdown: {e}", file=sys.stderr, flush=True)
         self._stop.set()
 
 
 def api_error(e: Exception) -> oa.ApiError:
-    """The OpenAI error a failed call answers with."""
+    """The OpenAI error a failed call answers with: 4xx the request's fault, 5xx the server's."""
     if isinstance(e, ContextNotFoundError):
         return oa.ApiError(404, str(e), "context_id", "context_not_found")
-    if isinstance(e, MemoryBudgetError):
+    if isinstance(e, MemoryBudgetError):  # (a ConfigError: room now, not the request, is what lacks)
         return oa.ApiError(503, str(e), code="kv_budget_full", kind="server_error")
     if isinstance(e, ContextLengthError):
         return oa.ApiError(400, str(e), code="context_length_exceeded")
+    if isinstance(e, DiskError):  # the machine's fault: 507 Insufficient Storage for a full disk
+        full = disk_full(e)
+        return oa.ApiError(
+            507 if full else 500, str(e), code="disk_full" if full else "disk_error", kind="server_error"
+        )
     if isinstance(e, FlashError):
         return oa.ApiError(400, str(e))
     return oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+
+
+def disk_full(e: DiskError) -> bool:
+    """Whether a DiskError comes of a full disk (or quota): the OSError it was raised in, or the
+    words durable.write_failure uses for one."""
+    cause = e.__cause__ or e.__context__
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return "the disk is full" in str(e)

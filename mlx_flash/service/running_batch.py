@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 
 from ..generation import GenerationStep, GenerationSummary, TokenStats
-from ..errors import MemoryBudgetError
+from ..errors import DiskError, MemoryBudgetError
 from ..batching.batch_cache import batch_caches
 from ..batching.prompts import left_padded, pack_rows
 from ..batching.schedule import MicroBatch, Order, run_block
@@ -41,7 +41,7 @@ class BatchedCall:
     seq: Sequence
     opts: SamplingOptions
     summary: GenerationSummary
-    error: Exception | None = None  # why it left early (its context could not grow)
+    error: Exception | None = None  # why it left early (its context could not grow) or failed to close
     waited: int = 0  # prefill passes run without it since its last chunk (its priority for the next)
 
     @property
@@ -175,7 +175,10 @@ class RunningBatch(CallBatch):
                     out.append((c, c.step_of(token, stats)))
         for c, _ in out:
             if c.seq.done or c.error is not None:
-                self.finish(c, failed=c.error is not None)
+                try:
+                    self.finish(c, failed=c.error is not None)
+                except DiskError as e:  # its record could not be written: this call's error, not the others'
+                    c.error = c.error or e
         return out
 
     @staticmethod

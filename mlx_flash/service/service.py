@@ -76,9 +76,7 @@ class Service(CallSteps):
             engine.config.cache_dir or default_cache_dir(), "service", self.model_id
         )
         self.kv_budget, grows = self._budget(kv_budget)
-        slot_bytes = (
-            self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4
-        )  # in the activation dtype
+        slot_bytes = self.shape.nbytes * engine.ops.array(np.zeros(1, np.float32)).nbytes // 4  # activation dtype
         self.swap = SwapDir(self.directory)
         self.max_contexts = max_contexts
         self.key_quota = key_quota
@@ -170,9 +168,20 @@ class Service(CallSteps):
             table=self._table(owner),
             messages=[{"role": "system", "content": system}] if system else [],
         )
-        self.contexts[ctx.id] = ctx
-        self._save(ctx)
+        self._add(ctx)
         return ctx.id
+
+    def _add(self, ctx: Context) -> None:
+        """Hold a new context once its record is on flash: one held without (a full disk) would keep
+        chunks that only a write to that disk could evict."""
+        self.contexts[ctx.id] = ctx
+        try:
+            self._save(ctx)
+        except BaseException:
+            del self.contexts[ctx.id]
+            ctx.table.truncate(0)
+            self.swap.remove(ctx.id)
+            raise
 
     def _room_for_context(self, owner: str) -> None:
         """Room for one more context of `owner`: at its key's quota, its own least recently used idle
@@ -239,8 +248,7 @@ class Service(CallSteps):
         dst.table.tokens = n_tokens
         dst.mark_changed(0)
         dst.widths = [self.pool.width(s) for s in dst.table.slots]  # shared compressed chunks stay so
-        self.contexts[dst.id] = dst
-        self._save(dst)
+        self._add(dst)
         return dst.id
 
     def match(self, ids: list[int], owner: str = "") -> tuple[str | None, int]:
@@ -281,20 +289,8 @@ class Service(CallSteps):
         hold are prefilled. Errors in the arguments raise before the first step."""
         check_generation(max_tokens, temperature, top_p, top_k, seed, stop, speculative)
         ctx, ids, history = self.prepare(ctx_id, prompt, owner, max_tokens, temperature, top_p, top_k, whole)
-        return self._run(
-            ctx,
-            ids,
-            history,
-            dict(
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                seed=seed,
-                stop=stop,
-                speculative=speculative,
-            ),
-        )
+        sampling = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
+        return self._run(ctx, ids, history, dict(sampling, seed=seed, stop=stop, speculative=speculative))
 
     def _run(self, ctx: Context, ids: list[int], history, sampling: dict) -> Iterator[GenerationStep]:
         caches, text, failed = None, [], True
