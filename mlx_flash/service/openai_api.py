@@ -59,6 +59,7 @@ class Request:
     include_usage: bool
     sampling: Sampling
     context_id: str | None
+    max_tokens_field: str | None = None  # the field that set sampling.max_tokens (None: the server's default)
 
 
 _COMMON = {
@@ -136,7 +137,21 @@ def parse_request(body, chat: bool, max_tokens_default: int = 256) -> Request:
         raise ApiError(400, "context_id must be a string", "context_id")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, "user must be a string", "user")
-    return Request(chat, prompt, model, stream, bool(opts.get("include_usage", True)), s, ctx)
+    return Request(
+        chat, prompt, model, stream, bool(opts.get("include_usage", True)), s, ctx, None if limit is None else name
+    )
+
+
+def check_max_tokens(req: Request, model_context: int) -> None:
+    """A max_tokens no answer of this model can reach is refused by name (one within the context that
+    the prompt leaves no room for is cut there instead: finish_reason "length")."""
+    n = req.sampling.max_tokens
+    if req.max_tokens_field is not None and n > model_context:
+        raise ApiError(
+            400,
+            f"{req.max_tokens_field} {n} is more than the model's context ({model_context} tokens)",
+            req.max_tokens_field,
+        )
 
 
 def _neutral(body: dict, name: str, *neutral) -> None:

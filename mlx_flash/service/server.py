@@ -17,8 +17,13 @@ One engine thread (engine_loop.py) runs the service with continuous batching: up
 requests decode together, one batched pass of the weights per token for all of them, joining and
 leaving between steps; more wait their turn in arrival order. While `queue_limit` requests already
 wait, a new one gets 503 with Retry-After, as does a request the KV budget cannot hold right now. A
-client that disconnects stops its generation at the next token. Idle time writes chunks to flash
-ahead of need (Service.swap_out_idle).
+client that disconnects stops its generation at the next token, with one line on stderr (an ordinary
+end, no traceback). Idle time writes chunks to flash ahead of need (Service.swap_out_idle).
+
+Status codes by cause (engine_loop.api_error): the request's fault 4xx (a bad field, a prompt or a
+max_tokens beyond the model's context 400, an unknown context 404); the machine's 5xx of OpenAI's
+type "server_error": a full disk 507, another disk failure 500, both naming the file and the cause;
+overload 503 with Retry-After; anything else 500, its traceback printed once (a bug).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -58,6 +64,7 @@ class _Job:
     out: asyncio.Queue
     cancel: threading.Event = field(default_factory=threading.Event)
     context: str = ""
+    made: bool = False  # the context was made for this request (deleted again if it fails)
 
     def put(self, item) -> None:
         """Hand an item to the request's coroutine (from the engine thread)."""
@@ -149,6 +156,7 @@ class Server:
                 "model",
                 "model_not_found",
             )
+        oa.check_max_tokens(req, self.svc.engine.model_context)
         explicit = req.context_id or request.headers.get("X-Context-Id")
         if self.engine.problem is not None:  # (a pipeline whose rank stalled: its engine thread is stuck)
             raise oa.ApiError(503, self.engine.problem, code="pipeline_stopped", kind="server_error")
@@ -193,8 +201,9 @@ class Server:
                 continue
             text.append(item.text)
             finish = item.finish_reason or finish
-            if request.transport is None or request.transport.is_closing():
+            if not job.cancel.is_set() and (request.transport is None or request.transport.is_closing()):
                 job.cancel.set()
+                _disconnected(request, job, len(text))
         rid = oa.new_id(job.req.chat)
         body = oa.completion(job.req, rid, self.opt.model_name, "".join(text), finish, use)
         return web.json_response(body, headers={"X-Context-Id": job.context})
@@ -203,13 +212,13 @@ class Server:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Context-Id": job.context}
         )
-        await resp.prepare(request)
-        rid, model, opened = oa.new_id(job.req.chat), self.opt.model_name, False
+        rid, model, opened, sent = oa.new_id(job.req.chat), self.opt.model_name, False, 0
 
         async def send(obj):
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         try:
+            await resp.prepare(request)
             async for item in self._items(job, first):
                 if isinstance(item, oa.ApiError):
                     await send(item.body())
@@ -219,9 +228,12 @@ class Server:
                         await send(oa.chunk(job.req, rid, model, None, None, use=item))
                     continue
                 await send(oa.chunk(job.req, rid, model, item.text, item.finish_reason, first=not opened))
-                opened = True
+                opened, sent = True, sent + 1
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # (aiohttp's ClientConnectionResetError) the client went away
+            job.cancel.set()
+            _disconnected(request, job, sent)
+        except asyncio.CancelledError:
             job.cancel.set()
             raise
         return resp
@@ -303,6 +315,16 @@ class Server:
         except ConfigError as e:
             raise oa.ApiError(409, str(e), "id") from None
         return web.json_response({"id": ctx, "object": "context", "deleted": True})
+
+
+def _disconnected(request, job: _Job, sent: int) -> None:
+    """One line on stderr for a client gone before its answer ended: an ordinary end, not a fault."""
+    print(
+        f"client disconnected: {request.method} {request.path} (context {job.context or '-'}) after {sent} "
+        "tokens sent; its generation stopped",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _error(e: oa.ApiError) -> web.Response:

@@ -176,6 +176,14 @@ BAD = {
     "bad_role": ("POST", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, {}, 400, "role"),
     "negative_max_tokens": ("POST", CHAT, chat_body(FRANCE, max_tokens=-1), {}, 400, "max_tokens"),
     "max_tokens_string": ("POST", CHAT, chat_body(FRANCE, max_tokens="10"), {}, 400, "max_tokens"),
+    "max_tokens_beyond_context": (
+        "POST",
+        CHAT,
+        chat_body(FRANCE, max_tokens=10**12),
+        {},
+        400,
+        "max_tokens 1000000000000 is more than the model's context (",
+    ),
     "temperature_hot": ("POST", CHAT, chat_body(FRANCE, temperature="hot"), {}, 400, "temperature"),
     "temperature_out_of_range": ("POST", CHAT, chat_body(FRANCE, temperature=5.0), {}, 400, "temperature"),
     "temperature_nan": (
@@ -536,6 +544,13 @@ def test_client_disconnect_mid_stream(server):
     status, _, data = server.request("POST", CHAT, chat_body(FRANCE))
     assert status == 200 and "Paris" in data["choices"][0]["message"]["content"]
     assert server.healthy()
+    # An ordinary end: one line on the server's stderr naming the context and the tokens sent, no traceback.
+    log = server.log_text()
+    assert "Traceback" not in log, log[-4000:]
+    lines = [ln for ln in log.splitlines() if "client disconnected" in ln and ctx in ln]
+    assert len(lines) == 1 and "tokens sent" in lines[0], log[-4000:]
+    sent = int(lines[0].split(" after ")[1].split()[0])
+    assert 1 <= sent <= d["tokens"], (lines[0], d)
 
 
 # ---- exactness through the server --------------------------------------------------------------------
