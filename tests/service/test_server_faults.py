@@ -3,7 +3,8 @@ model): a full disk under the service folder is 507 naming the file and the caus
 fault, and once space is back the next new conversation is served without a restart; an unexpected
 exception inside the engine is 500 with its traceback printed once, and the server goes on; a
 max_tokens beyond the model's context is refused by name, one within it that the prompt leaves no
-room for ends with finish_reason "length". The status mapping itself is checked without a model."""
+room for ends with finish_reason "length"; overload is 503 with Retry-After. The status mapping
+itself is checked without a model."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ def chat(text: str, **kw) -> dict:
     return {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 8, **kw}
 
 
-def serve(engine, directory, script) -> None:
-    """Run `await script(client, service)` against a Server over a new Service in `directory`."""
+def serve(engine, directory, script, **options) -> None:
+    """Run `await script(client, service)` against a Server (ServerOptions `options`) over a new
+    Service in `directory`."""
     from aiohttp.test_utils import TestClient, TestServer
 
     svc = mlx_flash.Service(engine, directory=directory, kv_budget=KV_BUDGET)
-    server = Server(svc, ServerOptions(model_name="m"))
+    server = Server(svc, ServerOptions(model_name="m", **options))
 
     async def main():
         async with TestClient(TestServer(server.app())) as client:
@@ -183,3 +185,15 @@ def test_max_tokens_beyond_the_context_is_refused_within_it_cut_at_length(engine
         assert u["completion_tokens"] >= room - u["prompt_tokens"] - 1, (u, room)
 
     serve(engine, str(tmp_path / "svc"), script)
+
+
+# ---- overload -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_overload_is_503_with_retry_after(engine, tmp_path):
+    async def script(client, svc):
+        r = await client.post(CHAT, json=chat("What is the capital of France?"))
+        data = await r.json()
+        assert r.status == 503 and r.headers.get("Retry-After") == "1", (r.status, dict(r.headers))
+        assert data["error"]["code"] == "overloaded" and "retry later" in one_line_error(data, "server_error")
+
+    serve(engine, str(tmp_path / "svc"), script, queue_limit=0)  # every request finds the queue full
