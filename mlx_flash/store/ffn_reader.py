@@ -16,7 +16,7 @@ import numpy as np
 
 from ..host_memory import anonymous_buffer
 from .manifest import FFNLayout
-from .reader_pool import ReaderPool
+from .reader_pool import ReaderPool, ReadError
 
 
 class FFNReader:
@@ -56,17 +56,20 @@ class FFNReader:
         b = next((k for k, h in enumerate(self._holds) if h == key), None)
         if b is None:
             b = (self._last + 1) % len(self.bufs)
-            self._finish(b)
+            self._discard(b)
             self._finish(self._submit(b, key))
         else:
-            self._finish(b)
+            try:
+                self._finish(b)
+            except ReadError:  # a prefetch that failed (maybe in an earlier call): read it now, once
+                self._finish(self._submit(b, key))
         self._last = b
         if self.prefetch:
             at = self.order.index(layer) if layer in self.order else -1
             nxt = (self.order[(at + 1) % len(self.order)], skip_rows)
             other = 1 - b
             if self._holds[other] != nxt:
-                self._finish(other)
+                self._discard(other)
                 self._submit(other, nxt)
         return self.bufs[b].reshape(self.layout.n_rows, self.layout.bundle_bytes)
 
@@ -127,6 +130,14 @@ class FFNReader:
         self.wait_seconds += time.perf_counter() - t
         self.bytes_read += batch.bytes_read
         self.reads += batch.reads
+
+    def _discard(self, b: int) -> None:
+        """Wait for buffer b's read in flight, whose bytes are no longer wanted: its failure is not
+        this caller's (the buffer is read again before it is handed out)."""
+        try:
+            self._finish(b)
+        except ReadError:
+            pass
 
     def close(self) -> None:
         """Wait for reads in flight (they write into this reader's buffers)."""
