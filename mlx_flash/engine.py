@@ -125,13 +125,15 @@ class Engine:
         held = self.kv_tiers.context if self.kv_tiers is not None else self.kv_tokens
         return min(self.model_context, held or self.model_context)
 
-    def _context_words(self, limit: int) -> str:
-        """Why a sequence holds at most `limit` tokens: the model's context, or the disk of the KV
-        tiers' folder where the plan cut the context for want of it (memory/process_plan.plan_tiers)."""
+    def disk_shortage(self, limit: int) -> str | None:
+        """Why a sequence holds at most `limit` tokens when it is the disk of the KV tiers' folder (the
+        plan cut the context for want of it: memory/process_plan.plan_tiers); None otherwise."""
         short = self.memory_plan.get("kv_disk_short")
-        if short and limit == self.context_limit < self.model_context:
-            return short
-        return f"the model's context is {limit}"
+        return short if short and limit == self.context_limit < self.model_context else None
+
+    def context_words(self, limit: int) -> str:
+        """Why a sequence holds at most `limit` tokens: the model's context, or the disk."""
+        return self.disk_shortage(limit) or f"the model's context is {limit}"
 
     def forward(self, ids, caches, all_logits: bool = False) -> np.ndarray:
         """ids (list of int) -> logits [T or 1, vocab] as float32 numpy; advances `caches`."""
@@ -214,7 +216,7 @@ class Engine:
             self.context_limit if caches is None else min(self.model_context, caches[0].capacity or self.model_context)
         )
         if len(ids) >= limit:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self._context_words(limit)}")
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; {self.context_words(limit)}")
         max_tokens = min(max_tokens, limit - len(ids))
         cached = caches[0].offset if caches is not None else 0
         if not 0 <= cached < len(ids):

@@ -55,7 +55,7 @@ def encode_all(engine, prompts, max_tokens) -> list[tuple[list[int], int]]:
         if not ids:
             raise ConfigError(f"prompt {k} encodes to zero tokens")
         if len(ids) >= limit:
-            raise ContextLengthError(f"prompt {k} has {len(ids)} tokens; the model's context is {limit}")
+            raise ContextLengthError(f"prompt {k} has {len(ids)} tokens; {engine.context_words(limit)}")
         out.append((ids, min(n, limit - len(ids))))
     return out
 

@@ -132,8 +132,10 @@ class SequenceConversations(ABC):
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
         if len(ids) >= self.max_tokens:
+            disk = self.engine.disk_shortage(self.max_tokens)
             raise ContextLengthError(
                 f"the context would hold {len(ids)} tokens; a context holds fewer than {self.max_tokens}"
+                + (f" ({disk})" if disk else "")
             )
         self.make_room(c, len(ids) + max_new)
         keep = min(common_prefix(ids, c.held), len(ids) - 1)

@@ -9,6 +9,7 @@ import pytest
 
 import mlx_flash
 import tiny_models
+from mlx_flash.batching.prompts import encode_all
 from mlx_flash.config import Backend, EngineConfig
 from mlx_flash.errors import ContextLengthError
 from mlx_flash.memory import ModelShape, load_plan
@@ -111,6 +112,11 @@ def test_a_prompt_longer_than_the_context_the_disk_left_is_refused_naming_the_di
             next(e.stream_tokens(tiny_models.random_ids(n), max_tokens=1))
         assert str(refused.value) == f"the prompt has {n} tokens; {plan.disk_short}"
         assert f"the KV tier folder {folder} has 0.0 MB free, enough for {plan.kv_tokens} tokens" in str(refused.value)
+        with pytest.raises(ContextLengthError) as refused:  # a batch's prompts say the same
+            encode_all(e, [e.tokenizer.decode(tiny_models.random_ids(2 * n))], 1)
+        assert str(refused.value).startswith("prompt 0 has ") and str(refused.value).endswith(
+            f"tokens; {plan.disk_short}"
+        )
         e.kv_tokens = None  # the plan without the cut: the old refusal
         e.memory_plan["kv_disk_short"] = ""
         with pytest.raises(
