@@ -189,7 +189,7 @@ class Report:
     runs: int = 0
     outcomes: Counter = field(default_factory=Counter)
     seconds: float = 0.0
-    known: dict[str, str] = field(default_factory=dict)  # a known bug's point -> the reason, when it failed
+    known: dict[str, tuple[str, str]] = field(default_factory=dict)  # point and mode -> (known bug, what broke)
 
     def by_kind(self) -> Counter:
         return Counter(p.kind for p in self.points)
@@ -251,22 +251,23 @@ def check(
 ) -> Report:
     """Run `op` with every `stride`-th point failing (each in every mode of its kind: MODES, or
     `modes`; with `bug`, that exception instead of an OSError); raises FaultEscaped on the first
-    rule broken. `known`: "module:function" of a call the package makes -> a known bug at it: a
-    point there that breaks a rule is recorded in report.known instead (the caller marks the test
-    xfail with the reason), and the other points go on. Returns the report (print its line())."""
+    rule broken. `known`: text -> a known bug: a run that breaks a rule where the point
+    ("module:function" of the package's call) or the broken rule's message holds that text is
+    recorded in report.known instead (the caller marks the test xfail with the reason), and the
+    other points go on. Returns the report (print its line())."""
     t0 = time.perf_counter()
     report, reference, before, reference_back = count(op)
     if not report.points:
         raise FaultEscaped(f"{op.name}: the operation makes no call that can be faulted")
     for point in report.points[::stride]:
         for mode in ("bug",) if bug is not None else (modes or MODES)[point.kind]:
-            reason = next((r for at, r in (known or {}).items() if point.where.startswith(at + ":")), None)
             try:
                 _faulted_run(op, point, mode, bug, reference, before, reference_back, report)
             except FaultEscaped as e:
+                reason = next((r for text, r in (known or {}).items() if text in f"{point.where} {e}"), None)
                 if reason is None:
                     raise
-                report.known[point.where] = f"{reason} ({e})"
+                report.known[f"{point}, {mode}"] = (reason, str(e))
                 report.outcomes["a known bug"] += 1
     report.seconds = time.perf_counter() - t0
     return report
