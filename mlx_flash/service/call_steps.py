@@ -56,6 +56,7 @@ class CallSteps:
                 f"the context would hold {len(ids)} tokens; a context holds fewer than {limit} "
                 f"(the model's context {self.engine.model_context}, the KV budget "
                 f"{self.pool.capacity_tokens} tokens)"
+                + (f"; {disk}" if (disk := self.engine.disk_shortage(limit)) else "")
             )
         return ctx, ids, history
 
