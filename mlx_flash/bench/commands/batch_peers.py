@@ -43,6 +43,8 @@ from mlx_flash.config import default_cache_dir
 from mlx_flash.convert.mlx_lm_dir import build_peer_dir
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 # Runs under --mlx-lm-python: argv[1] a request JSON, argv[2] where to write the results JSON.
 PEER_WORKER = r"""
@@ -138,21 +140,22 @@ def run_mlx_lm(
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         req, res = os.path.join(tmp, "req.json"), os.path.join(tmp, "res.json")
-        with open(req, "w") as fh:
-            json.dump(
-                {
-                    "model_dir": model_dir,
-                    "prompts": prompt_ids,
-                    "max_tokens": gen,
-                    "batches": batches,
-                    "runs": runs,
-                    "check_ids": check_ids,
-                    "check_tokens": check_tokens,
-                    "prefill_batch": prefill_batch,
-                    "sequential": sequential,
-                },
-                fh,
-            )
+        write_json(
+            req,
+            {
+                "model_dir": model_dir,
+                "prompts": prompt_ids,
+                "max_tokens": gen,
+                "batches": batches,
+                "runs": runs,
+                "check_ids": check_ids,
+                "check_tokens": check_tokens,
+                "prefill_batch": prefill_batch,
+                "sequential": sequential,
+            },
+            OutputError,
+            indent=None,
+        )
         r = subprocess.run([python, "-c", PEER_WORKER, req, res], stdout=sys.stderr)  # its output shows as it runs
         if r.returncode != 0:
             raise FlashError(f"mlx-lm under {python} failed (exit {r.returncode}; its output is above)")
@@ -316,19 +319,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {n}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(
-                {
-                    "args": vars(a),
-                    "prompt_tokens": plens,
-                    "load_average": [load_before, load_after],
-                    "rows": rows,
-                    "notes": notes,
-                    "ours": {k: {"describe": v.get("describe"), "check_ids": v["check_ids"]} for k, v in infos.items()},
-                    "mlx_lm": {k: v for k, v in (peer or {}).items() if k != "rows"},
-                },
-                fh,
-                indent=1,
-            )
+        write_json(
+            a.json,
+            {
+                "args": vars(a),
+                "prompt_tokens": plens,
+                "load_average": [load_before, load_after],
+                "rows": rows,
+                "notes": notes,
+                "ours": {k: {"describe": v.get("describe"), "check_ids": v["check_ids"]} for k, v in infos.items()},
+                "mlx_lm": {k: v for k, v in (peer or {}).items() if k != "rows"},
+            },
+            OutputError,
+            indent=1,
+        )
         print(f"wrote {a.json}")
     return 0

@@ -14,7 +14,6 @@ their engine imported; nothing else runs in them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -23,6 +22,8 @@ import tempfile
 
 from mlx_flash.errors import first_paragraph
 from mlx_flash.default_model import default_model_path
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 LLAMA = """
 import sys
@@ -100,6 +101,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'llama.cpp':<22}{c:>8}{shown}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump({"ours": rows, "llama.cpp": {str(c): v for c, v in peers.items()}}, fh, indent=1)
+        write_json(a.json, {"ours": rows, "llama.cpp": {str(c): v for c, v in peers.items()}}, OutputError, indent=1)
     return 0

@@ -10,7 +10,6 @@ threads); otherwise its column says "not installed".
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -18,6 +17,8 @@ import mlx_flash
 from mlx_flash.bench.decode_pairs import engine_run, llama_run, medians, open_llama, prompt_text
 from mlx_flash.default_model import default_model_path
 from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 CONFIGS = {
     "mlx": dict(backend="mlx"),
@@ -90,17 +91,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(
-                {
-                    "prompt_tokens": a.prompt_tokens,
-                    "gen_tokens": a.gen_tokens,
-                    "runs": a.runs,
-                    "threads": a.threads,
-                    "results": results,
-                },
-                fh,
-                indent=1,
-            )
+        write_json(
+            a.json,
+            {
+                "prompt_tokens": a.prompt_tokens,
+                "gen_tokens": a.gen_tokens,
+                "runs": a.runs,
+                "threads": a.threads,
+                "results": results,
+            },
+            OutputError,
+            indent=1,
+        )
         print(f"wrote {a.json}")
     return 0

@@ -19,7 +19,9 @@ import sys
 import numpy as np
 
 import mlx_flash
+from mlx_flash.durable import write_durably
 from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.store.atomic_dir import OutputError
 
 PROMPT = "The history of the city begins in the twelfth century, when a small market grew along the river"
 STOP = ["river", "\n\n"]  # a stop string the greedy text may meet, cut where it starts
@@ -106,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     text = json.dumps(out, indent=1)
     if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
+        write_durably(a.out, [(text + "\n").encode()], OutputError)
     else:
         print(text)
     return 0

@@ -14,7 +14,6 @@ from the same token's reads (bytes, count) through the disk profile.
 """
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -34,6 +33,8 @@ from mlx_flash.sparse.planner import plan_budget
 from mlx_flash.store import open_store
 from mlx_flash.store.sizes import model_bytes
 from mlx_flash.store.stream_pool import stream_pool
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def bench_mode(a, mode, prompt, profile):
@@ -284,5 +285,4 @@ def run(a) -> None:
         )
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(a.json, rows, OutputError, indent=1)

@@ -20,6 +20,8 @@ import sys
 from mlx_flash.config import default_cache_dir
 from mlx_flash.errors import first_paragraph
 from mlx_flash.store import disk_profile as dp
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 SIZES = {"4K": 4096, "32K": 32768, "128K": 131072, "1M": 1 << 20}
 
@@ -83,6 +85,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>5} {t:>7} {f / 1e6:>10.1f} {ours / 1e6:>10.1f} {ours / f:>9.2f}", flush=True)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(a.json, rows, OutputError, indent=1)
     return 0

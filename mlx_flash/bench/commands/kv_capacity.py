@@ -9,7 +9,6 @@ and JSON.
 """
 
 import argparse
-import json
 import sys
 
 from mlx_flash.api import load
@@ -17,6 +16,8 @@ from mlx_flash.bench.kv_capacity import contexts_held
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.budget import parse_budget
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +56,5 @@ def main(argv: list[str] | None = None) -> int:
         mix = ", ".join(f"{w}: {n}" for w, n in r["chunk_widths"].items())
         print(f"| {r['compression']} | {r['contexts_held']} | {vs} | {r['float_slots']} | {used} | {mix} |")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(a.json, rows, OutputError, indent=1)
     return 0

@@ -8,7 +8,6 @@ stores; a table, JSON and a plot.
 """
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -18,6 +17,8 @@ from mlx_flash.calibrate import read_corpus
 from mlx_flash.calibrate.kv_compression import kv_quality
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.service.compression import Compression
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = [{k: v for k, v in r.items() if k != "picks"} for r in rows]
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        write_json(a.json, out, OutputError, indent=1)
     if a.plot:
         import matplotlib
 

@@ -34,6 +34,8 @@ from mlx_flash.default_model import resolve_store
 from mlx_flash.errors import FlashError
 from mlx_flash.budget import parse_budget
 from mlx_flash.tokenizer import Tokenizer
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 ROWS = {"short", "long", "coded", "resident", "peer"}
 
@@ -122,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report(rows, rate, a)
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"disk_bytes_per_s": rate, "args": vars(a), "rows": rows}, fh, indent=1)
+        write_json(a.json, {"disk_bytes_per_s": rate, "args": vars(a), "rows": rows}, OutputError, indent=1)
     return 0
 
 

@@ -11,7 +11,6 @@ Timings are medians of --repeat calls after a warm-up; the machine's other load 
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,8 @@ from mlx_flash.kernels.qmatmul import cpu_isa, qmatmul
 from mlx_flash.kernels.qmatmul_ref import dequantize
 from mlx_flash.kernels import cuda_ops
 from mlx_flash.kernels.qmatmul import StoredMatrix
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 # (name, outputs N, inputs K, transposed): transposed=False is the neuron-major down projection.
 SHAPES = [
@@ -120,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_kernel: {e}", file=sys.stderr)
             return 2
         if a.out:
-            with open(a.out, "w") as fh:
-                json.dump({"target": "cuda", "rows": rows}, fh, indent=1)
+            write_json(a.out, {"target": "cuda", "rows": rows}, OutputError, indent=1)
         return 0
     threads = [int(t) for t in a.threads.split(",")]
     rng = np.random.default_rng(0)
@@ -162,6 +162,5 @@ def main(argv: list[str] | None = None) -> int:
                     extra += f" | mlx qmm {row['mlx_qmm_ms']:.3f} ms"
                 print(f"q{bits} {name:26s} T={t:<3d} {stored / 1e6:7.2f} MB | {cells}{extra}", flush=True)
     if a.out:
-        with open(a.out, "w") as fh:
-            json.dump({"cpu_path": cpu_isa().name, "memory_bandwidth_GBs": bw, "rows": rows}, fh, indent=1)
+        write_json(a.out, {"cpu_path": cpu_isa().name, "memory_bandwidth_GBs": bw, "rows": rows}, OutputError, indent=1)
     return 0

@@ -85,6 +85,8 @@ from mlx_flash.tokenizer import Tokenizer
 from mlx_flash.bench.models import NAMES, bench_model
 from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.bench.commands.memory_report import MB, fmt_cell, model_title, plot, print_table, replot
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 PROMPT = "The quick brown fox jumps over the lazy dog. "
 CAP_SHARE = 0.9  # of the memory this process may use: the rest is for the harness and the system
@@ -324,8 +326,9 @@ def kept(a) -> None:
     for r in over:
         print(f"over the budget: {r['backend']} at {r['budget'] / MB:.1f} MB peaked at {r['peak'] / MB:.1f} MB")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"version": git_version(), "model": a.model or "default", "rows": rows}, fh, indent=1)
+        write_json(
+            a.json, {"version": git_version(), "model": a.model or "default", "rows": rows}, OutputError, indent=1
+        )
     if over:
         raise FlashError(f"{len(over)} run(s) over their memory budget")
 

@@ -10,7 +10,6 @@ With a memory budget whose KV share holds fewer tokens than a window, each windo
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -19,6 +18,8 @@ from mlx_flash.config import EngineConfig
 from mlx_flash.calibrate import corpus_path, perplexity
 from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.options import add_arguments, from_arguments
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +99,5 @@ def main(argv: list[str] | None = None) -> int:
         f"{f', top {a.attention_keep:g} of keys' if a.attention_keep < 1 else ''})"
     )
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(r, fh, indent=1)
+        write_json(a.json, r, OutputError, indent=1)
     return 0

@@ -34,6 +34,8 @@ from mlx_flash.bench.cgroup import MEMORY_CHILD, MemoryCgroup, drop_page_cache
 from mlx_flash.units import fmt
 from mlx_flash.default_model import resolve_store
 from mlx_flash.tokenizer import Tokenizer
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 PROMPT = "Write the opening of a story about a lighthouse keeper and a storm."
 TOPICS = [
@@ -234,10 +236,12 @@ def run(a) -> None:
         if row["tok_s"] is None:
             print("  (no answer) " + row["tail"])
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
-                {"limit": limit, "tokens": a.tokens, "backend": a.backend, "batch": a.batch, "rows": rows}, fh, indent=1
-            )
+        write_json(
+            a.json,
+            {"limit": limit, "tokens": a.tokens, "backend": a.backend, "batch": a.batch, "rows": rows},
+            OutputError,
+            indent=1,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

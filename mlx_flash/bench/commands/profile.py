@@ -13,7 +13,6 @@ the greedy choice of the one before (what decode does).
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -22,6 +21,8 @@ import numpy as np
 
 import mlx_flash
 from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def _steps(engine, step, prompt_ids, tokens: int, around=contextlib.nullcontext) -> list[float]:
@@ -97,6 +98,5 @@ def main(argv: list[str] | None = None) -> int:
             f"(eager {res['eager_ms']:.2f})"
         )
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+        write_json(args.json, res, OutputError, indent=1)
     return 0

@@ -11,11 +11,12 @@ Perplexity on the Wikipedia text (tools/fetch_data.py), context 512, torch backe
 """
 
 import argparse
-import json
 
 import mlx_flash
 from mlx_flash.calibrate import OracleUnits, perplexity, read_corpus
 from mlx_flash.errors import FlashError, exit_status, first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +62,7 @@ def run(a) -> None:
     for r in rows:
         print(f"{r['unit']:<8}{r['share']:>7.2f}{r['mb_per_token']:>10.1f}{r['perplexity']:>12.3f}")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(a.json, rows, OutputError, indent=1)
     if a.plot:
         import matplotlib
 

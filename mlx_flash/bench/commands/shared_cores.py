@@ -24,6 +24,8 @@ import tempfile
 
 from mlx_flash.bench.decode_pairs import peer_built
 from mlx_flash.errors import first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 DECODE = ["-m", "mlx_flash.bench", "decode"]  # the decode benchmark, one process per measurement
 
@@ -85,6 +87,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{config:<10}{r['alone']:>8.1f}   {each:<24}{total:>7.1f}{total / r['alone']:>13.2f}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump({"processes": a.processes, "runs": a.runs, "results": results}, fh, indent=1)
+        write_json(a.json, {"processes": a.processes, "runs": a.runs, "results": results}, OutputError, indent=1)
     return 0

@@ -33,6 +33,8 @@ import numpy as np
 from mlx_flash.backends import cpu_threads
 from mlx_flash.bench.sparse_kernels import HEADER, SHAPES, bench_cpu, bench_cuda, bench_metal, syncs, table_row
 from mlx_flash.errors import first_paragraph
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -122,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.syncs:
         result["syncs"] = syncs(args.sync_tokens)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_json(args.json, result, OutputError, indent=1)
     if args.plot and rows:
         plot(rows, args.plot)
     return 0

@@ -12,7 +12,6 @@ at the compression's width. Table and JSON.
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,8 @@ from mlx_flash.bench.switching_trace import SwitchTrace, build, load_built, repl
 from mlx_flash.calibrate import read_corpus
 from mlx_flash.errors import ConfigError, FlashError, first_paragraph
 from mlx_flash.service.lifecycle import Evict, Lifecycle, Restore
+from mlx_flash.durable import write_json
+from mlx_flash.store.atomic_dir import OutputError
 
 
 def variants(compression: str) -> list[Variant]:
@@ -129,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['chunks_recomputed']} |"
         )
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
-                {"trace": vars(trace), "visits": visits(trace), "tokens": built.tokens, "rows": rows}, fh, indent=1
-            )
+        write_json(
+            a.json,
+            {"trace": vars(trace), "visits": visits(trace), "tokens": built.tokens, "rows": rows},
+            OutputError,
+            indent=1,
+        )
     return 0
