@@ -174,12 +174,14 @@ class FaultEscaped(AssertionError):
 class Operation:
     """What a fault test runs: `setup()` a fresh state; `run(state)` the operation, returning its
     result (compared with ==, numpy arrays by value); `read_back(state)` what the package's reader
-    finds afterwards (a value, ABSENT, or a FlashError: a refusal), run without faults."""
+    finds afterwards (a value, ABSENT, or a FlashError: a refusal), run without faults;
+    `teardown(state)` once a state is done with (a service's reader threads closed)."""
 
     name: str
     setup: Callable[[], Any]
     run: Callable[[Any], Any]
     read_back: Callable[[Any], Any] = lambda state: None
+    teardown: Callable[[Any], None] = lambda state: None
 
 
 @dataclass
@@ -234,11 +236,18 @@ def _read_back(op: Operation, state, what: str):
 def count(op: Operation) -> tuple[Report, Any, Any, Any]:
     """The counting pass: (report with the points, the result, what is read back before and after)."""
     # what is there before, read from a state of its own: a faulted run reads nothing before it runs
-    before = _read_back(op, op.setup(), f"{op.name}: before")
     state = op.setup()
-    with Injector() as inj:
-        result = op.run(state)
-    after = _read_back(op, state, f"{op.name}: fault-free")
+    try:
+        before = _read_back(op, state, f"{op.name}: before")
+    finally:
+        op.teardown(state)
+    state = op.setup()
+    try:
+        with Injector() as inj:
+            result = op.run(state)
+        after = _read_back(op, state, f"{op.name}: fault-free")
+    finally:
+        op.teardown(state)
     return Report(op.name, inj.points), result, before, after
 
 
@@ -261,21 +270,23 @@ def check(
         raise FaultEscaped(f"{op.name}: the operation makes no call that can be faulted")
     for point in report.points[::stride]:
         for mode in ("bug",) if bug is not None else (modes or MODES)[point.kind]:
+            state = op.setup()
             try:
-                _faulted_run(op, point, mode, bug, reference, before, reference_back, report)
+                _faulted_run(op, state, point, mode, bug, reference, before, reference_back, report)
             except FaultEscaped as e:
                 reason = next((r for text, r in (known or {}).items() if text in f"{point.where} {e}"), None)
                 if reason is None:
                     raise
                 report.known[f"{point}, {mode}"] = (reason, str(e))
                 report.outcomes["a known bug"] += 1
+            finally:
+                op.teardown(state)
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _faulted_run(op, point: Point, mode: str, bug, reference, before, reference_back, report: Report) -> None:
+def _faulted_run(op, state, point: Point, mode: str, bug, reference, before, reference_back, report: Report) -> None:
     what = f"{op.name}: {point}, {mode}"
-    state = op.setup()
     with Injector(point.index, mode, bug) as inj:
         try:
             result, raised = op.run(state), None

@@ -18,6 +18,14 @@ import fault_injection as fi
 import mlx_flash
 import tiny_models
 from fuzz_helpers import templated_store
+from mlx_flash.errors import DiskError
+from mlx_flash.memory import ModelShape
+from mlx_flash.models.kv_tiers import EVICT_STEP, TierPlan
+from mlx_flash.sparse.predictor import LayerPredictor, Predictors
+from mlx_flash.sparse.thresholds import PERCENTS, ROLES, Thresholds, load_thresholds, save_thresholds
+from mlx_flash.sparse.thresholds import store_fingerprint
+from mlx_flash.store.kv_tier_file import KVTierFile
+from mlx_flash.store.positional_io import write_all
 
 PROMPT = " ".join(f"w{3 + (7 * i) % 90}" for i in range(40))  # 40 tokens: three chunks of 16
 MORE = "w5 w6 w7"
@@ -85,7 +93,7 @@ def service_op(engine, work) -> fi.Operation:
                 return fi.ABSENT
             return other.get(ctx).sequence[:], _answer(other, ctx, MORE)
 
-    return fi.Operation("chunk swap and context record", setup, run, read_back)
+    return fi.Operation("chunk swap and context record", setup, run, read_back, lambda state: state[0].close())
 
 
 def test_swap_out_under_every_fault(engine, work):
@@ -110,8 +118,6 @@ def leftovers(folder: str) -> list[str]:
 
 
 def thresholds_op(store, work) -> fi.Operation:
-    from mlx_flash.sparse.thresholds import PERCENTS, ROLES, Thresholds, load_thresholds, save_thresholds
-    from mlx_flash.sparse.thresholds import store_fingerprint
 
     opened = mlx_flash.store.open_store(store)
     layers = opened.config["num_hidden_layers"]
@@ -191,9 +197,6 @@ def test_streamed_generation_under_every_read_fault(deep_store, how):
 def kv_tier_op(store, work) -> fi.Operation:
     """A 150-token prefill in chunks of 16 and four greedy steps with a window of 80 tokens: the
     older tokens moved to a nameless file on flash and read back at every forward."""
-    from mlx_flash.memory import ModelShape
-    from mlx_flash.models.kv_tiers import EVICT_STEP, TierPlan
-    from mlx_flash.store.kv_tier_file import KVTierFile
 
     engine = mlx_flash.load(store, backend="torch", progress=False, prefill_chunk=16)
     s = ModelShape.from_config(engine.store.config)
@@ -294,7 +297,6 @@ def test_conversion_under_every_fault(hf_dir, work):
 
 
 def predictors(layers: int, d: int, f: int, seed: int):
-    from mlx_flash.sparse.predictor import LayerPredictor, Predictors
 
     rng = np.random.default_rng(seed)
     per = [
@@ -308,7 +310,6 @@ def predictors(layers: int, d: int, f: int, seed: int):
 def predictor_op(store, work) -> fi.Operation:
     """New predictors saved over older ones of the same shapes (a retraining); read back: each
     layer's U, V, b and cut, the magnitude thresholds."""
-    from mlx_flash.sparse.predictor import Predictors
 
     cfg = mlx_flash.store.open_store(store).config
     shape = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"])
@@ -361,8 +362,6 @@ def test_a_bug_under_a_fault_fails_showing_its_traceback(store, work):
 def test_a_file_written_in_place_is_caught_half_written(work):
     """A file written in two parts in place (no temporary, no rename): a failed part leaves a file
     (empty, or half) that its reader takes for the whole: the check says so."""
-    from mlx_flash.errors import DiskError
-    from mlx_flash.store.positional_io import write_all
 
     data = bytes(range(256)) * 64
 
