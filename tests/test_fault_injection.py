@@ -103,6 +103,30 @@ def test_swap_out_under_every_fault(engine, work):
     assert kinds["write"] >= 3 and kinds["fsync"] >= 4 and report.runs == len(report.points) + kinds["write"]
 
 
+def restore_op(engine, work) -> fi.Operation:
+    """A call on a swapped-out context: its chunk files read back (a failed read: the chunk is
+    recomputed), then its record written. The call is the whole text, so running it again asks the
+    same; read back as service_op's is."""
+    swapped = service_op(engine, work)
+
+    def setup():
+        state = swapped.setup()
+        state[0].swap_out(state[1])
+        return state
+
+    def run(state):
+        svc, ctx, _ = state
+        return "".join(s.text for s in svc.call(ctx, PROMPT + " " + MORE, max_tokens=4, whole=True))
+
+    return fi.Operation("a swapped-out context's next call", setup, run, swapped.read_back, swapped.teardown)
+
+
+def test_restore_under_every_fault(engine, work):
+    report = fi.check(restore_op(engine, work))
+    show(report)
+    assert report.by_kind()["read"] >= 3 and report.by_kind()["write"] >= 1  # the chunks, the record
+
+
 # ---- sparsity thresholds beside a store -----------------------------------------------------------
 
 
