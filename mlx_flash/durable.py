@@ -5,9 +5,12 @@ Every persistent write of the package goes through here (docs/durability.md list
 - `DurableFile(path, error)`: the bytes go to a temporary sibling through `os.write`, which is
   fsynced, renamed over the target, and then the folder is fsynced so the rename itself survives.
   A reader never finds a half-written file under the final name.
-- `write_durably(path, parts, error)`: the same for bytes already in hand.
-- `sync_tree(root)` / `sync_folder(folder)`: for a folder written whole and renamed into place (a
-  store): every file and folder below it fsynced before the rename, the parent after it.
+- `write_durably(path, parts, error)`, `write_json(...)`: the same for bytes (an object) in hand.
+- `FolderFile`, `write_new`, `copy_new`: a new file inside a folder written whole (a store), in
+  place and fsynced on close; `replace_folder(tmp, out, error)` then puts the folder in place:
+  `sync_tree` (every file and folder below it fsynced), the rename, `sync_folder` of the parent.
+- `AppendFile`, `move_durably`, `truncate_durably`: a file grown across runs (a resumable
+  download, a batch's output), renamed into place when whole, or cut back to its last whole record.
 
 A failure raises the caller's `error` (a `DiskError`) in one line that names the file and the cause
 as a user would say it: a full disk with the bytes needed and free, a read-only disk, a file where a
