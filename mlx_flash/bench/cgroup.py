@@ -86,7 +86,7 @@ def _read(path: str) -> str:
 
 def _write(path: str, value: str) -> None:
     try:
-        with open(path, "w") as fh:
+        with open(path, "w") as fh:  # (a kernel control file, not data: nothing to make durable)
             fh.write(value)
     except OSError as e:
         raise FlashError(f"{path}: cannot write {value!r} ({e.strerror})") from None

@@ -56,7 +56,7 @@ class Server:
         for _ in range(3):  # the free port may be taken between the probe and the bind
             self.port = free_port()
             self.log = os.path.join(directory, "server.log")
-            with open(self.log, "w") as out:
+            with open(self.log, "w") as out:  # (not durable: a log for a person)
                 self.proc = subprocess.Popen(
                     [
                         sys.executable,

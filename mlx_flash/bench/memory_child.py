@@ -159,7 +159,7 @@ def run_ours(
         # KV tiers: what the decode read back of the older tokens on flash (page cache hits included)
         r.update(decode_kv_read_bytes_per_token=(engine.kv_bytes_read - kv_read[0]) / max(tokens - 1, 1))
         if recorder is not None:
-            with open(read_log, "w") as fh:
+            with open(read_log, "w") as fh:  # (not durable: read by the parent within this run)
                 json.dump({"threads": recorder.pool.threads, "batches": recorder.batches}, fh)
     return r
 

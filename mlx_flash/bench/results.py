@@ -216,7 +216,7 @@ def render(results: str) -> list[str]:
             raise FlashError(f"docs/results/{page}: sections {missing} missing, {unknown} not a known table")
         new = pages.replace(text, {tb.name: section_body(results, tb) for tb in by_page.get(page, [])}, page)
         if new != text:
-            with open(path, "w") as fh:
+            with open(path, "w") as fh:  # (not durable: a page of the source tree, git holds it)
                 fh.write(new)
             changed.append(page)
     return changed

@@ -220,7 +220,7 @@ def _drop_page_cache() -> None:
     """Cold reads where we may (root on Linux); the reader bypasses the page cache anyway."""
     try:
         os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
+        with open("/proc/sys/vm/drop_caches", "w") as f:  # (a kernel control, not data)
             f.write("3\n")
     except OSError:
         pass

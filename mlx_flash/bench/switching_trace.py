@@ -185,7 +185,7 @@ def replay(
 ) -> ReplayResult:
     """The trace's first `switches` visits (all by default) on a copy of the build, under `variant`."""
     shutil.rmtree(directory, ignore_errors=True)
-    shutil.copytree(built.directory, directory)
+    shutil.copytree(built.directory, directory)  # (not durable: this replay's scratch, removed after it)
     order = visits(trace)[:switches]
     rng = np.random.default_rng(trace.seed + 2)
     res = ReplayResult(variant.name)

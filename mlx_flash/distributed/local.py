@@ -26,7 +26,7 @@ def rank_envs(n: int, folder: str, launcher: str = "ring") -> list[dict]:
     """Environment variables for ranks 0..n-1 (`folder` holds the ring's host file)."""
     if launcher == "ring":
         hostfile = os.path.join(folder, "hosts.json")
-        with open(hostfile, "w") as fh:
+        with open(hostfile, "w") as fh:  # (not durable: read by this launch's ranks as they start)
             json.dump([[f"127.0.0.1:{p}"] for p in free_ports(n)], fh)
         return [{"MLX_RANK": str(r), "MLX_HOSTFILE": hostfile} for r in range(n)]
     if launcher == "gloo":

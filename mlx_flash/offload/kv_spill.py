@@ -75,7 +75,7 @@ class SpillFolder:
             self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)  # mode 0700
             # locked under another name, then renamed: a folder shows its lock only once the lock is
             # held, so another run's reap_orphans never finds this one's free in between and removes it
-            self._lock = open(os.path.join(self.path, LOCK + ".new"), "w")
+            self._lock = open(os.path.join(self.path, LOCK + ".new"), "w")  # (not durable: a lock, no data)
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
             os.rename(os.path.join(self.path, LOCK + ".new"), os.path.join(self.path, LOCK))
         except OSError as e:

@@ -32,7 +32,7 @@ def hold(store_dir: str) -> IO | None:
     takes no lock file). Marks the store used now."""
     path = in_use_path(store_dir)
     try:
-        f = open(path, "a")
+        f = open(path, "a")  # (not durable: a lock, no data; its mtime is a hint)
     except OSError:
         return None
     try:
@@ -51,7 +51,7 @@ def try_exclusive(path: str) -> IO | None:
     """The lock file `path` held exclusively, or None when another process holds it (a missing
     file is created, and so free)."""
     try:
-        f = open(path, "a")
+        f = open(path, "a")  # (not durable: a lock, no data; its mtime is a hint)
     except OSError as e:
         raise StoreError(f"{path}: cannot open the lock ({e.strerror})") from None
     try:

@@ -146,7 +146,7 @@ def enter_cgroup(limit) -> str:
     path = os.path.join(CGROUP_ROOT, f"mlx_flash_bench_{os.getpid()}")
     try:
         os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as fh:
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as fh:  # (cgroup controls, not data)
             fh.write(str(parse_budget(limit, 0)))
         with open(os.path.join(path, "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))

@@ -93,7 +93,7 @@ def chat_cmd(a, pipeline: bool) -> list[str]:
 
 
 def write_prompts(path: str, n: int) -> None:
-    with open(path, "w") as fh:
+    with open(path, "w") as fh:  # (not durable: one run's prompts, in its temporary folder)
         for k in range(n):
             topic = TOPICS[k % len(TOPICS)]
             message = {"role": "user", "content": f"Write a short story about {topic}."}
