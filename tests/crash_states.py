@@ -231,8 +231,8 @@ def _disk(root: str) -> dict:
 
 def trace(root: str, operation) -> tuple[dict[str, list[tuple[int, dict]]], int]:
     """Run `operation()` traced under `root`: (per model, [(first point, state)] of every distinct
-    power-loss state in order; the number of points). AssertionError when the model's live view at
-    the end is not what is on disk."""
+    power-loss state in order, the state once it returned last; the number of points).
+    AssertionError when the model's live view at the end is not what is on disk."""
     with Tracer(root) as t:
         operation()
     live, disk = t.live(), _disk(root)
@@ -242,7 +242,8 @@ def trace(root: str, operation) -> tuple[dict[str, list[tuple[int, dict]]], int]
             f"the crash model of {root} is not what is on disk after the operation at {differ[:5]}: "
             "written by a call it does not trace (builtin open, another os call)"
         )
-    return {m: sorted((k, dict(s)) for s, k in t.states[m].items()) for m in MODELS}, t.calls
+    final = {m: dict(_view(t.model, m)) for m in MODELS}
+    return {m: sorted((k, dict(s)) for s, k in t.states[m].items()) + [(t.calls, final[m])] for m in MODELS}, t.calls
 
 
 def materialize(state: dict, folder: str) -> str:

@@ -24,15 +24,17 @@ def work(tmp_path_factory):
     return lambda: str(root / f"s{next(_folders)}")
 
 
-def check_states(name: str, root: str, operation, read, reference, again=None) -> None:
+def check_states(name: str, root: str, operation, read, reference, again=None, earlier=()) -> None:
     """Trace `operation` under `root`; every distinct power-loss state of each model, written out,
-    must read (by `read(folder)`) as None (nothing there), a one-line FlashError, or `reference`;
-    and `again(folder)` (the operation run again there, when given) must then give `reference`."""
+    must read (by `read(folder)`) as None (nothing there), a one-line FlashError, `reference`, or one
+    of `earlier` (what the operation's own steps leave, each complete); the state once it returned
+    must read as `reference` (it is durable); and `again(folder)` (the operation run again there,
+    when given) must then give `reference`."""
     states, points = cs.trace(root, operation)
     lines = []
     for model, found in states.items():
-        seen = {"nothing": 0, "refused": 0, "the finished result": 0}
-        for k, state in found:
+        seen = {"nothing": 0, "refused": 0, "an earlier step": 0, "the finished result": 0}
+        for k, state in found[:-1]:
             where = f"{name}, a power loss at point {k} ({model} model: {cs.describe(state)})"
             folder = cs.materialize(state, os.path.join(os.path.dirname(root), f"state{next(_folders)}"))
             try:
@@ -42,14 +44,22 @@ def check_states(name: str, root: str, operation, read, reference, again=None) -
                 got = "refused"
             if got is None or got == "refused":
                 seen["nothing" if got is None else "refused"] += 1
+            elif got in earlier:
+                seen["an earlier step"] += 1
             else:
                 assert got == reference, f"{where}: read as good, but it is not the finished result"
                 seen["the finished result"] += 1
             if again is not None:
                 assert again(folder) == reference, f"{where}: run again there, it does not give the result"
-        assert seen["the finished result"] >= 1, f"{name} ({model} model): no state holds the finished result"
-        said = ", ".join(f"{n} {k}" for k, n in seen.items())
-        lines.append(f"[crash]   {model} model: {len(found)} distinct states checked: {said}")
+        k, state = found[-1]
+        folder = cs.materialize(state, os.path.join(os.path.dirname(root), f"state{next(_folders)}"))
+        assert read(folder) == reference, (
+            f"{name}: a power loss once it returned ({model} model: {cs.describe(state)}) loses the result"
+        )
+        said = ", ".join(f"{n} {k}" for k, n in seen.items() if n)
+        lines.append(
+            f"[crash]   {model} model: {len(found) - 1} distinct states checked ({said}), and the one it returned to"
+        )
     print(f"\n[crash] {name}: {points} points traced\n" + "\n".join(lines))
 
 
@@ -119,6 +129,38 @@ def test_context_swap_out_power_loss_states(tmp_path, work):
 
         check_states("context swap-out", root, lambda: svc.swap_out(ctx), read, reference)
         svc.close()
+
+
+def test_new_context_power_loss_states(tmp_path, work):
+    """A service made in a new folder, a new context, its first call and its swap-out: a power loss
+    leaves no context, the empty one, or the one with its call; once swap_out returned, that one."""
+    from fuzz_helpers import templated_store
+
+    with mlx_flash.load(templated_store(tmp_path), backend="torch", progress=False) as engine:
+        root = work()
+        os.makedirs(root)
+        made = {}
+
+        def operation():
+            svc = made["svc"] = mlx_flash.Service(engine, directory=os.path.join(root, "svc"), kv_budget="4MB")
+            made["ctx"] = svc.new_context()
+            _answer(svc, made["ctx"], PROMPT)
+            svc.swap_out(made["ctx"])
+
+        def read(folder):
+            with mlx_flash.Service(engine, directory=os.path.join(folder, "svc"), kv_budget="4MB") as other:
+                if made["ctx"] not in other.contexts:
+                    return None
+                return other.get(made["ctx"]).sequence[:], _answer(other, made["ctx"], "w5 w6 w7")
+
+        with mlx_flash.Service(engine, directory=work(), kv_budget="4MB") as twin:
+            empty = twin.new_context()
+            earlier = (twin.get(empty).sequence[:], _answer(twin, empty, "w5 w6 w7"))
+            t = twin.new_context()
+            _answer(twin, t, PROMPT)
+            reference = (twin.get(t).sequence[:], _answer(twin, t, "w5 w6 w7"))
+        check_states("a new context", root, operation, read, reference, earlier=[earlier])
+        made["svc"].close()
 
 
 # ---- the simulator itself: a write that is not durable is caught ------------------------------------

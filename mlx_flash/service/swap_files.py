@@ -27,7 +27,7 @@ import zlib
 
 import numpy as np
 
-from ..durable import write_durably
+from ..durable import sync_folder, write_durably, write_failure
 from ..errors import DiskError
 from .chunk_pool import ChunkShape
 from .coded_chunks import decode, encode, packed_bytes
@@ -57,7 +57,7 @@ class SwapDir:
     def __init__(self, directory: str):
         self.root = os.path.join(os.path.abspath(os.path.expanduser(directory)), "contexts")
         try:
-            os.makedirs(self.root, exist_ok=True)
+            _make_folder(self.root)
         except OSError as e:
             raise SwapError(f"service directory {directory}: cannot create it ({e.strerror})") from None
 
@@ -68,9 +68,17 @@ class SwapDir:
         return os.path.join(self.folder(ctx_id), f"chunk-{index:06d}.kv")
 
     # ---- records --------------------------------------------------------------------------------
-    def write_record(self, ctx_id: str, record: dict) -> None:
+    def made_folder(self, ctx_id: str) -> str:
+        """The context's folder, made durably if it is new (SwapError, one line, when it cannot be)."""
         folder = self.folder(ctx_id)
-        os.makedirs(folder, exist_ok=True)
+        try:
+            _make_folder(folder)
+        except OSError as e:
+            raise SwapError(write_failure(folder, e)) from None
+        return folder
+
+    def write_record(self, ctx_id: str, record: dict) -> None:
+        folder = self.made_folder(ctx_id)
         write_durably(os.path.join(folder, RECORD), [record_bytes(record)], SwapError, mode=0o600)
 
     def records(self) -> tuple[dict[str, dict], list[str]]:
@@ -136,7 +144,7 @@ class SwapDir:
             payload.nbytes,
         ).ljust(HEADER, b"\0")
         pad = bytes(file_bytes(shape, width) - HEADER - payload.nbytes)
-        os.makedirs(self.folder(ctx_id), exist_ok=True)
+        self.made_folder(ctx_id)
         write_durably(self.chunk_path(ctx_id, index), [header, memoryview(payload), pad], SwapError, mode=0o600)
         return crc
 
@@ -208,6 +216,20 @@ def chunk_data(payload: np.ndarray, shape: ChunkShape, width: int, out: np.ndarr
         return floats
     np.copyto(out, floats)
     return out
+
+
+def _make_folder(path: str) -> None:
+    """os.makedirs, then an fsync of the folder above each one it made: a record written durably into
+    a new context's folder survives a power loss only if the folder's own name does (OSError as raised)."""
+    made, probe = [], path
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        made.append(probe)
+        probe = os.path.dirname(probe)
+    if not made:
+        return
+    os.makedirs(path, exist_ok=True)
+    for folder in reversed(made):
+        sync_folder(os.path.dirname(folder))
 
 
 def _remove_temporaries(folder: str) -> None:
