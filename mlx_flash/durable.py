@@ -71,6 +71,8 @@ def write_failure(path: str, e: OSError, needed: int | None = None) -> str:
         blocker = file_in_the_way(path) or (path if os.path.exists(path) and not os.path.isdir(path) else None)
         if blocker:
             return f"{path}: {blocker} is a file, not a folder"
+    if e.errno == errno.ENOENT and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        return f"{path}: its folder {os.path.dirname(os.path.abspath(path))} does not exist"
     if e.errno == errno.EACCES:
         return f"{path}: no permission to write it"
     if e.errno == errno.EIO:

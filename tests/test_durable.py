@@ -191,7 +191,7 @@ def test_truncate_durably_cuts_a_torn_last_line(tmp_path):
     path.write_bytes(b'{"id": 1}\n{"id"')
     durable.truncate_durably(str(path), 10, WriteError)
     assert path.read_bytes() == b'{"id": 1}\n'
-    with pytest.raises(WriteError, match="out-missing.jsonl: cannot write it"):
+    with pytest.raises(WriteError, match="out-missing.jsonl: cannot write it"):  # (its folder is there)
         durable.truncate_durably(str(tmp_path / "out-missing.jsonl"), 0, WriteError)
 
 
@@ -200,3 +200,8 @@ def test_write_json_in_a_folder_or_durably(tmp_path):
     durable.write_json(str(tmp_path / "b.json"), [1], WriteError, indent=None, in_folder=True)
     assert (tmp_path / "a.json").read_text(encoding="utf-8") == '{\n "é": 1\n}'
     assert (tmp_path / "b.json").read_text() == "[1]"
+
+
+def test_a_missing_folder_is_named(tmp_path):
+    with pytest.raises(WriteError, match=f"f.json: its folder {tmp_path / 'gone'} does not exist$"):
+        durable.write_durably(str(tmp_path / "gone" / "f.json"), [b"{}"], WriteError)

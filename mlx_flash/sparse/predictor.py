@@ -9,6 +9,7 @@ Saved beside the store: `predictors.safetensors` (U, V, b per layer) and `predic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,6 +23,17 @@ from ..store.atomic_dir import OutputError
 WEIGHTS_NAME = "predictors.safetensors"
 META_NAME = "predictors.json"
 FORMAT_VERSION = 1
+
+
+def weights_digest(tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over the tensors' names, shapes, types and bytes (in name order): what ties a
+    predictors.json to its predictors.safetensors."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        h.update(f"{name}|{a.dtype.str}|{list(a.shape)}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
 
 
 @dataclass
@@ -88,9 +100,10 @@ class Predictors:
             "window_activity": self.activity,
         }
         wpath, mpath = os.path.join(store_path, WEIGHTS_NAME), os.path.join(store_path, META_NAME)
-        # weights first: a crash between leaves the old json, which then fails the shape check
-        # instead of loading silently
-        write_durably(wpath, [save(tensors)], OutputError)
+        # Two files, each replaced durably; a crash between the two leaves one of each training:
+        # both carry the weights' digest, and load refuses a pair whose digests differ
+        meta["weights_sha256"] = weights_digest(tensors)
+        write_durably(wpath, [save(tensors, metadata={"weights_sha256": meta["weights_sha256"]})], OutputError)
         write_json(mpath, meta, OutputError)
 
     @classmethod
@@ -104,13 +117,21 @@ class Predictors:
         try:
             with open(mpath) as fh:
                 meta = json.load(fh)
+            from safetensors import safe_open
             from safetensors.numpy import load_file
 
             t = load_file(wpath)
+            with safe_open(wpath, "np") as f:
+                digest = (f.metadata() or {}).get("weights_sha256")
         except Exception as e:  # noqa: BLE001 - any parse failure is one named error
             raise StoreError(f"{store_path}: predictor files are unreadable ({type(e).__name__}: {e})") from None
         if meta.get("format_version") != FORMAT_VERSION:
             raise StoreError(f"{mpath}: predictor format {meta.get('format_version')!r} is not {FORMAT_VERSION}")
+        if meta.get("weights_sha256") != digest:
+            raise StoreError(
+                f"{store_path}: {META_NAME} and {WEIGHTS_NAME} are of different trainings (a save cut short); "
+                f"train them again with python tools/train_predictor.py --model {store_path}"
+            )
         layers = []
         for i in range(n_layers):
             names = [f"layers.{i}.{k}" for k in "UVb"]

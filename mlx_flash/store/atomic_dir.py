@@ -91,8 +91,11 @@ def output_lock(out_dir: str, progress: bool = True):
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # (the pid is for a waiter's message; a disk too full for it is said like any write)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as e:
+            raise OutputError(write_failure(path, e)) from None
         yield
     finally:
         try:
