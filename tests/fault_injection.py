@@ -1,9 +1,10 @@
 """Fault injection at every write and read the package makes, in the manner of SQLite's I/O-error
 tests: a counting pass numbers the injection points of an operation (every `os.write`, `os.pwrite`,
-`os.fsync`, `os.replace`, `os.rename`, `os.posix_fallocate`, `os.preadv`, `os.pread` called from
-mlx_flash code, and the reader pool's own `_preadv`), then the operation runs once per point with
-that point failing as the disk would fail it (ENOSPC for a write, a rename or a reservation, EIO for
-an fsync or a read; a read may also come back short), and each run is held to three rules:
+`os.fsync`, `os.replace`, `os.rename`, `os.posix_fallocate`, `os.mkdir`, `os.preadv`, `os.pread`
+called from mlx_flash code, and the reader pool's own `_preadv`), then the operation runs once per
+point with that point failing as the disk would fail it (ENOSPC for a write, a rename, a new folder
+or a reservation, EIO for an fsync or a read; a read may also come back short; a write or a read
+may fail from there on, as a full or failing disk does), and each run is held to three rules:
 
 1. it raises a FlashError whose message is one line, or it absorbs the fault and returns exactly
    what the fault-free run returns; any other exception is a bug and fails the test with its
@@ -39,6 +40,7 @@ KINDS = {
     "fsync": ("fsync",),
     "rename": ("replace", "rename"),
     "fallocate": ("posix_fallocate",),
+    "mkdir": ("mkdir",),
     "read": ("preadv", "pread"),
 }
 ERRNO = {
@@ -46,6 +48,7 @@ ERRNO = {
     "fsync": errno.EIO,
     "rename": errno.ENOSPC,
     "fallocate": errno.ENOSPC,
+    "mkdir": errno.ENOSPC,
     "read": errno.EIO,
 }
 # how a point of each kind fails: "error" raises its OSError once, "persistent" at that point and every
@@ -55,6 +58,7 @@ MODES = {
     "fsync": ("error",),
     "rename": ("error",),
     "fallocate": ("error",),
+    "mkdir": ("error",),
     "read": ("error", "short", "persistent"),
 }
 # modules whose calls are made on behalf of their caller (os.makedirs, shutil.rmtree, tempfile.mkstemp)
@@ -320,7 +324,10 @@ def _faulted_run(op, state, point: Point, mode: str, bug, reference, before, ref
 def show(report: Report) -> None:
     """Print the report's line; a known bug that broke a rule marks the test xfail, naming it."""
     print("\n" + report.line())
-    for _, broke in report.known.values():
+    broken = [broke for _, broke in report.known.values()]
+    for broke in broken[:3]:
         print(f"[faults]   a known bug: {broke}")
+    if len(broken) > 3:
+        print(f"[faults]   ... and {len(broken) - 3} more runs that reach a known bug")
     if report.known:
         pytest.xfail("; ".join(sorted({reason for reason, _ in report.known.values()})))
