@@ -106,13 +106,6 @@ def hf_dir(tmp_path_factory) -> str:
     return out
 
 
-LOCK_BUG = (
-    "mlx_flash/store/atomic_dir.py output_lock: the os.pwrite of the writer's pid into the lock file is "
-    "outside any OSError handler: a full disk there escapes as a bare OSError with a traceback"
-)
-CONVERSION_BUGS = {"mlx_flash.store.atomic_dir:output_lock": LOCK_BUG}
-
-
 def conversion_op(hf_dir, work) -> fi.Operation:
     def run(parent):
         out = mlx_flash.convert(hf_dir, os.path.join(parent, "store"), force=True, progress=False)
@@ -126,7 +119,7 @@ def conversion_op(hf_dir, work) -> fi.Operation:
 
 
 def test_conversion_under_every_fault(hf_dir, work):
-    report = fi.check(conversion_op(hf_dir, work), known=CONVERSION_BUGS)
+    report = fi.check(conversion_op(hf_dir, work))
     show(report)
     assert report.by_kind()["fsync"] >= 4 and report.by_kind()["rename"] >= 1
 
@@ -169,15 +162,8 @@ def predictor_op(store, work) -> fi.Operation:
     return fi.Operation("sparsity predictors", setup, run, read_back)
 
 
-PREDICTOR_BUG = (
-    "mlx_flash/sparse/predictor.py Predictors.save: the weights file is replaced, then the json; a "
-    "failure (or a crash) between the two leaves the new weights beside the old json (cuts, magnitude "
-    "thresholds), which loads as good when the shapes agree (a retraining of the same ranks)"
-)
-
-
 def test_predictor_files_under_every_fault(store, work):
-    report = fi.check(predictor_op(store, work), known={"neither the old one nor the new one": PREDICTOR_BUG})
+    report = fi.check(predictor_op(store, work))
     show(report)
     assert report.by_kind()["fsync"] >= 4 and report.by_kind()["rename"] == 2  # two files
 
