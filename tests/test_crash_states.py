@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 
+import numpy as np
 import pytest
 
 import crash_states as cs
 import mlx_flash
 import tiny_models
 from mlx_flash.errors import FlashError
+from mlx_flash.sparse.predictor import LayerPredictor, Predictors
 
 _folders = itertools.count()
 
@@ -161,6 +164,43 @@ def test_new_context_power_loss_states(tmp_path, work):
             reference = (twin.get(t).sequence[:], _answer(twin, t, "w5 w6 w7"))
         check_states("a new context", root, operation, read, reference, earlier=[earlier])
         made["svc"].close()
+
+
+# ---- sparsity predictors retrained: two files replaced one after the other --------------------------
+
+
+def _predictors(layers: int, d: int, f: int, seed: int) -> Predictors:
+    rng = np.random.default_rng(seed)
+    per = [
+        LayerPredictor(rng.random((d, 4), np.float32), rng.random((4, f), np.float32), rng.random(f, np.float32), seed)
+        for _ in range(layers)
+    ]
+    return Predictors(per, 0.5, [0.01 * (seed + 1)] * layers)
+
+
+def test_predictors_power_loss_states(tmp_path, work):
+    """New predictors saved over older ones of the same shapes: a power loss leaves the old pair, the
+    new pair, or a mix that load refuses; never new weights read with the old cuts."""
+    from fuzz_helpers import templated_store
+
+    store = templated_store(tmp_path)
+    cfg = mlx_flash.store.open_store(store).config
+    shape = (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"])
+    old, new = _predictors(*shape, seed=0), _predictors(*shape, seed=1)
+    root = work()
+    shutil.copytree(store, root)
+    old.save(root)
+
+    def read(folder):
+        p = Predictors.load(folder, *shape)
+        return [(x.U.tobytes(), x.V.tobytes(), x.b.tobytes(), x.cut) for x in p.layers], p.magnitude_thresholds
+
+    earlier = read(root)
+    probe = work()
+    shutil.copytree(root, probe)
+    new.save(probe)
+    reference = read(probe)
+    check_states("predictors retrained", root, lambda: new.save(root), read, reference, earlier=[earlier])
 
 
 # ---- the simulator itself: a write that is not durable is caught ------------------------------------
