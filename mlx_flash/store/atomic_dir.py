@@ -25,7 +25,7 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
-from ..durable import replace_folder, write_failure
+from ..durable import move_durably, replace_folder, write_failure
 from ..errors import DiskError
 
 PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
@@ -47,15 +47,27 @@ def process_alive(pid: int) -> bool:
 
 
 def remove_dead_partials(parent: str) -> list[str]:
-    """Remove the partial directories in `parent` whose writer's process is gone; their names."""
+    """Remove the partial directories in `parent` whose writer's process is gone; their names. A
+    writer that died between its two renames (the old output moved aside, the new one not yet in
+    place: durable.replace_folder) left no output: the new folder, whole since it was fsynced before
+    the old moved, is put in place (or, if it is gone, the old one back) before the rest goes."""
     removed = []
     try:
         names = os.listdir(parent)
     except OSError:
         return removed
-    for name in names:
-        m = PARTIAL_NAME.match(name)
-        if m and int(m.group(2)) != os.getpid() and not process_alive(int(m.group(2))):
+    dead = [
+        (name, m)
+        for name in names
+        if (m := PARTIAL_NAME.match(name)) and int(m.group(2)) != os.getpid() and not process_alive(int(m.group(2)))
+    ]
+    for name, m in dead:
+        out = os.path.join(parent, m.group(1))
+        if m.group(3) and not os.path.lexists(out):
+            new = os.path.join(parent, name[: -len(".old")])
+            move_durably(new if os.path.isdir(new) else os.path.join(parent, name), out, OutputError)
+    for name, _m in dead:
+        if os.path.lexists(os.path.join(parent, name)):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(name)
     return removed

@@ -117,8 +117,10 @@ def test_dead_partials_are_found_by_their_pid(tmp_path):
         os.makedirs(tmp_path / name / "sub")
         (tmp_path / name / "sub" / "x.bin").write_bytes(b"\0" * 4096)
     removed = remove_dead_partials(str(tmp_path))
-    assert sorted(removed) == [f".a.partial-{dead.pid}", f".b.partial-{dead.pid}.old"]
-    assert sorted(os.listdir(tmp_path)) == [f".c.partial-{os.getpid()}", ".d.partial-1"]  # live: kept
+    assert sorted(removed) == [f".a.partial-{dead.pid}"]
+    # live: kept; b's old output, moved aside by a writer that died before its new one was in place, is back
+    assert sorted(os.listdir(tmp_path)) == [f".c.partial-{os.getpid()}", ".d.partial-1", "b"]
+    assert (tmp_path / "b" / "sub" / "x.bin").stat().st_size == 4096
 
 
 def test_an_output_that_cannot_be_written_is_one_line(source, tmp_path):
