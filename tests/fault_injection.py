@@ -6,9 +6,9 @@ point with that point failing as the disk would fail it (ENOSPC for a write, a r
 or a reservation, EIO for an fsync or a read; a read may also come back short; a write or a read
 may fail from there on, as a full or failing disk does), and each run is held to three rules:
 
-1. it raises a FlashError whose message is one line, or it absorbs the fault and returns exactly
-   what the fault-free run returns; any other exception is a bug and fails the test with its
-   traceback (FaultEscaped, chained to it);
+1. it raises a DiskError (the machine's fault: a server answers it 5xx) whose message is one line,
+   or it absorbs the fault and returns exactly what the fault-free run returns; any other exception
+   is a bug and fails the test with its traceback (FaultEscaped, chained to it);
 2. what the package's own reader then finds is absent, refused in one line, what was there before,
    or the fault-free result: never a half-written file read as good;
 3. the operation run again without the fault returns the fault-free result.
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from mlx_flash.errors import FlashError
+from mlx_flash.errors import DiskError, FlashError
 from mlx_flash.store import reader_pool
 
 # kind -> the os functions of that kind, and the errno their failure raises
@@ -302,6 +302,8 @@ def _faulted_run(op, state, point: Point, mode: str, bug, reference, before, ref
     report.runs += 1
     if raised is not None:
         _one_line(raised, what)
+        if not isinstance(raised, DiskError):  # a server would answer it 4xx: the request's fault, not the disk's
+            raise FaultEscaped(f"{what}: refused with {type(raised).__name__}, not a DiskError: {raised}") from raised
         outcome = f"refused ({type(raised).__name__})"
     elif not same(result, reference):
         raise FaultEscaped(f"{what}: the operation returned without an error but its result differs from the reference")
