@@ -180,6 +180,9 @@ def test_a_bug_under_a_fault_fails_showing_its_traceback(store, work):
     assert e.value.__cause__ is bug
     frames = [f.name for f in traceback.extract_tb(bug.__traceback__)]
     assert "save_thresholds" in frames and "write" in frames, frames
+    shown = "".join(traceback.format_exception(e.value))  # what pytest prints for the failure
+    assert "TypeError: a bug at the first write" in shown and "direct cause" in shown
+    assert "mlx_flash/durable.py" in shown, shown
 
 
 def test_a_file_written_in_place_is_caught_half_written(work):
