@@ -61,7 +61,7 @@ def check_states(name: str, root: str, operation, read, reference, again=None, e
         )
         said = ", ".join(f"{n} {k}" for k, n in seen.items() if n)
         lines.append(
-            f"[crash]   {model} model: {len(found) - 1} distinct states checked ({said}), and the one it returned to"
+            f"[crash]   {model} model: {len(found) - 1} distinct states checked ({said}) and the one once it returned"
         )
     print(f"\n[crash] {name}: {points} points traced\n" + "\n".join(lines))
 
