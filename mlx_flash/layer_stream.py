@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .host_memory import anonymous_buffer
+from .store.pool_file import ReadError
 from .store.store import Store, lead, tensor_view
 
 
@@ -71,10 +72,14 @@ class LayerSlots:
         if self.holds[s] == layer:
             return
         if self.pending.get(s, (None,))[0] != layer:  # not read ahead: read it now
-            self._drop_pending(s)
+            self._drop_pending(s, wanted=False)
             self.pending[s] = (layer, self.pool.submit([self._range(layer)]))
         t = time.perf_counter()
-        self._drop_pending(s)
+        try:
+            self._drop_pending(s)
+        except ReadError:  # a read that failed (a read-ahead, maybe in an earlier call): read it now, once
+            self.pending[s] = (layer, self.pool.submit([self._range(layer)]))
+            self._drop_pending(s)
         self.wait_seconds += time.perf_counter() - t
         self.holds[s] = layer
 
@@ -82,7 +87,7 @@ class LayerSlots:
         """A lazy graph reaches `layer`: its slot's next turn reads it (unless the slot holds it), once
         the slot's previous layer is computed; the layer's products wait for the read in the graph."""
         s = self.slot_of[layer]
-        self._drop_pending(s)  # a read started at load
+        self._drop_pending(s, wanted=False)  # a read started earlier: the turn below reads the slot again
         if self.holds[s] == layer:
             self.turns.claim(s, lambda: None)
             return
@@ -106,11 +111,18 @@ class LayerSlots:
         file, off, n = self.regions[layer]
         return (self.files[file], off, n, self.slots[self.slot_of[layer]][lead(off) : lead(off) + n])
 
-    def _drop_pending(self, s: int) -> None:
-        """Wait for slot s's read in flight, if any, and count it."""
+    def _drop_pending(self, s: int, wanted: bool = True) -> None:
+        """Wait for slot s's read in flight, if any, and count it. The failure of a read whose bytes
+        are no longer `wanted` is not this caller's: the slot is read again before it is used."""
         if s in self.pending:
             _, batch = self.pending.pop(s)
-            batch.wait()
+            try:
+                batch.wait()
+            except ReadError:
+                self.holds[s] = None
+                if wanted:
+                    raise
+                return
             self._count(batch)
 
     def _count(self, batch) -> None:
@@ -150,7 +162,7 @@ class LayerSlots:
     def close(self) -> None:
         """Wait for reads in flight (they write into the slots), then close the reader pool."""
         for s in list(self.pending):
-            self._drop_pending(s)
+            self._drop_pending(s, wanted=False)
         if self.turns is not None:
             self.turns.close()
         self.pool.close()

@@ -37,6 +37,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from ..errors import DiskError
 from .cache import LayerKV
 from .kv_coded_blocks import BlockFormat
 
@@ -151,7 +152,10 @@ class TierReads:
             return 0
         f, ahead_layer, n, future = self._ahead
         self._ahead = None
-        future.result()
+        try:
+            future.result()
+        except DiskError:  # its slot is read again now (or was another sequence's): not this read's failure
+            return 0
         return n if (f is file and ahead_layer == layer) else 0
 
     def close(self) -> None:
