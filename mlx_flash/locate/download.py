@@ -4,9 +4,9 @@ huggingface_hub resumes a transfer that breaks within one call, but writes each 
 temporary file, so a download stopped by Ctrl-C or a dropped network starts again from byte 0: for
 a multi-gigabyte GGUF that is the difference between minutes and an hour. Here the bytes go to
 `blobs/<etag>.incomplete`, appended from where it ends (a Range request), under a lock so two
-processes never append to one file, fsynced as each transfer ends (durable.AppendFile) so what
-arrived survives a crash and the next run resumes from it; the finished blob gets the snapshot link and refs/main the
-cache layout has, so huggingface_hub and every tool using the cache find it too. The metadata
+processes never append to one file, and fsynced as each transfer ends (durable.AppendFile), so what
+arrived survives a crash and the next run resumes from it; the finished blob gets the snapshot link
+and refs/main the cache layout has, so huggingface_hub and every tool using the cache find it too. The metadata
 request (auth, the hub's redirects, its error codes) is huggingface_hub's.
 
 The file list is asked for here too: huggingface_hub's listing retries a refused connection five
