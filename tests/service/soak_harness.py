@@ -182,6 +182,10 @@ def stream_turn(port: int, ctx: str, text: str, max_tokens: int, streaming=None)
         conn.close()
 
 
+class Aborted(Exception):
+    """The test stopped the clients."""
+
+
 class Conversation:
     def __init__(self, ctx: str, slot: int):
         self.id, self.slot, self.done = ctx, slot, 0
@@ -212,6 +216,7 @@ class Fleet:
         self.wrong: list = []  # answers that differ from the reference
         self.lost: list = []  # contexts a restart did not bring back, or whose turns changed
         self.deadline = self.t0 = float("inf")
+        self.aborted = False
 
     # ---- clients --------------------------------------------------------------------------------
     def run_clients(self, seconds: float | None) -> float:
@@ -228,6 +233,8 @@ class Fleet:
     def _client(self, c: int, once: bool) -> None:
         try:
             self._conversations(c, once)
+        except Aborted:
+            pass
         except Exception as e:  # a client's own bug fails the test with its traceback, not a silent stop
             with self.lock:
                 self.other.append(("client crashed", "".join(traceback.format_exception(e))))
@@ -267,7 +274,16 @@ class Fleet:
     def _ready(self):
         self.gate.wait()
         self.up.wait()
+        if self.aborted:
+            raise Aborted
         return self.srv, self.gen
+
+    def abort(self) -> None:
+        """Stop every client now (the server could not be restarted)."""
+        self.aborted, self.deadline = True, 0.0
+        self.gen += 1
+        self.gate.set()
+        self.up.set()
 
     def _new_context(self, system: str, slot: int) -> Conversation | None:
         while True:
