@@ -378,7 +378,7 @@ class Fleet:
                 self.wrong.append((key, conv.again, text, self.reference.get(key)))
             if conv.again:
                 self.n["again"] += 1
-                self.n["again_equal"] += text == self.reference.get(key)
+                self.n["again_equal"] += text == (self.reference or {}).get(key)
         conv.again = False
         conv.done += 1
         return True

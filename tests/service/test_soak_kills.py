@@ -96,6 +96,12 @@ def alone(srv, system: str, turns: list) -> list:
     return [stream_turn(srv.port, data["id"], text, MAX_TOKENS)[1] for text in turns]
 
 
+def cache_drops() -> int:
+    """Times the machine's page cache was dropped (drop_caches, by anyone: it empties the cgroup's)."""
+    with open("/proc/vmstat") as fh:
+        return next((int(line.split()[1]) for line in fh if line.startswith("drop_pagecache ")), 0)
+
+
 def pct(values: list, q: int) -> int:
     """The q-th percentile of byte counts, in MB."""
     return sorted(values)[len(values) * q // 100] // 1_000_000 if values else 0
@@ -168,7 +174,7 @@ def run_phase(cg: MemoryCgroup, store_dir, directory, kills: bool, reference=Non
 
     sampler = Sampler(cg.path)
     sampler.start()
-    t0, busy0, own0 = time.monotonic(), machine_busy_s(), own_cpu_s()
+    t0, busy0, own0, drops0 = time.monotonic(), machine_busy_s(), own_cpu_s(), cache_drops()
     fleet = Fleet(restart, scripts(), MAX_TOKENS, reference)
     watcher = TmpWatcher(os.path.join(directory, "svc", "contexts"))
     events, extra = [], {}
@@ -221,6 +227,7 @@ def run_phase(cg: MemoryCgroup, store_dir, directory, kills: bool, reference=Non
     share = max(0.05, 1.0 - others / ((time.monotonic() - t0) * (os.cpu_count() or 1)))
     left = glob.glob(os.path.join(directory, "svc", "contexts", "*", "*.tmp-*"))  # a restart removes a kill's
     extra.update(exit=code, events=events, chunk_writes_seen=watcher.chunk_writes, cpu_share=share, left=left)
+    extra["cache_drops"] = cache_drops() - drops0
     return fleet, seconds, sampler, extra
 
 
@@ -263,6 +270,7 @@ def test_server_killed_while_it_swaps_under_memory_pressure(store_dir, tmp_path)
         "usage_ge_85pct_share": round(high, 3),
         "anon_ge_85pct_share": round(anon_high, 3),
         "usage_mb_p10_p50": [pct(usage, 10), pct(usage, 50)],
+        "page_cache_drops_meanwhile": extra["cache_drops"],
         "anon_mb_p10_p50_max": [pct(anon, 10), pct(anon, 50), max(anon, default=0) // 1_000_000],
         "usage_peak_bytes": peak,
         "server_peak_rss_bytes": extra["peak_rss"],
