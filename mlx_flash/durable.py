@@ -168,6 +168,20 @@ class _Writer:
     def _abandon(self) -> None:
         raise NotImplementedError
 
+    def _commit(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, kind, value, tb) -> None:
+        """A clean exit commits the bytes (the subclass says how); an error removes what was written."""
+        if kind is not None:
+            self._abandon()
+            return
+        try:
+            self._commit()
+        except OSError as e:
+            self._abandon()
+            raise self.error(write_failure(self.path, e, self.needed)) from None
+
 
 class FolderFile(_Writer):
     """`with FolderFile(path, OutputError) as f: f.write(b)`: a new file inside a folder that is
@@ -179,15 +193,8 @@ class FolderFile(_Writer):
         self._open(self.path)
         return self
 
-    def __exit__(self, kind, value, tb) -> None:
-        if kind is not None:
-            self._abandon()
-            return
-        try:
-            self._sync_and_close()
-        except OSError as e:
-            self._abandon()
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+    def _commit(self) -> None:
+        self._sync_and_close()
 
     def _abandon(self) -> None:
         _close_and_remove(self.fd, self.path)
@@ -207,17 +214,10 @@ class DurableFile(_Writer):
         self._open(self.tmp)
         return self
 
-    def __exit__(self, kind, value, tb) -> None:
-        if kind is not None:
-            self._abandon()
-            return
-        try:
-            self._sync_and_close()
-            os.replace(self.tmp, self.path)
-            sync_folder(os.path.dirname(os.path.abspath(self.path)))
-        except OSError as e:
-            self._abandon()
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+    def _commit(self) -> None:
+        self._sync_and_close()
+        os.replace(self.tmp, self.path)
+        sync_folder(os.path.dirname(os.path.abspath(self.path)))
 
     def _abandon(self) -> None:
         _close_and_remove(self.fd, self.tmp)

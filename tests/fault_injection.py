@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+import mlx_flash.store
 from mlx_flash.errors import DiskError, FlashError
 from mlx_flash.store import reader_pool
 
@@ -333,3 +334,14 @@ def show(report: Report) -> None:
         print(f"[faults]   ... and {len(broken) - 3} more runs that reach a known bug")
     if report.known:
         pytest.xfail("; ".join(sorted({reason for reason, _ in report.known.values()})))
+
+
+def store_files(path: str) -> dict:
+    """What a store reader finds: the store opened (its manifest checked, every file hashed against
+    it), then every file's bytes."""
+    mlx_flash.store.open_store(path)
+    out = {}
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            out[name] = f.read()
+    return out

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import crash_states as cs
+from fault_injection import store_files
 import mlx_flash
 import tiny_models
 from mlx_flash.errors import FlashError
@@ -67,15 +68,6 @@ def check_states(name: str, root: str, operation, read, reference, again=None, e
 
 
 # ---- a conversion ----------------------------------------------------------------------------------
-
-
-def store_files(path: str) -> dict:
-    mlx_flash.store.open_store(path)
-    out = {}
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            out[name] = f.read()
-    return out
 
 
 def test_conversion_power_loss_states(tmp_path, work):

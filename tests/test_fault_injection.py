@@ -18,7 +18,7 @@ import pytest
 import fault_injection as fi
 import mlx_flash
 import tiny_models
-from fault_injection import show
+from fault_injection import show, store_files
 from fuzz_helpers import templated_store
 from mlx_flash.errors import DiskError
 from mlx_flash.sparse.predictor import LayerPredictor, Predictors
@@ -86,17 +86,6 @@ def test_thresholds_file_under_every_fault(store, work):
 
 
 # ---- a conversion into a store ---------------------------------------------------------------------
-
-
-def store_files(path: str) -> dict:
-    """What a store reader finds: the store opened (its manifest checked, every file hashed against
-    it), then every file's bytes."""
-    mlx_flash.store.open_store(path)
-    out = {}
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            out[name] = f.read()
-    return out
 
 
 @pytest.fixture(scope="module")
