@@ -81,7 +81,9 @@ def write_safetensors(
     memory at a time; `adjacent`: runs of names written back to back (file_order). Returns the
     manifest entries."""
     head, entries = safetensors_layout(specs, file_name, adjacent)
-    with FolderFile(path, OutputError) as fh:  # (inside a store's folder, written whole: atomic_dir)
+    total = len(head) + sum(e.nbytes for e in entries.values())
+    with FolderFile(path, OutputError, needed=total) as fh:  # (inside a store's folder, written whole: atomic_dir)
+        fh.reserve(total)  # a disk too small says so now, naming the bytes, not after the first GBs
         fh.write(head)
         for name in file_order(specs, adjacent):
             data = np.ascontiguousarray(produce(name))
