@@ -71,8 +71,8 @@ def build(
 
         for name, text in texts.items():  # the build reads files: copies of the shipped sources
             path = os.path.join(where, name)
-            if not os.path.isfile(path) or open(path).read() != text:
-                with open(path, "w") as fh:
+            if not os.path.isfile(path) or _text_of(path) != text:
+                with open(path, "w") as fh:  # (a build folder, remade when lost: not durable on purpose)
                     fh.write(text)
         if not built and note:
             print(f"building {what} ({note})", file=sys.stderr, flush=True)
@@ -114,3 +114,8 @@ def cuda_arch_flag(torch) -> tuple[str, str]:
     holds code for that architecture only, and its folder's hash names it."""
     major, minor = torch.cuda.get_device_capability()
     return f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}", f"sm_{major}{minor}"
+
+
+def _text_of(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
