@@ -127,7 +127,10 @@ class Sampler:
     def _run(self) -> None:
         t = time.monotonic()
         while not self._stop.is_set():
-            self.samples.append(self._read())
+            try:
+                self.samples.append(self._read())
+            except FileNotFoundError:  # the cgroup is gone (its run failed and it was removed): nothing to sample
+                return
             t += 1.0
             self._stop.wait(max(0.0, t - time.monotonic()))
 
