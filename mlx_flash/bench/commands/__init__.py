@@ -4,3 +4,16 @@ names is mlx_flash/bench/__main__.py's COMMANDS). Each command module has
 `python -m mlx_flash.bench NAME`, and a docstring whose usage lines name that command; the measuring
 harnesses they share are the modules of mlx_flash/bench/ above this folder. A module here without a
 main (memory_report.py) is one command's part, not a command."""
+
+import sys
+
+
+def chosen_parts(text: str, known) -> list[str] | None:
+    """A command's --parts as a list; None, after one `error:` line on stderr, when it names a part
+    that is not in `known` (the command then exits 2, as argparse does for a bad choice)."""
+    parts = text.split(",")
+    unknown = [x for x in parts if x not in known]
+    if unknown:
+        print(f"error: --parts: unknown part {unknown[0]!r} (choose from {', '.join(known)})", file=sys.stderr)
+        return None
+    return parts

@@ -30,6 +30,7 @@ import os
 import sys
 
 from mlx_flash.bench import sparsity_parts as parts_
+from mlx_flash.bench.commands import chosen_parts
 from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.errors import FlashError, first_paragraph
@@ -53,10 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--json", default="bench_results/sparsity.json")
     a = p.parse_args(argv)
-    parts = a.parts.split(",")
-    unknown = [x for x in parts if x not in PARTS]
-    if unknown:
-        print(f"error: --parts: unknown part {unknown[0]!r} (choose from {', '.join(PARTS)})", file=sys.stderr)
+    parts = chosen_parts(a.parts, PARTS)
+    if parts is None:
         return 2
     try:
         levels = [float(v) for v in a.levels.split(",")]
