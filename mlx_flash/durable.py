@@ -14,7 +14,8 @@ Every persistent write of the package goes through here (docs/durability.md list
 
 A failure raises the caller's `error` (a `DiskError`) in one line that names the file and the cause
 as a user would say it: a full disk with the bytes needed and free, a read-only disk, a file where a
-folder should be. The writes are plain `os` calls so that a test can fail the Nth of them.
+folder should be (`disk_error`; its `full` says a disk with no room, which a server answers 507). The
+writes are plain `os` calls so that a test can fail the Nth of them.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def file_in_the_way(path: str) -> str | None:
 
 def write_failure(path: str, e: OSError, needed: int | None = None) -> str:
     """One line for a failed write of `path`: what is wrong, as a user would say it."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if e.errno in FULL:
         free = free_bytes(path)
         parts = [f"needs {fmt(needed)}" if needed else None, f"{fmt(free)} free" if free is not None else None]
         said = ", ".join(p for p in parts if p)
@@ -78,6 +79,16 @@ def write_failure(path: str, e: OSError, needed: int | None = None) -> str:
     if e.errno == errno.EIO:
         return f"{path}: an I/O error (the disk failed the write)"
     return f"{path}: cannot write it ({e.strerror or e})"
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)  # the errors of a disk (or a quota) with no room left
+
+
+def disk_error(error: type[DiskError], path: str, e: OSError, needed: int | None = None, said: str = "") -> DiskError:
+    """`error` for a failed write of `path`: write_failure's line (after `said: `, when given), and
+    whether it is a full disk, which a server answers 507."""
+    line = write_failure(path, e, needed)
+    return error(f"{said}: {line}" if said else line, full=e.errno in FULL)
 
 
 def sync_folder(folder: str) -> None:
@@ -114,7 +125,7 @@ class _Writer:
         try:
             self.fd = os.open(target, os.O_WRONLY | os.O_CREAT | how | os.O_CLOEXEC, self.mode)
         except OSError as e:
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+            raise disk_error(self.error, self.path, e, self.needed) from None
 
     def write(self, data) -> int:
         """Write every byte of `data` (bytes-like); returns how many."""
@@ -126,7 +137,7 @@ class _Writer:
                 view = view[n:]
         except OSError as e:
             self._abandon()
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+            raise disk_error(self.error, self.path, e, self.needed) from None
         self.written += total
         return total
 
@@ -143,7 +154,7 @@ class _Writer:
                 view, offset = view[n:], offset + n
         except OSError as e:
             self._abandon()
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+            raise disk_error(self.error, self.path, e, self.needed) from None
 
     def reserve(self, size: int) -> None:
         """Give the file `size` bytes of disk now (zeros), so a disk too small for it fails here, in
@@ -152,7 +163,7 @@ class _Writer:
             os.posix_fallocate(self.fd, 0, size)
         except OSError as e:
             self._abandon()
-            raise self.error(write_failure(self.path, e, size)) from None
+            raise disk_error(self.error, self.path, e, size) from None
 
     def pad_to(self, alignment: int) -> None:
         """Zeros up to the next multiple of `alignment` bytes."""
@@ -180,7 +191,7 @@ class _Writer:
             self._commit()
         except OSError as e:
             self._abandon()
-            raise self.error(write_failure(self.path, e, self.needed)) from None
+            raise disk_error(self.error, self.path, e, self.needed) from None
 
 
 class FolderFile(_Writer):
@@ -244,7 +255,7 @@ class AppendFile(_Writer):
             os.fsync(self.fd)
         except OSError as e:
             self._abandon()
-            raise self.error(write_failure(self.path, e)) from None
+            raise disk_error(self.error, self.path, e) from None
 
     def __exit__(self, kind, value, tb) -> None:
         if self.fd < 0:  # (a failed write closed it)
@@ -254,7 +265,7 @@ class AppendFile(_Writer):
         except OSError as e:
             self._abandon()
             if kind is None:  # (else the error in flight says more)
-                raise self.error(write_failure(self.path, e)) from None
+                raise disk_error(self.error, self.path, e) from None
 
     def _abandon(self) -> None:
         if self.fd >= 0:
@@ -275,7 +286,7 @@ def truncate_durably(path: str, size: int, error: type[DiskError]) -> None:
         finally:
             os.close(fd)
     except OSError as e:
-        raise error(write_failure(path, e)) from None
+        raise disk_error(error, path, e) from None
 
 
 def _close_and_remove(fd: int, path: str) -> None:
@@ -343,7 +354,7 @@ def replace_folder(tmp: str, out: str, error: type[DiskError]) -> None:
             os.replace(tmp, out)
             sync_folder(parent)
     except OSError as e:
-        raise error(write_failure(out, e)) from None
+        raise disk_error(error, out, e) from None
 
 
 def move_durably(src: str, dst: str, error: type[DiskError]) -> None:
@@ -355,4 +366,4 @@ def move_durably(src: str, dst: str, error: type[DiskError]) -> None:
         if os.path.dirname(os.path.abspath(src)) != os.path.dirname(os.path.abspath(dst)):
             sync_folder(os.path.dirname(os.path.abspath(src)))
     except OSError as e:
-        raise error(write_failure(dst, e)) from None
+        raise disk_error(error, dst, e) from None

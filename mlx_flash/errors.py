@@ -51,7 +51,12 @@ class MemoryBudgetError(ConfigError):
 
 class DiskError(FlashError):
     """A file the engine writes or reads could not be: a full or read-only disk, an I/O error, a file
-    where a folder should be. The machine's fault, not the request's: a server answers it 5xx."""
+    where a folder should be. The machine's fault, not the request's: a server answers it 5xx (507
+    where `full`: the disk or quota has no room left)."""
+
+    def __init__(self, message: str, full: bool = False):
+        super().__init__(message)
+        self.full = full
 
 
 class PipelineFault(FlashError):

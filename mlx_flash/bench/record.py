@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 
 from ..config import default_cache_dir
-from ..durable import write_durably, write_failure
+from ..durable import disk_error, write_durably
 from ..store.atomic_dir import OutputError
 from ..kernels.qmatmul import cpu_isa
 
@@ -122,7 +122,7 @@ def write(path: str, header: dict, **parts) -> None:
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as e:
-        raise OutputError(write_failure(path, e)) from None
+        raise disk_error(OutputError, path, e) from None
     text = without_local_paths(json.dumps({**header, "load_after": load_average(), **parts}, indent=1))
     write_durably(path, [(text + "\n").encode()], OutputError)
 

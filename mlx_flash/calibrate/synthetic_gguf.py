@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import default_cache_dir
-from ..durable import DurableFile, write_failure
+from ..durable import DurableFile, disk_error
 from ..errors import ConfigError
 from ..store.atomic_dir import OutputError
 from .synthetic import QK_NORM_TYPES, SHAPES
@@ -336,12 +336,12 @@ def write_synthetic_gguf(
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise OutputError(write_failure(folder, e)) from None
+        raise disk_error(OutputError, folder, e) from None
     total = sum(nbytes)
     need = total + len(plan) * 32 + (8 << 20)  # alignment and metadata (the vocabulary is ~2 MB)
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise OutputError(f"{path}: the disk is full (needs {fmt(need)}, {fmt(free)} free)")
+        raise OutputError(f"{path}: the disk is full (needs {fmt(need)}, {fmt(free)} free)", full=True)
 
     w = GGUFWriter(None, ARCHS[cfg["model_type"]])
     _add_metadata(w, cfg, shape, quant, seed, tok)

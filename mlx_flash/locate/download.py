@@ -25,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ..durable import AppendFile, move_durably, sync_folder, write_durably, write_failure
+from ..durable import AppendFile, disk_error, move_durably, sync_folder, write_durably
 from ..errors import ModelNotFoundError
 from ..store.atomic_dir import OutputError
 
@@ -85,7 +85,7 @@ def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, prog
     try:
         os.makedirs(os.path.dirname(blob), exist_ok=True)
     except OSError as e:
-        raise OutputError(write_failure(blob, e)) from None
+        raise disk_error(OutputError, blob, e) from None
     part = blob + ".incomplete"
     with open(part + ".lock", "w") as lock:  # (not durable: a lock holds no data)
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # another process fetching it: wait, then find it done
@@ -113,7 +113,7 @@ def download(repo: str, filename: str, repo_dir: str, endpoint: str | None, prog
             sync_folder(os.path.dirname(link))
         os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
     except OSError as e:
-        raise OutputError(write_failure(e.filename or link, e)) from None
+        raise disk_error(OutputError, e.filename or link, e) from None
     write_durably(os.path.join(repo_dir, "refs", "main"), [meta.commit_hash.encode()], OutputError)
     return link
 

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..durable import write_failure
+from ..durable import disk_error
 from ..errors import DiskError
 from ..batching.batch_cache import padded_mask
 from ..models.cache import LayerKV
@@ -79,7 +79,7 @@ class SpillFolder:
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # held until close() or the process ends
             os.rename(os.path.join(self.path, LOCK + ".new"), os.path.join(self.path, LOCK))
         except OSError as e:
-            raise SpillError(f"KV spill folder: {write_failure(parent or tempfile.gettempdir(), e)}") from None
+            raise disk_error(SpillError, parent or tempfile.gettempdir(), e, said="KV spill folder") from None
         reap_orphans(os.path.dirname(self.path))
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-spill")
         self._files: list[SpillFile] = []
@@ -116,7 +116,7 @@ class SpillFile:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             os.ftruncate(self.fd, nbytes)
         except OSError as e:
-            raise SpillError(write_failure(path, e, nbytes)) from None
+            raise disk_error(SpillError, path, e, nbytes) from None
 
     def _offset(self, layer: int, which: int, position: int) -> int:
         return ((layer * 2 + which) * self.capacity + position) * self.token * _F32
@@ -130,7 +130,7 @@ class SpillFile:
             try:
                 write_all(self.fd, data, self._offset(layer, which, start))
             except OSError as e:
-                raise SpillError(write_failure(self.path, e, data.nbytes)) from None
+                raise disk_error(SpillError, self.path, e, data.nbytes) from None
 
     def read_into(self, layer: int, n: int, k_out: np.ndarray, v_out: np.ndarray) -> None:
         """The first n tokens of one layer into k_out, v_out (float32 [n, Hkv, hd], contiguous)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import errno
 import queue
 import sys
 import threading
@@ -286,21 +285,9 @@ def api_error(e: Exception) -> oa.ApiError:
     if isinstance(e, ContextLengthError):
         return oa.ApiError(400, str(e), code="context_length_exceeded")
     if isinstance(e, DiskError):  # the machine's fault: 507 Insufficient Storage for a full disk
-        full = disk_full(e)
         return oa.ApiError(
-            507 if full else 500, str(e), code="disk_full" if full else "disk_error", kind="server_error"
+            507 if e.full else 500, str(e), code="disk_full" if e.full else "disk_error", kind="server_error"
         )
     if isinstance(e, FlashError):
         return oa.ApiError(400, str(e))
     return oa.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
-
-
-def disk_full(e: DiskError) -> bool:
-    """Whether a DiskError comes of a full disk (or quota): the OSError it was raised in, or the
-    words durable.write_failure uses for one."""
-    cause = e.__cause__ or e.__context__
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return "the disk is full" in str(e)

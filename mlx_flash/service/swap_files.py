@@ -27,7 +27,7 @@ import zlib
 
 import numpy as np
 
-from ..durable import sync_folder, write_durably, write_failure
+from ..durable import disk_error, sync_folder, write_durably
 from ..errors import DiskError
 from .chunk_pool import ChunkShape
 from .coded_chunks import decode, encode, packed_bytes
@@ -74,7 +74,7 @@ class SwapDir:
         try:
             _make_folder(folder)
         except OSError as e:
-            raise SwapError(write_failure(folder, e)) from None
+            raise disk_error(SwapError, folder, e) from None
         return folder
 
     def write_record(self, ctx_id: str, record: dict) -> None:

@@ -25,7 +25,7 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 
-from ..durable import move_durably, replace_folder, write_failure
+from ..durable import disk_error, move_durably, replace_folder
 from ..errors import DiskError
 
 PARTIAL_NAME = re.compile(r"^\.(.+)\.partial-(\d+)(\.old)?$")
@@ -81,13 +81,13 @@ def output_lock(out_dir: str, progress: bool = True):
     try:
         os.makedirs(parent, exist_ok=True)  # the lock lives beside the output: its folder comes first
     except OSError as e:
-        raise OutputError(write_failure(parent, e)) from None
+        raise disk_error(OutputError, parent, e) from None
     path = os.path.join(parent, f".{os.path.basename(out_dir)}.lock")
     while True:
         try:  # (not durable: a lock holds no data, only the holder's pid for the waiting message)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise OutputError(write_failure(path, e)) from None
+            raise disk_error(OutputError, path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -107,7 +107,7 @@ def output_lock(out_dir: str, progress: bool = True):
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         except OSError as e:
-            raise OutputError(write_failure(path, e)) from None
+            raise disk_error(OutputError, path, e) from None
         yield
     finally:
         try:
@@ -144,7 +144,7 @@ def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as e:
-        raise OutputError(write_failure(parent, e)) from None
+        raise disk_error(OutputError, parent, e) from None
     with nullcontext() if locked else output_lock(out_dir, progress), _terminate_as_exit():
         remove_dead_partials(parent)
         tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{os.getpid()}")
@@ -157,7 +157,7 @@ def atomic_dir(out_dir: str, progress: bool = True, locked: bool = False):
             replace_folder(tmp, out_dir, OutputError)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise OutputError(write_failure(e.filename or out_dir, e)) from None
+            raise disk_error(OutputError, e.filename or out_dir, e) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -25,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-from ..durable import file_in_the_way, write_failure
+from ..durable import disk_error, file_in_the_way
 from ..errors import DiskError
 from ..units import fmt
 from .pool_file import open_direct
@@ -80,7 +80,7 @@ class KVTierFile(_NamelessFile):
                 try:
                     self.bytes_written += write_all(self.fd, data, self._at(layer, which, h, start))
                 except OSError as e:
-                    raise KVTierError(f"KV on flash: {write_failure(self.where, e)}") from None
+                    raise disk_error(KVTierError, self.where, e, said="KV on flash") from None
 
     def read_into(self, layer: int, start: int, n: int, k_out: np.ndarray, v_out: np.ndarray, pool=None) -> None:
         """Tokens [start, n) of one layer into k_out[:, start:n], v_out[:, start:n] (float32 [kv_heads,
@@ -119,7 +119,7 @@ class KVBlockFile(_NamelessFile):
             at = (layer * self.blocks + first) * self.block_bytes
             self.bytes_written += write_all(self.fd, memoryview(np.ascontiguousarray(data)).cast("B"), at)
         except OSError as e:
-            raise KVTierError(f"KV on flash: {write_failure(self.where, e)}") from None
+            raise disk_error(KVTierError, self.where, e, said="KV on flash") from None
 
     def read_blocks(self, layer: int, start: int, n: int, out: np.ndarray, pool=None) -> int:
         """Tokens [start, n) of one layer (whole blocks) into the same blocks of `out` (uint8 [blocks >=
@@ -150,7 +150,7 @@ def check_tier_folder(folder: str) -> None:
         elif not os.access(existing, os.W_OK | os.X_OK):
             cause = errno.EACCES
     if cause is not None:
-        raise KVTierError(f"KV on flash: {write_failure(folder, OSError(cause, os.strerror(cause)))}")
+        raise disk_error(KVTierError, folder, OSError(cause, os.strerror(cause)), said="KV on flash")
 
 
 def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, int | None, str]:
@@ -162,13 +162,13 @@ def _reserved(folder: str, nbytes: int, capacity: int) -> tuple[int, int | None,
         os.makedirs(folder, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="kv-", suffix=".tier", dir=folder)
     except OSError as e:
-        raise KVTierError(f"{said}: {write_failure(folder, e)}") from None
+        raise disk_error(KVTierError, folder, e, said=said) from None
     try:
         os.posix_fallocate(fd, 0, nbytes)
         direct = open_direct(path) if nbytes >= BLOCK else None  # (its probe reads a block)
     except OSError as e:
         os.close(fd)
-        raise KVTierError(f"{said}: {write_failure(folder, e)}") from None
+        raise disk_error(KVTierError, folder, e, said=said) from None
     finally:
         os.unlink(path)  # nameless from here: the kernel frees it when the process lets both descriptors go
     return fd, direct, folder

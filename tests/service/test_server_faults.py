@@ -75,14 +75,8 @@ def engine(engines, store_dir):
 
 # ---- the mapping, no model -----------------------------------------------------------------------
 def disk_error(code: int) -> DiskError:
-    """A DiskError raised as durable.DurableFile raises it: in the handler of the OSError."""
-    try:
-        try:
-            raise OSError(code, os.strerror(code))
-        except OSError as e:
-            raise DiskError(durable.write_failure("/srv/ctx/context.json", e)) from None
-    except DiskError as d:
-        return d
+    """A DiskError as durable.DurableFile makes it of the OSError."""
+    return durable.disk_error(DiskError, "/srv/ctx/context.json", OSError(code, os.strerror(code)))
 
 
 @pytest.mark.parametrize(
@@ -90,7 +84,7 @@ def disk_error(code: int) -> DiskError:
     [
         (disk_error(errno.ENOSPC), 507, "server_error"),
         (disk_error(errno.EDQUOT), 507, "server_error"),
-        (DiskError("/srv/x.kv: the disk is full (needs 1 MB, 0 B free)"), 507, "server_error"),
+        (DiskError("/srv/x.kv: the disk is full (needs 1 MB, 0 B free)", full=True), 507, "server_error"),
         (disk_error(errno.EROFS), 500, "server_error"),
         (disk_error(errno.EIO), 500, "server_error"),
         (MemoryBudgetError("the KV budget cannot hold 3 more chunks"), 503, "server_error"),
