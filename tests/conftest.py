@@ -128,3 +128,24 @@ def tiny_store(tmp_path):
         return store, hf
 
     return make
+
+
+CALIBRATION_TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 40
+
+
+@pytest.fixture
+def calibrated_q4(tmp_path):
+    """A tiny Llama quantized to 4 bits (the layout the channel-major kernel takes), with thresholds."""
+    import tiny_models
+
+    import mlx_flash
+    from mlx_flash.calibrate.thresholds import calibrate
+    from mlx_flash.convert import convert
+    from mlx_flash.sparse.thresholds import save_thresholds
+
+    tiny_models.build("llama", str(tmp_path / "hf"), intermediate_size=128, hidden_size=64)
+    tiny_models.quantize_dir(str(tmp_path / "hf"), str(tmp_path / "q4"))
+    store = convert(str(tmp_path / "q4"), str(tmp_path / "store"), progress=False)
+    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False) as e:
+        save_thresholds(e.store, calibrate(e, CALIBRATION_TEXT, tokens=256, context=64, progress=False))
+    return store

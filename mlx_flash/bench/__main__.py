@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "read-unit": ("read_unit", "the sparse read unit's cost: perplexity against MB read, neuron and block"),
     "service": ("service", "the LLMS trace: context switching and TTFT under a KV budget, against baselines"),
     "shared-cores": ("shared_cores", "decode speed of N engine processes sharing the cores"),
+    "sparse-reads": ("sparse_reads", "streamed activation sparsity bounded by the drive: its reads against dense's"),
     "sparsity": ("sparsity", "activation sparsity (TEAL): quality per level and decode against dense"),
     "sparse-kernels": ("sparse_kernels", "the sparse FFN kernels (CPU, Metal, CUDA): check, then time"),
     "switching": ("switching", "long contexts switched in a Zipf trace on a large model, KV over budget"),

@@ -96,3 +96,65 @@ def decode(rec: dict, q: dict | None) -> str:
         "llama.cpp, tok/s",
     ]
     return table(head, rows)
+
+
+def streamed_reads(rec: dict) -> str:
+    """Per model, the streamed products' reads a token at its level, each layout and merge gap against
+    dense's, replayed by the reader pool: seconds, bytes the drive counted (and what was asked), reads."""
+    rows = []
+    for model, res in rec["models"].items():
+        reads = res["reads"]
+        dense = reads["dense, one batch a token"]
+        for case, got in reads.items():
+            off = (got["bytes_per_token"] / got["asked_per_token"] - 1) * 100
+            rows.append(
+                [
+                    model_title(model),
+                    f"{res['level']:.0%} ({res['zeroed']:.1%} zeroed)",
+                    case,
+                    f"{got['reads_per_token']:.0f}",
+                    f"{got['bytes_per_token'] / 1e6:.1f} ({off:+.1f}%)",
+                    f"{got['bytes_per_token'] / dense['bytes_per_token']:.2f}x",
+                    f"{got['s_per_token']:.3f}",
+                    f"**{dense['s_per_token'] / got['s_per_token']:.2f}x**",
+                ]
+            )
+    head = [
+        "model",
+        "sparsity",
+        "reads",
+        "reads a token",
+        "MB the drive read a token (against asked)",
+        "bytes against dense",
+        "seconds a token",
+        "speed bound against dense",
+    ]
+    return table(head, rows)
+
+
+def group_quality(rec: dict) -> str:
+    """What zeroing inputs by whole groups costs against single channels, every input at one level."""
+    q = rec.get("quality")
+    if not q:
+        return table(["model", "sparsity", "dense", "single channels", "groups"], [])
+    model, dense = q["model"], q["dense"]
+    rows = []
+    for level, ch in q["channels"].items():
+        gr = q["groups"][level]
+        rows.append(
+            [
+                model_title(model),
+                f"{float(level):.0%}",
+                f"{dense:.4f}",
+                f"{ch:.4f} ({(ch / dense - 1) * 100:+.1f}%)",
+                f"{gr:.4f} ({(gr / dense - 1) * 100:+.1f}%)",
+            ]
+        )
+    head = [
+        "model",
+        "sparsity, every input",
+        "perplexity, dense",
+        "single channels zeroed",
+        f"groups of {q['group']} zeroed",
+    ]
+    return table(head, rows)

@@ -85,9 +85,10 @@ RUNS = (
         "full-sparsity-7b",
         FULL,
         ("sparsity", "--parts", "thresholds,decode", "--models", "7b", "--levels", "0.4,0.5", "--pairs", "3")
-        + ("--gen-tokens", "16", "--decode-prompt", "16", "--calibration-tokens", "1024", "--allocate", "0"),
-        12.0,
+        + ("--gen-tokens", "16", "--decode-prompt", "16", "--calibration-tokens", "1024", "--allocate", "0", "--peer"),
+        14.0,
     ),
+    Run("full-sparse-reads", FULL, ("sparse-reads", "--models", "7b,default", "--tokens", "8"), 6.0),
     Run(
         "full-7b-2gb",
         FULL,
@@ -146,6 +147,8 @@ TABLES = (
         ("full-sparsity-7b",),
         one("full-sparsity-7b", lambda rec: sparsity.decode(rec, None)),
     ),
+    Table("sparse-reads", "sparsity.md", ("full-sparse-reads",), one("full-sparse-reads", sparsity.streamed_reads)),
+    Table("sparse-groups", "sparsity.md", ("full-sparse-reads",), one("full-sparse-reads", sparsity.group_quality)),
     Table("throughput-mistral", "throughput.md", ("full-throughput",), one("full-throughput", big.throughput)),
 )
 

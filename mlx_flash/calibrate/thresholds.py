@@ -10,6 +10,7 @@ the quantiles come from every value, not a sample.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,15 +51,14 @@ def quantiles(counts: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(out)
 
 
-class RecordingOps:
-    """The engine's ops with `linear` counting each thresholded input's magnitudes before the product
-    (offline only: the per-token path never wraps its ops). `gated_ffn` answers None so gate|up and
-    down run as separate products, each of which is seen."""
+class InputWatcher:
+    """The engine's ops with `linear` handing each watched product's input (`where`: id of the weight
+    -> (layer, role)) to `seen` before the product, which may change it (offline only: the per-token
+    path never wraps its ops). `gated_ffn` answers None so gate|up and down run as separate products,
+    each of which is seen."""
 
-    def __init__(self, ops, where: dict[int, tuple[int, str]], n_layers: int):
+    def __init__(self, ops, where: dict[int, tuple[int, str]]):
         self._ops, self._where = ops, where
-        self.counts = {r: np.zeros((n_layers, BINS), dtype=np.int64) for r in ROLES}
-        self.rows = 0
 
     def __getattr__(self, name):
         return getattr(self._ops, name)
@@ -68,10 +68,34 @@ class RecordingOps:
 
     def linear(self, x, w):
         found = self._where.get(id(w))
-        if found is not None:
-            layer, role = found
-            self.counts[role][layer] += histogram(self._ops.to_numpy(x))
-        return self._ops.linear(x, w)
+        return self._ops.linear(x if found is None else self.seen(x, w, found), w)
+
+    def seen(self, x, w, found: tuple[int, str]):
+        """The input the product multiplies, given the one it was handed."""
+        return x
+
+
+@contextmanager
+def watching(engine, ops: InputWatcher):
+    """engine.ops is `ops` inside."""
+    inner, engine.ops = engine.ops, ops
+    try:
+        yield ops
+    finally:
+        engine.ops = inner
+
+
+class RecordingOps(InputWatcher):
+    """Counts each thresholded input's magnitudes into its (layer, role) histogram."""
+
+    def __init__(self, ops, where: dict[int, tuple[int, str]], n_layers: int):
+        super().__init__(ops, where)
+        self.counts = {r: np.zeros((n_layers, BINS), dtype=np.int64) for r in ROLES}
+
+    def seen(self, x, w, found):
+        layer, role = found
+        self.counts[role][layer] += histogram(self._ops.to_numpy(x))
+        return x
 
 
 def thresholded_weights(engine) -> dict[int, tuple[int, str]]:
@@ -106,15 +130,12 @@ def calibrate(engine, text: str, tokens: int = 8192, context: int = 512, progres
     from tqdm import tqdm
 
     rec = RecordingOps(engine.ops, thresholded_weights(engine), engine.args.num_hidden_layers)
-    ops, engine.ops = engine.ops, rec
-    try:
-        starts = range(0, len(ids) - context + 1, context)
+    starts = range(0, len(ids) - context + 1, context)
+    with watching(engine, rec):
         for s in tqdm(starts, desc="calibrating thresholds", unit="window", disable=not progress, file=sys.stderr):
             caches = engine.new_caches()
             engine.forward(ids[s : s + context], caches)
             engine.release(caches)
-    finally:
-        engine.ops = ops
     q = {r: np.stack([quantiles(c) for c in rec.counts[r]]) for r in ROLES}
     scored = len(starts) * context
     return Thresholds(q, store_fingerprint(engine.store), {"tokens": scored, "context": context})

@@ -110,21 +110,6 @@ def test_sparsity_is_refused_where_it_cannot_apply(calibrated, tiny_store):
         mlx_flash.load(store, backend="torch", ffn="stream", sparsity=0.4, progress=False)
 
 
-@pytest.fixture
-def calibrated_q4(tmp_path):
-    """A tiny Llama quantized to 4 bits (the layout the channel-major kernel takes), with thresholds."""
-    import tiny_models
-
-    from mlx_flash.convert import convert
-
-    tiny_models.build("llama", str(tmp_path / "hf"), intermediate_size=128, hidden_size=64)
-    tiny_models.quantize_dir(str(tmp_path / "hf"), str(tmp_path / "q4"))
-    store = convert(str(tmp_path / "q4"), str(tmp_path / "store"), progress=False)
-    with mlx_flash.load(store, backend="torch", ffn="resident", progress=False) as e:
-        save_thresholds(e.store, calibrate(e, TEXT, tokens=256, context=64, progress=False))
-    return store
-
-
 class ReferenceOps:
     """Makes every thresholded product the masked reference (input masked, then the stored product)."""
 
