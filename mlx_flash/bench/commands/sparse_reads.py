@@ -11,9 +11,9 @@ dropped. A decode step that streams them can go no faster than these reads alone
 
 Besides the model's own masks (TEAL: single channels at its thresholds), each model's reads are
 replayed with its inputs zeroed by whole groups of 32 channels at the same level (bench/group_masks.py,
-thresholds from --group-calibration Austen tokens): reads of whole group blocks. The quality part
-states what that costs: perplexity of --quality with channels and with groups zeroed, every input at
-the same level.
+thresholds set on the replayed tokens, so the share zeroed is the level): reads of whole group blocks.
+The quality part states what that costs: perplexity of --quality with channels and with groups
+zeroed, every input at the same level, thresholds from --group-calibration Austen tokens.
 
 --attention-from: per model, the first layer whose attention is streamed (the layers before it keep
 theirs resident; every FFN is streamed). The defaults are what the planner streams dense: the 7B shape
@@ -58,8 +58,10 @@ def model_part(name: str, a, level: float, attention_from: int, gaps: list[int],
         masks = sr.capture_masks(e, ids)
         store = e.store.path
     with load(gguf, ffn="resident", threads=a.threads, progress=False) as d:  # dense: the group masks' model
-        austen = d.tokenizer.encode(read_corpus("austen"))[: a.group_calibration]
-        groups = gm.group_masks(d, ids, GROUP, gm.group_thresholds(d, austen, GROUP, level))
+        # thresholds set on the replayed tokens themselves, so that the share zeroed is the level as the
+        # single channels' is (set on Austen's windows of 512, a synthetic model's few-token window zeroed
+        # far more): these reads are compared at one share; the quality part sets them on Austen
+        groups = gm.group_masks(d, ids, GROUP, gm.group_thresholds(d, ids, GROUP, level, context=len(ids)))
     streamed = [p for p in products if p.role in ("gate_up", "down") or p.layer >= attention_from]
     place = sr.Placement.lay_out(
         [
