@@ -18,13 +18,12 @@ from ..calibrate.thresholds import InputWatcher, thresholded_weights, watching
 
 class GroupOps(InputWatcher):
     """Sees each thresholded input by groups: recording their RMS (thresholds None) or zeroing the
-    groups at or below their threshold. Gate and up share one input and so one mask."""
+    groups at or below their threshold, as it goes (each later input is what the zeroing made of it)."""
 
     def __init__(self, ops, where: dict[int, tuple[int, str]], group: int, thresholds: dict | None = None):
         super().__init__(ops, where)
         self.group, self.thresholds = group, thresholds
         self.rms: dict[tuple[int, str], list[np.ndarray]] = {}
-        self.masks: dict[int, list[np.ndarray]] = {}  # by the weight's id: gate and up each keep theirs
 
     def seen(self, x, w, found):
         a = self._ops.to_numpy(x).astype(np.float32)
@@ -34,34 +33,37 @@ class GroupOps(InputWatcher):
             self.rms.setdefault(found, []).append(rms)
             return x
         keep = np.repeat(rms > self.thresholds[found], self.group, axis=1)
-        self.masks.setdefault(id(w), []).append(keep)
         return x * self._ops.array(keep.reshape(a.shape).astype(np.float32))
 
 
-def group_thresholds(engine, ids: list[int], group: int, level: float, context: int = 512) -> dict:
-    """(layer, role) -> the RMS below which `level` of that input's groups fall on `ids` (a dense,
-    resident engine fed windows of `context`): every input at the same level."""
-    ops = GroupOps(engine.ops, thresholded_weights(engine), group)
+def group_rms(engine, ids: list[int], group: int, context: int = 512) -> dict:
+    """(layer, role) -> float32 [rows, groups]: each input's group RMS over `ids` in the dense engine
+    (nothing zeroed), fed in windows of `context`; gate and up's shared input counted once."""
+    where = thresholded_weights(engine)
+    first = {}
+    for wid, key in where.items():
+        first.setdefault(key, wid)
+    ops = GroupOps(engine.ops, {wid: key for key, wid in first.items()}, group)
     with watching(engine, ops):
         for s in range(0, len(ids), context):
             caches = engine.new_caches()
             engine.forward(ids[s : s + context], caches)
             engine.release(caches)
-    return {k: float(np.quantile(np.concatenate(v), level)) for k, v in ops.rms.items()}
+    return {k: np.concatenate(v) for k, v in ops.rms.items()}
 
 
-def group_masks(engine, ids: list[int], group: int, thresholds: dict) -> dict:
-    """(layer, role) -> bool [len(ids), n_in]: the channels of `ids` (one window) whose group passes."""
-    where = thresholded_weights(engine)
-    ops = GroupOps(engine.ops, where, group, thresholds)
-    with watching(engine, ops):
-        caches = engine.new_caches()
-        engine.forward(list(ids), caches)
-        engine.release(caches)
-    out = {}
-    for wid, rows in ops.masks.items():  # one of gate and up stands for their shared input
-        out.setdefault(where[wid], np.concatenate(rows))
-    return out
+def group_thresholds(engine, ids: list[int], group: int, level: float, context: int = 512) -> dict:
+    """(layer, role) -> the RMS below which `level` of that input's groups fall on `ids` (a dense,
+    resident engine fed windows of `context`): every input at the same level."""
+    return {k: float(np.quantile(v, level)) for k, v in group_rms(engine, ids, group, context).items()}
+
+
+def open_loop_masks(rms: dict, group: int, level: float) -> dict:
+    """(layer, role) -> bool [rows, n_in]: the channels whose group's RMS in the dense model (rms, as
+    group_rms gives it) is above that input's `level` quantile: exactly `level` of each input's groups
+    zeroed, each layer's input as dense computes it (GroupOps with thresholds zeroes as it goes, so
+    later layers see what the zeroing made of their inputs)."""
+    return {k: np.repeat(v > np.quantile(v, level), group, axis=1) for k, v in rms.items()}
 
 
 def group_perplexity(engine, text: str, group: int, thresholds: dict, tokens: int = 4096, context: int = 512) -> float:

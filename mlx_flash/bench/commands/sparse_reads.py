@@ -10,8 +10,8 @@ dropped. A decode step that streams them can go no faster than these reads alone
         [--reader-threads 8] [--threads 2] [--json bench_results/sparse-reads.json]
 
 Besides the model's own masks (TEAL: single channels at its thresholds), each model's reads are
-replayed with its inputs zeroed by whole groups of 32 channels at the same level (bench/group_masks.py,
-thresholds set on the replayed tokens, so the share zeroed is the level): reads of whole group blocks.
+replayed with its inputs zeroed by whole groups of 32 channels at the same level (bench/group_masks.py:
+the level's share of each input's groups, by their RMS in the dense model): reads of whole group blocks.
 The quality part states what that costs: perplexity of --quality with channels and with groups
 zeroed, every input at the same level, thresholds from --group-calibration Austen tokens.
 
@@ -58,10 +58,10 @@ def model_part(name: str, a, level: float, attention_from: int, gaps: list[int],
         masks = sr.capture_masks(e, ids)
         store = e.store.path
     with load(gguf, ffn="resident", threads=a.threads, progress=False) as d:  # dense: the group masks' model
-        # thresholds set on the replayed tokens themselves, so that the share zeroed is the level as the
-        # single channels' is (set on Austen's windows of 512, a synthetic model's few-token window zeroed
-        # far more): these reads are compared at one share; the quality part sets them on Austen
-        groups = gm.group_masks(d, ids, GROUP, gm.group_thresholds(d, ids, GROUP, level, context=len(ids)))
+        # the dense model's group RMS on the replayed tokens, `level` of each input's groups zeroed: the
+        # reads at the share the channels' masks have (zeroing as it goes, a model this approximation
+        # breaks zeroes far more in its later layers); the quality part zeroes as it goes
+        groups = gm.open_loop_masks(gm.group_rms(d, ids, GROUP, context=len(ids)), GROUP, level)
     streamed = [p for p in products if p.role in ("gate_up", "down") or p.layer >= attention_from]
     place = sr.Placement.lay_out(
         [
