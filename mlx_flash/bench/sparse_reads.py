@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backends.thresholded import Thresholded
 from ..calibrate.thresholds import InputWatcher, watching
+from ..errors import FlashError
 from .cgroup import replay_reads
 
 PAGE = 4096
@@ -79,7 +80,10 @@ def products_of(engine) -> tuple[list[Product], dict[int, tuple[int, str]]]:
     out = []
     for (layer, role), parts in sorted(weights.items(), key=lambda kv: (kv[0][0], ROLES_IN_ORDER.index(kv[0][1]))):
         if not all(isinstance(p, Thresholded) and p.kernel is not None for p in parts):
-            raise ValueError(f"layer {layer} {role}: not on the channel-major kernel, so its bytes are all read")
+            raise FlashError(
+                f"layer {layer} {role}: not on the channel-major kernel (a GGUF block kind, or a GPU), so "
+                "sparsity reads every byte of it and there are no sparse reads to replay"
+            )
         first = parts[0]
         where[id(first)] = (layer, role)
         out.append(
@@ -159,7 +163,7 @@ class Placement:
             for p in products:
                 span = -(-p.nbytes // PAGE) * PAGE
                 if span > size:
-                    raise ValueError(f"{path}: {size} bytes cannot stand in for a product of {p.nbytes}")
+                    raise FlashError(f"{path}: {size} bytes cannot stand in for a product of {p.nbytes}")
                 if at + span > size:
                     at = 0
                 offsets[(p.layer, p.role)] = (path, at)

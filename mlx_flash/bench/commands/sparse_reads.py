@@ -115,6 +115,7 @@ def quality_part(name: str, a, levels: list[float]) -> dict:
             "channels": {},
             "groups": {},
             "group": GROUP,
+            "model": name,
         }
         say(f"  dense: perplexity {out['dense']:.4f}")
         for level in levels:
