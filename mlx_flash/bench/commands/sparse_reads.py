@@ -40,10 +40,9 @@ from mlx_flash.store.manifest import FFN_FILE, RESIDENT_FILE
 
 GROUP = 32  # the group masks' width: the GGUF group, so a zeroed group's scales are skipped too
 ATTENTION_FROM = {"7b": 11, "default": 30}
-LEVELS = {
-    "7b": 0.5,
-    "default": 0.25,
-}  # the issue's streamed level for the 7B shape; the default model's recommended one
+# the level a streamed 7B shape would be run at (the largest its resident figures give), and the
+# default model's recommended one (the largest within +2% perplexity: docs/results/sparsity.md)
+LEVELS = {"7b": 0.5, "default": 0.25}
 
 
 def say(line: str) -> None:
