@@ -15,8 +15,8 @@ Two channel-major layouts on flash are counted, both the bytes the kernel reads:
   nothing (the same bytes in all; its quality would differ from the stored precision's and is not
   measured here).
 
-Active runs are rounded out to the drive's pages (direct reads), then runs closer than `gap` bytes are
-merged into one read (reading what lies between): fewer, larger reads against more bytes. Dense reads
+Active runs are rounded out to the drive's pages (direct reads), then runs no more than `gap` bytes
+apart are merged into one read (reading what lies between): fewer, larger reads against more bytes. Dense reads
 every streamed product whole, in the same chain of batches, and once more as one batch a token (every
 byte in flight at once, as a dense engine's read-ahead can do, since dense needs no input to know what
 to read). Seconds come from the reader pool replaying the reads, page cache dropped; bytes from
@@ -134,7 +134,7 @@ def unit_runs(p: Product, mask: np.ndarray, layout: str) -> np.ndarray:
 
 def merged_reads(runs: np.ndarray, gap: int, page: int = PAGE) -> np.ndarray:
     """The reads that cover `runs` ([n, 2] sorted, disjoint): each rounded out to whole pages, then any
-    two less than `gap` bytes apart (or sharing a page) read as one."""
+    two no more than `gap` bytes apart (or sharing a page) read as one."""
     if runs.size == 0:
         return np.zeros((0, 2), np.int64)
     lo = runs[:, 0] // page * page
