@@ -43,13 +43,13 @@ def group_rms(engine, ids: list[int], group: int, context: int = 512) -> dict:
     first = {}
     for wid, key in where.items():
         first.setdefault(key, wid)
-    ops = GroupOps(engine.ops, {wid: key for key, wid in first.items()}, group)
-    with watching(engine, ops):
+    watcher = GroupOps(engine.ops, {wid: key for key, wid in first.items()}, group)
+    with watching(engine, watcher):
         for s in range(0, len(ids), context):
             caches = engine.new_caches()
             engine.forward(ids[s : s + context], caches)
             engine.release(caches)
-    return {k: np.concatenate(v) for k, v in ops.rms.items()}
+    return {k: np.concatenate(v) for k, v in watcher.rms.items()}
 
 
 def group_thresholds(engine, ids: list[int], group: int, level: float, context: int = 512) -> dict:
@@ -69,6 +69,6 @@ def open_loop_masks(rms: dict, group: int, level: float) -> dict:
 def group_perplexity(engine, text: str, group: int, thresholds: dict, tokens: int = 4096, context: int = 512) -> float:
     """Perplexity over the first `tokens` of `text` (windows of `context`) with every row's inputs
     zeroed by groups at `thresholds`."""
-    ops = GroupOps(engine.ops, thresholded_weights(engine), group, thresholds)
-    with watching(engine, ops):
+    watcher = GroupOps(engine.ops, thresholded_weights(engine), group, thresholds)
+    with watching(engine, watcher):
         return float(perplexity(engine, text, context=context, max_tokens=tokens)["perplexity"])
