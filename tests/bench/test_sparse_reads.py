@@ -86,7 +86,7 @@ def test_the_masks_are_what_each_products_threshold_passes(calibrated_q4):
     assert 0.3 < sr.zeroed_share(products, masks) < 0.7
 
 
-def test_a_replay_reads_the_bytes_it_was_asked_for(tmp_path):
+def test_a_replay_asks_for_the_active_units_in_one_merged_read(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("the replay drops the page cache, which needs root")
     path = tmp_path / "stand-in.bin"
