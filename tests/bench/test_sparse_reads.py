@@ -107,3 +107,18 @@ def test_what_the_previous_tokens_channels_carry_over():
     got = sr.carried_over([p], {(0, "o"): m})
     assert got["hit_share"] == pytest.approx(12 / 16)
     assert got["held_mb"] == pytest.approx(8 * 10 / 1e6)
+
+
+def test_the_command_refuses_a_malformed_budget_or_level_in_one_line(tmp_path, capsys, default_gguf):
+    from mlx_flash.bench.commands import sparse_reads as command
+
+    out = str(tmp_path / "r.json")
+    assert (
+        command.main(["--models", "default", "--budgets", "default=bogus:1", "--quality-levels", "", "--json", out])
+        == 1
+    )
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1] == "error: budget 'bogus:1' is not memory:SIZE or weights:SIZE"
+    )
+    assert command.main(["--levels", "default=2", "--json", out]) == 2
+    assert command.main(["--budgets", "default", "--json", out]) == 2

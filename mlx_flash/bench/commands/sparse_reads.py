@@ -5,9 +5,15 @@ dropped. A decode step that streams them can go no faster than these reads alone
 (mlx_flash/bench/sparse_reads.py says what is counted):
 
     python -m mlx_flash.bench sparse-reads [--models 7b,default] [--levels 7b=0.5,default=0.25] [--tokens 8]
-        [--gaps 0,16384,65536] [--layouts stored,requantized] [--attention-from 7b=11,default=30]
-        [--group-calibration 2048] [--quality default] [--quality-levels 0.25,0.5]
-        [--reader-threads 8] [--threads 2] [--json bench_results/sparse-reads.json]
+        [--budgets 7b=memory:1900MB,default=weights:50%] [--gaps 0,16384,65536]
+        [--layouts stored,requantized] [--group-calibration 2048] [--quality default]
+        [--quality-levels 0.25,0.5] [--reader-threads 8] [--threads 2] [--json bench_results/sparse-reads.json]
+
+--budgets: per model, the memory budget (memory:) or weights budget (weights:) at which the dense
+engine runs, ffn auto. It is loaded there and timed decoding, and its plan says which products are
+streamed: every FFN layer, and the attention of the layers it reads when they compute. The defaults
+are the 7B shape in a 2 GB cgroup (its limit less 100 MB, as the memory benchmark plans it) and the
+default model at a weights budget of 50%.
 
 Besides the model's own masks (TEAL: single channels at its thresholds), each model's reads are
 replayed with its inputs zeroed by whole groups of 32 channels at the same level (bench/group_masks.py:
@@ -15,19 +21,17 @@ the level's share of each input's groups, by their RMS in the dense model): read
 The quality part states what that costs: perplexity of --quality with channels and with groups
 zeroed, every input at the same level, thresholds from --group-calibration Austen tokens.
 
---attention-from: per model, the first layer whose attention is streamed (the layers before it keep
-theirs resident; every FFN is streamed). The defaults are what the planner streams dense: the 7B shape
-in a 2 GB cgroup keeps 11 layers' attention resident and reads the rest and every FFN layer each
-token; the default model at a weights budget of 50% keeps its attention and reads its FFN. Needs root
-(the page cache is dropped before each replay) and the machine to itself: the figures are a drive's
-rate.
+Needs root (the page cache is dropped before each replay) and the machine to itself: the figures are
+a drive's rate.
 """
 
 import argparse
 import os
+import statistics
 import sys
 
 from mlx_flash.api import load
+from mlx_flash.bench import decode_pairs as dp
 from mlx_flash.bench import group_masks as gm
 from mlx_flash.bench import sparse_reads as sr
 from mlx_flash.bench.models import bench_model
@@ -39,18 +43,39 @@ from mlx_flash.errors import FlashError, first_paragraph
 from mlx_flash.store.manifest import FFN_FILE, RESIDENT_FILE
 
 GROUP = 32  # the group masks' width: the GGUF group, so a zeroed group's scales are skipped too
-ATTENTION_FROM = {"7b": 11, "default": 30}
 # the level a streamed 7B shape would be run at (the largest its resident figures give), and the
 # default model's recommended one (the largest within +2% perplexity: docs/results/sparsity.md)
 LEVELS = {"7b": 0.5, "default": 0.25}
+BUDGETS = {"7b": "memory:1900MB", "default": "weights:50%"}
+DECODE_PROMPT, DECODE_RUNS = 16, 3
+DECODE_TOKENS = {"7b": 8}  # the 7B shape decodes about half a token a second streamed; others 32
 
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def model_part(name: str, a, level: float, attention_from: int, gaps: list[int], layouts: list[str]) -> dict:
+def dense_engine(gguf: str, budget: str, tokens: int, threads: int) -> dict:
+    """The dense engine at `budget` ("memory:X" or "weights:X", ffn auto: what it streams, it reads
+    each token): how many layers' attention it streams, and the median tokens/s of DECODE_RUNS runs of
+    `tokens` greedy tokens after a DECODE_PROMPT-token prompt."""
+    kind, _, size = budget.partition(":")
+    if kind not in ("memory", "weights") or not size:
+        raise FlashError(f"budget {budget!r} is not memory:SIZE or weights:SIZE")
+    with load(gguf, threads=threads, progress=False, **{f"{kind}_budget": size}) as e:
+        ids = e.tokenizer.encode(dp.prompt_text())[:DECODE_PROMPT]
+        dp.engine_run(e, ids, 2)  # warm
+        tps = statistics.median(dp.engine_run(e, ids, tokens)[1] for _ in range(DECODE_RUNS))
+        streamed = int(e.memory_plan["streamed_layers"])
+        layers = e.args.num_hidden_layers
+    say(f"  dense engine at {budget}: {tps:.3f} tok/s, {streamed} of {layers} layers' attention streamed")
+    return {"budget": budget, "tok_s": tps, "tokens": tokens, "streamed_attention": streamed, "layers": layers}
+
+
+def model_part(name: str, a, level: float, budget: str, gaps: list[int], layouts: list[str]) -> dict:
     gguf = bench_model(name)
+    engine = dense_engine(gguf, budget, DECODE_TOKENS.get(name, 32), a.threads)
+    attention_from = engine["layers"] - engine["streamed_attention"]
     with load(gguf, ffn="resident", sparsity=level, sparsity_rows="all", threads=a.threads, progress=False) as e:
         ids = e.tokenizer.encode(wikipedia(a.tokens * 16))[: a.tokens]
         products, _ = sr.products_of(e)
@@ -70,6 +95,7 @@ def model_part(name: str, a, level: float, attention_from: int, gaps: list[int],
     )
     rows = range(len(ids))
     out = {
+        "dense_engine": engine,
         "level": level,
         "tokens": len(ids),
         "attention_from": attention_from,
@@ -132,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=8, help="Wikipedia tokens whose reads are replayed (default 8)")
     p.add_argument("--gaps", default="0,16384,65536", help="bytes between two reads below which they merge")
     p.add_argument("--layouts", default=",".join(sr.LAYOUTS), help=f"comma list of: {', '.join(sr.LAYOUTS)}")
-    p.add_argument("--attention-from", default=",".join(f"{k}={v}" for k, v in ATTENTION_FROM.items()))
+    p.add_argument("--budgets", default=",".join(f"{k}={v}" for k, v in BUDGETS.items()), help="per model")
     p.add_argument("--group-calibration", type=int, default=2048, help="Austen tokens the group thresholds come from")
     p.add_argument("--quality", default="default", help="the model whose perplexity by channels and groups is scored")
     p.add_argument("--quality-levels", default="0.25,0.5", help="levels the quality part scores ('' to skip it)")
@@ -142,13 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         gaps = [int(g) for g in a.gaps.split(",")]
-        first = {k: int(v) for k, v in (kv.split("=") for kv in a.attention_from.split(","))}
+        budgets = dict(kv.split("=", 1) for kv in a.budgets.split(","))
         levels = {k: float(v) for k, v in (kv.split("=") for kv in a.levels.split(","))}
         scored = [float(v) for v in a.quality_levels.split(",")] if a.quality_levels else []
     except ValueError:
-        print(
-            "error: --gaps, --levels, --quality-levels or --attention-from is malformed (see --help)", file=sys.stderr
-        )
+        print("error: --gaps, --levels, --quality-levels or --budgets is malformed (see --help)", file=sys.stderr)
         return 2
     layouts = a.layouts.split(",")
     unknown = [x for x in layouts if x not in sr.LAYOUTS]
@@ -159,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in a.models.split(","):
             say(f"[{name}]")
-            record["models"][name] = model_part(name, a, levels.get(name, 0.5), first.get(name, 0), gaps, layouts)
+            budget = budgets.get(name, "weights:50%")
+            record["models"][name] = model_part(name, a, levels.get(name, 0.5), budget, gaps, layouts)
             write(a.json, header, **record)
         if scored:
             say(f"[quality: {a.quality}]")
