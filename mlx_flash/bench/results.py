@@ -88,7 +88,7 @@ RUNS = (
         + ("--gen-tokens", "16", "--decode-prompt", "16", "--calibration-tokens", "1024", "--allocate", "0", "--peer"),
         14.0,
     ),
-    Run("full-sparse-reads", FULL, ("sparse-reads", "--models", "7b,default", "--tokens", "8"), 6.0),
+    Run("full-sparse-reads", FULL, ("sparse-reads", "--models", "7b,default", "--tokens", "8"), 7.5),
     Run(
         "full-7b-2gb",
         FULL,
