@@ -6,6 +6,10 @@ harnesses they share are the modules of mlx_flash/bench/ above this folder. A mo
 main (memory_report.py) is one command's part, not a command."""
 
 import sys
+from collections.abc import Callable
+
+from mlx_flash.bench.record import write
+from mlx_flash.errors import FlashError
 
 
 def chosen_parts(text: str, known) -> list[str] | None:
@@ -17,3 +21,16 @@ def chosen_parts(text: str, known) -> list[str] | None:
         print(f"error: --parts: unknown part {unknown[0]!r} (choose from {', '.join(known)})", file=sys.stderr)
         return None
     return parts
+
+
+def recorded(path: str, header: dict, record: dict, fill: Callable[[], None]) -> int:
+    """Run `fill()`, which adds a command's parts to `record` (and may write it as it grows); then the
+    record is written whole at `path` and named, exit 0. A FlashError is one `error:` line, exit 1."""
+    try:
+        fill()
+    except FlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write(path, header, **record)
+    print(f"wrote {path}")
+    return 0

@@ -38,13 +38,13 @@ import os
 import sys
 
 from mlx_flash.bench import arithmetic_parts as parts_
-from mlx_flash.bench.commands import chosen_parts
+from mlx_flash.bench.commands import chosen_parts, recorded
 from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.arithmetic_kernels import SHAPES, arithmetic_table
 from mlx_flash.bench.record import bench_provenance, write
 from mlx_flash.bench.tmac import table as tmac_table
 from mlx_flash.bench.tmac import tmac_against_q8
-from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.errors import first_paragraph
 
 PARTS = ("quality", "decode", "prompt", "rows", "profile", "throughput", "kernels", "tmac")
 
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     backends, ariths = a.backends.split(","), a.arithmetics.split(",")
     opts = parts_.PartOptions(a.threads, a.pairs, a.gen_tokens, a.decode_prompt, a.stream_gb, a.prompt_tokens)
     header, record = bench_provenance("arithmetic", argv), {}  # the command as typed, to run again
-    try:
+
+    def fill() -> None:
         for part in parts:
             print(f"[{part}]", file=sys.stderr, flush=True)
             if part == "kernels":
@@ -100,9 +101,5 @@ def main(argv: list[str] | None = None) -> int:
                     }[part]
                     record[part][name] = fn(gguf, backends, ariths, opts)
                 write(a.json, header, **record)  # kept as it grows: a long run interrupted keeps its parts
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    write(a.json, header, **record)
-    print(f"wrote {a.json}")
-    return 0
+
+    return recorded(a.json, header, record, fill)

@@ -34,9 +34,11 @@ from mlx_flash.api import load
 from mlx_flash.bench import decode_pairs as dp
 from mlx_flash.bench import group_masks as gm
 from mlx_flash.bench import sparse_reads as sr
+from mlx_flash.bench.commands import recorded
 from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.quality import wikipedia
 from mlx_flash.bench.record import bench_provenance, write
+from mlx_flash.bench.sparsity_parts import say
 from mlx_flash.calibrate.corpora import read_corpus
 from mlx_flash.calibrate.perplexity_eval import perplexity
 from mlx_flash.errors import FlashError, first_paragraph
@@ -49,10 +51,6 @@ LEVELS = {"7b": 0.5, "default": 0.25}
 BUDGETS = {"7b": "memory:1900MB", "default": "weights:50%"}
 DECODE_PROMPT, DECODE_RUNS = 16, 3
 DECODE_TOKENS = {"7b": 8}  # the 7B shape decodes about half a token a second streamed; others 32
-
-
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def dense_engine(gguf: str, budget: str, tokens: int, threads: int) -> dict:
@@ -112,15 +110,26 @@ def model_part(name: str, a, level: float, budget: str, gaps: list[int], layouts
         f"  {len(streamed)} products streamed, {out['dense_mb']:.1f} MB dense, {out['zeroed']:.1%} inputs zeroed; "
         f"{kept['hit_share']:.1%} of a token's active bytes were active the token before ({kept['held_mb']:.0f} MB)"
     )
-    cases = [("dense, one batch a token", None, 0, None), ("dense, a batch a product", None, 0, None)]
-    cases += [(f"{layout}, gap {gap}", layout, gap, masks) for layout in layouts for gap in gaps]
-    cases += [(f"groups of {GROUP} ({out['group_zeroed']:.1%} zeroed), stored, gap 0", "stored", 0, groups)]
-    for label, layout, gap, chosen in cases:
-        if label.startswith("dense, one batch"):
-            batches = sr.dense_token_batches(streamed, len(ids), place)
-        else:
-            batches = sr.token_batches(streamed, chosen, rows, place, layout, gap)
-        got = sr.replay(batches, a.reader_threads, len(ids))
+    cases = [
+        ("dense, one batch a token", lambda: sr.dense_token_batches(streamed, len(ids), place)),
+        ("dense, a batch a product", lambda: sr.token_batches(streamed, {}, rows, place, None, 0)),
+    ]
+    cases += [
+        (
+            f"{layout}, gap {gap}",
+            lambda layout=layout, gap=gap: sr.token_batches(streamed, masks, rows, place, layout, gap),
+        )
+        for layout in layouts
+        for gap in gaps
+    ]
+    cases += [
+        (
+            f"groups of {GROUP} ({out['group_zeroed']:.1%} zeroed), stored, gap 0",
+            lambda: sr.token_batches(streamed, groups, rows, place, "stored", 0),
+        )
+    ]
+    for label, batches in cases:
+        got = sr.replay(batches(), a.reader_threads, len(ids))
         out["reads"][label] = got
         say(
             f"  {label}: {got['s_per_token']:.3f} s a token, {got['bytes_per_token'] / 1e6:.1f} MB read "
@@ -180,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --layouts from {', '.join(sr.LAYOUTS)}, --tokens >= 1 and levels in (0, 1)", file=sys.stderr)
         return 2
     header, record = bench_provenance("sparse-reads", argv), {"models": {}}
-    try:
+
+    def fill() -> None:
         for name in a.models.split(","):
             say(f"[{name}]")
             budget = budgets.get(name, "weights:50%")
@@ -189,9 +199,5 @@ def main(argv: list[str] | None = None) -> int:
         if scored:
             say(f"[quality: {a.quality}]")
             record["quality"] = quality_part(a.quality, a, scored)
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    write(a.json, header, **record)
-    print(f"wrote {a.json}")
-    return 0
+
+    return recorded(a.json, header, record, fill)

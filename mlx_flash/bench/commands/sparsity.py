@@ -30,10 +30,10 @@ import os
 import sys
 
 from mlx_flash.bench import sparsity_parts as parts_
-from mlx_flash.bench.commands import chosen_parts
+from mlx_flash.bench.commands import chosen_parts, recorded
 from mlx_flash.bench.models import bench_model
 from mlx_flash.bench.record import bench_provenance, write
-from mlx_flash.errors import FlashError, first_paragraph
+from mlx_flash.errors import first_paragraph
 
 PARTS = ("thresholds", "quality", "decode")
 
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --levels {a.levels!r} is not a comma list of numbers", file=sys.stderr)
         return 2
     header, record = bench_provenance("sparsity", argv), {}
-    try:
+
+    def fill() -> None:
         for part in parts:
             print(f"[{part}]", file=sys.stderr, flush=True)
             record[part] = {}
@@ -92,9 +93,5 @@ def main(argv: list[str] | None = None) -> int:
                         a.peer,
                     )
                 write(a.json, header, **record)  # kept as it grows: a long run interrupted keeps its parts
-    except FlashError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    write(a.json, header, **record)
-    print(f"wrote {a.json}")
-    return 0
+
+    return recorded(a.json, header, record, fill)
